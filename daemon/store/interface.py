@@ -1,0 +1,101 @@
+"""The store contract every backend honours (etcd in production, memory in unit tests).
+
+It is deliberately narrow, after torch elastic's rendezvous backend: read, compare-and-swap
+on a key's mod revision (optionally fenced by a second key, so a deposed leader cannot write),
+delete, leases kept alive by the store, and a prefix watch that resumes by itself. One contract
+suite (tests/store/test_contract.py) runs against every implementation.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import AsyncIterator, Protocol
+
+
+class StoreError(Exception):
+    """Base of every error a store raises; adapters wrap foreign errors with `raise ... from`."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached right now; the caller may retry after a delay."""
+
+
+class WatchCompacted(StoreError):
+    """A watch asked for a revision the store has compacted away; re-read and watch again."""
+
+
+@dataclass(frozen=True)
+class KeyValue:
+    key: str
+    value: bytes
+    mod_revision: int
+    create_revision: int
+    lease_id: int = 0
+
+
+class EventKind(enum.Enum):
+    PUT = "put"
+    DELETE = "delete"
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    kind: EventKind
+    key: str
+    value: bytes  # empty for DELETE
+    mod_revision: int
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A write is allowed only while `key` still has `mod_revision` (e.g. the leader key)."""
+
+    key: str
+    mod_revision: int
+
+
+class Lease(Protocol):
+    id: int
+    ttl_s: int
+
+    @property
+    def alive(self) -> bool:
+        """False once the store has reported the lease expired or it was revoked."""
+
+    async def wait_lost(self) -> None:
+        """Return when the lease is gone (expired, revoked, or keepalive failed past its TTL)."""
+
+    async def revoke(self) -> None:
+        """Revoke the lease; keys attached to it are deleted. Idempotent."""
+
+
+class Store(Protocol):
+    async def get(self, key: str) -> KeyValue | None: ...
+
+    async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
+        """All keys under `prefix` sorted by key, and the store revision they were read at."""
+
+    async def compare_and_swap(
+        self,
+        key: str,
+        value: bytes,
+        expected_mod_revision: int,
+        *,
+        lease: Lease | None = None,
+        fence: Fence | None = None,
+    ) -> int | None:
+        """Write `value` if `key`'s mod revision equals `expected_mod_revision` (0: must not exist)
+        and the fence holds. Returns the new mod revision, or None when a condition failed."""
+
+    async def delete(self, key: str, expected_mod_revision: int | None = None) -> bool:
+        """Delete `key` (only at that revision when given). True when a key was deleted."""
+
+    async def grant_lease(self, ttl_s: int) -> Lease:
+        """A lease the store keeps alive (one long-lived keepalive stream) until revoked or lost."""
+
+    def watch_prefix(self, prefix: str, start_revision: int) -> AsyncIterator[WatchEvent]:
+        """Events under `prefix` from `start_revision` on. A dropped stream is re-opened from the
+        last delivered revision + 1, so no event is lost or repeated; raises WatchCompacted."""
+
+    async def close(self) -> None: ...

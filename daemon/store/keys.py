@@ -1,0 +1,57 @@
+"""Every etcd key trainerd uses, built in one place (DESIGN.md, "etcd keys")."""
+
+from __future__ import annotations
+
+ROOT = "/trainerd/v1/"
+
+LEADER = ROOT + "leader"
+NODES = ROOT + "nodes/"
+JOBS = ROOT + "jobs/"
+
+
+def node(name: str) -> str:
+    return NODES + name
+
+
+def job(job_name: str) -> str:
+    return JOBS + job_name + "/"
+
+
+def job_spec(job_name: str) -> str:
+    return job(job_name) + "spec"
+
+
+def job_status(job_name: str) -> str:
+    return job(job_name) + "status"
+
+
+def generations(job_name: str) -> str:
+    return job(job_name) + "generations/"
+
+
+def generation(job_name: str, number: int) -> str:
+    return generations(job_name) + f"{number:010d}"
+
+
+def checkpoints(job_name: str) -> str:
+    return job(job_name) + "checkpoints/"
+
+
+def checkpoint(job_name: str, step: int) -> str:
+    return checkpoints(job_name) + f"{step:012d}"
+
+
+def skips(job_name: str) -> str:
+    return job(job_name) + "skips/"
+
+
+def skip(job_name: str, skip_id: str) -> str:
+    return skips(job_name) + skip_id
+
+
+def events(job_name: str) -> str:
+    return job(job_name) + "events/"
+
+
+def event(job_name: str, seq: int) -> str:
+    return events(job_name) + f"{seq:012d}"

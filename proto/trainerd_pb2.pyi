@@ -1,0 +1,340 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ProcessState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PROCESS_STATE_UNSPECIFIED: _ClassVar[ProcessState]
+    PROCESS_STARTING: _ClassVar[ProcessState]
+    PROCESS_RUNNING: _ClassVar[ProcessState]
+    PROCESS_EXITED: _ClassVar[ProcessState]
+PROCESS_STATE_UNSPECIFIED: ProcessState
+PROCESS_STARTING: ProcessState
+PROCESS_RUNNING: ProcessState
+PROCESS_EXITED: ProcessState
+
+class Device(_message.Message):
+    __slots__ = ("device_id", "device_ip", "kind")
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_IP_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    device_id: int
+    device_ip: str
+    kind: str
+    def __init__(self, device_id: _Optional[int] = ..., device_ip: _Optional[str] = ..., kind: _Optional[str] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("node_name", "host", "devices", "agent_version", "resume_token")
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RESUME_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    node_name: str
+    host: str
+    devices: _containers.RepeatedCompositeFieldContainer[Device]
+    agent_version: str
+    resume_token: str
+    def __init__(self, node_name: _Optional[str] = ..., host: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., agent_version: _Optional[str] = ..., resume_token: _Optional[str] = ...) -> None: ...
+
+class ProcessStatus(_message.Message):
+    __slots__ = ("role", "rank", "pid", "state", "step")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    rank: int
+    pid: int
+    state: ProcessState
+    step: int
+    def __init__(self, role: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[ProcessState, str]] = ..., step: _Optional[int] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ("sequence", "generation", "processes")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    generation: int
+    processes: _containers.RepeatedCompositeFieldContainer[ProcessStatus]
+    def __init__(self, sequence: _Optional[int] = ..., generation: _Optional[int] = ..., processes: _Optional[_Iterable[_Union[ProcessStatus, _Mapping]]] = ...) -> None: ...
+
+class ProcessExited(_message.Message):
+    __slots__ = ("generation", "role", "rank", "pid", "exit_code", "signal", "log_tail", "expected")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    LOG_TAIL_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    role: str
+    rank: int
+    pid: int
+    exit_code: int
+    signal: int
+    log_tail: str
+    expected: bool
+    def __init__(self, generation: _Optional[int] = ..., role: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., log_tail: _Optional[str] = ..., expected: _Optional[bool] = ...) -> None: ...
+
+class ProcessStarted(_message.Message):
+    __slots__ = ("generation", "role", "rank", "pid")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    role: str
+    rank: int
+    pid: int
+    def __init__(self, generation: _Optional[int] = ..., role: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
+
+class Progress(_message.Message):
+    __slots__ = ("generation", "rank", "step", "loss", "grad_norm", "samples_per_s", "consumed_samples")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    GRAD_NORM_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    CONSUMED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    rank: int
+    step: int
+    loss: float
+    grad_norm: float
+    samples_per_s: float
+    consumed_samples: int
+    def __init__(self, generation: _Optional[int] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., grad_norm: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., consumed_samples: _Optional[int] = ...) -> None: ...
+
+class BadBatch(_message.Message):
+    __slots__ = ("generation", "rank", "step", "sample_start", "sample_end", "reason", "loss", "grad_norm")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_START_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_END_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    GRAD_NORM_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    rank: int
+    step: int
+    sample_start: int
+    sample_end: int
+    reason: str
+    loss: float
+    grad_norm: float
+    def __init__(self, generation: _Optional[int] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., sample_start: _Optional[int] = ..., sample_end: _Optional[int] = ..., reason: _Optional[str] = ..., loss: _Optional[float] = ..., grad_norm: _Optional[float] = ...) -> None: ...
+
+class Stopped(_message.Message):
+    __slots__ = ("generation",)
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    def __init__(self, generation: _Optional[int] = ...) -> None: ...
+
+class AgentMessage(_message.Message):
+    __slots__ = ("hello", "heartbeat", "process_started", "process_exited", "progress", "bad_batch", "stopped")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_STARTED_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_EXITED_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    BAD_BATCH_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    heartbeat: Heartbeat
+    process_started: ProcessStarted
+    process_exited: ProcessExited
+    progress: Progress
+    bad_batch: BadBatch
+    stopped: Stopped
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., process_started: _Optional[_Union[ProcessStarted, _Mapping]] = ..., process_exited: _Optional[_Union[ProcessExited, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., bad_batch: _Optional[_Union[BadBatch, _Mapping]] = ..., stopped: _Optional[_Union[Stopped, _Mapping]] = ...) -> None: ...
+
+class Welcome(_message.Message):
+    __slots__ = ("node_name", "resume_token", "heartbeat_interval_s", "coordinator_id")
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    RESUME_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    node_name: str
+    resume_token: str
+    heartbeat_interval_s: float
+    coordinator_id: str
+    def __init__(self, node_name: _Optional[str] = ..., resume_token: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., coordinator_id: _Optional[str] = ...) -> None: ...
+
+class ProcessSpec(_message.Message):
+    __slots__ = ("role", "rank", "local_rank", "device_id", "argv", "env")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    ARGV_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    rank: int
+    local_rank: int
+    device_id: int
+    argv: _containers.RepeatedScalarFieldContainer[str]
+    env: _containers.ScalarMap[str, str]
+    def __init__(self, role: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., device_id: _Optional[int] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class SampleRange(_message.Message):
+    __slots__ = ("start", "end")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    end: int
+    def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
+
+class Launch(_message.Message):
+    __slots__ = ("generation", "job_name", "processes", "rank_table_json", "checkpoint_path", "skips")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    JOB_NAME_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    RANK_TABLE_JSON_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_PATH_FIELD_NUMBER: _ClassVar[int]
+    SKIPS_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    job_name: str
+    processes: _containers.RepeatedCompositeFieldContainer[ProcessSpec]
+    rank_table_json: str
+    checkpoint_path: str
+    skips: _containers.RepeatedCompositeFieldContainer[SampleRange]
+    def __init__(self, generation: _Optional[int] = ..., job_name: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[ProcessSpec, _Mapping]]] = ..., rank_table_json: _Optional[str] = ..., checkpoint_path: _Optional[str] = ..., skips: _Optional[_Iterable[_Union[SampleRange, _Mapping]]] = ...) -> None: ...
+
+class Stop(_message.Message):
+    __slots__ = ("generation", "grace_s", "reason")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    GRACE_S_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    grace_s: float
+    reason: str
+    def __init__(self, generation: _Optional[int] = ..., grace_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CoordinatorMessage(_message.Message):
+    __slots__ = ("welcome", "launch", "stop")
+    WELCOME_FIELD_NUMBER: _ClassVar[int]
+    LAUNCH_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    welcome: Welcome
+    launch: Launch
+    stop: Stop
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., launch: _Optional[_Union[Launch, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CoordinatorInfo(_message.Message):
+    __slots__ = ("id", "address", "is_leader", "leader_id", "leader_address")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    IS_LEADER_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    address: str
+    is_leader: bool
+    leader_id: str
+    leader_address: str
+    def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ...) -> None: ...
+
+class NodeStatus(_message.Message):
+    __slots__ = ("name", "host", "state", "devices", "last_heartbeat_age_s")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARTBEAT_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    host: str
+    state: str
+    devices: _containers.RepeatedCompositeFieldContainer[Device]
+    last_heartbeat_age_s: float
+    def __init__(self, name: _Optional[str] = ..., host: _Optional[str] = ..., state: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., last_heartbeat_age_s: _Optional[float] = ...) -> None: ...
+
+class RankStatus(_message.Message):
+    __slots__ = ("rank", "node", "step", "loss", "samples_per_s")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    node: str
+    step: int
+    loss: float
+    samples_per_s: float
+    def __init__(self, rank: _Optional[int] = ..., node: _Optional[str] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ...) -> None: ...
+
+class Failure(_message.Message):
+    __slots__ = ("cause", "node", "rank", "exit_code", "signal", "message")
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    cause: str
+    node: str
+    rank: int
+    exit_code: int
+    signal: int
+    message: str
+    def __init__(self, cause: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class JobStatus(_message.Message):
+    __slots__ = ("name", "state", "generation", "world_size", "step", "restarts", "last_checkpoint_step", "skipped_batches", "loss", "samples_per_s", "ranks", "last_failure")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    LAST_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    state: str
+    generation: int
+    world_size: int
+    step: int
+    restarts: int
+    last_checkpoint_step: int
+    skipped_batches: int
+    loss: float
+    samples_per_s: float
+    ranks: _containers.RepeatedCompositeFieldContainer[RankStatus]
+    last_failure: Failure
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., restarts: _Optional[int] = ..., last_checkpoint_step: _Optional[int] = ..., skipped_batches: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankStatus, _Mapping]]] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ...) -> None: ...
+
+class StatusReply(_message.Message):
+    __slots__ = ("coordinator", "nodes", "job")
+    COORDINATOR_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    coordinator: CoordinatorInfo
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
+    job: JobStatus
+    def __init__(self, coordinator: _Optional[_Union[CoordinatorInfo, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., job: _Optional[_Union[JobStatus, _Mapping]] = ...) -> None: ...
