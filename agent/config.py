@@ -1,0 +1,45 @@
+"""The agent's config file (`--config agent.yaml`) and the flags that override it."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from proto.config_file import Address, ConfigError, StrictModel, load_yaml_mapping, validate
+from proto.vocabulary import NODE_NAME_PATTERN
+
+
+class DiscoverySettings(StrictModel):
+    """Where Ascend devices are looked for; the defaults are the driver's standard paths."""
+
+    dev_dir: str = "/dev"
+    hccn_conf: str = "/etc/hccn.conf"
+
+
+class AgentConfig(StrictModel):
+    # One or more coordinator addresses (leader and standbys); the agent finds the leader.
+    coordinator: list[Address] = Field(min_length=1)
+    node_name: str = Field(default_factory=socket.gethostname, pattern=NODE_NAME_PATTERN)
+    # Address the other nodes reach this host at (the MindSpore scheduler may run here).
+    host: str = "127.0.0.1"
+    # Hosts without NPUs train on this many CPU "devices" (0: discover NPUs, fail when none).
+    cpu_devices: int = Field(default=0, ge=0, le=64)
+    work_dir: str = "/var/lib/trainerd-agent"
+    discovery: DiscoverySettings = DiscoverySettings()
+
+
+def load_agent_config(path: str | None, overrides: dict[str, Any]) -> AgentConfig:
+    """The file (if any) with flag values laid over it; ConfigError names the file or flag."""
+    data: dict[str, Any] = load_yaml_mapping(Path(path)) if path else {}
+    source = path or "agent flags"
+    for key, value in overrides.items():
+        if value is not None:
+            data[key] = value
+    if isinstance(data.get("coordinator"), str):
+        data["coordinator"] = [a.strip() for a in data["coordinator"].split(",") if a.strip()]
+    if "coordinator" not in data:
+        raise ConfigError(f"{source}: coordinator: required (or pass --coordinator HOST:PORT)")
+    return validate(AgentConfig, data, source)

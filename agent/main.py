@@ -1,0 +1,133 @@
+"""`trainerd-agent`: the per-host service that registers devices and runs training processes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import click
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from agent.config import AgentConfig, load_agent_config
+from agent.devices import NoDevicesError, discover_devices
+from agent.session import CoordinatorLink, IdentityFile
+from agent.systemd import SystemdNotifier
+from proto import trainerd_pb2 as pb
+from proto.config_file import ConfigError
+
+AGENT_VERSION = "0.1.0"
+log = logging.getLogger("agent")
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, devices, notifier: SystemdNotifier) -> None:
+        self._config = config
+        self._work_dir = Path(config.work_dir)
+        self._notifier = notifier
+        self._health = health.aio.HealthServicer()
+        hello = pb.Hello(
+            node_name=config.node_name, host=config.host, agent_version=AGENT_VERSION,
+            devices=[pb.Device(device_id=d.device_id, device_ip=d.device_ip, kind=d.kind) for d in devices],
+        )
+        self.link = CoordinatorLink(
+            addresses=list(config.coordinator),
+            hello=hello,
+            identity=IdentityFile(self._work_dir / "identity.json"),
+            on_command=self._on_command,
+            heartbeat_body=self._heartbeat_body,
+            on_connected=self._on_connected,
+        )
+
+    def _heartbeat_body(self) -> pb.Heartbeat:
+        return pb.Heartbeat()
+
+    def _on_command(self, message: pb.CoordinatorMessage) -> None:
+        log.info("command %s received; this agent runs no training yet", message.WhichOneof("body"))
+
+    def _on_connected(self, connected: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if connected else health_pb2.HealthCheckResponse.NOT_SERVING
+        asyncio.get_running_loop().create_task(self._health.set("", status))
+        if connected:
+            self._notifier.ready(f"registered as {self._config.node_name}")
+        else:
+            self._notifier.status("reconnecting to the coordinator")
+
+    async def _watchdog(self) -> None:
+        """Ping systemd's watchdog only while the session is up, so a wedged agent gets restarted."""
+        interval = self._notifier.watchdog_interval_s
+        if interval is None:
+            return
+        while True:
+            await self.link.connected.wait()
+            self._notifier.watchdog()
+            await asyncio.sleep(interval)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self._work_dir.mkdir(parents=True, exist_ok=True)
+        server = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        health_socket = self._work_dir / "agent.sock"
+        health_socket.unlink(missing_ok=True)
+        server.add_insecure_port(f"unix:{health_socket}")
+        await server.start()
+        await self._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        tasks = [asyncio.create_task(self.link.run()), asyncio.create_task(self._watchdog())]
+        try:
+            await stop.wait()
+        finally:
+            self._notifier.stopping()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await server.stop(grace=1.0)
+            health_socket.unlink(missing_ok=True)
+
+
+@click.command()
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="Agent file (YAML).")
+@click.option("--coordinator", help="Coordinator HOST:PORT (comma-separated for standbys).")
+@click.option("--node-name", help="This node's name (default: the host name).")
+@click.option("--host", help="Address other nodes reach this host at.")
+@click.option("--cpu-devices", type=int, help="Train on N CPU devices (hosts without NPUs).")
+@click.option("--work-dir", type=click.Path(file_okay=False), help="Logs, rank tables and state.")
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+def cli(config_file, coordinator, node_name, host, cpu_devices, work_dir, log_level) -> None:
+    """Register this host's devices with trainerd and run its training processes."""
+    try:
+        config = load_agent_config(config_file, {
+            "coordinator": coordinator, "node_name": node_name, "host": host,
+            "cpu_devices": cpu_devices, "work_dir": work_dir,
+        })
+        devices = discover_devices(cpu_devices=config.cpu_devices,
+                                   dev_dir=Path(config.discovery.dev_dir),
+                                   hccn_conf=Path(config.discovery.hccn_conf))
+    except (ConfigError, NoDevicesError) as exc:
+        raise click.UsageError(str(exc)) from exc
+    logging.basicConfig(level=log_level.upper(),
+                        format=f"%(asctime)s %(levelname)s agent {config.node_name}: %(message)s")
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await Agent(config, devices, SystemdNotifier()).run(stop)
+
+    try:
+        asyncio.run(serve())
+    except OSError as exc:
+        click.echo(f"trainerd-agent: {exc}", err=True)
+        sys.exit(1)
+
+
+def main() -> None:
+    cli(prog_name="trainerd-agent")
+
+
+if __name__ == "__main__":
+    main()

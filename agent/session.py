@@ -1,0 +1,181 @@
+"""The agent's one Session stream to the coordinator: Hello, heartbeats, reports, commands.
+
+The agent dials out, finds the leader among the configured coordinators (a standby refuses
+with the leader's address), and reconnects with jittered exponential backoff, presenting its
+resume token so it keeps its identity across a coordinator failover or its own restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from pathlib import Path
+from typing import Callable
+
+import grpc
+
+from proto import trainerd_pb2 as pb
+from proto import trainerd_pb2_grpc as pb_grpc
+from proto.vocabulary import LEADER_ADDRESS_METADATA
+
+log = logging.getLogger(__name__)
+
+CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.enable_retries", 0),
+]
+BACKOFF_BASE_S = 0.2
+BACKOFF_CAP_S = 5.0
+WELCOME_TIMEOUT_S = 10.0
+
+
+def backoff_delay(attempt: int, rng: random.Random) -> float:
+    """Full-jitter exponential backoff, so a restarted coordinator is not hit by every agent at once."""
+    return rng.uniform(0.5, 1.0) * min(BACKOFF_CAP_S, BACKOFF_BASE_S * (2 ** attempt))
+
+
+class IdentityFile:
+    """The resume token survives an agent restart, so a quick restart keeps the node's session."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+
+    def load_token(self, node_name: str) -> str:
+        try:
+            data = json.loads(self._path.read_text())
+        except (OSError, ValueError):
+            return ""
+        return data.get("resume_token", "") if data.get("node_name") == node_name else ""
+
+    def save_token(self, node_name: str, token: str) -> None:
+        tmp = self._path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"node_name": node_name, "resume_token": token}))
+        tmp.replace(self._path)
+
+
+class CoordinatorLink:
+    def __init__(
+        self,
+        *,
+        addresses: list[str],
+        hello: pb.Hello,
+        identity: IdentityFile,
+        on_command: Callable[[pb.CoordinatorMessage], None],
+        heartbeat_body: Callable[[], pb.Heartbeat],
+        on_connected: Callable[[bool], None] = lambda connected: None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._addresses = addresses
+        self._hello = hello
+        self._identity = identity
+        self._on_command = on_command
+        self._heartbeat_body = heartbeat_body
+        self._on_connected = on_connected
+        self._rng = rng or random.Random()
+        self._outbox: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
+        self._leader_hint: str | None = None
+        self.connected = asyncio.Event()
+        self.welcome: pb.Welcome | None = None
+
+    def send(self, message: pb.AgentMessage) -> None:
+        """Queue a report; it goes out on the current session, or the next one."""
+        self._outbox.put_nowait(message)
+
+    def _next_address(self, attempt: int) -> str:
+        if self._leader_hint:
+            hint, self._leader_hint = self._leader_hint, None
+            return hint
+        return self._addresses[attempt % len(self._addresses)]
+
+    async def run(self) -> None:
+        """Keep a session open until cancelled."""
+        attempt = 0
+        while True:
+            address = self._next_address(attempt)
+            try:
+                established = await self._session(address)
+            except grpc.aio.AioRpcError as exc:
+                established = False
+                self._note_refusal(address, exc)
+            except asyncio.TimeoutError:
+                established = False
+                log.warning("coordinator %s sent no Welcome within %.0fs", address, WELCOME_TIMEOUT_S)
+            finally:
+                if self.connected.is_set():
+                    self.connected.clear()
+                    self._on_connected(False)
+            attempt = 0 if established else attempt + 1
+            await asyncio.sleep(backoff_delay(attempt, self._rng))
+
+    def _note_refusal(self, address: str, exc: grpc.aio.AioRpcError) -> None:
+        metadata = dict(exc.trailing_metadata() or ())
+        leader = metadata.get(LEADER_ADDRESS_METADATA)
+        if leader and leader != address:
+            self._leader_hint = leader
+            log.info("%s is a standby; the leader is at %s", address, leader)
+        else:
+            log.warning("session with %s failed: %s %s", address, exc.code().name, exc.details())
+
+    async def _session(self, address: str) -> bool:
+        """One session; returns True when it was established before it ended."""
+        async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+            call = pb_grpc.CoordinatorStub(channel).Session()
+            hello = pb.Hello()
+            hello.CopyFrom(self._hello)
+            hello.resume_token = self._identity.load_token(hello.node_name)
+            await call.write(pb.AgentMessage(hello=hello))
+            first = await asyncio.wait_for(call.read(), WELCOME_TIMEOUT_S)
+            if first is grpc.aio.EOF:
+                code = await call.code()
+                log.warning("coordinator %s closed the session before Welcome (%s)", address, code.name)
+                return False
+            if first.WhichOneof("body") != "welcome":
+                log.warning("coordinator %s did not start with Welcome; reconnecting", address)
+                return False
+            self.welcome = first.welcome
+            self._identity.save_token(hello.node_name, first.welcome.resume_token)
+            log.info("registered as %s with coordinator %s at %s", hello.node_name,
+                     first.welcome.coordinator_id, address)
+            self.connected.set()
+            self._on_connected(True)
+            tasks = [
+                asyncio.create_task(self._heartbeats(call, first.welcome.heartbeat_interval_s)),
+                asyncio.create_task(self._forward_outbox(call)),
+                asyncio.create_task(self._read_commands(call)),
+            ]
+            try:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task.exception() is not None and not isinstance(task.exception(), grpc.aio.AioRpcError):
+                        raise task.exception()
+            finally:
+                for task in tasks:
+                    task.cancel()
+                call.cancel()
+            log.warning("session with %s ended; reconnecting", address)
+            return True
+
+    async def _heartbeats(self, call, interval_s: float) -> None:
+        sequence = 0
+        while True:
+            sequence += 1
+            body = self._heartbeat_body()
+            body.sequence = sequence
+            await call.write(pb.AgentMessage(heartbeat=body))
+            await asyncio.sleep(interval_s)
+
+    async def _forward_outbox(self, call) -> None:
+        while True:
+            message = await self._outbox.get()
+            await call.write(message)
+
+    async def _read_commands(self, call) -> None:
+        while True:
+            message = await call.read()
+            if message is grpc.aio.EOF:
+                return
+            self._on_command(message)

@@ -1,0 +1,134 @@
+"""Production wiring of `trainerd start`: etcd (external or embedded), store, coordinator, gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from daemon.clock import SystemClock
+from daemon.config import ClusterConfig
+from daemon.coordinator import Coordinator
+from daemon.etcd_process import EmbeddedEtcd
+from daemon.grpc_services import ControlService, CoordinatorService
+from daemon.leader import LeaderRecord
+from daemon.local_agents import LocalAgents
+from daemon.store.etcd import EtcdStore
+from proto import trainerd_pb2_grpc as pb_grpc
+from proto.config_file import parse_host_port
+
+log = logging.getLogger(__name__)
+
+COORDINATOR_SERVICE = "trainerd.v1.Coordinator"
+CONTROL_SERVICE = "trainerd.v1.Control"
+
+# Detect dead agent connections (a host that lost power sends no FIN) and keep NATs open.
+SERVER_OPTIONS = [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.so_reuseport", 0),
+]
+
+
+class TrainerdApp:
+    def __init__(self, config: ClusterConfig) -> None:
+        self._config = config
+        self._etcd: EmbeddedEtcd | None = None
+        self._store: EtcdStore | None = None
+        self._server: grpc.aio.Server | None = None
+        self._health = health.aio.HealthServicer()
+        self._local_agents: LocalAgents | None = None
+        self.coordinator: Coordinator | None = None
+
+    async def _open_store(self) -> EtcdStore:
+        etcd = self._config.cluster.etcd
+        endpoints = list(etcd.endpoints)
+        if not endpoints:
+            _, client_port = parse_host_port(etcd.client_listen)
+            _, peer_port = parse_host_port(etcd.peer_listen)
+            self._etcd = EmbeddedEtcd(self._config.resolve(etcd.data_dir), client_port, peer_port)
+            await self._etcd.start()
+            endpoints = [self._etcd.endpoint]
+            log.info("embedded etcd serving at %s, data in %s", self._etcd.endpoint,
+                     self._config.resolve(etcd.data_dir))
+        return await EtcdStore.connect(
+            endpoints, ca_file=etcd.ca_file, cert_file=etcd.cert_file, key_file=etcd.key_file,
+            username=etcd.username, password=etcd.password,
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        cluster = self._config.cluster
+        try:
+            self._store = await self._open_store()
+            me = LeaderRecord(id=f"{socket.gethostname()}:{os.getpid()}",
+                              address=cluster.coordinator.advertised)
+            job_name = self._config.job.name if self._config.job else cluster.name
+            self.coordinator = Coordinator(
+                store=self._store, clock=SystemClock(), me=me, job_name=job_name,
+                heartbeat_interval_s=cluster.heartbeat.interval_s,
+                heartbeat_timeout_s=cluster.heartbeat.timeout_s,
+                leader_lease_s=cluster.coordinator.leader_lease_s,
+                on_leadership_change=self._publish_leadership,
+            )
+            self._server = grpc.aio.server(options=SERVER_OPTIONS)
+            pb_grpc.add_CoordinatorServicer_to_server(CoordinatorService(self.coordinator), self._server)
+            pb_grpc.add_ControlServicer_to_server(ControlService(self.coordinator), self._server)
+            health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+            self._server.add_insecure_port(cluster.coordinator.listen)
+            await self._server.start()
+            await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+            await self._health.set(CONTROL_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+            log.info("trainerd %s serving on %s", me.id, cluster.coordinator.listen)
+
+            tick_s = min(0.5, cluster.heartbeat.interval_s / 2)
+            leading = asyncio.create_task(self.coordinator.run(tick_s), name="coordinator")
+            if cluster.local_agents:
+                self._local_agents = LocalAgents(
+                    count=cluster.local_agents, coordinator_address=cluster.coordinator.advertised,
+                    cluster_name=cluster.name,
+                    work_root=self._config.resolve(cluster.local_agent.work_dir),
+                    cpu_devices=cluster.local_agent.cpu_devices,
+                )
+                await self._local_agents.start()
+            stopping = asyncio.create_task(stop.wait())
+            done, _ = await asyncio.wait({leading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if leading in done:
+                leading.result()  # re-raise what ended the coordinator
+            leading.cancel()
+        finally:
+            await self._shutdown()
+
+    def _publish_leadership(self, is_leader: bool) -> None:
+        """Health of the Coordinator service follows leadership, so probes find the leader."""
+        status = health_pb2.HealthCheckResponse.SERVING if is_leader else health_pb2.HealthCheckResponse.NOT_SERVING
+        asyncio.get_running_loop().create_task(self._health.set(COORDINATOR_SERVICE, status))
+
+    async def _shutdown(self) -> None:
+        log.info("trainerd shutting down")
+        await self._health.enter_graceful_shutdown()
+        if self._local_agents is not None:
+            await self._local_agents.stop()
+        if self.coordinator is not None:
+            try:
+                await self.coordinator.resign()
+            except Exception as exc:  # noqa: BLE001 - shutting down anyway; the lease will expire
+                log.warning("could not resign leadership cleanly: %s", exc)
+        if self._server is not None:
+            await self._server.stop(grace=2.0)
+        if self._store is not None:
+            await self._store.close()
+        if self._etcd is not None:
+            await self._etcd.stop()
+
+
+def install_stop_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)

@@ -1,0 +1,55 @@
+"""The stable JSON form of `trainerctl status -o json` (scripts depend on these names)."""
+
+from __future__ import annotations
+
+from proto import trainerd_pb2 as pb
+
+
+def _optional(message, field: str):
+    return getattr(message, field) if message.HasField(field) else None
+
+
+def status_to_json(reply: pb.StatusReply) -> dict:
+    c = reply.coordinator
+    return {
+        "coordinator": {
+            "leader": c.leader_address or None,
+            "leader_id": c.leader_id or None,
+            "answered_by": c.address,
+            "is_leader": c.is_leader,
+        },
+        "nodes": [
+            {
+                "name": n.name,
+                "host": n.host,
+                "state": n.state,
+                "devices": [{"device_id": d.device_id, "device_ip": d.device_ip, "kind": d.kind}
+                            for d in n.devices],
+                "last_heartbeat_age_s": _optional(n, "last_heartbeat_age_s"),
+            }
+            for n in reply.nodes
+        ],
+        "job": _job_to_json(reply.job) if reply.HasField("job") else None,
+    }
+
+
+def _job_to_json(job: pb.JobStatus) -> dict:
+    failure = job.last_failure if job.HasField("last_failure") else None
+    return {
+        "name": job.name,
+        "state": job.state,
+        "generation": job.generation,
+        "world_size": job.world_size,
+        "step": _optional(job, "step"),
+        "restarts": job.restarts,
+        "last_checkpoint_step": _optional(job, "last_checkpoint_step"),
+        "skipped_batches": job.skipped_batches,
+        "loss": _optional(job, "loss"),
+        "samples_per_s": _optional(job, "samples_per_s"),
+        "ranks": [{"rank": r.rank, "node": r.node, "step": r.step, "loss": r.loss,
+                   "samples_per_s": r.samples_per_s} for r in job.ranks],
+        "last_failure": None if failure is None else {
+            "cause": failure.cause, "node": failure.node or None, "rank": failure.rank,
+            "exit_code": failure.exit_code, "signal": failure.signal, "message": failure.message,
+        },
+    }

@@ -1,0 +1,124 @@
+"""`trainerctl`: see and steer a trainerd cluster.
+
+Exit codes: 0 success, 1 the operation failed, 2 usage or config error, 3 coordinator unreachable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+import grpc
+from rich.console import Console
+from rich.table import Table
+
+from daemon.cli.status_json import status_to_json
+from proto import trainerd_pb2 as pb
+from proto import trainerd_pb2_grpc as pb_grpc
+from proto.config_file import parse_host_port
+
+EXIT_UNREACHABLE = 3
+RPC_TIMEOUT_S = 5.0
+
+
+class Unreachable(click.ClickException):
+    exit_code = EXIT_UNREACHABLE
+
+
+def _addresses(option: str | None) -> list[str]:
+    raw = option or os.environ.get("TRAINERD_COORDINATOR")
+    if not raw:
+        raise click.UsageError("name the coordinator with --coordinator HOST:PORT or TRAINERD_COORDINATOR")
+    addresses = [a.strip() for a in raw.split(",") if a.strip()]
+    for address in addresses:
+        try:
+            parse_host_port(address)
+        except ValueError as exc:
+            raise click.UsageError(f"--coordinator: {exc}") from exc
+    return addresses
+
+
+def _get_status(address: str) -> pb.StatusReply:
+    with grpc.insecure_channel(address) as channel:
+        return pb_grpc.ControlStub(channel).GetStatus(pb.StatusRequest(), timeout=RPC_TIMEOUT_S)
+
+
+def fetch_status(addresses: list[str]) -> pb.StatusReply:
+    """Ask the first coordinator that answers; when it is a standby, prefer the leader's answer."""
+    errors = []
+    for address in addresses:
+        try:
+            reply = _get_status(address)
+        except grpc.RpcError as exc:
+            errors.append(f"{address}: {exc.code().name}")
+            continue
+        leader = reply.coordinator.leader_address
+        if not reply.coordinator.is_leader and leader and leader != address:
+            try:
+                return _get_status(leader)
+            except grpc.RpcError:
+                pass
+        return reply
+    raise Unreachable("cannot reach the coordinator (" + "; ".join(errors) + ")")
+
+
+@click.group()
+@click.option("--coordinator", envvar="TRAINERD_COORDINATOR", metavar="HOST:PORT[,HOST:PORT]",
+              help="Coordinator address(es); default $TRAINERD_COORDINATOR.")
+@click.pass_context
+def cli(ctx: click.Context, coordinator: str | None) -> None:
+    """See and steer a trainerd cluster."""
+    ctx.obj = coordinator
+
+
+@cli.command()
+@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.pass_obj
+def status(coordinator: str | None, output: str) -> None:
+    """The coordinator, the nodes and the job."""
+    reply = fetch_status(_addresses(coordinator))
+    data = status_to_json(reply)
+    if output == "json":
+        click.echo(json.dumps(data, indent=2))
+        return
+    print_status(data)
+
+
+def print_status(data: dict) -> None:
+    console = Console()
+    c = data["coordinator"]
+    role = "leader" if c["is_leader"] else "standby"
+    console.print(f"coordinator {c['answered_by']} ({role}); leader {c['leader'] or 'none'}")
+    nodes = Table(title="nodes")
+    for column in ("name", "state", "host", "devices", "last heartbeat"):
+        nodes.add_column(column)
+    for node in data["nodes"]:
+        age = node["last_heartbeat_age_s"]
+        nodes.add_row(node["name"], node["state"], node["host"], str(len(node["devices"])),
+                      "-" if age is None else f"{age:.1f}s ago")
+    console.print(nodes)
+    job = data["job"]
+    if job is None:
+        console.print("job: none")
+        return
+    console.print(
+        f"job {job['name']}: {job['state']}  generation {job['generation']}  "
+        f"world size {job['world_size']}  step {job['step']}  restarts {job['restarts']}"
+    )
+
+
+def _register_subcommands() -> None:
+    from daemon.cli.checkpoint_commands import checkpoint
+
+    cli.add_command(checkpoint)
+
+
+def main() -> None:
+    _register_subcommands()
+    cli(prog_name="trainerctl")
+
+
+if __name__ == "__main__":
+    main()

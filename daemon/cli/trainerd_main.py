@@ -1,0 +1,53 @@
+"""`trainerd start --cluster cluster.yaml`: run the coordinator."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+import click
+
+from daemon.app import TrainerdApp, install_stop_signals
+from daemon.config import load_cluster_config
+from daemon.etcd_process import EtcdError
+from proto.config_file import ConfigError
+
+
+@click.group()
+def cli() -> None:
+    """trainerd: the coordinator of fault-tolerant elastic MindSpore training."""
+
+
+@cli.command()
+@click.option("--cluster", "cluster_file", required=True, type=click.Path(dir_okay=False),
+              help="Cluster file (YAML), see configs/cluster.example.yaml.")
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+def start(cluster_file: str, log_level: str) -> None:
+    """Run the coordinator (and an embedded etcd when the file names no endpoints)."""
+    try:
+        config = load_cluster_config(cluster_file)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s trainerd %(name)s: %(message)s")
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        install_stop_signals(stop)
+        await TrainerdApp(config).run(stop)
+
+    try:
+        asyncio.run(serve())
+    except (EtcdError, OSError) as exc:
+        click.echo(f"trainerd: {exc}", err=True)
+        sys.exit(1)
+
+
+def main() -> None:
+    cli(prog_name="trainerd")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,257 @@
+"""The coordinator: leadership, agent sessions, liveness and the cluster's state.
+
+Servicers (daemon/grpc_services.py) translate protobuf to the plain values used here and call
+these methods; nothing in this module knows about gRPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from daemon.clock import Clock
+from daemon.events import EventLog
+from daemon.leader import LeaderElection, LeaderRecord, Leadership
+from daemon.liveness import LivenessTracker
+from daemon.membership import DeviceInfo, Membership, NodeRecord
+from daemon.store.interface import Store
+from proto.vocabulary import NODE_NAME_PATTERN, NodeState
+
+log = logging.getLogger(__name__)
+
+MAX_DEVICES_PER_NODE = 64
+
+
+class NotLeader(Exception):
+    """This coordinator is a standby; `leader_address` is where the leader is, if known."""
+
+    def __init__(self, leader_address: str | None) -> None:
+        super().__init__(f"not the leader; the leader is at {leader_address or 'an unknown address'}")
+        self.leader_address = leader_address
+
+
+class SessionRefused(Exception):
+    """The Hello is invalid, or another live agent holds the node name."""
+
+
+@dataclass(frozen=True)
+class AgentHello:
+    node_name: str
+    host: str
+    devices: tuple[DeviceInfo, ...]
+    agent_version: str
+    resume_token: str
+
+
+@dataclass(frozen=True)
+class Welcome:
+    node_name: str
+    resume_token: str
+    heartbeat_interval_s: float
+    coordinator_id: str
+
+
+class AgentSession:
+    """One open Session stream; `send` queues a command for that agent."""
+
+    def __init__(self, node: str, token: str, send: Callable[[object], None]) -> None:
+        self.node = node
+        self.token = token
+        self.send = send
+        self.closed = asyncio.Event()
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    host: str
+    state: NodeState
+    devices: tuple[DeviceInfo, ...]
+    last_heartbeat_age_s: float | None
+
+
+@dataclass(frozen=True)
+class CoordinatorView:
+    id: str
+    address: str
+    is_leader: bool
+    leader_id: str | None
+    leader_address: str | None
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    coordinator: CoordinatorView
+    nodes: tuple[NodeView, ...]
+
+
+def validate_hello(hello: AgentHello) -> None:
+    if not re.match(NODE_NAME_PATTERN, hello.node_name):
+        raise SessionRefused(f"invalid node name {hello.node_name!r}")
+    if not hello.host or len(hello.host) > 255:
+        raise SessionRefused(f"node {hello.node_name}: invalid host {hello.host!r}")
+    if not 0 < len(hello.devices) <= MAX_DEVICES_PER_NODE:
+        raise SessionRefused(f"node {hello.node_name}: needs 1-{MAX_DEVICES_PER_NODE} devices, "
+                             f"got {len(hello.devices)}")
+    ids = [d.device_id for d in hello.devices]
+    if len(set(ids)) != len(ids) or min(ids) < 0:
+        raise SessionRefused(f"node {hello.node_name}: device ids must be distinct and >= 0")
+
+
+class Coordinator:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        clock: Clock,
+        me: LeaderRecord,
+        job_name: str,
+        heartbeat_interval_s: float,
+        heartbeat_timeout_s: float,
+        leader_lease_s: int,
+        wall_clock: Callable[[], float] = time.time,
+        on_leadership_change: Callable[[bool], None] = lambda is_leader: None,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self.me = me
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self._election = LeaderElection(store, me, leader_lease_s)
+        self._liveness = LivenessTracker(clock, heartbeat_timeout_s)
+        self._membership = Membership(store)
+        self._events = EventLog(store, job_name)
+        self._sessions: dict[str, AgentSession] = {}
+        self.leadership: Leadership | None = None
+        self._on_leadership_change = on_leadership_change
+
+    # ------------------------------------------------------------ leadership
+
+    async def run(self, tick_s: float) -> None:
+        """Campaign, lead until the lease is lost, stand down, campaign again. Runs forever."""
+        while True:
+            leadership = await self._election.campaign()
+            await self._take_office(leadership)
+            try:
+                while leadership.lease.alive:
+                    try:
+                        await asyncio.wait_for(leadership.lease.wait_lost(), timeout=tick_s)
+                    except asyncio.TimeoutError:
+                        await self.tick()
+                log.warning("%s lost its leader lease; standing down", self.me.id)
+            finally:
+                self._leave_office()
+
+    async def _take_office(self, leadership: Leadership) -> None:
+        await self._membership.load()
+        known = [r.name for r in self._membership.all() if r.state is NodeState.READY]
+        self._liveness.adopt(known)
+        self.leadership = leadership
+        self._on_leadership_change(True)
+        log.info("%s leads; %d known node(s) get %.1fs to reconnect", self.me.id, len(known),
+                 self._liveness.timeout_s)
+
+    def _leave_office(self) -> None:
+        self.leadership = None
+        self._on_leadership_change(False)
+        for session in list(self._sessions.values()):
+            session.closed.set()
+        self._sessions.clear()
+
+    async def resign(self) -> None:
+        if self.leadership is not None:
+            await self._election.resign(self.leadership)
+
+    def _require_leadership(self) -> Leadership:
+        if self.leadership is None:
+            raise NotLeader(None)
+        return self.leadership
+
+    async def _leader_address(self) -> str | None:
+        current = await self._election.current()
+        return None if current is None else current.address
+
+    # ------------------------------------------------------------ sessions
+
+    async def open_session(self, hello: AgentHello, send: Callable[[object], None]) -> tuple[AgentSession, Welcome]:
+        validate_hello(hello)
+        if self.leadership is None:
+            raise NotLeader(await self._leader_address())
+        leadership = self.leadership
+        name = hello.node_name
+        existing = self._sessions.get(name)
+        if existing is not None and not existing.closed.is_set():
+            if not hello.resume_token or not secrets.compare_digest(hello.resume_token, existing.token):
+                raise SessionRefused(f"node name {name} is held by a live session")
+            existing.closed.set()
+        token = hello.resume_token or secrets.token_hex(16)
+        session = AgentSession(name, token, send)
+        self._sessions[name] = session
+        self._liveness.connected(name)
+
+        record = self._membership.get(name)
+        wanted = NodeRecord(name, hello.host, hello.devices, NodeState.READY, self._wall_clock())
+        if record is None or record.state is not NodeState.READY or (record.host, record.devices) != (
+            hello.host, hello.devices
+        ):
+            await self._membership.put(wanted, leadership.fence)
+            kind = "node_joined" if record is None else "node_ready"
+            await self._events.append(kind, f"node {name} is READY with {len(hello.devices)} device(s) "
+                                      f"at {hello.host}", leadership.fence, node=name)
+        welcome = Welcome(name, token, self.heartbeat_interval_s, self.me.id)
+        return session, welcome
+
+    def heartbeat(self, session: AgentSession) -> None:
+        if not session.closed.is_set():
+            self._liveness.heard_from(session.node)
+
+    def close_session(self, session: AgentSession) -> None:
+        session.closed.set()
+        if self._sessions.get(session.node) is session:
+            del self._sessions[session.node]
+            self._liveness.disconnected(session.node)
+            log.info("session of node %s closed; it has %.1fs to come back", session.node,
+                     self._liveness.timeout_s)
+
+    # ------------------------------------------------------------ periodic pass
+
+    async def tick(self) -> None:
+        leadership = self._require_leadership()
+        for name in self._liveness.overdue():
+            record = self._membership.get(name)
+            if record is None or record.state is not NodeState.READY:
+                continue
+            age = self._liveness.age(name)
+            await self._membership.set_state(name, NodeState.LOST, self._wall_clock(), leadership.fence)
+            session = self._sessions.pop(name, None)
+            if session is not None:
+                session.closed.set()
+            await self._events.append("node_lost", f"node {name} is LOST: nothing heard for {age:.1f}s",
+                                      leadership.fence, node=name)
+
+    # ------------------------------------------------------------ status
+
+    async def view(self) -> ClusterView:
+        leader = await self._election.current()
+        coordinator = CoordinatorView(
+            id=self.me.id,
+            address=self.me.address,
+            is_leader=self.leadership is not None,
+            leader_id=None if leader is None else leader.id,
+            leader_address=None if leader is None else leader.address,
+        )
+        if self.leadership is None:
+            # A standby reads the nodes etcd has; only the leader knows heartbeat ages.
+            standby_view = Membership(self._store)
+            await standby_view.load()
+            records, ages = standby_view.all(), {}
+        else:
+            records = self._membership.all()
+            ages = {r.name: self._liveness.age(r.name) for r in records}
+        nodes = tuple(NodeView(r.name, r.host, r.state, r.devices, ages.get(r.name)) for r in records)
+        return ClusterView(coordinator, nodes)

@@ -1,0 +1,74 @@
+"""Which nodes are alive, from session events and heartbeats kept in the leader's memory.
+
+A heartbeat is a dictionary write, never an etcd write (FACTS.md: etcd cannot absorb thousands of
+keepalives per second); etcd learns about a node only when its state changes. Time comes from an
+injected clock so the timeouts are tested without sleeping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from daemon.clock import Clock
+
+
+@dataclass
+class _Seen:
+    last_seen: float
+    connected: bool
+
+
+class LivenessTracker:
+    """A node is overdue when nothing was heard from it for `timeout_s`.
+
+    A broken session does not make a node lost at once: the agent gets the same window to
+    reconnect (it may only have lost its TCP connection, or the coordinator may have failed over).
+    """
+
+    def __init__(self, clock: Clock, timeout_s: float) -> None:
+        self._clock = clock
+        self._timeout_s = timeout_s
+        self._nodes: dict[str, _Seen] = {}
+
+    @property
+    def timeout_s(self) -> float:
+        return self._timeout_s
+
+    def connected(self, node: str) -> None:
+        self._nodes[node] = _Seen(self._clock.now(), True)
+
+    def heard_from(self, node: str) -> None:
+        seen = self._nodes.get(node)
+        if seen is None:
+            self._nodes[node] = _Seen(self._clock.now(), True)
+        else:
+            seen.last_seen = self._clock.now()
+
+    def disconnected(self, node: str) -> None:
+        """The session ended; the reconnect window starts from the last time we heard from it."""
+        seen = self._nodes.get(node)
+        if seen is not None:
+            seen.connected = False
+
+    def adopt(self, nodes: list[str]) -> None:
+        """A new leader gives nodes it knows from etcd one full window to reconnect to it."""
+        now = self._clock.now()
+        for node in nodes:
+            self._nodes.setdefault(node, _Seen(now, False))
+
+    def forget(self, node: str) -> None:
+        self._nodes.pop(node, None)
+
+    def is_connected(self, node: str) -> bool:
+        seen = self._nodes.get(node)
+        return seen is not None and seen.connected
+
+    def age(self, node: str) -> float | None:
+        """Seconds since we last heard from `node`, or None when it is not tracked."""
+        seen = self._nodes.get(node)
+        return None if seen is None else max(0.0, self._clock.now() - seen.last_seen)
+
+    def overdue(self) -> list[str]:
+        """Tracked nodes not heard from for longer than the timeout, in name order."""
+        deadline = self._clock.now() - self._timeout_s
+        return sorted(name for name, seen in self._nodes.items() if seen.last_seen < deadline)

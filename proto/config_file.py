@@ -1,0 +1,88 @@
+"""Loading YAML config files into strict pydantic models, shared by trainerd and trainerd-agent.
+
+Every error becomes one `ConfigError` line naming the file and the key path, e.g.
+`cluster.yaml: cluster.heartbeat.timeout_s: Input should be greater than 0`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import pydantic
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict
+
+
+class ConfigError(Exception):
+    """A config file or flag is wrong; the message is one line that says where and what."""
+
+
+class StrictModel(BaseModel):
+    """Unknown keys and silent type coercion are both errors in our config files."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+def parse_host_port(text: str) -> tuple[str, int]:
+    """Split `host:port` (IPv6 as `[::1]:port`); raise ValueError with a readable reason."""
+    if not isinstance(text, str) or ":" not in text:
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    host, _, port_text = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host or any(c.isspace() for c in host):
+        raise ValueError(f"{text!r} has no valid host")
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"{text!r} has no valid port (1-65535)")
+    return host, int(port_text)
+
+
+def _check_address(text: str) -> str:
+    parse_host_port(text)
+    return text
+
+
+Address = Annotated[str, AfterValidator(_check_address)]
+"""A `host:port` string, validated."""
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def describe_validation_error(source: str, exc: pydantic.ValidationError, prefix: str = "") -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"])
+    if prefix:
+        where = f"{prefix}.{where}" if where else prefix
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        message = "unknown key"
+    more = len(exc.errors()) - 1
+    suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+    return f"{source}: {where}: {message}{suffix}"
+
+
+def load_yaml_mapping(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(f"{path}: malformed YAML{where}: {problem}") from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping, not {type(data).__name__}")
+    return data
+
+
+def validate(model: type[M], data: Any, source: str, prefix: str = "") -> M:
+    try:
+        return model.model_validate(data)
+    except pydantic.ValidationError as exc:
+        raise ConfigError(describe_validation_error(source, exc, prefix)) from exc
