@@ -10,7 +10,7 @@ import click
 
 from daemon.app import TrainerdApp, install_stop_signals
 from daemon.config import load_cluster_config
-from daemon.etcd_process import EtcdError
+from daemon.etcd_process import EtcdNotFound, EtcdStartError
 from proto.config_file import ConfigError
 
 
@@ -40,7 +40,7 @@ def start(cluster_file: str, log_level: str) -> None:
 
     try:
         asyncio.run(serve())
-    except (EtcdError, OSError) as exc:
+    except (EtcdNotFound, EtcdStartError, OSError) as exc:
         click.echo(f"trainerd: {exc}", err=True)
         sys.exit(1)
 

@@ -1,0 +1,61 @@
+"""The cluster file: defaults, and one clear line naming file and key for every mistake."""
+
+from pathlib import Path
+
+import pytest
+
+from daemon.config import load_cluster_config
+from proto.config_file import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_example_cluster_files_are_valid() -> None:
+    examples = sorted((REPO / "configs").glob("cluster*.yaml"))
+    assert examples, "configs/ has no example cluster file"
+    for example in examples:
+        load_cluster_config(example)
+
+
+def test_defaults_and_relative_paths(tmp_path: Path) -> None:
+    config = load_cluster_config(write(tmp_path, "cluster:\n  name: demo\n  local_agents: 2\n"))
+    assert config.cluster.etcd.endpoints == []
+    assert config.cluster.local_agents == 2
+    assert config.resolve(config.cluster.etcd.data_dir) == tmp_path / "run/etcd"
+    assert config.cluster.coordinator.advertised == config.cluster.coordinator.listen
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("cluster:\n  heartbeat:\n    interval_s: fast\n", "cluster.heartbeat.interval_s: Input should be a valid number"),
+        ("cluster:\n  bogus: 1\n", "cluster.bogus: unknown key"),
+        ("cluster: [1\n", "malformed YAML at line"),
+        ("- a\n- b\n", "top level must be a mapping"),
+        ("cluster:\n  coordinator:\n    listen: nohost\n", "cluster.coordinator.listen: 'nohost' is not HOST:PORT"),
+        ("cluster:\n  etcd:\n    endpoints: ['a:1', 'b:99999']\n", "cluster.etcd.endpoints.1: 'b:99999' has no valid port"),
+        ("cluster:\n  heartbeat:\n    interval_s: 2\n    timeout_s: 3\n", "cluster.heartbeat: timeout_s must be at least twice"),
+        ("cluster:\n  local_agents: '2'\n", "cluster.local_agents: Input should be a valid integer"),
+        ("cluster:\n  etcd:\n    username: u\n", "cluster.etcd: username and password go together"),
+        ("cluster:\n  name: 'a b'\n", "cluster.name: String should match pattern"),
+    ],
+)
+def test_mistakes_name_file_and_key(tmp_path: Path, text: str, expected: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_cluster_config(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: ")
+    assert expected in message
+    assert "\n" not in message
+
+
+def test_missing_file_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_cluster_config(tmp_path / "absent.yaml")

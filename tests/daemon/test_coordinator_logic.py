@@ -1,0 +1,193 @@
+"""Leadership, sessions and liveness decisions on the in-memory store with a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from daemon.clock import FakeClock
+from daemon.coordinator import AgentHello, Coordinator, NotLeader, SessionRefused
+from daemon.events import EventLog
+from daemon.leader import LeaderElection, LeaderRecord, LeadershipLost
+from daemon.membership import DeviceInfo
+from daemon.store import codec, keys
+from daemon.store.memory import InMemoryStore
+from proto.vocabulary import NodeState
+
+TIMEOUT_S = 5.0
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 10))
+
+
+def make_coordinator(store: InMemoryStore, clock: FakeClock, name: str) -> Coordinator:
+    return Coordinator(store=store, clock=clock, me=LeaderRecord(name, f"{name}:7420"), job_name="job",
+                       heartbeat_interval_s=1.0, heartbeat_timeout_s=TIMEOUT_S, leader_lease_s=3,
+                       wall_clock=lambda: 1_700_000_000.0)
+
+
+def hello(name: str, token: str = "", devices: int = 1) -> AgentHello:
+    return AgentHello(name, "10.0.0.1", tuple(DeviceInfo(i, "", "cpu") for i in range(devices)), "t", token)
+
+
+async def lead(coordinator: Coordinator) -> None:
+    leadership = await coordinator._election.campaign()
+    await coordinator._take_office(leadership)
+
+
+async def stored_node_state(store: InMemoryStore, name: str) -> str:
+    kv = await store.get(keys.node(name))
+    return codec.decode(kv.value, key=kv.key)["state"]
+
+
+def test_one_leader_and_the_standby_takes_over_when_the_lease_expires() -> None:
+    async def scenario() -> None:
+        clock = FakeClock()
+        store = InMemoryStore(clock)
+        first = LeaderElection(store, LeaderRecord("a", "a:1"), 3)
+        second = LeaderElection(store, LeaderRecord("b", "b:1"), 3)
+        leadership = await first.campaign()
+        waiting = asyncio.create_task(second.campaign())
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        assert (await second.current()) == LeaderRecord("a", "a:1")
+
+        store.stop_keepalive(leadership.lease)  # the leader process froze
+        clock.advance(2.9)
+        store.expire_leases()
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        clock.advance(0.2)
+        store.expire_leases()
+        taken = await asyncio.wait_for(waiting, 1)
+        assert taken.record.id == "b"
+        assert not leadership.lease.alive
+        assert (await first.current()) == LeaderRecord("b", "b:1")
+
+    run(scenario())
+
+
+def test_a_deposed_leader_cannot_write() -> None:
+    async def scenario() -> None:
+        clock = FakeClock()
+        store = InMemoryStore(clock)
+        old = await LeaderElection(store, LeaderRecord("a", "a:1"), 3).try_acquire()
+        await old.lease.revoke()
+        new = await LeaderElection(store, LeaderRecord("b", "b:1"), 3).try_acquire()
+        assert new is not None
+        with pytest.raises(LeadershipLost):
+            await EventLog(store, "job").append("x", "stale write", old.fence)
+        event = await EventLog(store, "job").append("x", "fresh write", new.fence)
+        assert event.seq == 1
+
+    run(scenario())
+
+
+def test_standby_refuses_sessions_and_names_the_leader() -> None:
+    async def scenario() -> None:
+        clock = FakeClock()
+        store = InMemoryStore(clock)
+        leader, standby = make_coordinator(store, clock, "a"), make_coordinator(store, clock, "b")
+        await lead(leader)
+        with pytest.raises(NotLeader) as info:
+            await standby.open_session(hello("n1"), lambda m: None)
+        assert info.value.leader_address == "a:7420"
+
+    run(scenario())
+
+
+def test_node_joins_goes_lost_after_timeout_and_returns() -> None:
+    async def scenario() -> None:
+        clock = FakeClock()
+        store = InMemoryStore(clock)
+        coordinator = make_coordinator(store, clock, "a")
+        await lead(coordinator)
+        session, welcome = await coordinator.open_session(hello("n1", devices=2), lambda m: None)
+        assert welcome.resume_token and welcome.heartbeat_interval_s == 1.0
+        assert await stored_node_state(store, "n1") == "READY"
+
+        for _ in range(20):  # heartbeats keep it READY, and cost no etcd write
+            clock.advance(1.0)
+            revision_before = (await store.get_prefix(keys.ROOT))[1]
+            coordinator.heartbeat(session)
+            await coordinator.tick()
+            assert (await store.get_prefix(keys.ROOT))[1] == revision_before
+        assert await stored_node_state(store, "n1") == "READY"
+
+        clock.advance(TIMEOUT_S + 0.1)
+        await coordinator.tick()
+        assert await stored_node_state(store, "n1") == "LOST"
+        assert session.closed.is_set()
+        events = await EventLog(store, "job").read()
+        assert [e.kind for e in events] == ["node_joined", "node_lost"]
+
+        await coordinator.open_session(hello("n1", devices=2), lambda m: None)
+        assert await stored_node_state(store, "n1") == "READY"
+        view = await coordinator.view()
+        assert [(n.name, n.state, len(n.devices)) for n in view.nodes] == [("n1", NodeState.READY, 2)]
+
+    run(scenario())
+
+
+def test_a_live_node_name_is_not_taken_without_its_token() -> None:
+    async def scenario() -> None:
+        clock = FakeClock()
+        store = InMemoryStore(clock)
+        coordinator = make_coordinator(store, clock, "a")
+        await lead(coordinator)
+        first, welcome = await coordinator.open_session(hello("n1"), lambda m: None)
+        with pytest.raises(SessionRefused, match="held by a live session"):
+            await coordinator.open_session(hello("n1", token="guess"), lambda m: None)
+        second, _ = await coordinator.open_session(hello("n1", token=welcome.resume_token), lambda m: None)
+        assert first.closed.is_set() and not second.closed.is_set()
+        coordinator.close_session(first)  # the old stream's late cleanup must not drop the new one
+        clock.advance(TIMEOUT_S - 1)
+        coordinator.heartbeat(second)
+        clock.advance(TIMEOUT_S - 1)
+        await coordinator.tick()
+        assert await stored_node_state(store, "n1") == "READY"
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("bad", [
+    hello("bad name"), hello("-x"), hello("n1", devices=0),
+    AgentHello("n1", "h", (DeviceInfo(0, "", "cpu"), DeviceInfo(0, "", "cpu")), "t", ""),
+    AgentHello("n1", "", (DeviceInfo(0, "", "cpu"),), "t", ""),
+])
+def test_hostile_hellos_are_refused(bad: AgentHello) -> None:
+    async def scenario() -> None:
+        clock = FakeClock()
+        coordinator = make_coordinator(InMemoryStore(clock), clock, "a")
+        await lead(coordinator)
+        with pytest.raises(SessionRefused):
+            await coordinator.open_session(bad, lambda m: None)
+
+    run(scenario())
+
+
+def test_new_leader_adopts_known_nodes_for_one_window() -> None:
+    async def scenario() -> None:
+        clock = FakeClock()
+        store = InMemoryStore(clock)
+        old = make_coordinator(store, clock, "a")
+        await lead(old)
+        await old.open_session(hello("n1"), lambda m: None)
+        await old.open_session(hello("n2"), lambda m: None)
+        await old.resign()
+        old._leave_office()
+
+        new = make_coordinator(store, clock, "b")
+        await lead(new)
+        clock.advance(TIMEOUT_S - 1)
+        await new.open_session(hello("n1"), lambda m: None)  # n1 reconnects in time, n2 does not
+        await new.tick()
+        assert await stored_node_state(store, "n2") == "READY"
+        clock.advance(2)
+        await new.tick()
+        assert await stored_node_state(store, "n1") == "READY"
+        assert await stored_node_state(store, "n2") == "LOST"
+
+    run(scenario())

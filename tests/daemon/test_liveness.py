@@ -1,0 +1,77 @@
+"""Liveness decisions with a fake clock: no sleeps, hours pass instantly."""
+
+from daemon.clock import FakeClock
+from daemon.liveness import LivenessTracker
+
+
+def make(timeout_s: float = 5.0) -> tuple[FakeClock, LivenessTracker]:
+    clock = FakeClock(start=100.0)
+    return clock, LivenessTracker(clock, timeout_s)
+
+
+def test_heartbeats_keep_a_node_alive_indefinitely() -> None:
+    clock, tracker = make()
+    tracker.connected("a")
+    for _ in range(10_000):
+        clock.advance(1.0)
+        tracker.heard_from("a")
+        assert tracker.overdue() == []
+
+
+def test_silent_node_is_overdue_only_after_the_timeout() -> None:
+    clock, tracker = make(timeout_s=5.0)
+    tracker.connected("a")
+    clock.advance(5.0)
+    assert tracker.overdue() == []
+    clock.advance(0.01)
+    assert tracker.overdue() == ["a"]
+    assert tracker.age("a") == 5.01 or abs(tracker.age("a") - 5.01) < 1e-9
+
+
+def test_broken_session_gets_the_window_to_reconnect() -> None:
+    clock, tracker = make(timeout_s=5.0)
+    tracker.connected("a")
+    clock.advance(1.0)
+    tracker.disconnected("a")
+    assert not tracker.is_connected("a")
+    clock.advance(3.0)
+    tracker.connected("a")  # came back within the window
+    clock.advance(4.0)
+    assert tracker.overdue() == []
+    assert tracker.is_connected("a")
+
+
+def test_broken_session_that_does_not_return_is_overdue() -> None:
+    clock, tracker = make(timeout_s=5.0)
+    tracker.connected("a")
+    tracker.disconnected("a")
+    clock.advance(5.5)
+    assert tracker.overdue() == ["a"]
+
+
+def test_new_leader_gives_known_nodes_one_window() -> None:
+    clock, tracker = make(timeout_s=5.0)
+    tracker.adopt(["a", "b"])
+    clock.advance(4.0)
+    tracker.connected("a")
+    assert tracker.overdue() == []
+    clock.advance(1.5)
+    assert tracker.overdue() == ["b"]
+
+
+def test_adopt_does_not_reset_a_node_already_heard() -> None:
+    clock, tracker = make(timeout_s=5.0)
+    tracker.connected("a")
+    clock.advance(4.0)
+    tracker.adopt(["a"])
+    clock.advance(1.5)
+    assert tracker.overdue() == ["a"]
+
+
+def test_unknown_node_has_no_age_and_forget_stops_tracking() -> None:
+    clock, tracker = make()
+    assert tracker.age("ghost") is None
+    tracker.connected("a")
+    tracker.forget("a")
+    clock.advance(60)
+    assert tracker.overdue() == []

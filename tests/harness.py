@@ -1,0 +1,115 @@
+"""Real processes for the integration tests: trainerd, agents and trainerctl, each with a log file,
+its own process group and a hard kill at teardown."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, TypeVar
+
+BIN = Path(sys.executable).parent
+T = TypeVar("T")
+
+
+class Proc:
+    def __init__(self, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.argv = argv
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            self.popen = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, env={**os.environ, **(env or {})},
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal(self, signum: int) -> None:
+        if self.alive():
+            self.popen.send_signal(signum)
+
+    def kill_group(self) -> None:
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.popen.wait(timeout=10)
+
+    def wait(self, timeout: float) -> int:
+        return self.popen.wait(timeout=timeout)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+class Processes:
+    """Every process a test starts; all of them are killed (whole groups) at teardown."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._all: list[Proc] = []
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
+        proc = Proc(argv, self.root / "logs" / f"{name}.log", env)
+        self._all.append(proc)
+        return proc
+
+    def trainerd(self, name: str, cluster_file: Path) -> Proc:
+        return self.start(name, [str(BIN / "trainerd"), "start", "--cluster", str(cluster_file),
+                                 "--log-level", "DEBUG"])
+
+    def agent(self, node_name: str, coordinator: str, cpu_devices: int = 1) -> Proc:
+        return self.start(node_name, [
+            str(BIN / "trainerd-agent"), "--coordinator", coordinator, "--node-name", node_name,
+            "--cpu-devices", str(cpu_devices), "--work-dir", str(self.root / "agents" / node_name),
+            "--log-level", "DEBUG",
+        ])
+
+    def cleanup(self) -> None:
+        for proc in reversed(self._all):
+            proc.kill_group()
+
+    def logs(self) -> str:
+        return "\n".join(f"===== {p.log_path.name}\n{p.log()[-4000:]}" for p in self._all)
+
+
+def trainerctl(*args: str, coordinator: str | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
+    argv = [str(BIN / "trainerctl")]
+    if coordinator:
+        argv += ["--coordinator", coordinator]
+    return subprocess.run(argv + list(args), capture_output=True, text=True, timeout=timeout)
+
+
+def status(coordinator: str) -> dict | None:
+    """`trainerctl status -o json`, or None while the coordinator cannot answer."""
+    result = trainerctl("status", "-o", "json", coordinator=coordinator)
+    if result.returncode != 0:
+        return None
+    return json.loads(result.stdout)
+
+
+def node_states(coordinator: str) -> dict[str, str]:
+    data = status(coordinator)
+    return {} if data is None else {n["name"]: n["state"] for n in data["nodes"]}
+
+
+def wait_until(probe: Callable[[], T], timeout: float, what: str, interval: float = 0.2,
+               on_timeout: Callable[[], str] = lambda: "") -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{on_timeout()}")
+        time.sleep(interval)
