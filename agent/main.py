@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 import sys
 from pathlib import Path
 
@@ -43,7 +44,7 @@ class Agent:
         )
 
     def _heartbeat_body(self) -> pb.Heartbeat:
-        return pb.Heartbeat()
+        return pb.Heartbeat(sent_at=time.time())
 
     def _on_command(self, message: pb.CoordinatorMessage) -> None:
         log.info("command %s received; this agent runs no training yet", message.WhichOneof("body"))

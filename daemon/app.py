@@ -9,8 +9,10 @@ import signal
 import socket
 
 import grpc
+import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from daemon import metrics
 from daemon.clock import SystemClock
 from daemon.config import ClusterConfig
 from daemon.coordinator import Coordinator
@@ -77,6 +79,10 @@ class TrainerdApp:
                 leader_lease_s=cluster.coordinator.leader_lease_s,
                 on_leadership_change=self._publish_leadership,
             )
+            metrics.SESSIONS.set_function(lambda: self.coordinator.session_count)
+            if cluster.coordinator.metrics_listen:
+                host, port = parse_host_port(cluster.coordinator.metrics_listen)
+                prometheus_client.start_http_server(port, addr=host)
             self._server = grpc.aio.server(options=SERVER_OPTIONS)
             pb_grpc.add_CoordinatorServicer_to_server(CoordinatorService(self.coordinator), self._server)
             pb_grpc.add_ControlServicer_to_server(ControlService(self.coordinator), self._server)
@@ -101,12 +107,14 @@ class TrainerdApp:
             done, _ = await asyncio.wait({leading, stopping}, return_when=asyncio.FIRST_COMPLETED)
             if leading in done:
                 leading.result()  # re-raise what ended the coordinator
-            leading.cancel()
+            leading.cancel()  # resigns leadership
+            await asyncio.gather(leading, return_exceptions=True)
         finally:
             await self._shutdown()
 
     def _publish_leadership(self, is_leader: bool) -> None:
         """Health of the Coordinator service follows leadership, so probes find the leader."""
+        metrics.IS_LEADER.set(1 if is_leader else 0)
         status = health_pb2.HealthCheckResponse.SERVING if is_leader else health_pb2.HealthCheckResponse.NOT_SERVING
         asyncio.get_running_loop().create_task(self._health.set(COORDINATOR_SERVICE, status))
 
@@ -115,11 +123,6 @@ class TrainerdApp:
         await self._health.enter_graceful_shutdown()
         if self._local_agents is not None:
             await self._local_agents.stop()
-        if self.coordinator is not None:
-            try:
-                await self.coordinator.resign()
-            except Exception as exc:  # noqa: BLE001 - shutting down anyway; the lease will expire
-                log.warning("could not resign leadership cleanly: %s", exc)
         if self._server is not None:
             await self._server.stop(grace=2.0)
         if self._store is not None:

@@ -15,6 +15,8 @@ class CoordinatorSettings(StrictModel):
     advertise: Address | None = None
     # TTL of the leader lease: a standby takes over at most this long after the leader dies.
     leader_lease_s: int = Field(default=3, ge=2, le=60)
+    # Prometheus metrics (HOST:PORT); none when unset.
+    metrics_listen: Address | None = None
 
     @property
     def advertised(self) -> str:

@@ -14,12 +14,13 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from daemon import metrics
 from daemon.clock import Clock
 from daemon.events import EventLog
 from daemon.leader import LeaderElection, LeaderRecord, Leadership
 from daemon.liveness import LivenessTracker
 from daemon.membership import DeviceInfo, Membership, NodeRecord
-from daemon.store.interface import Store
+from daemon.store.interface import Store, StoreError
 from proto.vocabulary import NODE_NAME_PATTERN, NodeState
 
 log = logging.getLogger(__name__)
@@ -144,6 +145,13 @@ class Coordinator:
                     except asyncio.TimeoutError:
                         await self.tick()
                 log.warning("%s lost its leader lease; standing down", self.me.id)
+            except asyncio.CancelledError:
+                # Shutting down: hand over at once instead of making the standby wait out the lease.
+                try:
+                    await asyncio.shield(self._election.resign(leadership))
+                except StoreError as exc:
+                    log.warning("could not resign leadership (%s); the lease will expire", exc)
+                raise
             finally:
                 self._leave_office()
 
@@ -162,10 +170,6 @@ class Coordinator:
         for session in list(self._sessions.values()):
             session.closed.set()
         self._sessions.clear()
-
-    async def resign(self) -> None:
-        if self.leadership is not None:
-            await self._election.resign(self.leadership)
 
     def _require_leadership(self) -> Leadership:
         if self.leadership is None:
@@ -206,6 +210,10 @@ class Coordinator:
         welcome = Welcome(name, token, self.heartbeat_interval_s, self.me.id)
         return session, welcome
 
+    @property
+    def session_count(self) -> int:
+        return len(self._sessions)
+
     def heartbeat(self, session: AgentSession) -> None:
         if not session.closed.is_set():
             self._liveness.heard_from(session.node)
@@ -228,6 +236,7 @@ class Coordinator:
                 continue
             age = self._liveness.age(name)
             await self._membership.set_state(name, NodeState.LOST, self._wall_clock(), leadership.fence)
+            metrics.NODES_LOST.inc()
             session = self._sessions.pop(name, None)
             if session is not None:
                 session.closed.set()

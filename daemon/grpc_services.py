@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import grpc
 
@@ -15,6 +16,7 @@ from daemon.coordinator import (
     NotLeader,
     SessionRefused,
 )
+from daemon import metrics
 from daemon.membership import DeviceInfo
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
@@ -98,6 +100,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             kind = message.WhichOneof("body")
             if kind == "heartbeat":
                 self._coordinator.heartbeat(session)
+                metrics.HEARTBEATS.inc()
+                if message.heartbeat.sent_at > 0:
+                    metrics.HEARTBEAT_LAG.observe(max(0.0, time.time() - message.heartbeat.sent_at))
             elif kind == "hello":
                 log.warning("node %s sent a second Hello; ignored", session.node)
 

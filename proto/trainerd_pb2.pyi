@@ -57,14 +57,16 @@ class ProcessStatus(_message.Message):
     def __init__(self, role: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[ProcessState, str]] = ..., step: _Optional[int] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("sequence", "generation", "processes")
+    __slots__ = ("sequence", "generation", "processes", "sent_at")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    SENT_AT_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     generation: int
     processes: _containers.RepeatedCompositeFieldContainer[ProcessStatus]
-    def __init__(self, sequence: _Optional[int] = ..., generation: _Optional[int] = ..., processes: _Optional[_Iterable[_Union[ProcessStatus, _Mapping]]] = ...) -> None: ...
+    sent_at: float
+    def __init__(self, sequence: _Optional[int] = ..., generation: _Optional[int] = ..., processes: _Optional[_Iterable[_Union[ProcessStatus, _Mapping]]] = ..., sent_at: _Optional[float] = ...) -> None: ...
 
 class ProcessExited(_message.Message):
     __slots__ = ("generation", "role", "rank", "pid", "exit_code", "signal", "log_tail", "expected")

@@ -173,11 +173,15 @@ def test_new_leader_adopts_known_nodes_for_one_window() -> None:
         clock = FakeClock()
         store = InMemoryStore(clock)
         old = make_coordinator(store, clock, "a")
-        await lead(old)
+        running = asyncio.create_task(old.run(tick_s=3600))
+        while old.leadership is None:
+            await asyncio.sleep(0)
         await old.open_session(hello("n1"), lambda m: None)
         await old.open_session(hello("n2"), lambda m: None)
-        await old.resign()
-        old._leave_office()
+        running.cancel()  # a clean shutdown hands leadership over at once
+        await asyncio.gather(running, return_exceptions=True)
+        assert await store.get(keys.LEADER) is None
+        assert old.leadership is None
 
         new = make_coordinator(store, clock, "b")
         await lead(new)

@@ -1,0 +1,15 @@
+"""Prometheus metrics of the coordinator, served on `cluster.coordinator.metrics_listen`."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+HEARTBEATS = Counter("trainerd_heartbeats_total", "Heartbeats received from agents.")
+HEARTBEAT_LAG = Histogram(
+    "trainerd_heartbeat_lag_seconds",
+    "From the agent sending a heartbeat to the coordinator handling it.",
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
+)
+SESSIONS = Gauge("trainerd_agent_sessions", "Open agent sessions.")
+NODES_LOST = Counter("trainerd_nodes_lost_total", "Nodes declared LOST.")
+IS_LEADER = Gauge("trainerd_is_leader", "1 while this coordinator leads.")
