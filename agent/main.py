@@ -111,6 +111,8 @@ def cli(config_file, coordinator, node_name, host, cpu_devices, work_dir, log_le
         raise click.UsageError(str(exc)) from exc
     logging.basicConfig(level=log_level.upper(),
                         format=f"%(asctime)s %(levelname)s agent {config.node_name}: %(message)s")
+    for noisy in ("grpc", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
     async def serve() -> None:
         stop = asyncio.Event()

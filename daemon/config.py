@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from proto.config_file import Address, ConfigError, StrictModel, load_yaml_mapping, validate
+from proto.vocabulary import RESERVED_ENV
 
 
 class CoordinatorSettings(StrictModel):
@@ -73,7 +74,45 @@ class ClusterSettings(StrictModel):
 
 
 class JobSettings(StrictModel):
+    """The training job: what to run, on how many devices, with which batch."""
+
     name: str = Field(default="job", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    # argv of every process; "{python}" stands for the agent's own interpreter.
+    entrypoint: list[str] = Field(min_length=1)
+    env: dict[str, str] = {}
+    devices_per_node: int = Field(default=1, ge=1, le=64)
+    min_nodes: int = Field(default=1, ge=1)
+    max_nodes: int = Field(default=1, ge=1)
+    world_size_multiple_of: int = Field(default=1, ge=1)
+    global_batch: int = Field(ge=1)
+    micro_batch: int = Field(ge=1)
+    # Port of the MindSpore scheduler on the first node of each generation.
+    scheduler_port: int = Field(default=8118, ge=1024, le=65535)
+    # Once min_nodes are READY, wait this long for more before the first launch.
+    start_wait_s: float = Field(default=10.0, ge=0)
+    # SIGTERM, then SIGKILL after this long, when a generation is stopped.
+    stop_grace_s: float = Field(default=5.0, gt=0, le=300)
+
+    @model_validator(mode="after")
+    def _batch_fits_some_world_size(self) -> "JobSettings":
+        reserved = sorted(RESERVED_ENV & self.env.keys())
+        if reserved:
+            raise ValueError(f"env may not set {', '.join(reserved)}: trainerd sets them per process")
+        if self.max_nodes < self.min_nodes:
+            raise ValueError("max_nodes must be at least min_nodes")
+        if not self.allowed_world_sizes():
+            raise ValueError(
+                f"global_batch {self.global_batch} cannot be kept by any allowed world size: it must be a "
+                f"multiple of micro_batch ({self.micro_batch}) x world size, with world size a multiple of "
+                f"{self.world_size_multiple_of} between {self.min_nodes * self.devices_per_node} and "
+                f"{self.max_nodes * self.devices_per_node}")
+        return self
+
+    def allowed_world_sizes(self) -> list[int]:
+        """World sizes that satisfy every rule and keep the global batch exact, largest first."""
+        sizes = range(self.max_nodes * self.devices_per_node, self.min_nodes * self.devices_per_node - 1, -1)
+        return [w for w in sizes
+                if w % self.world_size_multiple_of == 0 and self.global_batch % (self.micro_batch * w) == 0]
 
 
 class ClusterConfig(StrictModel):

@@ -29,3 +29,11 @@ class ProcessRole(str, enum.Enum):
 LEADER_ADDRESS_METADATA = "trainerd-leader-address"
 
 NODE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+
+# Environment variables of training processes that trainerd sets; a job's `env` may not set them.
+# The coordinator sets all but the last two, whose paths only the agent knows.
+RESERVED_ENV = frozenset({
+    "MS_ROLE", "MS_SCHED_HOST", "MS_SCHED_PORT", "MS_WORKER_NUM", "MS_NODE_ID", "RANK_ID", "RANK_SIZE",
+    "DEVICE_ID", "TRAINERD_JOB", "TRAINERD_GENERATION", "TRAINERD_LOCAL_RANK", "TRAINERD_GLOBAL_BATCH",
+    "TRAINERD_MICRO_BATCH", "TRAINERD_GRAD_ACCUM", "RANK_TABLE_FILE", "TRAINERD_PROGRESS_SOCKET",
+})

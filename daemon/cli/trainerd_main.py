@@ -32,6 +32,8 @@ def start(cluster_file: str, log_level: str) -> None:
         raise click.UsageError(str(exc)) from exc
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s trainerd %(name)s: %(message)s")
+    for noisy in ("grpc", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
     async def serve() -> None:
         stop = asyncio.Event()

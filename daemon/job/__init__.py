@@ -1,0 +1,1 @@
+"""The training job: placement, rank tables, launch environment, state and the reconcile loop."""

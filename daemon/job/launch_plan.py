@@ -1,0 +1,77 @@
+"""What each node runs in a generation: argv and the MindSpore dynamic-cluster environment.
+
+No msrun: trainerd sets what msrun would (MS_ROLE, MS_SCHED_HOST/PORT, MS_WORKER_NUM, MS_NODE_ID =
+rank so the rank is deterministic) plus the rank-table variables and trainerd's own. The agent
+adds RANK_TABLE_FILE and TRAINERD_PROGRESS_SOCKET, whose paths only it knows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from daemon.config import JobSettings
+from daemon.job.placement import Placement
+from proto.vocabulary import ProcessRole
+
+SCHEDULER_RANK = -1
+
+# Faster cluster formation and quieter logs (FACTS.md); a job's `env` may override them.
+DEFAULT_ENV = {
+    "GLOG_v": "3",
+    "MS_RETRY_INTERVAL_LOWER": "1",
+    "MS_RETRY_INTERVAL_UPPER": "1",
+}
+
+
+@dataclass(frozen=True)
+class ProcessPlan:
+    role: ProcessRole
+    rank: int
+    local_rank: int
+    device_id: int
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(hash=False)
+
+
+def scheduler_port(spec: JobSettings, generation: int) -> int:
+    """A different port per generation, so a lingering scheduler socket never blocks the next one."""
+    return spec.scheduler_port + generation % 16
+
+
+def _common_env(spec: JobSettings, placement: Placement, generation: int) -> dict[str, str]:
+    return {
+        **DEFAULT_ENV,
+        **spec.env,
+        "MS_SCHED_HOST": placement.scheduler_host,
+        "MS_SCHED_PORT": str(scheduler_port(spec, generation)),
+        "MS_WORKER_NUM": str(placement.world_size),
+        "RANK_SIZE": str(placement.world_size),
+        "TRAINERD_JOB": spec.name,
+        "TRAINERD_GENERATION": str(generation),
+        "TRAINERD_GLOBAL_BATCH": str(spec.global_batch),
+        "TRAINERD_MICRO_BATCH": str(spec.micro_batch),
+        "TRAINERD_GRAD_ACCUM": str(placement.grad_accum),
+    }
+
+
+def node_processes(spec: JobSettings, placement: Placement, generation: int, node: str) -> list[ProcessPlan]:
+    """The processes `node` runs: the scheduler first (on the node of rank 0), then its workers."""
+    common = _common_env(spec, placement, generation)
+    argv = tuple(spec.entrypoint)
+    plans: list[ProcessPlan] = []
+    if placement.ranks[0].node == node:
+        plans.append(ProcessPlan(ProcessRole.SCHEDULER, SCHEDULER_RANK, -1, -1, argv, {
+            **common, "MS_ROLE": "MS_SCHED", "RANK_ID": "0", "TRAINERD_LOCAL_RANK": "-1",
+        }))
+    for slot in placement.ranks:
+        if slot.node != node:
+            continue
+        plans.append(ProcessPlan(ProcessRole.WORKER, slot.rank, slot.local_rank, slot.device_id, argv, {
+            **common,
+            "MS_ROLE": "MS_WORKER",
+            "MS_NODE_ID": str(slot.rank),
+            "RANK_ID": str(slot.rank),
+            "DEVICE_ID": str(slot.device_id),
+            "TRAINERD_LOCAL_RANK": str(slot.local_rank),
+        }))
+    return plans

@@ -1,0 +1,97 @@
+"""Which devices a generation runs on, and with how much gradient accumulation.
+
+Pure: from the nodes on offer and the previous generation's node order, choose the world size
+(the largest allowed one that fits, DESIGN.md "Recovery" step 3) and give every rank a device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from daemon.config import JobSettings
+from daemon.membership import DeviceInfo
+
+
+@dataclass(frozen=True)
+class NodeOffer:
+    """A READY node that may take part (not drained, not quarantined)."""
+
+    name: str
+    host: str
+    devices: tuple[DeviceInfo, ...]
+
+
+@dataclass(frozen=True)
+class RankSlot:
+    rank: int
+    node: str
+    host: str
+    device_id: int
+    device_ip: str
+    local_rank: int
+
+    def to_json(self) -> dict:
+        return {"rank": self.rank, "node": self.node, "host": self.host, "device_id": self.device_id,
+                "device_ip": self.device_ip, "local_rank": self.local_rank}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "RankSlot":
+        return cls(int(data["rank"]), str(data["node"]), str(data["host"]), int(data["device_id"]),
+                   str(data["device_ip"]), int(data["local_rank"]))
+
+
+@dataclass(frozen=True)
+class Placement:
+    world_size: int
+    grad_accum: int
+    ranks: tuple[RankSlot, ...]
+
+    @property
+    def nodes(self) -> list[str]:
+        """Participating nodes in rank order (the first one also runs the MindSpore scheduler)."""
+        seen: dict[str, None] = {}
+        for slot in self.ranks:
+            seen.setdefault(slot.node)
+        return list(seen)
+
+    @property
+    def scheduler_host(self) -> str:
+        return self.ranks[0].host
+
+    def to_json(self) -> dict:
+        return {"world_size": self.world_size, "grad_accum": self.grad_accum,
+                "ranks": [r.to_json() for r in self.ranks]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Placement":
+        return cls(int(data["world_size"]), int(data["grad_accum"]),
+                   tuple(RankSlot.from_json(r) for r in data["ranks"]))
+
+
+def node_order(offers: list[NodeOffer], previous_order: list[str]) -> list[NodeOffer]:
+    """Survivors keep their relative order from the previous generation; newcomers follow by name."""
+    position = {name: i for i, name in enumerate(previous_order)}
+    return sorted(offers, key=lambda o: (0, position[o.name]) if o.name in position else (1, o.name))
+
+
+def place(spec: JobSettings, offers: list[NodeOffer], previous_order: list[str] = ()) -> Placement | None:
+    """The largest valid placement on `offers`, or None when too few devices are on offer."""
+    ordered = node_order(offers, list(previous_order))
+    usable = [(o, sorted(o.devices, key=lambda d: d.device_id)[: spec.devices_per_node]) for o in ordered]
+    available = sum(len(devices) for _, devices in usable)
+    nodes_with_devices = sum(1 for _, devices in usable if devices)
+    if nodes_with_devices < spec.min_nodes:
+        return None
+    fitting = [w for w in spec.allowed_world_sizes() if w <= available]
+    if not fitting:
+        return None
+    world_size = fitting[0]
+    ranks: list[RankSlot] = []
+    for offer, devices in usable:
+        for local_rank, device in enumerate(devices):
+            if len(ranks) == world_size:
+                break
+            ranks.append(RankSlot(len(ranks), offer.name, offer.host, device.device_id, device.device_ip,
+                                  local_rank))
+    grad_accum = spec.global_batch // (spec.micro_batch * world_size)
+    return Placement(world_size, grad_accum, tuple(ranks))
