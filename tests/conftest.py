@@ -1,0 +1,31 @@
+"""Fixtures shared by every test directory."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from daemon.etcd_process import EmbeddedEtcd, EtcdNotFound, find_etcd_binary
+from tests.ports import free_port
+
+
+@pytest.fixture
+def etcd_server(tmp_path: Path) -> Iterator[EmbeddedEtcd]:
+    """A real single-member etcd on 127.0.0.1, started for one test and stopped after it.
+
+    Synchronous, so sync tests and tests that run their own `asyncio.run` can both use it.
+    A missing etcd binary fails the test: the etcd tests are never skipped.
+    """
+    try:
+        find_etcd_binary()
+    except EtcdNotFound as exc:
+        pytest.fail(str(exc), pytrace=False)
+    server = EmbeddedEtcd(tmp_path / "etcd", free_port(), free_port())
+    asyncio.run(server.start(timeout_s=10))
+    try:
+        yield server
+    finally:
+        asyncio.run(server.stop())
