@@ -1,0 +1,153 @@
+"""What only the etcd adapter has: streams that break and resume, endpoints that are down,
+authentication. Always against a real etcd."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import aclosing
+
+import grpc
+import pytest
+from aetcd import rpc
+
+from daemon.etcd_process import EmbeddedEtcd
+from daemon.store.etcd import EtcdStore
+from daemon.store.interface import EventKind, StoreError, StoreUnavailable, WatchEvent
+from tests.ports import free_port
+from tests.store.test_contract import PREFIX, k, take
+
+
+def run(coro, timeout_s: float = 20) -> None:
+    asyncio.run(asyncio.wait_for(coro, timeout_s))
+
+
+def test_a_watch_resumes_after_its_stream_breaks_without_losing_or_repeating_events(
+        etcd_server: EmbeddedEtcd) -> None:
+    async def scenario() -> None:
+        store = await EtcdStore.connect([etcd_server.endpoint])
+        try:
+            _, start = await store.get_prefix(PREFIX)
+            async with aclosing(store.watch_prefix(PREFIX, start + 1)) as events:
+                written = [await store.compare_and_swap(k("a"), b"1", 0)]
+                assert [ev.mod_revision for ev in await take(events, 1)] == written
+
+                assert store.interrupt_watch_streams() == 1
+                # Written while the stream is down: the watch must come back for them.
+                written.append(await store.compare_and_swap(k("b"), b"1", 0))
+                written.append(await store.compare_and_swap(k("a"), b"2", written[0]))
+                assert [ev.mod_revision for ev in await take(events, 2)] == written[1:]
+
+                assert store.interrupt_watch_streams() == 1  # and again, with nothing missed
+                written.append(await store.compare_and_swap(k("c"), b"1", 0))
+                assert [ev.mod_revision for ev in await take(events, 1)] == written[3:]
+        finally:
+            await store.close()
+
+    run(scenario())
+
+
+def test_etcd_down_fails_reads_fast_loses_leases_after_their_ttl_and_watches_resume_after(
+        etcd_server: EmbeddedEtcd) -> None:
+    async def scenario() -> None:
+        store = await EtcdStore.connect([etcd_server.endpoint], timeout_s=2)
+        try:
+            lease = await store.grant_lease(2)
+            _, start = await store.get_prefix(PREFIX)
+            async with aclosing(store.watch_prefix(PREFIX, start + 1)) as events:
+                before = await store.compare_and_swap(k("before"), b"1", 0)
+                await take(events, 1)
+
+                await etcd_server.stop()
+                with pytest.raises(StoreUnavailable):
+                    await store.get(k("before"))
+                await asyncio.wait_for(lease.wait_lost(), 4)  # TTL 2 s, counted from a refresh
+                assert not lease.alive
+
+                await etcd_server.start()
+                after = await _retry_while_unavailable(
+                    lambda: store.compare_and_swap(k("after"), b"1", 0))
+                assert await take(events, 1) == [WatchEvent(EventKind.PUT, k("after"), b"1", after)]
+                assert after > before
+        finally:
+            await store.close()
+
+    run(scenario())
+
+
+async def _retry_while_unavailable(write, timeout_s: float = 5):
+    """What a caller of the store does while the channel reconnects after etcd came back."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        try:
+            return await write()
+        except StoreUnavailable:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
+def test_connect_moves_past_an_endpoint_that_is_down(etcd_server: EmbeddedEtcd) -> None:
+    async def scenario() -> None:
+        store = await EtcdStore.connect([f"127.0.0.1:{free_port()}", f"http://{etcd_server.endpoint}"])
+        try:
+            assert await store.compare_and_swap(k("a"), b"1", 0) is not None
+        finally:
+            await store.close()
+
+    run(scenario())
+
+
+def test_connect_names_the_endpoints_when_none_answers() -> None:
+    dead = f"127.0.0.1:{free_port()}"
+
+    async def scenario() -> None:
+        with pytest.raises(StoreUnavailable, match=dead):
+            await EtcdStore.connect([dead], timeout_s=0.5)
+
+    run(scenario())
+
+
+async def _enable_auth(endpoint: str, password: str) -> None:
+    async with grpc.aio.insecure_channel(endpoint) as channel:
+        auth = rpc.AuthStub(channel)
+        await auth.UserAdd(rpc.AuthUserAddRequest(name="root", password=password), timeout=5)
+        await auth.UserGrantRole(rpc.AuthUserGrantRoleRequest(user="root", role="root"), timeout=5)
+        await auth.AuthEnable(rpc.AuthEnableRequest(), timeout=5)
+
+
+def test_username_and_password_authenticate_every_call_and_stream(etcd_server: EmbeddedEtcd) -> None:
+    async def scenario() -> None:
+        await _enable_auth(etcd_server.endpoint, "s3cret")
+        store = await EtcdStore.connect([etcd_server.endpoint], username="root", password="s3cret")
+        try:
+            _, start = await store.get_prefix(PREFIX)
+            lease = await store.grant_lease(2)
+            async with aclosing(store.watch_prefix(PREFIX, start + 1)) as events:
+                written = await store.compare_and_swap(k("a"), b"1", 0, lease=lease)
+                assert [ev.mod_revision for ev in await take(events, 1)] == [written]
+
+            store._metadata = (("token", "expired.token"),)  # what etcd forgets after its TTL
+            assert (await store.get(k("a"))).value == b"1"  # re-authenticated once, retried
+        finally:
+            await store.close()
+
+        with pytest.raises(StoreError, match="authentication as 'root'"):
+            await EtcdStore.connect([etcd_server.endpoint], username="root", password="wrong")
+        anonymous = await EtcdStore.connect([etcd_server.endpoint])
+        try:
+            with pytest.raises(StoreError):
+                await anonymous.get(k("a"))
+        finally:
+            await anonymous.close()
+
+    run(scenario())
+
+
+def test_connect_refuses_half_given_credentials() -> None:
+    async def scenario() -> None:
+        with pytest.raises(ValueError, match="both username and password"):
+            await EtcdStore.connect(["127.0.0.1:1"], username="root")
+        with pytest.raises(ValueError, match="both cert_file and key_file"):
+            await EtcdStore.connect(["127.0.0.1:1"], cert_file="client.pem")
+
+    run(scenario())
