@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import time
 import sys
 from pathlib import Path
 
@@ -16,9 +15,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from agent.config import AgentConfig, load_agent_config
 from agent.devices import NoDevicesError, discover_devices
 from agent.session import CoordinatorLink, IdentityFile
+from agent.supervisor import Supervisor
 from agent.systemd import SystemdNotifier
 from proto import trainerd_pb2 as pb
 from proto.config_file import ConfigError
+from trainer.progress_channel import open_progress_receiver
 
 AGENT_VERSION = "0.1.0"
 log = logging.getLogger("agent")
@@ -30,6 +31,8 @@ class Agent:
         self._work_dir = Path(config.work_dir)
         self._notifier = notifier
         self._health = health.aio.HealthServicer()
+        self._progress_socket = self._work_dir / "progress.sock"
+        self._tasks: set[asyncio.Task] = set()
         hello = pb.Hello(
             node_name=config.node_name, host=config.host, agent_version=AGENT_VERSION,
             devices=[pb.Device(device_id=d.device_id, device_ip=d.device_ip, kind=d.kind) for d in devices],
@@ -42,12 +45,30 @@ class Agent:
             heartbeat_body=self._heartbeat_body,
             on_connected=self._on_connected,
         )
+        self.supervisor = Supervisor(work_dir=self._work_dir, progress_socket=self._progress_socket,
+                                     report=self.link.send)
 
     def _heartbeat_body(self) -> pb.Heartbeat:
-        return pb.Heartbeat(sent_at=time.time())
+        return self.supervisor.heartbeat()
 
     def _on_command(self, message: pb.CoordinatorMessage) -> None:
-        log.info("command %s received; this agent runs no training yet", message.WhichOneof("body"))
+        kind = message.WhichOneof("body")
+        if kind == "launch":
+            self._spawn(self.supervisor.launch(message.launch))
+        elif kind == "stop":
+            self._spawn(self.supervisor.stop(message.stop))
+        else:
+            log.warning("ignoring unexpected %s from the coordinator", kind)
+
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("command failed: %s", task.exception(), exc_info=task.exception())
 
     def _on_connected(self, connected: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if connected else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -76,14 +97,17 @@ class Agent:
         server.add_insecure_port(f"unix:{health_socket}")
         await server.start()
         await self._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        progress = await open_progress_receiver(self._progress_socket, self.supervisor.on_progress)
         tasks = [asyncio.create_task(self.link.run()), asyncio.create_task(self._watchdog())]
         try:
             await stop.wait()
         finally:
             self._notifier.stopping()
+            await self.supervisor.shutdown()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            progress.close()
             await server.stop(grace=1.0)
             health_socket.unlink(missing_ok=True)
 

@@ -73,7 +73,7 @@ class TrainerdApp:
                               address=cluster.coordinator.advertised)
             job_name = self._config.job.name if self._config.job else cluster.name
             self.coordinator = Coordinator(
-                store=self._store, clock=SystemClock(), me=me, job_name=job_name,
+                store=self._store, clock=SystemClock(), me=me, job_name=job_name, job=self._config.job,
                 heartbeat_interval_s=cluster.heartbeat.interval_s,
                 heartbeat_timeout_s=cluster.heartbeat.timeout_s,
                 leader_lease_s=cluster.coordinator.leader_lease_s,

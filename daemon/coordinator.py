@@ -16,7 +16,11 @@ from typing import Callable
 
 from daemon import metrics
 from daemon.clock import Clock
+from daemon.config import JobSettings
 from daemon.events import EventLog
+from daemon.job.controller import JobController, JobView
+from daemon.job.observation import ProcessReport, ProgressReport
+from daemon.job.placement import NodeOffer
 from daemon.leader import LeaderElection, LeaderRecord, Leadership
 from daemon.liveness import LivenessTracker
 from daemon.membership import DeviceInfo, Membership, NodeRecord
@@ -89,6 +93,7 @@ class CoordinatorView:
 class ClusterView:
     coordinator: CoordinatorView
     nodes: tuple[NodeView, ...]
+    job: JobView | None
 
 
 def validate_hello(hello: AgentHello) -> None:
@@ -112,6 +117,7 @@ class Coordinator:
         clock: Clock,
         me: LeaderRecord,
         job_name: str,
+        job: JobSettings | None,
         heartbeat_interval_s: float,
         heartbeat_timeout_s: float,
         leader_lease_s: int,
@@ -128,6 +134,10 @@ class Coordinator:
         self._membership = Membership(store)
         self._events = EventLog(store, job_name)
         self._sessions: dict[str, AgentSession] = {}
+        self.job = None if job is None else JobController(
+            store=store, spec=job, events=self._events, clock=clock, send=self._send_to_node)
+        self._reconcile_lock = asyncio.Lock()
+        self._reconcile_requested = False
         self.leadership: Leadership | None = None
         self._on_leadership_change = on_leadership_change
 
@@ -159,6 +169,8 @@ class Coordinator:
         await self._membership.load()
         known = [r.name for r in self._membership.all() if r.state is NodeState.READY]
         self._liveness.adopt(known)
+        if self.job is not None:
+            await self.job.load(leadership.fence)
         self.leadership = leadership
         self._on_leadership_change(True)
         log.info("%s leads; %d known node(s) get %.1fs to reconnect", self.me.id, len(known),
@@ -218,6 +230,43 @@ class Coordinator:
         if not session.closed.is_set():
             self._liveness.heard_from(session.node)
 
+    def _send_to_node(self, node: str, command: object) -> bool:
+        session = self._sessions.get(node)
+        if session is None or session.closed.is_set():
+            return False
+        session.send(command)
+        return True
+
+    # ------------------------------------------------------------ job reports
+
+    def process_report(self, session: AgentSession, generation: int, report: ProcessReport) -> None:
+        if self.job is not None and self.job.process_report(generation, report) and not report.running:
+            self.request_reconcile()  # an exit is acted on now, not at the next pass
+
+    def progress_report(self, session: AgentSession, generation: int, report: ProgressReport) -> None:
+        if self.job is not None:
+            self.job.progress_report(generation, session.node, report)
+
+    def stopped_report(self, session: AgentSession, generation: int) -> None:
+        if self.job is not None:
+            self.job.stopped_report(generation, session.node)
+
+    def request_reconcile(self) -> None:
+        if not self._reconcile_requested and self.leadership is not None:
+            self._reconcile_requested = True
+            asyncio.get_running_loop().create_task(self._reconcile_job())
+
+    async def _reconcile_job(self) -> None:
+        async with self._reconcile_lock:
+            self._reconcile_requested = False
+            leadership = self.leadership
+            if self.job is None or leadership is None:
+                return
+            offers = [NodeOffer(r.name, r.host, r.devices) for r in self._membership.all()
+                      if r.state is NodeState.READY and self._liveness.is_connected(r.name)]
+            lost = {r.name for r in self._membership.all() if r.state is NodeState.LOST}
+            await self.job.reconcile(leadership.fence, offers, lost)
+
     def close_session(self, session: AgentSession) -> None:
         session.closed.set()
         if self._sessions.get(session.node) is session:
@@ -242,6 +291,7 @@ class Coordinator:
                 session.closed.set()
             await self._events.append("node_lost", f"node {name} is LOST: nothing heard for {age:.1f}s",
                                       leadership.fence, node=name)
+        await self._reconcile_job()
 
     # ------------------------------------------------------------ status
 
@@ -263,4 +313,5 @@ class Coordinator:
             records = self._membership.all()
             ages = {r.name: self._liveness.age(r.name) for r in records}
         nodes = tuple(NodeView(r.name, r.host, r.state, r.devices, ages.get(r.name)) for r in records)
-        return ClusterView(coordinator, nodes)
+        job = None if self.job is None or self.leadership is None else self.job.view()
+        return ClusterView(coordinator, nodes, job)

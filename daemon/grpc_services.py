@@ -8,6 +8,7 @@ import time
 
 import grpc
 
+from daemon.job.controller import JobView
 from daemon.coordinator import (
     AgentHello,
     AgentSession,
@@ -17,10 +18,12 @@ from daemon.coordinator import (
     SessionRefused,
 )
 from daemon import metrics
+from daemon.job.commands import LaunchCommand, StopCommand
+from daemon.job.observation import ProcessReport, ProgressReport
 from daemon.membership import DeviceInfo
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
-from proto.vocabulary import LEADER_ADDRESS_METADATA
+from proto.vocabulary import LEADER_ADDRESS_METADATA, ProcessRole
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +57,62 @@ def status_to_proto(view: ClusterView) -> pb.StatusReply:
                                 devices=devices_to_proto(node.devices))
         if node.last_heartbeat_age_s is not None:
             entry.last_heartbeat_age_s = node.last_heartbeat_age_s
+    if view.job is not None:
+        reply.job.CopyFrom(job_to_proto(view.job))
     return reply
+
+
+def job_to_proto(job: JobView) -> pb.JobStatus:
+    status = pb.JobStatus(name=job.name, state=job.state.value, generation=job.generation,
+                          world_size=job.world_size, restarts=job.restarts,
+                          ranks=[pb.RankStatus(rank=r.rank, node=r.node, step=r.step, loss=r.loss,
+                                               samples_per_s=r.samples_per_s) for r in job.ranks])
+    for field in ("step", "loss", "samples_per_s"):
+        value = getattr(job, field)
+        if value is not None:
+            setattr(status, field, value)
+    if job.last_failure is not None:
+        f = job.last_failure
+        status.last_failure.CopyFrom(pb.Failure(cause=f.cause, node=f.node, rank=f.rank, exit_code=f.exit_code,
+                                                signal=f.signal, message=f.message))
+    return status
+
+
+def _role(text: str) -> ProcessRole | None:
+    try:
+        return ProcessRole(text)
+    except ValueError:
+        return None
+
+
+def process_status_report(node: str, status: pb.ProcessStatus) -> ProcessReport | None:
+    role = _role(status.role)
+    if role is None:
+        return None
+    return ProcessReport(node, role, status.rank, status.pid, status.state != pb.PROCESS_EXITED,
+                         status.exit_code, status.signal, status.expected)
+
+
+def process_exited_report(node: str, exited: pb.ProcessExited) -> ProcessReport | None:
+    role = _role(exited.role)
+    if role is None:
+        return None
+    return ProcessReport(node, role, exited.rank, exited.pid, False, exited.exit_code, exited.signal,
+                         exited.expected, exited.log_tail[-4000:])
+
+
+def command_to_proto(command: object) -> pb.CoordinatorMessage:
+    if isinstance(command, LaunchCommand):
+        return pb.CoordinatorMessage(launch=pb.Launch(
+            generation=command.generation, job_name=command.job_name, rank_table_json=command.rank_table_json,
+            processes=[pb.ProcessSpec(role=p.role.value, rank=p.rank, local_rank=p.local_rank,
+                                      device_id=p.device_id, argv=list(p.argv), env=p.env)
+                       for p in command.processes],
+        ))
+    if isinstance(command, StopCommand):
+        return pb.CoordinatorMessage(stop=pb.Stop(generation=command.generation, grace_s=command.grace_s,
+                                                  reason=command.reason))
+    raise TypeError(f"no wire form for {type(command).__name__}")
 
 
 class CoordinatorService(pb_grpc.CoordinatorServicer):
@@ -97,18 +155,43 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             message = await context.read()
             if message is grpc.aio.EOF:
                 return
-            kind = message.WhichOneof("body")
-            if kind == "heartbeat":
-                self._coordinator.heartbeat(session)
-                metrics.HEARTBEATS.inc()
-                if message.heartbeat.sent_at > 0:
-                    metrics.HEARTBEAT_LAG.observe(max(0.0, time.time() - message.heartbeat.sent_at))
-            elif kind == "hello":
-                log.warning("node %s sent a second Hello; ignored", session.node)
+            self._dispatch(session, message)
+
+    def _dispatch(self, session: AgentSession, message: pb.AgentMessage) -> None:
+        coordinator = self._coordinator
+        kind = message.WhichOneof("body")
+        if kind == "heartbeat":
+            heartbeat = message.heartbeat
+            coordinator.heartbeat(session)
+            metrics.HEARTBEATS.inc()
+            if heartbeat.sent_at > 0:
+                metrics.HEARTBEAT_LAG.observe(max(0.0, time.time() - heartbeat.sent_at))
+            for status in heartbeat.processes:
+                report = process_status_report(session.node, status)
+                if report is not None:
+                    coordinator.process_report(session, heartbeat.generation, report)
+        elif kind == "process_exited":
+            report = process_exited_report(session.node, message.process_exited)
+            if report is not None:
+                coordinator.process_report(session, message.process_exited.generation, report)
+        elif kind == "process_started":
+            started = message.process_started
+            role = _role(started.role)
+            if role is not None:
+                coordinator.process_report(session, started.generation,
+                                           ProcessReport(session.node, role, started.rank, started.pid, True))
+        elif kind == "progress":
+            p = message.progress
+            coordinator.progress_report(session, p.generation, ProgressReport(
+                p.rank, p.step, p.loss, p.grad_norm, p.samples_per_s, p.consumed_samples))
+        elif kind == "stopped":
+            coordinator.stopped_report(session, message.stopped.generation)
+        elif kind == "hello":
+            log.warning("node %s sent a second Hello; ignored", session.node)
 
     async def _write(self, context: grpc.aio.ServicerContext, outbox: asyncio.Queue) -> None:
         while True:
-            await context.write(await outbox.get())
+            await context.write(command_to_proto(await outbox.get()))
 
 
 class ControlService(pb_grpc.ControlServicer):

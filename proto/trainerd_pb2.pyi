@@ -43,18 +43,24 @@ class Hello(_message.Message):
     def __init__(self, node_name: _Optional[str] = ..., host: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., agent_version: _Optional[str] = ..., resume_token: _Optional[str] = ...) -> None: ...
 
 class ProcessStatus(_message.Message):
-    __slots__ = ("role", "rank", "pid", "state", "step")
+    __slots__ = ("role", "rank", "pid", "state", "step", "exit_code", "signal", "expected")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FIELD_NUMBER: _ClassVar[int]
     role: str
     rank: int
     pid: int
     state: ProcessState
     step: int
-    def __init__(self, role: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[ProcessState, str]] = ..., step: _Optional[int] = ...) -> None: ...
+    exit_code: int
+    signal: int
+    expected: bool
+    def __init__(self, role: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[ProcessState, str]] = ..., step: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., expected: _Optional[bool] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("sequence", "generation", "processes", "sent_at")

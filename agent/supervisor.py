@@ -1,0 +1,220 @@
+"""Runs one generation's training processes on this host and reports what they do.
+
+Each process gets its own process group (so a stop reaches everything it spawned), a log file per
+generation and rank, and a waiter that reports its exit at once with code, signal and log tail.
+The agent owns every PID: there is no msrun in between.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from proto import trainerd_pb2 as pb
+from trainer.progress_channel import EventReport, ProgressMessage, StepReport
+
+log = logging.getLogger(__name__)
+
+LOG_TAIL_BYTES = 4000
+PROGRESS_FORWARD_INTERVAL_S = 0.5
+EXEC_FAILED_EXIT_CODE = 127
+
+
+@dataclass
+class ManagedProcess:
+    role: str
+    rank: int
+    log_path: Path
+    process: asyncio.subprocess.Process | None = None
+    pid: int = 0
+    running: bool = False
+    exit_code: int = 0
+    signal: int = 0
+    expected: bool = False
+    step: int = 0
+    waiter: asyncio.Task | None = None
+
+    def status(self) -> pb.ProcessStatus:
+        return pb.ProcessStatus(
+            role=self.role, rank=self.rank, pid=self.pid,
+            state=pb.PROCESS_RUNNING if self.running else pb.PROCESS_EXITED,
+            step=self.step, exit_code=self.exit_code, signal=self.signal, expected=self.expected)
+
+
+@dataclass
+class _Forwarding:
+    last_sent: float = 0.0
+    pending: StepReport | None = None
+
+
+def log_tail(path: Path, limit: int = LOG_TAIL_BYTES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - limit))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def expand_argv(argv, python: str) -> list[str]:
+    """`{python}` is the agent's own interpreter: never a bare `python` that PATH might resolve."""
+    return [python if arg == "{python}" else arg for arg in argv]
+
+
+class Supervisor:
+    def __init__(self, *, work_dir: Path, progress_socket: Path, report: Callable[[pb.AgentMessage], None],
+                 python: str = sys.executable) -> None:
+        self._work_dir = work_dir
+        self._progress_socket = progress_socket
+        self._report = report
+        self._python = python
+        self.generation = 0
+        self.processes: dict[tuple[str, int], ManagedProcess] = {}
+        self._forwarding: dict[int, _Forwarding] = {}
+        self._lock = asyncio.Lock()
+
+    # ------------------------------------------------------------ commands
+
+    async def launch(self, launch: pb.Launch) -> None:
+        async with self._lock:
+            if launch.generation <= self.generation:
+                log.info("ignoring Launch of generation %d: already at generation %d", launch.generation,
+                         self.generation)
+                return
+            await self._stop_all(grace_s=5.0)
+            self.generation = launch.generation
+            self.processes = {}
+            self._forwarding = {}
+            gen_dir = self._work_dir / "generations" / f"{launch.generation:06d}"
+            gen_dir.mkdir(parents=True, exist_ok=True)
+            rank_table = gen_dir / "rank_table.json"
+            rank_table.write_text(launch.rank_table_json)
+            log.info("launching generation %d of job %s: %d process(es)", launch.generation, launch.job_name,
+                     len(launch.processes))
+            for spec in launch.processes:
+                name = "scheduler" if spec.role == "scheduler" else f"rank{spec.rank}"
+                managed = ManagedProcess(spec.role, spec.rank, gen_dir / f"{name}.log")
+                self.processes[(spec.role, spec.rank)] = managed
+                env = {**os.environ, **dict(spec.env), "RANK_TABLE_FILE": str(rank_table),
+                       "TRAINERD_PROGRESS_SOCKET": str(self._progress_socket)}
+                await self._start(managed, expand_argv(spec.argv, self._python), env, gen_dir)
+
+    async def _start(self, managed: ManagedProcess, argv: list[str], env: dict[str, str], cwd: Path) -> None:
+        generation = self.generation
+        with open(managed.log_path, "ab") as log_file:
+            try:
+                managed.process = await asyncio.create_subprocess_exec(
+                    *argv, env=env, cwd=cwd, stdin=asyncio.subprocess.DEVNULL, stdout=log_file,
+                    stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+            except OSError as exc:
+                message = f"cannot start {argv[0]!r}: {exc.strerror or exc}"
+                log_file.write(message.encode() + b"\n")
+                log.error("generation %d %s %d: %s", generation, managed.role, managed.rank, message)
+                managed.exit_code = EXEC_FAILED_EXIT_CODE
+                self._report(pb.AgentMessage(process_exited=pb.ProcessExited(
+                    generation=generation, role=managed.role, rank=managed.rank, exit_code=EXEC_FAILED_EXIT_CODE,
+                    log_tail=message)))
+                return
+        managed.pid = managed.process.pid
+        managed.running = True
+        self._report(pb.AgentMessage(process_started=pb.ProcessStarted(
+            generation=generation, role=managed.role, rank=managed.rank, pid=managed.pid)))
+        managed.waiter = asyncio.get_running_loop().create_task(self._wait(managed, generation))
+
+    async def _wait(self, managed: ManagedProcess, generation: int) -> None:
+        code = await managed.process.wait()
+        managed.running = False
+        if code < 0:
+            managed.signal, managed.exit_code = -code, 0
+        else:
+            managed.exit_code = code
+        tail = log_tail(managed.log_path)
+        level = logging.INFO if managed.expected or code == 0 else logging.WARNING
+        log.log(level, "generation %d %s %d (pid %d) exited: code %d signal %d", generation, managed.role,
+                managed.rank, managed.pid, managed.exit_code, managed.signal)
+        self._flush_progress(managed.rank)
+        self._report(pb.AgentMessage(process_exited=pb.ProcessExited(
+            generation=generation, role=managed.role, rank=managed.rank, pid=managed.pid,
+            exit_code=managed.exit_code, signal=managed.signal, log_tail=tail, expected=managed.expected)))
+
+    async def stop(self, stop: pb.Stop) -> None:
+        async with self._lock:
+            if stop.generation != self.generation:
+                log.info("Stop for generation %d ignored: running generation %d", stop.generation, self.generation)
+                return
+            log.info("stopping generation %d: %s", stop.generation, stop.reason)
+            await self._stop_all(stop.grace_s)
+            self._report(pb.AgentMessage(stopped=pb.Stopped(generation=stop.generation)))
+
+    async def _stop_all(self, grace_s: float) -> None:
+        """SIGTERM every process group, SIGKILL what is left after the grace, wait for every exit."""
+        live = [m for m in self.processes.values() if m.running and m.process is not None]
+        for managed in live:
+            managed.expected = True
+            _signal_group(managed.pid, signal.SIGTERM)
+        waiters = [m.waiter for m in live if m.waiter is not None]
+        if not waiters:
+            return
+        _, pending = await asyncio.wait(waiters, timeout=grace_s)
+        if pending:
+            for managed in live:
+                if managed.running:
+                    log.warning("%s %d (pid %d) ignored SIGTERM for %.1fs; killing its process group",
+                                managed.role, managed.rank, managed.pid, grace_s)
+                    _signal_group(managed.pid, signal.SIGKILL)
+            await asyncio.wait(pending)
+        for managed in live:  # children a process left behind in its group
+            _signal_group(managed.pid, signal.SIGKILL)
+
+    async def shutdown(self, grace_s: float = 10.0) -> None:
+        async with self._lock:
+            await self._stop_all(grace_s)
+
+    # ------------------------------------------------------------ reports
+
+    def heartbeat(self) -> pb.Heartbeat:
+        for rank in list(self._forwarding):
+            self._flush_progress(rank)
+        return pb.Heartbeat(generation=self.generation, sent_at=time.time(),
+                            processes=[m.status() for m in self.processes.values()])
+
+    def on_progress(self, message: ProgressMessage) -> None:
+        """Relay a worker's progress; steps are sent at most every 0.5 s per rank (the first at once)."""
+        if message.generation != self.generation:
+            return
+        managed = self.processes.get(("worker", message.rank))
+        if managed is None:
+            return
+        managed.step = max(managed.step, message.step)
+        if isinstance(message, EventReport):
+            return
+        forwarding = self._forwarding.setdefault(message.rank, _Forwarding())
+        forwarding.pending = message
+        now = time.monotonic()
+        if now - forwarding.last_sent >= PROGRESS_FORWARD_INTERVAL_S:
+            forwarding.last_sent = now
+            self._flush_progress(message.rank)
+
+    def _flush_progress(self, rank: int) -> None:
+        forwarding = self._forwarding.get(rank)
+        if forwarding is None or forwarding.pending is None:
+            return
+        step, forwarding.pending = forwarding.pending, None
+        self._report(pb.AgentMessage(progress=pb.Progress(
+            generation=step.generation, rank=step.rank, step=step.step, loss=step.loss, grad_norm=step.grad_norm,
+            samples_per_s=step.samples_per_s, consumed_samples=step.consumed_samples)))
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    try:
+        os.killpg(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass

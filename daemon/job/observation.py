@@ -1,0 +1,80 @@
+"""What the leader has seen of the current generation, rebuilt from agent reports.
+
+Kept in memory only: heartbeats carry every process of the agent's generation (exited ones too),
+so a newly elected leader rebuilds it within one heartbeat interval.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from proto.vocabulary import ProcessRole
+
+
+@dataclass(frozen=True)
+class ProcessReport:
+    node: str
+    role: ProcessRole
+    rank: int
+    pid: int
+    running: bool
+    exit_code: int = 0
+    signal: int = 0
+    expected: bool = False  # exited because trainerd stopped it
+    log_tail: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return not self.running and not self.expected and (self.exit_code != 0 or self.signal != 0)
+
+    @property
+    def succeeded(self) -> bool:
+        return not self.running and self.exit_code == 0 and self.signal == 0
+
+    def describe(self) -> str:
+        who = "scheduler" if self.role is ProcessRole.SCHEDULER else f"rank {self.rank}"
+        how = f"was killed by signal {self.signal}" if self.signal else f"exited with code {self.exit_code}"
+        tail = self.log_tail.strip().splitlines()[-1:] if self.log_tail.strip() else []
+        return f"{who} on node {self.node} {how}" + (f": {tail[0]}" if tail else "")
+
+
+@dataclass(frozen=True)
+class ProgressReport:
+    rank: int
+    step: int
+    loss: float
+    grad_norm: float
+    samples_per_s: float
+    consumed_samples: int
+
+
+@dataclass
+class GenerationObservation:
+    number: int
+    processes: dict[tuple[str, ProcessRole, int], ProcessReport] = field(default_factory=dict)
+    progress: dict[int, ProgressReport] = field(default_factory=dict)
+    launched: set[str] = field(default_factory=set)
+    stop_sent: set[str] = field(default_factory=set)
+    stopped: set[str] = field(default_factory=set)
+
+    def record_process(self, report: ProcessReport) -> None:
+        key = (report.node, report.role, report.rank)
+        known = self.processes.get(key)
+        # An exit report with a log tail is worth more than the heartbeat's summary of the same exit.
+        if known is not None and not known.running and not report.running and known.log_tail and not report.log_tail:
+            return
+        self.processes[key] = report
+
+    def first_failure(self) -> ProcessReport | None:
+        failed = [p for p in self.processes.values() if p.failed]
+        # A worker's own crash explains more than the scheduler's reaction to it.
+        failed.sort(key=lambda p: (p.role is ProcessRole.SCHEDULER, p.rank))
+        return failed[0] if failed else None
+
+    def finished_ranks(self) -> set[int]:
+        return {p.rank for p in self.processes.values() if p.role is ProcessRole.WORKER and p.succeeded}
+
+    def min_step(self, world_size: int) -> int | None:
+        if len(self.progress) < world_size:
+            return None
+        return min(p.step for p in self.progress.values())
