@@ -23,7 +23,7 @@ def run(coro):
 
 
 def make_coordinator(store: InMemoryStore, clock: FakeClock, name: str) -> Coordinator:
-    return Coordinator(store=store, clock=clock, me=LeaderRecord(name, f"{name}:7420"), job_name="job",
+    return Coordinator(store=store, clock=clock, me=LeaderRecord(name, f"{name}:7420"), job_name="job", job=None,
                        heartbeat_interval_s=1.0, heartbeat_timeout_s=TIMEOUT_S, leader_lease_s=3,
                        wall_clock=lambda: 1_700_000_000.0)
 
