@@ -1,0 +1,154 @@
+"""`trainerctl checkpoint ...`: list, verify, reshard, export and import checkpoints, on files only.
+
+Exit codes follow trainerctl: 0 success, 1 the checkpoint is incomplete or damaged or the operation failed,
+2 a usage mistake (a path that is not there, an output that already exists). Errors are one line on stderr.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from functools import wraps
+from pathlib import Path
+from typing import TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from trainer.checkpoint import (
+    CheckpointError,
+    CheckpointMeta,
+    export_safetensors,
+    import_native,
+    list_checkpoints,
+    reshard_checkpoint,
+    verify_checkpoint,
+    write_resharded,
+)
+from trainer.checkpoint.layout import TensorLayout
+from trainer.checkpoint.manifest import read_manifest, step_dir_name
+
+_F = TypeVar("_F", bound=Callable[..., None])
+
+
+class UsageProblem(click.ClickException):
+    exit_code = 2
+
+
+def _reported(command: _F) -> _F:
+    """Turns checkpoint and file-system errors into one line on stderr and exit code 1."""
+
+    @wraps(command)
+    def run(*args: object, **kwargs: object) -> None:
+        try:
+            command(*args, **kwargs)
+        except CheckpointError as exc:
+            raise click.ClickException(str(exc)) from exc
+        except OSError as exc:
+            raise click.ClickException(f"{exc.filename}: {exc.strerror}") from exc
+
+    return run  # type: ignore[return-value]
+
+
+def _existing_dir(path: Path) -> Path:
+    if not path.is_dir():
+        raise UsageProblem(f"{path} is not a directory")
+    return path
+
+
+def _absent(path: Path) -> Path:
+    if path.exists():
+        raise UsageProblem(f"{path} already exists")
+    return path
+
+
+def _prepare_dtypes(tensors: Mapping[str, TensorLayout]) -> None:
+    """numpy has a bfloat16 dtype only once MindSpore is imported (through trainer.checkpoint.mindspore_io)."""
+    if any(layout.dtype == "BF16" for layout in tensors.values()):
+        try:
+            importlib.import_module("trainer.checkpoint.mindspore_io")
+        except ImportError as exc:
+            raise CheckpointError("this checkpoint holds bfloat16 tensors, which need MindSpore installed") from exc
+
+
+_DIR = click.Path(path_type=Path, file_okay=False)
+_WORLD_SIZE = click.IntRange(min=1, max=1 << 20)
+
+
+@click.group()
+def checkpoint() -> None:
+    """Inspect and convert checkpoints on disk (no coordinator needed)."""
+
+
+@checkpoint.command("list")
+@click.argument("root", type=_DIR)
+@_reported
+def list_command(root: Path) -> None:
+    """The checkpoints under ROOT, oldest first; complete means manifest and file sizes check out."""
+    table = Table("step", "state", "world size", "consumed samples", "files", "bytes", "path")
+    for info in list_checkpoints(_existing_dir(root)):
+        manifest = info.manifest
+        if manifest is None:
+            table.add_row(str(info.step), f"incomplete: {info.problem}", "-", "-", "-", "-", str(info.path))
+        else:
+            table.add_row(
+                str(info.step), "complete", str(manifest.world_size), str(manifest.meta.consumed_samples),
+                str(len(manifest.files)), str(manifest.total_bytes), str(info.path),
+            )
+    Console(width=200).print(table)
+
+
+@checkpoint.command()
+@click.argument("step_dir", type=_DIR)
+@_reported
+def verify(step_dir: Path) -> None:
+    """Exit 0 when STEP_DIR is complete and every file's digest matches, else 1 saying what is wrong."""
+    manifest = verify_checkpoint(_existing_dir(step_dir))
+    click.echo(
+        f"{step_dir}: complete, step {manifest.step}, {len(manifest.files)} files, "
+        f"{manifest.total_bytes} bytes verified ({manifest.digest_algorithm})"
+    )
+
+
+@checkpoint.command()
+@click.argument("step_dir", type=_DIR)
+@click.option("--world-size", required=True, type=_WORLD_SIZE, help="Ranks of the new checkpoint.")
+@click.option("--out", required=True, type=_DIR, help="Root under which step_N is written.")
+@_reported
+def reshard(step_dir: Path, world_size: int, out: Path) -> None:
+    """Rewrite STEP_DIR for WORLD_SIZE ranks as OUT/step_N."""
+    manifest = read_manifest(_existing_dir(step_dir))
+    _prepare_dtypes(manifest.tensors)
+    _absent(out / step_dir_name(manifest.step))
+    click.echo(str(reshard_checkpoint(step_dir, out, world_size)))
+
+
+@checkpoint.command()
+@click.argument("step_dir", type=_DIR)
+@click.option("--out", required=True, type=click.Path(path_type=Path, dir_okay=False),
+              help="The single safetensors file to write.")
+@_reported
+def export(step_dir: Path, out: Path) -> None:
+    """Write STEP_DIR as one safetensors file that mindspore.load_checkpoint loads."""
+    _prepare_dtypes(read_manifest(_existing_dir(step_dir)).tensors)
+    _absent(out)
+    manifest = export_safetensors(step_dir, out)
+    click.echo(f"{out}: {len(manifest.tensors)} tensors of step {manifest.step}")
+
+
+@checkpoint.command("import")
+@click.argument("source", type=_DIR)
+@click.option("--strategy", required=True, type=click.Path(path_type=Path, dir_okay=False, exists=True),
+              help="ParallelStrategyMap file: protobuf, or JSON when named *.json.")
+@click.option("--world-size", required=True, type=_WORLD_SIZE, help="Ranks of the new checkpoint.")
+@click.option("--step", default=0, show_default=True, type=click.IntRange(min=0), help="Step to record.")
+@click.option("--out", required=True, type=_DIR, help="Root under which step_N is written.")
+@_reported
+def import_command(source: Path, strategy: Path, world_size: int, step: int, out: Path) -> None:
+    """Convert a MindSpore distributed checkpoint (SOURCE/rank_N/*.safetensors) into OUT/step_N."""
+    native = import_native(_existing_dir(source), strategy)
+    _prepare_dtypes(native.tensors)
+    _absent(out / step_dir_name(step))
+    meta = CheckpointMeta(step=step, consumed_samples=0, data_seed=0)
+    click.echo(str(write_resharded(native.directory, native.tensors, meta, out, world_size)))

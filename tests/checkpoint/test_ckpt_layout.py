@@ -1,0 +1,107 @@
+"""The layout model and manifest refuse every layout that would not give back each element exactly once."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from trainer.checkpoint import CheckpointError, CheckpointMeta, CorruptCheckpoint, Manifest
+from trainer.checkpoint.layout import Chunk, Region, TensorLayout
+from trainer.checkpoint.manifest import FileEntry, confined_path
+
+
+def _layout(dtype: str, shape: tuple[int, ...], *boxes: tuple[tuple[int, ...], tuple[int, ...]]) -> TensorLayout:
+    chunks = tuple(Chunk(Region(o, s), "rank_0.safetensors", f"k{i}") for i, (o, s) in enumerate(boxes))
+    return TensorLayout(dtype, shape, chunks)
+
+
+def test_a_grid_of_chunks_covering_the_tensor_is_valid() -> None:
+    _layout("F32", (4, 6), ((0, 0), (2, 6)), ((2, 0), (2, 3)), ((2, 3), (2, 3))).validate("w")
+    _layout("BF16", (), ((), ())).validate("scalar")
+    _layout("I64", (0, 5)).validate("empty")
+
+
+@pytest.mark.parametrize(
+    ("layout", "message"),
+    [
+        (_layout("F32", (4, 6), ((0, 0), (4, 7))), "lies outside shape"),
+        (_layout("F32", (4, 6), ((0, 0), (3, 6)), ((2, 0), (2, 6))), "chunk 0 overlaps chunk 1"),
+        (_layout("F32", (4, 6), ((0, 0), (2, 6)), ((2, 0), (2, 5))), "cover 22 of its 24 elements"),
+        (_layout("F32", (4, 6), ((0,), (4,))), "has 1 dimensions, the tensor 2"),
+        (_layout("C64", (2,), ((0,), (2,))), "unknown dtype 'C64'"),
+        (_layout("F32", (), ((), ()), ((), ())), "overlaps"),
+    ],
+    ids=["out-of-bounds", "overlap", "gap", "rank-mismatch", "unknown-dtype", "scalar-twice"],
+)
+def test_invalid_layouts_are_refused_naming_the_tensor(layout: TensorLayout, message: str) -> None:
+    with pytest.raises(CorruptCheckpoint, match=message) as info:
+        layout.validate("w")
+    assert "tensor 'w'" in str(info.value)
+
+
+def _manifest() -> Manifest:
+    return Manifest(
+        meta=CheckpointMeta(7, 448, 3, grad_accumulation=4, rng_state={"a": [1]}, skip_ledger=((5, 9),)),
+        world_size=2,
+        generation=3,
+        files=(FileEntry("rank_0.safetensors", 400, "ab"), FileEntry("rank_1.safetensors", 400, "cd")),
+        tensors={
+            "w": TensorLayout(
+                "F32", (10, 8),
+                (Chunk(Region((0, 0), (5, 8)), "rank_0.safetensors", "w@0,0"),
+                 Chunk(Region((5, 0), (5, 8)), "rank_1.safetensors", "w@5,0")),
+            )
+        },
+    )
+
+
+def test_manifest_round_trips_through_json() -> None:
+    manifest = _manifest()
+    document = manifest.to_json()
+    assert document["schema"] == 1 and document["digest_algorithm"] == "sha256"
+    assert Manifest.from_json(copy.deepcopy(document)) == manifest
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.update(schema=2), "schema 2 is not supported"),
+        (lambda d: d.update(step=-1), "'step' must be an integer"),
+        (lambda d: d.update(step=True), "'step' must be an integer"),
+        (lambda d: d.pop("consumed_samples"), "'consumed_samples' is missing"),
+        (lambda d: d.update(digest_algorithm="md5"), "digest algorithm 'md5' is not supported"),
+        (lambda d: d["files"][0].update(name="../rank_0.safetensors"), "not a plain relative path"),
+        (lambda d: d["files"][0].update(name="/etc/passwd"), "not a plain relative path"),
+        (lambda d: d["files"].append(dict(d["files"][0])), "listed 2 times"),
+        (lambda d: d["files"][1].update(size=10), "rank_1.safetensors is 10 bytes but its chunks need 160"),
+        (lambda d: d["tensors"]["w"]["chunks"][1].update(file="rank_9.safetensors"), "not listed"),
+        (lambda d: d["tensors"]["w"]["chunks"][1].update(key="w@0,0", file="rank_0.safetensors"), "used twice"),
+        (lambda d: d["tensors"]["w"].update(shape=[1 << 60, 8]), "must be an integer from 0"),
+        (lambda d: d["tensors"]["w"].update(shape=[1] * 40), "more than 32"),
+        (lambda d: d["tensors"]["w"]["chunks"][0].update(offsets=[-5, 0]), "must be an integer from 0"),
+        (lambda d: d.update(skip_ledger=[[9, 5]]), "skip_ledger entry 0"),
+    ],
+)
+def test_hostile_manifest_fields_are_refused_with_a_clear_error(edit, message: str) -> None:  # type: ignore[no-untyped-def]
+    document = _manifest().to_json()
+    edit(document)
+    with pytest.raises(CorruptCheckpoint, match=message):
+        Manifest.from_json(document)
+
+
+def test_meta_that_a_manifest_cannot_hold_is_refused_before_saving() -> None:
+    with pytest.raises(CheckpointError, match="cannot be saved"):
+        CheckpointMeta(1, 0, 0, rng_state=object()).check()
+    with pytest.raises(CheckpointError, match="cannot be saved"):
+        CheckpointMeta(-1, 0, 0).check()
+
+
+def test_a_symlink_out_of_the_checkpoint_is_refused(tmp_path: Path) -> None:
+    step_dir = tmp_path / "step_00000001"
+    step_dir.mkdir()
+    (tmp_path / "secret").write_text("x")
+    (step_dir / "rank_0.safetensors").symlink_to(tmp_path / "secret")
+    with pytest.raises(CorruptCheckpoint, match="leads outside"):
+        confined_path(step_dir, "rank_0.safetensors", "manifest.json")

@@ -1,0 +1,68 @@
+"""Sharded safetensors checkpoints that load at any world size (DESIGN.md, "Checkpoints").
+
+Pure numpy + safetensors; MindSpore only in `trainer.checkpoint.mindspore_io`, which this package does not
+import, so the coordinator can use everything here without MindSpore.
+
+Layout on disk, under a root directory::
+
+    step_00000100/rank_0.safetensors ... rank_{W-1}.safetensors   one file per writing rank
+    step_00000100/manifest.json                                    written last: its rename is the commit
+
+Worker runtime (every rank of a data-parallel job)::
+
+    writer = CheckpointWriter(root, rank, world_size, generation=g, keep=3)
+    state = parameters_to_numpy(net, optimizer)            # trainer.checkpoint.mindspore_io
+    writer.save_async(CheckpointMeta(step, consumed_samples, data_seed, grad_accumulation,
+                                     rng_state, skip_ledger), state)
+    ...                                                    # training goes on while it writes
+    writer.wait()                                          # or let the next save_async wait
+    writer.close()
+
+    tensors, manifest = load_latest(root, rank, world_size)     # newest complete + verified, with fallback
+    tensors, manifest = load_checkpoint(root / "step_00000100", rank, world_size)  # exactly this one
+    load_numpy_into(tensors, net, optimizer)                    # trainer.checkpoint.mindspore_io
+
+`save_async` blocks only while this rank's share is copied to host buffers. Every rank must pass the same
+tensor names, shapes and dtypes; rank 0 commits once every rank's file is on disk. Errors surface from
+`wait()` or the next `save_async` as CheckpointError. Loads return each tensor whole; pass
+`shard_dims={name: dim}` to get only this rank's `numpy.array_split` part of that dimension.
+
+Coordinator (no MindSpore, no tensor data)::
+
+    list_checkpoints(root)  -> [CheckpointInfo(path, step, manifest | None, problem | None)], oldest first;
+                               cheap: manifest and file sizes, no digests
+    latest_verified(root)   -> (path, Manifest) | None: newest checkpoint whose every digest matches
+    verify_checkpoint(path) -> Manifest, or CorruptCheckpoint naming what is wrong
+    manifest.step, manifest.meta.consumed_samples, manifest.meta.skip_ledger, manifest.world_size
+
+Offline: `reshard_checkpoint`, `export_safetensors`, `import_native` + `write_resharded` (also as
+`trainerctl checkpoint ...`).
+"""
+
+from trainer.checkpoint.catalog import CheckpointInfo, latest_verified, list_checkpoints, verify_checkpoint
+from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint, NoCheckpoint
+from trainer.checkpoint.export import export_safetensors
+from trainer.checkpoint.loader import load_checkpoint, load_latest
+from trainer.checkpoint.manifest import CheckpointMeta, Manifest
+from trainer.checkpoint.native_import import import_native
+from trainer.checkpoint.reshard import reshard_checkpoint, write_resharded
+from trainer.checkpoint.writer import CheckpointWriter
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointInfo",
+    "CheckpointMeta",
+    "CheckpointWriter",
+    "CorruptCheckpoint",
+    "Manifest",
+    "NoCheckpoint",
+    "export_safetensors",
+    "import_native",
+    "latest_verified",
+    "list_checkpoints",
+    "load_checkpoint",
+    "load_latest",
+    "reshard_checkpoint",
+    "verify_checkpoint",
+    "write_resharded",
+]

@@ -1,0 +1,100 @@
+"""Finding checkpoints under a root and judging them: complete (cheap: manifest and file sizes) or verified
+(every digest recomputed).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer.checkpoint.digest import DIGEST_ALGORITHM, digest_file
+from trainer.checkpoint.errors import CorruptCheckpoint
+from trainer.checkpoint.manifest import FileEntry, Manifest, confined_path, parse_step_dir, read_manifest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One `step_N` directory: its manifest when complete, else what is wrong with it."""
+
+    path: Path
+    step: int
+    manifest: Manifest | None
+    problem: str | None
+
+    @property
+    def complete(self) -> bool:
+        return self.problem is None
+
+
+def data_file_path(step_dir: Path, entry: FileEntry) -> Path:
+    """The path of a listed file, refused unless it is a regular file of the listed size inside `step_dir`."""
+    where = f"{step_dir.name}/{entry.name}"
+    path = confined_path(step_dir, entry.name, step_dir.name)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError as exc:
+        raise CorruptCheckpoint(f"{where} is listed in the manifest but missing") from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise CorruptCheckpoint(f"{where} is not a regular file")
+    if st.st_size != entry.size:
+        raise CorruptCheckpoint(f"{where} is {st.st_size} bytes, the manifest says {entry.size} (truncated or replaced)")
+    return path
+
+
+def check_complete(step_dir: Path) -> Manifest:
+    """The manifest, once it parses, validates and every file it lists exists with its size."""
+    manifest = read_manifest(step_dir)
+    for entry in manifest.files:
+        data_file_path(step_dir, entry)
+    return manifest
+
+
+def verify_file(step_dir: Path, entry: FileEntry) -> None:
+    path = data_file_path(step_dir, entry)
+    if digest_file(path) != entry.digest:
+        raise CorruptCheckpoint(f"{step_dir.name}/{entry.name}: {DIGEST_ALGORITHM} digest does not match the manifest (damaged)")
+
+
+def verify_checkpoint(step_dir: Path) -> Manifest:
+    """The manifest, once the checkpoint is complete and every file's digest matches; else CorruptCheckpoint."""
+    manifest = check_complete(step_dir)
+    for entry in manifest.files:
+        verify_file(step_dir, entry)
+    return manifest
+
+
+def inspect(step_dir: Path, step: int) -> CheckpointInfo:
+    try:
+        return CheckpointInfo(step_dir, step, check_complete(step_dir), None)
+    except CorruptCheckpoint as exc:
+        return CheckpointInfo(step_dir, step, None, str(exc))
+
+
+def list_checkpoints(root: Path) -> list[CheckpointInfo]:
+    """Every `step_N` directory under `root`, oldest first, each judged complete or not (no digests read)."""
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        step = parse_step_dir(child.name)
+        if step is not None and child.is_dir():
+            found.append(inspect(child, step))
+    return sorted(found, key=lambda info: info.step)
+
+
+def latest_verified(root: Path) -> tuple[Path, Manifest] | None:
+    """The newest checkpoint that is complete and verifies, saying in the log why any newer one was passed over.
+
+    Reads every byte of the checkpoints it tries.
+    """
+    for info in reversed(list_checkpoints(root)):
+        try:
+            return info.path, verify_checkpoint(info.path)
+        except CorruptCheckpoint as exc:
+            log.warning("Checkpoint %s is not usable (%s); falling back to the previous one.", info.path, exc)
+    return None

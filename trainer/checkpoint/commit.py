@@ -1,0 +1,155 @@
+"""The commit protocol between writing ranks that share only a filesystem.
+
+1. Every rank writes `rank_{r}.safetensors` (temporary name, fsync, rename), then its report
+   `rank_{r}.done.json` the same way: the file's size and digest, and the chunks it holds of each tensor,
+   stamped with the step, the world size and the generation (the launch of the job that is saving).
+2. Rank 0 waits until the reports of all ranks of its generation exist, merges them, checks the merged
+   layout (every tensor covered exactly once, dtypes and shapes agreeing) and that every file has its size,
+   then writes `manifest.json` (temporary name, fsync, rename, fsync of the directory). That rename is the
+   commit. The reports and any file the manifest does not list are removed afterwards.
+
+A report from another generation (a launch that died mid-save at the same step) is never taken for this
+one's: rank 0 keeps waiting for the right one, up to its timeout, and the step stays uncommitted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainer.checkpoint.catalog import data_file_path
+from trainer.checkpoint.durable_files import fsync_dir, write_json_atomic
+from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint
+from trainer.checkpoint.json_fields import check_schema, get_int, read_json_file
+from trainer.checkpoint.layout import TensorLayout, layouts_from_json
+from trainer.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest
+
+log = logging.getLogger(__name__)
+
+
+def report_name(rank: int) -> str:
+    return f"rank_{rank}.done.json"
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """What one rank wrote for one save: its file and, for every tensor, the chunks in that file."""
+
+    rank: int
+    world_size: int
+    generation: int
+    step: int
+    file: FileEntry
+    tensors: dict[str, TensorLayout] = field(hash=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": 1,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "generation": self.generation,
+            "step": self.step,
+            "file": self.file.to_json(),
+            "tensors": {name: t.to_json() for name, t in sorted(self.tensors.items())},
+        }
+
+    @staticmethod
+    def from_json(obj: dict[str, Any], where: str) -> RankReport:
+        check_schema(obj, where)
+        return RankReport(
+            rank=get_int(obj, "rank", where),
+            world_size=get_int(obj, "world_size", where, minimum=1),
+            generation=get_int(obj, "generation", where),
+            step=get_int(obj, "step", where),
+            file=FileEntry.from_json(obj.get("file"), f"{where}: file"),
+            tensors=layouts_from_json(obj, where),
+        )
+
+
+def write_report(step_dir: Path, report: RankReport) -> None:
+    write_json_atomic(step_dir / report_name(report.rank), report.to_json())
+
+
+def _read_report(step_dir: Path, rank: int, world_size: int, generation: int, step: int) -> RankReport | None:
+    """This save's report of `rank`, or None while it is absent or left over from another save."""
+    path = step_dir / report_name(rank)
+    if not path.exists():
+        return None
+    report = RankReport.from_json(read_json_file(path, f"{step_dir.name}/{path.name}"), f"{step_dir.name}/{path.name}")
+    if (report.rank, report.world_size, report.generation, report.step) != (rank, world_size, generation, step):
+        return None
+    return report
+
+
+def collect_reports(
+    step_dir: Path,
+    world_size: int,
+    generation: int,
+    step: int,
+    timeout_s: float,
+    poll_interval_s: float,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+) -> list[RankReport]:
+    """Waits until every rank's report for this save exists; CheckpointError after `timeout_s`."""
+    deadline = clock() + timeout_s
+    reports: dict[int, RankReport] = {}
+    while True:
+        for rank in range(world_size):
+            if rank not in reports:
+                report = _read_report(step_dir, rank, world_size, generation, step)
+                if report is not None:
+                    reports[rank] = report
+        if len(reports) == world_size:
+            return [reports[r] for r in range(world_size)]
+        if clock() >= deadline:
+            missing = sorted(set(range(world_size)) - set(reports))
+            raise CheckpointError(
+                f"{step_dir.name}: ranks {missing} did not finish writing within {timeout_s:g} s; not committed"
+            )
+        sleep(poll_interval_s)
+
+
+def merge_reports(reports: Sequence[RankReport]) -> tuple[tuple[FileEntry, ...], dict[str, TensorLayout]]:
+    """All ranks' files and chunks as one layout; CheckpointError when ranks disagree on a tensor."""
+    tensors: dict[str, TensorLayout] = {}
+    names = set(reports[0].tensors)
+    for report in reports:
+        if set(report.tensors) != names:
+            differ = sorted(names.symmetric_difference(report.tensors))
+            raise CheckpointError(f"rank {report.rank} saved a different set of tensors than rank 0: {differ[:5]}")
+        for name, layout in report.tensors.items():
+            known = tensors.get(name)
+            if known is None:
+                tensors[name] = layout
+                continue
+            if (known.dtype, known.shape) != (layout.dtype, layout.shape):
+                raise CheckpointError(
+                    f"tensor '{name}': rank {report.rank} saved {layout.dtype} {list(layout.shape)}, "
+                    f"rank 0 {known.dtype} {list(known.shape)}"
+                )
+            tensors[name] = TensorLayout(known.dtype, known.shape, known.chunks + layout.chunks)
+    return tuple(r.file for r in reports), tensors
+
+
+def commit_manifest(step_dir: Path, manifest: Manifest) -> None:
+    """Checks the layout and the files, writes the manifest atomically, then removes what it does not list."""
+    try:
+        manifest.validate()
+        for entry in manifest.files:
+            data_file_path(step_dir, entry)
+    except CorruptCheckpoint as exc:
+        raise CheckpointError(f"{step_dir.name}: not committed: {exc}") from exc
+    write_json_atomic(step_dir / MANIFEST_NAME, manifest.to_json())
+    listed = {entry.name for entry in manifest.files} | {MANIFEST_NAME}
+    for child in step_dir.iterdir():
+        if child.name not in listed and child.is_file():
+            child.unlink()
+    fsync_dir(step_dir)
+    log.info(
+        "Committed checkpoint %s: step %d, %d files, %d bytes, world size %d.",
+        step_dir, manifest.step, len(manifest.files), manifest.total_bytes, manifest.world_size,
+    )

@@ -1,0 +1,169 @@
+"""Asynchronous save: the training step waits only while the tensors are copied to host buffers.
+
+`save_async` copies the pieces this rank owns (see `sharding.write_assignment`) into host buffers that are
+reused from one save to the next (same shapes every time, so no page faults after the first save), then a
+background thread writes and fsyncs `rank_{r}.safetensors` and the rank's report; on rank 0 it then waits
+for every rank's report and commits the manifest (see `commit`), then applies retention. At most one save
+is in flight: a new save first waits for the previous one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from trainer.checkpoint.commit import (
+    RankReport,
+    collect_reports,
+    commit_manifest,
+    merge_reports,
+    report_name,
+    write_report,
+)
+from trainer.checkpoint.durable_files import fsync_dir
+from trainer.checkpoint.errors import CheckpointError
+from trainer.checkpoint.layout import Region, TensorLayout, dtype_name
+from trainer.checkpoint.manifest import MANIFEST_NAME, CheckpointMeta, Manifest, step_dir_name
+from trainer.checkpoint.rank_file import write_rank_file
+from trainer.checkpoint.retention import prune
+from trainer.checkpoint.sharding import Piece, TensorSpec, write_assignment
+
+log = logging.getLogger(__name__)
+
+
+def _view(array: np.ndarray, region: Region) -> np.ndarray:
+    return array[(Ellipsis, *region.slices())]
+
+
+class CheckpointWriter:
+    """Saves this rank's share of every checkpoint under `root`; rank 0 also commits and prunes.
+
+    `generation` identifies the launch of the job and must be the same on every rank of it (the
+    coordinator's generation number); `keep` is how many complete checkpoints retention keeps;
+    `commit_timeout_s` is how long rank 0 waits for the other ranks' files.
+    """
+
+    def __init__(
+        self,
+        root: Path | str,
+        rank: int,
+        world_size: int,
+        *,
+        generation: int = 0,
+        keep: int = 3,
+        commit_timeout_s: float = 600.0,
+        poll_interval_s: float = 0.05,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if not 0 <= rank < world_size:
+            raise CheckpointError(f"rank {rank} is outside world size {world_size}")
+        if keep < 1:
+            raise CheckpointError(f"keep must be at least 1, got {keep}")
+        self.root = Path(root)
+        self.rank = rank
+        self.world_size = world_size
+        self.generation = generation
+        self.keep = keep
+        self._commit_timeout_s = commit_timeout_s
+        self._poll_interval_s = poll_interval_s
+        self._clock = clock
+        self._sleep = sleep
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"checkpoint-writer-rank{rank}")
+        self._pending: Future[Path] | None = None
+        self._staging: dict[Piece, np.ndarray] = {}
+
+    def save_async(self, meta: CheckpointMeta, tensors: Mapping[str, np.ndarray]) -> None:
+        """Copies this rank's share of `tensors` (the full tensors, identical on every rank) and returns;
+        writing continues in the background. Raises the previous save's error, if it failed.
+        """
+        self._pending = self._submit(meta, tensors)
+
+    def wait(self) -> Path | None:
+        """Waits for the save in flight; returns its directory (committed, on rank 0), None when idle."""
+        pending, self._pending = self._pending, None
+        return None if pending is None else pending.result()
+
+    def save(self, meta: CheckpointMeta, tensors: Mapping[str, np.ndarray]) -> Path:
+        """A synchronous save; returns the step directory (committed, on rank 0)."""
+        return self._submit(meta, tensors).result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown()
+
+    def __enter__(self) -> CheckpointWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _submit(self, meta: CheckpointMeta, tensors: Mapping[str, np.ndarray]) -> Future[Path]:
+        self.wait()
+        meta.check()
+        specs = {}
+        for name, array in tensors.items():
+            if not isinstance(array, np.ndarray):
+                raise CheckpointError(f"tensor '{name}' is a {type(array).__name__}, not a numpy array")
+            specs[name] = TensorSpec(dtype_name(array.dtype), array.shape)
+        pieces = write_assignment(specs, self.world_size)[self.rank]
+        staged = self._stage(tensors, pieces)
+        step_dir = self._prepare(meta.step)
+        return self._pool.submit(self._write, step_dir, meta, specs, pieces, staged)
+
+    def _stage(self, tensors: Mapping[str, np.ndarray], pieces: tuple[Piece, ...]) -> list[np.ndarray]:
+        previous, self._staging = self._staging, {}
+        staged = []
+        for piece in pieces:
+            source = _view(tensors[piece.tensor], piece.region)
+            buffer = previous.get(piece)
+            if buffer is not None and buffer.dtype == source.dtype:
+                np.copyto(buffer, source)
+            else:
+                buffer = np.array(source, order="C", copy=True)
+            self._staging[piece] = buffer
+            staged.append(buffer)
+        return staged
+
+    def _prepare(self, step: int) -> Path:
+        """Creates the step directory and clears what an earlier save of the same step left there."""
+        step_dir = self.root / step_dir_name(step)
+        step_dir.mkdir(parents=True, exist_ok=True)
+        (step_dir / report_name(self.rank)).unlink(missing_ok=True)
+        if self.rank == 0 and (step_dir / MANIFEST_NAME).exists():
+            log.warning("Rank 0 replaces the existing checkpoint %s with generation %d's save.", step_dir, self.generation)
+            (step_dir / MANIFEST_NAME).unlink()
+        fsync_dir(step_dir)
+        return step_dir
+
+    def _write(
+        self,
+        step_dir: Path,
+        meta: CheckpointMeta,
+        specs: dict[str, TensorSpec],
+        pieces: tuple[Piece, ...],
+        staged: list[np.ndarray],
+    ) -> Path:
+        try:
+            entry, chunks = write_rank_file(step_dir, self.rank, pieces, specs, staged)
+            layouts = {name: TensorLayout(s.dtype, s.shape, tuple(chunks.get(name, ()))) for name, s in specs.items()}
+            write_report(step_dir, RankReport(self.rank, self.world_size, self.generation, meta.step, entry, layouts))
+            if self.rank != 0:
+                return step_dir
+            reports = collect_reports(
+                step_dir, self.world_size, self.generation, meta.step,
+                self._commit_timeout_s, self._poll_interval_s, self._clock, self._sleep,
+            )
+            files, tensors = merge_reports(reports)
+            commit_manifest(step_dir, Manifest(meta, self.world_size, self.generation, files, tensors))
+            prune(self.root, self.keep, meta.step)
+            return step_dir
+        except OSError as exc:
+            raise CheckpointError(f"rank {self.rank} could not save {step_dir}: {exc}") from exc
