@@ -506,7 +506,7 @@ class EtcdStore:
                 return
             failures += 1
             await _pause_before_reopening(
-                failures, f"watch of {prefix}", f"{reason}; resuming from revision {next_revision}")
+                failures, f"watch of {prefix} (next revision {next_revision})", reason)
 
     def interrupt_watch_streams(self) -> int:
         """Test hook: break every open watch stream, as a dropped connection would. Returns how
