@@ -142,16 +142,21 @@ class CoordinatorLink:
                      first.welcome.coordinator_id, address)
             self.connected.set()
             self._on_connected(True)
+            # grpc.aio allows one write in flight per stream: heartbeats and reports take turns.
+            write_lock = asyncio.Lock()
             tasks = [
-                asyncio.create_task(self._heartbeats(call, first.welcome.heartbeat_interval_s)),
-                asyncio.create_task(self._forward_outbox(call)),
+                asyncio.create_task(self._heartbeats(call, write_lock, first.welcome.heartbeat_interval_s)),
+                asyncio.create_task(self._forward_outbox(call, write_lock)),
                 asyncio.create_task(self._read_commands(call)),
             ]
             try:
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
-                    if task.exception() is not None and not isinstance(task.exception(), grpc.aio.AioRpcError):
-                        raise task.exception()
+                    error = task.exception()
+                    if error is not None and not isinstance(error, grpc.aio.AioRpcError):
+                        raise error
+                    if error is not None:
+                        log.warning("session with %s broke: %s %s", address, error.code().name, error.details())
             finally:
                 for task in tasks:
                     task.cancel()
@@ -159,19 +164,21 @@ class CoordinatorLink:
             log.warning("session with %s ended; reconnecting", address)
             return True
 
-    async def _heartbeats(self, call, interval_s: float) -> None:
+    async def _heartbeats(self, call, write_lock: asyncio.Lock, interval_s: float) -> None:
         sequence = 0
         while True:
             sequence += 1
             body = self._heartbeat_body()
             body.sequence = sequence
-            await call.write(pb.AgentMessage(heartbeat=body))
+            async with write_lock:
+                await call.write(pb.AgentMessage(heartbeat=body))
             await asyncio.sleep(interval_s)
 
-    async def _forward_outbox(self, call) -> None:
+    async def _forward_outbox(self, call, write_lock: asyncio.Lock) -> None:
         while True:
             message = await self._outbox.get()
-            await call.write(message)
+            async with write_lock:
+                await call.write(message)
 
     async def _read_commands(self, call) -> None:
         while True:

@@ -39,6 +39,10 @@ SERVER_OPTIONS = [
 ]
 
 
+class ListenError(Exception):
+    """The coordinator's gRPC address cannot be bound (in use, or not an address of this host)."""
+
+
 class TrainerdApp:
     def __init__(self, config: ClusterConfig) -> None:
         self._config = config
@@ -67,6 +71,13 @@ class TrainerdApp:
 
     async def run(self, stop: asyncio.Event) -> None:
         cluster = self._config.cluster
+        # Bind first: a second trainerd with the same address fails here, before it touches etcd.
+        self._server = grpc.aio.server(options=SERVER_OPTIONS)
+        try:
+            self._server.add_insecure_port(cluster.coordinator.listen)
+        except RuntimeError as exc:
+            raise ListenError(f"cannot listen on {cluster.coordinator.listen}: the address is in use or not "
+                              f"local (cluster.coordinator.listen)") from exc
         try:
             self._store = await self._open_store()
             me = LeaderRecord(id=f"{socket.gethostname()}:{os.getpid()}",
@@ -83,11 +94,9 @@ class TrainerdApp:
             if cluster.coordinator.metrics_listen:
                 host, port = parse_host_port(cluster.coordinator.metrics_listen)
                 prometheus_client.start_http_server(port, addr=host)
-            self._server = grpc.aio.server(options=SERVER_OPTIONS)
             pb_grpc.add_CoordinatorServicer_to_server(CoordinatorService(self.coordinator), self._server)
             pb_grpc.add_ControlServicer_to_server(ControlService(self.coordinator), self._server)
             health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
-            self._server.add_insecure_port(cluster.coordinator.listen)
             await self._server.start()
             await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
             await self._health.set(CONTROL_SERVICE, health_pb2.HealthCheckResponse.SERVING)

@@ -30,6 +30,7 @@ from proto.vocabulary import NODE_NAME_PATTERN, NodeState
 log = logging.getLogger(__name__)
 
 MAX_DEVICES_PER_NODE = 64
+STORE_RETRY_S = 1.0
 
 
 class NotLeader(Exception):
@@ -144,26 +145,39 @@ class Coordinator:
     # ------------------------------------------------------------ leadership
 
     async def run(self, tick_s: float) -> None:
-        """Campaign, lead until the lease is lost, stand down, campaign again. Runs forever."""
+        """Campaign, lead until the lease is lost, stand down, campaign again. Runs until cancelled.
+
+        etcd being unreachable is temporary: the coordinator stands down (its lease will lapse, so a
+        standby that can reach etcd takes over) and campaigns again after a pause.
+        """
         while True:
-            leadership = await self._election.campaign()
-            await self._take_office(leadership)
             try:
-                while leadership.lease.alive:
-                    try:
-                        await asyncio.wait_for(leadership.lease.wait_lost(), timeout=tick_s)
-                    except asyncio.TimeoutError:
-                        await self.tick()
-                log.warning("%s lost its leader lease; standing down", self.me.id)
-            except asyncio.CancelledError:
-                # Shutting down: hand over at once instead of making the standby wait out the lease.
+                await self._lead_one_term(tick_s)
+            except StoreError as exc:
+                log.error("%s: etcd failed (%s); standing down and retrying in %.0fs", self.me.id, exc,
+                          STORE_RETRY_S)
+                await asyncio.sleep(STORE_RETRY_S)
+
+    async def _lead_one_term(self, tick_s: float) -> None:
+        leadership = await self._election.campaign()
+        try:
+            await self._take_office(leadership)
+            while leadership.lease.alive:
                 try:
-                    await asyncio.shield(self._election.resign(leadership))
-                except StoreError as exc:
-                    log.warning("could not resign leadership (%s); the lease will expire", exc)
-                raise
-            finally:
-                self._leave_office()
+                    await asyncio.wait_for(leadership.lease.wait_lost(), timeout=tick_s)
+                except asyncio.TimeoutError:
+                    await self.tick()
+            log.warning("%s lost its leader lease; standing down", self.me.id)
+        except (asyncio.CancelledError, StoreError):
+            # Shutting down, or etcd failed under us: hand over now rather than keep the lease alive
+            # (our own keepalive would otherwise hold the leader key while we no longer lead).
+            try:
+                await asyncio.shield(self._election.resign(leadership))
+            except StoreError as exc:
+                log.warning("could not resign leadership (%s); the lease will expire", exc)
+            raise
+        finally:
+            self._leave_office()
 
     async def _take_office(self, leadership: Leadership) -> None:
         await self._membership.load()

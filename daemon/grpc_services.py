@@ -21,6 +21,7 @@ from daemon import metrics
 from daemon.job.commands import LaunchCommand, StopCommand
 from daemon.job.observation import ProcessReport, ProgressReport
 from daemon.membership import DeviceInfo
+from daemon.store.interface import StoreError
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
 from proto.vocabulary import LEADER_ADDRESS_METADATA, ProcessRole
@@ -144,7 +145,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         writer = asyncio.create_task(self._write(context, outbox))
         closed = asyncio.create_task(session.closed.wait())
         try:
-            await asyncio.wait({reader, writer, closed}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({reader, writer, closed}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    log.error("session of node %s failed: %r", session.node, task.exception(),
+                              exc_info=task.exception())
         finally:
             for task in (reader, writer, closed):
                 task.cancel()
@@ -199,4 +204,7 @@ class ControlService(pb_grpc.ControlServicer):
         self._coordinator = coordinator
 
     async def GetStatus(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusReply:
-        return status_to_proto(await self._coordinator.view())
+        try:
+            return status_to_proto(await self._coordinator.view())
+        except StoreError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd is unavailable: {exc}")

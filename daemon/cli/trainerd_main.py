@@ -8,9 +8,10 @@ import sys
 
 import click
 
-from daemon.app import TrainerdApp, install_stop_signals
+from daemon.app import ListenError, TrainerdApp, install_stop_signals
 from daemon.config import load_cluster_config
 from daemon.etcd_process import EtcdNotFound, EtcdStartError
+from daemon.store.interface import StoreError
 from proto.config_file import ConfigError
 
 
@@ -42,7 +43,7 @@ def start(cluster_file: str, log_level: str) -> None:
 
     try:
         asyncio.run(serve())
-    except (EtcdNotFound, EtcdStartError, OSError) as exc:
+    except (EtcdNotFound, EtcdStartError, ListenError, StoreError, OSError) as exc:
         click.echo(f"trainerd: {exc}", err=True)
         sys.exit(1)
 
