@@ -1,0 +1,112 @@
+"""A real ProgressReporter talking to the agent's real asyncio receiver over a unix datagram socket."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from trainer.progress_channel import (
+    EventReport, ProgressMessage, ProgressReceiver, StepReport, WorkerEvent, open_progress_receiver,
+)
+from trainer.runtime.progress import ProgressReporter
+
+
+async def receive(path: Path, send, expected: int) -> tuple[list[ProgressMessage], ProgressReceiver]:
+    """Open a receiver at `path`, run `send()`, and collect until `expected` messages arrived (5 s at most)."""
+    messages: list[ProgressMessage] = []
+    transport = await open_progress_receiver(path, messages.append)
+    try:
+        send()
+        deadline = time.monotonic() + 5
+        while len(messages) < expected and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return messages, transport.get_protocol()
+    finally:
+        transport.close()
+
+
+def test_reports_arrive_in_order(tmp_path: Path) -> None:
+    path = tmp_path / "progress.sock"
+
+    def send() -> None:
+        reporter.event(WorkerEvent.STARTED, step=0)
+        for step in range(1, 4):
+            reporter.step(step, loss=1.0 / step, grad_norm=0.5, samples_per_s=100.0, consumed_samples=64 * step)
+        reporter.event(WorkerEvent.FINISHED, step=3)
+
+    with ProgressReporter(str(path), job="llm", generation=2, rank=1) as reporter:
+        messages, receiver = asyncio.run(receive(path, send, expected=5))
+    assert messages == [
+        EventReport("llm", 2, 1, WorkerEvent.STARTED, 0),
+        *(StepReport("llm", 2, 1, s, 1.0 / s, 0.5, 100.0, 64 * s) for s in range(1, 4)),
+        EventReport("llm", 2, 1, WorkerEvent.FINISHED, 3),
+    ]
+    assert (reporter.sent, reporter.dropped, receiver.received, receiver.malformed) == (5, 0, 5, 0)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_hostile_datagrams_are_counted_and_dropped_and_the_receiver_keeps_going(tmp_path: Path) -> None:
+    path = tmp_path / "progress.sock"
+
+    def send() -> None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as hostile:
+            for junk in (b"\x00" * 100, b'{"schema": 1}', b"x" * 60000):
+                hostile.sendto(junk, str(path))
+        reporter.step(1, loss=2.0, grad_norm=1.0, samples_per_s=10.0, consumed_samples=64)
+
+    with ProgressReporter(str(path), job="llm", generation=2, rank=0) as reporter:
+        messages, receiver = asyncio.run(receive(path, send, expected=1))
+    assert [m.step for m in messages] == [1]
+    assert (receiver.received, receiver.malformed) == (1, 3)
+
+
+def test_a_stale_socket_file_is_replaced(tmp_path: Path) -> None:
+    path = tmp_path / "progress.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as old:
+        old.bind(str(path))  # an agent that died and left its socket file behind
+    with ProgressReporter(str(path), job="llm", generation=1, rank=0) as reporter:
+        messages, _ = asyncio.run(receive(path, lambda: reporter.event(WorkerEvent.STARTED, 0), expected=1))
+    assert len(messages) == 1
+
+
+def test_a_live_socket_or_a_regular_file_is_never_removed(tmp_path: Path) -> None:
+    live = tmp_path / "live.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as other_agent:
+        other_agent.bind(str(live))
+        with pytest.raises(FileExistsError, match="in use by another process"):
+            asyncio.run(open_progress_receiver(live, print))
+    regular = tmp_path / "notes.txt"
+    regular.write_text("keep me")
+    with pytest.raises(FileExistsError, match="exists and is not a socket"):
+        asyncio.run(open_progress_receiver(regular, print))
+    assert regular.read_text() == "keep me"
+
+
+def test_without_a_socket_path_reporting_is_a_no_op() -> None:
+    reporter = ProgressReporter(None, job="llm", generation=0, rank=0)
+    reporter.step(1, loss=1.0, grad_norm=1.0, samples_per_s=1.0, consumed_samples=1)
+    assert (reporter.sent, reporter.dropped) == (0, 0)
+
+
+def test_a_missing_agent_costs_a_dropped_report_not_an_error(tmp_path: Path) -> None:
+    with ProgressReporter(str(tmp_path / "nobody.sock"), job="llm", generation=0, rank=0) as reporter:
+        reporter.step(1, loss=1.0, grad_norm=1.0, samples_per_s=1.0, consumed_samples=1)
+    assert (reporter.sent, reporter.dropped) == (0, 1)
+
+
+def test_a_full_agent_queue_never_blocks_training(tmp_path: Path) -> None:
+    path = tmp_path / "stuck.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as stuck_agent:  # bound, never reads
+        stuck_agent.bind(str(path))
+        with ProgressReporter(str(path), job="llm", generation=0, rank=0) as reporter:
+            started = time.monotonic()
+            for step in range(1, 5001):
+                reporter.step(step, loss=1.0, grad_norm=1.0, samples_per_s=1.0, consumed_samples=step)
+            assert time.monotonic() - started < 5
+    assert reporter.dropped > 0
+    assert reporter.sent + reporter.dropped == 5000

@@ -1,0 +1,238 @@
+"""The progress channel from a worker to its agent: one versioned JSON message per unix datagram.
+
+Pure (no MindSpore), shared by both ends: workers encode (`trainer.runtime.progress`), the agent
+decodes in `open_progress_receiver`. One message is one datagram, so a dropped report costs that
+report only and can never leave the stream out of step.
+
+Wire format (strict JSON, UTF-8, at most MAX_DATAGRAM_BYTES):
+
+    {"schema": 1, "kind": "step", "job": "mnist", "generation": 3, "rank": 0, "step": 120,
+     "loss": 0.31, "grad_norm": 1.7, "samples_per_s": 5400.0, "consumed_samples": 7680}
+    {"schema": 1, "kind": "event", "job": "mnist", "generation": 3, "rank": 0, "event": "finished", "step": 500}
+
+`loss` and `grad_norm` may be non-finite (that is how a bad batch shows); strict JSON has no NaN,
+so they travel as the strings "NaN", "Infinity" and "-Infinity". Readers ignore fields they do not
+know, so adding a field does not need a new schema number; changing one does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import socket
+import stat
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+SCHEMA = 1
+MAX_DATAGRAM_BYTES = 4096
+MAX_JOB_NAME = 256
+_MAX_INT64 = (1 << 63) - 1
+_MAX_INT32 = (1 << 31) - 1
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+class MalformedProgress(ValueError):
+    """A datagram that is not a valid progress message; the message says why in one line."""
+
+
+class WorkerEvent(StrEnum):
+    STARTED = "started"    # communication is up, the first step is about to run
+    FINISHED = "finished"  # training completed; the process exits 0 next
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """One finished optimizer step as one rank saw it."""
+
+    job: str
+    generation: int
+    rank: int
+    step: int               # optimizer steps completed, counting from 1
+    loss: float             # this rank's mean loss over its share of the global batch
+    grad_norm: float        # global norm of the all-reduced gradients, before clipping
+    samples_per_s: float    # global samples per second over this step
+    consumed_samples: int   # global samples consumed by the job after this step
+
+
+@dataclass(frozen=True)
+class EventReport:
+    job: str
+    generation: int
+    rank: int
+    event: WorkerEvent
+    step: int
+
+
+ProgressMessage = StepReport | EventReport
+
+
+def encode(message: ProgressMessage) -> bytes:
+    """The datagram for `message`; raises MalformedProgress for a message no reader would accept."""
+    body: dict[str, Any] = {"schema": SCHEMA, "job": message.job, "generation": message.generation, "rank": message.rank}
+    if isinstance(message, StepReport):
+        body |= {
+            "kind": "step", "step": message.step, "loss": _float_to_wire(message.loss),
+            "grad_norm": _float_to_wire(message.grad_norm), "samples_per_s": _float_to_wire(message.samples_per_s),
+            "consumed_samples": message.consumed_samples,
+        }
+    else:
+        body |= {"kind": "event", "event": str(message.event), "step": message.step}
+    data = json.dumps(body, allow_nan=False, separators=(",", ":")).encode()
+    decode(data)  # the sender refuses what the receiver would: a bad field fails at its source
+    return data
+
+
+def decode(data: bytes) -> ProgressMessage:
+    """The message in one datagram; any malformed or hostile input raises MalformedProgress."""
+    if len(data) > MAX_DATAGRAM_BYTES:
+        raise MalformedProgress(f"datagram of {len(data)} bytes exceeds {MAX_DATAGRAM_BYTES}")
+    try:
+        body = json.loads(data, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, too many digits, too deep
+        raise MalformedProgress(f"not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise MalformedProgress("not a JSON object")
+    if body.get("schema") != SCHEMA:
+        raise MalformedProgress(f"schema {body.get('schema')!r:.40} is not {SCHEMA}")
+    job = _field(body, "job", str)
+    if not 0 < len(job) <= MAX_JOB_NAME:
+        raise MalformedProgress(f"job name must have 1 to {MAX_JOB_NAME} characters")
+    common = dict(
+        job=job,
+        generation=_int(body, "generation", _MAX_INT64),
+        rank=_int(body, "rank", _MAX_INT32),
+        step=_int(body, "step", _MAX_INT64),
+    )
+    kind = body.get("kind")
+    if kind == "step":
+        return StepReport(
+            **common, loss=_float(body, "loss"), grad_norm=_float(body, "grad_norm"),
+            samples_per_s=_float(body, "samples_per_s", finite=True),
+            consumed_samples=_int(body, "consumed_samples", _MAX_INT64),
+        )
+    if kind == "event":
+        event = _field(body, "event", str)
+        try:
+            return EventReport(**common, event=WorkerEvent(event))
+        except ValueError:
+            raise MalformedProgress(f"unknown event {event!r:.40}") from None
+    raise MalformedProgress(f"unknown kind {kind!r:.40}")
+
+
+class ProgressReceiver(asyncio.DatagramProtocol):
+    """Decodes each datagram and hands valid messages to `on_message`; counts and drops the rest."""
+
+    def __init__(self, path: Path, on_message: Callable[[ProgressMessage], None]) -> None:
+        self.path = path
+        self.received = 0
+        self.malformed = 0
+        self._on_message = on_message
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        try:
+            message = decode(data)
+        except MalformedProgress as exc:
+            self.malformed += 1
+            # A flood of garbage must not flood the log: the first one is a warning, the rest are counted.
+            level = logging.WARNING if self.malformed == 1 else logging.DEBUG
+            log.log(level, "Dropped a malformed progress datagram on %s (%d so far): %s", self.path, self.malformed, exc)
+            return
+        self.received += 1
+        self._on_message(message)
+
+    def error_received(self, exc: Exception) -> None:
+        log.warning("Progress socket %s reported an error: %s", self.path, exc)
+
+
+async def open_progress_receiver(
+    path: str | os.PathLike[str], on_message: Callable[[ProgressMessage], None]
+) -> asyncio.DatagramTransport:
+    """Listen for progress datagrams on the unix socket `path`, calling `on_message` for each valid one.
+
+    A socket file left by a previous agent is removed; one that a live process still listens on,
+    or a path that is not a socket, is refused. The socket is made owner-only (0600). Counters are on
+    `transport.get_protocol()` (a ProgressReceiver). Closing the transport leaves the file; the
+    next open removes it.
+    """
+    path = Path(path)
+    _remove_stale_socket(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        sock.bind(str(path))
+        os.chmod(path, 0o600)
+        sock.setblocking(False)
+        transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
+            lambda: ProgressReceiver(path, on_message), sock=sock
+        )
+    except BaseException:
+        sock.close()
+        raise
+    return transport
+
+
+def _remove_stale_socket(path: Path) -> None:
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise FileExistsError(f"progress socket path {path} exists and is not a socket")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(str(path))
+        except ConnectionRefusedError:
+            path.unlink()  # nobody is bound to it: left behind by an agent that is gone
+            return
+    raise FileExistsError(f"progress socket {path} is in use by another process")
+
+
+def _refuse_constant(name: str) -> Any:
+    raise MalformedProgress(f"bare {name} is not JSON")
+
+
+def _float_to_wire(value: float) -> float | str:
+    if math.isfinite(value):
+        return value
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
+
+def _field(body: dict[str, Any], key: str, kind: type) -> Any:
+    if key not in body:
+        raise MalformedProgress(f"field '{key}' is missing")
+    value = body[key]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise MalformedProgress(f"field '{key}' must be of type {kind.__name__}, got {value!r:.40}")
+    return value
+
+
+def _int(body: dict[str, Any], key: str, maximum: int) -> int:
+    value = _field(body, key, int)
+    if not 0 <= value <= maximum:
+        raise MalformedProgress(f"field '{key}' must be from 0 to {maximum}, got {value}")
+    return value
+
+
+def _float(body: dict[str, Any], key: str, finite: bool = False) -> float:
+    if key not in body:
+        raise MalformedProgress(f"field '{key}' is missing")
+    value = body[key]
+    if isinstance(value, str) and value in _NON_FINITE:
+        number = _NON_FINITE[value]
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise MalformedProgress(f"field '{key}' must be a number, got {value!r:.40}")
+    else:
+        try:
+            number = float(value)
+        except OverflowError:
+            raise MalformedProgress(f"field '{key}' is out of range") from None
+    if finite and not (math.isfinite(number) and number >= 0):  # JSON's 1e400 parses as infinity
+        raise MalformedProgress(f"field '{key}' must be a finite number at least 0, got {number}")
+    return number

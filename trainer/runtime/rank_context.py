@@ -1,0 +1,151 @@
+"""Who this process is in the job, read once from the environment the agent launched it with.
+
+Pure (no MindSpore): the agent's tests and a user's script can both build one. A process started
+without `MS_ROLE` is a user running the script by hand: a standalone single rank.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Mapping
+
+
+class RankContextError(ValueError):
+    """The launch environment is missing a variable or holds a malformed one; the message names it."""
+
+
+class Role(StrEnum):
+    SCHEDULER = "MS_SCHED"
+    WORKER = "MS_WORKER"
+    STANDALONE = "standalone"
+
+
+# Variables that only mean something in a cluster launch: set without MS_ROLE they betray a broken launch.
+_CLUSTER_ONLY = ("MS_SCHED_HOST", "MS_SCHED_PORT", "MS_WORKER_NUM", "RANK_ID", "RANK_SIZE")
+_BATCH_VARS = ("TRAINERD_GLOBAL_BATCH", "TRAINERD_MICRO_BATCH", "TRAINERD_GRAD_ACCUM")
+_MAX_PORT = 65535
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """How one optimizer step's global batch is split: global = micro × grad_accum × world size."""
+
+    global_batch: int
+    micro_batch: int
+    grad_accum: int
+
+    @property
+    def per_rank(self) -> int:
+        """Samples one rank consumes per optimizer step."""
+        return self.micro_batch * self.grad_accum
+
+    @classmethod
+    def for_world(cls, global_batch: int, micro_batch: int, world_size: int) -> BatchSettings:
+        """Derive the accumulation steps that keep `global_batch` constant at `world_size` ranks."""
+        if global_batch < 1 or micro_batch < 1:
+            raise ValueError(f"global batch ({global_batch}) and micro batch ({micro_batch}) must be positive")
+        per_step = micro_batch * world_size
+        if global_batch % per_step:
+            raise ValueError(
+                f"global batch {global_batch} is not a multiple of micro batch {micro_batch} × {world_size} ranks"
+            )
+        return cls(global_batch, micro_batch, global_batch // per_step)
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """This process's place in the job. `rank`, `local_rank` and `device_id` are None for the scheduler."""
+
+    role: Role
+    job: str
+    generation: int
+    rank: int | None
+    world_size: int
+    local_rank: int | None
+    device_id: int | None
+    batch: BatchSettings | None
+    progress_socket: str | None
+    scheduler_address: str | None
+
+    @property
+    def is_scheduler(self) -> bool:
+        return self.role is Role.SCHEDULER
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> RankContext:
+        env = os.environ if environ is None else environ
+        role_value = env.get("MS_ROLE")
+        if role_value is None:
+            return _standalone(env)
+        if role_value not in (Role.SCHEDULER, Role.WORKER):
+            raise RankContextError(f"MS_ROLE={role_value!r:.40} is neither MS_SCHED nor MS_WORKER")
+        role = Role(role_value)
+        host = _required(env, "MS_SCHED_HOST")
+        port = _int(env, "MS_SCHED_PORT", minimum=1, maximum=_MAX_PORT)
+        world_size = _int(env, "MS_WORKER_NUM", minimum=1)
+        job = _required(env, "TRAINERD_JOB")
+        generation = _int(env, "TRAINERD_GENERATION", minimum=0)
+        rank = local_rank = device_id = None
+        if role is Role.WORKER:
+            rank_size = _int(env, "RANK_SIZE", minimum=1)
+            if rank_size != world_size:
+                raise RankContextError(f"RANK_SIZE={rank_size} differs from MS_WORKER_NUM={world_size}")
+            rank = _int(env, "RANK_ID", minimum=0, maximum=world_size - 1)
+            local_rank = _int(env, "TRAINERD_LOCAL_RANK", minimum=0)
+            device_id = _int(env, "DEVICE_ID", minimum=0)
+        return cls(
+            role=role, job=job, generation=generation, rank=rank, world_size=world_size,
+            local_rank=local_rank, device_id=device_id, batch=_batch(env, world_size),
+            progress_socket=env.get("TRAINERD_PROGRESS_SOCKET") or None, scheduler_address=f"{host}:{port}",
+        )
+
+
+def _standalone(env: Mapping[str, str]) -> RankContext:
+    stray = [name for name in _CLUSTER_ONLY if name in env]
+    if stray:
+        raise RankContextError(f"MS_ROLE is not set but {', '.join(stray)} is: set MS_ROLE for a cluster launch or unset them")
+    return RankContext(
+        role=Role.STANDALONE, job=env.get("TRAINERD_JOB", "standalone"),
+        generation=_int(env, "TRAINERD_GENERATION", minimum=0) if "TRAINERD_GENERATION" in env else 0,
+        rank=0, world_size=1, local_rank=0,
+        device_id=_int(env, "DEVICE_ID", minimum=0) if "DEVICE_ID" in env else 0,
+        batch=_batch(env, 1), progress_socket=env.get("TRAINERD_PROGRESS_SOCKET") or None, scheduler_address=None,
+    )
+
+
+def _batch(env: Mapping[str, str], world_size: int) -> BatchSettings | None:
+    """The batch split the launcher chose, or None when it chose none (the script's flags decide)."""
+    present = [name for name in _BATCH_VARS if name in env]
+    if not present:
+        return None
+    if len(present) != len(_BATCH_VARS):
+        missing = [name for name in _BATCH_VARS if name not in env]
+        raise RankContextError(f"{', '.join(missing)} is not set although {', '.join(present)} is: set all three or none")
+    global_batch, micro_batch, grad_accum = (_int(env, name, minimum=1) for name in _BATCH_VARS)
+    if global_batch != micro_batch * grad_accum * world_size:
+        raise RankContextError(
+            f"TRAINERD_GLOBAL_BATCH={global_batch} is not TRAINERD_MICRO_BATCH × TRAINERD_GRAD_ACCUM × world size"
+            f" = {micro_batch} × {grad_accum} × {world_size}"
+        )
+    return BatchSettings(global_batch, micro_batch, grad_accum)
+
+
+def _required(env: Mapping[str, str], name: str) -> str:
+    value = env.get(name)
+    if not value:
+        raise RankContextError(f"{name} is not set (the trainerd agent sets it for every process it launches)")
+    return value
+
+
+def _int(env: Mapping[str, str], name: str, minimum: int, maximum: int | None = None) -> int:
+    raw = _required(env, name)
+    try:
+        value = int(raw, 10)
+    except ValueError:
+        raise RankContextError(f"{name}={raw!r:.40} is not an integer") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"from {minimum} to {maximum}" if maximum is not None else f"at least {minimum}"
+        raise RankContextError(f"{name}={value} must be {bound}")
+    return value
