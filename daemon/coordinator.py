@@ -17,7 +17,7 @@ from typing import Callable
 from daemon import metrics
 from daemon.clock import Clock
 from daemon.config import JobSettings
-from daemon.events import EventLog
+from daemon.events import Event, EventLog
 from daemon.job.controller import JobController, JobView
 from daemon.job.observation import ProcessReport, ProgressReport
 from daemon.job.placement import NodeOffer
@@ -308,6 +308,9 @@ class Coordinator:
         await self._reconcile_job()
 
     # ------------------------------------------------------------ status
+
+    async def events(self, after_seq: int) -> list[Event]:
+        return await self._events.read(after_seq)
 
     async def view(self) -> ClusterView:
         leader = await self._election.current()

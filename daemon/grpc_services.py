@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 
@@ -202,6 +203,15 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 class ControlService(pb_grpc.ControlServicer):
     def __init__(self, coordinator: Coordinator) -> None:
         self._coordinator = coordinator
+
+    async def ListEvents(self, request: pb.EventsRequest, context: grpc.aio.ServicerContext) -> pb.EventsReply:
+        try:
+            events = await self._coordinator.events(request.after_seq)
+        except StoreError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd is unavailable: {exc}")
+        return pb.EventsReply(events=[
+            pb.Event(seq=e.seq, at=e.at, kind=e.kind, message=e.message, fields_json=json.dumps(e.fields))
+            for e in events])
 
     async def GetStatus(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusReply:
         try:

@@ -122,6 +122,11 @@ class ControlStub:
                 request_serializer=proto_dot_trainerd__pb2.StatusRequest.SerializeToString,
                 response_deserializer=proto_dot_trainerd__pb2.StatusReply.FromString,
                 _registered_method=True)
+        self.ListEvents = channel.unary_unary(
+                '/trainerd.v1.Control/ListEvents',
+                request_serializer=proto_dot_trainerd__pb2.EventsRequest.SerializeToString,
+                response_deserializer=proto_dot_trainerd__pb2.EventsReply.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -135,6 +140,12 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListEvents(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -142,6 +153,11 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=proto_dot_trainerd__pb2.StatusRequest.FromString,
                     response_serializer=proto_dot_trainerd__pb2.StatusReply.SerializeToString,
+            ),
+            'ListEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEvents,
+                    request_deserializer=proto_dot_trainerd__pb2.EventsRequest.FromString,
+                    response_serializer=proto_dot_trainerd__pb2.EventsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -173,6 +189,33 @@ class Control:
             '/trainerd.v1.Control/GetStatus',
             proto_dot_trainerd__pb2.StatusRequest.SerializeToString,
             proto_dot_trainerd__pb2.StatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainerd.v1.Control/ListEvents',
+            proto_dot_trainerd__pb2.EventsRequest.SerializeToString,
+            proto_dot_trainerd__pb2.EventsReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -5,9 +5,10 @@ Exit codes: 0 success, 1 the operation failed, 2 usage or config error, 3 coordi
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
-import sys
+import time
 
 import click
 import grpc
@@ -21,6 +22,7 @@ from proto.config_file import parse_host_port
 
 EXIT_UNREACHABLE = 3
 RPC_TIMEOUT_S = 5.0
+FOLLOW_POLL_S = 1.0
 
 
 class Unreachable(click.ClickException):
@@ -45,23 +47,39 @@ def _get_status(address: str) -> pb.StatusReply:
         return pb_grpc.ControlStub(channel).GetStatus(pb.StatusRequest(), timeout=RPC_TIMEOUT_S)
 
 
-def fetch_status(addresses: list[str]) -> pb.StatusReply:
+def _unreachable(errors: list[str]) -> Unreachable:
+    return Unreachable("cannot reach the coordinator (" + "; ".join(errors) + ")")
+
+
+def fetch_status(addresses: list[str]) -> tuple[str, pb.StatusReply]:
     """Ask the first coordinator that answers; when it is a standby, prefer the leader's answer."""
     errors = []
     for address in addresses:
         try:
             reply = _get_status(address)
         except grpc.RpcError as exc:
-            errors.append(f"{address}: {exc.code().name}")
+            errors.append(f"{address}: {exc.code().name} {exc.details() or ''}".strip())
             continue
         leader = reply.coordinator.leader_address
         if not reply.coordinator.is_leader and leader and leader != address:
             try:
-                return _get_status(leader)
+                return leader, _get_status(leader)
             except grpc.RpcError:
                 pass
-        return reply
-    raise Unreachable("cannot reach the coordinator (" + "; ".join(errors) + ")")
+        return address, reply
+    raise _unreachable(errors)
+
+
+def call_control(addresses: list[str], method: str, request):
+    """Call a Control method on the leader (found through status), or the first coordinator that answers."""
+    address, _ = fetch_status(addresses)
+    with grpc.insecure_channel(address) as channel:
+        try:
+            return getattr(pb_grpc.ControlStub(channel), method)(request, timeout=RPC_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise _unreachable([f"{address}: {exc.code().name} {exc.details() or ''}".strip()]) from exc
+            raise click.ClickException(exc.details() or exc.code().name) from exc
 
 
 @click.group()
@@ -78,12 +96,35 @@ def cli(ctx: click.Context, coordinator: str | None) -> None:
 @click.pass_obj
 def status(coordinator: str | None, output: str) -> None:
     """The coordinator, the nodes and the job."""
-    reply = fetch_status(_addresses(coordinator))
+    _, reply = fetch_status(_addresses(coordinator))
     data = status_to_json(reply)
     if output == "json":
         click.echo(json.dumps(data, indent=2))
         return
     print_status(data)
+
+
+@cli.command()
+@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new events as they happen.")
+@click.pass_obj
+def events(coordinator: str | None, output: str, follow: bool) -> None:
+    """What happened to the nodes and the job, oldest first."""
+    addresses = _addresses(coordinator)
+    after = 0
+    while True:
+        reply = call_control(addresses, "ListEvents", pb.EventsRequest(after_seq=after))
+        for event in reply.events:
+            after = max(after, event.seq)
+            if output == "json":
+                click.echo(json.dumps({"seq": event.seq, "at": event.at, "kind": event.kind,
+                                       "message": event.message, "fields": json.loads(event.fields_json or "{}")}))
+            else:
+                stamp = datetime.datetime.fromtimestamp(event.at).strftime("%Y-%m-%d %H:%M:%S")
+                click.echo(f"{stamp}  {event.kind:<20} {event.message}")
+        if not follow:
+            return
+        time.sleep(FOLLOW_POLL_S)
 
 
 def print_status(data: dict) -> None:

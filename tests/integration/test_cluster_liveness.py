@@ -6,53 +6,9 @@ import signal
 import time
 from pathlib import Path
 
-import psutil
-import pytest
-import yaml
-
 from tests.harness import Processes, node_states, status, trainerctl, wait_until
+from tests.integration.cluster_files import HEARTBEAT_TIMEOUT_S, cluster_file, processes_under
 from tests.ports import free_port
-
-HEARTBEAT_INTERVAL_S = 0.5
-HEARTBEAT_TIMEOUT_S = 2.0
-
-
-@pytest.fixture
-def procs(tmp_path: Path):
-    processes = Processes(tmp_path)
-    yield processes
-    processes.cleanup()
-
-
-def processes_under(path: Path) -> list[str]:
-    """Command lines of live processes that mention `path` (what a test started and left behind)."""
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = " ".join(proc.info["cmdline"] or [])
-        if str(path) in cmdline:
-            found.append(cmdline)
-    return found
-
-
-def cluster_file(tmp_path: Path, name: str, *, listen: str, etcd_endpoints: list[str] | None = None,
-                 local_agents: int = 0) -> Path:
-    etcd: dict = {"endpoints": etcd_endpoints or [], "data_dir": str(tmp_path / f"{name}-etcd")}
-    if not etcd_endpoints:
-        etcd["client_listen"] = f"127.0.0.1:{free_port()}"
-        etcd["peer_listen"] = f"127.0.0.1:{free_port()}"
-    data = {
-        "cluster": {
-            "name": "itest",
-            "coordinator": {"listen": listen, "leader_lease_s": 2},
-            "etcd": etcd,
-            "heartbeat": {"interval_s": HEARTBEAT_INTERVAL_S, "timeout_s": HEARTBEAT_TIMEOUT_S},
-            "local_agents": local_agents,
-            "local_agent": {"work_dir": str(tmp_path / f"{name}-agents")},
-        }
-    }
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
 
 
 def test_agents_ready_lost_and_back_under_the_same_name(tmp_path: Path, procs: Processes) -> None:

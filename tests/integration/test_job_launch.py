@@ -1,0 +1,109 @@
+"""A real MindSpore data-parallel job launched and supervised by trainerd and its agents."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from tests.harness import Processes, status, trainerctl, wait_until
+from tests.integration.cluster_files import cluster_file
+from tests.ports import free_port
+
+STEPS = 40
+
+
+def mlp_job(tmp_path: Path, *, steps: int = STEPS, entrypoint: list[str] | None = None) -> dict:
+    return {
+        "name": "mlp",
+        "entrypoint": entrypoint or ["{python}", "-m", "trainer.examples.mlp", "--steps", str(steps),
+                                     "--output", str(tmp_path / "out")],
+        "min_nodes": 2, "max_nodes": 2, "global_batch": 64, "micro_batch": 32,
+        "scheduler_port": free_port(), "stop_grace_s": 3,
+    }
+
+
+def job_state(address: str) -> dict | None:
+    data = status(address)
+    return None if data is None else data["job"]
+
+
+def wait_for_state(address: str, states: set[str], timeout: float, procs: Processes) -> dict:
+    return wait_until(lambda: (job := job_state(address)) and job["state"] in states and job, timeout,
+                      f"job state in {sorted(states)}", interval=0.5, on_timeout=procs.logs)
+
+
+def start_cluster(tmp_path: Path, procs: Processes, job: dict) -> str:
+    address = f"127.0.0.1:{free_port()}"
+    procs.trainerd("trainerd", cluster_file(tmp_path, "c", listen=address, local_agents=2, job=job))
+    return address
+
+
+def training_processes(tmp_path: Path) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if "trainer.examples.mlp" in cmdline and str(tmp_path) in cmdline:
+            found.append(proc)
+    return found
+
+
+def test_job_runs_to_completion_with_identical_weights(tmp_path: Path, procs: Processes) -> None:
+    address = start_cluster(tmp_path, procs, mlp_job(tmp_path))
+    job = wait_for_state(address, {"COMPLETED", "FAILED"}, 180, procs)
+    assert job["state"] == "COMPLETED", job
+    assert job["world_size"] == 2
+    assert job["generation"] == 1
+    assert job["step"] == STEPS
+    assert [r["rank"] for r in job["ranks"]] == [0, 1]
+    assert {r["node"] for r in job["ranks"]} == {"itest-local-0", "itest-local-1"}
+
+    rank0 = np.load(tmp_path / "out" / "final_rank0.npz")
+    rank1 = np.load(tmp_path / "out" / "final_rank1.npz")
+    assert sorted(rank0.files) == sorted(rank1.files) and rank0.files
+    for name in rank0.files:
+        assert np.array_equal(rank0[name], rank1[name]), f"{name} differs between ranks"
+    wait_until(lambda: training_processes(tmp_path) == [], 15, "no training process left")
+
+
+def test_killed_worker_fails_the_job_and_stops_the_generation(tmp_path: Path, procs: Processes) -> None:
+    address = start_cluster(tmp_path, procs, mlp_job(tmp_path, steps=100_000))
+    wait_for_state(address, {"RUNNING"}, 180, procs)
+    workers = [p for p in training_processes(tmp_path) if p.environ().get("MS_ROLE") == "MS_WORKER"]
+    victim = next(p for p in workers if p.environ().get("RANK_ID") == "1")
+    victim.send_signal(signal.SIGKILL)
+
+    job = wait_for_state(address, {"FAILED"}, 30, procs)
+    failure = job["last_failure"]
+    assert failure["cause"] == "process_exited"
+    assert failure["rank"] == 1 and failure["signal"] == signal.SIGKILL
+    assert failure["node"] in {"itest-local-0", "itest-local-1"}
+    assert "rank 1" in failure["message"] and "signal 9" in failure["message"]
+    # The survivors would hang in a collective: trainerd stops the whole generation.
+    wait_until(lambda: training_processes(tmp_path) == [], 10, "every process of the generation gone",
+               on_timeout=procs.logs)
+    events = _events(address)
+    kinds = [e["kind"] for e in events]
+    assert kinds[-1] == "job_failed", kinds
+    assert kinds.index("generation_started") < kinds.index("job_running") < kinds.index("job_failed")
+    assert events[-1]["fields"]["failure"]["rank"] == 1
+    assert "signal 9" in events[-1]["message"]
+
+
+def test_missing_entrypoint_fails_with_its_message(tmp_path: Path, procs: Processes) -> None:
+    missing = str(tmp_path / "no-such-trainer")
+    address = start_cluster(tmp_path, procs, mlp_job(tmp_path, entrypoint=[missing, "--steps", "1"]))
+    job = wait_for_state(address, {"FAILED", "COMPLETED"}, 60, procs)
+    assert job["state"] == "FAILED"
+    assert job["last_failure"]["exit_code"] == 127
+    assert f"cannot start '{missing}'" in job["last_failure"]["message"]
+    assert "No such file or directory" in job["last_failure"]["message"]
+
+
+def _events(address: str) -> list[dict]:
+    result = trainerctl("events", "-o", "json", coordinator=address)
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines()]
