@@ -10,6 +10,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainer.checkpoint.chunk_reader import ChunkReader
 from trainer.checkpoint.digest import DIGEST_ALGORITHM, digest_file
 from trainer.checkpoint.errors import CorruptCheckpoint
 from trainer.checkpoint.manifest import FileEntry, Manifest, confined_path, parse_step_dir, read_manifest
@@ -61,10 +62,14 @@ def verify_file(step_dir: Path, entry: FileEntry) -> None:
 
 
 def verify_checkpoint(step_dir: Path) -> Manifest:
-    """The manifest, once the checkpoint is complete and every file's digest matches; else CorruptCheckpoint."""
+    """The manifest, once the checkpoint is complete, every file's digest matches and every file's header
+    holds the keys, dtypes and shapes the manifest names; else CorruptCheckpoint.
+    """
     manifest = check_complete(step_dir)
     for entry in manifest.files:
         verify_file(step_dir, entry)
+    with ChunkReader(step_dir, manifest.tensors) as reader:
+        reader.check_all()
     return manifest
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 from trainer.checkpoint.catalog import verify_checkpoint
 from trainer.checkpoint.errors import CheckpointError
 from trainer.checkpoint.layout import Region
-from trainer.checkpoint.loader import ChunkReader, read_region
+from trainer.checkpoint.chunk_reader import ChunkReader
+from trainer.checkpoint.loader import read_region
 from trainer.checkpoint.manifest import Manifest
 from trainer.checkpoint.safetensors_file import write_safetensors
 from trainer.checkpoint.sharding import TensorSpec

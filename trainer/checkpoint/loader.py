@@ -12,80 +12,18 @@ import logging
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import TracebackType
-from typing import Any
 
 import numpy as np
-from safetensors import SafetensorError, safe_open
 
 from trainer.checkpoint.catalog import check_complete, list_checkpoints, verify_file
+from trainer.checkpoint.chunk_reader import ChunkReader
 from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint, NoCheckpoint
 from trainer.checkpoint.layout import Region, TensorLayout, numpy_dtype
-from trainer.checkpoint.manifest import Manifest, confined_path
+from trainer.checkpoint.manifest import Manifest
 from trainer.checkpoint.read_plan import ReadItem, plan_reads
 from trainer.checkpoint.sharding import local_region
 
 log = logging.getLogger(__name__)
-
-
-class ChunkReader:
-    """Reads slices of stored chunks from the files of one directory, each file opened once.
-
-    Before the first slice of a key it checks that the file stores that key with the dtype and shape the
-    layout says, so a file that disagrees with its manifest is refused instead of read.
-    """
-
-    def __init__(self, directory: Path, tensors: Mapping[str, TensorLayout]) -> None:
-        self._directory = directory
-        self._expected = {
-            (chunk.file, chunk.key): (layout.dtype, list(chunk.region.sizes))
-            for layout in tensors.values()
-            for chunk in layout.chunks
-        }
-        self._open: dict[str, Any] = {}
-        self._slices: dict[tuple[str, str], Any] = {}
-
-    def read(self, item: ReadItem) -> np.ndarray:
-        where = f"{self._directory.name}/{item.file}"
-        try:
-            stored = self._slices.get((item.file, item.key))
-            if stored is None:
-                stored = self._file(item.file, where).get_slice(item.key)
-                expected = self._expected[(item.file, item.key)]
-                if (stored.get_dtype(), stored.get_shape()) != expected:
-                    raise CorruptCheckpoint(
-                        f"{where}: key '{item.key}' holds {stored.get_dtype()} {stored.get_shape()}, "
-                        f"the manifest says {expected[0]} {expected[1]}"
-                    )
-                self._slices[(item.file, item.key)] = stored
-            return stored[item.chunk_slices()]
-        except SafetensorError as exc:
-            raise CorruptCheckpoint(f"{where}: cannot read key '{item.key}': {exc}") from exc
-
-    def _file(self, name: str, where: str) -> Any:
-        handle = self._open.get(name)
-        if handle is None:
-            path = confined_path(self._directory, name, self._directory.name)
-            try:
-                handle = safe_open(path, framework="numpy").__enter__()
-            except (SafetensorError, OSError) as exc:
-                raise CorruptCheckpoint(f"{where} is not a readable safetensors file: {exc}") from exc
-            self._open[name] = handle
-        return handle
-
-    def close(self) -> None:
-        self._slices.clear()
-        for handle in self._open.values():
-            handle.__exit__(None, None, None)
-        self._open.clear()
-
-    def __enter__(self) -> ChunkReader:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 class Assembly:

@@ -16,7 +16,8 @@ from trainer.checkpoint.catalog import verify_checkpoint
 from trainer.checkpoint.commit import commit_manifest
 from trainer.checkpoint.errors import CheckpointError
 from trainer.checkpoint.layout import Chunk, TensorLayout
-from trainer.checkpoint.loader import ChunkReader, read_region
+from trainer.checkpoint.chunk_reader import ChunkReader
+from trainer.checkpoint.loader import read_region
 from trainer.checkpoint.manifest import CheckpointMeta, FileEntry, Manifest, step_dir_name
 from trainer.checkpoint.rank_file import write_rank_file
 from trainer.checkpoint.sharding import TensorSpec, write_assignment

@@ -1,0 +1,209 @@
+"""Damaged and hostile checkpoints: each is refused with a clear error, the loader falls back to the previous
+complete checkpoint, and reshard/export leave nothing that looks complete and nothing outside their output.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from trainer.checkpoint import (
+    CheckpointError,
+    CorruptCheckpoint,
+    export_safetensors,
+    import_native,
+    load_checkpoint,
+    load_latest,
+    reshard_checkpoint,
+    verify_checkpoint,
+    write_resharded,
+)
+from trainer.checkpoint.digest import digest_file
+from trainer.checkpoint.manifest import MANIFEST_NAME, read_manifest
+
+GOOD, BAD = "step_00000010", "step_00000020"
+
+
+def _edit_manifest(step_dir: Path, edit: Callable[[dict], None]) -> None:  # type: ignore[type-arg]
+    path = step_dir / MANIFEST_NAME
+    document = json.loads(path.read_text())
+    edit(document)
+    path.write_text(json.dumps(document))
+
+
+def _redigest(step_dir: Path, name: str) -> None:
+    """Makes the manifest agree with a tampered file, as a hostile writer would."""
+    path = step_dir / name
+
+    def edit(document: dict) -> None:  # type: ignore[type-arg]
+        for entry in document["files"]:
+            if entry["name"] == name:
+                entry.update(size=path.stat().st_size, digest=digest_file(path))
+
+    _edit_manifest(step_dir, edit)
+
+
+def _truncate(step_dir: Path) -> None:
+    path = step_dir / "rank_1.safetensors"
+    os.truncate(path, path.stat().st_size - 100)
+
+
+def _flip_byte(step_dir: Path) -> None:
+    path = step_dir / "rank_0.safetensors"
+    with open(path, "r+b") as f:
+        f.seek(path.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x40]))
+
+
+def _missing_file(step_dir: Path) -> None:
+    (step_dir / "rank_1.safetensors").unlink()
+
+
+def _escaping_name(step_dir: Path) -> None:
+    def edit(document: dict) -> None:  # type: ignore[type-arg]
+        document["files"][1]["name"] = f"../{GOOD}/rank_1.safetensors"
+        for layout in document["tensors"].values():
+            for chunk in layout["chunks"]:
+                if chunk["file"] == "rank_1.safetensors":
+                    chunk["file"] = f"../{GOOD}/rank_1.safetensors"
+
+    _edit_manifest(step_dir, edit)
+
+
+def _escaping_symlink(step_dir: Path) -> None:
+    outside = step_dir.parent.parent / "outside.safetensors"
+    (step_dir / "rank_1.safetensors").rename(outside)
+    (step_dir / "rank_1.safetensors").symlink_to(outside)
+
+
+def _absurd_shape(step_dir: Path) -> None:
+    def edit(document: dict) -> None:  # type: ignore[type-arg]
+        layout = document["tensors"]["fc1.weight"]
+        layout["shape"] = [1 << 46, 1 << 46]
+        layout["chunks"] = [dict(layout["chunks"][0], offsets=[0, 0], sizes=[1 << 46, 1 << 46])]
+
+    _edit_manifest(step_dir, edit)
+
+
+def _absurd_offset(step_dir: Path) -> None:
+    _edit_manifest(step_dir, lambda d: d["tensors"]["fc1.bias"]["chunks"][0].update(offsets=[1 << 40]))
+
+
+def _header_claims_gigabytes(step_dir: Path) -> None:
+    path = step_dir / "rank_1.safetensors"
+    with open(path, "r+b") as f:
+        f.write(struct.pack("<Q", 3 << 30))
+    _redigest(step_dir, "rank_1.safetensors")
+
+
+def _header_disagrees_with_manifest(step_dir: Path) -> None:
+    _edit_manifest(step_dir, lambda d: d["tensors"]["half"]["chunks"][0].update(key="another"))
+
+
+def _manifest_not_json(step_dir: Path) -> None:
+    (step_dir / MANIFEST_NAME).write_text('{"schema": 1, "step": ')
+
+
+def _manifest_huge(step_dir: Path) -> None:
+    os.truncate(step_dir / MANIFEST_NAME, 65 << 20)
+
+
+DAMAGE = {
+    "truncated file": (_truncate, "rank_1.safetensors is .* bytes, the manifest says .* \\(truncated or replaced\\)"),
+    "flipped byte": (_flip_byte, "rank_0.safetensors: sha256 digest does not match the manifest"),
+    "missing file": (_missing_file, "rank_1.safetensors is listed in the manifest but missing"),
+    "path escapes": (_escaping_name, "is not a plain relative path inside the checkpoint"),
+    "symlink escapes": (_escaping_symlink, "rank_1.safetensors leads outside"),
+    "absurd shape": (_absurd_shape, "its chunks need"),
+    "absurd offset": (_absurd_offset, "tensor 'fc1.bias': chunk 0 .* lies outside shape \\[300\\]"),
+    "header claims gigabytes": (_header_claims_gigabytes, "rank_1.safetensors is not a readable safetensors file: .*header"),
+    "header disagrees": (_header_disagrees_with_manifest, "has no key 'another'"),
+    "manifest not JSON": (_manifest_not_json, "manifest.json is not valid JSON"),
+    "manifest huge": (_manifest_huge, "more than the 67108864 a manifest.json may have"),
+}
+
+
+@pytest.fixture
+def checkpoints(tmp_path: Path, tensors: dict[str, np.ndarray], save_all) -> Path:  # type: ignore[no-untyped-def]
+    root = tmp_path / "ckpt"
+    save_all(root, tensors, 2, step=10)
+    save_all(root, tensors, 2, step=20)
+    return root
+
+
+def _files_under(path: Path) -> set[Path]:
+    return {p for p in path.rglob("*")}
+
+
+@pytest.mark.parametrize("case", DAMAGE)
+def test_damage_is_refused_everywhere_and_the_loader_falls_back(
+    checkpoints: Path, tensors: dict[str, np.ndarray], case: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    damage, message = DAMAGE[case]
+    bad = checkpoints / BAD
+    damage(bad)
+    with pytest.raises(CorruptCheckpoint, match=message):
+        verify_checkpoint(bad)
+    with pytest.raises(CorruptCheckpoint):
+        load_checkpoint(bad, 0, 3)
+    with caplog.at_level(logging.WARNING):
+        loaded, manifest = load_latest(checkpoints, 0, 3)
+    assert manifest.step == 10 and BAD in caplog.text
+    assert all(loaded[name].tobytes() == array.tobytes() for name, array in tensors.items())
+
+    before = _files_under(checkpoints.parent)
+    out = checkpoints.parent / "out"
+    out.mkdir()
+    with pytest.raises(CorruptCheckpoint):
+        reshard_checkpoint(bad, out, 3)
+    with pytest.raises(CorruptCheckpoint):
+        export_safetensors(bad, out / "model.safetensors")
+    assert _files_under(checkpoints.parent) == before | {out}, "something was written"
+
+
+def test_a_reshard_that_fails_half_way_leaves_no_output(checkpoints: Path) -> None:
+    manifest = read_manifest(checkpoints / BAD)
+    _truncate(checkpoints / BAD)  # write_resharded trusts its caller to have verified the source
+    out = checkpoints.parent / "out"
+    with pytest.raises(CorruptCheckpoint):
+        write_resharded(checkpoints / BAD, manifest.tensors, manifest.meta, out, 3)
+    assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("layout", "message"),
+    [
+        ({"opt_weight_shard_step": 1, "opt_weight_shard_size": 2}, "optimizer-parallel sharding .* is not supported"),
+        ({"param_split_shape": [3, 5]}, "uneven splits .* are not supported"),
+        ({"dev_matrix": [4]}, "has 2 rank directories but the strategy describes 4 devices"),
+        ({"tensor_map": [-1, 3]}, "does not fit device matrix"),
+        ({"dev_matrix": [0]}, "device matrix \\[0\\] is not valid"),
+    ],
+)
+def test_native_strategies_that_cannot_be_imported_exactly_are_refused(
+    tmp_path: Path, layout: dict, message: str  # type: ignore[type-arg]
+) -> None:
+    for rank in range(2):
+        (tmp_path / f"rank_{rank}").mkdir()
+        save_file({"w": np.zeros((4, 3), np.float32)}, tmp_path / f"rank_{rank}" / "net.safetensors")
+    item = {"dev_matrix": [2], "tensor_map": [-1, 0], "field": 0, "opt_weight_shard_step": 0, "opt_weight_shard_size": 0}
+    (tmp_path / "strategy.json").write_text(json.dumps({"parallel_layout_item": {"w": {**item, **layout}}}))
+    with pytest.raises(CheckpointError, match=message):
+        import_native(tmp_path, tmp_path / "strategy.json")
+
+
+def test_a_strategy_file_that_is_not_protobuf_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "rank_0").mkdir()
+    (tmp_path / "strategy.ckpt").write_bytes(b"\xff" * 64)
+    with pytest.raises(CorruptCheckpoint, match="is not a ParallelStrategyMap protobuf"):
+        import_native(tmp_path, tmp_path / "strategy.ckpt")

@@ -1,0 +1,192 @@
+"""Saving at N ranks and loading at M gives back every tensor bit for bit; the save protocol commits only
+complete checkpoints, keeps `keep` of them, and the loader falls back past a damaged newest one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from trainer.checkpoint import (
+    CheckpointError,
+    CheckpointMeta,
+    CheckpointWriter,
+    NoCheckpoint,
+    export_safetensors,
+    latest_verified,
+    list_checkpoints,
+    load_checkpoint,
+    load_latest,
+    reshard_checkpoint,
+)
+from trainer.checkpoint.manifest import MANIFEST_NAME, read_manifest
+
+SaveAll = Callable[..., Path]
+
+
+def _assert_bit_exact(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:
+    assert set(actual) == set(expected)
+    for name, array in expected.items():
+        assert actual[name].dtype == array.dtype and actual[name].shape == array.shape, name
+        assert actual[name].tobytes() == array.tobytes(), name
+
+
+@pytest.mark.parametrize(("writers", "readers"), [(1, 2), (2, 3), (3, 2), (4, 1), (2, 4)])
+def test_n_to_m_round_trip_is_bit_exact(
+    tmp_path: Path, tensors: dict[str, np.ndarray], save_all: SaveAll, meta_for, writers: int, readers: int  # type: ignore[no-untyped-def]
+) -> None:
+    step_dir = save_all(tmp_path, tensors, writers)
+    manifest = read_manifest(step_dir)
+    assert manifest.world_size == writers and manifest.meta == meta_for(100)
+    assert sorted(f.name for f in manifest.files) == [f"rank_{r}.safetensors" for r in range(writers)]
+    shard_dims = {"embed.weight": 1, "fc1.weight": 0, "half": 2}
+    for rank in range(readers):
+        whole, _ = load_checkpoint(step_dir, rank, readers)
+        _assert_bit_exact(whole, tensors)
+        sharded, _ = load_latest(tmp_path, rank, readers, shard_dims)
+        expected = dict(tensors)
+        for name, dim in shard_dims.items():
+            expected[name] = np.array_split(tensors[name], readers, axis=dim)[rank]
+        _assert_bit_exact(sharded, expected)
+
+
+def test_replicated_tensors_are_written_once_spread_over_all_ranks(
+    tmp_path: Path, tensors: dict[str, np.ndarray], save_all: SaveAll
+) -> None:
+    manifest = read_manifest(save_all(tmp_path, tensors, 3))
+    payload = sum(a.nbytes for a in tensors.values())
+    sizes = [f.size for f in manifest.files]
+    assert sum(sizes) < payload * 1.01
+    assert max(sizes) < payload / 3 * 1.5
+    assert {c.file for c in manifest.tensors["embed.weight"].chunks} == {f.name for f in manifest.files}
+
+
+def test_save_async_returns_after_the_copy_so_training_may_change_the_tensors(
+    tmp_path: Path, tensors: dict[str, np.ndarray]
+) -> None:
+    expected = {name: array.copy() for name, array in tensors.items()}
+    with CheckpointWriter(tmp_path, 0, 1) as writer:
+        for step in (1, 2):
+            writer.save_async(CheckpointMeta(step, 0, 0), tensors)
+            for array in tensors.values():
+                array[...] = 0  # the next training step overwrites the parameters in place
+            assert writer.wait() == tmp_path / f"step_{step:08d}"
+            for name, array in tensors.items():
+                array[...] = expected[name]
+    for step in (1, 2):
+        _assert_bit_exact(load_checkpoint(tmp_path / f"step_{step:08d}", 0, 1)[0], expected)
+
+
+def test_only_one_save_is_in_flight(tmp_path: Path, tensors: dict[str, np.ndarray]) -> None:
+    # Rank 0 of 2 waits for rank 1, which never saves: the first save stays in flight until released,
+    # then times out on the fake clock.
+    release = threading.Event()
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        release.wait()
+        now[0] += seconds
+
+    writer = CheckpointWriter(tmp_path, 0, 2, commit_timeout_s=1, clock=lambda: now[0], sleep=sleep)
+    writer.save_async(CheckpointMeta(1, 0, 0), tensors)
+    outcome: list[BaseException] = []
+
+    def second_save() -> None:
+        try:
+            writer.save_async(CheckpointMeta(2, 0, 0), tensors)
+        except CheckpointError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=second_save)
+    thread.start()
+    thread.join(0.5)
+    assert thread.is_alive(), "a second save started while the first was in flight"
+    release.set()
+    thread.join(10)
+    assert "ranks [1] did not finish writing" in str(outcome[0])
+    assert not (tmp_path / "step_00000002").exists()
+    writer.close()
+
+
+def test_rank_0_commits_only_when_every_rank_of_its_generation_has_written(
+    tmp_path: Path, tensors: dict[str, np.ndarray], save_all: SaveAll
+) -> None:
+    # A dead launch (generation 1, world size 2) left rank 1's file and report at step 100.
+    with CheckpointWriter(tmp_path, 1, 2, generation=1) as stale:
+        stale.save(CheckpointMeta(100, 0, 0), tensors)
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    with CheckpointWriter(tmp_path, 0, 2, generation=2, commit_timeout_s=30, clock=lambda: now[0], sleep=sleep) as writer:
+        writer.save_async(CheckpointMeta(100, 0, 0), tensors)
+        with pytest.raises(CheckpointError, match=r"ranks \[1\] did not finish writing within 30 s; not committed"):
+            writer.wait()
+    assert not (tmp_path / "step_00000100" / MANIFEST_NAME).exists()
+    assert not list_checkpoints(tmp_path)[0].complete
+    # The same step saved again by the whole of generation 3 commits and drops the leftovers.
+    step_dir = save_all(tmp_path, tensors, 2, generation=3)
+    assert read_manifest(step_dir).generation == 3
+    assert sorted(p.name for p in step_dir.iterdir()) == [MANIFEST_NAME, "rank_0.safetensors", "rank_1.safetensors"]
+
+
+def test_ranks_that_disagree_on_a_tensor_are_not_committed(tmp_path: Path) -> None:
+    ranks = [CheckpointWriter(tmp_path, r, 2, commit_timeout_s=10) for r in range(2)]
+    ranks[1].save_async(CheckpointMeta(5, 0, 0), {"w": np.zeros((4, 3), np.float32)})
+    ranks[0].save_async(CheckpointMeta(5, 0, 0), {"w": np.zeros((4, 3), np.float64)})
+    with pytest.raises(CheckpointError, match="tensor 'w': rank 1 saved F32 \\[4, 3\\], rank 0 F64 \\[4, 3\\]"):
+        ranks[0].wait()
+    ranks[1].close()
+    assert not (tmp_path / "step_00000005" / MANIFEST_NAME).exists()
+
+
+def test_retention_keeps_the_newest_complete_checkpoints(tmp_path: Path, tensors: dict[str, np.ndarray]) -> None:
+    (tmp_path / "step_00000003").mkdir()  # a save that never finished
+    with CheckpointWriter(tmp_path, 0, 1, keep=2) as writer:
+        for step in (2, 4, 6, 8):
+            writer.save(CheckpointMeta(step, 0, 0), tensors)
+    assert [(i.step, i.complete) for i in list_checkpoints(tmp_path)] == [(6, True), (8, True)]
+
+
+def test_loader_falls_back_past_a_damaged_or_incomplete_newest_checkpoint_and_says_so(
+    tmp_path: Path, tensors: dict[str, np.ndarray], save_all: SaveAll, caplog: pytest.LogCaptureFixture
+) -> None:
+    save_all(tmp_path, tensors, 2, step=10)
+    newer = save_all(tmp_path, {**tensors, "global_step": np.array(99, np.int32)}, 2, step=20)
+    (tmp_path / "step_00000030").mkdir()  # incomplete: no manifest
+    rank_file = newer / "rank_1.safetensors"
+    data = bytearray(rank_file.read_bytes())
+    data[-1] ^= 0x01
+    rank_file.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING):
+        loaded, manifest = load_latest(tmp_path, 0, 3)
+    assert manifest.step == 10
+    _assert_bit_exact(loaded, tensors)
+    assert "step_00000030" in caplog.text and "manifest.json is missing" in caplog.text
+    assert "step_00000020/rank_1.safetensors: sha256 digest does not match" in caplog.text
+    assert latest_verified(tmp_path) == (tmp_path / "step_00000010", manifest)
+
+
+def test_no_usable_checkpoint_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "step_00000001").mkdir()
+    with pytest.raises(NoCheckpoint):
+        load_latest(tmp_path, 0, 1)
+
+
+def test_offline_reshard_and_export_keep_every_bit(
+    tmp_path: Path, tensors: dict[str, np.ndarray], save_all: SaveAll, meta_for: Callable[[int], CheckpointMeta]
+) -> None:
+    source = save_all(tmp_path / "src", tensors, 3)
+    resharded = reshard_checkpoint(source, tmp_path / "out", 2)
+    manifest = read_manifest(resharded)
+    assert (manifest.world_size, manifest.meta) == (2, meta_for(100))
+    _assert_bit_exact(load_checkpoint(resharded, 1, 5)[0], tensors)
+    export_safetensors(resharded, tmp_path / "model.safetensors")
+    _assert_bit_exact(load_file(tmp_path / "model.safetensors"), tensors)
