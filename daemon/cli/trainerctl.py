@@ -146,8 +146,24 @@ def print_status(data: dict) -> None:
         return
     console.print(
         f"job {job['name']}: {job['state']}  generation {job['generation']}  "
-        f"world size {job['world_size']}  step {job['step']}  restarts {job['restarts']}"
+        f"world size {job['world_size']}  step {_or_dash(job['step'])}  loss {_or_dash(job['loss'], '.4f')}  "
+        f"samples/s {_or_dash(job['samples_per_s'], '.0f')}  restarts {job['restarts']}"
     )
+    if job["ranks"]:
+        ranks = Table(title="ranks")
+        for column in ("rank", "node", "step", "loss", "samples/s"):
+            ranks.add_column(column)
+        for rank in job["ranks"]:
+            ranks.add_row(str(rank["rank"]), rank["node"], str(rank["step"]), f"{rank['loss']:.4f}",
+                          f"{rank['samples_per_s']:.0f}")
+        console.print(ranks)
+    failure = job["last_failure"]
+    if failure is not None:
+        console.print(f"last failure ({failure['cause']}): {failure['message']}")
+
+
+def _or_dash(value, spec: str = "") -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def _register_subcommands() -> None:
