@@ -1,0 +1,38 @@
+"""The agent's file and flags: flags win, mistakes name the file or flag and the key."""
+
+from pathlib import Path
+
+import pytest
+
+from agent.config import load_agent_config
+from proto.config_file import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_example_file_loads_and_flags_override_it() -> None:
+    config = load_agent_config(str(REPO / "configs" / "agent.example.yaml"),
+                               {"node_name": "override", "cpu_devices": 2, "coordinator": "h:1,h2:2"})
+    assert config.node_name == "override"
+    assert config.cpu_devices == 2
+    assert config.coordinator == ["h:1", "h2:2"]
+    assert config.work_dir == "/var/lib/trainerd-agent"
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({}, "agent flags: coordinator: required"),
+    ({"coordinator": "nohost"}, "agent flags: coordinator.0: 'nohost' is not HOST:PORT"),
+    ({"coordinator": "h:1", "node_name": "bad name"}, "agent flags: node_name: String should match pattern"),
+    ({"coordinator": "h:1", "cpu_devices": -1}, "agent flags: cpu_devices: Input should be greater than or equal to 0"),
+])
+def test_flag_mistakes(overrides, message) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_agent_config(None, overrides)
+    assert message in str(info.value)
+
+
+def test_unknown_key_in_file(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text("coordinator: [h:1]\ncoordinatr: x\n")
+    with pytest.raises(ConfigError, match=f"{path}: coordinatr: unknown key"):
+        load_agent_config(str(path), {})
