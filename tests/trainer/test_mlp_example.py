@@ -1,0 +1,178 @@
+"""The built-in example job as real MindSpore processes on the CPU, launched the way the agent does:
+no msrun, one scheduler and two workers, each given the dynamic-cluster environment by hand."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pytest
+
+from tests.harness import Proc, Processes
+from tests.ports import free_port
+from trainer.progress_channel import EventReport, ProgressMessage, StepReport, WorkerEvent, open_progress_receiver
+
+STEPS = 30
+GLOBAL_BATCH = 64
+WORLD_SIZE = 2
+RUN_TIMEOUT_S = 90
+EXAMPLE = [sys.executable, "-m", "trainer.examples.mlp"]
+# What the agent sets for speed (FACTS.md): quiet logs, fast retries while the cluster forms.
+FAST_START_ENV = {"GLOG_v": "3", "MS_RETRY_INTERVAL_LOWER": "1", "MS_RETRY_INTERVAL_UPPER": "1"}
+
+
+@dataclass
+class Run:
+    procs: dict[str, Proc]
+    reports: list[ProgressMessage]
+    output: Path
+    logs: str
+
+    def steps(self, rank: int) -> list[StepReport]:
+        return [m for m in self.reports if isinstance(m, StepReport) and m.rank == rank]
+
+    def events(self, rank: int) -> list[EventReport]:
+        return [m for m in self.reports if isinstance(m, EventReport) and m.rank == rank]
+
+    def weights(self, rank: int) -> dict[str, np.ndarray]:
+        with np.load(self.output / f"final_rank{rank}.npz") as saved:
+            return {name: saved[name] for name in saved.files}
+
+
+def cluster_env(socket_path: Path, port: int) -> dict[str, dict[str, str]]:
+    """Per-process environment, as trainerd's launch plan builds it for generation 1 of job "mlp"."""
+    common = FAST_START_ENV | {
+        "MS_SCHED_HOST": "127.0.0.1", "MS_SCHED_PORT": str(port), "MS_WORKER_NUM": str(WORLD_SIZE),
+        "RANK_SIZE": str(WORLD_SIZE), "TRAINERD_JOB": "mlp", "TRAINERD_GENERATION": "1",
+        "TRAINERD_PROGRESS_SOCKET": str(socket_path), "TRAINERD_GLOBAL_BATCH": str(GLOBAL_BATCH),
+        "TRAINERD_MICRO_BATCH": str(GLOBAL_BATCH // WORLD_SIZE), "TRAINERD_GRAD_ACCUM": "1",
+    }
+    envs = {"scheduler": common | {"MS_ROLE": "MS_SCHED", "RANK_ID": "0", "TRAINERD_LOCAL_RANK": "-1"}}
+    for rank in range(WORLD_SIZE):
+        envs[f"rank{rank}"] = common | {
+            "MS_ROLE": "MS_WORKER", "MS_NODE_ID": str(rank), "RANK_ID": str(rank), "DEVICE_ID": str(rank),
+            "TRAINERD_LOCAL_RANK": str(rank),
+        }
+    return envs
+
+
+async def run_example(processes: Processes, root: Path, envs: dict[str, dict[str, str]], argv: list[str],
+                      until=None) -> tuple[dict[str, Proc], list[ProgressMessage]]:
+    """Start one process per entry of `envs` with a progress receiver listening, and wait (bounded)
+    until all have exited, or until `until(reports)` holds."""
+    reports: list[ProgressMessage] = []
+    transport = await open_progress_receiver(root / "progress.sock", reports.append)
+    try:
+        procs = {name: processes.start(name, EXAMPLE + argv, env) for name, env in envs.items()}
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not (until(reports) if until else all(not p.alive() for p in procs.values())):
+            if time.monotonic() > deadline:
+                pytest.fail(f"the example did not finish within {RUN_TIMEOUT_S}s\n{processes.logs()}")
+            await asyncio.sleep(0.05)
+        return procs, reports
+    finally:
+        transport.close()
+
+
+@pytest.fixture(scope="module")
+def data_parallel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    root = tmp_path_factory.mktemp("data_parallel")
+    processes = Processes(root)
+    try:
+        envs = cluster_env(root / "progress.sock", free_port())
+        argv = ["--steps", str(STEPS), "--seed", "7", "--output", str(root / "out")]
+        procs, reports = asyncio.run(run_example(processes, root, envs, argv))
+        yield Run(procs, reports, root / "out", processes.logs())
+    finally:
+        processes.cleanup()
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Run]]:
+    """The same job run twice by hand: one process, no cluster, the flags instead of the launcher's batch."""
+    root = tmp_path_factory.mktemp("standalone")
+    processes = Processes(root)
+    runs = []
+    try:
+        for attempt in range(2):
+            output = root / f"out{attempt}"
+            argv = ["--steps", str(STEPS), "--seed", "7", "--global-batch", str(GLOBAL_BATCH), "--micro-batch", "16",
+                    "--output", str(output)]
+            env = FAST_START_ENV | {"TRAINERD_PROGRESS_SOCKET": str(root / "progress.sock")}
+            procs, reports = asyncio.run(run_example(processes, root, {f"standalone{attempt}": env}, argv))
+            runs.append(Run(procs, reports, output, processes.logs()))
+        yield runs
+    finally:
+        processes.cleanup()
+
+
+def test_every_process_exits_zero(data_parallel: Run) -> None:
+    codes = {name: proc.wait(timeout=1) for name, proc in data_parallel.procs.items()}
+    assert codes == {"scheduler": 0, "rank0": 0, "rank1": 0}, data_parallel.logs
+
+
+def test_ranks_end_with_bit_identical_weights(data_parallel: Run) -> None:
+    rank0, rank1 = data_parallel.weights(0), data_parallel.weights(1)
+    assert sorted(rank0) == sorted(rank1) == ["hidden.bias", "hidden.weight", "out.bias", "out.weight"]
+    for name in rank0:
+        assert rank0[name].tobytes() == rank1[name].tobytes(), f"{name} differs between the ranks"
+
+
+def test_each_rank_reports_every_step_then_finished(data_parallel: Run) -> None:
+    for rank in range(WORLD_SIZE):
+        steps = data_parallel.steps(rank)
+        assert [s.step for s in steps] == list(range(1, STEPS + 1))
+        assert [s.consumed_samples for s in steps] == [GLOBAL_BATCH * s.step for s in steps]
+        assert {(s.job, s.generation) for s in steps} == {("mlp", 1)}
+        assert [(e.event, e.step) for e in data_parallel.events(rank)] == [
+            (WorkerEvent.STARTED, 0), (WorkerEvent.FINISHED, STEPS),
+        ]
+        assert data_parallel.reports.index(data_parallel.events(rank)[-1]) > data_parallel.reports.index(steps[-1])
+
+
+def test_loss_decreases_and_every_rank_sees_the_same_gradient_norm(data_parallel: Run) -> None:
+    for rank in range(WORLD_SIZE):
+        losses = [s.loss for s in data_parallel.steps(rank)]
+        assert losses[-1] < 0.8 * losses[0], losses
+    assert [s.grad_norm for s in data_parallel.steps(0)] == [s.grad_norm for s in data_parallel.steps(1)]
+
+
+def test_ranks_split_each_global_batch_like_one_process_would(data_parallel: Run, standalone: list[Run]) -> None:
+    """Each rank trains on its own half of the global batch: before any update, the ranks' mean loss
+    and the all-reduced gradient norm equal those of one process taking the whole batch."""
+    alone = standalone[0].steps(0)[0]
+    ranks = [data_parallel.steps(rank)[0] for rank in range(WORLD_SIZE)]
+    assert np.mean([r.loss for r in ranks]) == pytest.approx(alone.loss, rel=1e-6)
+    assert ranks[0].grad_norm == pytest.approx(alone.grad_norm, rel=1e-5)
+
+
+def test_same_seed_same_weights(standalone: list[Run]) -> None:
+    assert [run.procs[f"standalone{i}"].wait(timeout=1) for i, run in enumerate(standalone)] == [0, 0]
+    first, second = (run.weights(0) for run in standalone)
+    for name in first:
+        assert first[name].tobytes() == second[name].tobytes(), f"{name} differs between two runs with one seed"
+
+
+def test_sigterm_ends_a_worker_at_once(tmp_path: Path) -> None:
+    """The agent's Stop is a SIGTERM: a worker must go promptly, even while its peer still trains."""
+    processes = Processes(tmp_path)
+    try:
+        envs = cluster_env(tmp_path / "progress.sock", free_port())
+
+        def both_ranks_training(reports: list[ProgressMessage]) -> bool:
+            return {m.rank for m in reports if isinstance(m, StepReport) and m.step >= 3} == {0, 1}
+
+        procs, _ = asyncio.run(run_example(processes, tmp_path, envs, ["--steps", "1000000"],
+                                           until=both_ranks_training))
+        sent = time.monotonic()
+        procs["rank1"].signal(signal.SIGTERM)
+        assert procs["rank1"].wait(timeout=10) == -signal.SIGTERM
+        assert time.monotonic() - sent < 2
+    finally:
+        processes.cleanup()
