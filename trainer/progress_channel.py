@@ -76,7 +76,9 @@ ProgressMessage = StepReport | EventReport
 
 def encode(message: ProgressMessage) -> bytes:
     """The datagram for `message`; raises MalformedProgress for a message no reader would accept."""
-    body: dict[str, Any] = {"schema": SCHEMA, "job": message.job, "generation": message.generation, "rank": message.rank}
+    body: dict[str, Any] = {
+        "schema": SCHEMA, "job": message.job, "generation": message.generation, "rank": message.rank,
+    }
     if isinstance(message, StepReport):
         body |= {
             "kind": "step", "step": message.step, "loss": _float_to_wire(message.loss),
@@ -100,8 +102,9 @@ def decode(data: bytes) -> ProgressMessage:
         raise MalformedProgress(f"not JSON: {exc}") from None
     if not isinstance(body, dict):
         raise MalformedProgress("not a JSON object")
-    if body.get("schema") != SCHEMA:
-        raise MalformedProgress(f"schema {body.get('schema')!r:.40} is not {SCHEMA}")
+    schema = body.get("schema")
+    if type(schema) is not int or schema != SCHEMA:  # true and 1.0 equal 1 in Python, not on the wire
+        raise MalformedProgress(f"schema {schema!r:.40} is not {SCHEMA}")
     job = _field(body, "job", str)
     if not 0 < len(job) <= MAX_JOB_NAME:
         raise MalformedProgress(f"job name must have 1 to {MAX_JOB_NAME} characters")
@@ -143,7 +146,8 @@ class ProgressReceiver(asyncio.DatagramProtocol):
             self.malformed += 1
             # A flood of garbage must not flood the log: the first one is a warning, the rest are counted.
             level = logging.WARNING if self.malformed == 1 else logging.DEBUG
-            log.log(level, "Dropped a malformed progress datagram on %s (%d so far): %s", self.path, self.malformed, exc)
+            log.log(level, "Dropped a malformed progress datagram on %s (%d so far): %s",
+                    self.path, self.malformed, exc)
             return
         self.received += 1
         self._on_message(message)

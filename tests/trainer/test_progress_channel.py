@@ -67,6 +67,7 @@ def test_garbage_is_refused(data: bytes, reason: str) -> None:
 @pytest.mark.parametrize(("change", "reason"), [
     ({"schema": 2}, "schema 2 is not 1"),
     ({"schema": "1"}, "schema '1' is not 1"),
+    ({"schema": True}, "schema True is not 1"),
     ({"kind": "checkpoint"}, "unknown kind 'checkpoint'"),
     ({"job": ""}, "job name must have"),
     ({"job": "x" * 300}, "job name must have"),
