@@ -33,9 +33,9 @@ BACKOFF_CAP_S = 5.0
 WELCOME_TIMEOUT_S = 10.0
 
 
-def backoff_delay(attempt: int, rng: random.Random) -> float:
-    """Full-jitter exponential backoff, so a restarted coordinator is not hit by every agent at once."""
-    return rng.uniform(0.5, 1.0) * min(BACKOFF_CAP_S, BACKOFF_BASE_S * (2 ** attempt))
+def backoff_delay(attempt: int, rng: random.Random, cap_s: float = BACKOFF_CAP_S) -> float:
+    """Jittered exponential backoff, so a restarted coordinator is not hit by every agent at once."""
+    return rng.uniform(0.5, 1.0) * min(cap_s, BACKOFF_BASE_S * (2 ** attempt))
 
 
 class IdentityFile:
@@ -78,6 +78,9 @@ class CoordinatorLink:
         self._rng = rng or random.Random()
         self._outbox: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
         self._leader_hint: str | None = None
+        # Once we know the heartbeat interval, never wait longer than it between attempts: a new
+        # leader gives known nodes one heartbeat timeout to come back before it declares them LOST.
+        self._backoff_cap_s = BACKOFF_CAP_S
         self.connected = asyncio.Event()
         self.welcome: pb.Welcome | None = None
 
@@ -109,7 +112,7 @@ class CoordinatorLink:
                     self.connected.clear()
                     self._on_connected(False)
             attempt = 0 if established else attempt + 1
-            await asyncio.sleep(backoff_delay(attempt, self._rng))
+            await asyncio.sleep(backoff_delay(attempt, self._rng, self._backoff_cap_s))
 
     def _note_refusal(self, address: str, exc: grpc.aio.AioRpcError) -> None:
         metadata = dict(exc.trailing_metadata() or ())
@@ -137,6 +140,7 @@ class CoordinatorLink:
                 log.warning("coordinator %s did not start with Welcome; reconnecting", address)
                 return False
             self.welcome = first.welcome
+            self._backoff_cap_s = max(BACKOFF_BASE_S, min(BACKOFF_CAP_S, first.welcome.heartbeat_interval_s))
             self._identity.save_token(hello.node_name, first.welcome.resume_token)
             log.info("registered as %s with coordinator %s at %s", hello.node_name,
                      first.welcome.coordinator_id, address)

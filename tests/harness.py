@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
+import psutil
+
 BIN = Path(sys.executable).parent
 T = TypeVar("T")
 
@@ -76,11 +78,38 @@ class Processes:
         ])
 
     def cleanup(self) -> None:
+        """SIGTERM first (trainerd then stops its agents and etcd), SIGKILL after a grace, and finally
+        kill anything still running from this test's directory (agents, workers, etcd in their own
+        process groups), so no test leaves load behind for the next one."""
         for proc in reversed(self._all):
+            proc.signal(signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for proc in reversed(self._all):
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
             proc.kill_group()
+        for leftover in processes_mentioning(self.root):
+            try:
+                os.killpg(leftover.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                leftover.kill()
 
     def logs(self) -> str:
         return "\n".join(f"===== {p.log_path.name}\n{p.log()[-4000:]}" for p in self._all)
+
+
+def processes_mentioning(path: Path) -> list[psutil.Process]:
+    """Live processes whose command line mentions `path`."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if str(path) in " ".join(proc.info["cmdline"] or []):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
 
 
 def trainerctl(*args: str, coordinator: str | None = None, timeout: float = 30) -> subprocess.CompletedProcess:

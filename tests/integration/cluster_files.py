@@ -4,23 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import psutil
 import yaml
 
 from tests.ports import free_port
 
 HEARTBEAT_INTERVAL_S = 0.5
 HEARTBEAT_TIMEOUT_S = 2.0
-
-
-def processes_under(path: Path) -> list[str]:
-    """Command lines of live processes that mention `path` (what a test started and left behind)."""
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = " ".join(proc.info["cmdline"] or [])
-        if str(path) in cmdline:
-            found.append(cmdline)
-    return found
 
 
 def cluster_file(tmp_path: Path, name: str, *, listen: str, etcd_endpoints: list[str] | None = None,

@@ -6,8 +6,8 @@ import signal
 import time
 from pathlib import Path
 
-from tests.harness import Processes, node_states, status, trainerctl, wait_until
-from tests.integration.cluster_files import HEARTBEAT_TIMEOUT_S, cluster_file, processes_under
+from tests.harness import Processes, node_states, processes_mentioning, status, trainerctl, wait_until
+from tests.integration.cluster_files import HEARTBEAT_TIMEOUT_S, cluster_file
 from tests.ports import free_port
 
 
@@ -86,5 +86,5 @@ def test_local_agents_and_clean_shutdown(tmp_path: Path, procs: Processes) -> No
     assert result.returncode == 3
     assert "cannot reach the coordinator" in result.stderr
     # trainerd took down what it started: both agents and the embedded etcd.
-    wait_until(lambda: processes_under(tmp_path) == [], 10, "no agent or etcd process left",
-               on_timeout=lambda: "\n".join(processes_under(tmp_path)))
+    wait_until(lambda: processes_mentioning(tmp_path) == [], 10, "no agent or etcd process left",
+               on_timeout=lambda: "\n".join(" ".join(p.cmdline()) for p in processes_mentioning(tmp_path)))

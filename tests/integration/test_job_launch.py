@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from tests.harness import Processes, status, trainerctl, wait_until
+from tests.harness import Processes, processes_mentioning, status, trainerctl, wait_until
 from tests.integration.cluster_files import cluster_file
 from tests.ports import free_port
 
@@ -43,12 +43,7 @@ def start_cluster(tmp_path: Path, procs: Processes, job: dict) -> str:
 
 
 def training_processes(tmp_path: Path) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = " ".join(proc.info["cmdline"] or [])
-        if "trainer.examples.mlp" in cmdline and str(tmp_path) in cmdline:
-            found.append(proc)
-    return found
+    return [p for p in processes_mentioning(tmp_path) if "trainer.examples.mlp" in " ".join(p.cmdline())]
 
 
 def test_job_runs_to_completion_with_identical_weights(tmp_path: Path, procs: Processes) -> None:
