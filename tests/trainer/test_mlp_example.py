@@ -124,30 +124,35 @@ def test_ranks_end_with_bit_identical_weights(data_parallel: Run) -> None:
         assert rank0[name].tobytes() == rank1[name].tobytes(), f"{name} differs between the ranks"
 
 
-def test_each_rank_reports_every_step_then_finished(data_parallel: Run) -> None:
+def test_each_rank_reports_its_steps_then_finished(data_parallel: Run) -> None:
+    """Step reports are fire-and-forget (a full agent queue drops some); `finished` always arrives."""
     for rank in range(WORLD_SIZE):
         steps = data_parallel.steps(rank)
-        assert [s.step for s in steps] == list(range(1, STEPS + 1))
-        assert [s.consumed_samples for s in steps] == [GLOBAL_BATCH * s.step for s in steps]
+        numbers = [s.step for s in steps]
+        assert numbers and numbers == sorted(set(numbers)) and set(numbers) <= set(range(1, STEPS + 1)), numbers
+        assert [s.consumed_samples for s in steps] == [GLOBAL_BATCH * n for n in numbers]
         assert {(s.job, s.generation) for s in steps} == {("mlp", 1)}
-        assert [(e.event, e.step) for e in data_parallel.events(rank)] == [
-            (WorkerEvent.STARTED, 0), (WorkerEvent.FINISHED, STEPS),
-        ]
-        assert data_parallel.reports.index(data_parallel.events(rank)[-1]) > data_parallel.reports.index(steps[-1])
+        events = data_parallel.events(rank)
+        assert [(e.event, e.step) for e in events] == [(WorkerEvent.STARTED, 0), (WorkerEvent.FINISHED, STEPS)]
+        assert data_parallel.reports.index(events[-1]) > data_parallel.reports.index(steps[-1])
 
 
 def test_loss_decreases_and_every_rank_sees_the_same_gradient_norm(data_parallel: Run) -> None:
     for rank in range(WORLD_SIZE):
         losses = [s.loss for s in data_parallel.steps(rank)]
         assert losses[-1] < 0.8 * losses[0], losses
-    assert [s.grad_norm for s in data_parallel.steps(0)] == [s.grad_norm for s in data_parallel.steps(1)]
+    norms = [{s.step: s.grad_norm for s in data_parallel.steps(rank)} for rank in range(WORLD_SIZE)]
+    common = norms[0].keys() & norms[1].keys()
+    assert common and all(norms[0][step] == norms[1][step] for step in common)
 
 
 def test_ranks_split_each_global_batch_like_one_process_would(data_parallel: Run, standalone: list[Run]) -> None:
     """Each rank trains on its own half of the global batch: before any update, the ranks' mean loss
     and the all-reduced gradient norm equal those of one process taking the whole batch."""
-    alone = standalone[0].steps(0)[0]
-    ranks = [data_parallel.steps(rank)[0] for rank in range(WORLD_SIZE)]
+    firsts = [run.steps(rank)[0] for run, rank in [(standalone[0], 0), (data_parallel, 0), (data_parallel, 1)]]
+    # Step 1 follows a second of compilation, so the agent's queue is empty and it is never dropped.
+    assert [first.step for first in firsts] == [1, 1, 1]
+    alone, *ranks = firsts
     assert np.mean([r.loss for r in ranks]) == pytest.approx(alone.loss, rel=1e-6)
     assert ranks[0].grad_norm == pytest.approx(alone.grad_norm, rel=1e-5)
 

@@ -110,3 +110,22 @@ def test_a_full_agent_queue_never_blocks_training(tmp_path: Path) -> None:
             assert time.monotonic() - started < 5
     assert reporter.dropped > 0
     assert reporter.sent + reporter.dropped == 5000
+
+
+def test_an_event_waits_briefly_for_a_busy_agent_but_never_for_a_missing_one(tmp_path: Path) -> None:
+    """`finished` is superseded by nothing, so it gets a bounded wait when the agent's queue is full."""
+    path = tmp_path / "stuck.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as stuck_agent:
+        stuck_agent.bind(str(path))
+        with ProgressReporter(str(path), job="llm", generation=0, rank=0, event_wait_s=0.3) as reporter:
+            while reporter.dropped == 0:  # fill the queue
+                reporter.step(1, loss=1.0, grad_norm=1.0, samples_per_s=1.0, consumed_samples=1)
+            started = time.monotonic()
+            reporter.event(WorkerEvent.FINISHED, step=1)
+            assert 0.3 <= time.monotonic() - started < 2
+            assert reporter.dropped == 2
+    with ProgressReporter(str(tmp_path / "nobody.sock"), job="llm", generation=0, rank=0) as reporter:
+        started = time.monotonic()
+        reporter.event(WorkerEvent.FINISHED, step=1)
+        assert time.monotonic() - started < 0.1
+        assert reporter.dropped == 1

@@ -1,20 +1,26 @@
-"""Worker side of the progress channel: fire-and-forget datagrams to the agent.
+"""Worker side of the progress channel: datagrams to the agent that training never waits for.
 
-Training must never wait on its supervisor, so every send is non-blocking: when the agent's
-receive queue is full, or no agent listens (it restarted, or the script runs by hand with a
-stale variable), the report is dropped and counted, and the step goes on.
+A step report is fire-and-forget: when the agent's receive queue is full (Linux queues only
+`net.unix.max_dgram_qlen` datagrams per socket, 10 by default) or no agent listens (it restarted,
+or the script runs by hand with a stale variable), the report is dropped and counted, and the next
+step's report supersedes it. Events (`started`, `finished`) are rare and superseded by nothing:
+one waits up to `event_wait_s` for room in a full queue, never for an agent that is not there.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+import time
 from types import TracebackType
 
 from trainer.progress_channel import EventReport, ProgressMessage, StepReport, WorkerEvent, encode
 from trainer.runtime.rank_context import RankContext
 
 log = logging.getLogger(__name__)
+
+EVENT_WAIT_S = 1.0
+_RETRY_S = 0.005
 
 
 class ProgressReporter:
@@ -23,8 +29,10 @@ class ProgressReporter:
     Without a socket path (a user running the script by hand) every call is a no-op.
     """
 
-    def __init__(self, socket_path: str | None, job: str, generation: int, rank: int) -> None:
+    def __init__(self, socket_path: str | None, job: str, generation: int, rank: int,
+                 event_wait_s: float = EVENT_WAIT_S) -> None:
         self._path = socket_path
+        self._event_wait_s = event_wait_s
         self._job = job
         self._generation = generation
         self._rank = rank
@@ -45,7 +53,9 @@ class ProgressReporter:
         ))
 
     def event(self, event: WorkerEvent, step: int) -> None:
-        self._send(EventReport(job=self._job, generation=self._generation, rank=self._rank, event=event, step=step))
+        """Report an event; send it outside the step loop, as it may wait up to `event_wait_s`."""
+        message = EventReport(job=self._job, generation=self._generation, rank=self._rank, event=event, step=step)
+        self._send(message, wait_s=self._event_wait_s)
 
     def close(self) -> None:
         if self._sock is not None:
@@ -55,21 +65,31 @@ class ProgressReporter:
     def __enter__(self) -> ProgressReporter:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self.close()
 
-    def _send(self, message: ProgressMessage) -> None:
+    def _send(self, message: ProgressMessage, wait_s: float = 0.0) -> None:
         if self._sock is None:
             return
         data = encode(message)
-        try:
-            self._sock.sendto(data, socket.MSG_DONTWAIT, self._path)
-        except OSError as exc:  # queue full (EAGAIN), no socket file, nobody bound to it
-            self.dropped += 1
-            if self.dropped == 1:
-                log.warning(
-                    "Rank %d could not report progress to %s (%s); dropping reports the agent cannot take",
-                    self._rank, self._path, exc.strerror or exc,
-                )
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                self._sock.sendto(data, socket.MSG_DONTWAIT, self._path)
+            except BlockingIOError as exc:  # the agent is there but its queue is full
+                if time.monotonic() < deadline:
+                    time.sleep(_RETRY_S)
+                    continue
+                self._drop(exc)
+            except OSError as exc:  # no socket file, or nobody bound to it
+                self._drop(exc)
+            else:
+                self.sent += 1
             return
-        self.sent += 1
+
+    def _drop(self, exc: OSError) -> None:
+        self.dropped += 1
+        if self.dropped == 1:
+            log.warning("Rank %d could not report progress to %s (%s); dropping reports the agent cannot take",
+                        self._rank, self._path, exc.strerror or exc)
