@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -38,15 +39,20 @@ class EventLog:
         self._store = store
         self._job = job_name
         self._next_seq: int | None = None
+        self._load_lock = asyncio.Lock()
 
     async def _load_next_seq(self) -> int:
         kvs, _ = await self._store.get_prefix(keys.events(self._job))
         return max((int(kv.key.rsplit("/", 1)[1]) for kv in kvs), default=0) + 1
 
     async def append(self, kind: str, message: str, fence: Fence, **fields) -> Event:
-        if self._next_seq is None:
-            self._next_seq = await self._load_next_seq()
+        """Sequence numbers are handed out without awaiting, so concurrent appends (thousands of nodes
+        joining at once) never race for the same number; a re-read happens only after a conflict."""
         while True:
+            if self._next_seq is None:
+                async with self._load_lock:
+                    if self._next_seq is None:
+                        self._next_seq = await self._load_next_seq()
             event = Event(self._next_seq, time.time(), kind, message, fields)
             self._next_seq += 1
             written = await self._store.compare_and_swap(
@@ -57,7 +63,7 @@ class EventLog:
                 return event
             # A previous leader wrote this sequence number, or our fence broke: re-read.
             await ensure_fence(self._store, fence)
-            self._next_seq = await self._load_next_seq()
+            self._next_seq = None
 
     async def read(self, after_seq: int = 0) -> list[Event]:
         kvs, _ = await self._store.get_prefix(keys.events(self._job))

@@ -195,3 +195,4 @@ def test_new_leader_adopts_known_nodes_for_one_window() -> None:
         assert await stored_node_state(store, "n2") == "LOST"
 
     run(scenario())
+

@@ -1,0 +1,45 @@
+"""Coordinator behaviour that only shows with a store whose calls really wait (a real etcd)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from daemon.clock import FakeClock
+from daemon.events import EventLog
+from daemon.store.etcd import EtcdStore
+from tests.daemon.test_coordinator_logic import hello, lead, make_coordinator
+
+
+class CountingStore:
+    """Passes every call to a real store and counts the compare-and-swap attempts."""
+
+    def __init__(self, store: EtcdStore) -> None:
+        self._store = store
+        self.swaps = 0
+
+    def __getattr__(self, name: str):
+        return getattr(self._store, name)
+
+    async def compare_and_swap(self, *args, **kwargs):
+        self.swaps += 1
+        return await self._store.compare_and_swap(*args, **kwargs)
+
+
+def test_a_burst_of_joins_gets_distinct_event_numbers_without_retries(etcd_server) -> None:
+    async def scenario() -> None:
+        etcd = await EtcdStore.connect([etcd_server.endpoint])
+        store = CountingStore(etcd)
+        try:
+            clock = FakeClock()
+            coordinator = make_coordinator(store, clock, "a")
+            await lead(coordinator)
+            swaps_before = store.swaps
+            await asyncio.gather(*(coordinator.open_session(hello(f"n{i}"), lambda m: None) for i in range(200)))
+            events = await EventLog(store, "job").read()
+            assert sorted(e.seq for e in events) == list(range(1, 201))
+            # One node record and one event per join: no conflicting writes, no retries.
+            assert store.swaps - swaps_before == 400
+        finally:
+            await etcd.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
