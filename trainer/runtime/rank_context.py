@@ -105,7 +105,9 @@ class RankContext:
 def _standalone(env: Mapping[str, str]) -> RankContext:
     stray = [name for name in _CLUSTER_ONLY if name in env]
     if stray:
-        raise RankContextError(f"MS_ROLE is not set but {', '.join(stray)} is: set MS_ROLE for a cluster launch or unset them")
+        raise RankContextError(
+            f"MS_ROLE is not set but {', '.join(stray)} is: set MS_ROLE for a cluster launch or unset them"
+        )
     return RankContext(
         role=Role.STANDALONE, job=env.get("TRAINERD_JOB", "standalone"),
         generation=_int(env, "TRAINERD_GENERATION", minimum=0) if "TRAINERD_GENERATION" in env else 0,
@@ -122,7 +124,9 @@ def _batch(env: Mapping[str, str], world_size: int) -> BatchSettings | None:
         return None
     if len(present) != len(_BATCH_VARS):
         missing = [name for name in _BATCH_VARS if name not in env]
-        raise RankContextError(f"{', '.join(missing)} is not set although {', '.join(present)} is: set all three or none")
+        raise RankContextError(
+            f"{', '.join(missing)} is not set although {', '.join(present)} is: set all three or none"
+        )
     global_batch, micro_batch, grad_accum = (_int(env, name, minimum=1) for name in _BATCH_VARS)
     if global_batch != micro_batch * grad_accum * world_size:
         raise RankContextError(
