@@ -193,9 +193,14 @@ def main() -> None:
     header = (f"{'agents':>7} {'welcomed':>8} {'connect':>8} {'offered/s':>10} {'handled/s':>10} "
               f"{'ratio':>6} {'lag p50':>8} {'lag p99':>8} {'trainerd cpu':>12} {'false LOST':>10} {'failures':>8}")
     print(header)
+    asyncio.run(run_all(args))
+
+
+async def run_all(args) -> None:
+    """One event loop for every row: gRPC's poller must not outlive the loop it was started on."""
     with tempfile.TemporaryDirectory(prefix="trainerd-bench-") as tmp:
         for count in args.agents:
-            r = asyncio.run(measure(count, args.seconds, args.agents_per_channel, Path(tmp)))
+            r = await measure(count, args.seconds, args.agents_per_channel, Path(tmp))
             print(f"{r['agents']:>7} {r['welcomed']:>8} {r['connect_s']:>7.1f}s {r['offered_per_s']:>10.0f} "
                   f"{r['handled_per_s']:>10.0f} {r['handled_per_s'] / r['offered_per_s']:>6.3f} "
                   f"{r['lag_p50_s'] * 1000:>6.1f}ms {r['lag_p99_s'] * 1000:>6.1f}ms "

@@ -100,6 +100,8 @@ class TrainerdApp:
             await self._server.start()
             await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
             await self._health.set(CONTROL_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+            if self.coordinator.leadership is None:
+                await self._health.set(COORDINATOR_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
             log.info("trainerd %s serving on %s", me.id, cluster.coordinator.listen)
 
             tick_s = min(0.5, cluster.heartbeat.interval_s / 2)

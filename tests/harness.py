@@ -12,7 +12,9 @@ import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
+import grpc
 import psutil
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 BIN = Path(sys.executable).parent
 T = TypeVar("T")
@@ -70,12 +72,13 @@ class Processes:
         return self.start(name, [str(BIN / "trainerd"), "start", "--cluster", str(cluster_file),
                                  "--log-level", "DEBUG"])
 
-    def agent(self, node_name: str, coordinator: str, cpu_devices: int = 1) -> Proc:
+    def agent(self, node_name: str, coordinator: str, cpu_devices: int = 1,
+              env: dict[str, str] | None = None) -> Proc:
         return self.start(node_name, [
             str(BIN / "trainerd-agent"), "--coordinator", coordinator, "--node-name", node_name,
             "--cpu-devices", str(cpu_devices), "--work-dir", str(self.root / "agents" / node_name),
             "--log-level", "DEBUG",
-        ])
+        ], env)
 
     def cleanup(self) -> None:
         """SIGTERM first (trainerd then stops its agents and etcd), SIGKILL after a grace, and finally
@@ -110,6 +113,16 @@ def processes_mentioning(path: Path) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
+
+
+def health(target: str, service: str = "") -> str:
+    with grpc.insecure_channel(target) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=5)
+        except grpc.RpcError as exc:
+            return exc.code().name
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
 
 def trainerctl(*args: str, coordinator: str | None = None, timeout: float = 30) -> subprocess.CompletedProcess:

@@ -6,7 +6,7 @@ import signal
 import time
 from pathlib import Path
 
-from tests.harness import Processes, node_states, processes_mentioning, status, trainerctl, wait_until
+from tests.harness import Processes, health, node_states, processes_mentioning, status, trainerctl, wait_until
 from tests.integration.cluster_files import HEARTBEAT_TIMEOUT_S, cluster_file
 from tests.ports import free_port
 
@@ -58,6 +58,11 @@ def test_standby_takes_over_and_keeps_the_nodes(tmp_path: Path, procs: Processes
     wait_until(lambda: status(standby_address)["coordinator"]["leader"] == leader_address, 10,
                "standby reports the leader")
 
+    # Health probes find the leader: only its Coordinator service is SERVING.
+    assert health(leader_address, "trainerd.v1.Coordinator") == "SERVING"
+    assert health(standby_address, "trainerd.v1.Coordinator") == "NOT_SERVING"
+    assert health(standby_address) == "SERVING"
+
     leader.signal(signal.SIGKILL)
     killed_at = time.monotonic()
 
@@ -70,6 +75,7 @@ def test_standby_takes_over_and_keeps_the_nodes(tmp_path: Path, procs: Processes
     wait_until(standby_leads_with_nodes, 20, "standby leads with both nodes READY", on_timeout=procs.logs)
     takeover_s = time.monotonic() - killed_at
     assert takeover_s < 10, f"takeover took {takeover_s:.1f}s"
+    assert health(standby_address, "trainerd.v1.Coordinator") == "SERVING"
     # The agents reconnected to the new leader and stay READY past a full timeout window.
     time.sleep(HEARTBEAT_TIMEOUT_S + 1)
     assert node_states(standby_address) == {"node-a": "READY", "node-b": "READY"}
