@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import random
 import socket
 import subprocess
@@ -73,6 +74,7 @@ class SimulatedAgents:
         self._per_channel = per_channel
         self.welcomed = 0
         self.failed = 0
+        self.failure_codes: collections.Counter[str] = collections.Counter()
         self.sent = 0
         self._tasks: list[asyncio.Task] = []
         self._channels: list[grpc.aio.Channel] = []
@@ -87,27 +89,34 @@ class SimulatedAgents:
                 await asyncio.sleep(100 / ramp_per_s)
 
     async def _agent(self, stub, name: str) -> None:
-        call = stub.Session()
-        try:
-            await call.write(pb.AgentMessage(hello=pb.Hello(
-                node_name=name, host="127.0.0.1", agent_version="bench",
-                devices=[pb.Device(device_id=0, kind="cpu")])))
-            welcome = await call.read()
-            if welcome is grpc.aio.EOF:
+        """Like a real agent: on a broken session, back off briefly and open a new one."""
+        welcomed = False
+        while True:
+            call = stub.Session()
+            try:
+                await call.write(pb.AgentMessage(hello=pb.Hello(
+                    node_name=name, host="127.0.0.1", agent_version="bench",
+                    devices=[pb.Device(device_id=0, kind="cpu")])))
+                if await call.read() is grpc.aio.EOF:
+                    raise ConnectionError("session closed before Welcome")
+                if not welcomed:
+                    welcomed = True
+                    self.welcomed += 1
+                await asyncio.sleep(random.uniform(0, INTERVAL_S))  # agents are not in phase
+                sequence = 0
+                next_at = time.monotonic()
+                while True:
+                    sequence += 1
+                    await call.write(pb.AgentMessage(heartbeat=pb.Heartbeat(sequence=sequence, sent_at=time.time())))
+                    self.sent += 1
+                    next_at += INTERVAL_S
+                    await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            except (grpc.aio.AioRpcError, ConnectionError) as exc:
                 self.failed += 1
-                return
-            self.welcomed += 1
-            await asyncio.sleep(random.uniform(0, INTERVAL_S))  # agents are not in phase
-            sequence = 0
-            next_at = time.monotonic()
-            while True:
-                sequence += 1
-                await call.write(pb.AgentMessage(heartbeat=pb.Heartbeat(sequence=sequence, sent_at=time.time())))
-                self.sent += 1
-                next_at += INTERVAL_S
-                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-        except grpc.aio.AioRpcError:
-            self.failed += 1
+                reason = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+                self.failure_codes[reason[:80]] += 1
+                call.cancel()
+                await asyncio.sleep(random.uniform(0.1, 0.2))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -145,7 +154,7 @@ async def measure(count: int, seconds: float, per_channel: int, workdir: Path) -
         agents = SimulatedAgents(address, count, per_channel)
         started = time.monotonic()
         await agents.start(ramp_per_s=1000)
-        while agents.welcomed + agents.failed < count and time.monotonic() - started < 120:
+        while agents.welcomed < count and time.monotonic() - started < 120:
             await asyncio.sleep(0.2)
         connect_s = time.monotonic() - started
         await asyncio.sleep(2 * INTERVAL_S)  # settle into steady state
@@ -172,6 +181,7 @@ async def measure(count: int, seconds: float, per_channel: int, workdir: Path) -
             "cpu_cores": cpu,
             "false_lost": lost,
             "session_failures": agents.failed,
+            "failure_codes": dict(agents.failure_codes),
         }
     finally:
         trainerd.terminate()
@@ -191,7 +201,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"heartbeat interval {INTERVAL_S}s, LOST after {TIMEOUT_S}s; window {args.seconds:.0f}s per row")
     header = (f"{'agents':>7} {'welcomed':>8} {'connect':>8} {'offered/s':>10} {'handled/s':>10} "
-              f"{'ratio':>6} {'lag p50':>8} {'lag p99':>8} {'trainerd cpu':>12} {'false LOST':>10} {'failures':>8}")
+              f"{'ratio':>6} {'lag p50':>8} {'lag p99':>8} {'trainerd cpu':>12} {'false LOST':>10} {'reconnects':>10}")
     print(header)
     asyncio.run(run_all(args))
 
@@ -204,7 +214,9 @@ async def run_all(args) -> None:
             print(f"{r['agents']:>7} {r['welcomed']:>8} {r['connect_s']:>7.1f}s {r['offered_per_s']:>10.0f} "
                   f"{r['handled_per_s']:>10.0f} {r['handled_per_s'] / r['offered_per_s']:>6.3f} "
                   f"{r['lag_p50_s'] * 1000:>6.1f}ms {r['lag_p99_s'] * 1000:>6.1f}ms "
-                  f"{r['cpu_cores'] * 100:>10.0f}% {r['false_lost']:>10} {r['session_failures']:>8}", flush=True)
+                  f"{r['cpu_cores'] * 100:>10.0f}% {r['false_lost']:>10} {r['session_failures']:>10}", flush=True)
+            for reason, count in r["failure_codes"].items():
+                print(f"        {count} session(s) broke and were re-opened: {reason}", flush=True)
 
 
 if __name__ == "__main__":
