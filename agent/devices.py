@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 _DAVINCI = re.compile(r"^davinci(\d+)$")
 _HCCN_ADDRESS = re.compile(r"^address_(\d+)\s*=\s*(\S+)\s*$")
+_NPU_SMI_ID = re.compile(r"^\s*NPU ID\s*:\s*(\d+)\s*$", re.MULTILINE)
+NPU_SMI_TIMEOUT_S = 10
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,20 @@ def npu_device_ids(dev_dir: Path) -> list[int]:
     return sorted(ids)
 
 
+def npu_smi_device_ids() -> list[int]:
+    """Device ids from `npu-smi info -l`, for hosts whose driver exposes no /dev/davinciN to us."""
+    binary = shutil.which("npu-smi")
+    if binary is None:
+        return []
+    try:
+        out = subprocess.run([binary, "info", "-l"], capture_output=True, text=True, timeout=NPU_SMI_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if out.returncode != 0:
+        return []
+    return sorted({int(m) for m in _NPU_SMI_ID.findall(out.stdout)})
+
+
 def hccn_device_ips(hccn_conf: Path) -> dict[int, str]:
     """`address_N=IP` lines of /etc/hccn.conf: the RoCE address of each NPU, for the rank table."""
     try:
@@ -44,8 +62,8 @@ def hccn_device_ips(hccn_conf: Path) -> dict[int, str]:
 
 
 def discover_devices(*, cpu_devices: int, dev_dir: Path, hccn_conf: Path) -> list[Device]:
-    """NPUs when the host has them; otherwise `cpu_devices` CPU devices; neither is an error."""
-    ids = npu_device_ids(dev_dir)
+    """NPUs when the host has them (/dev/davinciN, else `npu-smi`); otherwise `cpu_devices` CPU devices."""
+    ids = npu_device_ids(dev_dir) or npu_smi_device_ids()
     if ids:
         ips = hccn_device_ips(hccn_conf)
         return [Device(i, ips.get(i, ""), "npu") for i in ids]

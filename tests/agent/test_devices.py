@@ -47,3 +47,17 @@ def test_no_devices_is_a_clear_error(tmp_path: Path) -> None:
     dev, conf = fake_host(tmp_path, [], None)
     with pytest.raises(NoDevicesError, match="no Ascend devices under .* and no --cpu-devices"):
         discover_devices(cpu_devices=0, dev_dir=dev, hccn_conf=conf)
+
+
+def test_npu_smi_when_dev_has_no_davinci(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dev, conf = fake_host(tmp_path, [], "address_1=10.1.1.1\n")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    smi = bindir / "npu-smi"
+    smi.write_text("#!/bin/sh\n[ \"$1 $2\" = 'info -l' ] || exit 3\n"
+                   "printf '        Total Count : 2\\n\\n        NPU ID : 1\\n        Product Name : X\\n\\n"
+                   "        NPU ID : 0\\n'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+    assert discover_devices(cpu_devices=0, dev_dir=dev, hccn_conf=conf) == [
+        Device(0, "", "npu"), Device(1, "10.1.1.1", "npu")]
