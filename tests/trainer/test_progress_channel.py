@@ -52,7 +52,9 @@ def test_unknown_fields_are_ignored() -> None:
 @pytest.mark.parametrize(("data", "reason"), [
     (b"", "not JSON"),
     (b"\xff\xfe\x00", "not JSON"),
-    (b"[" * 2000 + b"]" * 2000, "not JSON"),
+    # Deep nesting is refused either way: as too deep for the parser, or (when another test raised
+    # the recursion limit) as not an object.
+    (b"[" * 2000 + b"]" * 2000, "not JSON|not a JSON object"),
     (b'{"schema": 1, "loss": NaN}', "not JSON"),
     (b"[]", "not a JSON object"),
     (b"null", "not a JSON object"),
