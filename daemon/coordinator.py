@@ -139,6 +139,7 @@ class Coordinator:
             store=store, spec=job, events=self._events, clock=clock, send=self._send_to_node)
         self._reconcile_lock = asyncio.Lock()
         self._reconcile_requested = False
+        self._background: set[asyncio.Task] = set()
         self.leadership: Leadership | None = None
         self._on_leadership_change = on_leadership_change
 
@@ -268,7 +269,15 @@ class Coordinator:
     def request_reconcile(self) -> None:
         if not self._reconcile_requested and self.leadership is not None:
             self._reconcile_requested = True
-            asyncio.get_running_loop().create_task(self._reconcile_job())
+            task = asyncio.get_running_loop().create_task(self._reconcile_job())
+            self._background.add(task)  # the loop keeps only a weak reference to tasks
+            task.add_done_callback(self._reconcile_done)
+
+    def _reconcile_done(self, task: asyncio.Task) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # The periodic pass runs the same reconcile again and handles a lost leadership.
+            log.warning("reconcile after a report failed: %s", task.exception())
 
     async def _reconcile_job(self) -> None:
         async with self._reconcile_lock:

@@ -138,6 +138,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         except SessionRefused as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except StoreError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot record the node in etcd: {exc}")
         await context.write(pb.CoordinatorMessage(welcome=pb.Welcome(
             node_name=welcome.node_name, resume_token=welcome.resume_token,
             heartbeat_interval_s=welcome.heartbeat_interval_s, coordinator_id=welcome.coordinator_id,
