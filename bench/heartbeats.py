@@ -1,9 +1,10 @@
 """How many agents one trainerd holds: N simulated agents (asyncio clients in this process) keep
 sessions open against a real trainerd (embedded etcd) and heartbeat at 1 Hz.
 
-Prints, per N: heartbeats handled per second beside the offered rate (the baseline: what a
-coordinator that keeps up must handle), the coordinator's heartbeat lag p50/p99 (sent → handled,
-from its Prometheus histogram), trainerd's CPU, and the nodes falsely declared LOST.
+Prints, per N: heartbeats handled per second beside the offered rate, the coordinator's heartbeat
+lag p50/p99 (sent → handled, from its Prometheus histogram), trainerd's CPU, and the nodes falsely
+declared LOST. Baseline, measured in the same run: the design trainerd rejected, where every agent
+keeps an etcd lease alive at 1 Hz on its own keepalive stream (etcd's CPU and keepalive round trip).
 
     .venv/bin/python bench/heartbeats.py --agents 1000 2000 5000 --seconds 30
 """
@@ -192,6 +193,64 @@ async def measure(count: int, seconds: float, per_channel: int, workdir: Path) -
         log.close()
 
 
+async def etcd_lease_baseline(count: int, seconds: float, workdir: Path) -> dict:
+    """N leases, each refreshed once a second on its own LeaseKeepAlive stream, against a fresh etcd."""
+    from aetcd import rpc
+
+    from daemon.etcd_process import EmbeddedEtcd
+
+    etcd = EmbeddedEtcd(workdir / f"baseline-etcd-{count}", free_port(), free_port())
+    await etcd.start()
+    channel = grpc.aio.insecure_channel(etcd.endpoint)
+    stub = rpc.LeaseStub(channel)
+    round_trips: list[float] = []
+    measuring = False
+    lost = 0
+
+    async def keep_alive() -> None:
+        nonlocal lost
+        lease = await stub.LeaseGrant(rpc.LeaseGrantRequest(TTL=int(TIMEOUT_S)))
+        call = stub.LeaseKeepAlive()
+        await asyncio.sleep(random.uniform(0, INTERVAL_S))
+        next_at = time.monotonic()
+        while True:
+            sent = time.monotonic()
+            await call.write(rpc.LeaseKeepAliveRequest(ID=lease.ID))
+            reply = await call.read()
+            if reply.TTL <= 0:
+                lost += 1
+                return
+            if measuring:
+                round_trips.append(time.monotonic() - sent)
+            next_at += INTERVAL_S
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+    tasks = []
+    try:
+        for i in range(count):
+            tasks.append(asyncio.create_task(keep_alive()))
+            if (i + 1) % 100 == 0:
+                await asyncio.sleep(0.1)
+        await asyncio.sleep(2 * INTERVAL_S)
+        proc = psutil.Process(etcd._process.pid)
+        cpu_before, t0 = proc.cpu_times(), time.monotonic()
+        measuring = True
+        await asyncio.sleep(seconds)
+        measuring = False
+        cpu_after, window = proc.cpu_times(), time.monotonic() - t0
+        round_trips.sort()
+        pick = (lambda q: round_trips[min(len(round_trips) - 1, int(q * len(round_trips)))]) if round_trips else (
+            lambda q: float("nan"))
+        return {"per_s": len(round_trips) / window, "p50": pick(0.5), "p99": pick(0.99), "lost": lost,
+                "cpu": (cpu_after.user + cpu_after.system - cpu_before.user - cpu_before.system) / window}
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await channel.close()
+        await etcd.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, nargs="+", default=[1000, 2000, 5000])
@@ -215,8 +274,12 @@ async def run_all(args) -> None:
                   f"{r['handled_per_s']:>10.0f} {r['handled_per_s'] / r['offered_per_s']:>6.3f} "
                   f"{r['lag_p50_s'] * 1000:>6.1f}ms {r['lag_p99_s'] * 1000:>6.1f}ms "
                   f"{r['cpu_cores'] * 100:>10.0f}% {r['false_lost']:>10} {r['session_failures']:>10}", flush=True)
-            for reason, count in r["failure_codes"].items():
-                print(f"        {count} session(s) broke and were re-opened: {reason}", flush=True)
+            for reason, n in r["failure_codes"].items():
+                print(f"        {n} session(s) broke and were re-opened: {reason}", flush=True)
+            b = await etcd_lease_baseline(count, args.seconds, Path(tmp))
+            print(f"{'  baseline, etcd leases at 1 Hz (round trip, etcd cpu, leases lost):':<44} "
+                  f"{b['per_s']:>10.0f} {b['per_s'] / count:>6.3f} {b['p50'] * 1000:>6.1f}ms {b['p99'] * 1000:>6.1f}ms "
+                  f"{b['cpu'] * 100:>10.0f}% {b['lost']:>10}", flush=True)
 
 
 if __name__ == "__main__":
