@@ -26,7 +26,6 @@ from trainer.checkpoint import (
     verify_checkpoint,
     write_resharded,
 )
-from trainer.checkpoint.digest import digest_file
 from trainer.checkpoint.manifest import MANIFEST_NAME, read_manifest
 
 GOOD, BAD = "step_00000010", "step_00000020"
@@ -37,18 +36,6 @@ def _edit_manifest(step_dir: Path, edit: Callable[[dict], None]) -> None:  # typ
     document = json.loads(path.read_text())
     edit(document)
     path.write_text(json.dumps(document))
-
-
-def _redigest(step_dir: Path, name: str) -> None:
-    """Makes the manifest agree with a tampered file, as a hostile writer would."""
-    path = step_dir / name
-
-    def edit(document: dict) -> None:  # type: ignore[type-arg]
-        for entry in document["files"]:
-            if entry["name"] == name:
-                entry.update(size=path.stat().st_size, digest=digest_file(path))
-
-    _edit_manifest(step_dir, edit)
 
 
 def _truncate(step_dir: Path) -> None:
@@ -90,7 +77,9 @@ def _absurd_shape(step_dir: Path) -> None:
     def edit(document: dict) -> None:  # type: ignore[type-arg]
         layout = document["tensors"]["fc1.weight"]
         layout["shape"] = [1 << 46, 1 << 46]
-        layout["chunks"] = [dict(layout["chunks"][0], offsets=[0, 0], sizes=[1 << 46, 1 << 46])]
+        layout["chunks"] = [
+            dict(layout["chunks"][0], offsets=[0, 0], sizes=[1 << 46, 1 << 46], segment_rows=1 << 46, checksums=["0" * 8])
+        ]
 
     _edit_manifest(step_dir, edit)
 
@@ -100,14 +89,20 @@ def _absurd_offset(step_dir: Path) -> None:
 
 
 def _header_claims_gigabytes(step_dir: Path) -> None:
-    path = step_dir / "rank_1.safetensors"
-    with open(path, "r+b") as f:
+    with open(step_dir / "rank_1.safetensors", "r+b") as f:
         f.write(struct.pack("<Q", 3 << 30))
-    _redigest(step_dir, "rank_1.safetensors")
 
 
-def _header_disagrees_with_manifest(step_dir: Path) -> None:
-    _edit_manifest(step_dir, lambda d: d["tensors"]["half"]["chunks"][0].update(key="another"))
+def _header_byte_flipped(step_dir: Path) -> None:
+    with open(step_dir / "rank_0.safetensors", "r+b") as f:
+        f.seek(20)
+        byte = f.read(1)
+        f.seek(20)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+
+def _manifest_dtype_disagrees_with_header(step_dir: Path) -> None:
+    _edit_manifest(step_dir, lambda d: d["tensors"]["half"].update(dtype="I16"))
 
 
 def _manifest_not_json(step_dir: Path) -> None:
@@ -120,14 +115,15 @@ def _manifest_huge(step_dir: Path) -> None:
 
 DAMAGE = {
     "truncated file": (_truncate, "rank_1.safetensors is .* bytes, the manifest says .* \\(truncated or replaced\\)"),
-    "flipped byte": (_flip_byte, "rank_0.safetensors: sha256 digest does not match the manifest"),
+    "flipped byte": (_flip_byte, "rank_0.safetensors: key '.*' segment \\d+: checksum does not match the manifest"),
     "missing file": (_missing_file, "rank_1.safetensors is listed in the manifest but missing"),
     "path escapes": (_escaping_name, "is not a plain relative path inside the checkpoint"),
     "symlink escapes": (_escaping_symlink, "rank_1.safetensors leads outside"),
     "absurd shape": (_absurd_shape, "its chunks need"),
     "absurd offset": (_absurd_offset, "tensor 'fc1.bias': chunk 0 .* lies outside shape \\[300\\]"),
-    "header claims gigabytes": (_header_claims_gigabytes, "rank_1.safetensors is not a readable safetensors file: .*header"),
-    "header disagrees": (_header_disagrees_with_manifest, "has no key 'another'"),
+    "header claims gigabytes": (_header_claims_gigabytes, "rank_1.safetensors: its safetensors header claims 3221225472 bytes"),
+    "header byte flipped": (_header_byte_flipped, "rank_0.safetensors: the digest of its header does not match"),
+    "dtype disagrees": (_manifest_dtype_disagrees_with_header, "key 'half' holds F16 \\[33, 7, 5\\], the manifest says I16"),
     "manifest not JSON": (_manifest_not_json, "manifest.json is not valid JSON"),
     "manifest huge": (_manifest_huge, "more than the 67108864 a manifest.json may have"),
 }

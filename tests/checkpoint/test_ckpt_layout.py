@@ -50,8 +50,8 @@ def _manifest() -> Manifest:
         tensors={
             "w": TensorLayout(
                 "F32", (10, 8),
-                (Chunk(Region((0, 0), (5, 8)), "rank_0.safetensors", "w@0,0"),
-                 Chunk(Region((5, 0), (5, 8)), "rank_1.safetensors", "w@5,0")),
+                (Chunk(Region((0, 0), (5, 8)), "rank_0.safetensors", "w@0,0", 4, ("0badc0de", "01234567")),
+                 Chunk(Region((5, 0), (5, 8)), "rank_1.safetensors", "w@5,0", 8, ("89abcdef",))),
             )
         },
     )
@@ -60,7 +60,7 @@ def _manifest() -> Manifest:
 def test_manifest_round_trips_through_json() -> None:
     manifest = _manifest()
     document = manifest.to_json()
-    assert document["schema"] == 1 and document["digest_algorithm"] == "sha256"
+    assert document["schema"] == 1 and document["digest_algorithm"] == "crc32+sha256"
     assert Manifest.from_json(copy.deepcopy(document)) == manifest
 
 
@@ -82,6 +82,8 @@ def test_manifest_round_trips_through_json() -> None:
         (lambda d: d["tensors"]["w"].update(shape=[1] * 40), "more than 32"),
         (lambda d: d["tensors"]["w"]["chunks"][0].update(offsets=[-5, 0]), "must be an integer from 0"),
         (lambda d: d.update(skip_ledger=[[9, 5]]), "skip_ledger entry 0"),
+        (lambda d: d["tensors"]["w"]["chunks"][0].update(segment_rows=1), "lists 2 checksums for 5 segments"),
+        (lambda d: d["tensors"]["w"]["chunks"][0]["checksums"].append("zz"), "must be CRC-32s of 8 hexadecimal digits"),
     ],
 )
 def test_hostile_manifest_fields_are_refused_with_a_clear_error(edit, message: str) -> None:  # type: ignore[no-untyped-def]

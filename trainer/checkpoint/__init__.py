@@ -30,8 +30,8 @@ tensor names, shapes and dtypes; rank 0 commits once every rank's file is on dis
 Coordinator (no MindSpore, no tensor data)::
 
     list_checkpoints(root)  -> [CheckpointInfo(path, step, manifest | None, problem | None)], oldest first;
-                               cheap: manifest and file sizes, no digests
-    latest_verified(root)   -> (path, Manifest) | None: newest checkpoint whose every digest matches
+                               cheap: manifest and file sizes, no data read
+    latest_verified(root)   -> (path, Manifest) | None: newest checkpoint whose every byte verifies
     verify_checkpoint(path) -> Manifest, or CorruptCheckpoint naming what is wrong
     manifest.step, manifest.meta.consumed_samples, manifest.meta.skip_ledger, manifest.world_size
 
@@ -39,13 +39,14 @@ Offline: `reshard_checkpoint`, `export_safetensors`, `import_native` + `write_re
 `trainerctl checkpoint ...`).
 """
 
-from trainer.checkpoint.catalog import CheckpointInfo, latest_verified, list_checkpoints, verify_checkpoint
+from trainer.checkpoint.catalog import CheckpointInfo, list_checkpoints
 from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint, NoCheckpoint
 from trainer.checkpoint.export import export_safetensors
 from trainer.checkpoint.loader import load_checkpoint, load_latest
 from trainer.checkpoint.manifest import CheckpointMeta, Manifest
 from trainer.checkpoint.native_import import import_native
 from trainer.checkpoint.reshard import reshard_checkpoint, write_resharded
+from trainer.checkpoint.verify import latest_verified, verify_checkpoint
 from trainer.checkpoint.writer import CheckpointWriter
 
 __all__ = [

@@ -1,21 +1,16 @@
-"""Finding checkpoints under a root and judging them: complete (cheap: manifest and file sizes) or verified
-(every digest recomputed).
+"""Finding checkpoints under a root and judging whether each is complete: its manifest parses and validates
+and every file it lists exists with its size. Cheap: no data is read (checksums: see `verify`).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.checkpoint.chunk_reader import ChunkReader
-from trainer.checkpoint.digest import DIGEST_ALGORITHM, digest_file
 from trainer.checkpoint.errors import CorruptCheckpoint
 from trainer.checkpoint.manifest import FileEntry, Manifest, confined_path, parse_step_dir, read_manifest
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -55,24 +50,6 @@ def check_complete(step_dir: Path) -> Manifest:
     return manifest
 
 
-def verify_file(step_dir: Path, entry: FileEntry) -> None:
-    path = data_file_path(step_dir, entry)
-    if digest_file(path) != entry.digest:
-        raise CorruptCheckpoint(f"{step_dir.name}/{entry.name}: {DIGEST_ALGORITHM} digest does not match the manifest (damaged)")
-
-
-def verify_checkpoint(step_dir: Path) -> Manifest:
-    """The manifest, once the checkpoint is complete, every file's digest matches and every file's header
-    holds the keys, dtypes and shapes the manifest names; else CorruptCheckpoint.
-    """
-    manifest = check_complete(step_dir)
-    for entry in manifest.files:
-        verify_file(step_dir, entry)
-    with ChunkReader(step_dir, manifest.tensors) as reader:
-        reader.check_all()
-    return manifest
-
-
 def inspect(step_dir: Path, step: int) -> CheckpointInfo:
     try:
         return CheckpointInfo(step_dir, step, check_complete(step_dir), None)
@@ -81,7 +58,7 @@ def inspect(step_dir: Path, step: int) -> CheckpointInfo:
 
 
 def list_checkpoints(root: Path) -> list[CheckpointInfo]:
-    """Every `step_N` directory under `root`, oldest first, each judged complete or not (no digests read)."""
+    """Every `step_N` directory under `root`, oldest first, each judged complete or not (no data read)."""
     if not root.is_dir():
         return []
     found = []
@@ -90,16 +67,3 @@ def list_checkpoints(root: Path) -> list[CheckpointInfo]:
         if step is not None and child.is_dir():
             found.append(inspect(child, step))
     return sorted(found, key=lambda info: info.step)
-
-
-def latest_verified(root: Path) -> tuple[Path, Manifest] | None:
-    """The newest checkpoint that is complete and verifies, saying in the log why any newer one was passed over.
-
-    Reads every byte of the checkpoints it tries.
-    """
-    for info in reversed(list_checkpoints(root)):
-        try:
-            return info.path, verify_checkpoint(info.path)
-        except CorruptCheckpoint as exc:
-            log.warning("Checkpoint %s is not usable (%s); falling back to the previous one.", info.path, exc)
-    return None

@@ -1,83 +1,249 @@
-"""Reading stored chunks through `safe_open(...).get_slice(...)`, so only the bytes asked for are read.
+"""Reading stored chunks: only the rows asked for, rounded out to whole checksum segments, verified in the
+same pass.
 
-Before the first slice of a key, the reader checks that the file stores that key with the dtype and shape
-the layout says: a file that disagrees with its manifest is refused instead of read.
+On opening a file the reader checks its size, that its safetensors header is sane (a header claiming more
+bytes than the file has is refused before it is read), that the digest of the header and the manifest's
+segment checksums is the file's digest (so the header is the one that was written), and that the header
+stores every chunk under its key with the manifest's dtype, shape and byte length inside the file.
+
+Reads are positional reads of whole rows of dimension 0 (a row range of a chunk is one contiguous byte
+range), one task per checksum segment on the task pool, straight into the caller's array when the rows land
+contiguously there; each task checks its segment's checksum. This replaces `safe_open(...).get_slice(...)`,
+which reads the same bytes through a memory map into a fresh array that then has to be copied again:
+0.65 GB/s against 1.5-2.9 GB/s for positional reads on the bench machine. Chunks of a MindSpore-native
+checkpoint carry no checksums: their rows are read exactly, unverified.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import numpy as np
-from safetensors import SafetensorError, safe_open
 
+from trainer.checkpoint.digest import file_digest, segment_count, verify_checksum
 from trainer.checkpoint.errors import CorruptCheckpoint
-from trainer.checkpoint.layout import TensorLayout
-from trainer.checkpoint.manifest import confined_path
+from trainer.checkpoint.layout import Chunk, TensorLayout, itemsize, numpy_dtype
+from trainer.checkpoint.manifest import FileEntry, confined_path
 from trainer.checkpoint.read_plan import ReadItem
+from trainer.checkpoint.task_pool import TaskPool
+
+# The safetensors library refuses larger headers too.
+MAX_HEADER_BYTES = 100_000_000
+# Reads of unverified chunks are cut into pieces of this size.
+_PIECE_BYTES = 16 << 20
+# Scratch buffers per pool thread when verifying without keeping the data.
+_BUFFERS_PER_THREAD = 2
+
+
+def touched_segments(chunk: Chunk, first_row: int, end_row: int) -> range:
+    """The checksum segments that hold rows [first_row, end_row) of dimension 0 of a chunk."""
+    if not chunk.region.sizes:
+        return range(1)
+    return range(first_row // chunk.segment_rows, -(-end_row // chunk.segment_rows))
+
+
+@dataclass(frozen=True)
+class _OpenFile:
+    fd: int
+    where: str
+    data_start: dict[str, int]
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """The byte geometry of a chunk's rows of dimension 0 in its file (a scalar is one row)."""
+
+    chunk: Chunk
+    row_bytes: int
+    start: int
+
+    @property
+    def count(self) -> int:
+        return self.chunk.region.sizes[0] if self.chunk.region.sizes else 1
+
+    def span(self, first: int, end: int) -> tuple[int, int]:
+        """Rows to read for rows [first, end): rounded out to whole segments when the chunk has checksums."""
+        if self.chunk.checksums is None:
+            return first, end
+        segments = touched_segments(self.chunk, first, end)
+        return segments.start * self.chunk.segment_rows, min(segments.stop * self.chunk.segment_rows, self.count)
+
+
+def _parse_header(header: bytes, chunks: Iterable[tuple[str, Chunk]], size: int, where: str) -> dict[str, int]:
+    """Where each chunk's data starts, once its header entry matches the manifest and lies inside the file."""
+    try:
+        entries: Any = json.loads(header[8:])
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptCheckpoint(f"{where}: its safetensors header is not valid JSON") from exc
+    if not isinstance(entries, dict):
+        raise CorruptCheckpoint(f"{where}: its safetensors header is not a JSON object")
+    starts = {}
+    for dtype, chunk in chunks:
+        stored = entries.get(chunk.key)
+        if not isinstance(stored, dict):
+            raise CorruptCheckpoint(f"{where} has no key '{chunk.key}'")
+        if (stored.get("dtype"), stored.get("shape")) != (dtype, list(chunk.region.sizes)):
+            raise CorruptCheckpoint(
+                f"{where}: key '{chunk.key}' holds {stored.get('dtype')} {stored.get('shape')}, "
+                f"the manifest says {dtype} {list(chunk.region.sizes)}"
+            )
+        offsets = stored.get("data_offsets")
+        nbytes = chunk.region.volume * itemsize(dtype)
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+            and 0 <= offsets[0]
+            and offsets[1] - offsets[0] == nbytes
+            and len(header) + offsets[1] <= size
+        ):
+            raise CorruptCheckpoint(f"{where}: key '{chunk.key}' has data offsets {offsets!r:.80} outside its file")
+        starts[chunk.key] = len(header) + offsets[0]
+    return starts
 
 
 class ChunkReader:
-    """Reads slices of the chunks a layout names from the files of one directory, each file opened once."""
+    """Reads rows of the chunks a layout names from the files of one directory, each file opened once.
 
-    def __init__(self, directory: Path, tensors: Mapping[str, TensorLayout]) -> None:
+    With `files` (the manifest's file entries) everything read is verified; without, nothing is.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        tensors: Mapping[str, TensorLayout],
+        files: Mapping[str, FileEntry] | None = None,
+    ) -> None:
         self._directory = directory
-        self._expected = {
-            (chunk.file, chunk.key): (layout.dtype, list(chunk.region.sizes))
-            for layout in tensors.values()
-            for chunk in layout.chunks
+        self._chunks = {
+            (chunk.file, chunk.key): (layout.dtype, chunk) for layout in tensors.values() for chunk in layout.chunks
         }
-        self._open: dict[str, Any] = {}
-        self._keys: dict[str, set[str]] = {}
-        self._slices: dict[tuple[str, str], Any] = {}
+        self._files = files
+        self._open: dict[str, _OpenFile] = {}
 
-    def read(self, item: ReadItem) -> np.ndarray:
+    def read(
+        self, item: ReadItem, pool: TaskPool, target: np.ndarray | None
+    ) -> tuple[np.ndarray | None, list[Future[None]]]:
+        """Starts reading the item's data. When `target` (C-contiguous, the item's shape) is given and the item
+        spans whole rows of its chunk, the data goes straight into it and None is returned for it; else the
+        data is returned. Also returns the read tasks, which check the checksums: the data may be used once
+        they all succeeded.
+        """
+        dtype, rows = self._rows(item.file, item.key)
+        sizes = rows.chunk.region.sizes
+        first, end = (item.chunk_offsets[0], item.chunk_offsets[0] + item.sizes[0]) if sizes else (0, 1)
+        low, high = rows.span(first, end)
+        if target is not None and item.sizes[1:] == sizes[1:]:
+            head = memoryview(bytearray((first - low) * rows.row_bytes))
+            after = memoryview(bytearray((high - end) * rows.row_bytes))
+            return None, self._read_rows(item.file, rows, low, high, [head, _bytes(target), after], pool)
+        block = np.empty((high - low, *sizes[1:]), numpy_dtype(dtype))
+        checks = self._read_rows(item.file, rows, low, high, [_bytes(block)], pool)
+        if not sizes:
+            return block.reshape(()), checks
+        return block[(slice(first - low, end - low), *item.chunk_slices()[1:])], checks
+
+    def verify(self, selection: Mapping[tuple[str, str], Iterable[int]] | None, pool: TaskPool) -> None:
+        """Checks every file's header, then reads and verifies the selected segments of each (file, key) in
+        file order (all segments of every chunk when `selection` is None) into scratch buffers.
+        """
+        for name in self._files or ():
+            self._opened(name)
+        if selection is None:
+            selection = {
+                pair: range(segment_count(chunk.region.sizes, chunk.segment_rows))
+                for pair, (_, chunk) in self._chunks.items()
+            }
+        buffers = [bytearray() for _ in range(_BUFFERS_PER_THREAD * pool.threads)]
+        in_flight: list[list[Future[None]]] = [[] for _ in buffers]
+        slots = itertools.cycle(range(len(buffers)))
+        for file, key in sorted(selection, key=lambda pair: (pair[0], self._rows(*pair)[1].start)):
+            _, rows = self._rows(file, key)
+            for index in selection[(file, key)]:
+                slot = next(slots)
+                for check in in_flight[slot]:
+                    check.result()
+                low = index * rows.chunk.segment_rows
+                high = min(low + rows.chunk.segment_rows, rows.count)
+                length = (high - low) * rows.row_bytes
+                if len(buffers[slot]) < length:
+                    buffers[slot] = bytearray(length)
+                view = memoryview(buffers[slot])[:length]
+                in_flight[slot] = self._read_rows(file, rows, low, high, [view], pool)
+        for checks in in_flight:
+            for check in checks:
+                check.result()
+
+    def _rows(self, file: str, key: str) -> tuple[str, _Rows]:
+        dtype, chunk = self._chunks[(file, key)]
+        start = self._opened(file).data_start[key]
+        return dtype, _Rows(chunk, math.prod(chunk.region.sizes[1:]) * itemsize(dtype), start)
+
+    def _read_rows(
+        self, file: str, rows: _Rows, low: int, high: int, parts: list[memoryview], pool: TaskPool
+    ) -> list[Future[None]]:
+        """Starts reading rows [low, high) of a chunk into the concatenation of `parts`: one task per segment,
+        which also checks the segment's checksum.
+        """
+        opened = self._open[file]
+        chunk = rows.chunk
+        where = f"{opened.where}: key '{chunk.key}'"
+        step = chunk.segment_rows if chunk.checksums is not None else max(1, _PIECE_BYTES // max(rows.row_bytes, 1))
+        tasks = []
+        for row in range(low, high, step):
+            views = _take(parts, (min(row + step, high) - row) * rows.row_bytes)
+            offset = rows.start + row * rows.row_bytes
+            if chunk.checksums is None:
+                tasks.append(pool.submit(_read_fully, opened.fd, views, offset, where))
+            else:
+                index = row // chunk.segment_rows
+                expected = chunk.checksums[index]
+                tasks.append(pool.submit(_read_checked, opened.fd, views, offset, expected, f"{where} segment {index}"))
+        return tasks
+
+    def _opened(self, name: str) -> _OpenFile:
+        opened = self._open.get(name)
+        if opened is not None:
+            return opened
+        where = f"{self._directory.name}/{name}"
+        path = confined_path(self._directory, name, self._directory.name)
         try:
-            return self._stored(item.file, item.key)[item.chunk_slices()]
-        except SafetensorError as exc:
-            raise CorruptCheckpoint(f"{self._directory.name}/{item.file}: cannot read key '{item.key}': {exc}") from exc
-
-    def check_all(self) -> None:
-        """Checks every chunk's key, dtype and shape in the file headers, reading no tensor data."""
-        for file, key in self._expected:
-            self._stored(file, key)
-
-    def _stored(self, file: str, key: str) -> Any:
-        stored = self._slices.get((file, key))
-        if stored is None:
-            where = f"{self._directory.name}/{file}"
-            handle = self._file(file, where)
-            if key not in self._keys[file]:
-                raise CorruptCheckpoint(f"{where} has no key '{key}'")
-            stored = handle.get_slice(key)
-            expected = self._expected[(file, key)]
-            if (stored.get_dtype(), stored.get_shape()) != expected:
-                raise CorruptCheckpoint(
-                    f"{where}: key '{key}' holds {stored.get_dtype()} {stored.get_shape()}, "
-                    f"the manifest says {expected[0]} {expected[1]}"
-                )
-            self._slices[(file, key)] = stored
-        return stored
-
-    def _file(self, name: str, where: str) -> Any:
-        handle = self._open.get(name)
-        if handle is None:
-            path = confined_path(self._directory, name, self._directory.name)
-            try:
-                handle = safe_open(path, framework="numpy").__enter__()
-            except (SafetensorError, OSError) as exc:
-                raise CorruptCheckpoint(f"{where} is not a readable safetensors file: {exc}") from exc
-            self._open[name] = handle
-            self._keys[name] = set(handle.keys())
-        return handle
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise CorruptCheckpoint(f"{where} cannot be opened: {exc.strerror}") from exc
+        try:
+            chunks = [(dtype, chunk) for (file, _), (dtype, chunk) in self._chunks.items() if file == name]
+            size = os.fstat(fd).st_size
+            entry = self._files[name] if self._files is not None else None
+            if entry is not None and size != entry.size:
+                raise CorruptCheckpoint(f"{where} is {size} bytes, the manifest says {entry.size} (truncated or replaced)")
+            prefix = os.pread(fd, 8, 0)
+            length = int.from_bytes(prefix, "little")
+            if len(prefix) < 8 or length > min(size - 8, MAX_HEADER_BYTES):
+                raise CorruptCheckpoint(f"{where}: its safetensors header claims {length} bytes, the file has {size}")
+            header = prefix + os.pread(fd, length, 8)
+            if entry is not None and file_digest(header, [(c.key, c.checksums or ()) for _, c in chunks]) != entry.digest:
+                raise CorruptCheckpoint(f"{where}: the digest of its header does not match the manifest (damaged)")
+            opened = _OpenFile(fd, where, _parse_header(header, chunks, size, where))
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._open[name] = opened
+        return opened
 
     def close(self) -> None:
-        self._slices.clear()
-        for handle in self._open.values():
-            handle.__exit__(None, None, None)
+        for opened in self._open.values():
+            os.close(opened.fd)
         self._open.clear()
 
     def __enter__(self) -> ChunkReader:
@@ -87,3 +253,40 @@ class ChunkReader:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def _bytes(array: np.ndarray) -> memoryview:
+    return memoryview(array.reshape(-1).view(np.uint8))
+
+
+def _take(parts: list[memoryview], length: int) -> list[memoryview]:
+    """The next `length` bytes of the concatenation of `parts`, removed from the front of `parts`."""
+    views = []
+    while length:
+        view = parts[0][:length]
+        parts[0] = parts[0][len(view) :]
+        if not parts[0]:
+            parts.pop(0)
+        if view:
+            views.append(view)
+            length -= len(view)
+    return views
+
+
+def _read_checked(fd: int, views: list[memoryview], offset: int, expected: str, where: str) -> None:
+    _read_fully(fd, views, offset, where)
+    verify_checksum(views, expected, where)
+
+
+def _read_fully(fd: int, views: list[memoryview], offset: int, where: str) -> None:
+    """preadv until every view is full (one call reads at most about 2 GiB)."""
+    views = list(views)
+    while views:
+        n = os.preadv(fd, views, offset)
+        if n == 0:
+            raise CorruptCheckpoint(f"{where} ends early")
+        offset += n
+        while views and n >= len(views[0]):
+            n -= len(views.pop(0))
+        if n:
+            views[0] = views[0][n:]

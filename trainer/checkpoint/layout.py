@@ -7,13 +7,15 @@ every element exactly once; `TensorLayout.validate` checks all three and the dty
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from trainer.checkpoint.digest import segment_count
 from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint
-from trainer.checkpoint.json_fields import get_extents, get_list, get_object, get_str
+from trainer.checkpoint.json_fields import get_extents, get_int, get_list, get_object, get_str
 
 # safetensors dtype name -> (bytes per element, numpy dtype name)
 DTYPES: dict[str, tuple[int, str]] = {
@@ -31,6 +33,7 @@ DTYPES: dict[str, tuple[int, str]] = {
     "I64": (8, "int64"),
     "F64": (8, "float64"),
 }
+_CHECKSUM = re.compile(r"[0-9a-f]{8}")
 _BY_NUMPY_NAME = {numpy_name: name for name, (_, numpy_name) in DTYPES.items()}
 
 
@@ -90,11 +93,17 @@ class Region:
 
 @dataclass(frozen=True)
 class Chunk:
-    """One stored piece of a tensor: `region` of the global tensor, kept in `file` under safetensors `key`."""
+    """One stored piece of a tensor: `region` of the global tensor, kept in `file` under safetensors `key`.
+
+    `checksums` holds one checksum per segment of `segment_rows` rows of dimension 0 (see `digest`); chunks
+    of a MindSpore-native checkpoint have none.
+    """
 
     region: Region
     file: str
     key: str
+    segment_rows: int = 1
+    checksums: tuple[str, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -102,6 +111,8 @@ class Chunk:
             "sizes": list(self.region.sizes),
             "file": self.file,
             "key": self.key,
+            "segment_rows": self.segment_rows,
+            "checksums": list(self.checksums or ()),
         }
 
     @staticmethod
@@ -109,7 +120,16 @@ class Chunk:
         if not isinstance(obj, dict):
             raise CorruptCheckpoint(f"{where} must be an object")
         region = Region(get_extents(obj, "offsets", where), get_extents(obj, "sizes", where))
-        return Chunk(region, get_str(obj, "file", where), get_str(obj, "key", where))
+        checksums = get_list(obj, "checksums", where)
+        if not all(isinstance(c, str) and _CHECKSUM.fullmatch(c) for c in checksums):
+            raise CorruptCheckpoint(f"{where}: 'checksums' must be CRC-32s of 8 hexadecimal digits")
+        return Chunk(
+            region,
+            get_str(obj, "file", where),
+            get_str(obj, "key", where),
+            get_int(obj, "segment_rows", where, minimum=1),
+            tuple(checksums),
+        )
 
 
 @dataclass(frozen=True)
@@ -151,6 +171,9 @@ class TensorLayout:
                     f"{where}: chunk {i} (offsets {list(region.offsets)}, sizes {list(region.sizes)}) "
                     f"lies outside shape {list(self.shape)}"
                 )
+            segments = segment_count(region.sizes, chunk.segment_rows)
+            if chunk.checksums is not None and len(chunk.checksums) != segments:
+                raise CorruptCheckpoint(f"{where}: chunk {i} lists {len(chunk.checksums)} checksums for {segments} segments")
         _check_disjoint(where, self.chunks, ndim)
         covered = sum(c.region.volume for c in self.chunks)
         total = math.prod(self.shape)

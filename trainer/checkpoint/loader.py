@@ -1,69 +1,88 @@
-"""Loading at any world size: carry out a read plan with `safe_open(...).get_slice(...)`, verifying digests.
+"""Loading at any world size: carry out a read plan through `ChunkReader`, verifying as it reads.
 
-Files are verified on a helper thread one after the other while the main thread copies the slices out of
-the files already verified (the verification read leaves them in the page cache), so hashing overlaps
-copying and only slices that passed their digest are ever handed back.
+Each read item's rows are read once, straight into the local tensor where they are contiguous there, by
+tasks on a thread pool that also check each segment's checksum; nothing is handed back before every task
+succeeded.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
 
-from trainer.checkpoint.catalog import check_complete, list_checkpoints, verify_file
-from trainer.checkpoint.chunk_reader import ChunkReader
+from trainer.checkpoint.catalog import check_complete, list_checkpoints
+from trainer.checkpoint.chunk_reader import ChunkReader, touched_segments
+from trainer.checkpoint.digest import segment_count
 from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint, NoCheckpoint
 from trainer.checkpoint.layout import Region, TensorLayout, numpy_dtype
 from trainer.checkpoint.manifest import Manifest
 from trainer.checkpoint.read_plan import ReadItem, plan_reads
 from trainer.checkpoint.sharding import local_region
+from trainer.checkpoint.task_pool import TaskPool
 
 log = logging.getLogger(__name__)
 
+# Bytes read but not yet verified and placed; bounds the memory of the read-ahead.
+_READ_AHEAD_BYTES = 256 << 20
+
 
 class Assembly:
-    """The local tensors being filled by read items: allocated on first use, or taken as is when one read
-    item is the whole local tensor.
-    """
+    """The local tensors being filled by read items; items that span whole rows are read straight into them."""
 
-    def __init__(self, tensors: Mapping[str, TensorLayout], wanted: Mapping[str, Region], items: tuple[ReadItem, ...]):
+    def __init__(self, tensors: Mapping[str, TensorLayout], wanted: Mapping[str, Region]) -> None:
         self._wanted = wanted
-        self._dtypes = {name: numpy_dtype(tensors[name].dtype) for name in wanted}
-        self._counts = {name: 0 for name in wanted}
-        for item in items:
-            self._counts[item.tensor] += 1
-        self._arrays: dict[str, np.ndarray] = {}
+        self.arrays = {name: np.empty(region.sizes, numpy_dtype(tensors[name].dtype)) for name, region in wanted.items()}
+
+    def target(self, item: ReadItem) -> np.ndarray | None:
+        """Where the item's rows go when they are contiguous in the local tensor (the item spans its width)."""
+        if item.sizes[1:] != self._wanted[item.tensor].sizes[1:]:
+            return None
+        local = self.arrays[item.tensor]
+        return local[item.local_offsets[0] : item.local_offsets[0] + item.sizes[0]] if item.sizes else local
 
     def place(self, item: ReadItem, data: np.ndarray) -> None:
-        region = self._wanted[item.tensor]
-        if self._counts[item.tensor] == 1 and item.sizes == region.sizes:
-            self._arrays[item.tensor] = data
-            return
-        target = self._arrays.get(item.tensor)
-        if target is None:
-            target = self._arrays[item.tensor] = np.empty(region.sizes, self._dtypes[item.tensor])
-        target[(Ellipsis, *item.local_slices())] = data
-
-    def result(self) -> dict[str, np.ndarray]:
-        for name, region in self._wanted.items():
-            if name not in self._arrays:
-                self._arrays[name] = np.empty(region.sizes, self._dtypes[name])
-        return self._arrays
+        self.arrays[item.tensor][(Ellipsis, *item.local_slices())] = data
 
 
-def read_region(reader: ChunkReader, tensors: Mapping[str, TensorLayout], name: str, region: Region) -> np.ndarray:
+def run_reads(items: Iterable[ReadItem], reader: ChunkReader, pool: TaskPool, assembly: Assembly) -> None:
+    """Reads every item into the assembly; data read aside is placed once its reads and checks succeeded, and
+    all have when this returns.
+    """
+    pending: deque[tuple[ReadItem, np.ndarray | None, list[Future[None]]]] = deque()
+    pending_bytes = 0
+    for item in items:
+        data, checks = reader.read(item, pool, assembly.target(item))
+        pending.append((item, data, checks))
+        pending_bytes += 0 if data is None else data.nbytes
+        while pending_bytes > _READ_AHEAD_BYTES:
+            pending_bytes -= _settle(pending.popleft(), assembly)
+    while pending:
+        _settle(pending.popleft(), assembly)
+
+
+def _settle(entry: tuple[ReadItem, np.ndarray | None, list[Future[None]]], assembly: Assembly) -> int:
+    item, data, checks = entry
+    for check in checks:
+        check.result()
+    if data is None:
+        return 0
+    assembly.place(item, data)
+    return data.nbytes
+
+
+def read_region(
+    reader: ChunkReader, pool: TaskPool, tensors: Mapping[str, TensorLayout], name: str, region: Region
+) -> np.ndarray:
     """One region of one tensor, assembled from every chunk it touches."""
     wanted = {name: region}
-    items = plan_reads(tensors, wanted)
-    assembly = Assembly(tensors, wanted, items)
-    for item in items:
-        assembly.place(item, reader.read(item))
-    return assembly.result()[name]
+    assembly = Assembly(tensors, wanted)
+    run_reads(plan_reads(tensors, wanted), reader, pool, assembly)
+    return assembly.arrays[name]
 
 
 def _wanted_regions(
@@ -79,6 +98,16 @@ def _wanted_regions(
     }
 
 
+def _unread_segments(manifest: Manifest, items: tuple[ReadItem, ...]) -> dict[tuple[str, str], list[int]]:
+    """Per (file, key), the digest segments the read items did not touch."""
+    chunks = {(c.file, c.key): c for layout in manifest.tensors.values() for c in layout.chunks}
+    unread = {pair: set(range(segment_count(c.region.sizes, c.segment_rows))) for pair, c in chunks.items()}
+    for item in items:
+        first, end = (item.chunk_offsets[0], item.chunk_offsets[0] + item.sizes[0]) if item.sizes else (0, 1)
+        unread[(item.file, item.key)] -= set(touched_segments(chunks[(item.file, item.key)], first, end))
+    return {pair: sorted(segments) for pair, segments in unread.items() if segments}
+
+
 def load_checkpoint(
     step_dir: Path | str,
     rank: int,
@@ -90,31 +119,20 @@ def load_checkpoint(
     """This rank's tensors from one checkpoint, whatever world size wrote it.
 
     Every tensor comes whole, except those named in `shard_dims`, which come as this rank's part of the
-    given dimension. The files read are verified first (`verify_all`: every file of the checkpoint, so
-    that all ranks judge the checkpoint alike). Raises CorruptCheckpoint, never returns unverified data.
+    given dimension. Everything read is verified; `verify_all` also verifies what this rank does not need,
+    so that all ranks judge the checkpoint alike. Raises CorruptCheckpoint, never returns unverified data.
     """
     step_dir = Path(step_dir)
     manifest = check_complete(step_dir)
     wanted = _wanted_regions(manifest, rank, world_size, shard_dims)
     items = plan_reads(manifest.tensors, wanted)
-    assembly = Assembly(manifest.tensors, wanted, items)
-    needed = list(dict.fromkeys(item.file for item in items))
-    to_verify = needed + [f.name for f in manifest.files if verify_all and f.name not in needed]
-    with ThreadPoolExecutor(1, thread_name_prefix="checkpoint-verify") as verifier, ChunkReader(
-        step_dir, manifest.tensors
-    ) as reader:
-        verified = {name: verifier.submit(verify_file, step_dir, manifest.file(name)) for name in to_verify}
-        try:
-            for file, group in itertools.groupby(items, key=lambda item: item.file):
-                verified[file].result()
-                for item in group:
-                    assembly.place(item, reader.read(item))
-            for future in verified.values():
-                future.result()
-        finally:
-            for future in verified.values():
-                future.cancel()
-    return assembly.result(), manifest
+    assembly = Assembly(manifest.tensors, wanted)
+    files = {entry.name: entry for entry in manifest.files}
+    with TaskPool() as pool, ChunkReader(step_dir, manifest.tensors, files) as reader:
+        run_reads(items, reader, pool, assembly)
+        if verify_all:
+            reader.verify(_unread_segments(manifest, items), pool)
+    return assembly.arrays, manifest
 
 
 def load_latest(

@@ -148,12 +148,6 @@ class Manifest:
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
 
-    def file(self, name: str) -> FileEntry:
-        for entry in self.files:
-            if entry.name == name:
-                return entry
-        raise CorruptCheckpoint(f"manifest names no file {name}")
-
     def to_json(self) -> dict[str, Any]:
         return {
             "schema": 1,

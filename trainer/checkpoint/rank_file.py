@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trainer.checkpoint.digest import file_digest
 from trainer.checkpoint.layout import Chunk, Region
 from trainer.checkpoint.manifest import FileEntry
 from trainer.checkpoint.safetensors_file import write_safetensors
@@ -35,8 +36,9 @@ def write_rank_file(
     name = rank_file_name(rank)
     keys = [chunk_key(piece, specs[piece.tensor].shape) for piece in pieces]
     entries = [(key, TensorSpec(specs[p.tensor].dtype, p.region.sizes)) for key, p in zip(keys, pieces)]
-    size, digest = write_safetensors(step_dir / name, entries, arrays)
+    written = write_safetensors(step_dir / name, entries, arrays)
     chunks: dict[str, list[Chunk]] = {}
-    for key, piece in zip(keys, pieces):
-        chunks.setdefault(piece.tensor, []).append(Chunk(piece.region, name, key))
-    return FileEntry(name, size, digest), chunks
+    for key, piece, (rows, checksums) in zip(keys, pieces, written.segments):
+        chunks.setdefault(piece.tensor, []).append(Chunk(piece.region, name, key, rows, checksums))
+    digest = file_digest(written.header, ((key, checksums) for key, (_, checksums) in zip(keys, written.segments)))
+    return FileEntry(name, written.size, digest), chunks

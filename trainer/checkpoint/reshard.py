@@ -12,15 +12,16 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from trainer.checkpoint.catalog import verify_checkpoint
+from trainer.checkpoint.catalog import check_complete
+from trainer.checkpoint.chunk_reader import ChunkReader
 from trainer.checkpoint.commit import commit_manifest
 from trainer.checkpoint.errors import CheckpointError
 from trainer.checkpoint.layout import Chunk, TensorLayout
-from trainer.checkpoint.chunk_reader import ChunkReader
 from trainer.checkpoint.loader import read_region
 from trainer.checkpoint.manifest import CheckpointMeta, FileEntry, Manifest, step_dir_name
 from trainer.checkpoint.rank_file import write_rank_file
 from trainer.checkpoint.sharding import TensorSpec, write_assignment
+from trainer.checkpoint.task_pool import TaskPool
 
 
 def write_resharded(
@@ -29,10 +30,11 @@ def write_resharded(
     meta: CheckpointMeta,
     out_root: Path,
     world_size: int,
+    source_files: Mapping[str, FileEntry] | None = None,
 ) -> Path:
-    """Writes `out_root/step_N` for `world_size` ranks from the chunks of `tensors` under `source_dir`.
-
-    The caller has verified the source. Refuses an output directory that already exists.
+    """Writes `out_root/step_N` for `world_size` ranks from the chunks of `tensors` under `source_dir`,
+    verifying what it reads against `source_files` (the source manifest's files) when given.
+    Refuses an output directory that already exists.
     """
     step_dir = out_root / step_dir_name(meta.step)
     if step_dir.exists():
@@ -44,9 +46,9 @@ def write_resharded(
     try:
         files: list[FileEntry] = []
         chunks: dict[str, list[Chunk]] = {name: [] for name in tensors}
-        with ChunkReader(source_dir, tensors) as reader:
+        with TaskPool() as pool, ChunkReader(source_dir, tensors, source_files) as reader:
             for rank, pieces in enumerate(assignment):
-                arrays = (read_region(reader, tensors, p.tensor, p.region) for p in pieces)
+                arrays = (read_region(reader, pool, tensors, p.tensor, p.region) for p in pieces)
                 entry, rank_chunks = write_rank_file(step_dir, rank, pieces, specs, arrays)
                 files.append(entry)
                 for name, held in rank_chunks.items():
@@ -60,6 +62,9 @@ def write_resharded(
 
 
 def reshard_checkpoint(step_dir: Path, out_root: Path, world_size: int) -> Path:
-    """Verifies the checkpoint at `step_dir`, then writes it for `world_size` ranks as `out_root/step_N`."""
-    manifest = verify_checkpoint(step_dir)
-    return write_resharded(step_dir, manifest.tensors, manifest.meta, out_root, world_size)
+    """Writes the checkpoint at `step_dir` for `world_size` ranks as `out_root/step_N`. Every byte of the
+    source is read, and verified as it is read.
+    """
+    manifest = check_complete(step_dir)
+    files = {entry.name: entry for entry in manifest.files}
+    return write_resharded(step_dir, manifest.tensors, manifest.meta, out_root, world_size, files)

@@ -1,0 +1,293 @@
+"""Checkpoint I/O beside the raw disk: the same bytes, on the same disk, in the same run.
+
+A model of about 1 GiB (16 x 4096x4096 float32 plus 16 biases) is saved and loaded through
+trainer.checkpoint, and the same bytes are written and read with plain large-block I/O, `dd`-style:
+buffered + fsync (`dd bs=16M conv=fsync`) and O_DIRECT (`dd oflag=direct` / `iflag=direct`), 16 MiB
+blocks into one reused buffer. Each ratio is against the faster of the two. Loads start cold: the files
+are evicted from the page cache first (posix_fadvise DONTNEED). Loads also get a second baseline: the same
+files read with 4 threads into a new array of the payload's size, which is what any loader that returns
+new tensors must at least do (on a VM, the first touch of memory costs; see the warm-up line).
+Measurements are interleaved and repeated; each figure is a median. Every writer and every load case
+first runs once untimed: training saves every few hundred steps, the first save allocates host buffers.
+
+Printed: checksum speed (why crc32), save throughput (1 and 2 ranks writing at once), the time a
+training step is blocked by an asynchronous save (first save, then later ones), and the throughput of
+resharded loads 2->3 and 4->2: rank 0 loading the whole model (data parallel), and every rank loading its
+dim-0 shards (summed).
+
+    .venv/bin/python bench/checkpoint.py [--gib 1] [--repeat 5] [--dir /tmp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import mmap
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from trainer.checkpoint import CheckpointMeta, CheckpointWriter, load_checkpoint  # noqa: E402
+
+BLOCK = 16 << 20
+GB = 1e9
+
+
+def make_model(gib: float) -> tuple[dict[str, np.ndarray], mmap.mmap]:
+    """Page-aligned tensors (one anonymous mapping) so O_DIRECT can write them without a copy."""
+    big = max(1, round(gib * 16))
+    shapes = {f"layer{i}.weight": (4096, 4096) for i in range(big)}
+    shapes.update({f"layer{i}.bias": (4096,) for i in range(big)})
+    sizes = {name: int(np.prod(shape)) * 4 for name, shape in shapes.items()}
+    arena = mmap.mmap(-1, sum(sizes.values()))
+    rng = np.random.default_rng(0)
+    tensors, offset = {}, 0
+    for name, shape in shapes.items():
+        array = np.frombuffer(arena, np.float32, sizes[name] // 4, offset).reshape(shape)
+        rng.random(out=array.reshape(-1), dtype=np.float32)
+        tensors[name] = array
+        offset += sizes[name]
+    return tensors, arena
+
+
+def warm_up_memory(nbytes: int) -> float:
+    """Touches `nbytes` of memory once; returns GB/s. A fresh VM pays its hypervisor for the first touch of
+    every page, which would otherwise land on whichever measurement happens to get fresh pages.
+    """
+    started = time.perf_counter()
+    np.ones(nbytes, np.uint8)
+    return nbytes / (time.perf_counter() - started) / GB
+
+
+def byte_views(arrays: Iterable[np.ndarray]) -> list[memoryview]:
+    return [memoryview(a.reshape(-1).view(np.uint8)) for a in arrays]
+
+
+def raw_write(path: Path, arrays: list[np.ndarray], direct: bool) -> float:
+    started = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if direct else 0), 0o644)
+    for data in byte_views(arrays):
+        for start in range(0, len(data), BLOCK):
+            block = data[start : start + BLOCK]
+            while block:
+                block = block[os.write(fd, block) :]
+    os.fsync(fd)
+    os.close(fd)
+    return time.perf_counter() - started
+
+
+def evict(paths: Iterable[Path]) -> None:
+    """Drops the files' (clean, fsynced) pages from the page cache so the next read comes from the disk."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+
+
+def raw_read(paths: list[Path], direct: bool) -> float:
+    evict(paths)
+    buffer = mmap.mmap(-1, BLOCK)
+    started = time.perf_counter()
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
+        while os.readv(fd, [buffer]) == BLOCK:
+            pass
+        os.close(fd)
+    return time.perf_counter() - started
+
+
+def raw_read_into_new_array(paths: list[Path]) -> float:
+    """The files read with 4 threads, 4 MiB at a time, into one new array of their total size."""
+    evict(paths)
+    started = time.perf_counter()
+    sizes = [p.stat().st_size for p in paths]
+    target = np.empty(sum(sizes), np.uint8)
+    jobs, base = [], 0
+    for path, size in zip(paths, sizes):
+        fd = os.open(path, os.O_RDONLY)
+        jobs += [(fd, offset, base + offset, min(4 << 20, size - offset)) for offset in range(0, size, 4 << 20)]
+        base += size
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda j: os.preadv(j[0], [memoryview(target[j[2] : j[2] + j[3]])], j[1]), jobs))
+    for fd in {job[0] for job in jobs}:
+        os.close(fd)
+    return time.perf_counter() - started
+
+
+def save_job(root: Path, tensors: dict[str, np.ndarray], writers: list[CheckpointWriter], step: int) -> float:
+    """One synchronous save by every rank at once, as a job does; seconds until rank 0 committed."""
+    started = time.perf_counter()
+    for writer in writers:
+        writer.save_async(CheckpointMeta(step, step, 0), tensors)
+    for writer in writers:
+        writer.wait()
+    return time.perf_counter() - started
+
+
+def data_files(step_dir: Path) -> list[Path]:
+    return sorted(step_dir.glob("rank_*.safetensors"))
+
+
+def timed_load(step_dir: Path, rank: int, world_size: int, shard_dims: dict[str, int] | None) -> tuple[float, int]:
+    evict(data_files(step_dir))
+    started = time.perf_counter()
+    tensors, _ = load_checkpoint(step_dir, rank, world_size, shard_dims)
+    return time.perf_counter() - started, sum(a.nbytes for a in tensors.values())
+
+
+def checksum_rates() -> str:
+    data = memoryview(np.random.default_rng(1).bytes(256 << 20))
+    functions = {
+        "crc32": zlib.crc32,
+        "sha256": lambda block: hashlib.sha256(block).digest(),
+        "blake2b": lambda block: hashlib.blake2b(block).digest(),
+    }
+    rates = []
+    for name, function in functions.items():
+        started = time.perf_counter()
+        for start in range(0, len(data), BLOCK):
+            function(data[start : start + BLOCK])
+        rates.append(f"{name} {len(data) / (time.perf_counter() - started) / GB:.2f} GB/s")
+    return ", ".join(rates)
+
+
+def rate(nbytes: int, seconds: list[float]) -> float:
+    return nbytes / statistics.median(seconds) / GB
+
+
+def faster(rates: dict[str, float]) -> tuple[float, str]:
+    name = max(rates, key=lambda k: rates[k])
+    return rates[name], f"{name} ({', '.join(f'{k} {v:.2f}' for k, v in rates.items())})"
+
+
+class Report:
+    def __init__(self) -> None:
+        self.rows: list[str] = []
+
+    def add(self, what: str, ours: float, raw: tuple[float, str], new_arrays: float | None = None) -> None:
+        extra = "" if new_arrays is None else f"{new_arrays:8.2f} {ours / new_arrays:6.2f}"
+        self.rows.append(f"{what:36} {ours:6.2f} {raw[0]:7.2f} {ours / raw[0]:6.2f} {extra:15}  {raw[1]}")
+
+    def print(self) -> None:
+        print(f"{'GB/s (medians)':36} {'ours':>6} {'dd-raw':>7} {'ratio':>6} {'new-arr':>8} {'ratio':>6}  dd-raw = faster of")
+        for row in self.rows:
+            print(row)
+
+
+def measure_saves(work: Path, tensors: dict[str, np.ndarray], repeat: int, report: Report) -> float:
+    """Returns the median synchronous save time at one rank."""
+    arrays = list(tensors.values())
+    payload = sum(a.nbytes for a in arrays)
+    raw_file = work / "raw.bin"
+    raw: dict[str, list[float]] = {"buffered+fsync": [], "O_DIRECT": []}
+    ours: dict[int, list[float]] = {1: [], 2: []}
+    # keep: no retention inside the timed saves (it runs after the commit, in the background, anyway).
+    jobs = {n: [CheckpointWriter(work / f"save{n}", r, n, keep=repeat + 2) for r in range(n)] for n in ours}
+    for n, writers in jobs.items():
+        save_job(work / f"save{n}", tensors, writers, step=1)
+    for i in range(repeat):
+        raw["buffered+fsync"].append(raw_write(raw_file, arrays, direct=False))
+        raw["O_DIRECT"].append(raw_write(raw_file, arrays, direct=True))
+        for n, writers in jobs.items():
+            ours[n].append(save_job(work / f"save{n}", tensors, writers, step=i + 2))
+    baseline = faster({k: rate(payload, v) for k, v in raw.items()})
+    for n in ours:
+        report.add(f"save, {n} rank{'s' if n > 1 else ''} writing", rate(payload, ours[n]), baseline)
+    for n, writers in jobs.items():
+        for writer in writers:
+            writer.close()
+        shutil.rmtree(work / f"save{n}")
+    raw_file.unlink()
+    return statistics.median(ours[1])
+
+
+def measure_async(work: Path, tensors: dict[str, np.ndarray], repeat: int) -> tuple[float, float]:
+    """How long save_async blocks: the first save (new host buffers), then the median of later ones."""
+    blocked = []
+    with CheckpointWriter(work / "async", 0, 1, keep=repeat + 2) as writer:
+        for step in range(1, repeat + 2):
+            started = time.perf_counter()
+            writer.save_async(CheckpointMeta(step, step, 0), tensors)
+            blocked.append(time.perf_counter() - started)
+            writer.wait()
+    shutil.rmtree(work / "async")
+    return blocked[0], statistics.median(blocked[1:])
+
+
+def measure_load(work: Path, tensors: dict[str, np.ndarray], source: int, target: int, repeat: int, report: Report) -> None:
+    payload = sum(a.nbytes for a in tensors.values())
+    root = work / f"load{source}"
+    writers = [CheckpointWriter(root, r, source) for r in range(source)]
+    save_job(root, tensors, writers, step=1)
+    for writer in writers:
+        writer.close()
+    step_dir = root / "step_00000001"
+    files = data_files(step_dir)
+    shard_dims = {name: 0 for name in tensors}
+    raw: dict[str, list[float]] = {"buffered": [], "O_DIRECT": []}
+    new_arrays: list[float] = []
+    whole: list[float] = []
+    sharded: list[float] = []
+    check, _ = load_checkpoint(step_dir, target - 1, target)
+    assert all(check[k].view(np.uint32).tobytes() == v.view(np.uint32).tobytes() for k, v in tensors.items())
+    del check
+    for _ in range(repeat):
+        raw["buffered"].append(raw_read(files, direct=False))
+        raw["O_DIRECT"].append(raw_read(files, direct=True))
+        new_arrays.append(raw_read_into_new_array(files))
+        seconds, loaded = timed_load(step_dir, 0, target, None)
+        assert loaded == payload
+        whole.append(seconds)
+        per_rank = [timed_load(step_dir, r, target, shard_dims) for r in range(target)]
+        assert sum(n for _, n in per_rank) == payload
+        sharded.append(sum(s for s, _ in per_rank))
+    baseline = faster({k: rate(payload, v) for k, v in raw.items()})
+    fresh = rate(payload, new_arrays)
+    report.add(f"load {source}->{target}, rank 0 whole model", rate(payload, whole), baseline, fresh)
+    report.add(f"load {source}->{target}, dim-0 shards, all ranks", rate(payload, sharded), baseline, fresh)
+    shutil.rmtree(root)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gib", type=float, default=1.0, help="model size")
+    parser.add_argument("--repeat", type=int, default=5, help="timed repetitions of each measurement")
+    parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()), help="where to write")
+    args = parser.parse_args()
+
+    tensors, _arena = make_model(args.gib)
+    payload = sum(a.nbytes for a in tensors.values())
+    work = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir))
+    print(f"payload {payload / (1 << 30):.2f} GiB in {len(tensors)} tensors, under {work}, "
+          f"{os.cpu_count()} cores, medians of {args.repeat}")
+    print(f"warm-up: first touch of {4 * payload / (1 << 30):.0f} GiB of memory at {warm_up_memory(4 * payload):.2f} GB/s")
+    print(f"checksum speed, one core: {checksum_rates()} -> segments use crc32, files sha256 of header + crc32s")
+    report = Report()
+    try:
+        sync_save = measure_saves(work, tensors, args.repeat, report)
+        first, steady = measure_async(work, tensors, args.repeat)
+        for source, target in ((2, 3), (4, 2)):
+            measure_load(work, tensors, source, target, args.repeat, report)
+        report.print()
+        print(
+            f"async save blocks the step: first save {first * 1e3:.0f} ms (allocates its host buffers), then "
+            f"{steady * 1e3:.0f} ms = {steady / sync_save:.1%} of a synchronous save ({sync_save * 1e3:.0f} ms)"
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
