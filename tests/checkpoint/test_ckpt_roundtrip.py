@@ -8,12 +8,16 @@ import errno
 import logging
 import os
 import re
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from safetensors.numpy import load_file
 
 from trainer.checkpoint import (
@@ -27,6 +31,7 @@ from trainer.checkpoint import (
     load_checkpoint,
     load_latest,
     reshard_checkpoint,
+    verify_checkpoint,
 )
 from trainer.checkpoint.manifest import MANIFEST_NAME, read_manifest
 
@@ -212,3 +217,44 @@ def test_a_filesystem_that_refuses_o_direct_gets_buffered_writes(
     monkeypatch.undo()
     assert len(refused) == 2
     _assert_bit_exact(load_checkpoint(step_dir, 0, 1)[0], tensors)
+
+
+_DTYPES = [np.float32, np.float64, np.float16, np.int8, np.int64, np.uint16, np.bool_]
+
+
+@st.composite
+def _models(draw: st.DrawFn) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(draw(st.integers(0, 1000)))
+    model = {}
+    for index in range(draw(st.integers(1, 4))):
+        shape = tuple(draw(st.lists(st.integers(0, 12), min_size=0, max_size=3)))
+        dtype = np.dtype(draw(st.sampled_from(_DTYPES)))
+        model[f"t{index}"] = np.asarray(rng.standard_normal(shape) * 50).astype(dtype)
+    return model
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_models(), st.integers(1, 4), st.integers(1, 4), st.data())
+def test_files_round_trip_for_random_models_shardings_and_small_segments(  # type: ignore[no-untyped-def]
+    model, writers: int, readers: int, data: st.DataObject
+) -> None:
+    # Tiny pieces and segments so that chunks split across ranks and reads start and end inside segments.
+    with mock.patch("trainer.checkpoint.sharding.MIN_PIECE_BYTES", 16), mock.patch(
+        "trainer.checkpoint.digest.SEGMENT_BYTES", data.draw(st.sampled_from([8, 24, 100]))
+    ), tempfile.TemporaryDirectory() as root:
+        ranks = [CheckpointWriter(root, rank, writers) for rank in range(writers)]
+        for writer in ranks:
+            writer.save_async(CheckpointMeta(1, 0, 0), model)
+        step_dir = [writer.wait() for writer in ranks][0]
+        for writer in ranks:
+            writer.close()
+        shard_dims = {
+            name: data.draw(st.integers(0, array.ndim - 1)) for name, array in model.items() if array.ndim
+        }
+        for rank in range(readers):
+            loaded, _ = load_checkpoint(step_dir, rank, readers, shard_dims)
+            for name, array in model.items():
+                expected = np.array_split(array, readers, axis=shard_dims[name])[rank] if name in shard_dims else array
+                assert loaded[name].dtype == expected.dtype and loaded[name].shape == expected.shape
+                assert loaded[name].tobytes() == expected.tobytes()
+        verify_checkpoint(step_dir)
