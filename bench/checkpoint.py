@@ -48,7 +48,7 @@ GB = 1e9
 def make_model(gib: float) -> tuple[dict[str, np.ndarray], mmap.mmap]:
     """Page-aligned tensors (one anonymous mapping) so O_DIRECT can write them without a copy."""
     big = max(1, round(gib * 16))
-    shapes = {f"layer{i}.weight": (4096, 4096) for i in range(big)}
+    shapes: dict[str, tuple[int, ...]] = {f"layer{i}.weight": (4096, 4096) for i in range(big)}
     shapes.update({f"layer{i}.bias": (4096,) for i in range(big)})
     sizes = {name: int(np.prod(shape)) * 4 for name, shape in shapes.items()}
     arena = mmap.mmap(-1, sum(sizes.values()))
@@ -181,7 +181,8 @@ class Report:
         self.rows.append(f"{what:36} {ours:6.2f} {raw[0]:7.2f} {ours / raw[0]:6.2f} {extra:15}  {raw[1]}")
 
     def print(self) -> None:
-        print(f"{'GB/s (medians)':36} {'ours':>6} {'dd-raw':>7} {'ratio':>6} {'new-arr':>8} {'ratio':>6}  dd-raw = faster of")
+        columns = f"{'ours':>6} {'dd-raw':>7} {'ratio':>6} {'new-arr':>8} {'ratio':>6}"
+        print(f"{'GB/s (medians)':36} {columns}  dd-raw = faster of")
         for row in self.rows:
             print(row)
 
@@ -226,7 +227,9 @@ def measure_async(work: Path, tensors: dict[str, np.ndarray], repeat: int) -> tu
     return blocked[0], statistics.median(blocked[1:])
 
 
-def measure_load(work: Path, tensors: dict[str, np.ndarray], source: int, target: int, repeat: int, report: Report) -> None:
+def measure_load(
+    work: Path, tensors: dict[str, np.ndarray], source: int, target: int, repeat: int, report: Report
+) -> None:
     payload = sum(a.nbytes for a in tensors.values())
     root = work / f"load{source}"
     writers = [CheckpointWriter(root, r, source) for r in range(source)]
@@ -272,7 +275,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir))
     print(f"payload {payload / (1 << 30):.2f} GiB in {len(tensors)} tensors, under {work}, "
           f"{os.cpu_count()} cores, medians of {args.repeat}")
-    print(f"warm-up: first touch of {4 * payload / (1 << 30):.0f} GiB of memory at {warm_up_memory(4 * payload):.2f} GB/s")
+    touched = warm_up_memory(4 * payload)
+    print(f"warm-up: first touch of {4 * payload / (1 << 30):.0f} GiB of memory at {touched:.2f} GB/s")
     print(f"checksum speed, one core: {checksum_rates()} -> segments use crc32, files sha256 of header + crc32s")
     report = Report()
     try:

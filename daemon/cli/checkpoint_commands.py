@@ -10,7 +10,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from functools import wraps
 from pathlib import Path
-from typing import TypeVar
+from typing import ParamSpec
 
 import click
 from rich.console import Console
@@ -29,18 +29,18 @@ from trainer.checkpoint import (
 from trainer.checkpoint.layout import TensorLayout
 from trainer.checkpoint.manifest import read_manifest, step_dir_name
 
-_F = TypeVar("_F", bound=Callable[..., None])
+_P = ParamSpec("_P")
 
 
 class UsageProblem(click.ClickException):
     exit_code = 2
 
 
-def _reported(command: _F) -> _F:
+def _reported(command: Callable[_P, None]) -> Callable[_P, None]:
     """Turns checkpoint and file-system errors into one line on stderr and exit code 1."""
 
     @wraps(command)
-    def run(*args: object, **kwargs: object) -> None:
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> None:
         try:
             command(*args, **kwargs)
         except CheckpointError as exc:
@@ -48,7 +48,7 @@ def _reported(command: _F) -> _F:
         except OSError as exc:
             raise click.ClickException(f"{exc.filename}: {exc.strerror}") from exc
 
-    return run  # type: ignore[return-value]
+    return run
 
 
 def _existing_dir(path: Path) -> Path:
@@ -103,7 +103,7 @@ def list_command(root: Path) -> None:
 @click.argument("step_dir", type=_DIR)
 @_reported
 def verify(step_dir: Path) -> None:
-    """Exit 0 when STEP_DIR is complete and every file's digest matches, else 1 saying what is wrong."""
+    """Exit 0 when STEP_DIR is complete and every byte matches its checksum, else 1 saying what is wrong."""
     manifest = verify_checkpoint(_existing_dir(step_dir))
     click.echo(
         f"{step_dir}: complete, step {manifest.step}, {len(manifest.files)} files, "

@@ -53,7 +53,9 @@ def save_all() -> SaveAll:
     at once, rank 0 committing. Returns the step directory.
     """
 
-    def run(root: Path, tensors: Mapping[str, np.ndarray], world_size: int, step: int = 100, generation: int = 0) -> Path:
+    def run(
+        root: Path, tensors: Mapping[str, np.ndarray], world_size: int, step: int = 100, generation: int = 0
+    ) -> Path:
         writers = [
             CheckpointWriter(root, rank, world_size, generation=generation, commit_timeout_s=30)
             for rank in range(world_size)

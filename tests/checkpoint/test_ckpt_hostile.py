@@ -10,6 +10,7 @@ import os
 import struct
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -31,7 +32,7 @@ from trainer.checkpoint.manifest import MANIFEST_NAME, read_manifest
 GOOD, BAD = "step_00000010", "step_00000020"
 
 
-def _edit_manifest(step_dir: Path, edit: Callable[[dict], None]) -> None:  # type: ignore[type-arg]
+def _edit_manifest(step_dir: Path, edit: Callable[[dict[str, Any]], object]) -> None:
     path = step_dir / MANIFEST_NAME
     document = json.loads(path.read_text())
     edit(document)
@@ -57,7 +58,7 @@ def _missing_file(step_dir: Path) -> None:
 
 
 def _escaping_name(step_dir: Path) -> None:
-    def edit(document: dict) -> None:  # type: ignore[type-arg]
+    def edit(document: dict[str, Any]) -> None:
         document["files"][1]["name"] = f"../{GOOD}/rank_1.safetensors"
         for layout in document["tensors"].values():
             for chunk in layout["chunks"]:
@@ -74,11 +75,13 @@ def _escaping_symlink(step_dir: Path) -> None:
 
 
 def _absurd_shape(step_dir: Path) -> None:
-    def edit(document: dict) -> None:  # type: ignore[type-arg]
+    def edit(document: dict[str, Any]) -> None:
         layout = document["tensors"]["fc1.weight"]
         layout["shape"] = [1 << 46, 1 << 46]
         layout["chunks"] = [
-            dict(layout["chunks"][0], offsets=[0, 0], sizes=[1 << 46, 1 << 46], segment_rows=1 << 46, checksums=["0" * 8])
+            dict(
+                layout["chunks"][0], offsets=[0, 0], sizes=[1 << 46, 1 << 46], segment_rows=1 << 46, checksums=["0" * 8]
+            )
         ]
 
     _edit_manifest(step_dir, edit)
@@ -121,16 +124,20 @@ DAMAGE = {
     "symlink escapes": (_escaping_symlink, "rank_1.safetensors leads outside"),
     "absurd shape": (_absurd_shape, "its chunks need"),
     "absurd offset": (_absurd_offset, "tensor 'fc1.bias': chunk 0 .* lies outside shape \\[300\\]"),
-    "header claims gigabytes": (_header_claims_gigabytes, "rank_1.safetensors: its safetensors header claims 3221225472 bytes"),
+    "header claims gigabytes": (
+        _header_claims_gigabytes, "rank_1.safetensors: its safetensors header claims 3221225472"
+    ),
     "header byte flipped": (_header_byte_flipped, "rank_0.safetensors: the digest of its header does not match"),
-    "dtype disagrees": (_manifest_dtype_disagrees_with_header, "key 'half' holds F16 \\[33, 7, 5\\], the manifest says I16"),
+    "dtype disagrees": (
+        _manifest_dtype_disagrees_with_header, "key 'half' holds F16 \\[33, 7, 5\\], the manifest says I16"
+    ),
     "manifest not JSON": (_manifest_not_json, "manifest.json is not valid JSON"),
     "manifest huge": (_manifest_huge, "more than the 67108864 a manifest.json may have"),
 }
 
 
 @pytest.fixture
-def checkpoints(tmp_path: Path, tensors: dict[str, np.ndarray], save_all) -> Path:  # type: ignore[no-untyped-def]
+def checkpoints(tmp_path: Path, tensors: dict[str, np.ndarray], save_all: Callable[..., Path]) -> Path:
     root = tmp_path / "ckpt"
     save_all(root, tensors, 2, step=10)
     save_all(root, tensors, 2, step=20)
@@ -187,12 +194,14 @@ def test_a_reshard_that_fails_half_way_leaves_no_output(checkpoints: Path) -> No
     ],
 )
 def test_native_strategies_that_cannot_be_imported_exactly_are_refused(
-    tmp_path: Path, layout: dict, message: str  # type: ignore[type-arg]
+    tmp_path: Path, layout: dict[str, Any], message: str
 ) -> None:
     for rank in range(2):
         (tmp_path / f"rank_{rank}").mkdir()
         save_file({"w": np.zeros((4, 3), np.float32)}, tmp_path / f"rank_{rank}" / "net.safetensors")
-    item = {"dev_matrix": [2], "tensor_map": [-1, 0], "field": 0, "opt_weight_shard_step": 0, "opt_weight_shard_size": 0}
+    item = {
+        "dev_matrix": [2], "tensor_map": [-1, 0], "field": 0, "opt_weight_shard_step": 0, "opt_weight_shard_size": 0
+    }
     (tmp_path / "strategy.json").write_text(json.dumps({"parallel_layout_item": {"w": {**item, **layout}}}))
     with pytest.raises(CheckpointError, match=message):
         import_native(tmp_path, tmp_path / "strategy.json")

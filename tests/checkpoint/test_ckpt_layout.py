@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -86,7 +87,7 @@ def test_manifest_round_trips_through_json() -> None:
         (lambda d: d["tensors"]["w"]["chunks"][0]["checksums"].append("zz"), "must be CRC-32s of 8 hexadecimal digits"),
     ],
 )
-def test_hostile_manifest_fields_are_refused_with_a_clear_error(edit, message: str) -> None:  # type: ignore[no-untyped-def]
+def test_hostile_manifest_fields_are_refused_with_a_clear_error(edit: Callable[[dict], object], message: str) -> None:
     document = _manifest().to_json()
     edit(document)
     with pytest.raises(CorruptCheckpoint, match=message):

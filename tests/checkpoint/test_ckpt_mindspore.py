@@ -127,20 +127,21 @@ def test_export_loads_into_the_network_with_mindspore_load_checkpoint(tmp_path: 
 
 # --- MindSpore-native distributed checkpoints -------------------------------------------------------
 
-_RNG = np.random.default_rng(5)
 # name -> (global tensor, device matrix, tensor map); tensor map entries count device axes from the right.
-_TWO_DEVICES = {
+Layouts = dict[str, tuple[np.ndarray, list[int], list[int]]]
+_RNG = np.random.default_rng(5)
+_TWO_DEVICES: Layouts = {
     "dense.weight": (_RNG.standard_normal((8, 12)).astype(np.float32), [2], [-1, 0]),  # split on dim 1
     "dense2.weight": (_RNG.standard_normal((6, 4)).astype(np.float32), [2], [0, -1]),  # split on dim 0
 }
-_FOUR_DEVICES = {
+_FOUR_DEVICES: Layouts = {
     "grid": (_RNG.standard_normal((4, 6)).astype(np.float32), [2, 2], [1, 0]),  # both dims split
     "columns": (_RNG.standard_normal((3, 8)).astype(np.float16), [2, 2], [-1, 0]),  # dim 1 split, replicated twice
 }
 _REPLICATED = {"bias": _RNG.standard_normal(5).astype(np.float32), "global_step": np.array([7], np.int32)}
 
 
-def _strategy_protobuf(layouts: dict, path: Path) -> None:  # type: ignore[type-arg]
+def _strategy_protobuf(layouts: Layouts, path: Path) -> None:
     strategy = node_strategy_pb2.ParallelStrategyMap(current_stage=0)
     for name, (_, dev_matrix, tensor_map) in layouts.items():
         item = strategy.parallel_layout_item.add(param_name=name)
@@ -154,7 +155,7 @@ def _strategy_protobuf(layouts: dict, path: Path) -> None:  # type: ignore[type-
     path.write_bytes(strategy.SerializeToString())
 
 
-def _strategy_json(layouts: dict, path: Path) -> None:  # type: ignore[type-arg]
+def _strategy_json(layouts: Layouts, path: Path) -> None:
     items = {
         name: {"dev_matrix": dev_matrix, "tensor_map": tensor_map, "param_split_shape": [], "indices_offset": [],
                "field": 0, "opt_weight_shard_step": 0, "opt_weight_shard_size": 0}
@@ -174,7 +175,7 @@ def _numpy_slice(full: np.ndarray, dev_matrix: list[int], tensor_map: list[int],
     return block
 
 
-def _native_checkpoint(directory: Path, layouts: dict) -> None:  # type: ignore[type-arg]
+def _native_checkpoint(directory: Path, layouts: Layouts) -> None:
     """rank_i/net.safetensors written by MindSpore itself, each holding rank i's slices."""
     device_num = int(np.prod(next(iter(layouts.values()))[1]))
     for rank in range(device_num):
@@ -195,7 +196,7 @@ def _native_checkpoint(directory: Path, layouts: dict) -> None:  # type: ignore[
     ids=["2-devices-protobuf-to-4", "2-devices-json-to-4", "2x2-mesh-protobuf-to-3"],
 )
 def test_native_tensor_parallel_checkpoint_reshards_exactly(
-    tmp_path: Path, layouts: dict, strategy_format: str, world_size: int  # type: ignore[type-arg]
+    tmp_path: Path, layouts: Layouts, strategy_format: str, world_size: int
 ) -> None:
     _native_checkpoint(tmp_path / "native", layouts)
     strategy = tmp_path / ("strategy.json" if strategy_format == "json" else "strategy.ckpt")

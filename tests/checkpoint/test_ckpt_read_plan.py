@@ -36,7 +36,7 @@ def stored_layouts(draw: st.DrawFn) -> tuple[tuple[int, ...], int, TensorLayout]
 
 
 def _execute(layout: TensorLayout, region: Region, source: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Carries out the plan against in-memory chunks; returns the local tensor and how often each element was written."""
+    """Carries out the plan against in-memory chunks: the local tensor, and how often each element was written."""
     stored = {(c.file, c.key): source[(Ellipsis, *c.region.slices())] for c in layout.chunks}
     local = np.full(region.sizes, np.nan, dtype=np.float32)
     writes = np.zeros(region.sizes, dtype=np.int64)
@@ -49,7 +49,9 @@ def _execute(layout: TensorLayout, region: Region, source: np.ndarray) -> tuple[
 
 @settings(max_examples=150, deadline=None)
 @given(stored_layouts(), st.integers(1, 5), st.data())
-def test_plan_covers_each_local_tensor_exactly_once(case, world_size: int, data: st.DataObject) -> None:  # type: ignore[no-untyped-def]
+def test_plan_covers_each_local_tensor_exactly_once(
+    case: tuple[tuple[int, ...], int, TensorLayout], world_size: int, data: st.DataObject
+) -> None:
     shape, _, layout = case
     layout.validate("t")
     source = np.arange(math.prod(shape), dtype=np.float32).reshape(shape)
@@ -70,9 +72,13 @@ tensor_shapes = st.one_of(
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.dictionaries(st.text("abc.", min_size=1, max_size=6), tensor_shapes, max_size=6), st.integers(1, 6), st.integers(1, 5))
-def test_a_checkpoint_written_by_n_ranks_loads_exactly_at_m_ranks(  # type: ignore[no-untyped-def]
-    shapes_by_name, writers: int, readers: int
+@given(
+    st.dictionaries(st.text("abc.", min_size=1, max_size=6), tensor_shapes, max_size=6),
+    st.integers(1, 6),
+    st.integers(1, 5),
+)
+def test_a_checkpoint_written_by_n_ranks_loads_exactly_at_m_ranks(
+    shapes_by_name: dict[str, tuple[int, ...]], writers: int, readers: int
 ) -> None:
     # F64 so that the larger tensors pass MIN_PIECE_BYTES and are cut across ranks.
     specs = {name: TensorSpec("F64", shape) for name, shape in shapes_by_name.items()}

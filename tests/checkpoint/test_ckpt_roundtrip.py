@@ -47,7 +47,12 @@ def _assert_bit_exact(actual: dict[str, np.ndarray], expected: dict[str, np.ndar
 
 @pytest.mark.parametrize(("writers", "readers"), [(1, 2), (2, 3), (3, 2), (4, 1), (2, 4)])
 def test_n_to_m_round_trip_is_bit_exact(
-    tmp_path: Path, tensors: dict[str, np.ndarray], save_all: SaveAll, meta_for, writers: int, readers: int  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    tensors: dict[str, np.ndarray],
+    save_all: SaveAll,
+    meta_for: Callable[[int], CheckpointMeta],
+    writers: int,
+    readers: int,
 ) -> None:
     step_dir = save_all(tmp_path, tensors, writers)
     manifest = read_manifest(step_dir)
@@ -133,7 +138,8 @@ def test_rank_0_commits_only_when_every_rank_of_its_generation_has_written(
     def sleep(seconds: float) -> None:
         now[0] += seconds
 
-    with CheckpointWriter(tmp_path, 0, 2, generation=2, commit_timeout_s=30, clock=lambda: now[0], sleep=sleep) as writer:
+    rank_0 = CheckpointWriter(tmp_path, 0, 2, generation=2, commit_timeout_s=30, clock=lambda: now[0], sleep=sleep)
+    with rank_0 as writer:
         writer.save_async(CheckpointMeta(100, 0, 0), tensors)
         with pytest.raises(CheckpointError, match=r"ranks \[1\] did not finish writing within 30 s; not committed"):
             writer.wait()
@@ -206,7 +212,7 @@ def test_a_filesystem_that_refuses_o_direct_gets_buffered_writes(
     real_open = os.open
     refused = []
 
-    def open_without_direct(path, flags, *args):  # type: ignore[no-untyped-def]
+    def open_without_direct(path: str | Path, flags: int, *args: int) -> int:
         if flags & os.O_DIRECT:
             refused.append(path)
             raise OSError(errno.EINVAL, "Invalid argument", str(path))
@@ -235,8 +241,8 @@ def _models(draw: st.DrawFn) -> dict[str, np.ndarray]:
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_models(), st.integers(1, 4), st.integers(1, 4), st.data())
-def test_files_round_trip_for_random_models_shardings_and_small_segments(  # type: ignore[no-untyped-def]
-    model, writers: int, readers: int, data: st.DataObject
+def test_files_round_trip_for_random_models_shardings_and_small_segments(
+    model: dict[str, np.ndarray], writers: int, readers: int, data: st.DataObject
 ) -> None:
     # Tiny pieces and segments so that chunks split across ranks and reads start and end inside segments.
     with mock.patch("trainer.checkpoint.sharding.MIN_PIECE_BYTES", 16), mock.patch(

@@ -1,7 +1,8 @@
 """Sharded safetensors checkpoints that load at any world size (DESIGN.md, "Checkpoints").
 
-Pure numpy + safetensors; MindSpore only in `trainer.checkpoint.mindspore_io`, which this package does not
-import, so the coordinator can use everything here without MindSpore.
+numpy and the safetensors file format (read and written here, with per-segment CRC-32 checks; see
+`digest`, `chunk_reader`, `direct_writer`); MindSpore only in `trainer.checkpoint.mindspore_io`, which this
+package does not import, so the coordinator can use everything here without MindSpore.
 
 Layout on disk, under a root directory::
 
@@ -18,14 +19,17 @@ Worker runtime (every rank of a data-parallel job)::
     writer.wait()                                          # or let the next save_async wait
     writer.close()
 
-    tensors, manifest = load_latest(root, rank, world_size)     # newest complete + verified, with fallback
-    tensors, manifest = load_checkpoint(root / "step_00000100", rank, world_size)  # exactly this one
-    load_numpy_into(tensors, net, optimizer)                    # trainer.checkpoint.mindspore_io
+    tensors, manifest = load_checkpoint(step_dir, rank, world_size)  # the one the coordinator chose
+    tensors, manifest = load_latest(root, rank, world_size)          # or: newest that verifies, fallback
+    load_numpy_into(tensors, net, optimizer)                         # trainer.checkpoint.mindspore_io
 
 `save_async` blocks only while this rank's share is copied to host buffers. Every rank must pass the same
 tensor names, shapes and dtypes; rank 0 commits once every rank's file is on disk. Errors surface from
 `wait()` or the next `save_async` as CheckpointError. Loads return each tensor whole; pass
-`shard_dims={name: dim}` to get only this rank's `numpy.array_split` part of that dimension.
+`shard_dims={name: dim}` to get only this rank's `numpy.array_split` part of that dimension. Everything
+loaded is verified. `load_checkpoint` raises CorruptCheckpoint rather than fall back, so ranks launched
+with the same checkpoint never end up on different steps; `load_latest` verifies every byte of the
+checkpoint it picks (not only what the rank needs), so all ranks judge it alike.
 
 Coordinator (no MindSpore, no tensor data)::
 

@@ -38,7 +38,9 @@ def data_file_path(step_dir: Path, entry: FileEntry) -> Path:
     if not stat.S_ISREG(st.st_mode):
         raise CorruptCheckpoint(f"{where} is not a regular file")
     if st.st_size != entry.size:
-        raise CorruptCheckpoint(f"{where} is {st.st_size} bytes, the manifest says {entry.size} (truncated or replaced)")
+        raise CorruptCheckpoint(
+            f"{where} is {st.st_size} bytes, the manifest says {entry.size} (truncated or replaced)"
+        )
     return path
 
 

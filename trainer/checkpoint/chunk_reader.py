@@ -112,9 +112,9 @@ def _parse_header(header: bytes, chunks: Iterable[tuple[str, Chunk]], size: int,
 
 
 class ChunkReader:
-    """Reads rows of the chunks a layout names from the files of one directory, each file opened once.
-
-    With `files` (the manifest's file entries) everything read is verified; without, nothing is.
+    """Reads rows of the chunks a layout names from the files of one directory, each file opened once, on its
+    own task pool. With `files` (the manifest's file entries) everything read is verified; without, nothing
+    is. Use it as a context manager: leaving it waits for the reads under way, then closes the files.
     """
 
     def __init__(
@@ -129,10 +129,9 @@ class ChunkReader:
         }
         self._files = files
         self._open: dict[str, _OpenFile] = {}
+        self._pool = TaskPool()
 
-    def read(
-        self, item: ReadItem, pool: TaskPool, target: np.ndarray | None
-    ) -> tuple[np.ndarray | None, list[Future[None]]]:
+    def read(self, item: ReadItem, target: np.ndarray | None) -> tuple[np.ndarray | None, list[Future[None]]]:
         """Starts reading the item's data. When `target` (C-contiguous, the item's shape) is given and the item
         spans whole rows of its chunk, the data goes straight into it and None is returned for it; else the
         data is returned. Also returns the read tasks, which check the checksums: the data may be used once
@@ -145,14 +144,14 @@ class ChunkReader:
         if target is not None and item.sizes[1:] == sizes[1:]:
             head = memoryview(bytearray((first - low) * rows.row_bytes))
             after = memoryview(bytearray((high - end) * rows.row_bytes))
-            return None, self._read_rows(item.file, rows, low, high, [head, _bytes(target), after], pool)
+            return None, self._read_rows(item.file, rows, low, high, [head, _bytes(target), after])
         block = np.empty((high - low, *sizes[1:]), numpy_dtype(dtype))
-        checks = self._read_rows(item.file, rows, low, high, [_bytes(block)], pool)
+        checks = self._read_rows(item.file, rows, low, high, [_bytes(block)])
         if not sizes:
             return block.reshape(()), checks
         return block[(slice(first - low, end - low), *item.chunk_slices()[1:])], checks
 
-    def verify(self, selection: Mapping[tuple[str, str], Iterable[int]] | None, pool: TaskPool) -> None:
+    def verify(self, selection: Mapping[tuple[str, str], Iterable[int]] | None) -> None:
         """Checks every file's header, then reads and verifies the selected segments of each (file, key) in
         file order (all segments of every chunk when `selection` is None) into scratch buffers.
         """
@@ -163,7 +162,7 @@ class ChunkReader:
                 pair: range(segment_count(chunk.region.sizes, chunk.segment_rows))
                 for pair, (_, chunk) in self._chunks.items()
             }
-        buffers = [bytearray() for _ in range(_BUFFERS_PER_THREAD * pool.threads)]
+        buffers = [bytearray() for _ in range(_BUFFERS_PER_THREAD * self._pool.threads)]
         in_flight: list[list[Future[None]]] = [[] for _ in buffers]
         slots = itertools.cycle(range(len(buffers)))
         for file, key in sorted(selection, key=lambda pair: (pair[0], self._rows(*pair)[1].start)):
@@ -178,7 +177,7 @@ class ChunkReader:
                 if len(buffers[slot]) < length:
                     buffers[slot] = bytearray(length)
                 view = memoryview(buffers[slot])[:length]
-                in_flight[slot] = self._read_rows(file, rows, low, high, [view], pool)
+                in_flight[slot] = self._read_rows(file, rows, low, high, [view])
         for checks in in_flight:
             for check in checks:
                 check.result()
@@ -188,9 +187,7 @@ class ChunkReader:
         start = self._opened(file).data_start[key]
         return dtype, _Rows(chunk, math.prod(chunk.region.sizes[1:]) * itemsize(dtype), start)
 
-    def _read_rows(
-        self, file: str, rows: _Rows, low: int, high: int, parts: list[memoryview], pool: TaskPool
-    ) -> list[Future[None]]:
+    def _read_rows(self, file: str, rows: _Rows, low: int, high: int, parts: list[memoryview]) -> list[Future[None]]:
         """Starts reading rows [low, high) of a chunk into the concatenation of `parts`: one task per segment,
         which also checks the segment's checksum.
         """
@@ -203,11 +200,13 @@ class ChunkReader:
             views = _take(parts, (min(row + step, high) - row) * rows.row_bytes)
             offset = rows.start + row * rows.row_bytes
             if chunk.checksums is None:
-                tasks.append(pool.submit(_read_fully, opened.fd, views, offset, where))
+                tasks.append(self._pool.submit(_read_fully, opened.fd, views, offset, where))
             else:
                 index = row // chunk.segment_rows
                 expected = chunk.checksums[index]
-                tasks.append(pool.submit(_read_checked, opened.fd, views, offset, expected, f"{where} segment {index}"))
+                tasks.append(
+                    self._pool.submit(_read_checked, opened.fd, views, offset, expected, f"{where} segment {index}")
+                )
         return tasks
 
     def _opened(self, name: str) -> _OpenFile:
@@ -225,13 +224,16 @@ class ChunkReader:
             size = os.fstat(fd).st_size
             entry = self._files[name] if self._files is not None else None
             if entry is not None and size != entry.size:
-                raise CorruptCheckpoint(f"{where} is {size} bytes, the manifest says {entry.size} (truncated or replaced)")
+                raise CorruptCheckpoint(
+                    f"{where} is {size} bytes, the manifest says {entry.size} (truncated or replaced)"
+                )
             prefix = os.pread(fd, 8, 0)
             length = int.from_bytes(prefix, "little")
             if len(prefix) < 8 or length > min(size - 8, MAX_HEADER_BYTES):
                 raise CorruptCheckpoint(f"{where}: its safetensors header claims {length} bytes, the file has {size}")
             header = prefix + os.pread(fd, length, 8)
-            if entry is not None and file_digest(header, [(c.key, c.checksums or ()) for _, c in chunks]) != entry.digest:
+            checksums = [(chunk.key, chunk.checksums or ()) for _, chunk in chunks]
+            if entry is not None and file_digest(header, checksums) != entry.digest:
                 raise CorruptCheckpoint(f"{where}: the digest of its header does not match the manifest (damaged)")
             opened = _OpenFile(fd, where, _parse_header(header, chunks, size, where))
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
@@ -242,6 +244,7 @@ class ChunkReader:
         return opened
 
     def close(self) -> None:
+        self._pool.close()
         for opened in self._open.values():
             os.close(opened.fd)
         self._open.clear()

@@ -14,7 +14,6 @@ from trainer.checkpoint.loader import read_region
 from trainer.checkpoint.manifest import Manifest
 from trainer.checkpoint.safetensors_file import write_safetensors
 from trainer.checkpoint.sharding import TensorSpec
-from trainer.checkpoint.task_pool import TaskPool
 
 
 def export_safetensors(step_dir: Path, out_path: Path) -> Manifest:
@@ -29,9 +28,7 @@ def export_safetensors(step_dir: Path, out_path: Path) -> Manifest:
     names = sorted(manifest.tensors)
     entries = [(n, TensorSpec(manifest.tensors[n].dtype, manifest.tensors[n].shape)) for n in names]
     files = {entry.name: entry for entry in manifest.files}
-    with TaskPool() as pool, ChunkReader(step_dir, manifest.tensors, files) as reader:
-        arrays = (
-            read_region(reader, pool, manifest.tensors, n, Region.full(manifest.tensors[n].shape)) for n in names
-        )
+    with ChunkReader(step_dir, manifest.tensors, files) as reader:
+        arrays = (read_region(reader, manifest.tensors, n, Region.full(manifest.tensors[n].shape)) for n in names)
         write_safetensors(out_path, entries, arrays)
     return manifest

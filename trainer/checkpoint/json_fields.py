@@ -26,7 +26,9 @@ def read_json_file(path: Path, what: str) -> dict[str, Any]:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size > MAX_JSON_BYTES:
-                raise CorruptCheckpoint(f"{what} is {size} bytes, more than the {MAX_JSON_BYTES} a {path.name} may have")
+                raise CorruptCheckpoint(
+                    f"{what} is {size} bytes, more than the {MAX_JSON_BYTES} a {path.name} may have"
+                )
             raw = f.read(MAX_JSON_BYTES + 1)
     except FileNotFoundError as exc:
         raise CorruptCheckpoint(f"{what} is missing") from exc

@@ -173,7 +173,9 @@ class TensorLayout:
                 )
             segments = segment_count(region.sizes, chunk.segment_rows)
             if chunk.checksums is not None and len(chunk.checksums) != segments:
-                raise CorruptCheckpoint(f"{where}: chunk {i} lists {len(chunk.checksums)} checksums for {segments} segments")
+                raise CorruptCheckpoint(
+                    f"{where}: chunk {i} lists {len(chunk.checksums)} checksums for {segments} segments"
+                )
         _check_disjoint(where, self.chunks, ndim)
         covered = sum(c.region.volume for c in self.chunks)
         total = math.prod(self.shape)

@@ -23,7 +23,6 @@ from trainer.checkpoint.layout import Region, TensorLayout, numpy_dtype
 from trainer.checkpoint.manifest import Manifest
 from trainer.checkpoint.read_plan import ReadItem, plan_reads
 from trainer.checkpoint.sharding import local_region
-from trainer.checkpoint.task_pool import TaskPool
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +35,9 @@ class Assembly:
 
     def __init__(self, tensors: Mapping[str, TensorLayout], wanted: Mapping[str, Region]) -> None:
         self._wanted = wanted
-        self.arrays = {name: np.empty(region.sizes, numpy_dtype(tensors[name].dtype)) for name, region in wanted.items()}
+        self.arrays = {
+            name: np.empty(region.sizes, numpy_dtype(tensors[name].dtype)) for name, region in wanted.items()
+        }
 
     def target(self, item: ReadItem) -> np.ndarray | None:
         """Where the item's rows go when they are contiguous in the local tensor (the item spans its width)."""
@@ -49,14 +50,14 @@ class Assembly:
         self.arrays[item.tensor][(Ellipsis, *item.local_slices())] = data
 
 
-def run_reads(items: Iterable[ReadItem], reader: ChunkReader, pool: TaskPool, assembly: Assembly) -> None:
+def run_reads(items: Iterable[ReadItem], reader: ChunkReader, assembly: Assembly) -> None:
     """Reads every item into the assembly; data read aside is placed once its reads and checks succeeded, and
     all have when this returns.
     """
     pending: deque[tuple[ReadItem, np.ndarray | None, list[Future[None]]]] = deque()
     pending_bytes = 0
     for item in items:
-        data, checks = reader.read(item, pool, assembly.target(item))
+        data, checks = reader.read(item, assembly.target(item))
         pending.append((item, data, checks))
         pending_bytes += 0 if data is None else data.nbytes
         while pending_bytes > _READ_AHEAD_BYTES:
@@ -76,12 +77,12 @@ def _settle(entry: tuple[ReadItem, np.ndarray | None, list[Future[None]]], assem
 
 
 def read_region(
-    reader: ChunkReader, pool: TaskPool, tensors: Mapping[str, TensorLayout], name: str, region: Region
+    reader: ChunkReader, tensors: Mapping[str, TensorLayout], name: str, region: Region
 ) -> np.ndarray:
     """One region of one tensor, assembled from every chunk it touches."""
     wanted = {name: region}
     assembly = Assembly(tensors, wanted)
-    run_reads(plan_reads(tensors, wanted), reader, pool, assembly)
+    run_reads(plan_reads(tensors, wanted), reader, assembly)
     return assembly.arrays[name]
 
 
@@ -99,7 +100,7 @@ def _wanted_regions(
 
 
 def _unread_segments(manifest: Manifest, items: tuple[ReadItem, ...]) -> dict[tuple[str, str], list[int]]:
-    """Per (file, key), the digest segments the read items did not touch."""
+    """Per (file, key), the checksum segments the read items did not touch."""
     chunks = {(c.file, c.key): c for layout in manifest.tensors.values() for c in layout.chunks}
     unread = {pair: set(range(segment_count(c.region.sizes, c.segment_rows))) for pair, c in chunks.items()}
     for item in items:
@@ -128,10 +129,10 @@ def load_checkpoint(
     items = plan_reads(manifest.tensors, wanted)
     assembly = Assembly(manifest.tensors, wanted)
     files = {entry.name: entry for entry in manifest.files}
-    with TaskPool() as pool, ChunkReader(step_dir, manifest.tensors, files) as reader:
-        run_reads(items, reader, pool, assembly)
+    with ChunkReader(step_dir, manifest.tensors, files) as reader:
+        run_reads(items, reader, assembly)
         if verify_all:
-            reader.verify(_unread_segments(manifest, items), pool)
+            reader.verify(_unread_segments(manifest, items))
     return assembly.arrays, manifest
 
 
@@ -151,5 +152,7 @@ def load_latest(
         try:
             return load_checkpoint(info.path, rank, world_size, shard_dims, verify_all=True)
         except CorruptCheckpoint as exc:
-            log.warning("Rank %d passes over checkpoint %s: %s; falling back to the previous one.", rank, info.path, exc)
+            log.warning(
+                "Rank %d passes over checkpoint %s: %s; falling back to the previous one.", rank, info.path, exc
+            )
     raise NoCheckpoint(f"no complete checkpoint that verifies under {root}")

@@ -170,7 +170,9 @@ class Manifest:
             meta=CheckpointMeta.from_json(obj, where),
             world_size=get_int(obj, "world_size", where, minimum=1),
             generation=get_int(obj, "generation", where),
-            files=tuple(FileEntry.from_json(f, f"{where}: file {i}") for i, f in enumerate(get_list(obj, "files", where))),
+            files=tuple(
+                FileEntry.from_json(f, f"{where}: file {i}") for i, f in enumerate(get_list(obj, "files", where))
+            ),
             tensors=layouts_from_json(obj, where),
             digest_algorithm=algorithm,
         )
@@ -178,7 +180,9 @@ class Manifest:
         return manifest
 
     def validate(self, where: str = MANIFEST_NAME) -> None:
-        """Every layout exact, every chunk in a listed file under a unique key, no file asked for more bytes than it has."""
+        """Every layout exact, every chunk in a listed file under a unique key, no file asked for more bytes
+        than it has.
+        """
         names = Counter(f.name for f in self.files)
         for name, count in names.items():
             if count > 1:
@@ -189,7 +193,9 @@ class Manifest:
             layout.validate(tensor_name)
             for chunk in layout.chunks:
                 if chunk.file not in claimed:
-                    raise CorruptCheckpoint(f"{where}: tensor '{tensor_name}' is stored in {chunk.file}, which is not listed")
+                    raise CorruptCheckpoint(
+                        f"{where}: tensor '{tensor_name}' is stored in {chunk.file}, which is not listed"
+                    )
                 if (chunk.file, chunk.key) in seen_keys:
                     raise CorruptCheckpoint(f"{where}: key '{chunk.key}' of {chunk.file} is used twice")
                 seen_keys.add((chunk.file, chunk.key))
@@ -203,6 +209,6 @@ class Manifest:
 
 def read_manifest(step_dir: Path) -> Manifest:
     """The validated manifest of a checkpoint directory; CorruptCheckpoint when missing or invalid."""
-    path = step_dir / MANIFEST_NAME
-    return Manifest.from_json(read_json_file(path, f"{step_dir.name}/{MANIFEST_NAME}"), f"{step_dir.name}/{MANIFEST_NAME}")
+    where = f"{step_dir.name}/{MANIFEST_NAME}"
+    return Manifest.from_json(read_json_file(step_dir / MANIFEST_NAME, where), where)
 

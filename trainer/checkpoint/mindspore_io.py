@@ -49,7 +49,8 @@ def load_numpy_into(state: Mapping[str, np.ndarray], *cells: ms.nn.Cell) -> None
         expected = np.dtype(ms.dtype_to_nptype(param.dtype))
         if array.shape != tuple(param.shape) or array.dtype != expected:
             raise CheckpointError(
-                f"parameter '{name}' is {expected} {list(param.shape)}, the checkpoint holds {array.dtype} {list(array.shape)}"
+                f"parameter '{name}' is {expected} {list(param.shape)}, "
+                f"the checkpoint holds {array.dtype} {list(array.shape)}"
             )
     for name, param in parameters.items():
         param.set_data(ms.Tensor(state[name]))

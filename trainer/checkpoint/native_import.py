@@ -131,7 +131,9 @@ def _strategy(
     if opt_size == -1:
         opt_size = strategy.device_num // math.prod(strategy.splits())
     if opt_step and opt_size > 1:
-        raise CheckpointError(f"{where}: optimizer-parallel sharding (opt_weight_shard_size {opt_size}) is not supported")
+        raise CheckpointError(
+            f"{where}: optimizer-parallel sharding (opt_weight_shard_size {opt_size}) is not supported"
+        )
     return strategy
 
 
@@ -177,7 +179,9 @@ def _read_protobuf_strategy(raw: bytes, where: str) -> dict[str, ParameterStrate
     for item in strategy_map.parallel_layout_item:
         layout = item.parallel_layouts
         if len(layout.dev_matrix) != 1:
-            raise CorruptCheckpoint(f"{where}: layout of '{item.param_name}' has {len(layout.dev_matrix)} device matrices")
+            raise CorruptCheckpoint(
+                f"{where}: layout of '{item.param_name}' has {len(layout.dev_matrix)} device matrices"
+            )
         # One TensorMap per tensor dimension when a dimension may be split over several axes; else one for all.
         tensor_map = (
             [list(m.dim) for m in layout.tensor_map if list(m.dim)]
@@ -264,7 +268,9 @@ def import_native(directory: Path, strategy_file: Path) -> NativeCheckpoint:
         chunks: dict[tuple[int, ...], Chunk] = {}
         for rank, header in enumerate(headers):
             if header.get(name) != (dtype, slice_shape):
-                raise CheckpointError(f"{files[rank]} does not hold '{name}' as {dtype} {list(slice_shape)} like rank 0")
+                raise CheckpointError(
+                    f"{files[rank]} does not hold '{name}' as {dtype} {list(slice_shape)} like rank 0"
+                )
             index = strategy.slice_index(rank)
             if index not in chunks:
                 offsets = tuple(i * size for i, size in zip(index, slice_shape))

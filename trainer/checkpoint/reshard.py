@@ -21,7 +21,6 @@ from trainer.checkpoint.loader import read_region
 from trainer.checkpoint.manifest import CheckpointMeta, FileEntry, Manifest, step_dir_name
 from trainer.checkpoint.rank_file import write_rank_file
 from trainer.checkpoint.sharding import TensorSpec, write_assignment
-from trainer.checkpoint.task_pool import TaskPool
 
 
 def write_resharded(
@@ -46,9 +45,9 @@ def write_resharded(
     try:
         files: list[FileEntry] = []
         chunks: dict[str, list[Chunk]] = {name: [] for name in tensors}
-        with TaskPool() as pool, ChunkReader(source_dir, tensors, source_files) as reader:
+        with ChunkReader(source_dir, tensors, source_files) as reader:
             for rank, pieces in enumerate(assignment):
-                arrays = (read_region(reader, pool, tensors, p.tensor, p.region) for p in pieces)
+                arrays = (read_region(reader, tensors, p.tensor, p.region) for p in pieces)
                 entry, rank_chunks = write_rank_file(step_dir, rank, pieces, specs, arrays)
                 files.append(entry)
                 for name, held in rank_chunks.items():

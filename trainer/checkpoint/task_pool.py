@@ -11,29 +11,34 @@ import os
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 _T = TypeVar("_T")
 
 
 class TaskPool:
-    """Use as a context manager. Buffers handed to a task must stay alive and unchanged until it is done."""
+    """Buffers handed to a task must stay alive and unchanged until it is done. `close` (or leaving the
+    context) cancels what has not started and waits for what has.
+    """
 
     def __init__(self) -> None:
         self.threads = 2 * (os.cpu_count() or 1)
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="checkpoint-io")
-        self._pending: deque[Future[object]] = deque()
+        self._pending: deque[Future[Any]] = deque()
 
     def submit(self, fn: Callable[..., _T], *args: object) -> Future[_T]:
         """Runs `fn(*args)` on the pool; first waits for the oldest task when too many are ahead."""
         while len(self._pending) >= 8 * self.threads:
             self._pending.popleft().result()
         future = self._pool.submit(fn, *args)
-        self._pending.append(future)  # type: ignore[arg-type]
+        self._pending.append(future)
         return future
+
+    def close(self) -> None:
+        self._pool.shutdown(cancel_futures=True)
 
     def __enter__(self) -> TaskPool:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._pool.shutdown(cancel_futures=True)
+        self.close()

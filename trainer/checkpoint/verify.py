@@ -1,4 +1,4 @@
-"""Verifying whole checkpoints: every file's header and every segment's digest (see `chunk_reader`). Reads
+"""Verifying whole checkpoints: every file's header and every segment's checksum (see `chunk_reader`). Reads
 bytes only, so the coordinator verifies bfloat16 checkpoints without MindSpore.
 """
 
@@ -11,7 +11,6 @@ from trainer.checkpoint.catalog import check_complete, list_checkpoints
 from trainer.checkpoint.chunk_reader import ChunkReader
 from trainer.checkpoint.errors import CorruptCheckpoint
 from trainer.checkpoint.manifest import Manifest
-from trainer.checkpoint.task_pool import TaskPool
 
 log = logging.getLogger(__name__)
 
@@ -22,8 +21,8 @@ def verify_checkpoint(step_dir: Path) -> Manifest:
     """
     manifest = check_complete(step_dir)
     files = {entry.name: entry for entry in manifest.files}
-    with TaskPool() as pool, ChunkReader(step_dir, manifest.tensors, files) as reader:
-        reader.verify(None, pool)
+    with ChunkReader(step_dir, manifest.tensors, files) as reader:
+        reader.verify(None)
     return manifest
 
 

@@ -138,7 +138,9 @@ class CheckpointWriter:
         step_dir.mkdir(parents=True, exist_ok=True)
         (step_dir / report_name(self.rank)).unlink(missing_ok=True)
         if self.rank == 0 and (step_dir / MANIFEST_NAME).exists():
-            log.warning("Rank 0 replaces the existing checkpoint %s with generation %d's save.", step_dir, self.generation)
+            log.warning(
+                "Rank 0 replaces the existing checkpoint %s with generation %d's save.", step_dir, self.generation
+            )
             (step_dir / MANIFEST_NAME).unlink()
         fsync_dir(step_dir)
         return step_dir
