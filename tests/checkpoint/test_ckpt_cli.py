@@ -85,3 +85,9 @@ def test_trainerctl_runs_the_group_as_a_real_command(root: Path) -> None:
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.startswith("Error: step_00000020/rank_0.safetensors is 1000 bytes, the manifest says")
     assert done.stderr.count("\n") == 1
+
+
+def test_the_package_and_the_commands_do_not_import_mindspore() -> None:
+    """The coordinator and trainerctl use them on hosts without MindSpore."""
+    code = "import sys, trainer.checkpoint, daemon.cli.checkpoint_commands; sys.exit('mindspore' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

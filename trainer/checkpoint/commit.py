@@ -143,6 +143,7 @@ def commit_manifest(step_dir: Path, manifest: Manifest) -> None:
             data_file_path(step_dir, entry)
     except CorruptCheckpoint as exc:
         raise CheckpointError(f"{step_dir.name}: not committed: {exc}") from exc
+    fsync_dir(step_dir.parent)  # the step directory itself must survive a crash before the commit counts
     write_json_atomic(step_dir / MANIFEST_NAME, manifest.to_json())
     listed = {entry.name for entry in manifest.files} | {MANIFEST_NAME}
     for child in step_dir.iterdir():

@@ -25,7 +25,6 @@ from trainer.checkpoint.commit import (
     report_name,
     write_report,
 )
-from trainer.checkpoint.durable_files import fsync_dir
 from trainer.checkpoint.errors import CheckpointError
 from trainer.checkpoint.layout import Region, TensorLayout, dtype_name
 from trainer.checkpoint.manifest import MANIFEST_NAME, CheckpointMeta, Manifest, step_dir_name
@@ -142,7 +141,6 @@ class CheckpointWriter:
                 "Rank 0 replaces the existing checkpoint %s with generation %d's save.", step_dir, self.generation
             )
             (step_dir / MANIFEST_NAME).unlink()
-        fsync_dir(step_dir)
         return step_dir
 
     def _write(
