@@ -68,10 +68,7 @@ def test_adopt_does_not_reset_a_node_already_heard() -> None:
     assert tracker.overdue() == ["a"]
 
 
-def test_unknown_node_has_no_age_and_forget_stops_tracking() -> None:
+def test_unknown_node_has_no_age() -> None:
     clock, tracker = make()
     assert tracker.age("ghost") is None
-    tracker.connected("a")
-    tracker.forget("a")
-    clock.advance(60)
-    assert tracker.overdue() == []
+    assert not tracker.is_connected("ghost")

@@ -1,0 +1,29 @@
+"""Every write of the job state goes through the transition table."""
+
+import pytest
+
+from daemon.job.state import ALLOWED_TRANSITIONS, Failure, IllegalTransition, JobRecord
+from proto.vocabulary import JobState
+
+
+def test_every_state_has_a_row_and_completed_is_final() -> None:
+    assert set(ALLOWED_TRANSITIONS) == set(JobState)
+    for state in set(JobState) - {JobState.COMPLETED}:
+        with pytest.raises(IllegalTransition, match="job cannot go from COMPLETED"):
+            JobRecord(JobState.COMPLETED).moved_to(state)
+
+
+def test_allowed_and_refused_moves() -> None:
+    record = JobRecord(JobState.PENDING)
+    running = record.moved_to(JobState.RUNNING, generation=1, world_size=2)
+    assert (running.state, running.generation, running.world_size) == (JobState.RUNNING, 1, 2)
+    failed = running.moved_to(JobState.FAILED, last_failure=Failure("process_exited", "rank 1 exited"))
+    assert failed.last_failure.message == "rank 1 exited"
+    with pytest.raises(IllegalTransition, match="from FAILED to RUNNING"):
+        failed.moved_to(JobState.RUNNING)
+    assert running.moved_to(JobState.RUNNING) == running  # staying put is always allowed
+
+
+def test_record_round_trips_through_json() -> None:
+    record = JobRecord(JobState.FAILED, 3, 4, 1, Failure("node_lost", "node b lost", "b", -1, 0, 0))
+    assert JobRecord.from_json(record.to_json()) == record
