@@ -150,8 +150,20 @@ class Stopped(_message.Message):
     generation: int
     def __init__(self, generation: _Optional[int] = ...) -> None: ...
 
+class CheckpointSaved(_message.Message):
+    __slots__ = ("generation", "step", "consumed_samples", "path")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    CONSUMED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    step: int
+    consumed_samples: int
+    path: str
+    def __init__(self, generation: _Optional[int] = ..., step: _Optional[int] = ..., consumed_samples: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
+
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "heartbeat", "process_started", "process_exited", "progress", "bad_batch", "stopped")
+    __slots__ = ("hello", "heartbeat", "process_started", "process_exited", "progress", "bad_batch", "stopped", "checkpoint_saved")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     PROCESS_STARTED_FIELD_NUMBER: _ClassVar[int]
@@ -159,6 +171,7 @@ class AgentMessage(_message.Message):
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     BAD_BATCH_FIELD_NUMBER: _ClassVar[int]
     STOPPED_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_SAVED_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     heartbeat: Heartbeat
     process_started: ProcessStarted
@@ -166,7 +179,8 @@ class AgentMessage(_message.Message):
     progress: Progress
     bad_batch: BadBatch
     stopped: Stopped
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., process_started: _Optional[_Union[ProcessStarted, _Mapping]] = ..., process_exited: _Optional[_Union[ProcessExited, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., bad_batch: _Optional[_Union[BadBatch, _Mapping]] = ..., stopped: _Optional[_Union[Stopped, _Mapping]] = ...) -> None: ...
+    checkpoint_saved: CheckpointSaved
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., process_started: _Optional[_Union[ProcessStarted, _Mapping]] = ..., process_exited: _Optional[_Union[ProcessExited, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., bad_batch: _Optional[_Union[BadBatch, _Mapping]] = ..., stopped: _Optional[_Union[Stopped, _Mapping]] = ..., checkpoint_saved: _Optional[_Union[CheckpointSaved, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("node_name", "resume_token", "heartbeat_interval_s", "coordinator_id")
@@ -237,15 +251,85 @@ class Stop(_message.Message):
     reason: str
     def __init__(self, generation: _Optional[int] = ..., grace_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class CheckpointNow(_message.Message):
+    __slots__ = ("generation", "step")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    step: int
+    def __init__(self, generation: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
+
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("welcome", "launch", "stop")
+    __slots__ = ("welcome", "launch", "stop", "checkpoint_now")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     LAUNCH_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_NOW_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     launch: Launch
     stop: Stop
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., launch: _Optional[_Union[Launch, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ...) -> None: ...
+    checkpoint_now: CheckpointNow
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., launch: _Optional[_Union[Launch, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., checkpoint_now: _Optional[_Union[CheckpointNow, _Mapping]] = ...) -> None: ...
+
+class CommandReply(_message.Message):
+    __slots__ = ("message",)
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    message: str
+    def __init__(self, message: _Optional[str] = ...) -> None: ...
+
+class PauseRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ResumeRequest(_message.Message):
+    __slots__ = ("from_step",)
+    FROM_STEP_FIELD_NUMBER: _ClassVar[int]
+    from_step: int
+    def __init__(self, from_step: _Optional[int] = ...) -> None: ...
+
+class DrainRequest(_message.Message):
+    __slots__ = ("node", "drained")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    drained: bool
+    def __init__(self, node: _Optional[str] = ..., drained: _Optional[bool] = ...) -> None: ...
+
+class SkipsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SkipEntry(_message.Message):
+    __slots__ = ("start", "end", "reason", "step", "generation", "id")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    end: int
+    reason: str
+    step: int
+    generation: int
+    id: str
+    def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ..., reason: _Optional[str] = ..., step: _Optional[int] = ..., generation: _Optional[int] = ..., id: _Optional[str] = ...) -> None: ...
+
+class SkipsReply(_message.Message):
+    __slots__ = ("skips",)
+    SKIPS_FIELD_NUMBER: _ClassVar[int]
+    skips: _containers.RepeatedCompositeFieldContainer[SkipEntry]
+    def __init__(self, skips: _Optional[_Iterable[_Union[SkipEntry, _Mapping]]] = ...) -> None: ...
+
+class AddSkipRequest(_message.Message):
+    __slots__ = ("start", "end", "reason")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    end: int
+    reason: str
+    def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class EventsRequest(_message.Message):
     __slots__ = ("after_seq",)
@@ -292,18 +376,22 @@ class CoordinatorInfo(_message.Message):
     def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("name", "host", "state", "devices", "last_heartbeat_age_s")
+    __slots__ = ("name", "host", "state", "devices", "last_heartbeat_age_s", "drained", "quarantined")
     NAME_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARTBEAT_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_FIELD_NUMBER: _ClassVar[int]
     name: str
     host: str
     state: str
     devices: _containers.RepeatedCompositeFieldContainer[Device]
     last_heartbeat_age_s: float
-    def __init__(self, name: _Optional[str] = ..., host: _Optional[str] = ..., state: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., last_heartbeat_age_s: _Optional[float] = ...) -> None: ...
+    drained: bool
+    quarantined: bool
+    def __init__(self, name: _Optional[str] = ..., host: _Optional[str] = ..., state: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., last_heartbeat_age_s: _Optional[float] = ..., drained: _Optional[bool] = ..., quarantined: _Optional[bool] = ...) -> None: ...
 
 class RankStatus(_message.Message):
     __slots__ = ("rank", "node", "step", "loss", "samples_per_s")
@@ -335,8 +423,24 @@ class Failure(_message.Message):
     message: str
     def __init__(self, cause: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
+class RecoveryPhases(_message.Message):
+    __slots__ = ("cause", "stop_s", "relaunch_s", "first_step_s", "total_s", "resumed_from_step")
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    STOP_S_FIELD_NUMBER: _ClassVar[int]
+    RELAUNCH_S_FIELD_NUMBER: _ClassVar[int]
+    FIRST_STEP_S_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_S_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FROM_STEP_FIELD_NUMBER: _ClassVar[int]
+    cause: str
+    stop_s: float
+    relaunch_s: float
+    first_step_s: float
+    total_s: float
+    resumed_from_step: int
+    def __init__(self, cause: _Optional[str] = ..., stop_s: _Optional[float] = ..., relaunch_s: _Optional[float] = ..., first_step_s: _Optional[float] = ..., total_s: _Optional[float] = ..., resumed_from_step: _Optional[int] = ...) -> None: ...
+
 class JobStatus(_message.Message):
-    __slots__ = ("name", "state", "generation", "world_size", "step", "restarts", "last_checkpoint_step", "skipped_batches", "loss", "samples_per_s", "ranks", "last_failure")
+    __slots__ = ("name", "state", "generation", "world_size", "step", "restarts", "last_checkpoint_step", "skipped_batches", "loss", "samples_per_s", "ranks", "last_failure", "crash_restarts", "restart_budget", "last_recovery", "waiting_for")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -349,6 +453,10 @@ class JobStatus(_message.Message):
     SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
     LAST_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    CRASH_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    RESTART_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    LAST_RECOVERY_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FOR_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: str
     generation: int
@@ -361,7 +469,11 @@ class JobStatus(_message.Message):
     samples_per_s: float
     ranks: _containers.RepeatedCompositeFieldContainer[RankStatus]
     last_failure: Failure
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., restarts: _Optional[int] = ..., last_checkpoint_step: _Optional[int] = ..., skipped_batches: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankStatus, _Mapping]]] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ...) -> None: ...
+    crash_restarts: int
+    restart_budget: int
+    last_recovery: RecoveryPhases
+    waiting_for: str
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., restarts: _Optional[int] = ..., last_checkpoint_step: _Optional[int] = ..., skipped_batches: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankStatus, _Mapping]]] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., crash_restarts: _Optional[int] = ..., restart_budget: _Optional[int] = ..., last_recovery: _Optional[_Union[RecoveryPhases, _Mapping]] = ..., waiting_for: _Optional[str] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("coordinator", "nodes", "job")

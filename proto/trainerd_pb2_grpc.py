@@ -127,6 +127,31 @@ class ControlStub:
                 request_serializer=proto_dot_trainerd__pb2.EventsRequest.SerializeToString,
                 response_deserializer=proto_dot_trainerd__pb2.EventsReply.FromString,
                 _registered_method=True)
+        self.Pause = channel.unary_unary(
+                '/trainerd.v1.Control/Pause',
+                request_serializer=proto_dot_trainerd__pb2.PauseRequest.SerializeToString,
+                response_deserializer=proto_dot_trainerd__pb2.CommandReply.FromString,
+                _registered_method=True)
+        self.Resume = channel.unary_unary(
+                '/trainerd.v1.Control/Resume',
+                request_serializer=proto_dot_trainerd__pb2.ResumeRequest.SerializeToString,
+                response_deserializer=proto_dot_trainerd__pb2.CommandReply.FromString,
+                _registered_method=True)
+        self.SetDrain = channel.unary_unary(
+                '/trainerd.v1.Control/SetDrain',
+                request_serializer=proto_dot_trainerd__pb2.DrainRequest.SerializeToString,
+                response_deserializer=proto_dot_trainerd__pb2.CommandReply.FromString,
+                _registered_method=True)
+        self.ListSkips = channel.unary_unary(
+                '/trainerd.v1.Control/ListSkips',
+                request_serializer=proto_dot_trainerd__pb2.SkipsRequest.SerializeToString,
+                response_deserializer=proto_dot_trainerd__pb2.SkipsReply.FromString,
+                _registered_method=True)
+        self.AddSkip = channel.unary_unary(
+                '/trainerd.v1.Control/AddSkip',
+                request_serializer=proto_dot_trainerd__pb2.AddSkipRequest.SerializeToString,
+                response_deserializer=proto_dot_trainerd__pb2.CommandReply.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -146,6 +171,36 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Pause(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Resume(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetDrain(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSkips(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddSkip(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -158,6 +213,31 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.ListEvents,
                     request_deserializer=proto_dot_trainerd__pb2.EventsRequest.FromString,
                     response_serializer=proto_dot_trainerd__pb2.EventsReply.SerializeToString,
+            ),
+            'Pause': grpc.unary_unary_rpc_method_handler(
+                    servicer.Pause,
+                    request_deserializer=proto_dot_trainerd__pb2.PauseRequest.FromString,
+                    response_serializer=proto_dot_trainerd__pb2.CommandReply.SerializeToString,
+            ),
+            'Resume': grpc.unary_unary_rpc_method_handler(
+                    servicer.Resume,
+                    request_deserializer=proto_dot_trainerd__pb2.ResumeRequest.FromString,
+                    response_serializer=proto_dot_trainerd__pb2.CommandReply.SerializeToString,
+            ),
+            'SetDrain': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetDrain,
+                    request_deserializer=proto_dot_trainerd__pb2.DrainRequest.FromString,
+                    response_serializer=proto_dot_trainerd__pb2.CommandReply.SerializeToString,
+            ),
+            'ListSkips': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSkips,
+                    request_deserializer=proto_dot_trainerd__pb2.SkipsRequest.FromString,
+                    response_serializer=proto_dot_trainerd__pb2.SkipsReply.SerializeToString,
+            ),
+            'AddSkip': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddSkip,
+                    request_deserializer=proto_dot_trainerd__pb2.AddSkipRequest.FromString,
+                    response_serializer=proto_dot_trainerd__pb2.CommandReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -216,6 +296,141 @@ class Control:
             '/trainerd.v1.Control/ListEvents',
             proto_dot_trainerd__pb2.EventsRequest.SerializeToString,
             proto_dot_trainerd__pb2.EventsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pause(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainerd.v1.Control/Pause',
+            proto_dot_trainerd__pb2.PauseRequest.SerializeToString,
+            proto_dot_trainerd__pb2.CommandReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Resume(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainerd.v1.Control/Resume',
+            proto_dot_trainerd__pb2.ResumeRequest.SerializeToString,
+            proto_dot_trainerd__pb2.CommandReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetDrain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainerd.v1.Control/SetDrain',
+            proto_dot_trainerd__pb2.DrainRequest.SerializeToString,
+            proto_dot_trainerd__pb2.CommandReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSkips(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainerd.v1.Control/ListSkips',
+            proto_dot_trainerd__pb2.SkipsRequest.SerializeToString,
+            proto_dot_trainerd__pb2.SkipsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddSkip(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainerd.v1.Control/AddSkip',
+            proto_dot_trainerd__pb2.AddSkipRequest.SerializeToString,
+            proto_dot_trainerd__pb2.CommandReply.FromString,
             options,
             channel_credentials,
             insecure,
