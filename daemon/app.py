@@ -87,6 +87,7 @@ class TrainerdApp:
                 store=self._store, clock=SystemClock(), me=me, job_name=job_name, job=self._config.job,
                 heartbeat_interval_s=cluster.heartbeat.interval_s,
                 heartbeat_timeout_s=cluster.heartbeat.timeout_s,
+                session_grace_s=cluster.heartbeat.grace_s,
                 leader_lease_s=cluster.coordinator.leader_lease_s,
                 on_leadership_change=self._publish_leadership,
             )

@@ -48,13 +48,23 @@ class EtcdSettings(StrictModel):
 
 class HeartbeatSettings(StrictModel):
     interval_s: float = Field(default=1.0, gt=0, le=60)
+    # A node not heard from for this long is LOST (a host that lost power breaks no connection).
     timeout_s: float = Field(default=5.0, gt=0, le=600)
+    # A node whose session broke is LOST unless it reconnects within this long (default: two
+    # heartbeat intervals, enough for an agent's reconnect, which backs off at most one interval).
+    session_grace_s: float | None = Field(default=None, gt=0, le=600)
 
     @model_validator(mode="after")
     def _timeout_covers_intervals(self) -> "HeartbeatSettings":
         if self.timeout_s < 2 * self.interval_s:
             raise ValueError("timeout_s must be at least twice interval_s")
+        if self.session_grace_s is not None and self.session_grace_s > self.timeout_s:
+            raise ValueError("session_grace_s must not exceed timeout_s")
         return self
+
+    @property
+    def grace_s(self) -> float:
+        return self.session_grace_s if self.session_grace_s is not None else 2 * self.interval_s
 
 
 class LocalAgentSettings(StrictModel):
@@ -71,6 +81,35 @@ class ClusterSettings(StrictModel):
     heartbeat: HeartbeatSettings = HeartbeatSettings()
     local_agents: int = Field(default=0, ge=0, le=64)
     local_agent: LocalAgentSettings = LocalAgentSettings()
+
+
+class CheckpointSettings(StrictModel):
+    # Root of the job's checkpoints, on storage every node mounts (default: run/checkpoints/<job>).
+    dir: str | None = None
+    # Workers save every this many optimizer steps (0: only when trainerd asks, before growing).
+    every_steps: int = Field(default=100, ge=0)
+    keep: int = Field(default=3, ge=1, le=1000)
+
+
+class RestartSettings(StrictModel):
+    """Crashes (not membership changes) spend the budget; `trainerctl resume` refills it."""
+
+    max: int = Field(default=10, ge=0)
+    # Wait before relaunching after a crash: backoff_s, doubling per consecutive crash, capped.
+    backoff_s: float = Field(default=1.0, ge=0, le=3600)
+    max_backoff_s: float = Field(default=60.0, ge=0, le=3600)
+    # A node whose processes crash this many times is left out of later generations.
+    quarantine_after: int = Field(default=3, ge=1)
+
+
+class DataSkipSettings(StrictModel):
+    """Bad batches (defaults follow MindFormers)."""
+
+    spike_factor: float = Field(default=3.0, gt=1)
+    warmup_steps: int = Field(default=10, ge=0)
+    max_consecutive_spikes: int = Field(default=10, ge=1)
+    # The same step crashing a worker this many times makes its samples skipped.
+    crash_repeats: int = Field(default=2, ge=1)
 
 
 class JobSettings(StrictModel):
@@ -92,6 +131,11 @@ class JobSettings(StrictModel):
     start_wait_s: float = Field(default=10.0, ge=0)
     # SIGTERM, then SIGKILL after this long, when a generation is stopped.
     stop_grace_s: float = Field(default=5.0, gt=0, le=300)
+    # No rank reporting a new step for this long (from launch, so it covers start-up) is a hang.
+    hang_timeout_s: float = Field(default=300.0, gt=0)
+    checkpoint: CheckpointSettings = CheckpointSettings()
+    restart: RestartSettings = RestartSettings()
+    data_skip: DataSkipSettings = DataSkipSettings()
 
     @model_validator(mode="after")
     def _batch_fits_some_world_size(self) -> "JobSettings":
@@ -134,4 +178,11 @@ def load_cluster_config(path: str | Path) -> ClusterConfig:
     if "base_dir" in data:
         raise ConfigError(f"{path}: base_dir: unknown key")
     data["base_dir"] = str(path.resolve().parent)
-    return validate(ClusterConfig, data, str(path))
+    config = validate(ClusterConfig, data, str(path))
+    if config.job is None:
+        return config
+    # Workers on every node get this path: make it absolute once, here.
+    job = config.job
+    root = config.resolve(job.checkpoint.dir or f"run/checkpoints/{job.name}").resolve()
+    job = job.model_copy(update={"checkpoint": job.checkpoint.model_copy(update={"dir": str(root)})})
+    return config.model_copy(update={"job": job})

@@ -122,6 +122,7 @@ class Coordinator:
         heartbeat_interval_s: float,
         heartbeat_timeout_s: float,
         leader_lease_s: int,
+        session_grace_s: float | None = None,
         wall_clock: Callable[[], float] = time.time,
         on_leadership_change: Callable[[bool], None] = lambda is_leader: None,
     ) -> None:
@@ -131,7 +132,7 @@ class Coordinator:
         self.me = me
         self.heartbeat_interval_s = heartbeat_interval_s
         self._election = LeaderElection(store, me, leader_lease_s)
-        self._liveness = LivenessTracker(clock, heartbeat_timeout_s)
+        self._liveness = LivenessTracker(clock, heartbeat_timeout_s, session_grace_s)
         self._membership = Membership(store)
         self._events = EventLog(store, job_name)
         self._sessions: dict[str, AgentSession] = {}
@@ -296,7 +297,7 @@ class Coordinator:
             del self._sessions[session.node]
             self._liveness.disconnected(session.node)
             log.info("session of node %s closed; it has %.1fs to come back", session.node,
-                     self._liveness.timeout_s)
+                     self._liveness.grace_s)
 
     # ------------------------------------------------------------ periodic pass
 

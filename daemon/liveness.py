@@ -16,23 +16,32 @@ from daemon.clock import Clock
 class _Seen:
     last_seen: float
     connected: bool
+    disconnected_at: float | None = None  # when its session broke (None: connected, or adopted)
 
 
 class LivenessTracker:
-    """A node is overdue when nothing was heard from it for `timeout_s`.
+    """A node is overdue when nothing was heard from it for `timeout_s`, or its session broke
+    `grace_s` ago and it has not reconnected.
 
-    A broken session does not make a node lost at once: the agent gets the same window to
-    reconnect (it may only have lost its TCP connection, or the coordinator may have failed over).
+    A broken session does not make a node lost at once: the agent gets `grace_s` to reconnect (it
+    may only have lost its TCP connection). A dead agent's session breaks at once, so the grace,
+    shorter than the timeout, is what makes a killed agent's loss quick to detect. Nodes a new
+    leader adopts from etcd get the full timeout: the coordinator failed over, not they.
     """
 
-    def __init__(self, clock: Clock, timeout_s: float) -> None:
+    def __init__(self, clock: Clock, timeout_s: float, grace_s: float | None = None) -> None:
         self._clock = clock
         self._timeout_s = timeout_s
+        self._grace_s = timeout_s if grace_s is None else grace_s
         self._nodes: dict[str, _Seen] = {}
 
     @property
     def timeout_s(self) -> float:
         return self._timeout_s
+
+    @property
+    def grace_s(self) -> float:
+        return self._grace_s
 
     def connected(self, node: str) -> None:
         self._nodes[node] = _Seen(self._clock.now(), True)
@@ -45,10 +54,11 @@ class LivenessTracker:
             seen.last_seen = self._clock.now()
 
     def disconnected(self, node: str) -> None:
-        """The session ended; the reconnect window starts from the last time we heard from it."""
+        """The session ended: the node has `grace_s` from now to reconnect."""
         seen = self._nodes.get(node)
         if seen is not None:
             seen.connected = False
+            seen.disconnected_at = self._clock.now()
 
     def adopt(self, nodes: list[str]) -> None:
         """A new leader gives nodes it knows from etcd one full window to reconnect to it."""
@@ -66,6 +76,9 @@ class LivenessTracker:
         return None if seen is None else max(0.0, self._clock.now() - seen.last_seen)
 
     def overdue(self) -> list[str]:
-        """Tracked nodes not heard from for longer than the timeout, in name order."""
-        deadline = self._clock.now() - self._timeout_s
-        return sorted(name for name, seen in self._nodes.items() if seen.last_seen < deadline)
+        """Tracked nodes silent for longer than the timeout, or disconnected for longer than the grace."""
+        now = self._clock.now()
+        return sorted(name for name, seen in self._nodes.items()
+                      if seen.last_seen < now - self._timeout_s
+                      or (not seen.connected and seen.disconnected_at is not None
+                          and seen.disconnected_at < now - self._grace_s))

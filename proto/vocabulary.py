@@ -31,9 +31,12 @@ LEADER_ADDRESS_METADATA = "trainerd-leader-address"
 NODE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 
 # Environment variables of training processes that trainerd sets; a job's `env` may not set them.
-# The coordinator sets all but the last two, whose paths only the agent knows.
-RESERVED_ENV = frozenset({
+# The coordinator sets them all but AGENT_ENV, whose paths only the agent knows.
+AGENT_ENV = frozenset({"RANK_TABLE_FILE", "TRAINERD_PROGRESS_SOCKET", "TRAINERD_CONTROL_FILE",
+                       "TRAINERD_SKIPS_FILE"})
+RESERVED_ENV = AGENT_ENV | frozenset({
     "MS_ROLE", "MS_SCHED_HOST", "MS_SCHED_PORT", "MS_WORKER_NUM", "MS_NODE_ID", "RANK_ID", "RANK_SIZE",
     "DEVICE_ID", "TRAINERD_JOB", "TRAINERD_GENERATION", "TRAINERD_LOCAL_RANK", "TRAINERD_GLOBAL_BATCH",
-    "TRAINERD_MICRO_BATCH", "TRAINERD_GRAD_ACCUM", "RANK_TABLE_FILE", "TRAINERD_PROGRESS_SOCKET",
+    "TRAINERD_MICRO_BATCH", "TRAINERD_GRAD_ACCUM", "TRAINERD_CHECKPOINT_DIR", "TRAINERD_CHECKPOINT_EVERY",
+    "TRAINERD_CHECKPOINT_KEEP", "TRAINERD_RESUME_FROM", "TRAINERD_SPIKE_FACTOR", "TRAINERD_SPIKE_WARMUP_STEPS",
 })

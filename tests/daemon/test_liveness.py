@@ -72,3 +72,27 @@ def test_unknown_node_has_no_age() -> None:
     clock, tracker = make()
     assert tracker.age("ghost") is None
     assert not tracker.is_connected("ghost")
+
+
+def test_broken_session_is_overdue_after_the_grace_not_the_timeout() -> None:
+    clock = FakeClock(start=100.0)
+    tracker = LivenessTracker(clock, timeout_s=5.0, grace_s=2.0)
+    tracker.connected("a")
+    tracker.connected("b")
+    clock.advance(0.5)
+    tracker.disconnected("a")
+    clock.advance(2.0)
+    tracker.heard_from("b")
+    assert tracker.overdue() == []
+    clock.advance(0.01)
+    assert tracker.overdue() == ["a"]
+
+
+def test_adopted_nodes_get_the_timeout_not_the_grace() -> None:
+    clock = FakeClock(start=100.0)
+    tracker = LivenessTracker(clock, timeout_s=5.0, grace_s=1.0)
+    tracker.adopt(["a"])
+    clock.advance(4.9)
+    assert tracker.overdue() == []
+    clock.advance(0.2)
+    assert tracker.overdue() == ["a"]
