@@ -9,6 +9,10 @@ Wire format (strict JSON, UTF-8, at most MAX_DATAGRAM_BYTES):
     {"schema": 1, "kind": "step", "job": "mnist", "generation": 3, "rank": 0, "step": 120,
      "loss": 0.31, "grad_norm": 1.7, "samples_per_s": 5400.0, "consumed_samples": 7680}
     {"schema": 1, "kind": "event", "job": "mnist", "generation": 3, "rank": 0, "event": "finished", "step": 500}
+    {"schema": 1, "kind": "checkpoint", "job": "mnist", "generation": 3, "rank": 0, "step": 400,
+     "consumed_samples": 25600, "path": "/ckpt/mnist/step_00000400"}
+    {"schema": 1, "kind": "bad_batch", "job": "mnist", "generation": 3, "rank": 0, "step": 121,
+     "sample_start": 7680, "sample_end": 7744, "reason": "nonfinite_loss", "loss": "NaN", "grad_norm": "NaN"}
 
 `loss` and `grad_norm` may be non-finite (that is how a bad batch shows); strict JSON has no NaN,
 so they travel as the strings "NaN", "Infinity" and "-Infinity". Readers ignore fields they do not
@@ -22,6 +26,7 @@ import json
 import logging
 import math
 import os
+import re
 import socket
 import stat
 from dataclasses import dataclass
@@ -37,6 +42,9 @@ MAX_JOB_NAME = 256
 _MAX_INT64 = (1 << 63) - 1
 _MAX_INT32 = (1 << 31) - 1
 _NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+MAX_CHECKPOINT_PATH = 1024
+# Control characters (and DEL) in a path would let a hostile datagram forge lines in the agent's log.
+_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class MalformedProgress(ValueError):
@@ -71,7 +79,40 @@ class EventReport:
     step: int
 
 
-ProgressMessage = StepReport | EventReport
+@dataclass(frozen=True)
+class CheckpointReport:
+    """Rank 0's word that the checkpoint of `step` is committed: its manifest has been renamed into place."""
+
+    job: str
+    generation: int
+    rank: int
+    step: int
+    consumed_samples: int  # the stream position training resumes at from this checkpoint
+    path: str              # the step directory: absolute, normalised, ending in step_{step:08d}
+
+
+class BadBatchReason(StrEnum):
+    NONFINITE_LOSS = "nonfinite_loss"
+    NONFINITE_GRAD_NORM = "nonfinite_grad_norm"
+    GRAD_NORM_SPIKE = "grad_norm_spike"
+
+
+@dataclass(frozen=True)
+class BadBatchReport:
+    """A step whose update was skipped, with the global sample range [sample_start, sample_end) it read."""
+
+    job: str
+    generation: int
+    rank: int
+    step: int
+    sample_start: int
+    sample_end: int
+    reason: BadBatchReason
+    loss: float       # may be non-finite: that is often the reason
+    grad_norm: float  # likewise
+
+
+ProgressMessage = StepReport | EventReport | CheckpointReport | BadBatchReport
 
 
 def encode(message: ProgressMessage) -> bytes:
@@ -85,8 +126,17 @@ def encode(message: ProgressMessage) -> bytes:
             "grad_norm": _float_to_wire(message.grad_norm), "samples_per_s": _float_to_wire(message.samples_per_s),
             "consumed_samples": message.consumed_samples,
         }
-    else:
+    elif isinstance(message, EventReport):
         body |= {"kind": "event", "event": str(message.event), "step": message.step}
+    elif isinstance(message, CheckpointReport):
+        body |= {"kind": "checkpoint", "step": message.step, "consumed_samples": message.consumed_samples,
+                 "path": message.path}
+    else:
+        body |= {
+            "kind": "bad_batch", "step": message.step, "sample_start": message.sample_start,
+            "sample_end": message.sample_end, "reason": str(message.reason),
+            "loss": _float_to_wire(message.loss), "grad_norm": _float_to_wire(message.grad_norm),
+        }
     data = json.dumps(body, allow_nan=False, separators=(",", ":")).encode()
     decode(data)  # the sender refuses what the receiver would: a bad field fails at its source
     return data
@@ -127,6 +177,22 @@ def decode(data: bytes) -> ProgressMessage:
             return EventReport(**common, event=WorkerEvent(event))
         except ValueError:
             raise MalformedProgress(f"unknown event {event!r:.40}") from None
+    if kind == "checkpoint":
+        return CheckpointReport(
+            **common, consumed_samples=_int(body, "consumed_samples", _MAX_INT64),
+            path=_checkpoint_path(body, common["step"]),
+        )
+    if kind == "bad_batch":
+        start, end = _int(body, "sample_start", _MAX_INT64), _int(body, "sample_end", _MAX_INT64)
+        if end <= start:
+            raise MalformedProgress(f"sample range [{start}, {end}) is empty")
+        reason = _field(body, "reason", str)
+        try:
+            reason = BadBatchReason(reason)
+        except ValueError:
+            raise MalformedProgress(f"unknown bad batch reason {reason!r:.40}") from None
+        return BadBatchReport(**common, sample_start=start, sample_end=end, reason=reason,
+                              loss=_float(body, "loss"), grad_norm=_float(body, "grad_norm"))
     raise MalformedProgress(f"unknown kind {kind!r:.40}")
 
 
@@ -222,6 +288,20 @@ def _int(body: dict[str, Any], key: str, maximum: int) -> int:
     if not 0 <= value <= maximum:
         raise MalformedProgress(f"field '{key}' must be from 0 to {maximum}, got {value}")
     return value
+
+
+def _checkpoint_path(body: dict[str, Any], step: int) -> str:
+    """The step directory of a checkpoint report: the coordinator confines it to the job's checkpoint
+    root, so here it need only be a plain absolute path (no '.', '..' or empty parts) of the step."""
+    path = _field(body, "path", str)
+    if len(path) > MAX_CHECKPOINT_PATH or _CONTROL_CHARACTER.search(path):
+        raise MalformedProgress(f"field 'path' must be at most {MAX_CHECKPOINT_PATH} printable characters")
+    root, *parts = path.split("/")
+    if root or not parts or any(part in ("", ".", "..") for part in parts):
+        raise MalformedProgress(f"field 'path' must be an absolute normalised path, got {path!r:.80}")
+    if parts[-1] != f"step_{step:08d}":  # trainer.checkpoint.manifest.step_dir_name
+        raise MalformedProgress(f"field 'path' must name the directory of step {step}, got {parts[-1]!r:.40}")
+    return path
 
 
 def _float(body: dict[str, Any], key: str, finite: bool = False) -> float:

@@ -11,12 +11,26 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainer.progress_channel import (
-    MAX_DATAGRAM_BYTES, EventReport, MalformedProgress, StepReport, WorkerEvent, decode, encode,
+    MAX_CHECKPOINT_PATH,
+    MAX_DATAGRAM_BYTES,
+    BadBatchReason,
+    BadBatchReport,
+    CheckpointReport,
+    EventReport,
+    MalformedProgress,
+    StepReport,
+    WorkerEvent,
+    decode,
+    encode,
 )
 
 STEP = StepReport(job="llm", generation=3, rank=1, step=120, loss=0.31, grad_norm=1.7,
                   samples_per_s=5400.0, consumed_samples=7680)
 EVENT = EventReport(job="llm", generation=3, rank=1, event=WorkerEvent.FINISHED, step=500)
+CHECKPOINT = CheckpointReport(job="llm", generation=3, rank=0, step=400, consumed_samples=25600,
+                              path="/ckpt/llm/step_00000400")
+BAD_BATCH = BadBatchReport(job="llm", generation=3, rank=0, step=121, sample_start=7680, sample_end=7744,
+                           reason=BadBatchReason.GRAD_NORM_SPIKE, loss=2.5, grad_norm=91.0)
 
 
 def valid_body() -> dict[str, Any]:
@@ -24,8 +38,8 @@ def valid_body() -> dict[str, Any]:
 
 
 def test_messages_round_trip() -> None:
-    assert decode(encode(STEP)) == STEP
-    assert decode(encode(EVENT)) == EVENT
+    for message in (STEP, EVENT, CHECKPOINT, BAD_BATCH):
+        assert decode(encode(message)) == message
 
 
 def test_wire_is_strict_versioned_json() -> None:
@@ -70,7 +84,7 @@ def test_garbage_is_refused(data: bytes, reason: str) -> None:
     ({"schema": 2}, "schema 2 is not 1"),
     ({"schema": "1"}, "schema '1' is not 1"),
     ({"schema": True}, "schema True is not 1"),
-    ({"kind": "checkpoint"}, "unknown kind 'checkpoint'"),
+    ({"kind": "checkpointed"}, "unknown kind 'checkpointed'"),
     ({"job": ""}, "job name must have"),
     ({"job": "x" * 300}, "job name must have"),
     ({"job": 7}, "'job' must be of type str"),
@@ -116,6 +130,72 @@ def test_unknown_event_is_refused() -> None:
 def test_the_sender_refuses_what_no_receiver_would_accept() -> None:
     with pytest.raises(MalformedProgress, match="'samples_per_s'"):
         encode(StepReport(**{**STEP.__dict__, "samples_per_s": math.nan}))
+    with pytest.raises(MalformedProgress, match="'path'"):
+        encode(CheckpointReport(**{**CHECKPOINT.__dict__, "path": "ckpt/step_00000400"}))
+
+
+def test_new_kinds_are_strict_versioned_json() -> None:
+    assert json.loads(encode(CHECKPOINT)) == {
+        "schema": 1, "kind": "checkpoint", "job": "llm", "generation": 3, "rank": 0, "step": 400,
+        "consumed_samples": 25600, "path": "/ckpt/llm/step_00000400",
+    }
+    nan_batch = BadBatchReport(**{**BAD_BATCH.__dict__, "reason": BadBatchReason.NONFINITE_LOSS,
+                                  "loss": math.nan, "grad_norm": math.inf})
+    assert json.loads(encode(nan_batch)) == {
+        "schema": 1, "kind": "bad_batch", "job": "llm", "generation": 3, "rank": 0, "step": 121,
+        "sample_start": 7680, "sample_end": 7744, "reason": "nonfinite_loss", "loss": "NaN", "grad_norm": "Infinity",
+    }
+    decoded = decode(encode(nan_batch))
+    assert isinstance(decoded, BadBatchReport) and math.isnan(decoded.loss) and decoded.grad_norm == math.inf
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"path": "ckpt/llm/step_00000400"}, "'path' must be an absolute normalised path"),
+    ({"path": "/ckpt/../etc/step_00000400"}, "'path' must be an absolute normalised path"),
+    ({"path": "/ckpt/./step_00000400"}, "'path' must be an absolute normalised path"),
+    ({"path": "/ckpt//step_00000400"}, "'path' must be an absolute normalised path"),
+    ({"path": "/ckpt/step_00000400/"}, "'path' must be an absolute normalised path"),
+    ({"path": "/"}, "'path' must be an absolute normalised path"),
+    ({"path": ""}, "'path' must be an absolute normalised path"),
+    ({"path": "/ckpt/step_00000399"}, "'path' must name the directory of step 400, got 'step_00000399'"),
+    ({"path": "/ckpt/step_400"}, "'path' must name the directory of step 400"),
+    ({"path": "/ckpt/llm/step_00000400/rank_0.safetensors"}, "'path' must name the directory of step 400"),
+    ({"path": "/ckpt\n2026 INFO forged/step_00000400"}, "'path' must be at most .* printable characters"),
+    ({"path": "/ckpt\x00/step_00000400"}, "'path' must be at most .* printable characters"),
+    ({"path": "/" + "a" * MAX_CHECKPOINT_PATH + "/step_00000400"}, "'path' must be at most"),
+    ({"path": ["/ckpt/step_00000400"]}, "'path' must be of type str"),
+    ({"consumed_samples": -64}, "'consumed_samples' must be from 0"),
+    ({"consumed_samples": 1.5}, "'consumed_samples' must be of type int"),
+])
+def test_bad_checkpoint_reports_are_refused_by_name(change: dict[str, Any], reason: str) -> None:
+    with pytest.raises(MalformedProgress, match=reason):
+        decode(json.dumps(json.loads(encode(CHECKPOINT)) | change).encode())
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"reason": "too_loud"}, "unknown bad batch reason 'too_loud'"),
+    ({"reason": 1}, "'reason' must be of type str"),
+    ({"sample_end": 7680}, r"sample range \[7680, 7680\) is empty"),
+    ({"sample_start": 8000}, r"sample range \[8000, 7744\) is empty"),
+    ({"sample_start": -1}, "'sample_start' must be from 0"),
+    ({"sample_end": True}, "'sample_end' must be of type int"),
+    ({"loss": "nan"}, "'loss' must be a number"),
+    ({"grad_norm": None}, "'grad_norm' must be a number"),
+])
+def test_bad_batch_reports_are_refused_by_name(change: dict[str, Any], reason: str) -> None:
+    with pytest.raises(MalformedProgress, match=reason):
+        decode(json.dumps(json.loads(encode(BAD_BATCH)) | change).encode())
+
+
+@pytest.mark.parametrize(("message", "field"), [
+    *((CHECKPOINT, f) for f in ("step", "consumed_samples", "path")),
+    *((BAD_BATCH, f) for f in ("step", "sample_start", "sample_end", "reason", "loss", "grad_norm")),
+])
+def test_a_missing_field_of_a_new_kind_is_named(message: CheckpointReport | BadBatchReport, field: str) -> None:
+    body = json.loads(encode(message))
+    del body[field]
+    with pytest.raises(MalformedProgress, match=f"'{field}' is missing"):
+        decode(json.dumps(body).encode())
 
 
 json_values = st.recursive(
@@ -134,12 +214,14 @@ def test_arbitrary_bytes_never_crash_the_decoder(data: bytes) -> None:
         pass
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.sampled_from(sorted(valid_body())), json_values)
-def test_any_value_in_any_field_is_decoded_or_refused(field: str, value: Any) -> None:
-    data = json.dumps(valid_body() | {field: value}).encode()
+@settings(max_examples=600, deadline=None)
+@given(st.sampled_from([STEP, CHECKPOINT, BAD_BATCH]).flatmap(
+    lambda message: st.tuples(st.just(message), st.sampled_from(sorted(json.loads(encode(message)))))), json_values)
+def test_any_value_in_any_field_is_decoded_or_refused(message_and_field: tuple[Any, str], value: Any) -> None:
+    message, field = message_and_field
+    data = json.dumps(json.loads(encode(message)) | {field: value}).encode()
     try:
-        message = decode(data)
+        decoded = decode(data)
     except MalformedProgress:
         return
-    assert isinstance(message, StepReport)
+    assert type(decoded) is type(message) or field == "kind"

@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 
 from trainer.progress_channel import (
-    EventReport, ProgressMessage, ProgressReceiver, StepReport, WorkerEvent, open_progress_receiver,
+    BadBatchReason,
+    BadBatchReport,
+    CheckpointReport,
+    EventReport,
+    ProgressMessage,
+    ProgressReceiver,
+    StepReport,
+    WorkerEvent,
+    open_progress_receiver,
 )
 from trainer.runtime.progress import ProgressReporter
 
@@ -48,6 +56,22 @@ def test_reports_arrive_in_order(tmp_path: Path) -> None:
     ]
     assert (reporter.sent, reporter.dropped, receiver.received, receiver.malformed) == (5, 0, 5, 0)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_checkpoint_and_bad_batch_reports_arrive(tmp_path: Path) -> None:
+    path = tmp_path / "progress.sock"
+
+    def send() -> None:
+        reporter.bad_batch(7, sample_start=384, sample_end=448, reason=BadBatchReason.NONFINITE_GRAD_NORM,
+                           loss=2.0, grad_norm=float("inf"))
+        reporter.checkpoint(10, consumed_samples=640, path="/ckpt/llm/step_00000010")
+
+    with ProgressReporter(str(path), job="llm", generation=2, rank=0) as reporter:
+        messages, _ = asyncio.run(receive(path, send, expected=2))
+    assert messages == [
+        BadBatchReport("llm", 2, 0, 7, 384, 448, BadBatchReason.NONFINITE_GRAD_NORM, 2.0, float("inf")),
+        CheckpointReport("llm", 2, 0, 10, 640, "/ckpt/llm/step_00000010"),
+    ]
 
 
 def test_hostile_datagrams_are_counted_and_dropped_and_the_receiver_keeps_going(tmp_path: Path) -> None:
@@ -113,17 +137,21 @@ def test_a_full_agent_queue_never_blocks_training(tmp_path: Path) -> None:
 
 
 def test_an_event_waits_briefly_for_a_busy_agent_but_never_for_a_missing_one(tmp_path: Path) -> None:
-    """`finished` is superseded by nothing, so it gets a bounded wait when the agent's queue is full."""
+    """`finished`, a committed checkpoint and a bad batch are superseded by nothing, so each gets a
+    bounded wait when the agent's queue is full."""
     path = tmp_path / "stuck.sock"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as stuck_agent:
         stuck_agent.bind(str(path))
         with ProgressReporter(str(path), job="llm", generation=0, rank=0, event_wait_s=0.3) as reporter:
             while reporter.dropped == 0:  # fill the queue
                 reporter.step(1, loss=1.0, grad_norm=1.0, samples_per_s=1.0, consumed_samples=1)
-            started = time.monotonic()
-            reporter.event(WorkerEvent.FINISHED, step=1)
-            assert 0.3 <= time.monotonic() - started < 2
-            assert reporter.dropped == 2
+            for report in (lambda: reporter.event(WorkerEvent.FINISHED, step=1),
+                           lambda: reporter.checkpoint(1, consumed_samples=1, path="/ckpt/step_00000001"),
+                           lambda: reporter.bad_batch(1, 0, 1, BadBatchReason.NONFINITE_LOSS, float("nan"), 1.0)):
+                started = time.monotonic()
+                report()
+                assert 0.3 <= time.monotonic() - started < 2
+            assert reporter.dropped == 4
     with ProgressReporter(str(tmp_path / "nobody.sock"), job="llm", generation=0, rank=0) as reporter:
         started = time.monotonic()
         reporter.event(WorkerEvent.FINISHED, step=1)

@@ -3,8 +3,9 @@
 A step report is fire-and-forget: when the agent's receive queue is full (Linux queues only
 `net.unix.max_dgram_qlen` datagrams per socket, 10 by default) or no agent listens (it restarted,
 or the script runs by hand with a stale variable), the report is dropped and counted, and the next
-step's report supersedes it. Events (`started`, `finished`) are rare and superseded by nothing:
-one waits up to `event_wait_s` for room in a full queue, never for an agent that is not there.
+step's report supersedes it. Events (`started`, `finished`), committed checkpoints and bad batches are
+rare and superseded by nothing: each waits up to `event_wait_s` for room in a full queue, never for an
+agent that is not there.
 """
 
 from __future__ import annotations
@@ -14,7 +15,16 @@ import socket
 import time
 from types import TracebackType
 
-from trainer.progress_channel import EventReport, ProgressMessage, StepReport, WorkerEvent, encode
+from trainer.progress_channel import (
+    BadBatchReason,
+    BadBatchReport,
+    CheckpointReport,
+    EventReport,
+    ProgressMessage,
+    StepReport,
+    WorkerEvent,
+    encode,
+)
 from trainer.runtime.rank_context import RankContext
 
 log = logging.getLogger(__name__)
@@ -55,6 +65,22 @@ class ProgressReporter:
     def event(self, event: WorkerEvent, step: int) -> None:
         """Report an event; send it outside the step loop, as it may wait up to `event_wait_s`."""
         message = EventReport(job=self._job, generation=self._generation, rank=self._rank, event=event, step=step)
+        self._send(message, wait_s=self._event_wait_s)
+
+    def checkpoint(self, step: int, consumed_samples: int, path: str) -> None:
+        """Report that the checkpoint of `step` in directory `path` is committed (rank 0 only; may wait
+        up to `event_wait_s`)."""
+        message = CheckpointReport(job=self._job, generation=self._generation, rank=self._rank, step=step,
+                                   consumed_samples=consumed_samples, path=path)
+        self._send(message, wait_s=self._event_wait_s)
+
+    def bad_batch(self, step: int, sample_start: int, sample_end: int, reason: BadBatchReason,
+                  loss: float, grad_norm: float) -> None:
+        """Report a step whose update was skipped and the global sample range it read (rank 0 only; may
+        wait up to `event_wait_s`)."""
+        message = BadBatchReport(job=self._job, generation=self._generation, rank=self._rank, step=step,
+                                 sample_start=sample_start, sample_end=sample_end, reason=reason, loss=loss,
+                                 grad_norm=grad_norm)
         self._send(message, wait_s=self._event_wait_s)
 
     def close(self) -> None:
