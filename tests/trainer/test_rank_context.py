@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from trainer.runtime.rank_context import BatchSettings, RankContext, RankContextError, Role
+from trainer.runtime.rank_context import (
+    DEFAULT_CHECKPOINT_KEEP,
+    BatchSettings,
+    CheckpointSettings,
+    RankContext,
+    RankContextError,
+    Role,
+)
 
 SCHEDULER_ENV = {
     "MS_ROLE": "MS_SCHED", "MS_SCHED_HOST": "10.0.0.1", "MS_SCHED_PORT": "8118", "MS_WORKER_NUM": "4",
@@ -89,11 +97,45 @@ def test_batch_for_world_keeps_the_global_batch() -> None:
         BatchSettings.for_world(64, 8, 3)
 
 
+CHECKPOINT_ENV = {
+    "TRAINERD_CHECKPOINT_DIR": "/ckpt/llm", "TRAINERD_CHECKPOINT_EVERY": "50", "TRAINERD_CHECKPOINT_KEEP": "2",
+    "TRAINERD_RESUME_FROM": "/ckpt/llm/step_00000100", "TRAINERD_CONTROL_FILE": "/run/trainerd/control.json",
+}
+
+
+@pytest.mark.parametrize("base", [WORKER_ENV, {}], ids=["worker", "standalone"])
+def test_checkpoint_settings_come_from_the_launcher(base: dict[str, str]) -> None:
+    assert RankContext.from_environ(base | CHECKPOINT_ENV).checkpoints == CheckpointSettings(
+        directory=Path("/ckpt/llm"), every=50, keep=2, resume_from=Path("/ckpt/llm/step_00000100"),
+        control_file=Path("/run/trainerd/control.json"),
+    )
+
+
+def test_unset_or_empty_checkpoint_variables_mean_none() -> None:
+    """No checkpoints, no periodic interval chosen (the script's flag decides), start fresh, no requests."""
+    nothing = CheckpointSettings(directory=None, every=None, keep=DEFAULT_CHECKPOINT_KEEP, resume_from=None,
+                                 control_file=None)
+    assert RankContext.from_environ(WORKER_ENV).checkpoints == nothing
+    assert RankContext.from_environ(WORKER_ENV | {name: "" for name in CHECKPOINT_ENV}).checkpoints == nothing
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("TRAINERD_CHECKPOINT_DIR", "ckpt/llm", "TRAINERD_CHECKPOINT_DIR='ckpt/llm' is not an absolute path"),
+    ("TRAINERD_CHECKPOINT_EVERY", "-1", "TRAINERD_CHECKPOINT_EVERY=-1 must be at least 0"),
+    ("TRAINERD_CHECKPOINT_EVERY", "often", "TRAINERD_CHECKPOINT_EVERY='often' is not an integer"),
+    ("TRAINERD_CHECKPOINT_KEEP", "0", "TRAINERD_CHECKPOINT_KEEP=0 must be at least 1"),
+])
+def test_a_malformed_checkpoint_variable_is_named(name: str, value: str, message: str) -> None:
+    with pytest.raises(RankContextError, match=f"^{message}"):
+        RankContext.from_environ(WORKER_ENV | {name: value})
+
+
 def test_pure_modules_do_not_import_mindspore() -> None:
     """The agent and the coordinator import these and must never pay for (or need) MindSpore."""
     code = (
         "import sys, trainer, trainer.runtime, trainer.progress_channel, trainer.runtime.rank_context, "
-        "trainer.runtime.progress, trainer.runtime.communication; "
+        "trainer.runtime.progress, trainer.runtime.communication, trainer.runtime.exit_codes, "
+        "trainer.runtime.checkpoint_schedule, trainer.runtime.checkpointing; "
         "sys.exit('mindspore' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

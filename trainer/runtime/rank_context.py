@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 from typing import Mapping
 
 
@@ -26,6 +27,7 @@ class Role(StrEnum):
 _CLUSTER_ONLY = ("MS_SCHED_HOST", "MS_SCHED_PORT", "MS_WORKER_NUM", "RANK_ID", "RANK_SIZE")
 _BATCH_VARS = ("TRAINERD_GLOBAL_BATCH", "TRAINERD_MICRO_BATCH", "TRAINERD_GRAD_ACCUM")
 _MAX_PORT = 65535
+DEFAULT_CHECKPOINT_KEEP = 3
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,35 @@ class BatchSettings:
 
 
 @dataclass(frozen=True)
+class CheckpointSettings:
+    """Where and how often to checkpoint, and what to resume from, as the launcher chose.
+
+    Every variable is optional and an empty one counts as unset, so a script run by hand has none
+    (its flags may then decide). `every` is None when the launcher did not set it.
+    """
+
+    directory: Path | None = None     # TRAINERD_CHECKPOINT_DIR, absolute; None: no checkpoints
+    every: int | None = None          # TRAINERD_CHECKPOINT_EVERY: save after every N-th step, 0 only when asked
+    keep: int = DEFAULT_CHECKPOINT_KEEP  # TRAINERD_CHECKPOINT_KEEP: complete checkpoints retention keeps
+    resume_from: Path | None = None   # TRAINERD_RESUME_FROM: a step directory; None: start fresh
+    control_file: Path | None = None  # TRAINERD_CONTROL_FILE: where the agent asks for a checkpoint
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str]) -> CheckpointSettings:
+        directory = env.get("TRAINERD_CHECKPOINT_DIR") or None
+        if directory is not None and not os.path.isabs(directory):
+            raise RankContextError(f"TRAINERD_CHECKPOINT_DIR={directory!r:.80} is not an absolute path")
+        keep = _optional_int(env, "TRAINERD_CHECKPOINT_KEEP", minimum=1)
+        return cls(
+            directory=None if directory is None else Path(directory),
+            every=_optional_int(env, "TRAINERD_CHECKPOINT_EVERY", minimum=0),
+            keep=DEFAULT_CHECKPOINT_KEEP if keep is None else keep,
+            resume_from=_optional_path(env, "TRAINERD_RESUME_FROM"),
+            control_file=_optional_path(env, "TRAINERD_CONTROL_FILE"),
+        )
+
+
+@dataclass(frozen=True)
 class RankContext:
     """This process's place in the job. `rank`, `local_rank` and `device_id` are None for the scheduler."""
 
@@ -68,6 +99,7 @@ class RankContext:
     batch: BatchSettings | None
     progress_socket: str | None
     scheduler_address: str | None
+    checkpoints: CheckpointSettings = CheckpointSettings()
 
     @property
     def is_scheduler(self) -> bool:
@@ -99,6 +131,7 @@ class RankContext:
             role=role, job=job, generation=generation, rank=rank, world_size=world_size,
             local_rank=local_rank, device_id=device_id, batch=_batch(env, world_size),
             progress_socket=env.get("TRAINERD_PROGRESS_SOCKET") or None, scheduler_address=f"{host}:{port}",
+            checkpoints=CheckpointSettings.from_environ(env),
         )
 
 
@@ -114,6 +147,7 @@ def _standalone(env: Mapping[str, str]) -> RankContext:
         rank=0, world_size=1, local_rank=0,
         device_id=_int(env, "DEVICE_ID", minimum=0) if "DEVICE_ID" in env else 0,
         batch=_batch(env, 1), progress_socket=env.get("TRAINERD_PROGRESS_SOCKET") or None, scheduler_address=None,
+        checkpoints=CheckpointSettings.from_environ(env),
     )
 
 
@@ -153,3 +187,12 @@ def _int(env: Mapping[str, str], name: str, minimum: int, maximum: int | None = 
         bound = f"from {minimum} to {maximum}" if maximum is not None else f"at least {minimum}"
         raise RankContextError(f"{name}={value} must be {bound}")
     return value
+
+
+def _optional_int(env: Mapping[str, str], name: str, minimum: int) -> int | None:
+    return _int(env, name, minimum) if env.get(name) else None
+
+
+def _optional_path(env: Mapping[str, str], name: str) -> Path | None:
+    value = env.get(name)
+    return Path(value) if value else None
