@@ -57,6 +57,8 @@ class Agent:
             self._spawn(self.supervisor.launch(message.launch))
         elif kind == "stop":
             self._spawn(self.supervisor.stop(message.stop))
+        elif kind == "checkpoint_now":
+            self.supervisor.checkpoint_now(message.checkpoint_now)
         else:
             log.warning("ignoring unexpected %s from the coordinator", kind)
 

@@ -2,12 +2,19 @@
 
 Each process gets its own process group (so a stop reaches everything it spawned), a log file per
 generation and rank, and a waiter that reports its exit at once with code, signal and log tail.
-The agent owns every PID: there is no msrun in between.
+The agent owns every PID: there is no msrun in between. Processes die with the agent (Linux
+PR_SET_PDEATHSIG): an orphaned worker would hold its device and hang its peers while nobody can
+report or stop it.
+
+Per generation directory: rank_table.json, skips.json (the skip ledger at launch), control.json
+(rewritten when the coordinator asks for a checkpoint) and one log per process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import json
 import logging
 import os
 import signal
@@ -18,13 +25,27 @@ from pathlib import Path
 from typing import Callable
 
 from proto import trainerd_pb2 as pb
-from trainer.progress_channel import EventReport, ProgressMessage, StepReport
+from trainer.progress_channel import BadBatchReport, CheckpointReport, EventReport, ProgressMessage, StepReport
 
 log = logging.getLogger(__name__)
 
 LOG_TAIL_BYTES = 4000
 PROGRESS_FORWARD_INTERVAL_S = 0.5
 EXEC_FAILED_EXIT_CODE = 127
+_PR_SET_PDEATHSIG = 1
+CONTROL_SCHEMA = 1
+
+
+def _die_with_agent() -> None:
+    """In the child between fork and exec: SIGKILL it when the agent dies."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def write_json_atomically(path: Path, body: dict) -> None:
+    """Readers (the workers) see the old file or the new one, never half of one."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(body))
+    os.replace(partial, path)
 
 
 @dataclass
@@ -93,10 +114,15 @@ class Supervisor:
             self.generation = launch.generation
             self.processes = {}
             self._forwarding = {}
-            gen_dir = self._work_dir / "generations" / f"{launch.generation:06d}"
+            gen_dir = self._generation_dir(launch.generation)
             gen_dir.mkdir(parents=True, exist_ok=True)
             rank_table = gen_dir / "rank_table.json"
             rank_table.write_text(launch.rank_table_json)
+            skips = gen_dir / "skips.json"
+            write_json_atomically(skips, {"schema": CONTROL_SCHEMA,
+                                          "ranges": [[r.start, r.end] for r in launch.skips]})
+            control = gen_dir / "control.json"
+            control.unlink(missing_ok=True)
             log.info("launching generation %d of job %s: %d process(es)", launch.generation, launch.job_name,
                      len(launch.processes))
             for spec in launch.processes:
@@ -104,7 +130,8 @@ class Supervisor:
                 managed = ManagedProcess(spec.role, spec.rank, gen_dir / f"{name}.log")
                 self.processes[(spec.role, spec.rank)] = managed
                 env = {**os.environ, **dict(spec.env), "RANK_TABLE_FILE": str(rank_table),
-                       "TRAINERD_PROGRESS_SOCKET": str(self._progress_socket)}
+                       "TRAINERD_PROGRESS_SOCKET": str(self._progress_socket),
+                       "TRAINERD_CONTROL_FILE": str(control), "TRAINERD_SKIPS_FILE": str(skips)}
                 await self._start(managed, expand_argv(spec.argv, self._python), env, gen_dir)
 
     async def _start(self, managed: ManagedProcess, argv: list[str], env: dict[str, str], cwd: Path) -> None:
@@ -113,7 +140,7 @@ class Supervisor:
             try:
                 managed.process = await asyncio.create_subprocess_exec(
                     *argv, env=env, cwd=cwd, stdin=asyncio.subprocess.DEVNULL, stdout=log_file,
-                    stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+                    stderr=asyncio.subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_agent)
             except OSError as exc:
                 message = f"cannot start {argv[0]!r}: {exc.strerror or exc}"
                 log_file.write(message.encode() + b"\n")
@@ -174,6 +201,19 @@ class Supervisor:
         for managed in live:  # children a process left behind in its group
             _signal_group(managed.pid, signal.SIGKILL)
 
+    def checkpoint_now(self, request: pb.CheckpointNow) -> None:
+        """Tell this generation's workers to save once `request.step` completes (they poll the file)."""
+        if request.generation != self.generation or not self.processes:
+            log.info("CheckpointNow for generation %d ignored: running generation %d", request.generation,
+                     self.generation)
+            return
+        write_json_atomically(self._generation_dir(self.generation) / "control.json", {
+            "schema": CONTROL_SCHEMA, "generation": request.generation, "checkpoint_at_step": request.step})
+        log.info("generation %d: checkpoint asked for at step %d", request.generation, request.step)
+
+    def _generation_dir(self, generation: int) -> Path:
+        return self._work_dir / "generations" / f"{generation:06d}"
+
     async def shutdown(self, grace_s: float = 10.0) -> None:
         async with self._lock:
             await self._stop_all(grace_s)
@@ -195,6 +235,17 @@ class Supervisor:
             return
         managed.step = max(managed.step, message.step)
         if isinstance(message, EventReport):
+            return
+        if isinstance(message, CheckpointReport):
+            self._report(pb.AgentMessage(checkpoint_saved=pb.CheckpointSaved(
+                generation=message.generation, step=message.step, consumed_samples=message.consumed_samples,
+                path=message.path)))
+            return
+        if isinstance(message, BadBatchReport):
+            self._report(pb.AgentMessage(bad_batch=pb.BadBatch(
+                generation=message.generation, rank=message.rank, step=message.step,
+                sample_start=message.sample_start, sample_end=message.sample_end, reason=str(message.reason),
+                loss=message.loss, grad_norm=message.grad_norm)))
             return
         forwarding = self._forwarding.setdefault(message.rank, _Forwarding())
         forwarding.pending = message

@@ -18,7 +18,7 @@ from daemon import metrics
 from daemon.clock import Clock
 from daemon.config import JobSettings
 from daemon.events import Event, EventLog
-from daemon.job.controller import JobController, JobView
+from daemon.job.controller import ClusterFacts, CommandRefused, JobController, JobView
 from daemon.job.observation import ProcessReport, ProgressReport
 from daemon.job.placement import NodeOffer
 from daemon.leader import LeaderElection, LeaderRecord, Leadership
@@ -79,6 +79,8 @@ class NodeView:
     state: NodeState
     devices: tuple[DeviceInfo, ...]
     last_heartbeat_age_s: float | None
+    drained: bool = False
+    quarantined: bool = False
 
 
 @dataclass(frozen=True)
@@ -227,7 +229,8 @@ class Coordinator:
         self._liveness.connected(name)
 
         record = self._membership.get(name)
-        wanted = NodeRecord(name, hello.host, hello.devices, NodeState.READY, self._wall_clock())
+        wanted = NodeRecord(name, hello.host, hello.devices, NodeState.READY, self._wall_clock(),
+                            drained=record is not None and record.drained)
         if record is None or record.state is not NodeState.READY or (record.host, record.devices) != (
             hello.host, hello.devices
         ):
@@ -242,9 +245,11 @@ class Coordinator:
     def session_count(self) -> int:
         return len(self._sessions)
 
-    def heartbeat(self, session: AgentSession) -> None:
+    def heartbeat(self, session: AgentSession, generation: int) -> None:
         if not session.closed.is_set():
             self._liveness.heard_from(session.node)
+            if self.job is not None:
+                self.job.heartbeat(session.node, generation)
 
     def _send_to_node(self, node: str, command: object) -> bool:
         session = self._sessions.get(node)
@@ -266,6 +271,12 @@ class Coordinator:
     def stopped_report(self, session: AgentSession, generation: int) -> None:
         if self.job is not None:
             self.job.stopped_report(generation, session.node)
+            self.request_reconcile()
+
+    def checkpoint_saved(self, session: AgentSession, generation: int, step: int, consumed_samples: int,
+                         path: str) -> None:
+        if self.job is not None and self.job.checkpoint_saved(generation, step, consumed_samples, path):
+            self.request_reconcile()
 
     def request_reconcile(self) -> None:
         if not self._reconcile_requested and self.leadership is not None:
@@ -286,10 +297,54 @@ class Coordinator:
             leadership = self.leadership
             if self.job is None or leadership is None:
                 return
-            offers = [NodeOffer(r.name, r.host, r.devices) for r in self._membership.all()
-                      if r.state is NodeState.READY and self._liveness.is_connected(r.name)]
-            lost = {r.name for r in self._membership.all() if r.state is NodeState.LOST}
-            await self.job.reconcile(leadership.fence, offers, lost)
+            await self.job.reconcile(leadership.fence, self._cluster_facts())
+
+    def _cluster_facts(self) -> ClusterFacts:
+        records = self._membership.all()
+        ready = [r for r in records if r.state is NodeState.READY]
+        return ClusterFacts(
+            offers=[NodeOffer(r.name, r.host, r.devices) for r in ready
+                    if self._liveness.is_connected(r.name) and not r.drained],
+            disconnected={r.name for r in ready if not self._liveness.is_connected(r.name)},
+            lost={r.name for r in records if r.state is NodeState.LOST},
+            drained={r.name for r in records if r.drained},
+        )
+
+    # ------------------------------------------------------------ operator commands
+
+    async def pause(self) -> str:
+        return await self._job_command(lambda job, fence: job.pause(fence))
+
+    async def resume(self, from_step: int | None) -> str:
+        return await self._job_command(lambda job, fence: job.resume(fence, from_step))
+
+    async def _job_command(self, command) -> str:
+        leadership = self._require_leadership()
+        if self.job is None:
+            raise CommandRefused("this cluster file defines no job")
+        async with self._reconcile_lock:
+            message = await command(self.job, leadership.fence)
+            await self.job.reconcile(leadership.fence, self._cluster_facts())
+        return message
+
+    async def set_drain(self, node: str, drained: bool) -> str:
+        """Drain: no later generation uses the node (a running one lets it go at a checkpoint).
+        Undrain: it may be used again, and a quarantine is lifted."""
+        leadership = self._require_leadership()
+        record = self._membership.get(node)
+        if record is None:
+            known = ", ".join(r.name for r in self._membership.all()) or "none"
+            raise CommandRefused(f"no node named {node!r} (known: {known})")
+        async with self._reconcile_lock:
+            if record.drained != drained:
+                await self._membership.set_drained(node, drained, leadership.fence)
+                await self._events.append("node_drained" if drained else "node_undrained",
+                                          f"node {node} is {'drained' if drained else 'back in service'}",
+                                          leadership.fence, node=node)
+            if not drained and self.job is not None:
+                await self.job.forget_node_failures(node, leadership.fence)
+        self.request_reconcile()
+        return f"node {node} is {'drained' if drained else 'in service'}"
 
     def close_session(self, session: AgentSession) -> None:
         session.closed.set()
@@ -339,6 +394,8 @@ class Coordinator:
         else:
             records = self._membership.all()
             ages = {r.name: self._liveness.age(r.name) for r in records}
-        nodes = tuple(NodeView(r.name, r.host, r.state, r.devices, ages.get(r.name)) for r in records)
         job = None if self.job is None or self.leadership is None else self.job.view()
+        quarantined = job.quarantined if job is not None else frozenset()
+        nodes = tuple(NodeView(r.name, r.host, r.state, r.devices, ages.get(r.name), r.drained,
+                               r.name in quarantined) for r in records)
         return ClusterView(coordinator, nodes, job)

@@ -9,7 +9,7 @@ import time
 
 import grpc
 
-from daemon.job.controller import JobView
+from daemon.job.controller import CommandRefused, JobView
 from daemon.coordinator import (
     AgentHello,
     AgentSession,
@@ -19,7 +19,7 @@ from daemon.coordinator import (
     SessionRefused,
 )
 from daemon import metrics
-from daemon.job.commands import LaunchCommand, StopCommand
+from daemon.job.commands import CheckpointNowCommand, LaunchCommand, StopCommand
 from daemon.job.observation import ProcessReport, ProgressReport
 from daemon.membership import DeviceInfo
 from daemon.store.interface import StoreError
@@ -30,6 +30,7 @@ from proto.vocabulary import LEADER_ADDRESS_METADATA, ProcessRole
 log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 10.0
+MAX_PATH_CHARS = 4096
 
 
 def hello_from_proto(message: pb.Hello) -> AgentHello:
@@ -56,7 +57,8 @@ def status_to_proto(view: ClusterView) -> pb.StatusReply:
     )
     for node in view.nodes:
         entry = reply.nodes.add(name=node.name, host=node.host, state=node.state.value,
-                                devices=devices_to_proto(node.devices))
+                                devices=devices_to_proto(node.devices), drained=node.drained,
+                                quarantined=node.quarantined)
         if node.last_heartbeat_age_s is not None:
             entry.last_heartbeat_age_s = node.last_heartbeat_age_s
     if view.job is not None:
@@ -66,13 +68,22 @@ def status_to_proto(view: ClusterView) -> pb.StatusReply:
 
 def job_to_proto(job: JobView) -> pb.JobStatus:
     status = pb.JobStatus(name=job.name, state=job.state.value, generation=job.generation,
-                          world_size=job.world_size, restarts=job.restarts,
+                          world_size=job.world_size, restarts=job.restarts, crash_restarts=job.crash_restarts,
+                          restart_budget=job.restart_budget,
                           ranks=[pb.RankStatus(rank=r.rank, node=r.node, step=r.step, loss=r.loss,
                                                samples_per_s=r.samples_per_s) for r in job.ranks])
-    for field in ("step", "loss", "samples_per_s"):
+    for field in ("step", "loss", "samples_per_s", "last_checkpoint_step"):
         value = getattr(job, field)
         if value is not None:
             setattr(status, field, value)
+    if job.last_recovery is not None:
+        recovery = job.last_recovery
+        phases = pb.RecoveryPhases(cause=recovery.cause)
+        for phase, seconds in recovery.phases().items():
+            setattr(phases, f"{phase}_s", seconds)
+        if recovery.resumed_from_step is not None:
+            phases.resumed_from_step = recovery.resumed_from_step
+        status.last_recovery.CopyFrom(phases)
     if job.last_failure is not None:
         f = job.last_failure
         status.last_failure.CopyFrom(pb.Failure(cause=f.cause, node=f.node, rank=f.rank, exit_code=f.exit_code,
@@ -107,6 +118,7 @@ def command_to_proto(command: object) -> pb.CoordinatorMessage:
     if isinstance(command, LaunchCommand):
         return pb.CoordinatorMessage(launch=pb.Launch(
             generation=command.generation, job_name=command.job_name, rank_table_json=command.rank_table_json,
+            checkpoint_path=command.checkpoint_path,
             processes=[pb.ProcessSpec(role=p.role.value, rank=p.rank, local_rank=p.local_rank,
                                       device_id=p.device_id, argv=list(p.argv), env=p.env)
                        for p in command.processes],
@@ -114,6 +126,9 @@ def command_to_proto(command: object) -> pb.CoordinatorMessage:
     if isinstance(command, StopCommand):
         return pb.CoordinatorMessage(stop=pb.Stop(generation=command.generation, grace_s=command.grace_s,
                                                   reason=command.reason))
+    if isinstance(command, CheckpointNowCommand):
+        return pb.CoordinatorMessage(checkpoint_now=pb.CheckpointNow(generation=command.generation,
+                                                                     step=command.step))
     raise TypeError(f"no wire form for {type(command).__name__}")
 
 
@@ -170,7 +185,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         kind = message.WhichOneof("body")
         if kind == "heartbeat":
             heartbeat = message.heartbeat
-            coordinator.heartbeat(session)
+            coordinator.heartbeat(session, heartbeat.generation)
             metrics.HEARTBEATS.inc()
             if heartbeat.sent_at > 0:
                 metrics.HEARTBEAT_LAG.observe(max(0.0, time.time() - heartbeat.sent_at))
@@ -194,6 +209,13 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 p.rank, p.step, p.loss, p.grad_norm, p.samples_per_s, p.consumed_samples))
         elif kind == "stopped":
             coordinator.stopped_report(session, message.stopped.generation)
+        elif kind == "checkpoint_saved":
+            saved = message.checkpoint_saved
+            if saved.step > 0 and saved.path and len(saved.path) <= MAX_PATH_CHARS and saved.consumed_samples >= 0:
+                coordinator.checkpoint_saved(session, saved.generation, saved.step, saved.consumed_samples,
+                                             saved.path)
+            else:
+                log.warning("node %s reported a malformed checkpoint (step %d); ignored", session.node, saved.step)
         elif kind == "hello":
             log.warning("node %s sent a second Hello; ignored", session.node)
 
@@ -218,5 +240,27 @@ class ControlService(pb_grpc.ControlServicer):
     async def GetStatus(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusReply:
         try:
             return status_to_proto(await self._coordinator.view())
+        except StoreError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd is unavailable: {exc}")
+
+    async def Pause(self, request: pb.PauseRequest, context: grpc.aio.ServicerContext) -> pb.CommandReply:
+        return await self._command(context, self._coordinator.pause())
+
+    async def Resume(self, request: pb.ResumeRequest, context: grpc.aio.ServicerContext) -> pb.CommandReply:
+        from_step = request.from_step if request.HasField("from_step") else None
+        return await self._command(context, self._coordinator.resume(from_step))
+
+    async def SetDrain(self, request: pb.DrainRequest, context: grpc.aio.ServicerContext) -> pb.CommandReply:
+        return await self._command(context, self._coordinator.set_drain(request.node, request.drained))
+
+    async def _command(self, context: grpc.aio.ServicerContext, command) -> pb.CommandReply:
+        """Run an operator command on the leader; a refusal is FAILED_PRECONDITION with the reason."""
+        try:
+            return pb.CommandReply(message=await command)
+        except CommandRefused as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except NotLeader as exc:
+            context.set_trailing_metadata(((LEADER_ADDRESS_METADATA, exc.leader_address or ""),))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         except StoreError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd is unavailable: {exc}")

@@ -34,6 +34,7 @@ class NodeRecord:
     devices: tuple[DeviceInfo, ...]
     state: NodeState
     changed_at: float  # wall-clock seconds of the last state change
+    drained: bool = False  # an operator took it out of service (`trainerctl nodes drain`)
 
     def to_json(self) -> dict:
         return {
@@ -42,6 +43,7 @@ class NodeRecord:
             "devices": [d.to_json() for d in self.devices],
             "state": self.state.value,
             "changed_at": self.changed_at,
+            "drained": self.drained,
         }
 
     @classmethod
@@ -52,6 +54,7 @@ class NodeRecord:
             devices=tuple(DeviceInfo.from_json(d) for d in data["devices"]),
             state=NodeState(data["state"]),
             changed_at=float(data["changed_at"]),
+            drained=bool(data.get("drained", False)),
         )
 
 
@@ -90,5 +93,10 @@ class Membership:
 
     async def set_state(self, name: str, state: NodeState, at: float, fence: Fence) -> NodeRecord:
         record = replace(self._records[name], state=state, changed_at=at)
+        await self.put(record, fence)
+        return record
+
+    async def set_drained(self, name: str, drained: bool, fence: Fence) -> NodeRecord:
+        record = replace(self._records[name], drained=drained)
         await self.put(record, fence)
         return record

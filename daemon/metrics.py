@@ -13,3 +13,10 @@ HEARTBEAT_LAG = Histogram(
 SESSIONS = Gauge("trainerd_agent_sessions", "Open agent sessions.")
 NODES_LOST = Counter("trainerd_nodes_lost_total", "Nodes declared LOST.")
 IS_LEADER = Gauge("trainerd_is_leader", "1 while this coordinator leads.")
+RECOVERY_PHASE = Histogram(
+    "trainerd_recovery_phase_seconds",
+    "Duration of each phase of a recovery: stop, relaunch, first_step, total.",
+    ["phase"],
+    buckets=(0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0),
+)
+RESTARTS = Counter("trainerd_job_restarts_total", "Generations relaunched, by cause.", ["cause"])

@@ -13,6 +13,7 @@ class LaunchCommand:
     job_name: str
     processes: tuple[ProcessPlan, ...]
     rank_table_json: str
+    checkpoint_path: str  # empty: from scratch
 
 
 @dataclass(frozen=True)
@@ -20,3 +21,9 @@ class StopCommand:
     generation: int
     grace_s: float
     reason: str
+
+
+@dataclass(frozen=True)
+class CheckpointNowCommand:
+    generation: int
+    step: int

@@ -1,8 +1,11 @@
 """Carries out the job's decisions: commits them to etcd (fenced compare-and-swap), then tells agents.
 
-Level-triggered: `reconcile` runs on every coordinator pass and right after a process exits; it
-reads the job record, the current generation and what agents reported, calls the pure `decide`,
-and applies each action so that applying it twice changes nothing.
+Level-triggered: `reconcile` runs on every coordinator pass and right after a report that matters
+(a process exit, a committed checkpoint); it reads the job record, the current generation and what
+agents reported, calls the pure `decide`, and applies each action so that applying it twice
+changes nothing. Every decision is durable before it is acted on: a generation is written before
+its Launch is sent, a stop is committed before Stop is sent, so a leader that takes over mid-way
+carries on from etcd and never launches a generation twice.
 """
 
 from __future__ import annotations
@@ -11,22 +14,38 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
+from daemon import metrics
 from daemon.clock import Clock
 from daemon.config import JobSettings
 from daemon.events import EventLog
-from daemon.job.commands import LaunchCommand, StopCommand
-from daemon.job.decide import JobWorld, LaunchGeneration, SetJobState, StopGeneration, decide
+from daemon.job.catalog import CheckpointCatalog, CheckpointEntry
+from daemon.job.commands import CheckpointNowCommand, LaunchCommand, StopCommand
+from daemon.job.decide import (
+    CheckpointRequest,
+    CommitRecord,
+    JobWorld,
+    LaunchGeneration,
+    MarkCheckpointBad,
+    RequestCheckpoint,
+    StopGeneration,
+    decide,
+)
 from daemon.job.launch_plan import node_processes, scheduler_port
 from daemon.job.observation import GenerationObservation, ProcessReport, ProgressReport
 from daemon.job.placement import NodeOffer, Placement, place
 from daemon.job.rank_table import rank_table_json
-from daemon.job.state import Failure, GenerationRecord, JobRecord
+from daemon.job.state import Failure, GenerationRecord, JobRecord, ResumePoint
+from daemon.job.timeline import RecoveryTimeline
 from daemon.leader import LeadershipLost
 from daemon.store import codec, keys
 from daemon.store.interface import Fence, Store
 from proto.vocabulary import JobState
 
 log = logging.getLogger(__name__)
+
+
+class CommandRefused(Exception):
+    """An operator command that does not apply to the job as it is; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -45,11 +64,26 @@ class JobView:
     generation: int
     world_size: int
     restarts: int
+    crash_restarts: int
+    restart_budget: int
     step: int | None
+    last_checkpoint_step: int | None
     loss: float | None
     samples_per_s: float | None
     ranks: tuple[RankView, ...]
     last_failure: Failure | None
+    last_recovery: RecoveryTimeline | None
+    quarantined: frozenset[str]
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    """What the coordinator knows of the nodes, for one reconcile pass."""
+
+    offers: list[NodeOffer]  # READY, connected, not drained
+    disconnected: set[str]
+    lost: set[str]
+    drained: set[str]
 
 
 class JobController:
@@ -60,11 +94,15 @@ class JobController:
         self._events = events
         self._clock = clock
         self._send = send
+        self.catalog = CheckpointCatalog(store, spec.name)
         self.record = JobRecord(JobState.PENDING)
         self._record_revision = 0
         self.generation: GenerationRecord | None = None
         self.observation: GenerationObservation | None = None
         self._placeable_since: float | None = None
+        self._checkpoint_request: CheckpointRequest | None = None
+        self._unrecorded_checkpoints: list[CheckpointEntry] = []
+        self.recovery: RecoveryTimeline | None = None
 
     # ------------------------------------------------------------ durable state
 
@@ -79,18 +117,27 @@ class JobController:
                                                fence=fence)
         status = await self._store.get(keys.job_status(name))
         if status is None:
-            await self._write_record(JobRecord(JobState.PENDING), fence)
+            self.record, self._record_revision = JobRecord(JobState.PENDING), 0
+            await self._write_record(self.record, fence)
         else:
             self.record = JobRecord.from_json(codec.decode(status.value, key=status.key))
             self._record_revision = status.mod_revision
+        await self.catalog.load()
         self.generation = None
         self.observation = None
+        self._checkpoint_request = None
+        self._unrecorded_checkpoints = []
+        now = self._clock.now()
         if self.record.generation:
             key = keys.generation(name, self.record.generation)
             kv = await self._store.get(key)
             if kv is not None:
                 self.generation = GenerationRecord.from_json(codec.decode(kv.value, key=key))
-                self.observation = GenerationObservation(self.generation.number)
+                self.observation = GenerationObservation(self.generation.number, started_at=now)
+                if self.record.between_generations:
+                    self.observation.stop_decided_at = now
+        if self.record.state is JobState.RECOVERING:
+            self.recovery = RecoveryTimeline("takeover", now)
         log.info("job %s: %s, generation %d", name, self.record.state.value, self.record.generation)
 
     async def _write_record(self, record: JobRecord, fence: Fence) -> None:
@@ -115,92 +162,225 @@ class JobController:
         before = observation.processes.get((report.node, report.role, report.rank))
         observation.record_process(report)
         observation.launched.add(report.node)
+        self._note_idle(observation)
         return before is None or before.running != report.running
+
+    def heartbeat(self, node: str, generation: int) -> None:
+        observation = self.observation
+        if observation is not None:
+            observation.agent_generation[node] = generation
+            self._note_idle(observation)
 
     def progress_report(self, generation: int, node: str, report: ProgressReport) -> None:
         observation = self._current(generation)
         if observation is not None:
-            observation.progress[report.rank] = report
+            observation.record_progress(report, self._clock.now())
 
     def stopped_report(self, generation: int, node: str) -> None:
         observation = self._current(generation)
         if observation is not None:
             observation.stopped.add(node)
+            self._note_idle(observation)
+
+    def checkpoint_saved(self, generation: int, step: int, consumed_samples: int, path: str) -> bool:
+        """Rank 0 committed a checkpoint; it is recorded in etcd by the next reconcile. True when new."""
+        observation = self._current(generation)
+        if observation is None or step in observation.checkpoints or self.generation is None:
+            return False
+        observation.checkpoints.add(step)
+        self._unrecorded_checkpoints.append(CheckpointEntry(step, consumed_samples, path, generation,
+                                                            self.generation.placement.world_size))
+        return True
+
+    def _note_idle(self, observation: GenerationObservation) -> None:
+        if (observation.stop_decided_at is None or observation.all_stopped_at is not None
+                or self.generation is None or self.generation.number != observation.number):
+            return
+        if all(observation.node_idle(n) for n in self.generation.placement.nodes):
+            observation.all_stopped_at = self._clock.now()
 
     # ------------------------------------------------------------ reconcile
 
-    async def reconcile(self, fence: Fence, offers: list[NodeOffer], lost_nodes: set[str]) -> None:
+    async def reconcile(self, fence: Fence, facts: ClusterFacts) -> None:
         now = self._clock.now()
-        if self.generation is None and place(self.spec, offers) is not None:
+        await self._record_checkpoints(fence)
+        if self.observation is not None and self.observation.stop_decided_at is not None:
+            self._note_stop_deadline(now)
+        if self.generation is None and place(self.spec, facts.offers) is not None:
             self._placeable_since = self._placeable_since if self._placeable_since is not None else now
         else:
             self._placeable_since = None
-        world = JobWorld(self.spec, self.record, self.generation, self.observation, tuple(offers),
-                         frozenset(lost_nodes), self._placeable_since, now)
+        world = JobWorld(self.spec, self.record, self.generation, self.observation, tuple(facts.offers),
+                         frozenset(facts.disconnected), frozenset(facts.lost), frozenset(facts.drained),
+                         self.catalog.entries(), self._placeable_since, self._checkpoint_request, now)
         for action in decide(world):
-            if isinstance(action, LaunchGeneration):
-                await self._launch(action.placement, fence)
+            if isinstance(action, CommitRecord):
+                await self._commit(action, fence)
             elif isinstance(action, StopGeneration):
-                await self._stop(action.reason, fence)
-            elif isinstance(action, SetJobState):
-                await self._set_state(action, fence)
+                self._stop(action.reason)
+            elif isinstance(action, LaunchGeneration):
+                await self._launch(action.placement, action.checkpoint, fence)
+            elif isinstance(action, RequestCheckpoint):
+                await self._request_checkpoint(action, fence)
+            elif isinstance(action, MarkCheckpointBad):
+                await self.catalog.mark_bad(action.step, action.problem, fence)
         self._resend_launches()
 
-    async def _launch(self, placement: Placement, fence: Fence) -> None:
+    def _note_stop_deadline(self, now: float) -> None:
+        """Past the stop grace, nodes that never answered are left out: the stop phase is over."""
+        observation = self.observation
+        if observation.all_stopped_at is None and now - observation.stop_decided_at >= self.spec.stop_grace_s + 2.0:
+            observation.all_stopped_at = now
+
+    async def _record_checkpoints(self, fence: Fence) -> None:
+        while self._unrecorded_checkpoints:
+            entry = self._unrecorded_checkpoints[0]
+            await self.catalog.record(entry, fence)
+            self._unrecorded_checkpoints.pop(0)
+            if self.record.consecutive_crashes:
+                # The job made durable progress: the crash backoff starts over.
+                await self._write_record(self.record.moved_to(self.record.state, consecutive_crashes=0), fence)
+            await self._events.append("checkpoint_saved", f"job {self.spec.name}: checkpoint at step {entry.step} "
+                                      f"({entry.consumed_samples} samples) committed", fence,
+                                      generation=entry.generation, step=entry.step, path=entry.path)
+
+    async def _commit(self, action: CommitRecord, fence: Fence) -> None:
+        before = self.record
+        await self._write_record(action.record, fence)
+        now = self._clock.now()
+        after = self.record
+        observation = self.observation
+        if after.stopped_generation > before.stopped_generation and observation is not None:
+            observation.stop_decided_at = now
+            self._note_idle(observation)
+        cause = {"recovery_started": after.last_failure.cause if after.last_failure else "failure",
+                 "reshape_started": "reshape", "job_resumed": "resume"}.get(action.event)
+        if cause is not None:
+            self.recovery = RecoveryTimeline(cause, now)
+            metrics.RESTARTS.labels(cause).inc()
+        fields: dict = {"generation": after.generation}
+        if after.last_failure is not None and after.last_failure is not before.last_failure:
+            fields["failure"] = after.last_failure.to_json()
+        if after.state is JobState.RUNNING and before.state is not JobState.RUNNING and self.recovery is not None:
+            self.recovery.running_at = now
+            phases = self.recovery.phases()
+            for phase, seconds in phases.items():
+                metrics.RECOVERY_PHASE.labels(phase).observe(seconds)
+            fields["recovery"] = {"cause": self.recovery.cause, **phases}
+        await self._events.append(action.event, action.message, fence, **fields)
+
+    async def _launch(self, placement: Placement, checkpoint: CheckpointEntry | None, fence: Fence) -> None:
         number = self.record.generation + 1
-        generation = GenerationRecord(number, placement, scheduler_port(self.spec, number), rank_table_json(placement))
+        resume = None if checkpoint is None else ResumePoint(checkpoint.step, checkpoint.consumed_samples,
+                                                             checkpoint.path)
+        generation = GenerationRecord(number, placement, scheduler_port(self.spec, number),
+                                      rank_table_json(placement), resume)
         key = keys.generation(self.spec.name, number)
         if await self._store.compare_and_swap(key, codec.encode(generation.to_json()), 0, fence=fence) is None:
             raise LeadershipLost(f"{key} exists already: another coordinator launched it")
-        await self._write_record(self.record.moved_to(self.record.state, generation=number,
-                                                      world_size=placement.world_size), fence)
+        state = JobState.PENDING if self.record.state is JobState.PENDING else JobState.RECOVERING
+        await self._write_record(self.record.moved_to(state, generation=number, world_size=placement.world_size,
+                                                      resume_from_step=None), fence)
+        if checkpoint is not None:
+            await self.catalog.supersede_after(checkpoint.step, fence)
+        now = self._clock.now()
+        if self.recovery is not None:
+            previous = self.observation
+            stopped_at = None if previous is None else previous.all_stopped_at
+            self.recovery.stopped_at = stopped_at if stopped_at is not None else now
+            self.recovery.launched_at = now
+            self.recovery.resumed_from_step = generation.start_step
         self.generation = generation
-        self.observation = GenerationObservation(number)
+        self.observation = GenerationObservation(number, started_at=now)
         self._placeable_since = None
+        self._checkpoint_request = None
+        where = "from scratch" if resume is None else f"from the checkpoint at step {resume.step}"
         await self._events.append(
             "generation_started",
             f"job {self.spec.name}: generation {number} on {len(placement.nodes)} node(s), world size "
-            f"{placement.world_size}, gradient accumulation {placement.grad_accum}", fence,
-            generation=number, nodes=placement.nodes, world_size=placement.world_size)
+            f"{placement.world_size}, gradient accumulation {placement.grad_accum}, {where}", fence,
+            generation=number, nodes=placement.nodes, world_size=placement.world_size,
+            resume_step=generation.start_step)
         self._resend_launches()
 
     def _resend_launches(self) -> None:
-        """Every node of an active generation gets its Launch (agents ignore a repeat)."""
+        """Every node of a live generation gets its Launch (agents ignore a repeat)."""
         generation, observation = self.generation, self.observation
-        if generation is None or observation is None or self.record.state not in (
-                JobState.PENDING, JobState.RUNNING, JobState.RECOVERING):
+        if generation is None or observation is None or self.record.between_generations:
             return
         for node in generation.placement.nodes:
             if node in observation.launched:
                 continue
             command = LaunchCommand(generation.number, self.spec.name,
-                                    tuple(node_processes(self.spec, generation.placement, generation.number, node)),
-                                    generation.rank_table_json)
+                                    tuple(node_processes(self.spec, generation.placement, generation.number, node,
+                                                         generation.resume)),
+                                    generation.rank_table_json,
+                                    "" if generation.resume is None else generation.resume.path)
             if self._send(node, command):
                 observation.launched.add(node)
 
-    async def _stop(self, reason: str, fence: Fence) -> None:
+    def _stop(self, reason: str) -> None:
         generation, observation = self.generation, self.observation
         if generation is None or observation is None:
             return
+        if observation.stop_decided_at is None:
+            observation.stop_decided_at = self._clock.now()
         nodes = [n for n in generation.placement.nodes if n not in observation.stop_sent]
         for node in nodes:
             if self._send(node, StopCommand(generation.number, self.spec.stop_grace_s, reason)):
-                observation.stop_sent.add(node)
+                observation.stop_sent[node] = self._clock.now()
         if nodes:
             log.info("job %s: stopping generation %d on %s: %s", self.spec.name, generation.number,
                      ", ".join(nodes), reason)
 
-    async def _set_state(self, action: SetJobState, fence: Fence) -> None:
-        failure = action.failure if action.failure is not None else self.record.last_failure
-        await self._write_record(self.record.moved_to(action.state, last_failure=failure), fence)
-        message = f"job {self.spec.name} is {action.state.value}"
-        if action.failure is not None:
-            message += f": {action.failure.message}"
-        fields = {"generation": self.record.generation}
-        if action.failure is not None:
-            fields["failure"] = action.failure.to_json()
-        await self._events.append(f"job_{action.state.value.lower()}", message, fence, **fields)
+    async def _request_checkpoint(self, action: RequestCheckpoint, fence: Fence) -> None:
+        generation, observation = self.generation, self.observation
+        assert generation is not None and observation is not None
+        self._checkpoint_request = CheckpointRequest(action.step, observation.max_step() or 0, self._clock.now())
+        for node in generation.placement.nodes:
+            self._send(node, CheckpointNowCommand(generation.number, action.step))
+        await self._events.append("checkpoint_requested", f"job {self.spec.name}: checkpoint asked for at step "
+                                  f"{action.step}: {action.reason}", fence, generation=generation.number,
+                                  step=action.step)
+
+    # ------------------------------------------------------------ operator commands
+
+    async def pause(self, fence: Fence) -> str:
+        record = self.record
+        if record.state is JobState.PAUSED:
+            return f"job {self.spec.name} is already PAUSED"
+        if record.state in (JobState.COMPLETED, JobState.FAILED):
+            raise CommandRefused(f"job {self.spec.name} is {record.state.value}; nothing to pause")
+        await self._commit(CommitRecord(record.moved_to(JobState.PAUSED, stopped_generation=record.generation),
+                                        "job_paused", f"job {self.spec.name} is PAUSED by the operator"), fence)
+        self._stop("paused by the operator")
+        return f"job {self.spec.name} is PAUSED; generation {record.generation} is being stopped"
+
+    async def resume(self, fence: Fence, from_step: int | None) -> str:
+        record = self.record
+        if record.state not in (JobState.PAUSED, JobState.FAILED):
+            raise CommandRefused(f"job {self.spec.name} is {record.state.value}; only a PAUSED or FAILED job "
+                                 f"can be resumed")
+        if from_step is not None:
+            entry = self.catalog.get(from_step)
+            good = sorted(c.step for c in self.catalog.entries() if c.good)
+            if entry is None or not entry.good:
+                raise CommandRefused(f"no usable checkpoint at step {from_step}; usable steps: "
+                                     f"{', '.join(map(str, good)) or 'none'}")
+        state = JobState.PENDING if self.generation is None else JobState.RECOVERING
+        resumed = record.moved_to(state, crash_restarts=0, consecutive_crashes=0, node_failures={},
+                                  crash_steps={}, resume_from_step=from_step)
+        where = "the newest checkpoint" if from_step is None else f"the checkpoint at step {from_step}"
+        await self._commit(CommitRecord(resumed, "job_resumed",
+                                        f"job {self.spec.name} is {state.value}: resumed by the operator from "
+                                        f"{where}"), fence)
+        return f"job {self.spec.name} is {state.value}: restarting from {where}"
+
+    async def forget_node_failures(self, node: str, fence: Fence) -> None:
+        """An operator undrained the node: its crash count, and so its quarantine, is cleared."""
+        if node in self.record.node_failures:
+            failures = {n: c for n, c in self.record.node_failures.items() if n != node}
+            await self._write_record(self.record.moved_to(self.record.state, node_failures=failures), fence)
 
     # ------------------------------------------------------------ status
 
@@ -216,5 +396,8 @@ class JobController:
             if ranks:
                 loss = sum(r.loss for r in ranks) / len(ranks)
                 samples_per_s = sum(r.samples_per_s for r in ranks)
+        good = [c.step for c in self.catalog.entries() if c.good]
         return JobView(self.spec.name, self.record.state, self.record.generation, self.record.world_size,
-                       self.record.restarts, step, loss, samples_per_s, ranks, self.record.last_failure)
+                       self.record.restarts, self.record.crash_restarts, self.spec.restart.max, step,
+                       good[-1] if good else None, loss, samples_per_s, ranks, self.record.last_failure,
+                       self.recovery, self.record.quarantined(self.spec.restart.quarantine_after))

@@ -1,40 +1,91 @@
 """The job's reconcile decision: a pure function of (desired, observed, now) -> actions.
 
 The controller (daemon/job/controller.py) gathers the inputs, calls `decide` on every pass and on
-every report, and applies the actions idempotently. Nothing here does I/O or reads a clock, so
-every transition is tested with plain values.
+every report, and applies the actions in order, idempotently. Nothing here does I/O or reads a
+clock, so every transition is tested with plain values (tests/daemon/test_decide.py).
+
+A job's life, in the terms of the durable record (daemon/job/state.py):
+- no generation yet: launch the first once enough nodes are READY (PENDING);
+- a live generation (`record.generation > record.stopped_generation`): watch it. It completes, or
+  fails (a process exits, a node is lost, no progress for hang_timeout_s), or is reshaped at a
+  checkpoint (a node to take in, or a drained node to let go): the stop is committed first
+  (`stopped_generation`), then sent;
+- between generations: wait until every node confirmed the stop (or the stop grace passed: the
+  silent ones are left out), wait out the crash backoff, then launch the next generation on the
+  largest valid world, from the newest good checkpoint; WAITING while no valid world exists.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from daemon.config import JobSettings
+from daemon.job.catalog import CheckpointEntry
 from daemon.job.observation import GenerationObservation
 from daemon.job.placement import NodeOffer, Placement, place
 from daemon.job.state import Failure, GenerationRecord, JobRecord
-from proto.vocabulary import JobState
+from proto.vocabulary import JobState, ProcessRole
+from trainer.runtime.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
+
+# After the stop grace the agents had to SIGKILL; this much more is allowed for their answer.
+STOP_CONFIRM_MARGIN_S = 2.0
+# A requested checkpoint is placed this far ahead of the fastest rank, so that every rank reads the
+# request before it passes that step.
+CHECKPOINT_LEAD_S = 2.0
+MIN_CHECKPOINT_LEAD_STEPS = 2
+# A request no checkpoint answered (a rank read it too late) is made again after this long.
+CHECKPOINT_REQUEST_RETRY_S = 30.0
+
+
+@dataclass(frozen=True)
+class CommitRecord:
+    """Write the job record (fenced); `event` names the event to append with `message`."""
+
+    record: JobRecord
+    event: str
+    message: str
+
+
+@dataclass(frozen=True)
+class StopGeneration:
+    """Send Stop for the current generation to every node not yet told (its stop is committed)."""
+
+    reason: str
 
 
 @dataclass(frozen=True)
 class LaunchGeneration:
     placement: Placement
+    checkpoint: CheckpointEntry | None  # None: from scratch
 
 
 @dataclass(frozen=True)
-class StopGeneration:
+class RequestCheckpoint:
+    """Ask every rank of the current generation for a checkpoint once `step` completes."""
+
+    step: int
     reason: str
 
 
 @dataclass(frozen=True)
-class SetJobState:
-    state: JobState
-    failure: Failure | None = None
+class MarkCheckpointBad:
+    step: int
+    problem: str
 
 
-Action = LaunchGeneration | StopGeneration | SetJobState
+Action = CommitRecord | StopGeneration | LaunchGeneration | RequestCheckpoint | MarkCheckpointBad
 
-ACTIVE_STATES = frozenset({JobState.PENDING, JobState.RUNNING, JobState.RECOVERING})
+ACTIVE_STATES = frozenset({JobState.PENDING, JobState.RUNNING, JobState.RECOVERING, JobState.WAITING})
+
+
+@dataclass(frozen=True)
+class CheckpointRequest:
+    """A checkpoint asked for to reshape the job: `after_step` was the newest step when asked."""
+
+    step: int
+    after_step: int
+    asked_at: float
 
 
 @dataclass(frozen=True)
@@ -43,9 +94,13 @@ class JobWorld:
     record: JobRecord
     generation: GenerationRecord | None  # the record's current generation, once launched
     observation: GenerationObservation | None
-    offers: tuple[NodeOffer, ...]  # READY nodes that may take part
+    offers: tuple[NodeOffer, ...]  # READY, connected and not drained
+    disconnected: frozenset[str]  # READY nodes whose session broke (within the reconnect grace)
     lost_nodes: frozenset[str]
-    placeable_since: float | None  # since when `offers` could hold a generation
+    drained: frozenset[str]
+    catalog: tuple[CheckpointEntry, ...]  # oldest first
+    placeable_since: float | None  # since when `offers` could hold the first generation
+    checkpoint_request: CheckpointRequest | None
     now: float
 
 
@@ -55,45 +110,228 @@ def decide(world: JobWorld) -> list[Action]:
         return _stop_leftovers(world)
     if world.generation is None:
         return _first_launch(world)
-    return _watch_generation(world)
+    if not record.between_generations:
+        return _watch_generation(world)
+    return _relaunch(world)
 
+
+def restart_backoff_s(spec: JobSettings, consecutive_crashes: int) -> float:
+    if consecutive_crashes <= 0:
+        return 0.0
+    return min(spec.restart.max_backoff_s, spec.restart.backoff_s * 2 ** (consecutive_crashes - 1))
+
+
+# ---------------------------------------------------------------- no generation to watch
 
 def _stop_leftovers(world: JobWorld) -> list[Action]:
     """A finished, failed or paused job must not leave processes behind."""
     observation = world.observation
     if observation is None or world.generation is None:
         return []
-    running = {p.node for p in observation.processes.values() if p.running}
-    unstopped = (running | (observation.launched - observation.stopped)) - observation.stop_sent
+    unstopped = [n for n in world.generation.placement.nodes
+                 if n not in observation.stop_sent and not observation.node_idle(n)]
     return [StopGeneration(f"job is {world.record.state.value}")] if unstopped else []
 
 
+def _usable_offers(world: JobWorld, excluded: frozenset[str] = frozenset()) -> list[NodeOffer]:
+    quarantined = world.record.quarantined(world.spec.restart.quarantine_after)
+    return [o for o in world.offers if o.name not in quarantined and o.name not in excluded]
+
+
 def _first_launch(world: JobWorld) -> list[Action]:
-    placement = place(world.spec, list(world.offers))
+    offers = _usable_offers(world)
+    placement = place(world.spec, offers)
     if placement is None:
         return []
-    everyone_here = len(world.offers) >= world.spec.max_nodes
+    everyone_here = len(offers) >= world.spec.max_nodes
     waited = world.placeable_since is not None and world.now - world.placeable_since >= world.spec.start_wait_s
-    return [LaunchGeneration(placement)] if everyone_here or waited else []
+    if not (everyone_here or waited):
+        return []
+    checkpoint = _choose_checkpoint(world)
+    return [LaunchGeneration(placement, checkpoint if isinstance(checkpoint, CheckpointEntry) else None)]
 
+
+# ---------------------------------------------------------------- a live generation
 
 def _watch_generation(world: JobWorld) -> list[Action]:
+    generation, observation, record = world.generation, world.observation, world.record
+    assert generation is not None and observation is not None
+    if observation.finished_ranks() >= set(range(generation.placement.world_size)):
+        done = record.moved_to(JobState.COMPLETED, stopped_generation=generation.number)
+        return [CommitRecord(done, "job_completed", f"job {world.spec.name} is COMPLETED"),
+                StopGeneration("every rank finished")]
+    failure = _failure(world)
+    if failure is not None:
+        return _end_generation(world, failure)
+    actions: list[Action] = []
+    if record.state is not JobState.RUNNING and len(observation.progress) >= generation.placement.world_size:
+        actions.append(CommitRecord(record.moved_to(JobState.RUNNING), "job_running",
+                                    f"job {world.spec.name} is RUNNING: every rank of generation "
+                                    f"{generation.number} reported a step"))
+    elif record.state is JobState.RUNNING:
+        actions.extend(_reshape(world))
+    return actions
+
+
+def _failure(world: JobWorld) -> Failure | None:
     generation, observation = world.generation, world.observation
     assert generation is not None and observation is not None
+    nodes = generation.placement.nodes
+    lost = [n for n in nodes if n in world.lost_nodes]
+    if lost:
+        return Failure("node_lost", f"node {lost[0]} was lost while running generation {generation.number}",
+                       lost[0])
     failed = observation.first_failure()
     if failed is not None:
-        failure = Failure("process_exited", failed.describe(), failed.node, failed.rank, failed.exit_code,
-                          failed.signal)
-        return [StopGeneration(failure.message), SetJobState(JobState.FAILED, failure)]
-    lost = [node for node in generation.placement.nodes if node in world.lost_nodes]
-    if lost:
-        failure = Failure("node_lost", f"node {lost[0]} was lost while running generation {generation.number}",
-                          lost[0])
-        return [StopGeneration(failure.message), SetJobState(JobState.FAILED, failure)]
-    if observation.finished_ranks() >= set(range(generation.placement.world_size)):
-        return [StopGeneration("every rank finished"), SetJobState(JobState.COMPLETED)]
-    if world.record.state is not JobState.RUNNING:
-        first_steps = observation.min_step(generation.placement.world_size)
-        if first_steps is not None and first_steps >= 1:
-            return [SetJobState(JobState.RUNNING)]
-    return []
+        if any(n in world.disconnected for n in nodes):
+            # A node going down takes its peers' collectives with it; wait for the reconnect grace
+            # to tell a node loss (no budget spent) from a crash.
+            return None
+        if failed.role is ProcessRole.WORKER and not failed.signal:
+            if failed.exit_code == EXIT_CHECKPOINT_UNREADABLE:
+                return Failure("checkpoint_unreadable", failed.describe(), failed.node, failed.rank,
+                               failed.exit_code)
+            if failed.exit_code == EXIT_USAGE:
+                return Failure("usage_error", failed.describe(), failed.node, failed.rank, failed.exit_code)
+        return Failure("process_exited", failed.describe(), failed.node, failed.rank, failed.exit_code,
+                       failed.signal)
+    silent_for = world.now - observation.silent_since()
+    if silent_for > world.spec.hang_timeout_s:
+        return Failure("hang", f"no rank of generation {generation.number} reported a new step for "
+                               f"{silent_for:.0f}s (hang_timeout_s {world.spec.hang_timeout_s:g})")
+    return None
+
+
+def _failing_step(world: JobWorld, failure: Failure) -> int | None:
+    """The step a crashed rank was on: one past its last reported step."""
+    if failure.cause != "process_exited" or failure.rank < 0:
+        return None
+    assert world.generation is not None and world.observation is not None
+    report = world.observation.progress.get(failure.rank)
+    return (report.step if report is not None else world.generation.start_step) + 1
+
+
+def _end_generation(world: JobWorld, failure: Failure) -> list[Action]:
+    """Commit the stop of the generation (and what the failure costs), then send it."""
+    record, spec, generation = world.record, world.spec, world.generation
+    assert generation is not None
+    changes: dict = dict(stopped_generation=generation.number, last_failure=failure, restarts=record.restarts + 1)
+    actions: list[Action] = []
+    if failure.spends_budget:
+        changes["crash_restarts"] = record.crash_restarts + 1
+        changes["consecutive_crashes"] = record.consecutive_crashes + 1
+        if failure.cause == "process_exited" and failure.node:
+            changes["node_failures"] = {**record.node_failures,
+                                        failure.node: record.node_failures.get(failure.node, 0) + 1}
+        step = _failing_step(world, failure)
+        if step is not None:
+            changes["crash_steps"] = {**record.crash_steps, step: record.crash_steps.get(step, 0) + 1}
+    if failure.cause == "checkpoint_unreadable" and generation.resume is not None:
+        actions.append(MarkCheckpointBad(generation.resume.step, failure.message))
+    over_budget = failure.spends_budget and changes["crash_restarts"] > spec.restart.max
+    if over_budget or failure.permanent:
+        updated = record.moved_to(JobState.FAILED, **{**changes, "restarts": record.restarts})
+        why = "the same launch would fail again" if failure.permanent else \
+            f"restart budget of {spec.restart.max} spent"
+        message = f"job {spec.name} is FAILED: {failure.message} ({why})"
+        actions.insert(0, CommitRecord(updated, "job_failed", message))
+    else:
+        updated = record.moved_to(JobState.RECOVERING, **changes)
+        quarantine = ""
+        if failure.node and failure.node in updated.quarantined(spec.restart.quarantine_after) - \
+                record.quarantined(spec.restart.quarantine_after):
+            quarantine = f"; node {failure.node} is quarantined after {spec.restart.quarantine_after} crashes"
+        actions.insert(0, CommitRecord(updated, "recovery_started",
+                                       f"job {spec.name} is RECOVERING ({failure.cause}): {failure.message}"
+                                       f"{quarantine}"))
+    actions.append(StopGeneration(failure.message))
+    return actions
+
+
+def _reshape(world: JobWorld) -> list[Action]:
+    """Take in nodes that joined, or let drained ones go, at a checkpoint (no restart budget spent)."""
+    generation, observation, record, spec = world.generation, world.observation, world.record, world.spec
+    assert generation is not None and observation is not None
+    draining = [n for n in generation.placement.nodes if n in world.drained]
+    wanted = place(spec, _usable_offers(world), generation.placement.nodes)
+    growing = wanted is not None and wanted.world_size > generation.placement.world_size
+    if not draining and not growing:
+        return []
+    reason = (f"node {draining[0]} is drained" if draining
+              else f"world size can grow from {generation.placement.world_size} to {wanted.world_size}")
+    request = world.checkpoint_request
+    answered = request is not None and any(step > request.after_step for step in observation.checkpoints)
+    if not answered:
+        newest = observation.max_step()
+        if newest is None or (request is not None and world.now - request.asked_at < CHECKPOINT_REQUEST_RETRY_S):
+            return []
+        return [RequestCheckpoint(newest + _checkpoint_lead_steps(world), reason)]
+    updated = record.moved_to(JobState.RECOVERING, stopped_generation=generation.number,
+                              restarts=record.restarts + 1)
+    return [CommitRecord(updated, "reshape_started", f"job {spec.name} is RECOVERING: {reason}; "
+                                                     f"relaunching from the checkpoint just saved"),
+            StopGeneration(reason)]
+
+
+def _checkpoint_lead_steps(world: JobWorld) -> int:
+    assert world.observation is not None
+    rates = [p.samples_per_s for p in world.observation.progress.values() if p.samples_per_s > 0]
+    steps_per_s = (max(rates) / world.spec.global_batch) if rates else 0.0
+    return max(MIN_CHECKPOINT_LEAD_STEPS, math.ceil(steps_per_s * CHECKPOINT_LEAD_S))
+
+
+# ---------------------------------------------------------------- between generations
+
+def _relaunch(world: JobWorld) -> list[Action]:
+    generation, observation, record, spec = world.generation, world.observation, world.record, world.spec
+    assert generation is not None and observation is not None
+    actions: list[Action] = []
+    busy = [n for n in generation.placement.nodes if not observation.node_idle(n) and n not in world.lost_nodes]
+    if any(n not in observation.stop_sent for n in busy):
+        actions.append(StopGeneration(f"generation {generation.number} is over"))
+    # A node gets the stop grace (from when its Stop went out) to confirm; after that it is left out.
+    patience = spec.stop_grace_s + STOP_CONFIRM_MARGIN_S
+    if any(world.now - observation.stop_sent.get(n, world.now) < patience for n in busy):
+        return actions
+    stop_since = observation.stop_decided_at if observation.stop_decided_at is not None else world.now
+    stopped_at = observation.all_stopped_at if observation.all_stopped_at is not None else stop_since
+    if world.now < stopped_at + restart_backoff_s(spec, record.consecutive_crashes):
+        return actions
+    placement = place(spec, _usable_offers(world, frozenset(busy)), generation.placement.nodes)
+    if placement is None:
+        if record.state is not JobState.WAITING:
+            actions.append(CommitRecord(record.moved_to(JobState.WAITING), "job_waiting",
+                                        f"job {spec.name} is WAITING: {_shortage(world)}"))
+        return actions
+    checkpoint = _choose_checkpoint(world)
+    if isinstance(checkpoint, str):
+        failed = record.moved_to(JobState.FAILED, last_failure=Failure("checkpoint_unreadable", checkpoint))
+        return actions + [CommitRecord(failed, "job_failed", f"job {spec.name} is FAILED: {checkpoint}")]
+    return actions + [LaunchGeneration(placement, checkpoint)]
+
+
+def _shortage(world: JobWorld) -> str:
+    spec = world.spec
+    usable = _usable_offers(world)
+    devices = sum(min(len(o.devices), spec.devices_per_node) for o in usable)
+    return (f"{len(usable)} usable node(s) with {devices} device(s); it needs at least {spec.min_nodes} "
+            f"node(s) and a world size in {spec.allowed_world_sizes()}")
+
+
+def _choose_checkpoint(world: JobWorld) -> CheckpointEntry | None | str:
+    """The checkpoint to start from: the operator's choice, else the newest good one; None: from
+    scratch; a string: why there is none although the job has saved some (never silently restart
+    a long job from step 0 because its checkpoints cannot be read)."""
+    good = [c for c in world.catalog if c.good]
+    wanted = world.record.resume_from_step
+    if wanted is not None:
+        chosen = [c for c in good if c.step == wanted]
+        if chosen:
+            return chosen[0]
+    if good:
+        return good[-1]
+    unreadable = [c for c in world.catalog if c.problem]
+    if unreadable:
+        return (f"no readable checkpoint is left ({len(unreadable)} could not be loaded, the newest at step "
+                f"{unreadable[-1].step}: {unreadable[-1].problem})")
+    return None

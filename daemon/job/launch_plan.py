@@ -1,8 +1,9 @@
 """What each node runs in a generation: argv and the MindSpore dynamic-cluster environment.
 
 No msrun: trainerd sets what msrun would (MS_ROLE, MS_SCHED_HOST/PORT, MS_WORKER_NUM, MS_NODE_ID =
-rank so the rank is deterministic) plus the rank-table variables and trainerd's own. The agent
-adds RANK_TABLE_FILE and TRAINERD_PROGRESS_SOCKET, whose paths only it knows.
+rank so the rank is deterministic) plus the rank-table variables and trainerd's own: the batch
+split, where checkpoints go and which one to resume from, the bad-batch guard's thresholds. The
+agent adds the paths only it knows (proto.vocabulary.AGENT_ENV).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 
 from daemon.config import JobSettings
 from daemon.job.placement import Placement
+from daemon.job.state import ResumePoint
 from proto.vocabulary import ProcessRole
 
 SCHEDULER_RANK = -1
@@ -38,7 +40,8 @@ def scheduler_port(spec: JobSettings, generation: int) -> int:
     return spec.scheduler_port + generation % 16
 
 
-def _common_env(spec: JobSettings, placement: Placement, generation: int) -> dict[str, str]:
+def _common_env(spec: JobSettings, placement: Placement, generation: int,
+                resume: ResumePoint | None) -> dict[str, str]:
     return {
         **DEFAULT_ENV,
         **spec.env,
@@ -51,12 +54,19 @@ def _common_env(spec: JobSettings, placement: Placement, generation: int) -> dic
         "TRAINERD_GLOBAL_BATCH": str(spec.global_batch),
         "TRAINERD_MICRO_BATCH": str(spec.micro_batch),
         "TRAINERD_GRAD_ACCUM": str(placement.grad_accum),
+        "TRAINERD_CHECKPOINT_DIR": spec.checkpoint.dir or "",
+        "TRAINERD_CHECKPOINT_EVERY": str(spec.checkpoint.every_steps),
+        "TRAINERD_CHECKPOINT_KEEP": str(spec.checkpoint.keep),
+        "TRAINERD_RESUME_FROM": "" if resume is None else resume.path,
+        "TRAINERD_SPIKE_FACTOR": repr(spec.data_skip.spike_factor),
+        "TRAINERD_SPIKE_WARMUP_STEPS": str(spec.data_skip.warmup_steps),
     }
 
 
-def node_processes(spec: JobSettings, placement: Placement, generation: int, node: str) -> list[ProcessPlan]:
+def node_processes(spec: JobSettings, placement: Placement, generation: int, node: str,
+                   resume: ResumePoint | None = None) -> list[ProcessPlan]:
     """The processes `node` runs: the scheduler first (on the node of rank 0), then its workers."""
-    common = _common_env(spec, placement, generation)
+    common = _common_env(spec, placement, generation, resume)
     argv = tuple(spec.entrypoint)
     plans: list[ProcessPlan] = []
     if placement.ranks[0].node == node:

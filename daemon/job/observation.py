@@ -1,7 +1,8 @@
 """What the leader has seen of the current generation, rebuilt from agent reports.
 
 Kept in memory only: heartbeats carry every process of the agent's generation (exited ones too),
-so a newly elected leader rebuilds it within one heartbeat interval.
+so a newly elected leader rebuilds it within one heartbeat interval. Times are the coordinator's
+monotonic clock; a new leader starts them at its takeover.
 """
 
 from __future__ import annotations
@@ -51,11 +52,40 @@ class ProgressReport:
 @dataclass
 class GenerationObservation:
     number: int
+    started_at: float = 0.0  # launch (or takeover): the hang timeout counts from here at the latest
     processes: dict[tuple[str, ProcessRole, int], ProcessReport] = field(default_factory=dict)
     progress: dict[int, ProgressReport] = field(default_factory=dict)
     launched: set[str] = field(default_factory=set)
-    stop_sent: set[str] = field(default_factory=set)
+    stop_sent: dict[str, float] = field(default_factory=dict)  # node -> when its Stop was sent
     stopped: set[str] = field(default_factory=set)
+    agent_generation: dict[str, int] = field(default_factory=dict)  # from each node's last heartbeat
+    checkpoints: set[int] = field(default_factory=set)  # steps this generation committed
+    last_progress_at: float | None = None
+    stop_decided_at: float | None = None
+    all_stopped_at: float | None = None
+
+    def record_progress(self, report: ProgressReport, now: float) -> None:
+        known = self.progress.get(report.rank)
+        if known is None or report.step > known.step:
+            self.last_progress_at = now
+        self.progress[report.rank] = report
+
+    def silent_since(self) -> float:
+        return self.started_at if self.last_progress_at is None else max(self.started_at, self.last_progress_at)
+
+    def node_idle(self, node: str) -> bool:
+        """Nothing of this generation runs on `node`: it confirmed a Stop, or its reports show none running."""
+        if node in self.stopped:
+            return True
+        seen = self.agent_generation.get(node)
+        if seen is None:
+            return False
+        if seen != self.number:
+            return True  # the agent runs another generation (a restarted agent runs none)
+        return not any(p.running for (n, _, _), p in self.processes.items() if n == node)
+
+    def max_step(self) -> int | None:
+        return max((p.step for p in self.progress.values()), default=None)
 
     def record_process(self, report: ProcessReport) -> None:
         key = (report.node, report.role, report.rank)

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from daemon.job.placement import Placement
 from proto.vocabulary import JobState
 
 # Every write of the job state is checked against this table (DESIGN.md, "reconcile loop").
 ALLOWED_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
-    JobState.PENDING: frozenset({JobState.RUNNING, JobState.WAITING, JobState.FAILED, JobState.PAUSED,
+    JobState.PENDING: frozenset({JobState.RUNNING, JobState.RECOVERING, JobState.FAILED, JobState.PAUSED,
                                  JobState.COMPLETED}),
-    JobState.RUNNING: frozenset({JobState.RECOVERING, JobState.COMPLETED, JobState.FAILED, JobState.PAUSED,
-                                 JobState.WAITING}),
+    JobState.RUNNING: frozenset({JobState.RECOVERING, JobState.COMPLETED, JobState.FAILED, JobState.PAUSED}),
     JobState.RECOVERING: frozenset({JobState.RUNNING, JobState.WAITING, JobState.FAILED, JobState.PAUSED,
                                     JobState.COMPLETED}),
-    JobState.WAITING: frozenset({JobState.RECOVERING, JobState.PENDING, JobState.FAILED, JobState.PAUSED}),
+    JobState.WAITING: frozenset({JobState.RECOVERING, JobState.FAILED, JobState.PAUSED}),
     JobState.PAUSED: frozenset({JobState.RECOVERING, JobState.PENDING}),
     JobState.FAILED: frozenset({JobState.RECOVERING, JobState.PENDING}),
     JobState.COMPLETED: frozenset(),
@@ -30,12 +29,22 @@ class IllegalTransition(Exception):
 class Failure:
     """Why a generation ended badly: what a user reads in `status` and in the events."""
 
-    cause: str  # process_exited, node_lost, launch_failed, hang
+    cause: str  # one of FAILURE_CAUSES
     message: str
     node: str = ""
     rank: int = -1
     exit_code: int = 0
     signal: int = 0
+
+    @property
+    def spends_budget(self) -> bool:
+        """Crashes spend the restart budget; a node leaving does not (DESIGN.md, "Recovery")."""
+        return self.cause != "node_lost"
+
+    @property
+    def permanent(self) -> bool:
+        """A worker refused its flags or launch environment: relaunching cannot help."""
+        return self.cause == "usage_error"
 
     def to_json(self) -> dict:
         return {"cause": self.cause, "message": self.message, "node": self.node, "rank": self.rank,
@@ -47,29 +56,81 @@ class Failure:
                    int(data.get("rank", -1)), int(data.get("exit_code", 0)), int(data.get("signal", 0)))
 
 
+# process_exited: a worker or scheduler died; node_lost: a node's session broke or it went silent;
+# hang: no rank made progress for hang_timeout_s; checkpoint_unreadable: the chosen checkpoint failed
+# to load; usage_error: a worker exited with EXIT_USAGE; bad_batches: too many consecutive steps
+# skipped as bad.
+FAILURE_CAUSES = ("process_exited", "node_lost", "hang", "checkpoint_unreadable", "usage_error", "bad_batches")
+
+
 @dataclass(frozen=True)
 class JobRecord:
+    """`jobs/{job}/status`: everything a newly elected leader needs to carry the job on.
+
+    `stopped_generation` is the newest generation whose stop was decided: while it is below
+    `generation` that generation is live; once equal, the job is between generations.
+    """
+
     state: JobState
     generation: int = 0
     world_size: int = 0
-    restarts: int = 0
+    restarts: int = 0  # every relaunch after the first launch
     last_failure: Failure | None = None
+    stopped_generation: int = 0
+    crash_restarts: int = 0  # relaunches that spent the budget (job.restart.max)
+    consecutive_crashes: int = 0  # since the last checkpoint committed: sets the backoff
+    node_failures: dict[str, int] = field(default_factory=dict, hash=False)  # crashes per node
+    crash_steps: dict[int, int] = field(default_factory=dict, hash=False)  # crashes per failing step
+    resume_from_step: int | None = None  # the operator's `resume --from-step`, for the next launch
 
     def moved_to(self, state: JobState, **changes) -> "JobRecord":
         if state is not self.state and state not in ALLOWED_TRANSITIONS[self.state]:
             raise IllegalTransition(f"job cannot go from {self.state.value} to {state.value}")
         return replace(self, state=state, **changes)
 
+    @property
+    def between_generations(self) -> bool:
+        return self.stopped_generation >= self.generation
+
+    def quarantined(self, quarantine_after: int) -> frozenset[str]:
+        return frozenset(node for node, count in self.node_failures.items() if count >= quarantine_after)
+
     def to_json(self) -> dict:
         return {"state": self.state.value, "generation": self.generation, "world_size": self.world_size,
                 "restarts": self.restarts,
-                "last_failure": None if self.last_failure is None else self.last_failure.to_json()}
+                "last_failure": None if self.last_failure is None else self.last_failure.to_json(),
+                "stopped_generation": self.stopped_generation, "crash_restarts": self.crash_restarts,
+                "consecutive_crashes": self.consecutive_crashes, "node_failures": dict(self.node_failures),
+                "crash_steps": {str(step): count for step, count in self.crash_steps.items()},
+                "resume_from_step": self.resume_from_step}
 
     @classmethod
     def from_json(cls, data: dict) -> "JobRecord":
         failure = data.get("last_failure")
+        resume_from = data.get("resume_from_step")
         return cls(JobState(data["state"]), int(data["generation"]), int(data["world_size"]),
-                   int(data["restarts"]), None if failure is None else Failure.from_json(failure))
+                   int(data["restarts"]), None if failure is None else Failure.from_json(failure),
+                   int(data.get("stopped_generation", 0)), int(data.get("crash_restarts", 0)),
+                   int(data.get("consecutive_crashes", 0)),
+                   {str(k): int(v) for k, v in data.get("node_failures", {}).items()},
+                   {int(k): int(v) for k, v in data.get("crash_steps", {}).items()},
+                   None if resume_from is None else int(resume_from))
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """The checkpoint a generation starts from (None in GenerationRecord: from scratch)."""
+
+    step: int
+    consumed_samples: int
+    path: str
+
+    def to_json(self) -> dict:
+        return {"step": self.step, "consumed_samples": self.consumed_samples, "path": self.path}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ResumePoint":
+        return cls(int(data["step"]), int(data["consumed_samples"]), str(data["path"]))
 
 
 @dataclass(frozen=True)
@@ -80,12 +141,19 @@ class GenerationRecord:
     placement: Placement
     scheduler_port: int
     rank_table_json: str
+    resume: ResumePoint | None = None
+
+    @property
+    def start_step(self) -> int:
+        return 0 if self.resume is None else self.resume.step
 
     def to_json(self) -> dict:
         return {"number": self.number, "placement": self.placement.to_json(),
-                "scheduler_port": self.scheduler_port, "rank_table": self.rank_table_json}
+                "scheduler_port": self.scheduler_port, "rank_table": self.rank_table_json,
+                "resume": None if self.resume is None else self.resume.to_json()}
 
     @classmethod
     def from_json(cls, data: dict) -> "GenerationRecord":
+        resume = data.get("resume")
         return cls(int(data["number"]), Placement.from_json(data["placement"]), int(data["scheduler_port"]),
-                   str(data["rank_table"]))
+                   str(data["rank_table"]), None if resume is None else ResumePoint.from_json(resume))

@@ -111,7 +111,7 @@ def test_node_joins_goes_lost_after_timeout_and_returns() -> None:
         for _ in range(20):  # heartbeats keep it READY, and cost no etcd write
             clock.advance(1.0)
             revision_before = (await store.get_prefix(keys.ROOT))[1]
-            coordinator.heartbeat(session)
+            coordinator.heartbeat(session, 0)
             await coordinator.tick()
             assert (await store.get_prefix(keys.ROOT))[1] == revision_before
         assert await stored_node_state(store, "n1") == "READY"
@@ -144,7 +144,7 @@ def test_a_live_node_name_is_not_taken_without_its_token() -> None:
         assert first.closed.is_set() and not second.closed.is_set()
         coordinator.close_session(first)  # the old stream's late cleanup must not drop the new one
         clock.advance(TIMEOUT_S - 1)
-        coordinator.heartbeat(second)
+        coordinator.heartbeat(second, 0)
         clock.advance(TIMEOUT_S - 1)
         await coordinator.tick()
         assert await stored_node_state(store, "n1") == "READY"

@@ -1,0 +1,90 @@
+"""The job's checkpoint catalog in etcd (`jobs/{job}/checkpoints/{step}`).
+
+Rank 0 of a generation reports each checkpoint it commits; the coordinator records it here, so
+choosing where to restart needs neither the checkpoint storage nor MindSpore. The workers verify
+every byte they load: one that cannot load the chosen checkpoint exits with
+EXIT_CHECKPOINT_UNREADABLE, and the entry is marked bad so the next launch falls back to an older
+one. A rollback makes newer entries stale: they describe a future that was abandoned (a later
+generation writes those steps again), so they are marked superseded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from daemon.leader import LeadershipLost
+from daemon.store import codec, keys
+from daemon.store.interface import Fence, Store
+
+
+@dataclass(frozen=True)
+class CheckpointEntry:
+    step: int
+    consumed_samples: int
+    path: str
+    generation: int
+    world_size: int
+    problem: str = ""  # why a worker could not load it; empty when it loaded (or was never tried)
+    superseded: bool = False  # the job rolled back to an older checkpoint
+
+    @property
+    def good(self) -> bool:
+        return not self.problem and not self.superseded
+
+    def to_json(self) -> dict:
+        return {"step": self.step, "consumed_samples": self.consumed_samples, "path": self.path,
+                "generation": self.generation, "world_size": self.world_size, "problem": self.problem,
+                "superseded": self.superseded}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "CheckpointEntry":
+        return cls(int(data["step"]), int(data["consumed_samples"]), str(data["path"]), int(data["generation"]),
+                   int(data["world_size"]), str(data.get("problem", "")), bool(data.get("superseded", False)))
+
+
+class CheckpointCatalog:
+    """In-memory mirror of the catalog, written through with fenced compare-and-swap."""
+
+    def __init__(self, store: Store, job_name: str) -> None:
+        self._store = store
+        self._job = job_name
+        self._entries: dict[int, tuple[CheckpointEntry, int]] = {}
+
+    async def load(self) -> None:
+        kvs, _ = await self._store.get_prefix(keys.checkpoints(self._job))
+        self._entries = {}
+        for kv in kvs:
+            entry = CheckpointEntry.from_json(codec.decode(kv.value, key=kv.key))
+            self._entries[entry.step] = (entry, kv.mod_revision)
+
+    def entries(self) -> tuple[CheckpointEntry, ...]:
+        """Oldest first."""
+        return tuple(entry for _, (entry, _) in sorted(self._entries.items()))
+
+    def get(self, step: int) -> CheckpointEntry | None:
+        found = self._entries.get(step)
+        return None if found is None else found[0]
+
+    async def record(self, entry: CheckpointEntry, fence: Fence) -> None:
+        """A committed checkpoint; one at the same step from an abandoned timeline is replaced."""
+        await self._put(entry, fence)
+
+    async def mark_bad(self, step: int, problem: str, fence: Fence) -> None:
+        entry = self.get(step)
+        if entry is not None and entry.good:
+            await self._put(replace(entry, problem=problem), fence)
+
+    async def supersede_after(self, step: int, fence: Fence) -> None:
+        """The job rolled back to `step`: newer checkpoints are no longer candidates."""
+        for entry in self.entries():
+            if entry.step > step and not entry.superseded:
+                await self._put(replace(entry, superseded=True), fence)
+
+    async def _put(self, entry: CheckpointEntry, fence: Fence) -> None:
+        key = keys.checkpoint(self._job, entry.step)
+        known = self._entries.get(entry.step)
+        revision = await self._store.compare_and_swap(key, codec.encode(entry.to_json()),
+                                                      0 if known is None else known[1], fence=fence)
+        if revision is None:
+            raise LeadershipLost(f"{key}: write refused (another leader, or a stale read)")
+        self._entries[entry.step] = (entry, revision)

@@ -1,0 +1,160 @@
+"""A simulated cluster for the job's decision logic: the real Coordinator and JobController on the
+in-memory store with a fake clock, and scripted agents that record the commands they get and send
+the reports a test tells them to. No processes, no sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from daemon.clock import FakeClock
+from daemon.config import JobSettings
+from daemon.coordinator import AgentHello, AgentSession, Coordinator
+from daemon.job.commands import CheckpointNowCommand, LaunchCommand, StopCommand
+from daemon.job.observation import ProcessReport, ProgressReport
+from daemon.leader import LeaderRecord
+from daemon.membership import DeviceInfo
+from daemon.store.memory import InMemoryStore
+from proto.vocabulary import JobState, ProcessRole
+
+HEARTBEAT_TIMEOUT_S = 5.0
+SESSION_GRACE_S = 2.0
+GLOBAL_BATCH = 12
+
+
+def job_settings(**overrides) -> JobSettings:
+    settings = dict(name="job", entrypoint=["{python}", "-m", "train"], min_nodes=1, max_nodes=3,
+                    global_batch=GLOBAL_BATCH, micro_batch=1, start_wait_s=0, stop_grace_s=5.0,
+                    hang_timeout_s=60.0, checkpoint={"dir": "/ckpt", "every_steps": 10},
+                    restart={"max": 3, "backoff_s": 1.0, "max_backoff_s": 8.0, "quarantine_after": 3})
+    settings.update(overrides)
+    return JobSettings.model_validate(settings)
+
+
+@dataclass
+class SimAgent:
+    name: str
+    session: AgentSession | None = None
+    token: str = ""
+    commands: list[object] = field(default_factory=list)
+    generation: int = 0
+
+    def launches(self) -> list[LaunchCommand]:
+        return [c for c in self.commands if isinstance(c, LaunchCommand)]
+
+    def stops(self) -> list[StopCommand]:
+        return [c for c in self.commands if isinstance(c, StopCommand)]
+
+    def checkpoint_requests(self) -> list[CheckpointNowCommand]:
+        return [c for c in self.commands if isinstance(c, CheckpointNowCommand)]
+
+
+class SimCluster:
+    def __init__(self, spec: JobSettings, store: InMemoryStore | None = None, clock: FakeClock | None = None,
+                 name: str = "c1") -> None:
+        self.clock = clock or FakeClock(start=1000.0)
+        self.store = store or InMemoryStore(self.clock)
+        self.spec = spec
+        self.coordinator = Coordinator(
+            store=self.store, clock=self.clock, me=LeaderRecord(name, f"{name}:7420"), job_name=spec.name, job=spec,
+            heartbeat_interval_s=1.0, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, leader_lease_s=3,
+            session_grace_s=SESSION_GRACE_S, wall_clock=lambda: 1_700_000_000.0)
+        self.agents: dict[str, SimAgent] = {}
+
+    @property
+    def job(self):
+        return self.coordinator.job
+
+    async def lead(self) -> None:
+        leadership = await self.coordinator._election.campaign()
+        await self.coordinator._take_office(leadership)
+
+    async def connect(self, name: str, devices: int = 1) -> SimAgent:
+        """A new agent, or one that comes back after `disconnect` as a restarted agent (no generation)."""
+        agent = self.agents.setdefault(name, SimAgent(name))
+        agent.generation = 0
+        hello = AgentHello(name, f"10.0.0.{len(self.agents)}", tuple(DeviceInfo(i, "", "cpu") for i in range(devices)),
+                           "t", agent.token)
+        agent.session, welcome = await self.coordinator.open_session(hello, self._sender(agent))
+        agent.token = welcome.resume_token
+        return agent
+
+    def _sender(self, agent: SimAgent):
+        def send(command: object) -> None:
+            agent.commands.append(command)
+            if isinstance(command, LaunchCommand):
+                agent.generation = max(agent.generation, command.generation)
+        return send
+
+    def disconnect(self, name: str) -> None:
+        agent = self.agents[name]
+        self.coordinator.close_session(agent.session)
+        agent.session = None
+
+    async def tick(self, seconds: float = 0.0) -> None:
+        """Let time pass (with heartbeats from connected agents), then run one coordinator pass."""
+        self.clock.advance(seconds)
+        for agent in self.agents.values():
+            if agent.session is not None and not agent.session.closed.is_set():
+                self.coordinator.heartbeat(agent.session, agent.generation)
+        await self.coordinator.tick()
+        await asyncio.sleep(0)
+
+    # ------------------------------------------------------------ what agents report
+
+    def _ranks_of(self, name: str) -> list[int]:
+        generation = self.job.generation
+        return [slot.rank for slot in generation.placement.ranks if slot.node == name]
+
+    def started(self) -> None:
+        """Every node of the current generation reports its processes running."""
+        generation = self.job.generation
+        for name in generation.placement.nodes:
+            agent = self.agents[name]
+            if name == generation.placement.nodes[0]:
+                self._report(agent, ProcessReport(name, ProcessRole.SCHEDULER, -1, 100, True))
+            for rank in self._ranks_of(name):
+                self._report(agent, ProcessReport(name, ProcessRole.WORKER, rank, 200 + rank, True))
+
+    def step(self, step: int, samples_per_s: float = 120.0) -> None:
+        generation = self.job.generation
+        for name in generation.placement.nodes:
+            for rank in self._ranks_of(name):
+                self.coordinator.progress_report(self.agents[name].session, generation.number, ProgressReport(
+                    rank, step, 0.5, 1.0, samples_per_s, step * GLOBAL_BATCH))
+
+    def crash(self, name: str, rank: int, exit_code: int = 1, signal: int = 0) -> None:
+        self._report(self.agents[name], ProcessReport(name, ProcessRole.WORKER, rank, 200 + rank, False,
+                                                      exit_code, signal, log_tail="boom"))
+
+    def finish_all(self) -> None:
+        generation = self.job.generation
+        for name in generation.placement.nodes:
+            for rank in self._ranks_of(name):
+                self._report(self.agents[name], ProcessReport(name, ProcessRole.WORKER, rank, 200 + rank, False))
+
+    def confirm_stop(self, *names: str) -> None:
+        generation = self.job.generation
+        for name in names or generation.placement.nodes:
+            self.coordinator.stopped_report(self.agents[name].session, generation.number)
+
+    def checkpoint(self, step: int) -> None:
+        generation = self.job.generation
+        first = self.agents[generation.placement.nodes[0]]
+        self.coordinator.checkpoint_saved(first.session, generation.number, step, step * GLOBAL_BATCH,
+                                          f"/ckpt/step_{step:08d}")
+
+    def _report(self, agent: SimAgent, report: ProcessReport) -> None:
+        self.coordinator.process_report(agent.session, self.job.generation.number, report)
+
+    # ------------------------------------------------------------ what a test reads
+
+    @property
+    def state(self) -> JobState:
+        return self.job.record.state
+
+    def world(self) -> list[str]:
+        return list(self.job.generation.placement.nodes)
+
+    async def event_kinds(self) -> list[str]:
+        return [e.kind for e in await self.coordinator.events(0)]

@@ -1,0 +1,510 @@
+"""The reconcile loop's decisions, end to end through the Coordinator and the JobController, on the
+in-memory store with a fake clock: every job state transition, recovery, growth, drain, the
+restart budget, backoff, quarantine, checkpoint fallback and leader takeover."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from daemon.job.controller import CommandRefused
+from daemon.job.state import ALLOWED_TRANSITIONS
+from daemon.store import codec, keys
+from proto.vocabulary import JobState
+from tests.daemon.job_sim import GLOBAL_BATCH, SESSION_GRACE_S, SimCluster, job_settings
+
+SEEN_TRANSITIONS: set[tuple[JobState, JobState]] = set()
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 20))
+
+
+async def launched_cluster(nodes=("a", "b", "c"), **overrides) -> SimCluster:
+    """A job whose generation 1 was launched on `nodes` and whose processes started (PENDING)."""
+    sim = SimCluster(job_settings(**overrides))
+    await sim.lead()
+    for name in nodes:
+        await sim.connect(name)
+    await sim.tick()
+    assert sim.job.record.generation == 1 and sim.state is JobState.PENDING
+    sim.started()
+    return sim
+
+
+async def running_cluster(nodes=("a", "b", "c"), **overrides) -> SimCluster:
+    """A job RUNNING generation 1 on `nodes`, with a checkpoint committed at step 10."""
+    sim = await launched_cluster(nodes, **overrides)
+    sim.step(1)
+    await sim.tick()
+    assert sim.state is JobState.RUNNING
+    sim.step(10)
+    sim.checkpoint(10)
+    await sim.tick()
+    return sim
+
+
+async def waiting_cluster(**overrides) -> SimCluster:
+    """A two-node job with min_nodes 2 that lost node b and is WAITING for it."""
+    sim = await running_cluster(nodes=("a", "b"), min_nodes=2, max_nodes=2, **overrides)
+    sim.disconnect("b")
+    await sim.tick(SESSION_GRACE_S + 0.5)
+    assert sim.state is JobState.RECOVERING
+    sim.confirm_stop("a")
+    await sim.tick(0.1)
+    assert sim.state is JobState.WAITING
+    return sim
+
+
+async def take_over(sim: SimCluster) -> SimCluster:
+    """The leader dies; a standby on the same etcd takes over and every agent reconnects to it."""
+    standby = SimCluster(sim.spec, store=sim.store, clock=sim.clock, name="c2")
+    sim.store.stop_keepalive(sim.coordinator.leadership.lease)
+    sim.clock.advance(3.5)
+    sim.store.expire_leases()
+    await standby.lead()
+    for name in sim.agents:
+        await standby.connect(name)
+    return standby
+
+
+async def transitions(sim: SimCluster) -> list[tuple[str, str]]:
+    """The (from, to) state moves the job record went through, from the events."""
+    moves = []
+    state = JobState.PENDING
+    for event in await sim.coordinator.events(0):
+        target = {"job_running": JobState.RUNNING, "recovery_started": JobState.RECOVERING,
+                  "reshape_started": JobState.RECOVERING, "job_waiting": JobState.WAITING,
+                  "job_failed": JobState.FAILED, "job_completed": JobState.COMPLETED,
+                  "job_paused": JobState.PAUSED}.get(event.kind)
+        if event.kind == "job_resumed":
+            target = JobState.PENDING if "PENDING" in event.message else JobState.RECOVERING
+        if event.kind == "generation_started" and state is JobState.WAITING:
+            target = JobState.RECOVERING
+        if target is not None and target is not state:
+            moves.append((state, target))
+            state = target
+    SEEN_TRANSITIONS.update(moves)
+    return moves
+
+
+def test_first_launch_then_running_then_completed() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster()
+        launch = sim.agents["a"].launches()[0]
+        env = launch.processes[-1].env
+        assert env["TRAINERD_RESUME_FROM"] == "" and env["TRAINERD_CHECKPOINT_EVERY"] == "10"
+        assert sim.job.view().last_checkpoint_step == 10
+        sim.finish_all()
+        await sim.tick()
+        assert sim.state is JobState.COMPLETED
+        assert all(agent.stops() for agent in sim.agents.values() if agent.name == "a")  # the scheduler
+        assert await transitions(sim) == [(JobState.PENDING, JobState.RUNNING), (JobState.RUNNING, JobState.COMPLETED)]
+    run(scenario())
+
+
+def test_worker_crash_stops_everything_and_relaunches_from_the_newest_checkpoint() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster()
+        sim.step(14)
+        sim.crash("b", 1, exit_code=1)
+        await sim.tick()
+        assert sim.state is JobState.RECOVERING
+        assert [len(sim.agents[n].stops()) for n in "abc"] == [1, 1, 1]  # the whole generation, at once
+        await sim.tick(0.5)
+        assert sim.job.record.generation == 1  # nobody confirmed the stop yet
+        sim.confirm_stop()
+        await sim.tick(1.0)  # backoff_s after the first crash
+        record = sim.job.record
+        assert (record.generation, record.restarts, record.crash_restarts) == (2, 1, 1)
+        assert sim.world() == ["a", "b", "c"]
+        launch = sim.agents["b"].launches()[-1]
+        assert launch.generation == 2 and launch.checkpoint_path == "/ckpt/step_00000010"
+        assert launch.processes[0].env["TRAINERD_RESUME_FROM"] == "/ckpt/step_00000010"
+        assert record.last_failure.cause == "process_exited" and record.last_failure.node == "b"
+        assert record.crash_steps == {15: 1}  # rank 1 had reported step 14
+        sim.started()
+        sim.step(11)
+        await sim.tick(1.0)
+        assert sim.state is JobState.RUNNING
+        recovery = sim.job.view().last_recovery
+        assert recovery.cause == "process_exited" and recovery.resumed_from_step == 10
+        assert set(recovery.phases()) == {"stop", "relaunch", "first_step", "total"}
+        assert recovery.phases()["relaunch"] == pytest.approx(1.0)  # the backoff
+        assert await transitions(sim) == [(JobState.PENDING, JobState.RUNNING),
+                                          (JobState.RUNNING, JobState.RECOVERING),
+                                          (JobState.RECOVERING, JobState.RUNNING)]
+    run(scenario())
+
+
+def test_lost_node_shrinks_the_world_without_spending_the_budget_and_it_grows_back_at_a_checkpoint() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster()
+        sim.disconnect("c")
+        sim.crash("a", 0)  # a peer's collective fails first: not blamed while c may be down
+        await sim.tick(0.5)
+        assert sim.state is JobState.RUNNING
+        await sim.tick(SESSION_GRACE_S)
+        assert sim.state is JobState.RECOVERING
+        assert sim.job.record.last_failure.cause == "node_lost"
+        sim.confirm_stop("a", "b")
+        await sim.tick(0.1)
+        assert sim.world() == ["a", "b"] and sim.job.record.world_size == 2
+        assert sim.job.record.crash_restarts == 0 and sim.job.record.restarts == 1
+        env = sim.agents["a"].launches()[-1].processes[-1].env
+        assert env["TRAINERD_GRAD_ACCUM"] == str(GLOBAL_BATCH // 2)
+        sim.started()
+        sim.step(11)
+        await sim.tick(0.1)
+        assert sim.state is JobState.RUNNING
+
+        await sim.connect("c")  # it comes back: grow at the next checkpoint
+        sim.step(12, samples_per_s=GLOBAL_BATCH * 10)  # 10 steps/s: ask 2 s (20 steps) ahead
+        await sim.tick(0.1)
+        requests = sim.agents["a"].checkpoint_requests()
+        assert [(r.generation, r.step) for r in requests] == [(2, 32)]
+        assert sim.agents["b"].checkpoint_requests() and not sim.agents["c"].checkpoint_requests()
+        sim.step(20)
+        await sim.tick(0.1)
+        assert sim.state is JobState.RUNNING  # no checkpoint yet: keep training
+        sim.checkpoint(32)
+        await sim.tick(0.1)
+        assert sim.state is JobState.RECOVERING
+        sim.confirm_stop()
+        await sim.tick(0.1)
+        assert sim.world() == ["a", "b", "c"]
+        assert sim.agents["c"].launches()[-1].checkpoint_path == "/ckpt/step_00000032"
+        assert sim.job.record.crash_restarts == 0 and sim.job.record.restarts == 2
+    run(scenario())
+
+
+def test_below_min_nodes_waits_and_resumes_when_a_node_returns() -> None:
+    async def scenario() -> None:
+        sim = await waiting_cluster()
+        assert sim.job.record.generation == 1
+        await sim.tick(60)
+        assert sim.state is JobState.WAITING
+        await sim.connect("b")
+        await sim.tick(0.1)
+        assert sim.state is JobState.RECOVERING and sim.job.record.generation == 2
+        assert sim.world() == ["a", "b"]
+        sim.started()
+        sim.step(11)
+        await sim.tick(0.1)
+        assert sim.state is JobState.RUNNING
+        assert (JobState.RECOVERING, JobState.WAITING) in await transitions(sim)
+        assert (JobState.WAITING, JobState.RECOVERING) in await transitions(sim)
+    run(scenario())
+
+
+def test_crash_loop_backs_off_spends_the_budget_fails_and_resume_refills_it() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster(nodes=("a",), max_nodes=1, restart={"max": 2, "backoff_s": 1.0,
+                                                                        "max_backoff_s": 8.0})
+        for crash, backoff in ((1, 1.0), (2, 2.0)):
+            sim.crash("a", 0, exit_code=1)
+            await sim.tick()
+            assert sim.state is JobState.RECOVERING
+            sim.confirm_stop()
+            await sim.tick(backoff - 0.1)
+            assert sim.job.record.generation == crash  # still backing off
+            await sim.tick(0.1)
+            assert sim.job.record.generation == crash + 1
+        sim.crash("a", 0, exit_code=1)
+        await sim.tick()
+        record = sim.job.record
+        assert record.state is JobState.FAILED and record.crash_restarts == 3
+        assert "restart budget of 2 spent" in (await sim.coordinator.events(0))[-1].message
+        await sim.tick(100)
+        assert sim.job.record.generation == 3  # FAILED stays put
+
+        await sim.coordinator.resume(from_step=None)
+        record = sim.job.record
+        assert record.state is JobState.RECOVERING and record.crash_restarts == 0
+        sim.confirm_stop()
+        await sim.tick(0.1)
+        assert sim.job.record.generation == 4
+        assert sim.agents["a"].launches()[-1].checkpoint_path == "/ckpt/step_00000010"
+        moves = await transitions(sim)
+        assert (JobState.RECOVERING, JobState.FAILED) in moves and (JobState.FAILED, JobState.RECOVERING) in moves
+    run(scenario())
+
+
+def test_a_crash_of_the_first_generation_recovers_and_a_usage_error_fails_at_once() -> None:
+    async def scenario() -> None:
+        sim = await launched_cluster(("a",), max_nodes=1)
+        sim.crash("a", 0, exit_code=1)
+        await sim.tick()
+        assert sim.state is JobState.RECOVERING
+        sim.confirm_stop()
+        await sim.tick(1.0)
+        assert sim.job.record.generation == 2
+        assert sim.agents["a"].launches()[-1].checkpoint_path == ""  # nothing saved yet: from scratch
+        sim.started()
+        sim.crash("a", 0, exit_code=2)
+        await sim.tick()
+        assert sim.state is JobState.FAILED
+        assert sim.job.record.last_failure.cause == "usage_error"
+        assert (JobState.PENDING, JobState.RECOVERING) in await transitions(sim)
+    run(scenario())
+
+
+def test_first_generation_fails_outright_when_the_budget_is_zero() -> None:
+    async def scenario() -> None:
+        sim = await launched_cluster(("a",), max_nodes=1, restart={"max": 0})
+        sim.crash("a", 0, signal=9)
+        await sim.tick()
+        assert sim.state is JobState.FAILED
+        assert "killed by signal 9" in sim.job.record.last_failure.message
+        assert (JobState.PENDING, JobState.FAILED) in await transitions(sim)
+    run(scenario())
+
+
+def test_hang_is_detected_after_hang_timeout_without_progress() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster(hang_timeout_s=30.0)
+        await sim.tick(29.0)
+        assert sim.state is JobState.RUNNING
+        sim.step(11)  # progress resets the clock
+        await sim.tick(29.0)
+        assert sim.state is JobState.RUNNING
+        await sim.tick(1.5)
+        assert sim.state is JobState.RECOVERING
+        assert sim.job.record.last_failure.cause == "hang"
+        assert sim.job.record.crash_restarts == 1
+    run(scenario())
+
+
+def test_nodes_that_never_confirm_the_stop_are_left_out_after_the_grace() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster()
+        sim.crash("a", 0)
+        await sim.tick()
+        sim.confirm_stop("a", "b")  # c's agent is wedged
+        await sim.tick(4.0)
+        assert sim.job.record.generation == 1
+        await sim.tick(3.5)  # stop_grace_s 5 + 2 s for the answer: the stop phase ends, c is left out
+        await sim.tick(1.0)  # then the crash backoff
+        assert sim.job.record.generation == 2 and sim.world() == ["a", "b"]
+    run(scenario())
+
+
+def test_repeatedly_crashing_node_is_quarantined_until_undrained() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster(restart={"max": 10, "backoff_s": 0, "quarantine_after": 2})
+        for _ in range(2):
+            rank = next(s.rank for s in sim.job.generation.placement.ranks if s.node == "c")
+            sim.crash("c", rank)
+            await sim.tick()
+            sim.confirm_stop()
+            await sim.tick(0.1)
+            sim.started()
+        assert sim.world() == ["a", "b"]
+        assert sim.job.view().quarantined == {"c"}
+        assert "quarantined" in [e.message for e in await sim.coordinator.events(0)
+                                 if e.kind == "recovery_started"][-1]
+        status = await sim.coordinator.view()
+        assert [n.quarantined for n in status.nodes] == [False, False, True]
+        sim.step(11)
+        await sim.tick(0.1)
+        await sim.coordinator.set_drain("c", False)
+        assert sim.job.view().quarantined == frozenset()
+        await sim.tick(0.1)
+        assert sim.agents["a"].checkpoint_requests()  # it will be taken back at a checkpoint
+    run(scenario())
+
+
+def test_drained_node_leaves_at_a_checkpoint_and_is_not_used_until_undrained() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster()
+        sim.step(11)
+        await sim.coordinator.set_drain("b", True)
+        await sim.tick(0.1)
+        assert sim.agents["a"].checkpoint_requests()
+        sim.checkpoint(13)
+        await sim.tick(0.1)
+        assert sim.state is JobState.RECOVERING
+        sim.confirm_stop()
+        await sim.tick(0.1)
+        assert sim.world() == ["a", "c"]
+        assert [n.drained for n in (await sim.coordinator.view()).nodes] == [False, True, False]
+        with pytest.raises(CommandRefused, match="no node named 'zz'"):
+            await sim.coordinator.set_drain("zz", True)
+    run(scenario())
+
+
+def test_unreadable_checkpoint_falls_back_to_an_older_one_then_fails_rather_than_start_over() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster(nodes=("a",), max_nodes=1, restart={"max": 10, "backoff_s": 0})
+        sim.step(20)
+        sim.checkpoint(20)
+        sim.crash("a", 0)
+        await sim.tick()
+        sim.confirm_stop()
+        await sim.tick(0.1)
+        assert sim.agents["a"].launches()[-1].checkpoint_path == "/ckpt/step_00000020"
+        for fallback in ("/ckpt/step_00000010", None):
+            sim.started()
+            sim.crash("a", 0, exit_code=65)
+            await sim.tick()
+            sim.confirm_stop()
+            await sim.tick(0.1)
+            if fallback is not None:
+                assert sim.agents["a"].launches()[-1].checkpoint_path == fallback
+        assert sim.state is JobState.FAILED
+        assert "no readable checkpoint is left" in sim.job.record.last_failure.message
+        assert [c.good for c in sim.job.catalog.entries()] == [False, False]
+    run(scenario())
+
+
+def test_pause_stops_the_generation_and_resume_from_step_restarts_there() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster()
+        sim.step(20)
+        sim.checkpoint(20)
+        await sim.tick()
+        await sim.coordinator.pause()
+        assert sim.state is JobState.PAUSED
+        assert all(agent.stops() for agent in sim.agents.values())
+        with pytest.raises(CommandRefused, match="no usable checkpoint at step 15; usable steps: 10, 20"):
+            await sim.coordinator.resume(from_step=15)
+        await sim.coordinator.resume(from_step=10)
+        sim.confirm_stop()
+        await sim.tick(0.1)
+        assert sim.job.record.generation == 2
+        assert sim.agents["a"].launches()[-1].checkpoint_path == "/ckpt/step_00000010"
+        assert [c.superseded for c in sim.job.catalog.entries()] == [False, True]  # 20 is in the abandoned future
+        with pytest.raises(CommandRefused, match="only a PAUSED or FAILED job"):
+            await sim.coordinator.resume(from_step=None)
+        moves = await transitions(sim)
+        assert (JobState.RUNNING, JobState.PAUSED) in moves and (JobState.PAUSED, JobState.RECOVERING) in moves
+    run(scenario())
+
+
+def test_pause_before_the_first_launch_and_resume_to_pending() -> None:
+    async def scenario() -> None:
+        sim = SimCluster(job_settings(min_nodes=2, max_nodes=2))
+        await sim.lead()
+        await sim.connect("a")
+        await sim.tick()
+        await sim.coordinator.pause()
+        await sim.coordinator.resume(from_step=None)
+        assert sim.state is JobState.PENDING
+        await sim.connect("b")
+        await sim.tick()
+        assert sim.job.record.generation == 1
+        await sim.coordinator.pause()  # from PENDING with a generation launched
+        assert all(agent.stops() for agent in sim.agents.values())
+        moves = await transitions(sim)
+        assert (JobState.PENDING, JobState.PAUSED) in moves and (JobState.PAUSED, JobState.PENDING) in moves
+    run(scenario())
+
+
+def test_pause_while_waiting_and_recovering_and_completion_while_recovering() -> None:
+    async def scenario() -> None:
+        sim = await waiting_cluster()
+        await sim.coordinator.pause()
+        await sim.coordinator.resume(from_step=None)
+        await sim.connect("b")
+        await sim.tick(0.1)
+        assert sim.state is JobState.RECOVERING and sim.job.record.generation == 2
+        await sim.coordinator.pause()
+        await sim.coordinator.resume(from_step=None)
+        sim.confirm_stop()
+        await sim.tick(0.1)
+        sim.started()
+        sim.finish_all()  # a resume at the last checkpoint finishes before a step is reported
+        await sim.tick(0.1)
+        assert sim.state is JobState.COMPLETED
+        moves = await transitions(sim)
+        for move in ((JobState.WAITING, JobState.PAUSED), (JobState.RECOVERING, JobState.PAUSED),
+                     (JobState.RECOVERING, JobState.COMPLETED)):
+            assert move in moves
+    run(scenario())
+
+
+def test_completion_before_every_rank_reported_a_step() -> None:
+    async def scenario() -> None:
+        sim = await launched_cluster(("a",), max_nodes=1)
+        sim.finish_all()
+        await sim.tick()
+        assert sim.state is JobState.COMPLETED
+        assert (JobState.PENDING, JobState.COMPLETED) in await transitions(sim)
+    run(scenario())
+
+
+def test_running_job_fails_when_a_crash_exceeds_the_budget() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster(nodes=("a",), max_nodes=1, restart={"max": 0})
+        sim.crash("a", 0)
+        await sim.tick()
+        assert sim.state is JobState.FAILED
+        assert (JobState.RUNNING, JobState.FAILED) in await transitions(sim)
+    run(scenario())
+
+
+def test_waiting_job_fails_when_no_checkpoint_is_readable() -> None:
+    async def scenario() -> None:
+        sim = await waiting_cluster(restart={"max": 5, "backoff_s": 0})
+        await sim.job.catalog.mark_bad(10, "digest mismatch", sim.coordinator.leadership.fence)
+        await sim.connect("b")
+        await sim.tick(0.1)
+        assert sim.state is JobState.FAILED
+        assert (JobState.WAITING, JobState.FAILED) in await transitions(sim)
+    run(scenario())
+
+
+def test_resume_of_a_failed_job_that_never_launched_goes_to_pending() -> None:
+    async def scenario() -> None:
+        sim = SimCluster(job_settings(max_nodes=1))
+        await sim.lead()
+        record = sim.job.record.moved_to(JobState.FAILED)
+        await sim.job._write_record(record, sim.coordinator.leadership.fence)
+        await sim.coordinator.resume(from_step=None)
+        assert sim.state is JobState.PENDING
+        SEEN_TRANSITIONS.add((JobState.FAILED, JobState.PENDING))
+    run(scenario())
+
+
+def test_a_new_leader_carries_on_without_relaunching_or_stopping_a_healthy_generation() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster()
+        launches_before = sum(len(a.launches()) for a in sim.agents.values())
+        standby = await take_over(sim)
+        for agent in standby.agents.values():
+            agent.generation = 1  # the agents kept running generation 1
+        await standby.tick(0.1)  # heartbeats: every agent runs generation 1
+        standby.started()
+        standby.step(12)
+        await standby.tick(0.5)
+        assert standby.state is JobState.RUNNING and standby.job.record.generation == 1
+        assert all(not a.stops() for a in standby.agents.values())
+        assert sum(len(a.launches()) for a in standby.agents.values()) == 3  # re-sent; agents ignore repeats
+        assert launches_before == 3
+        assert standby.job.view().last_checkpoint_step == 10
+
+        # The old leader's fenced writes are refused.
+        kv = await sim.store.get(keys.job_status("job"))
+        assert codec.decode(kv.value, key=kv.key)["generation"] == 1
+    run(scenario())
+
+
+def test_a_new_leader_finishes_a_recovery_the_old_one_started() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster()
+        sim.crash("a", 0)
+        await sim.tick()
+        assert sim.state is JobState.RECOVERING and sim.job.record.generation == 1
+        standby = await take_over(sim)
+        await standby.tick(0.1)  # the agents report no process of generation 1 running
+        await standby.tick(1.0)
+        assert standby.job.record.generation == 2
+        assert sum(len(a.launches()) for a in standby.agents.values()) == 3  # generation 2, once per node
+    run(scenario())
+
+
+def test_every_allowed_transition_is_exercised() -> None:
+    """Runs last in this module: the scenarios above must have walked every row of the table."""
+    allowed = {(a, b) for a, targets in ALLOWED_TRANSITIONS.items() for b in targets}
+    assert allowed - SEEN_TRANSITIONS == set()
