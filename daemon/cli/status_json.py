@@ -26,11 +26,21 @@ def status_to_json(reply: pb.StatusReply) -> dict:
                 "devices": [{"device_id": d.device_id, "device_ip": d.device_ip, "kind": d.kind}
                             for d in n.devices],
                 "last_heartbeat_age_s": _optional(n, "last_heartbeat_age_s"),
+                "drained": n.drained,
+                "quarantined": n.quarantined,
             }
             for n in reply.nodes
         ],
         "job": _job_to_json(reply.job) if reply.HasField("job") else None,
     }
+
+
+RECOVERY_PHASES = ("stop", "relaunch", "first_step", "total")
+
+
+def _recovery_to_json(recovery: pb.RecoveryPhases) -> dict:
+    return {"cause": recovery.cause, "resumed_from_step": _optional(recovery, "resumed_from_step"),
+            **{f"{phase}_s": _optional(recovery, f"{phase}_s") for phase in RECOVERY_PHASES}}
 
 
 def _job_to_json(job: pb.JobStatus) -> dict:
@@ -42,6 +52,8 @@ def _job_to_json(job: pb.JobStatus) -> dict:
         "world_size": job.world_size,
         "step": _optional(job, "step"),
         "restarts": job.restarts,
+        "crash_restarts": job.crash_restarts,
+        "restart_budget": job.restart_budget,
         "last_checkpoint_step": _optional(job, "last_checkpoint_step"),
         "skipped_batches": job.skipped_batches,
         "loss": _optional(job, "loss"),
@@ -52,4 +64,5 @@ def _job_to_json(job: pb.JobStatus) -> dict:
             "cause": failure.cause, "node": failure.node or None, "rank": failure.rank,
             "exit_code": failure.exit_code, "signal": failure.signal, "message": failure.message,
         },
+        "last_recovery": _recovery_to_json(job.last_recovery) if job.HasField("last_recovery") else None,
     }

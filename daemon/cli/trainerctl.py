@@ -15,7 +15,7 @@ import grpc
 from rich.console import Console
 from rich.table import Table
 
-from daemon.cli.status_json import status_to_json
+from daemon.cli.status_json import RECOVERY_PHASES, status_to_json
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
 from proto.config_file import parse_host_port
@@ -127,18 +127,58 @@ def events(coordinator: str | None, output: str, follow: bool) -> None:
         time.sleep(FOLLOW_POLL_S)
 
 
+@cli.command()
+@click.pass_obj
+def pause(coordinator: str | None) -> None:
+    """Stop the job's processes and keep it PAUSED until `resume`."""
+    reply = call_control(_addresses(coordinator), "Pause", pb.PauseRequest())
+    click.echo(reply.message)
+
+
+@cli.command()
+@click.option("--from-step", type=click.IntRange(min=1), help="Restart from the checkpoint of this step "
+              "(default: the newest good one; `trainerctl checkpoint list` shows them).")
+@click.pass_obj
+def resume(coordinator: str | None, from_step: int | None) -> None:
+    """Continue a PAUSED or FAILED job (a FAILED job gets its restart budget back)."""
+    request = pb.ResumeRequest() if from_step is None else pb.ResumeRequest(from_step=from_step)
+    click.echo(call_control(_addresses(coordinator), "Resume", request).message)
+
+
+@cli.group()
+def nodes() -> None:
+    """Take nodes out of service and back."""
+
+
+@nodes.command()
+@click.argument("name")
+@click.pass_obj
+def drain(coordinator: str | None, name: str) -> None:
+    """Stop using NAME: a running job lets it go at its next checkpoint."""
+    click.echo(call_control(_addresses(coordinator), "SetDrain", pb.DrainRequest(node=name, drained=True)).message)
+
+
+@nodes.command()
+@click.argument("name")
+@click.pass_obj
+def undrain(coordinator: str | None, name: str) -> None:
+    """Use NAME again (also lifts a quarantine); a running job takes it in at a checkpoint."""
+    click.echo(call_control(_addresses(coordinator), "SetDrain", pb.DrainRequest(node=name, drained=False)).message)
+
+
 def print_status(data: dict) -> None:
     console = Console()
     c = data["coordinator"]
     role = "leader" if c["is_leader"] else "standby"
     console.print(f"coordinator {c['answered_by']} ({role}); leader {c['leader'] or 'none'}")
     nodes = Table(title="nodes")
-    for column in ("name", "state", "host", "devices", "last heartbeat"):
+    for column in ("name", "state", "host", "devices", "last heartbeat", "service"):
         nodes.add_column(column)
     for node in data["nodes"]:
         age = node["last_heartbeat_age_s"]
+        service = "drained" if node["drained"] else "quarantined" if node["quarantined"] else "in service"
         nodes.add_row(node["name"], node["state"], node["host"], str(len(node["devices"])),
-                      "-" if age is None else f"{age:.1f}s ago")
+                      "-" if age is None else f"{age:.1f}s ago", service)
     console.print(nodes)
     job = data["job"]
     if job is None:
@@ -147,8 +187,10 @@ def print_status(data: dict) -> None:
     console.print(
         f"job {job['name']}: {job['state']}  generation {job['generation']}  "
         f"world size {job['world_size']}  step {_or_dash(job['step'])}  loss {_or_dash(job['loss'], '.4f')}  "
-        f"samples/s {_or_dash(job['samples_per_s'], '.0f')}  restarts {job['restarts']}"
+        f"samples/s {_or_dash(job['samples_per_s'], '.0f')}  checkpoint {_or_dash(job['last_checkpoint_step'])}"
     )
+    console.print(f"restarts {job['restarts']} ({job['crash_restarts']} of {job['restart_budget']} crash "
+                  f"restarts spent)")
     if job["ranks"]:
         ranks = Table(title="ranks")
         for column in ("rank", "node", "step", "loss", "samples/s"):
@@ -160,6 +202,12 @@ def print_status(data: dict) -> None:
     failure = job["last_failure"]
     if failure is not None:
         console.print(f"last failure ({failure['cause']}): {failure['message']}")
+    recovery = job["last_recovery"]
+    if recovery is not None:
+        phases = "  ".join(f"{phase} {recovery[phase + '_s']:.2f}s" for phase in RECOVERY_PHASES
+                           if recovery[phase + "_s"] is not None)
+        console.print(f"last recovery ({recovery['cause']}, from step {_or_dash(recovery['resumed_from_step'])}): "
+                      f"{phases or 'in progress'}")
 
 
 def _or_dash(value, spec: str = "") -> str:
