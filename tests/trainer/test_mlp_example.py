@@ -5,79 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 import pytest
 
-from tests.harness import Proc, Processes
+from tests.harness import Processes
 from tests.ports import free_port
-from trainer.progress_channel import EventReport, ProgressMessage, StepReport, WorkerEvent, open_progress_receiver
+from tests.trainer.mlp_runs import GLOBAL_BATCH, Run, cluster_env, run_example, run_standalone
+from trainer.progress_channel import ProgressMessage, StepReport, WorkerEvent
 
 STEPS = 30
-GLOBAL_BATCH = 64
 WORLD_SIZE = 2
-RUN_TIMEOUT_S = 90
-EXAMPLE = [sys.executable, "-m", "trainer.examples.mlp"]
-# What the agent sets for speed (FACTS.md): quiet logs, fast retries while the cluster forms.
-FAST_START_ENV = {"GLOG_v": "3", "MS_RETRY_INTERVAL_LOWER": "1", "MS_RETRY_INTERVAL_UPPER": "1"}
-
-
-@dataclass
-class Run:
-    procs: dict[str, Proc]
-    reports: list[ProgressMessage]
-    output: Path
-    logs: str
-
-    def steps(self, rank: int) -> list[StepReport]:
-        return [m for m in self.reports if isinstance(m, StepReport) and m.rank == rank]
-
-    def events(self, rank: int) -> list[EventReport]:
-        return [m for m in self.reports if isinstance(m, EventReport) and m.rank == rank]
-
-    def weights(self, rank: int) -> dict[str, np.ndarray]:
-        with np.load(self.output / f"final_rank{rank}.npz") as saved:
-            return {name: saved[name] for name in saved.files}
-
-
-def cluster_env(socket_path: Path, port: int) -> dict[str, dict[str, str]]:
-    """Per-process environment, as trainerd's launch plan builds it for generation 1 of job "mlp"."""
-    common = FAST_START_ENV | {
-        "MS_SCHED_HOST": "127.0.0.1", "MS_SCHED_PORT": str(port), "MS_WORKER_NUM": str(WORLD_SIZE),
-        "RANK_SIZE": str(WORLD_SIZE), "TRAINERD_JOB": "mlp", "TRAINERD_GENERATION": "1",
-        "TRAINERD_PROGRESS_SOCKET": str(socket_path), "TRAINERD_GLOBAL_BATCH": str(GLOBAL_BATCH),
-        "TRAINERD_MICRO_BATCH": str(GLOBAL_BATCH // WORLD_SIZE), "TRAINERD_GRAD_ACCUM": "1",
-    }
-    envs = {"scheduler": common | {"MS_ROLE": "MS_SCHED", "RANK_ID": "0", "TRAINERD_LOCAL_RANK": "-1"}}
-    for rank in range(WORLD_SIZE):
-        envs[f"rank{rank}"] = common | {
-            "MS_ROLE": "MS_WORKER", "MS_NODE_ID": str(rank), "RANK_ID": str(rank), "DEVICE_ID": str(rank),
-            "TRAINERD_LOCAL_RANK": str(rank),
-        }
-    return envs
-
-
-async def run_example(processes: Processes, root: Path, envs: dict[str, dict[str, str]], argv: list[str],
-                      until=None) -> tuple[dict[str, Proc], list[ProgressMessage]]:
-    """Start one process per entry of `envs` with a progress receiver listening, and wait (bounded)
-    until all have exited, or until `until(reports)` holds."""
-    reports: list[ProgressMessage] = []
-    transport = await open_progress_receiver(root / "progress.sock", reports.append)
-    try:
-        procs = {name: processes.start(name, EXAMPLE + argv, env) for name, env in envs.items()}
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        while not (until(reports) if until else all(not p.alive() for p in procs.values())):
-            if time.monotonic() > deadline:
-                pytest.fail(f"the example did not finish within {RUN_TIMEOUT_S}s\n{processes.logs()}")
-            await asyncio.sleep(0.05)
-        return procs, reports
-    finally:
-        transport.close()
 
 
 @pytest.fixture(scope="module")
@@ -98,16 +39,9 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Run]]:
     """The same job run twice by hand: one process, no cluster, the flags instead of the launcher's batch."""
     root = tmp_path_factory.mktemp("standalone")
     processes = Processes(root)
-    runs = []
     try:
-        for attempt in range(2):
-            output = root / f"out{attempt}"
-            argv = ["--steps", str(STEPS), "--seed", "7", "--global-batch", str(GLOBAL_BATCH), "--micro-batch", "16",
-                    "--output", str(output)]
-            env = FAST_START_ENV | {"TRAINERD_PROGRESS_SOCKET": str(root / "progress.sock")}
-            procs, reports = asyncio.run(run_example(processes, root, {f"standalone{attempt}": env}, argv))
-            runs.append(Run(procs, reports, output, processes.logs()))
-        yield runs
+        argv = ["--steps", str(STEPS), "--seed", "7", "--global-batch", str(GLOBAL_BATCH), "--micro-batch", "16"]
+        yield [run_standalone(processes, root, f"standalone{attempt}", argv) for attempt in range(2)]
     finally:
         processes.cleanup()
 

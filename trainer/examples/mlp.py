@@ -7,13 +7,22 @@ with the environment `RankContext` reads; every rank takes its own part of each 
 
 Copy this file to start your own job. Keep the skeleton: read the rank context, call
 `communication.initialize` before anything else (the scheduler process stops there), build the
-model and data, run the custom train step, report progress every step, report `finished` and
-return 0. Replace the parts marked YOUR MODEL and YOUR DATA.
+model and data, resume from the launcher's checkpoint, run the custom train step, report progress
+and let the checkpoints see every step, report `finished` and return 0. Replace the parts marked
+YOUR MODEL and YOUR DATA.
 
-Determinism: the samples of a step depend on --seed and the step only (not on the world size),
-every rank builds the same initial weights from --seed, and every rank applies the same
-all-reduced gradients; so the ranks hold identical weights, and a rerun with the same seed and
-global batch reproduces them.
+Determinism: the samples of a step depend on --seed and their position in the sample stream only
+(not on the world size), every rank builds the same initial weights from --seed, and every rank
+applies the same all-reduced gradients; so the ranks hold identical weights, and a rerun with the
+same seed and global batch reproduces them.
+
+Checkpoints and resume (`trainer.runtime.checkpointing`): the launcher's TRAINERD_CHECKPOINT_DIR and
+TRAINERD_CHECKPOINT_EVERY, or by hand --checkpoint-dir and --checkpoint-every (giving both with
+different values is refused: the launcher's plan must hold); a checkpoint is also saved at the step
+the agent's control file asks for. With TRAINERD_RESUME_FROM the run continues with the step after
+the checkpoint's, at its consumed sample count, at any world size; a resume at the same world size
+ends bit-identical to a run that was never interrupted. Exit status 2 with one line for a usage
+error (including a checkpoint of another --seed), 65 for a checkpoint that cannot be loaded.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import logging
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import mindspore as ms
@@ -31,9 +41,11 @@ from mindspore import nn, ops
 
 from trainer.progress_channel import WorkerEvent
 from trainer.runtime import communication
+from trainer.runtime.checkpointing import ResumeError, TrainingCheckpoints
 from trainer.runtime.communication import CommunicationError
+from trainer.runtime.exit_codes import EXIT_OK, EXIT_USAGE
 from trainer.runtime.progress import ProgressReporter
-from trainer.runtime.rank_context import BatchSettings, RankContext, RankContextError
+from trainer.runtime.rank_context import BatchSettings, CheckpointSettings, RankContext, RankContextError
 
 log = logging.getLogger("trainer.examples.mlp")
 
@@ -53,10 +65,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="seeds the data, its order and the initial weights")
     parser.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
     parser.add_argument("--output", type=Path, help="directory where rank r writes final_rank{r}.npz")
+    parser.add_argument("--checkpoint-dir", type=Path, help="where checkpoints go (default: "
+                        "TRAINERD_CHECKPOINT_DIR, else none)")
+    parser.add_argument("--checkpoint-every", type=int, help="save after every N-th step, 0: only when the "
+                        "control file asks (default: TRAINERD_CHECKPOINT_EVERY, else 0)")
     parser.add_argument("--device-target", default="CPU", choices=communication.DEVICE_TARGETS)
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error("--steps must be at least 1")
+    if args.checkpoint_every is not None and args.checkpoint_every < 0:
+        parser.error("--checkpoint-every must be at least 0")
     return args
 
 
@@ -72,6 +90,19 @@ def batch_settings(args: argparse.Namespace, ctx: RankContext) -> BatchSettings:
     return BatchSettings.for_world(global_batch, args.micro_batch or global_batch // ctx.world_size, ctx.world_size)
 
 
+def checkpoint_settings(args: argparse.Namespace, ctx: RankContext) -> CheckpointSettings:
+    """The launcher's checkpoint settings, completed by the flags where it set none; a flag that
+    contradicts a value the launcher set is refused, like the batch flags."""
+    settings = ctx.checkpoints
+    directory = None if args.checkpoint_dir is None else Path(os.path.abspath(args.checkpoint_dir))
+    for flag, given, launcher in (("--checkpoint-dir", directory, settings.directory),
+                                  ("--checkpoint-every", args.checkpoint_every, settings.every)):
+        if given is not None and launcher is not None and given != launcher:
+            raise ValueError(f"{flag} {given} disagrees with the launcher's {launcher}")
+    return replace(settings, directory=settings.directory or directory,
+                   every=args.checkpoint_every if settings.every is None else settings.every)
+
+
 # ---------------------------------------------------------------- YOUR DATA
 
 def synthetic_dataset(seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -82,13 +113,14 @@ def synthetic_dataset(seed: int) -> tuple[np.ndarray, np.ndarray]:
     return features, np.argmax(features @ teacher, axis=1).astype(np.int32)
 
 
-def global_batch_indices(step: int, global_batch: int, seed: int) -> np.ndarray:
-    """Dataset indices of step `step`'s global batch (0-based): epoch after epoch of seeded shuffles.
+def stream_indices(start: int, count: int, seed: int) -> np.ndarray:
+    """Dataset indices at positions [start, start + count) of the sample stream: epoch after epoch of
+    seeded shuffles.
 
-    A function of the seed and the step only, never of the world size, so a job resumed at another
-    size continues the same sample order.
+    A function of the seed and the positions only, never of the world size, so a job resumed at any
+    size from a checkpoint's consumed sample count continues the same sample order.
     """
-    positions = np.arange(step * global_batch, (step + 1) * global_batch)
+    positions = np.arange(start, start + count)
     epochs = positions // DATASET_SIZE
     indices = np.empty_like(positions)
     for epoch in np.unique(epochs):
@@ -199,10 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ctx = RankContext.from_environ()
         batch = batch_settings(args, ctx)
+        checkpoint_plan = checkpoint_settings(args, ctx)
         communication.initialize(ctx, args.device_target)  # the scheduler process never returns from here
     except (RankContextError, CommunicationError, ValueError) as exc:
         print(f"mlp: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     where = f"job {ctx.job} generation {ctx.generation} rank {ctx.rank}/{ctx.world_size}"
 
     ms.set_seed(args.seed)  # the same seed on every rank: identical initial weights
@@ -213,25 +246,42 @@ def main(argv: list[str] | None = None) -> int:
                            batch.grad_accum)
 
     with ProgressReporter.for_rank(ctx) as reporter:
-        reporter.event(WorkerEvent.STARTED, step=0)
-        log.info("%s: training %d steps, global batch %d = micro batch %d × %d accumulation × %d ranks",
-                 where, args.steps, batch.global_batch, batch.micro_batch, batch.grad_accum, ctx.world_size)
-        for step in range(1, args.steps + 1):
-            share = rank_share(global_batch_indices(step - 1, batch.global_batch, args.seed), ctx.rank, batch)
-            started = time.perf_counter()
-            loss, grad_norm = train_step(features[share], labels[share])
-            elapsed = time.perf_counter() - started
-            reporter.step(step, loss, grad_norm, batch.global_batch / elapsed, step * batch.global_batch)
-            if step == 1 or step == args.steps:
-                log.info("%s: step %d loss %.4f grad norm %.3f (%.2f s)", where, step, loss, grad_norm, elapsed)
+        try:
+            # skip_ledger: issue 6 (bad batches) will pass the ledger in force and leave its ranges out.
+            checkpoints = TrainingCheckpoints(ctx, checkpoint_plan, reporter, (network, optimizer),
+                                              data_seed=args.seed, grad_accumulation=batch.grad_accum)
+            start = checkpoints.resume()
+        except ValueError as exc:
+            print(f"mlp: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except ResumeError as exc:
+            print(f"mlp: {exc}", file=sys.stderr)
+            return exc.exit_code
+        reporter.event(WorkerEvent.STARTED, step=start.step)
+        log.info("%s: training steps %d to %d, global batch %d = micro batch %d × %d accumulation × %d ranks",
+                 where, start.step + 1, args.steps, batch.global_batch, batch.micro_batch, batch.grad_accum,
+                 ctx.world_size)
+        consumed = start.consumed_samples
+        with checkpoints:
+            for step in range(start.step + 1, args.steps + 1):
+                indices = stream_indices(consumed, batch.global_batch, args.seed)
+                share = rank_share(indices, ctx.rank, batch)
+                started = time.perf_counter()
+                loss, grad_norm = train_step(features[share], labels[share])
+                elapsed = time.perf_counter() - started
+                consumed += batch.global_batch
+                reporter.step(step, loss, grad_norm, batch.global_batch / elapsed, consumed)
+                checkpoints.after_step(step, consumed)
+                if step == start.step + 1 or step == args.steps:
+                    log.info("%s: step %d loss %.4f grad norm %.3f (%.2f s)", where, step, loss, grad_norm, elapsed)
         if args.output is not None:
             save_weights(network, args.output / f"final_rank{ctx.rank}.npz")
-        reporter.event(WorkerEvent.FINISHED, step=args.steps)
+        reporter.event(WorkerEvent.FINISHED, step=max(args.steps, start.step))
         if reporter.dropped:
             log.warning("%s: %d of %d progress reports were dropped", where, reporter.dropped,
                         reporter.dropped + reporter.sent)
     log.info("%s: finished", where)
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

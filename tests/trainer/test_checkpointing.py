@@ -1,0 +1,148 @@
+"""TrainingCheckpoints in one process with real MindSpore cells (no training, no cluster): what is saved
+and reported when, what a resume restores, and how each way a resume can fail is told apart."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import nn
+
+from trainer.checkpoint import verify_checkpoint
+from trainer.checkpoint.mindspore_io import parameters_to_numpy
+from trainer.examples.mlp import checkpoint_settings
+from trainer.runtime.checkpointing import CheckpointUnreadable, ResumePoint, SeedMismatch, TrainingCheckpoints
+from trainer.runtime.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
+from trainer.runtime.rank_context import CheckpointSettings, RankContext
+
+SEED = 7
+
+
+class Reporter:
+    """Stands in for the ProgressReporter: records each checkpoint report and whether its manifest existed."""
+
+    def __init__(self) -> None:
+        self.reports: list[tuple[int, int, str, bool]] = []
+
+    def checkpoint(self, step: int, consumed_samples: int, path: str) -> None:
+        self.reports.append((step, consumed_samples, path, (Path(path) / "manifest.json").is_file()))
+
+
+def cells(out: int = 3) -> tuple[nn.Cell, nn.Optimizer]:
+    network = nn.Dense(4, out)
+    return network, nn.Adam(network.trainable_params(), learning_rate=0.1)
+
+
+def perturb(network: nn.Cell, value: float) -> None:
+    """Stands in for a training step: every weight changes."""
+    for param in network.trainable_params():
+        param.set_data(ms.Tensor(np.full(param.shape, value, np.float32)))
+
+
+def checkpoints(settings: CheckpointSettings, cell_pair: tuple[nn.Cell, nn.Optimizer],
+                reporter: Reporter, seed: int = SEED) -> TrainingCheckpoints:
+    ctx = RankContext.from_environ({"TRAINERD_JOB": "unit"})
+    return TrainingCheckpoints(ctx, settings, reporter, cell_pair, data_seed=seed,  # type: ignore[arg-type]
+                               grad_accumulation=2)
+
+
+def train(tmp_path: Path, every: int, steps: int) -> tuple[Reporter, tuple[nn.Cell, nn.Optimizer]]:
+    reporter, pair = Reporter(), cells()
+    with checkpoints(CheckpointSettings(directory=tmp_path / "ckpt", every=every), pair, reporter) as ckpt:
+        assert ckpt.resume() == ResumePoint(0, 0)
+        for step in range(1, steps + 1):
+            perturb(pair[0], float(step))
+            ckpt.after_step(step, step * 16)
+    return reporter, pair
+
+
+def test_each_save_is_reported_after_its_commit_and_the_last_one_on_close(tmp_path: Path) -> None:
+    reporter, _ = train(tmp_path, every=2, steps=7)
+    ckpt = tmp_path / "ckpt"
+    assert reporter.reports == [(step, step * 16, str(ckpt / f"step_{step:08d}"), True) for step in (2, 4, 6)]
+    meta = verify_checkpoint(ckpt / "step_00000006").meta
+    assert (meta.step, meta.consumed_samples, meta.data_seed, meta.grad_accumulation, meta.skip_ledger) == (
+        6, 96, SEED, 2, ())
+
+
+def test_a_resume_restores_every_parameter_bit_for_bit(tmp_path: Path) -> None:
+    _, trained = train(tmp_path, every=4, steps=4)
+    saved = {name: array.copy() for name, array in parameters_to_numpy(*trained).items()}
+    assert {"weight", "moment1.weight", "beta1_power", "global_step"} <= set(saved)
+    fresh = cells()
+    settings = CheckpointSettings(resume_from=tmp_path / "ckpt" / "step_00000004")
+    assert checkpoints(settings, fresh, Reporter()).resume() == ResumePoint(4, 64)
+    restored = parameters_to_numpy(*fresh)
+    assert sorted(restored) == sorted(saved)
+    for name, array in saved.items():
+        assert np.array_equal(restored[name], array), name
+
+
+def test_resume_failures_carry_their_exit_status(tmp_path: Path) -> None:
+    train(tmp_path, every=4, steps=4)
+    step_4 = tmp_path / "ckpt" / "step_00000004"
+
+    def resume(path: Path, pair: tuple[nn.Cell, nn.Optimizer] | None = None, seed: int = SEED) -> None:
+        settings = CheckpointSettings(resume_from=path)
+        checkpoints(settings, pair or cells(), Reporter(), seed).resume()
+
+    with pytest.raises(CheckpointUnreadable, match=f"^cannot resume from checkpoint {tmp_path}/nowhere: "
+                                                   "nowhere/manifest.json is missing$") as missing:
+        resume(tmp_path / "nowhere")
+    assert missing.value.exit_code == EXIT_CHECKPOINT_UNREADABLE
+    with pytest.raises(CheckpointUnreadable, match="parameter 'weight' is float32 \\[5, 4\\], the checkpoint "
+                                                   "holds float32 \\[3, 4\\]"):
+        resume(step_4, cells(out=5))
+    with pytest.raises(SeedMismatch, match="was trained with data seed 7, but this run's seed is 8") as other_seed:
+        resume(step_4, seed=8)
+    assert other_seed.value.exit_code == EXIT_USAGE
+
+
+def test_a_failed_save_is_logged_and_training_goes_on(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "ckpt").write_text("a file where the checkpoint directory should be")
+    with caplog.at_level(logging.ERROR):
+        reporter, _ = train(tmp_path, every=1, steps=3)
+    assert reporter.reports == []
+    assert caplog.text.count("could not start the checkpoint of step") == 3
+
+
+def test_a_checkpoint_directory_the_agent_could_not_be_told_about_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cannot be reported: field 'path' must be an absolute normalised path"):
+        checkpoints(CheckpointSettings(directory=Path("/ckpt/../etc")), cells(), Reporter())
+
+
+def test_without_a_directory_nothing_is_saved_and_requests_are_ignored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = CheckpointSettings(every=1, control_file=tmp_path / "control.json")
+    with checkpoints(settings, cells(), Reporter()) as ckpt:
+        ckpt.after_step(1, 16)
+    assert "no checkpoint directory, so checkpoint requests will be ignored" in caplog.text
+    assert list(tmp_path.iterdir()) == []
+
+
+def flags(checkpoint_dir: str | None = None, checkpoint_every: int | None = None) -> argparse.Namespace:
+    return argparse.Namespace(checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir),
+                              checkpoint_every=checkpoint_every)
+
+
+def test_the_example_takes_checkpoint_flags_where_the_launcher_set_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    launcher = RankContext.from_environ({"TRAINERD_CHECKPOINT_DIR": "/ckpt/mlp", "TRAINERD_CHECKPOINT_EVERY": "10"})
+    by_hand = RankContext.from_environ({})
+    assert checkpoint_settings(flags("ckpt", 5), by_hand) == CheckpointSettings(directory=tmp_path / "ckpt", every=5)
+    assert checkpoint_settings(flags(), launcher) == launcher.checkpoints
+    assert checkpoint_settings(flags("/ckpt/mlp", 10), launcher) == launcher.checkpoints
+    with pytest.raises(ValueError, match="--checkpoint-dir /elsewhere disagrees with the launcher's /ckpt/mlp"):
+        checkpoint_settings(flags("/elsewhere"), launcher)
+    with pytest.raises(ValueError, match="--checkpoint-every 5 disagrees with the launcher's 10"):
+        checkpoint_settings(flags(checkpoint_every=5), launcher)
+    only_dir = replace(launcher, checkpoints=CheckpointSettings(directory=Path("/ckpt/mlp")))
+    assert checkpoint_settings(flags(checkpoint_every=5), only_dir).every == 5

@@ -1,0 +1,215 @@
+"""A training process's checkpoints: resume from the one the coordinator chose, save after the steps the
+schedule names, and tell the agent once a save is committed.
+
+    checkpoints = TrainingCheckpoints(ctx, ctx.checkpoints, reporter, (network, optimizer),
+                                      data_seed=seed, grad_accumulation=batch.grad_accum)
+    start = checkpoints.resume()           # ResumePoint(step=0, consumed_samples=0) when starting fresh
+    with checkpoints:
+        for step in range(start.step + 1, steps + 1):
+            ...                            # train on the samples from start.consumed_samples on
+            checkpoints.after_step(step, consumed_samples)
+    # leaving the block waits for the last save and reports it
+
+Worker side only: MindSpore comes in through `trainer.checkpoint.mindspore_io`, imported where it is
+needed, so importing this module does not load it.
+
+A save blocks the step only while the parameters are copied to host memory (`CheckpointWriter.save_async`);
+a helper thread waits for the writer, and the step after the save has committed (rank 0) reports it, so the
+report follows the manifest's rename and training never waits on the disk. A save that fails is logged and
+training goes on: the coordinator learns only of committed checkpoints.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from trainer.checkpoint import CheckpointError, CheckpointMeta, CheckpointWriter, load_checkpoint
+from trainer.checkpoint.manifest import step_dir_name
+from trainer.progress_channel import CheckpointReport, MalformedProgress, encode
+from trainer.runtime.checkpoint_schedule import CheckpointSchedule, ControlFile
+from trainer.runtime.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
+from trainer.runtime.progress import ProgressReporter
+from trainer.runtime.rank_context import CheckpointSettings, RankContext
+
+if TYPE_CHECKING:
+    from mindspore import nn
+
+log = logging.getLogger(__name__)
+
+# The largest step a report is checked for up front: its directory name is the longest one written.
+_PROBE_STEP = 10**12
+
+
+class ResumeError(Exception):
+    """The run cannot resume as launched; the message is one line, `exit_code` the status to exit with."""
+
+    exit_code: int
+
+
+class CheckpointUnreadable(ResumeError):
+    """TRAINERD_RESUME_FROM cannot be loaded or does not verify, or does not fit the model."""
+
+    exit_code = EXIT_CHECKPOINT_UNREADABLE
+
+
+class SeedMismatch(ResumeError):
+    """The checkpoint was trained on another data seed: resuming would silently change the sample order."""
+
+    exit_code = EXIT_USAGE
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    step: int              # optimizer steps completed: training continues with step + 1
+    consumed_samples: int  # the stream position of the next sample to read
+
+
+class TrainingCheckpoints:
+    """Resume, periodic and requested saves, and commit reports for one worker of a data-parallel job.
+
+    `cells` (the network and its optimizer) hold everything saved and restored; every rank passes the
+    same full tensors. `data_seed` and `grad_accumulation` go into every checkpoint's meta, as do the
+    skip ledger ranges in force. Raises ValueError when the checkpoint directory could not be reported.
+    """
+
+    def __init__(
+        self,
+        ctx: RankContext,
+        settings: CheckpointSettings,
+        reporter: ProgressReporter,
+        cells: Sequence[nn.Cell],
+        *,
+        data_seed: int,
+        grad_accumulation: int,
+        skip_ledger: Sequence[tuple[int, int]] = (),
+    ) -> None:
+        if ctx.rank is None:
+            raise ValueError("the scheduler process has no rank and keeps no checkpoints")
+        self._ctx = ctx
+        self._rank = ctx.rank
+        self._settings = settings
+        self._reporter = reporter
+        self._cells = tuple(cells)
+        self._data_seed = data_seed
+        self._grad_accumulation = grad_accumulation
+        self._skip_ledger = tuple(skip_ledger)
+        self._where = f"job {ctx.job} generation {ctx.generation} rank {ctx.rank}/{ctx.world_size}"
+        self._completed = 0
+        self._in_flight: tuple[CheckpointMeta, Future[Path | None]] | None = None
+        self._writer: CheckpointWriter | None = None
+        self._schedule: CheckpointSchedule | None = None
+        if settings.directory is None:
+            if settings.control_file is not None:
+                log.warning("%s: there is no checkpoint directory, so checkpoint requests will be ignored.",
+                            self._where)
+            return
+        self._check_reportable(settings.directory)
+        control = None if settings.control_file is None else ControlFile(settings.control_file)
+        self._schedule = CheckpointSchedule(settings.every or 0, ctx.generation, control, self._where)
+        self._writer = CheckpointWriter(settings.directory, self._rank, ctx.world_size,
+                                        generation=ctx.generation, keep=settings.keep)
+        self._waiter = ThreadPoolExecutor(1, thread_name_prefix=f"checkpoint-commit-rank{self._rank}")
+
+    def resume(self) -> ResumePoint:
+        """Load the checkpoint named by `resume_from` into the cells (any world size may have written it),
+        or start fresh when there is none. Raises CheckpointUnreadable or SeedMismatch.
+        """
+        from trainer.checkpoint.mindspore_io import load_numpy_into
+
+        path = self._settings.resume_from
+        if path is None:
+            return ResumePoint(0, 0)
+        try:
+            tensors, manifest = load_checkpoint(path, self._rank, self._ctx.world_size)
+        except (CheckpointError, OSError) as exc:
+            raise CheckpointUnreadable(f"cannot resume from checkpoint {path}: {exc}") from exc
+        meta = manifest.meta
+        if meta.data_seed != self._data_seed:
+            raise SeedMismatch(f"checkpoint {path} was trained with data seed {meta.data_seed}, "
+                               f"but this run's seed is {self._data_seed}")
+        try:
+            load_numpy_into(tensors, *self._cells)
+        except CheckpointError as exc:
+            raise CheckpointUnreadable(f"cannot resume from checkpoint {path}: {exc}") from exc
+        self._completed = meta.step
+        log.info("%s: resumed from %s at step %d, sample %d (saved by %d ranks with %d accumulation steps)",
+                 self._where, path, meta.step, meta.consumed_samples, manifest.world_size, meta.grad_accumulation)
+        return ResumePoint(meta.step, meta.consumed_samples)
+
+    def after_step(self, step: int, consumed_samples: int) -> None:
+        """Call after every optimizer step, with the stream position after it: reports a save that has
+        committed since, and starts a save when this step is due one."""
+        self._completed = step
+        self._collect(block=False)
+        if self._schedule is not None and self._schedule.due(step):
+            self._save(step, consumed_samples)
+
+    def close(self) -> None:
+        """Wait for the save in flight and report it; a requested step never reached is logged."""
+        if self._writer is None:
+            return
+        try:
+            self._collect(block=True)
+            if self._schedule is not None and self._schedule.requested is not None:
+                log.warning("%s: training ended at step %d, before the checkpoint requested at step %d.",
+                            self._where, self._completed, self._schedule.requested)
+        finally:
+            self._writer.close()
+            self._waiter.shutdown()
+            self._writer = None
+
+    def __enter__(self) -> TrainingCheckpoints:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def _save(self, step: int, consumed_samples: int) -> None:
+        from trainer.checkpoint.mindspore_io import parameters_to_numpy
+
+        assert self._writer is not None  # a schedule exists only with a writer
+        self._collect(block=True)  # one save at a time: the writer reuses its host buffers
+        meta = CheckpointMeta(step=step, consumed_samples=consumed_samples, data_seed=self._data_seed,
+                              grad_accumulation=self._grad_accumulation, skip_ledger=self._skip_ledger)
+        try:
+            self._writer.save_async(meta, parameters_to_numpy(*self._cells))
+        except (CheckpointError, OSError) as exc:
+            log.error("%s: could not start the checkpoint of step %d: %s", self._where, step, exc)
+            return
+        # Only this thread waits on the writer, and the main thread touches the writer again only
+        # after this wait is over (`_collect`), so the two never use it at once.
+        self._in_flight = (meta, self._waiter.submit(self._writer.wait))
+
+    def _collect(self, block: bool) -> None:
+        """Report the save in flight once it is over (at once when `block`, else only if it is)."""
+        if self._in_flight is None:
+            return
+        meta, done = self._in_flight
+        if not block and not done.done():
+            return
+        self._in_flight = None
+        try:
+            step_dir = done.result()
+        except (CheckpointError, OSError) as exc:
+            log.error("%s: the checkpoint of step %d failed: %s", self._where, meta.step, exc)
+            return
+        if self._rank != 0:
+            return
+        log.info("%s: checkpoint of step %d committed in %s", self._where, meta.step, step_dir)
+        self._reporter.checkpoint(meta.step, meta.consumed_samples, str(step_dir))
+
+    def _check_reportable(self, directory: Path) -> None:
+        """Refuse at start a directory whose commits the agent would refuse to hear about later."""
+        probe = CheckpointReport(self._ctx.job, self._ctx.generation, self._rank, _PROBE_STEP, 0,
+                                 str(directory / step_dir_name(_PROBE_STEP)))
+        try:
+            encode(probe)
+        except MalformedProgress as exc:
+            raise ValueError(f"checkpoint directory {str(directory)!r:.200} cannot be reported: {exc}") from None
