@@ -19,7 +19,8 @@ from daemon.clock import Clock
 from daemon.config import JobSettings
 from daemon.events import Event, EventLog
 from daemon.job.controller import ClusterFacts, CommandRefused, JobController, JobView
-from daemon.job.observation import ProcessReport, ProgressReport
+from daemon.job.observation import BadBatchReport, ProcessReport, ProgressReport
+from daemon.job.skip_ledger import SkipEntry, checked
 from daemon.job.placement import NodeOffer
 from daemon.leader import LeaderElection, LeaderRecord, Leadership
 from daemon.liveness import LivenessTracker
@@ -310,7 +311,26 @@ class Coordinator:
             drained={r.name for r in records if r.drained},
         )
 
+    def bad_batch(self, session: AgentSession, generation: int, report: BadBatchReport) -> None:
+        if self.job is not None:
+            self.job.bad_batch(generation, session.node, report)
+            self.request_reconcile()
+
     # ------------------------------------------------------------ operator commands
+
+    def skips(self) -> tuple[SkipEntry, ...]:
+        self._require_leadership()
+        if self.job is None:
+            raise CommandRefused("this cluster file defines no job")
+        return self.job.ledger.entries()
+
+    async def add_skip(self, start: int, end: int, reason: str) -> str:
+        """An operator's ledger entry: the samples are left out from the next generation on.
+        Raises BadRange for a malformed range."""
+        entry = checked(start, end, f"operator: {reason}")
+        added = await self._job_command(lambda job, fence: job.add_skip(entry, fence))
+        return (f"samples {start}:{end} are skipped from the next generation on" if added
+                else f"samples {start}:{end} were already in the ledger")
 
     async def pause(self) -> str:
         return await self._job_command(lambda job, fence: job.pause(fence))
@@ -318,7 +338,7 @@ class Coordinator:
     async def resume(self, from_step: int | None) -> str:
         return await self._job_command(lambda job, fence: job.resume(fence, from_step))
 
-    async def _job_command(self, command) -> str:
+    async def _job_command(self, command):
         leadership = self._require_leadership()
         if self.job is None:
             raise CommandRefused("this cluster file defines no job")

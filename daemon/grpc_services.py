@@ -20,7 +20,8 @@ from daemon.coordinator import (
 )
 from daemon import metrics
 from daemon.job.commands import CheckpointNowCommand, LaunchCommand, StopCommand
-from daemon.job.observation import ProcessReport, ProgressReport
+from daemon.job.observation import BadBatchReport, ProcessReport, ProgressReport
+from daemon.job.skip_ledger import BadRange
 from daemon.membership import DeviceInfo
 from daemon.store.interface import StoreError
 from proto import trainerd_pb2 as pb
@@ -72,6 +73,7 @@ def job_to_proto(job: JobView) -> pb.JobStatus:
                           restart_budget=job.restart_budget,
                           ranks=[pb.RankStatus(rank=r.rank, node=r.node, step=r.step, loss=r.loss,
                                                samples_per_s=r.samples_per_s) for r in job.ranks])
+    status.skipped_batches = job.skipped_batches
     for field in ("step", "loss", "samples_per_s", "last_checkpoint_step"):
         value = getattr(job, field)
         if value is not None:
@@ -119,6 +121,7 @@ def command_to_proto(command: object) -> pb.CoordinatorMessage:
         return pb.CoordinatorMessage(launch=pb.Launch(
             generation=command.generation, job_name=command.job_name, rank_table_json=command.rank_table_json,
             checkpoint_path=command.checkpoint_path,
+            skips=[pb.SampleRange(start=start, end=end) for start, end in command.skips],
             processes=[pb.ProcessSpec(role=p.role.value, rank=p.rank, local_rank=p.local_rank,
                                       device_id=p.device_id, argv=list(p.argv), env=p.env)
                        for p in command.processes],
@@ -209,6 +212,13 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 p.rank, p.step, p.loss, p.grad_norm, p.samples_per_s, p.consumed_samples))
         elif kind == "stopped":
             coordinator.stopped_report(session, message.stopped.generation)
+        elif kind == "bad_batch":
+            b = message.bad_batch
+            if 0 <= b.sample_start < b.sample_end and b.step > 0 and 0 < len(b.reason) <= 100:
+                coordinator.bad_batch(session, b.generation, BadBatchReport(
+                    b.step, b.sample_start, b.sample_end, b.reason, b.loss, b.grad_norm))
+            else:
+                log.warning("node %s reported a malformed bad batch (step %d); ignored", session.node, b.step)
         elif kind == "checkpoint_saved":
             saved = message.checkpoint_saved
             if saved.step > 0 and saved.path and len(saved.path) <= MAX_PATH_CHARS and saved.consumed_samples >= 0:
@@ -253,12 +263,27 @@ class ControlService(pb_grpc.ControlServicer):
     async def SetDrain(self, request: pb.DrainRequest, context: grpc.aio.ServicerContext) -> pb.CommandReply:
         return await self._command(context, self._coordinator.set_drain(request.node, request.drained))
 
+    async def AddSkip(self, request: pb.AddSkipRequest, context: grpc.aio.ServicerContext) -> pb.CommandReply:
+        return await self._command(context, self._coordinator.add_skip(request.start, request.end, request.reason))
+
+    async def ListSkips(self, request: pb.SkipsRequest, context: grpc.aio.ServicerContext) -> pb.SkipsReply:
+        try:
+            entries = self._coordinator.skips()
+        except CommandRefused as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except NotLeader as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        return pb.SkipsReply(skips=[pb.SkipEntry(start=e.start, end=e.end, reason=e.reason, step=e.step,
+                                                 generation=e.generation, id=e.id) for e in entries])
+
     async def _command(self, context: grpc.aio.ServicerContext, command) -> pb.CommandReply:
         """Run an operator command on the leader; a refusal is FAILED_PRECONDITION with the reason."""
         try:
             return pb.CommandReply(message=await command)
         except CommandRefused as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except BadRange as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except NotLeader as exc:
             context.set_trailing_metadata(((LEADER_ADDRESS_METADATA, exc.leader_address or ""),))
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))

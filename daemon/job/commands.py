@@ -14,6 +14,7 @@ class LaunchCommand:
     processes: tuple[ProcessPlan, ...]
     rank_table_json: str
     checkpoint_path: str  # empty: from scratch
+    skips: tuple[tuple[int, int], ...]  # the skip ledger's ranges when the generation was launched
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from daemon.events import EventLog
 from daemon.job.catalog import CheckpointCatalog, CheckpointEntry
 from daemon.job.commands import CheckpointNowCommand, LaunchCommand, StopCommand
 from daemon.job.decide import (
+    AddSkip,
     CheckpointRequest,
     CommitRecord,
     JobWorld,
@@ -31,9 +32,10 @@ from daemon.job.decide import (
     decide,
 )
 from daemon.job.launch_plan import node_processes, scheduler_port
-from daemon.job.observation import GenerationObservation, ProcessReport, ProgressReport
+from daemon.job.observation import BadBatchReport, GenerationObservation, ProcessReport, ProgressReport
 from daemon.job.placement import NodeOffer, Placement, place
 from daemon.job.rank_table import rank_table_json
+from daemon.job.skip_ledger import SkipEntry, SkipLedger, checked
 from daemon.job.state import Failure, GenerationRecord, JobRecord, ResumePoint
 from daemon.job.timeline import RecoveryTimeline
 from daemon.leader import LeadershipLost
@@ -74,6 +76,7 @@ class JobView:
     last_failure: Failure | None
     last_recovery: RecoveryTimeline | None
     quarantined: frozenset[str]
+    skipped_batches: int
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,8 @@ class JobController:
         self._clock = clock
         self._send = send
         self.catalog = CheckpointCatalog(store, spec.name)
+        self.ledger = SkipLedger(store, spec.name)
+        self._unrecorded_skips: list[SkipEntry] = []
         self.record = JobRecord(JobState.PENDING)
         self._record_revision = 0
         self.generation: GenerationRecord | None = None
@@ -123,6 +128,8 @@ class JobController:
             self.record = JobRecord.from_json(codec.decode(status.value, key=status.key))
             self._record_revision = status.mod_revision
         await self.catalog.load()
+        await self.ledger.load()
+        self._unrecorded_skips = []
         self.generation = None
         self.observation = None
         self._checkpoint_request = None
@@ -192,6 +199,20 @@ class JobController:
                                                             self.generation.placement.world_size))
         return True
 
+    def bad_batch(self, generation: int, node: str, report: BadBatchReport) -> None:
+        """A worker's guard skipped a step: its samples go into the ledger at the next reconcile."""
+        observation = self._current(generation)
+        if observation is None or report.step in observation.bad_batches:
+            return
+        observation.bad_batches[report.step] = report
+        try:
+            entry = checked(report.sample_start, report.sample_end, f"{report.reason} (loss {report.loss:.4g}, "
+                            f"grad norm {report.grad_norm:.4g})", report.step, generation)
+        except ValueError as exc:
+            log.warning("node %s reported an unusable bad batch at step %d: %s", node, report.step, exc)
+            return
+        self._unrecorded_skips.append(entry)
+
     def _note_idle(self, observation: GenerationObservation) -> None:
         if (observation.stop_decided_at is None or observation.all_stopped_at is not None
                 or self.generation is None or self.generation.number != observation.number):
@@ -204,6 +225,7 @@ class JobController:
     async def reconcile(self, fence: Fence, facts: ClusterFacts) -> None:
         now = self._clock.now()
         await self._record_checkpoints(fence)
+        await self._record_skips(fence)
         if self.observation is not None and self.observation.stop_decided_at is not None:
             self._note_stop_deadline(now)
         if self.generation is None and place(self.spec, facts.offers) is not None:
@@ -212,7 +234,8 @@ class JobController:
             self._placeable_since = None
         world = JobWorld(self.spec, self.record, self.generation, self.observation, tuple(facts.offers),
                          frozenset(facts.disconnected), frozenset(facts.lost), frozenset(facts.drained),
-                         self.catalog.entries(), self._placeable_since, self._checkpoint_request, now)
+                         self.catalog.entries(), self.ledger.ranges(), self._placeable_since,
+                         self._checkpoint_request, now)
         for action in decide(world):
             if isinstance(action, CommitRecord):
                 await self._commit(action, fence)
@@ -224,6 +247,9 @@ class JobController:
                 await self._request_checkpoint(action, fence)
             elif isinstance(action, MarkCheckpointBad):
                 await self.catalog.mark_bad(action.step, action.problem, fence)
+            elif isinstance(action, AddSkip):
+                await self.add_skip(checked(action.start, action.end, action.reason, action.step,
+                                            self.record.generation), fence)
         self._resend_launches()
 
     def _note_stop_deadline(self, now: float) -> None:
@@ -243,6 +269,20 @@ class JobController:
             await self._events.append("checkpoint_saved", f"job {self.spec.name}: checkpoint at step {entry.step} "
                                       f"({entry.consumed_samples} samples) committed", fence,
                                       generation=entry.generation, step=entry.step, path=entry.path)
+
+    async def _record_skips(self, fence: Fence) -> None:
+        while self._unrecorded_skips:
+            await self.add_skip(self._unrecorded_skips[0], fence)
+            self._unrecorded_skips.pop(0)
+
+    async def add_skip(self, entry: SkipEntry, fence: Fence) -> bool:
+        """Record a ledger entry (and its event); later generations leave its samples out."""
+        if not await self.ledger.add(entry, fence):
+            return False
+        await self._events.append("samples_skipped", f"job {self.spec.name}: samples {entry.start}:{entry.end} "
+                                  f"are skipped from now on: {entry.reason}", fence, start=entry.start,
+                                  end=entry.end, step=entry.step, generation=entry.generation)
+        return True
 
     async def _commit(self, action: CommitRecord, fence: Fence) -> None:
         before = self.record
@@ -315,7 +355,8 @@ class JobController:
                                     tuple(node_processes(self.spec, generation.placement, generation.number, node,
                                                          generation.resume)),
                                     generation.rank_table_json,
-                                    "" if generation.resume is None else generation.resume.path)
+                                    "" if generation.resume is None else generation.resume.path,
+                                    self.ledger.ranges())
             if self._send(node, command):
                 observation.launched.add(node)
 
@@ -400,4 +441,5 @@ class JobController:
         return JobView(self.spec.name, self.record.state, self.record.generation, self.record.world_size,
                        self.record.restarts, self.record.crash_restarts, self.spec.restart.max, step,
                        good[-1] if good else None, loss, samples_per_s, ranks, self.record.last_failure,
-                       self.recovery, self.record.quarantined(self.spec.restart.quarantine_after))
+                       self.recovery, self.record.quarantined(self.spec.restart.quarantine_after),
+                       len(self.ledger.entries()))

@@ -74,7 +74,17 @@ class MarkCheckpointBad:
     problem: str
 
 
-Action = CommitRecord | StopGeneration | LaunchGeneration | RequestCheckpoint | MarkCheckpointBad
+@dataclass(frozen=True)
+class AddSkip:
+    """Add a sample range to the skip ledger (before the relaunch that must leave it out)."""
+
+    start: int
+    end: int
+    reason: str
+    step: int
+
+
+Action = CommitRecord | StopGeneration | LaunchGeneration | RequestCheckpoint | MarkCheckpointBad | AddSkip
 
 ACTIVE_STATES = frozenset({JobState.PENDING, JobState.RUNNING, JobState.RECOVERING, JobState.WAITING})
 
@@ -99,6 +109,7 @@ class JobWorld:
     lost_nodes: frozenset[str]
     drained: frozenset[str]
     catalog: tuple[CheckpointEntry, ...]  # oldest first
+    skips: tuple[tuple[int, int], ...]  # the skip ledger's ranges
     placeable_since: float | None  # since when `offers` could hold the first generation
     checkpoint_request: CheckpointRequest | None
     now: float
@@ -195,6 +206,10 @@ def _failure(world: JobWorld) -> Failure | None:
                 return Failure("usage_error", failed.describe(), failed.node, failed.rank, failed.exit_code)
         return Failure("process_exited", failed.describe(), failed.node, failed.rank, failed.exit_code,
                        failed.signal)
+    run = observation.bad_run()
+    if len(run) >= world.spec.data_skip.max_consecutive_spikes:
+        return Failure("bad_batches", f"steps {run[0].step}-{run[-1].step} were all skipped as bad "
+                                      f"({run[-1].reason}, grad norm {run[-1].grad_norm:.3g}); rolling back")
     silent_for = world.now - observation.silent_since()
     if silent_for > world.spec.hang_timeout_s:
         return Failure("hang", f"no rank of generation {generation.number} reported a new step for "
@@ -211,6 +226,29 @@ def _failing_step(world: JobWorld, failure: Failure) -> int | None:
     return (report.step if report is not None else world.generation.start_step) + 1
 
 
+def _step_start(world: JobWorld, rank: int) -> int:
+    """The sample position where the step after `rank`'s last reported one began."""
+    assert world.generation is not None and world.observation is not None
+    report = world.observation.progress.get(rank)
+    if report is not None:
+        return report.consumed_samples
+    return 0 if world.generation.resume is None else world.generation.resume.consumed_samples
+
+
+def _batch_end(start: int, global_batch: int, skips: tuple[tuple[int, int], ...]) -> int:
+    """The position after the global batch that starts at `start`, passing over ledger ranges."""
+    position, taken = start, 0
+    for skip_start, skip_end in sorted(skips):
+        if skip_end <= position:
+            continue
+        room = skip_start - position
+        if taken + room >= global_batch:
+            break
+        taken += max(0, room)
+        position = max(position, skip_end)
+    return position + (global_batch - taken)
+
+
 def _end_generation(world: JobWorld, failure: Failure) -> list[Action]:
     """Commit the stop of the generation (and what the failure costs), then send it."""
     record, spec, generation = world.record, world.spec, world.generation
@@ -225,9 +263,23 @@ def _end_generation(world: JobWorld, failure: Failure) -> list[Action]:
                                         failure.node: record.node_failures.get(failure.node, 0) + 1}
         step = _failing_step(world, failure)
         if step is not None:
-            changes["crash_steps"] = {**record.crash_steps, step: record.crash_steps.get(step, 0) + 1}
+            crashes = record.crash_steps.get(step, 0) + 1
+            changes["crash_steps"] = {**record.crash_steps, step: crashes}
+            if crashes >= spec.data_skip.crash_repeats:
+                # The same step keeps killing workers: its samples are the likely cause.
+                start = _step_start(world, failure.rank)
+                actions.append(AddSkip(start, _batch_end(start, spec.global_batch, world.skips),
+                                       f"step {step} crashed a worker {crashes} times", step))
+                changes["crash_steps"] = {k: v for k, v in record.crash_steps.items() if k != step}
     if failure.cause == "checkpoint_unreadable" and generation.resume is not None:
         actions.append(MarkCheckpointBad(generation.resume.step, failure.message))
+    if failure.cause == "bad_batches":
+        run = world.observation.bad_run()
+        actions.append(AddSkip(run[0].sample_start, run[-1].sample_end,
+                               f"rollback after {len(run)} consecutive bad batches", run[0].step))
+        before = [c for c in world.catalog if c.good and c.step < run[0].step]
+        if before:
+            changes["resume_from_step"] = before[-1].step
     over_budget = failure.spends_budget and changes["crash_restarts"] > spec.restart.max
     if over_budget or failure.permanent:
         updated = record.moved_to(JobState.FAILED, **{**changes, "restarts": record.restarts})

@@ -49,6 +49,18 @@ class ProgressReport:
     consumed_samples: int
 
 
+@dataclass(frozen=True)
+class BadBatchReport:
+    """A step whose update a worker's guard skipped: its samples, why, and the values seen."""
+
+    step: int
+    sample_start: int
+    sample_end: int
+    reason: str
+    loss: float
+    grad_norm: float
+
+
 @dataclass
 class GenerationObservation:
     number: int
@@ -60,6 +72,7 @@ class GenerationObservation:
     stopped: set[str] = field(default_factory=set)
     agent_generation: dict[str, int] = field(default_factory=dict)  # from each node's last heartbeat
     checkpoints: set[int] = field(default_factory=set)  # steps this generation committed
+    bad_batches: dict[int, BadBatchReport] = field(default_factory=dict)  # by step
     last_progress_at: float | None = None
     stop_decided_at: float | None = None
     all_stopped_at: float | None = None
@@ -83,6 +96,20 @@ class GenerationObservation:
         if seen != self.number:
             return True  # the agent runs another generation (a restarted agent runs none)
         return not any(p.running for (n, _, _), p in self.processes.items() if n == node)
+
+    def bad_run(self) -> list[BadBatchReport]:
+        """The newest run of consecutive skipped steps (empty when the newest step was not skipped)."""
+        if not self.bad_batches:
+            return []
+        newest = max(self.bad_batches)
+        if (self.max_step() or 0) > newest:
+            return []  # a later step went through
+        run = []
+        step = newest
+        while step in self.bad_batches:
+            run.append(self.bad_batches[step])
+            step -= 1
+        return run[::-1]
 
     def max_step(self) -> int | None:
         return max((p.step for p in self.progress.values()), default=None)

@@ -11,7 +11,7 @@ from daemon.clock import FakeClock
 from daemon.config import JobSettings
 from daemon.coordinator import AgentHello, AgentSession, Coordinator
 from daemon.job.commands import CheckpointNowCommand, LaunchCommand, StopCommand
-from daemon.job.observation import ProcessReport, ProgressReport
+from daemon.job.observation import BadBatchReport, ProcessReport, ProgressReport
 from daemon.leader import LeaderRecord
 from daemon.membership import DeviceInfo
 from daemon.store.memory import InMemoryStore
@@ -143,6 +143,13 @@ class SimCluster:
         first = self.agents[generation.placement.nodes[0]]
         self.coordinator.checkpoint_saved(first.session, generation.number, step, step * GLOBAL_BATCH,
                                           f"/ckpt/step_{step:08d}")
+
+    def bad_batch(self, step: int, reason: str = "grad_norm_spike") -> None:
+        """Rank 0's guard skipped `step` (its samples: the step's global batch)."""
+        generation = self.job.generation
+        first = self.agents[generation.placement.nodes[0]]
+        self.coordinator.bad_batch(first.session, generation.number, BadBatchReport(
+            step, (step - 1) * GLOBAL_BATCH, step * GLOBAL_BATCH, reason, 2.0, 99.0))
 
     def _report(self, agent: SimAgent, report: ProcessReport) -> None:
         self.coordinator.process_report(agent.session, self.job.generation.number, report)

@@ -1,0 +1,95 @@
+"""The skip ledger in etcd (`jobs/{job}/skips/{id}`): sample ranges every later generation leaves out.
+
+Ranges are half-open [start, end) in sample positions of the job's global sample stream, which
+depends only on the data seed (DESIGN.md, "Bad batches"), so an entry means the same samples at
+every world size. Entries come from the workers' guard (a batch skipped in the step), from the
+coordinator (a step that keeps crashing workers, a run of spikes rolled back) and from operators
+(`trainerctl skips add`). An entry is never rewritten: its id is its range, so the same report
+twice adds nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from daemon.leader import ensure_fence
+from daemon.store import codec, keys
+from daemon.store.interface import Fence, Store
+
+MAX_REASON_CHARS = 500
+
+
+class BadRange(ValueError):
+    """A range that cannot be a ledger entry; the message says why in one line."""
+
+
+@dataclass(frozen=True)
+class SkipEntry:
+    start: int
+    end: int
+    reason: str
+    step: int  # the step that met it (0 when an operator added it)
+    generation: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.start:015d}-{self.end:015d}"
+
+    def to_json(self) -> dict:
+        return {"start": self.start, "end": self.end, "reason": self.reason, "step": self.step,
+                "generation": self.generation}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "SkipEntry":
+        return checked(int(data["start"]), int(data["end"]), str(data["reason"]), int(data["step"]),
+                       int(data["generation"]))
+
+
+def checked(start: int, end: int, reason: str, step: int = 0, generation: int = 0) -> SkipEntry:
+    if start < 0 or end <= start:
+        raise BadRange(f"sample range {start}:{end} is empty or negative (START:END, 0 <= START < END)")
+    if end >= 10**15:
+        raise BadRange(f"sample range {start}:{end} is beyond any dataset (END < 10**15)")
+    reason = " ".join(reason.split())
+    if not reason or len(reason) > MAX_REASON_CHARS:
+        raise BadRange(f"a skip needs a reason of 1 to {MAX_REASON_CHARS} characters")
+    return SkipEntry(start, end, reason, step, generation)
+
+
+class SkipLedger:
+    """In-memory mirror of the ledger, written through with fenced create-only writes."""
+
+    def __init__(self, store: Store, job_name: str) -> None:
+        self._store = store
+        self._job = job_name
+        self._entries: dict[str, SkipEntry] = {}
+
+    async def load(self) -> None:
+        kvs, _ = await self._store.get_prefix(keys.skips(self._job))
+        self._entries = {}
+        for kv in kvs:
+            entry = SkipEntry.from_json(codec.decode(kv.value, key=kv.key))
+            self._entries[entry.id] = entry
+
+    def entries(self) -> tuple[SkipEntry, ...]:
+        """By start."""
+        return tuple(sorted(self._entries.values(), key=lambda e: (e.start, e.end)))
+
+    def ranges(self) -> tuple[tuple[int, int], ...]:
+        return tuple((e.start, e.end) for e in self.entries())
+
+    def covers(self, start: int, end: int) -> bool:
+        return any(e.start <= start and end <= e.end for e in self._entries.values())
+
+    async def add(self, entry: SkipEntry, fence: Fence) -> bool:
+        """True when the entry is new (an identical range already recorded adds nothing)."""
+        if entry.id in self._entries:
+            return False
+        written = await self._store.compare_and_swap(keys.skip(self._job, entry.id), codec.encode(entry.to_json()),
+                                                     0, fence=fence)
+        if written is None:
+            await ensure_fence(self._store, fence)  # raises when we no longer lead
+            await self.load()  # another leader wrote it before us: take theirs
+            return False
+        self._entries[entry.id] = entry
+        return True
