@@ -166,6 +166,48 @@ def undrain(coordinator: str | None, name: str) -> None:
     click.echo(call_control(_addresses(coordinator), "SetDrain", pb.DrainRequest(node=name, drained=False)).message)
 
 
+def _sample_range(ctx, param, value: str) -> tuple[int, int]:
+    start, sep, end = value.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return int(start), int(end)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not START:END (sample positions, END exclusive)") from None
+
+
+@cli.group(invoke_without_command=True)
+@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.pass_context
+def skips(ctx: click.Context, output: str) -> None:
+    """The skip ledger: sample ranges every later generation leaves out."""
+    if ctx.invoked_subcommand is not None:
+        return
+    reply = call_control(_addresses(ctx.obj), "ListSkips", pb.SkipsRequest())
+    entries = [{"start": e.start, "end": e.end, "reason": e.reason, "step": e.step, "generation": e.generation}
+               for e in reply.skips]
+    if output == "json":
+        click.echo(json.dumps(entries, indent=2))
+        return
+    table = Table(title=f"skip ledger ({len(entries)} range(s))")
+    for column in ("start", "end", "step", "generation", "reason"):
+        table.add_column(column)
+    for e in entries:
+        table.add_row(str(e["start"]), str(e["end"]), str(e["step"]), str(e["generation"]), e["reason"])
+    Console().print(table)
+
+
+@skips.command("add")
+@click.argument("sample_range", metavar="START:END", callback=_sample_range)
+@click.option("--reason", required=True, help="Why these samples are left out (kept in the ledger).")
+@click.pass_obj
+def skips_add(coordinator: str | None, sample_range: tuple[int, int], reason: str) -> None:
+    """Leave samples START..END-1 out from the next generation on."""
+    start, end = sample_range
+    request = pb.AddSkipRequest(start=start, end=end, reason=reason)
+    click.echo(call_control(_addresses(coordinator), "AddSkip", request).message)
+
+
 def print_status(data: dict) -> None:
     console = Console()
     c = data["coordinator"]
@@ -187,7 +229,8 @@ def print_status(data: dict) -> None:
     console.print(
         f"job {job['name']}: {job['state']}  generation {job['generation']}  "
         f"world size {job['world_size']}  step {_or_dash(job['step'])}  loss {_or_dash(job['loss'], '.4f')}  "
-        f"samples/s {_or_dash(job['samples_per_s'], '.0f')}  checkpoint {_or_dash(job['last_checkpoint_step'])}"
+        f"samples/s {_or_dash(job['samples_per_s'], '.0f')}  checkpoint {_or_dash(job['last_checkpoint_step'])}  "
+        f"skipped ranges {job['skipped_batches']}"
     )
     console.print(f"restarts {job['restarts']} ({job['crash_restarts']} of {job['restart_budget']} crash "
                   f"restarts spent)")
