@@ -1,0 +1,80 @@
+"""The skip ledger: the global sample ranges every generation of a job leaves out.
+
+A range is a half-open interval [start, end) of sample positions (see `trainer.data.sampler`). The
+coordinator adds the range of a batch that spoiled training; the agent hands the ledger to the workers
+in TRAINERD_SKIPS_FILE, `{"schema": 1, "ranges": [[start, end], ...]}`, and a checkpoint records the
+ledger it was trained under (`CheckpointMeta.skip_ledger`). Pure Python: no numpy, no MindSpore.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SKIPS_FILE_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class SkipLedger:
+    """Sorted, disjoint, non-adjacent ranges (overlapping or touching ranges are merged)."""
+
+    ranges: tuple[tuple[int, int], ...] = ()
+
+    @classmethod
+    def of(cls, ranges: Iterable[Any]) -> SkipLedger:
+        """Validate and normalise: each range a pair of integers 0 <= start < end; ValueError names a bad one."""
+        checked = []
+        for i, entry in enumerate(ranges):
+            if isinstance(entry, (str, bytes)) or not isinstance(entry, Iterable):
+                raise ValueError(f"skip range #{i} {entry!r} is not a pair [start, end]")
+            pair = list(entry)
+            if len(pair) != 2 or not all(_is_int(x) for x in pair):
+                raise ValueError(f"skip range #{i} {entry!r} is not a pair of integers [start, end]")
+            start, end = int(pair[0]), int(pair[1])
+            if start < 0:
+                raise ValueError(f"skip range #{i} [{start}, {end}] starts before position 0")
+            if start >= end:
+                raise ValueError(f"skip range #{i} [{start}, {end}] is empty: start must be below end")
+            checked.append((start, end))
+        merged: list[tuple[int, int]] = []
+        for start, end in sorted(checked):
+            if merged and start <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+            else:
+                merged.append((start, end))
+        return cls(tuple(merged))
+
+    @classmethod
+    def read(cls, path: str | Path) -> SkipLedger:
+        """The ledger in a TRAINERD_SKIPS_FILE; a missing file is an empty ledger. ValueError names the file."""
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return cls()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{path}: cannot read the skip ledger: {exc}") from exc
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"{path}: the skip ledger is not JSON: {exc}") from exc
+        if not isinstance(doc, dict) or set(doc) != {"schema", "ranges"}:
+            raise ValueError(f'{path}: the skip ledger must be {{"schema": 1, "ranges": [[start, end], ...]}}')
+        if doc["schema"] != SKIPS_FILE_SCHEMA or isinstance(doc["schema"], bool):
+            raise ValueError(f"{path}: skip ledger schema {doc['schema']!r} is not {SKIPS_FILE_SCHEMA}")
+        if not isinstance(doc["ranges"], list):
+            raise ValueError(f"{path}: the skip ledger's ranges must be a list")
+        try:
+            return cls.of(doc["ranges"])
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from exc
+
+    def to_json(self) -> list[list[int]]:
+        return [[start, end] for start, end in self.ranges]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
