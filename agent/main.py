@@ -92,6 +92,7 @@ class Agent:
 
     async def run(self, stop: asyncio.Event) -> None:
         self._work_dir.mkdir(parents=True, exist_ok=True)
+        self.supervisor.reap_orphans()
         server = grpc.aio.server()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         health_socket = self._work_dir / "agent.sock"

@@ -2,9 +2,8 @@
 
 Each process gets its own process group (so a stop reaches everything it spawned), a log file per
 generation and rank, and a waiter that reports its exit at once with code, signal and log tail.
-The agent owns every PID: there is no msrun in between. Processes die with the agent (Linux
-PR_SET_PDEATHSIG): an orphaned worker would hold its device and hang its peers while nobody can
-report or stop it.
+The agent owns every PID: there is no msrun in between. Every process group is recorded
+(agent/orphans.py) so that an agent restarted after a crash kills what its predecessor left.
 
 Per generation directory: rank_table.json, skips.json (the skip ledger at launch), control.json
 (rewritten when the coordinator asks for a checkpoint) and one log per process.
@@ -13,7 +12,6 @@ Per generation directory: rank_table.json, skips.json (the skip ledger at launch
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import json
 import logging
 import os
@@ -24,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from agent.orphans import ProcessRegistry
 from proto import trainerd_pb2 as pb
 from trainer.progress_channel import BadBatchReport, CheckpointReport, EventReport, ProgressMessage, StepReport
 
@@ -32,13 +31,7 @@ log = logging.getLogger(__name__)
 LOG_TAIL_BYTES = 4000
 PROGRESS_FORWARD_INTERVAL_S = 0.5
 EXEC_FAILED_EXIT_CODE = 127
-_PR_SET_PDEATHSIG = 1
 CONTROL_SCHEMA = 1
-
-
-def _die_with_agent() -> None:
-    """In the child between fork and exec: SIGKILL it when the agent dies."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def write_json_atomically(path: Path, body: dict) -> None:
@@ -101,6 +94,11 @@ class Supervisor:
         self.processes: dict[tuple[str, int], ManagedProcess] = {}
         self._forwarding: dict[int, _Forwarding] = {}
         self._lock = asyncio.Lock()
+        self._registry = ProcessRegistry(work_dir / "processes.json")
+
+    def reap_orphans(self) -> int:
+        """Kill processes a previous agent on this work dir left running (call before the first launch)."""
+        return self._registry.reap_orphans()
 
     # ------------------------------------------------------------ commands
 
@@ -140,7 +138,7 @@ class Supervisor:
             try:
                 managed.process = await asyncio.create_subprocess_exec(
                     *argv, env=env, cwd=cwd, stdin=asyncio.subprocess.DEVNULL, stdout=log_file,
-                    stderr=asyncio.subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_agent)
+                    stderr=asyncio.subprocess.STDOUT, start_new_session=True)
             except OSError as exc:
                 message = f"cannot start {argv[0]!r}: {exc.strerror or exc}"
                 log_file.write(message.encode() + b"\n")
@@ -152,6 +150,7 @@ class Supervisor:
                 return
         managed.pid = managed.process.pid
         managed.running = True
+        self._registry.add(managed.pid)
         self._report(pb.AgentMessage(process_started=pb.ProcessStarted(
             generation=generation, role=managed.role, rank=managed.rank, pid=managed.pid)))
         managed.waiter = asyncio.get_running_loop().create_task(self._wait(managed, generation))
@@ -159,6 +158,8 @@ class Supervisor:
     async def _wait(self, managed: ManagedProcess, generation: int) -> None:
         code = await managed.process.wait()
         managed.running = False
+        _signal_group(managed.pid, signal.SIGKILL)  # whatever it spawned and left behind
+        self._registry.discard(managed.pid)
         if code < 0:
             managed.signal, managed.exit_code = -code, 0
         else:

@@ -68,6 +68,10 @@ class Processes:
         self._all.append(proc)
         return proc
 
+    def by_name(self, name: str) -> Proc:
+        """The newest process started under `name`."""
+        return next(p for p in reversed(self._all) if p.log_path.stem == name)
+
     def trainerd(self, name: str, cluster_file: Path) -> Proc:
         return self.start(name, [str(BIN / "trainerd"), "start", "--cluster", str(cluster_file),
                                  "--log-level", "DEBUG"])

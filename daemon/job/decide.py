@@ -145,8 +145,12 @@ def _stop_leftovers(world: JobWorld) -> list[Action]:
 
 
 def _usable_offers(world: JobWorld, excluded: frozenset[str] = frozenset()) -> list[NodeOffer]:
+    """Offers minus `excluded`, and minus quarantined nodes unless the job cannot run without them
+    (then the restart budget, not the quarantine, decides when to give up)."""
+    offers = [o for o in world.offers if o.name not in excluded]
     quarantined = world.record.quarantined(world.spec.restart.quarantine_after)
-    return [o for o in world.offers if o.name not in quarantined and o.name not in excluded]
+    healthy = [o for o in offers if o.name not in quarantined]
+    return healthy if place(world.spec, healthy) is not None else offers
 
 
 def _first_launch(world: JobWorld) -> list[Action]:
@@ -218,12 +222,13 @@ def _failure(world: JobWorld) -> Failure | None:
 
 
 def _failing_step(world: JobWorld, failure: Failure) -> int | None:
-    """The step a crashed rank was on: one past its last reported step."""
+    """The step a crashed rank was on: one past its last reported step. None when it crashed
+    before its first step of this generation (start-up problems are not the data's fault)."""
     if failure.cause != "process_exited" or failure.rank < 0:
         return None
-    assert world.generation is not None and world.observation is not None
+    assert world.observation is not None
     report = world.observation.progress.get(failure.rank)
-    return (report.step if report is not None else world.generation.start_step) + 1
+    return None if report is None else report.step + 1
 
 
 def _step_start(world: JobWorld, rank: int) -> int:

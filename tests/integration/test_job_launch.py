@@ -64,30 +64,6 @@ def test_job_runs_to_completion_with_identical_weights(tmp_path: Path, procs: Pr
     wait_until(lambda: training_processes(tmp_path) == [], 15, "no training process left")
 
 
-def test_killed_worker_fails_the_job_and_stops_the_generation(tmp_path: Path, procs: Processes) -> None:
-    address = start_cluster(tmp_path, procs, mlp_job(tmp_path, steps=100_000))
-    wait_for_state(address, {"RUNNING"}, 180, procs)
-    workers = [p for p in training_processes(tmp_path) if p.environ().get("MS_ROLE") == "MS_WORKER"]
-    victim = next(p for p in workers if p.environ().get("RANK_ID") == "1")
-    victim.send_signal(signal.SIGKILL)
-
-    job = wait_for_state(address, {"FAILED"}, 30, procs)
-    failure = job["last_failure"]
-    assert failure["cause"] == "process_exited"
-    assert failure["rank"] == 1 and failure["signal"] == signal.SIGKILL
-    assert failure["node"] in {"itest-local-0", "itest-local-1"}
-    assert "rank 1" in failure["message"] and "signal 9" in failure["message"]
-    # The survivors would hang in a collective: trainerd stops the whole generation.
-    wait_until(lambda: training_processes(tmp_path) == [], 10, "every process of the generation gone",
-               on_timeout=procs.logs)
-    events = _events(address)
-    kinds = [e["kind"] for e in events]
-    assert kinds[-1] == "job_failed", kinds
-    assert kinds.index("generation_started") < kinds.index("job_running") < kinds.index("job_failed")
-    assert events[-1]["fields"]["failure"]["rank"] == 1
-    assert "signal 9" in events[-1]["message"]
-
-
 def test_missing_entrypoint_fails_with_its_message(tmp_path: Path, procs: Processes) -> None:
     missing = str(tmp_path / "no-such-trainer")
     address = start_cluster(tmp_path, procs, mlp_job(tmp_path, entrypoint=[missing, "--steps", "1"]))

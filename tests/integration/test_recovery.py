@@ -1,0 +1,218 @@
+"""Recovery with real processes: trainerd, separate agents, real MindSpore workers on the CPU.
+
+A node lost mid-run (the job shrinks 3 -> 2 from a checkpoint, then grows back to 3 at a
+checkpoint when the node returns), a killed worker (the final weights equal a run without the
+fault, bit for bit), the leader killed with a standby running, a job waiting below min_nodes, and a
+crash loop that ends FAILED until `trainerctl resume`.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from tests.harness import Processes, processes_mentioning, status, trainerctl, wait_until
+from tests.integration.cluster_files import cluster_file
+from tests.ports import free_port
+
+FLAKY_TRAINER = Path(__file__).with_name("flaky_trainer.py")
+
+
+def recovery_job(tmp_path: Path, *, steps: int, nodes: tuple[int, int], global_batch: int = 96,
+                 micro_batch: int = 16, every: int = 100, entrypoint: list[str] | None = None, **extra) -> dict:
+    return {
+        "name": "mlp",
+        "entrypoint": entrypoint or ["{python}", "-m", "trainer.examples.mlp", "--steps", str(steps),
+                                     "--output", str(tmp_path / "out")],
+        "min_nodes": nodes[0], "max_nodes": nodes[1], "global_batch": global_batch, "micro_batch": micro_batch,
+        "scheduler_port": free_port(), "stop_grace_s": 3, "start_wait_s": 0,
+        "checkpoint": {"dir": str(tmp_path / "checkpoints"), "every_steps": every, "keep": 3},
+        **extra,
+    }
+
+
+def start_trainerd(tmp_path: Path, procs: Processes, job: dict, name: str = "trainerd",
+                   etcd_endpoints: list[str] | None = None) -> str:
+    address = f"127.0.0.1:{free_port()}"
+    procs.trainerd(name, cluster_file(tmp_path, name, listen=address, etcd_endpoints=etcd_endpoints, job=job))
+    return address
+
+
+def job_of(address: str) -> dict | None:
+    data = status(address)
+    return None if data is None else data["job"]
+
+
+def wait_for_job(address: str, what: str, predicate, timeout: float, procs: Processes) -> dict:
+    return wait_until(lambda: (job := job_of(address)) and predicate(job) and job, timeout, what,
+                      interval=0.5, on_timeout=procs.logs)
+
+
+def events(address: str) -> list[dict]:
+    result = trainerctl("events", "-o", "json", coordinator=address)
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def workers_of(agent_dir: Path) -> list[psutil.Process]:
+    """Training processes an agent started (their working directory is under its work dir)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if "trainer.examples.mlp" in " ".join(proc.info["cmdline"] or []) and \
+                    proc.cwd().startswith(str(agent_dir)):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def final_weights(out: Path, world_size: int) -> dict[str, np.ndarray]:
+    ranks = [np.load(out / f"final_rank{r}.npz") for r in range(world_size)]
+    for other in ranks[1:]:
+        for name in ranks[0].files:
+            assert np.array_equal(ranks[0][name], other[name]), f"{name} differs between ranks"
+    return {name: ranks[0][name] for name in ranks[0].files}
+
+
+def test_node_loss_shrinks_the_job_to_two_and_the_returning_node_grows_it_back(
+        tmp_path: Path, procs: Processes) -> None:
+    steps = 3000
+    address = start_trainerd(tmp_path, procs, recovery_job(tmp_path, steps=steps, nodes=(2, 3)))
+    for i in range(3):
+        procs.agent(f"n{i}", address)
+    wait_for_job(address, "3 ranks past the first checkpoint",
+                 lambda j: j["world_size"] == 3 and (j["last_checkpoint_step"] or 0) >= 200, 240, procs)
+
+    victim_dir = tmp_path / "agents" / "n2"
+    victims = workers_of(victim_dir)
+    assert victims, "no worker of n2 found"
+    procs.by_name("n2").signal(signal.SIGKILL)  # the agent ...
+    for worker in victims:  # ... and its worker: the host is gone
+        worker.kill()
+
+    job = wait_for_job(address, "generation 2 on 2 ranks running",
+                       lambda j: j["generation"] == 2 and j["world_size"] == 2 and j["state"] == "RUNNING",
+                       120, procs)
+    assert job["last_failure"]["cause"] == "node_lost" and job["last_failure"]["node"] == "n2"
+    assert job["crash_restarts"] == 0  # a node loss spends no restart budget
+    started = [e for e in events(address) if e["kind"] == "generation_started"]
+    assert started[1]["fields"]["nodes"] == ["n0", "n1"]
+    assert started[1]["fields"]["resume_step"] >= 200  # resharded 3 -> 2 from a checkpoint
+
+    procs.agent("n2", address)  # the host comes back
+    job = wait_for_job(address, "generation 3 on 3 ranks",
+                       lambda j: j["generation"] == 3 and j["world_size"] == 3, 180, procs)
+    kinds = [e["kind"] for e in events(address)]
+    assert "checkpoint_requested" in kinds and "reshape_started" in kinds
+    job = wait_for_job(address, "COMPLETED", lambda j: j["state"] in ("COMPLETED", "FAILED"), 300, procs)
+    assert job["state"] == "COMPLETED", job
+    assert job["step"] == steps and job["generation"] == 3
+    started = [e for e in events(address) if e["kind"] == "generation_started"]
+    assert started[2]["fields"]["resume_step"] > started[1]["fields"]["resume_step"]
+    weights = final_weights(tmp_path / "out", 3)
+    assert all(np.isfinite(w).all() for w in weights.values())
+
+
+def test_killed_worker_recovers_to_the_same_weights_as_a_run_without_the_fault(
+        tmp_path: Path, procs: Processes) -> None:
+    steps = 1500
+    reference_dir, faulty_dir = tmp_path / "reference", tmp_path / "faulty"
+    results = {}
+    for run_dir in (reference_dir, faulty_dir):
+        run_dir.mkdir()
+        job = recovery_job(run_dir, steps=steps, nodes=(2, 2), global_batch=64, micro_batch=16)
+        address = start_trainerd(run_dir, procs, job, name=f"trainerd-{run_dir.name}")
+        for i in range(2):
+            procs.agent(f"{run_dir.name}-{i}", address)
+        if run_dir is faulty_dir:
+            wait_for_job(address, "a checkpoint", lambda j: (j["last_checkpoint_step"] or 0) >= 200, 240, procs)
+            rank1 = next(p for p in processes_mentioning(run_dir / "out")
+                         if p.environ().get("RANK_ID") == "1" and p.environ().get("MS_ROLE") == "MS_WORKER")
+            rank1.send_signal(signal.SIGKILL)
+        job = wait_for_job(address, "the end", lambda j: j["state"] in ("COMPLETED", "FAILED"), 300, procs)
+        assert job["state"] == "COMPLETED", job
+        results[run_dir.name] = (job, final_weights(run_dir / "out", 2))
+
+    job, weights = results["faulty"]
+    assert job["generation"] == 2 and job["restarts"] == 1 and job["crash_restarts"] == 1
+    assert job["last_failure"]["cause"] == "process_exited" and job["last_failure"]["signal"] == signal.SIGKILL
+    recovery = job["last_recovery"]
+    assert recovery["cause"] == "process_exited" and recovery["resumed_from_step"] >= 200
+    assert all(recovery[f"{phase}_s"] is not None for phase in ("stop", "relaunch", "first_step", "total"))
+    reference = results["reference"][1]
+    assert sorted(weights) == sorted(reference)
+    for name in reference:
+        assert np.array_equal(weights[name], reference[name]), f"{name} differs from the run without the fault"
+
+
+def test_leader_killed_mid_run_the_standby_carries_the_job_to_completion(
+        tmp_path: Path, procs: Processes, etcd_server) -> None:
+    steps = 1500
+    job = recovery_job(tmp_path, steps=steps, nodes=(2, 2), global_batch=64, micro_batch=32)
+    endpoints = [etcd_server.endpoint]
+    first = start_trainerd(tmp_path, procs, job, name="first", etcd_endpoints=endpoints)
+    wait_until(lambda: (s := status(first)) and s["coordinator"]["is_leader"], 30, "first leads")
+    second = start_trainerd(tmp_path, procs, job, name="second", etcd_endpoints=endpoints)
+    for i in range(2):
+        procs.agent(f"n{i}", f"{first},{second}")
+    wait_for_job(first, "RUNNING past step 100", lambda j: j["state"] == "RUNNING" and (j["step"] or 0) >= 100,
+                 240, procs)
+
+    procs.by_name("first").signal(signal.SIGKILL)
+    wait_until(lambda: (s := status(second)) and s["coordinator"]["is_leader"], 30, "the standby leads",
+               on_timeout=procs.logs)
+    job = wait_for_job(second, "the end", lambda j: j["state"] in ("COMPLETED", "FAILED"), 300, procs)
+    assert job["state"] == "COMPLETED", job
+    assert job["step"] == steps
+    assert job["generation"] == 1 and job["restarts"] == 0  # nothing relaunched, nothing repeated
+    assert [e["kind"] for e in events(second)].count("generation_started") == 1
+    final_weights(tmp_path / "out", 2)
+
+
+def test_job_waits_below_min_nodes_and_resumes_when_the_node_returns(tmp_path: Path, procs: Processes) -> None:
+    steps = 1500
+    address = start_trainerd(tmp_path, procs, recovery_job(tmp_path, steps=steps, nodes=(2, 2), global_batch=64,
+                                                           micro_batch=32))
+    for i in range(2):
+        procs.agent(f"n{i}", address)
+    wait_for_job(address, "a checkpoint", lambda j: (j["last_checkpoint_step"] or 0) >= 100, 240, procs)
+    procs.by_name("n1").signal(signal.SIGKILL)
+    job = wait_for_job(address, "WAITING", lambda j: j["state"] == "WAITING", 60, procs)
+    assert job["generation"] == 1
+    procs.agent("n1", address)
+    job = wait_for_job(address, "the end", lambda j: j["state"] in ("COMPLETED", "FAILED"), 300, procs)
+    assert job["state"] == "COMPLETED" and job["generation"] == 2 and job["step"] == steps
+    kinds = [e["kind"] for e in events(address)]
+    assert kinds.index("job_waiting") < kinds.index("generation_started", kinds.index("job_waiting"))
+
+
+def test_crash_loop_ends_failed_with_its_cause_and_resume_restarts_it(tmp_path: Path, procs: Processes) -> None:
+    marker = tmp_path / "broken"
+    marker.touch()
+    entrypoint = ["{python}", str(FLAKY_TRAINER), str(marker), "--steps", "20", "--output", str(tmp_path / "out")]
+    job = recovery_job(tmp_path, steps=20, nodes=(1, 1), global_batch=32, micro_batch=32, entrypoint=entrypoint,
+                       restart={"max": 2, "backoff_s": 0.2})
+    address = start_trainerd(tmp_path, procs, job)
+    procs.agent("n0", address)
+    job = wait_for_job(address, "FAILED", lambda j: j["state"] == "FAILED", 120, procs)
+    assert job["crash_restarts"] == 3 and job["generation"] == 3
+    assert job["last_failure"]["cause"] == "process_exited" and job["last_failure"]["exit_code"] == 1
+    assert "crashing" in job["last_failure"]["message"]
+    shown = trainerctl("status", coordinator=address)
+    assert "last failure (process_exited)" in shown.stdout and "3 of 2 crash restarts spent" in shown.stdout
+
+    marker.unlink()  # the operator fixed the cause
+    resumed = trainerctl("resume", coordinator=address)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "RECOVERING" in resumed.stdout
+    job = wait_for_job(address, "the end", lambda j: j["state"] in ("COMPLETED", "FAILED") and j["generation"] > 3,
+                       180, procs)
+    assert job["state"] == "COMPLETED" and job["crash_restarts"] == 0
+    again = trainerctl("resume", coordinator=address)
+    assert again.returncode == 1 and "only a PAUSED or FAILED job" in again.stderr
+    assert "Traceback" not in again.stderr
