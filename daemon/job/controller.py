@@ -377,7 +377,7 @@ class JobController:
     async def _request_checkpoint(self, action: RequestCheckpoint, fence: Fence) -> None:
         generation, observation = self.generation, self.observation
         assert generation is not None and observation is not None
-        self._checkpoint_request = CheckpointRequest(action.step, observation.max_step() or 0, self._clock.now())
+        self._checkpoint_request = CheckpointRequest(action.step, self._clock.now())
         for node in generation.placement.nodes:
             self._send(node, CheckpointNowCommand(generation.number, action.step))
         await self._events.append("checkpoint_requested", f"job {self.spec.name}: checkpoint asked for at step "

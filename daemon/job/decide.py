@@ -91,10 +91,9 @@ ACTIVE_STATES = frozenset({JobState.PENDING, JobState.RUNNING, JobState.RECOVERI
 
 @dataclass(frozen=True)
 class CheckpointRequest:
-    """A checkpoint asked for to reshape the job: `after_step` was the newest step when asked."""
+    """A checkpoint asked for to reshape the job at `step`."""
 
     step: int
-    after_step: int
     asked_at: float
 
 
@@ -317,7 +316,9 @@ def _reshape(world: JobWorld) -> list[Action]:
     reason = (f"node {draining[0]} is drained" if draining
               else f"world size can grow from {generation.placement.world_size} to {wanted.world_size}")
     request = world.checkpoint_request
-    answered = request is not None and any(step > request.after_step for step in observation.checkpoints)
+    # Only the requested step (or a later one) answers: an older periodic checkpoint would throw
+    # away the steps trained since.
+    answered = request is not None and any(step >= request.step for step in observation.checkpoints)
     if not answered:
         newest = observation.max_step()
         if newest is None or (request is not None and world.now - request.asked_at < CHECKPOINT_REQUEST_RETRY_S):

@@ -321,7 +321,11 @@ def test_drained_node_leaves_at_a_checkpoint_and_is_not_used_until_undrained() -
         sim.step(11)
         await sim.coordinator.set_drain("b", True)
         await sim.tick(0.1)
-        assert sim.agents["a"].checkpoint_requests()
+        [request] = sim.agents["a"].checkpoint_requests()
+        assert request.step == 13
+        sim.checkpoint(12)  # an older checkpoint does not answer the request
+        await sim.tick(0.1)
+        assert sim.state is JobState.RUNNING
         sim.checkpoint(13)
         await sim.tick(0.1)
         assert sim.state is JobState.RECOVERING
