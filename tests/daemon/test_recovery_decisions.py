@@ -322,11 +322,11 @@ def test_drained_node_leaves_at_a_checkpoint_and_is_not_used_until_undrained() -
         await sim.coordinator.set_drain("b", True)
         await sim.tick(0.1)
         [request] = sim.agents["a"].checkpoint_requests()
-        assert request.step == 13
-        sim.checkpoint(12)  # an older checkpoint does not answer the request
+        assert request.step == 31  # 2 s ahead at 10 steps/s
+        sim.checkpoint(30)  # a periodic checkpoint before it does not answer the request
         await sim.tick(0.1)
         assert sim.state is JobState.RUNNING
-        sim.checkpoint(13)
+        sim.checkpoint(31)
         await sim.tick(0.1)
         assert sim.state is JobState.RECOVERING
         sim.confirm_stop()
