@@ -1,13 +1,17 @@
 """`make demo`: the whole system on one machine.
 
 Starts `trainerd` on configs/cluster.demo.yaml (embedded etcd, two local agents, the MindSpore
-example job), follows the job with `trainerctl status` until it ends, prints the final status and
-the event log, and shuts trainerd down. Everything it writes is under run/demo/.
+example job), and once the job has saved a checkpoint, SIGKILLs one of its workers, as a crash
+would. trainerd stops the generation, relaunches it from the newest checkpoint and the job goes on
+to COMPLETED. The demo follows the job with `trainerctl status` until it ends, prints the final
+status (with the recovery's phases) and the event log, and shuts trainerd down. Everything it
+writes is under run/demo/.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -20,6 +24,7 @@ RUN_DIR = REPO / "run" / "demo"
 BIN = Path(sys.executable).parent
 COORDINATOR = "127.0.0.1:17420"
 TIMEOUT_S = 600
+CRASH_AFTER_CHECKPOINT_STEP = 200
 
 
 def trainerctl(*args: str) -> subprocess.CompletedProcess:
@@ -30,6 +35,23 @@ def trainerctl(*args: str) -> subprocess.CompletedProcess:
 def job_status() -> dict | None:
     result = trainerctl("status", "-o", "json")
     return json.loads(result.stdout)["job"] if result.returncode == 0 else None
+
+
+def worker_pid(rank: int) -> int | None:
+    """The PID of a running worker of `rank`, from the process registries the agents keep."""
+    for registry in RUN_DIR.glob("agents/*/processes.json"):
+        try:
+            pids = [int(pid) for pid in json.loads(registry.read_text())]
+        except (OSError, ValueError):
+            continue
+        for pid in pids:
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"MS_ROLE=MS_WORKER" in environ and f"RANK_ID={rank}".encode() in environ:
+                return pid
+    return None
 
 
 def main() -> int:
@@ -43,6 +65,7 @@ def main() -> int:
         trainerd = subprocess.Popen([str(BIN / "trainerd"), "start", "--cluster", str(cluster_file)],
                                     stdout=log, stderr=subprocess.STDOUT)
     state, last_line, deadline = None, "", time.monotonic() + TIMEOUT_S
+    crashed = False
     try:
         while time.monotonic() < deadline:
             if trainerd.poll() is not None:
@@ -59,6 +82,13 @@ def main() -> int:
                     last_line = line
                 if state in ("COMPLETED", "FAILED"):
                     break
+                if not crashed and (job["last_checkpoint_step"] or 0) >= CRASH_AFTER_CHECKPOINT_STEP:
+                    pid = worker_pid(1)
+                    if pid is not None:
+                        print(f"--- demo: SIGKILL rank 1 (pid {pid}), as a crash would; trainerd recovers "
+                              f"from the checkpoint at step {job['last_checkpoint_step']} or later", flush=True)
+                        os.kill(pid, signal.SIGKILL)
+                        crashed = True
             time.sleep(1.0)
         print()
         print(trainerctl("status").stdout)
