@@ -51,9 +51,10 @@ class Rig:
         for grad_sum, grad in zip(self.grad_sums, grads):
             grad_sum.set_data(ms.Tensor(grad * MICRO_BATCHES))
         losses = (ms.Tensor(loss, ms.float32), ms.Tensor(loss, ms.float32))
-        loss_t, norm, reason = self.apply(ms.Tensor(MICRO_BATCHES, ms.float32), *losses)
+        loss_t, norm_t, accepted = self.apply(ms.Tensor(MICRO_BATCHES, ms.float32), *losses)
         assert all(not grad_sum.asnumpy().any() for grad_sum in self.grad_sums), "the sums are cleared"
-        return float(loss_t.asnumpy()), float(norm.asnumpy()), skip_reason(int(reason.asnumpy()))
+        loss, norm = float(loss_t.asnumpy()), float(norm_t.asnumpy())
+        return loss, norm, skip_reason(bool(accepted.asnumpy()), loss, norm)
 
     def state(self) -> dict[str, bytes]:
         cells = [self.net, self.optimizer] + ([self.guard] if self.guard is not None else [])
@@ -185,36 +186,56 @@ def test_the_cell_follows_the_pure_rule_bit_for_bit() -> None:
     settings = GuardSettings(spike_factor=2.5, warmup_steps=4, mean_horizon=6)
     cell, state = _GuardOnly(StepGuard(settings)), GuardState()
     rng = np.random.default_rng(6)
-    for i in range(60):
-        norm = float(rng.lognormal(0.0, 0.6)) if i % 11 else float(rng.choice([NAN, INF, 40.0]))
-        loss = NAN if i % 17 == 5 else float(rng.random())
-        code, state = decide(settings, state, loss, norm)
-        got = int(cell(ms.Tensor(loss, ms.float32), ms.Tensor(norm, ms.float32)).asnumpy())
-        assert got == code, f"step {i}: loss {loss} norm {norm}"
+    reasons = set()
+    for i in range(80):
+        norm = float(rng.lognormal(0.0, 0.6)) if i % 11 else float(rng.choice([NAN, INF, -INF, 40.0]))
+        loss = float(rng.choice([NAN, INF, -INF])) if i % 17 == 5 else float(rng.random())
+        reason, state = decide(settings, state, loss, norm)
+        accepted = bool(cell(ms.Tensor(loss, ms.float32), ms.Tensor(norm, ms.float32)).asnumpy())
+        assert skip_reason(accepted, loss, norm) == reason, f"step {i}: loss {loss} norm {norm}"
+        reasons.add(reason)
         assert np.float32(cell.guard.norm_mean.asnumpy()).tobytes() == np.float32(state.norm_mean).tobytes()
         assert int(cell.guard.accepted_steps.asnumpy()) == state.accepted_steps
     assert state.accepted_steps > settings.mean_horizon  # the moving-average regime was reached
+    assert reasons == {None, *SKIP_REASONS}
+
+
+def test_the_cell_follows_the_pure_rule_at_the_edges() -> None:
+    """A norm exactly at the limit is no spike; an infinite factor turns spikes off even with a zero mean;
+    a running mean so large that factor × mean overflows float32 still refuses an infinite norm."""
+    biggest = float(np.finfo(np.float32).max)
+    for settings, norms in [
+        (GuardSettings(spike_factor=2.0, warmup_steps=1), [4.0, 8.0, 8.0, 24.0, 24.001]),
+        (GuardSettings(spike_factor=INF, warmup_steps=1), [0.0, 0.0, 1e30, INF, NAN]),
+        (GuardSettings(spike_factor=3.0, warmup_steps=1), [biggest, biggest, INF, 1.0]),
+    ]:
+        cell, state = _GuardOnly(StepGuard(settings)), GuardState()
+        for norm in norms:
+            reason, state = decide(settings, state, 0.5, norm)
+            accepted = bool(cell(ms.Tensor(0.5, ms.float32), ms.Tensor(norm, ms.float32)).asnumpy())
+            assert skip_reason(accepted, 0.5, norm) == reason, f"{settings}: norm {norm}"
+            assert np.float32(cell.guard.norm_mean.asnumpy()).tobytes() == np.float32(state.norm_mean).tobytes()
 
 
 def test_the_pure_rule() -> None:
     settings = GuardSettings(spike_factor=3.0, warmup_steps=2, mean_horizon=2)
-    code, state = decide(settings, GuardState(), 1.0, 100.0)
-    assert (code, state) == (0, GuardState(100.0, 1))  # no spike check in the warm-up
-    code, state = decide(settings, state, 1.0, 2.0)
-    assert (code, state) == (0, GuardState(51.0, 2))  # the true mean of 100 and 2
-    assert decide(settings, state, 1.0, 153.5) == (3, state)
-    code, state = decide(settings, state, 1.0, 153.0)  # not above 3 × 51; then an EMA with weight 1/2
-    assert (code, state) == (0, GuardState(102.0, 3))
-    assert decide(settings, state, NAN, NAN) == (1, state)
-    assert decide(settings, state, 1.0, -INF) == (2, state)
+    reason, state = decide(settings, GuardState(), 1.0, 100.0)
+    assert (reason, state) == (None, GuardState(100.0, 1))  # no spike check in the warm-up
+    reason, state = decide(settings, state, 1.0, 2.0)
+    assert (reason, state) == (None, GuardState(51.0, 2))  # the true mean of 100 and 2
+    assert decide(settings, state, 1.0, 153.5) == ("grad_norm_spike", state)
+    reason, state = decide(settings, state, 1.0, 153.0)  # not above 3 × 51; then an EMA with weight 1/2
+    assert (reason, state) == (None, GuardState(102.0, 3))
+    assert decide(settings, state, NAN, NAN) == ("nonfinite_loss", state)
+    assert decide(settings, state, 1.0, -INF) == ("nonfinite_grad_norm", state)
 
 
 def test_reasons_and_settings() -> None:
-    assert skip_reason(0) is None
-    assert [skip_reason(code) for code in sorted(SKIP_REASONS)] == [
-        "nonfinite_loss", "nonfinite_grad_norm", "grad_norm_spike"]
-    with pytest.raises(ValueError, match="7 is not a guard reason code"):
-        skip_reason(7)
+    assert SKIP_REASONS == ("nonfinite_loss", "nonfinite_grad_norm", "grad_norm_spike")  # the contract's
+    assert skip_reason(True, NAN, NAN) is None  # the guard's verdict comes first
+    assert skip_reason(False, INF, NAN) == "nonfinite_loss"
+    assert skip_reason(False, 1.0, NAN) == "nonfinite_grad_norm"
+    assert skip_reason(False, 1.0, 7.0) == "grad_norm_spike"
     assert GuardSettings.from_environ({}) == GuardSettings(3.0, 10, 100)
     assert GuardSettings.from_environ({"TRAINERD_SPIKE_FACTOR": "4.5", "TRAINERD_SPIKE_WARMUP_STEPS": "20"}) \
         == GuardSettings(4.5, 20)

@@ -43,8 +43,9 @@ for step in range(1, STEPS + 1):
     for grad_sum in grad_sums:
         grad_sum.set_data(ms.Tensor((rng.standard_normal(grad_sum.shape) * scale).astype(np.float32)))
     loss = float("nan") if bad.get(step) == (ctx.rank, "nan loss") else 1.0 + ctx.rank
-    loss, norm, reason = apply(ms.Tensor(1.0, ms.float32), ms.Tensor(loss, ms.float32))
-    results.append([float(loss.asnumpy()), float(norm.asnumpy()), skip_reason(int(reason.asnumpy()))])
+    loss, norm, accepted = apply(ms.Tensor(1.0, ms.float32), ms.Tensor(loss, ms.float32))
+    loss, norm = float(loss.asnumpy()), float(norm.asnumpy())
+    results.append([loss, norm, skip_reason(bool(accepted.asnumpy()), loss, norm)])
 with open(f"{sys.argv[1]}/rank{ctx.rank}.json", "w") as f:
     json.dump({"results": results, "accepted_steps": int(guard.accepted_steps.asnumpy()),
                "weights": {p.name: p.asnumpy().tolist() for p in net.trainable_params()}}, f)

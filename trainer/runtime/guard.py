@@ -4,8 +4,9 @@ would come too late (the weights are spoiled by then). The rule is `trainer.runt
     guard = StepGuard(GuardSettings.from_environ())
     apply = GuardedApplyGradients(optimizer, grad_sums, communication.gradient_reducer(ctx, params),
                                   mean_over_ranks(ctx.world_size), guard, max_grad_norm=5.0)
-    loss, norm, reason = apply(micro_batches, *micro_batch_losses)   # every rank gets the same three
-    skip_reason(int(reason.asnumpy()))   # None, "nonfinite_loss", "nonfinite_grad_norm" or "grad_norm_spike"
+    loss, norm, accepted = apply(micro_batches, *micro_batch_losses)   # every rank gets the same three
+    loss, norm = float(loss.asnumpy()), float(norm.asnumpy())
+    reason = skip_reason(bool(accepted.asnumpy()), loss, norm)  # None, or the bad-batch report's reason
 
 Every rank decides alike: the loss is the all-reduced mean and the norm is that of the all-reduced
 gradients. The guard's state is two Parameters, `guard.norm_mean` (float32) and `guard.accepted_steps`
@@ -15,24 +16,27 @@ guard)`) so a resumed job judges spikes exactly as the uninterrupted one would.
 
 from __future__ import annotations
 
+import math
+
 import mindspore as ms
+import numpy as np
 from mindspore import nn, ops
 
-from trainer.runtime.guard_policy import (
-    ACCEPTED,
-    GRAD_NORM_SPIKE,
-    NONFINITE_GRAD_NORM,
-    NONFINITE_LOSS,
-    GuardSettings,
-)
+from trainer.runtime.guard_policy import GuardSettings
 
 NORM_MEAN = "guard.norm_mean"
 ACCEPTED_STEPS = "guard.accepted_steps"
 
 
 class StepGuard(nn.Cell):
-    """`guard(loss, norm) -> reason code` (int32 scalar): decides one step and, when it is accepted, updates
-    the running mean. Call it once per step, inside the step's graph, and apply the update only on ACCEPTED.
+    """`guard(loss, norm) -> accepted` (a bool scalar Tensor): judges one step and, when it is accepted,
+    updates the running mean and the count. Call it once per step inside the step's graph and apply the
+    update only when it accepts; `guard_policy.skip_reason(accepted, loss, norm)` names a skip's reason.
+
+    Few kernels by design (each costs microseconds on a CPU): the checks are one comparison,
+    `(loss - loss) + (norm - norm) + norm <= limit`, false for a NaN or infinite loss or norm (x - x is NaN
+    for those, and NaN compares false) and for a spike. (No clamping with `minimum(x, float32 max)`: in
+    GRAPH mode MindSpore 2.10 simplifies that to x, also when x is infinite.)
     """
 
     def __init__(self, settings: GuardSettings | None = None) -> None:
@@ -41,38 +45,38 @@ class StepGuard(nn.Cell):
         self.settings = settings
         self.norm_mean = ms.Parameter(ms.Tensor(0.0, ms.float32), name=NORM_MEAN, requires_grad=False)
         self.accepted_steps = ms.Parameter(ms.Tensor(0, ms.int32), name=ACCEPTED_STEPS, requires_grad=False)
-        self._spike_factor = ms.Tensor(settings.spike_factor, ms.float32)
+        self._spike_check = math.isfinite(settings.spike_factor)  # inf turns it off (and inf × 0 would be NaN)
+        self._spike_factor = ms.Tensor(settings.spike_factor if self._spike_check else 0.0, ms.float32)
         self._warmup_steps = ms.Tensor(settings.warmup_steps, ms.int32)
         self._mean_horizon = ms.Tensor(settings.mean_horizon, ms.int32)
-        self._codes = tuple(ms.Tensor(code, ms.int32)
-                            for code in (ACCEPTED, NONFINITE_LOSS, NONFINITE_GRAD_NORM, GRAD_NORM_SPIKE))
+        self._infinity = ms.Tensor(np.inf, ms.float32)
 
     def construct(self, loss: ms.Tensor, norm: ms.Tensor) -> ms.Tensor:
-        accepted, nonfinite_loss, nonfinite_norm, spike = self._codes
         mean = self.norm_mean
         count = self.accepted_steps
-        is_spike = ops.logical_and(count >= self._warmup_steps, norm > self._spike_factor * mean)
-        reason = ops.select(ops.isfinite(loss),
-                            ops.select(ops.isfinite(norm), ops.select(is_spike, spike, accepted), nonfinite_norm),
-                            nonfinite_loss)
-        ok = reason == accepted
+        limit = self._infinity
+        if self._spike_check:
+            limit = ops.select(count >= self._warmup_steps, self._spike_factor * mean, self._infinity)
+        accepted = (loss - loss) + (norm - norm) + norm <= limit
         weight = ops.cast(ops.minimum(count + 1, self._mean_horizon), ms.float32)
-        ops.assign(self.norm_mean, ops.select(ok, mean + (norm - mean) / weight, mean))
-        ops.assign_add(self.accepted_steps, ops.cast(ok, ms.int32))
-        return reason
+        # a skipped step adds (mean - mean) / weight = 0: the mean stays bit for bit
+        ops.assign(self.norm_mean, mean + (ops.select(accepted, norm, mean) - mean) / weight)
+        ops.assign_add(self.accepted_steps, ops.cast(accepted, ms.int32))
+        return accepted
 
 
 class GuardedApplyGradients(nn.Cell):
     """Average the summed gradients over micro batches and ranks, judge the step, and only if it is accepted
     clip (when `max_grad_norm` is set) and update; then clear the sums.
 
-    `apply(micro_batches, *losses) -> (loss, norm, reason)`: `micro_batches` a float32 scalar Tensor (the
+    `apply(micro_batches, *losses) -> (loss, norm, accepted)`: `micro_batches` a float32 scalar Tensor (the
     number of micro batches summed), `losses` this rank's micro-batch mean losses (scalar Tensors, passed as
     separate arguments: MindSpore takes a tuple argument's Tensors for constants and recompiles when they
-    change); `loss` is the global mean loss, `norm` the global norm before clipping, `reason` the guard's code.
+    change); `loss` is the global mean loss, `norm` the global norm before clipping, `accepted` whether the
+    update was applied (a bool scalar).
 
-    With `guard=None` the step is unguarded except for a non-finite norm (reason NONFINITE_GRAD_NORM), as
-    the example job's step was before: the baseline the bench compares with.
+    With `guard=None` the step is unguarded but for a non-finite norm, as the example job's step was
+    before: the baseline the bench compares with.
     """
 
     def __init__(self, optimizer: nn.Optimizer, grad_sums: ms.ParameterTuple, reducer: nn.Cell,
@@ -86,25 +90,23 @@ class GuardedApplyGradients(nn.Cell):
         self.guarded = guard is not None
         self.clip = max_grad_norm is not None
         self.max_grad_norm = ms.Tensor(max_grad_norm if max_grad_norm is not None else 0.0, ms.float32)
-        self._accepted = ms.Tensor(ACCEPTED, ms.int32)
-        self._nonfinite_norm = ms.Tensor(NONFINITE_GRAD_NORM, ms.int32)
 
     def construct(self, micro_batches: ms.Tensor, *losses: ms.Tensor) -> tuple[ms.Tensor, ms.Tensor, ms.Tensor]:
         loss = self.loss_reducer(ops.addn(losses) / micro_batches)
         grads = self.reducer(tuple([grad_sum / micro_batches for grad_sum in self.grad_sums]))
         norm = ops.sqrt(ops.addn([ops.reduce_sum(ops.square(grad)) for grad in grads]))
         if self.guarded:
-            reason = self.guard(loss, norm)
+            accepted = self.guard(loss, norm)
         else:
-            reason = ops.select(ops.isfinite(norm), self._accepted, self._nonfinite_norm)
-        if reason == self._accepted:
+            accepted = ops.isfinite(norm)
+        if accepted:
             if self.clip:
                 scale = self.max_grad_norm / ops.maximum(norm, self.max_grad_norm)
                 grads = tuple([grad * scale for grad in grads])
             self.optimizer(grads)
         for grad_sum in self.grad_sums:
             ops.assign(grad_sum, ops.zeros_like(grad_sum))
-        return loss, norm, reason
+        return loss, norm, accepted
 
 
 class _MeanOverRanks(nn.Cell):

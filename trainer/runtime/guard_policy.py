@@ -1,6 +1,6 @@
-"""When an optimizer step is skipped as a bad batch: the settings, the reason codes, and the rule in plain
-Python. `trainer.runtime.guard` runs the same rule inside the compiled step; this twin documents it,
-serves the tests, and names the codes the step returns. Pure: no MindSpore.
+"""When an optimizer step is skipped as a bad batch: the settings, the rule in plain Python, and the
+reason a skip is reported with. `trainer.runtime.guard` runs the same rule inside the compiled step; this
+twin documents it and serves the tests. Pure: no MindSpore.
 
 The rule, for a step's global mean loss and the global norm of its all-reduced gradients (before clipping):
 1. the loss is not finite                                    -> skipped, "nonfinite_loss"
@@ -32,25 +32,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ACCEPTED = 0
-NONFINITE_LOSS = 1
-NONFINITE_GRAD_NORM = 2
-GRAD_NORM_SPIKE = 3
-SKIP_REASONS = {NONFINITE_LOSS: "nonfinite_loss", NONFINITE_GRAD_NORM: "nonfinite_grad_norm",
-                GRAD_NORM_SPIKE: "grad_norm_spike"}
+NONFINITE_LOSS = "nonfinite_loss"
+NONFINITE_GRAD_NORM = "nonfinite_grad_norm"
+GRAD_NORM_SPIKE = "grad_norm_spike"
+SKIP_REASONS = (NONFINITE_LOSS, NONFINITE_GRAD_NORM, GRAD_NORM_SPIKE)
 
 SPIKE_FACTOR_ENV = "TRAINERD_SPIKE_FACTOR"
 WARMUP_STEPS_ENV = "TRAINERD_SPIKE_WARMUP_STEPS"
 
 
-def skip_reason(code: int) -> str | None:
-    """The bad-batch report's reason for a code the guarded step returned; None for an accepted step."""
-    if code == ACCEPTED:
+def skip_reason(accepted: bool, loss: float, norm: float) -> str | None:
+    """The bad-batch report's reason for a step the guard judged (None when it was accepted), from the loss
+    and norm it judged: the rule's first failing check. Exact, since the step hands back those very values."""
+    if accepted:
         return None
-    try:
-        return SKIP_REASONS[code]
-    except KeyError:
-        raise ValueError(f"{code} is not a guard reason code") from None
+    if not math.isfinite(loss):
+        return NONFINITE_LOSS
+    if not math.isfinite(norm):
+        return NONFINITE_GRAD_NORM
+    return GRAD_NORM_SPIKE
 
 
 @dataclass(frozen=True)
@@ -95,15 +95,17 @@ class GuardState:
     accepted_steps: int = 0
 
 
-def decide(settings: GuardSettings, state: GuardState, loss: float, norm: float) -> tuple[int, GuardState]:
-    """The reason code for one step and the guard's state after it (unchanged unless accepted)."""
+def decide(settings: GuardSettings, state: GuardState, loss: float, norm: float) -> tuple[str | None, GuardState]:
+    """The rule for one step: its skip reason (None when accepted) and the guard's state after it."""
     f32 = np.float32
     loss, norm, mean = f32(loss), f32(norm), f32(state.norm_mean)
     if not np.isfinite(loss):
         return NONFINITE_LOSS, state
     if not np.isfinite(norm):
         return NONFINITE_GRAD_NORM, state
-    if state.accepted_steps >= settings.warmup_steps and norm > f32(settings.spike_factor) * mean:
-        return GRAD_NORM_SPIKE, state
+    if state.accepted_steps >= settings.warmup_steps and math.isfinite(settings.spike_factor):
+        with np.errstate(over="ignore"):  # a limit beyond float32 is infinite: no finite norm exceeds it
+            if norm > f32(settings.spike_factor) * mean:
+                return GRAD_NORM_SPIKE, state
     weight = f32(min(state.accepted_steps + 1, settings.mean_horizon))
-    return ACCEPTED, GuardState(float(mean + (norm - mean) / weight), state.accepted_steps + 1)
+    return None, GuardState(float(mean + (norm - mean) / weight), state.accepted_steps + 1)
