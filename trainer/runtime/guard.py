@@ -50,6 +50,7 @@ class StepGuard(nn.Cell):
         self._warmup_steps = ms.Tensor(settings.warmup_steps, ms.int32)
         self._mean_horizon = ms.Tensor(settings.mean_horizon, ms.int32)
         self._infinity = ms.Tensor(np.inf, ms.float32)
+        self._zero = ms.Tensor(0.0, ms.float32)
 
     def construct(self, loss: ms.Tensor, norm: ms.Tensor) -> ms.Tensor:
         mean = self.norm_mean
@@ -59,8 +60,7 @@ class StepGuard(nn.Cell):
             limit = ops.select(count >= self._warmup_steps, self._spike_factor * mean, self._infinity)
         accepted = (loss - loss) + (norm - norm) + norm <= limit
         weight = ops.cast(ops.minimum(count + 1, self._mean_horizon), ms.float32)
-        # a skipped step adds (mean - mean) / weight = 0: the mean stays bit for bit
-        ops.assign(self.norm_mean, mean + (ops.select(accepted, norm, mean) - mean) / weight)
+        ops.assign_add(self.norm_mean, ops.select(accepted, (norm - mean) / weight, self._zero))
         ops.assign_add(self.accepted_steps, ops.cast(accepted, ms.int32))
         return accepted
 
