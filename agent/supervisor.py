@@ -24,13 +24,13 @@ from typing import Callable
 
 from agent.orphans import ProcessRegistry
 from proto import trainerd_pb2 as pb
+from trainer.runtime.exit_codes import EXIT_CANNOT_EXECUTE
 from trainer.progress_channel import BadBatchReport, CheckpointReport, EventReport, ProgressMessage, StepReport
 
 log = logging.getLogger(__name__)
 
 LOG_TAIL_BYTES = 4000
 PROGRESS_FORWARD_INTERVAL_S = 0.5
-EXEC_FAILED_EXIT_CODE = 127
 CONTROL_SCHEMA = 1
 
 
@@ -143,9 +143,9 @@ class Supervisor:
                 message = f"cannot start {argv[0]!r}: {exc.strerror or exc}"
                 log_file.write(message.encode() + b"\n")
                 log.error("generation %d %s %d: %s", generation, managed.role, managed.rank, message)
-                managed.exit_code = EXEC_FAILED_EXIT_CODE
+                managed.exit_code = EXIT_CANNOT_EXECUTE
                 self._report(pb.AgentMessage(process_exited=pb.ProcessExited(
-                    generation=generation, role=managed.role, rank=managed.rank, exit_code=EXEC_FAILED_EXIT_CODE,
+                    generation=generation, role=managed.role, rank=managed.rank, exit_code=EXIT_CANNOT_EXECUTE,
                     log_tail=message)))
                 return
         managed.pid = managed.process.pid

@@ -26,7 +26,7 @@ from daemon.job.observation import GenerationObservation
 from daemon.job.placement import NodeOffer, Placement, place
 from daemon.job.state import Failure, GenerationRecord, JobRecord
 from proto.vocabulary import JobState, ProcessRole
-from trainer.runtime.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
+from trainer.runtime.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
 
 # After the stop grace the agents had to SIGKILL; this much more is allowed for their answer.
 STOP_CONFIRM_MARGIN_S = 2.0
@@ -201,6 +201,8 @@ def _failure(world: JobWorld) -> Failure | None:
             # A node going down takes its peers' collectives with it; wait for the reconnect grace
             # to tell a node loss (no budget spent) from a crash.
             return None
+        if failed.exit_code == EXIT_CANNOT_EXECUTE and not failed.signal:
+            return Failure("launch_failed", failed.describe(), failed.node, failed.rank, failed.exit_code)
         if failed.role is ProcessRole.WORKER and not failed.signal:
             if failed.exit_code == EXIT_CHECKPOINT_UNREADABLE:
                 return Failure("checkpoint_unreadable", failed.describe(), failed.node, failed.rank,

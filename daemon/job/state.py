@@ -43,8 +43,9 @@ class Failure:
 
     @property
     def permanent(self) -> bool:
-        """A worker refused its flags or launch environment: relaunching cannot help."""
-        return self.cause == "usage_error"
+        """The entrypoint cannot be executed, or a worker refused its flags or launch environment:
+        relaunching the same thing cannot help."""
+        return self.cause in ("launch_failed", "usage_error")
 
     def to_json(self) -> dict:
         return {"cause": self.cause, "message": self.message, "node": self.node, "rank": self.rank,
@@ -58,9 +59,11 @@ class Failure:
 
 # process_exited: a worker or scheduler died; node_lost: a node's session broke or it went silent;
 # hang: no rank made progress for hang_timeout_s; checkpoint_unreadable: the chosen checkpoint failed
-# to load; usage_error: a worker exited with EXIT_USAGE; bad_batches: too many consecutive steps
+# to load; usage_error: a worker exited with EXIT_USAGE; launch_failed: the entrypoint could not be
+# executed; bad_batches: too many consecutive steps
 # skipped as bad.
-FAILURE_CAUSES = ("process_exited", "node_lost", "hang", "checkpoint_unreadable", "usage_error", "bad_batches")
+FAILURE_CAUSES = ("process_exited", "node_lost", "hang", "checkpoint_unreadable", "usage_error", "launch_failed",
+                  "bad_batches")
 
 
 @dataclass(frozen=True)

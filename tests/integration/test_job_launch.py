@@ -68,7 +68,8 @@ def test_missing_entrypoint_fails_with_its_message(tmp_path: Path, procs: Proces
     address = start_cluster(tmp_path, procs, mlp_job(tmp_path, entrypoint=[missing, "--steps", "1"]))
     job = wait_for_state(address, {"FAILED", "COMPLETED"}, 60, procs)
     assert job["state"] == "FAILED"
-    assert job["last_failure"]["exit_code"] == 127
+    assert job["last_failure"]["exit_code"] == 127 and job["last_failure"]["cause"] == "launch_failed"
+    assert job["generation"] == 1  # not relaunched: the same argv cannot start either
     assert f"cannot start '{missing}'" in job["last_failure"]["message"]
     assert "No such file or directory" in job["last_failure"]["message"]
 

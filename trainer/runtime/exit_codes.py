@@ -12,3 +12,6 @@ EXIT_USAGE = 2
 # TRAINERD_RESUME_FROM names a checkpoint that cannot be loaded or does not verify (EX_DATAERR):
 # printed in one line naming the path and the problem; an older checkpoint may still do.
 EXIT_CHECKPOINT_UNREADABLE = 65
+# The entrypoint could not be executed at all (reported by the agent, like a shell's "command not
+# found"): relaunching the same argv cannot help.
+EXIT_CANNOT_EXECUTE = 127
