@@ -82,7 +82,8 @@ def final_weights(out: Path, world_size: int) -> dict[str, np.ndarray]:
 def test_node_loss_shrinks_the_job_to_two_and_the_returning_node_grows_it_back(
         tmp_path: Path, procs: Processes) -> None:
     steps = 3000
-    address = start_trainerd(tmp_path, procs, recovery_job(tmp_path, steps=steps, nodes=(2, 3)))
+    # start_wait_s: wait for all three agents, however slowly they start on a loaded machine.
+    address = start_trainerd(tmp_path, procs, recovery_job(tmp_path, steps=steps, nodes=(2, 3), start_wait_s=120))
     for i in range(3):
         procs.agent(f"n{i}", address)
     wait_for_job(address, "3 ranks past the first checkpoint",

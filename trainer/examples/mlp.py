@@ -23,6 +23,13 @@ the agent's control file asks for. With TRAINERD_RESUME_FROM the run continues w
 the checkpoint's, at its consumed sample count, at any world size; a resume at the same world size
 ends bit-identical to a run that was never interrupted. Exit status 2 with one line for a usage
 error (including a checkpoint of another --seed), 65 for a checkpoint that cannot be loaded.
+
+Bad batches: each step reads the next global batch of the sample stream (`trainer.data.sampler`),
+leaving out the skip ledger's ranges (TRAINERD_SKIPS_FILE). The update is guarded inside the step
+(`trainer.runtime.guard`): a non-finite loss or gradient norm, or a norm spike, skips it on every
+rank; rank 0 reports the step's sample range and later checkpoints record it. For tests and demos,
+--bad-samples, --spike-samples and --crash-samples make the samples at those stream positions NaN,
+20 times too large, or fatal to the worker that reads them.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import time
 from dataclasses import replace
@@ -39,11 +47,15 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
+from trainer.data.sampler import SampleStream, rank_share
+from trainer.data.skip_ledger import SkipLedger
 from trainer.progress_channel import WorkerEvent
 from trainer.runtime import communication
 from trainer.runtime.checkpointing import ResumeError, TrainingCheckpoints
 from trainer.runtime.communication import CommunicationError
 from trainer.runtime.exit_codes import EXIT_OK, EXIT_USAGE
+from trainer.runtime.guard import GuardedApplyGradients, StepGuard, mean_over_ranks
+from trainer.runtime.guard_policy import GuardSettings, skip_reason
 from trainer.runtime.progress import ProgressReporter
 from trainer.runtime.rank_context import BatchSettings, CheckpointSettings, RankContext, RankContextError
 
@@ -58,6 +70,12 @@ MAX_GRAD_NORM = 5.0
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m trainer.examples.mlp", description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=100, help="optimizer steps to run")
+    parser.add_argument("--bad-samples", type=sample_ranges, default=(), metavar="A:B[,C:D...]",
+                        help="test data: samples at these stream positions are NaN (a bad batch the guard skips)")
+    parser.add_argument("--spike-samples", type=sample_ranges, default=(), metavar="A:B[,C:D...]",
+                        help="test data: samples at these stream positions are scaled by 20 (a gradient spike)")
+    parser.add_argument("--crash-samples", type=sample_ranges, default=(), metavar="A:B[,C:D...]",
+                        help="test data: a worker reading a sample at these stream positions is killed (SIGKILL)")
     parser.add_argument("--global-batch", type=int, help=f"samples per optimizer step over all ranks "
                         f"(default: TRAINERD_GLOBAL_BATCH, else {DEFAULT_GLOBAL_BATCH})")
     parser.add_argument("--micro-batch", type=int, help="samples per forward pass on one rank "
@@ -90,6 +108,14 @@ def batch_settings(args: argparse.Namespace, ctx: RankContext) -> BatchSettings:
     return BatchSettings.for_world(global_batch, args.micro_batch or global_batch // ctx.world_size, ctx.world_size)
 
 
+def sample_ranges(text: str) -> tuple[tuple[int, int], ...]:
+    """`A:B,C:D` as half-open ranges of sample positions."""
+    try:
+        return SkipLedger.of(tuple(int(n) for n in part.split(":", 1)) for part in text.split(",")).ranges
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not A:B[,C:D...] with 0 <= A < B ({exc})") from None
+
+
 def checkpoint_settings(args: argparse.Namespace, ctx: RankContext) -> CheckpointSettings:
     """The launcher's checkpoint settings, completed by the flags where it set none; a flag that
     contradicts a value the launcher set is refused, like the batch flags."""
@@ -113,27 +139,26 @@ def synthetic_dataset(seed: int) -> tuple[np.ndarray, np.ndarray]:
     return features, np.argmax(features @ teacher, axis=1).astype(np.int32)
 
 
-def stream_indices(start: int, count: int, seed: int) -> np.ndarray:
-    """Dataset indices at positions [start, start + count) of the sample stream: epoch after epoch of
-    seeded shuffles.
-
-    A function of the seed and the positions only, never of the world size, so a job resumed at any
-    size from a checkpoint's consumed sample count continues the same sample order.
-    """
-    positions = np.arange(start, start + count)
-    epochs = positions // DATASET_SIZE
-    indices = np.empty_like(positions)
-    for epoch in np.unique(epochs):
-        in_epoch = epochs == epoch
-        order = np.random.default_rng([seed, epoch]).permutation(DATASET_SIZE)
-        indices[in_epoch] = order[positions[in_epoch] % DATASET_SIZE]
-    return indices
+def in_ranges(positions: np.ndarray, ranges: tuple[tuple[int, int], ...]) -> np.ndarray:
+    """Which of `positions` fall in any of the half-open `ranges`."""
+    mask = np.zeros(positions.shape, dtype=bool)
+    for start, end in ranges:
+        mask |= (positions >= start) & (positions < end)
+    return mask
 
 
-def rank_share(indices: np.ndarray, rank: int, batch: BatchSettings) -> np.ndarray:
-    """This rank's contiguous part of a global batch, shaped (grad_accum, micro_batch)."""
-    share = indices[rank * batch.per_rank:(rank + 1) * batch.per_rank]
-    return share.reshape(batch.grad_accum, batch.micro_batch)
+def step_batch(args: argparse.Namespace, features: np.ndarray, labels: np.ndarray,
+               positions: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """This rank's samples, with the test data's injected faults (--bad/--spike/--crash-samples)."""
+    x, y = features[indices], labels[indices]
+    if args.crash_samples and in_ranges(positions, args.crash_samples).any():
+        log.error("read a --crash-samples position: killing this worker")
+        os.kill(os.getpid(), signal.SIGKILL)
+    if args.bad_samples:
+        x[in_ranges(positions, args.bad_samples)] = np.nan
+    if args.spike_samples:
+        x[in_ranges(positions, args.spike_samples)] *= 20.0
+    return x, y
 
 
 # ---------------------------------------------------------------- YOUR MODEL
@@ -170,50 +195,31 @@ class AccumulateGradients(nn.Cell):
         return loss
 
 
-class ApplyGradients(nn.Cell):
-    """Average the summed gradients over micro batches and ranks, clip them, update, clear the sums.
-
-    The update is skipped when the gradient norm is not finite, here inside the graph: a callback
-    would see the NaN only after the weights were spoiled. Returns the norm before clipping.
-    """
-
-    def __init__(self, optimizer: nn.Optimizer, grad_sums: ms.ParameterTuple, reducer: nn.Cell) -> None:
-        super().__init__(auto_prefix=False)
-        self.optimizer = optimizer
-        self.grad_sums = grad_sums
-        self.reducer = reducer
-
-    def construct(self, micro_batches: ms.Tensor) -> ms.Tensor:
-        grads = self.reducer(tuple([grad_sum / micro_batches for grad_sum in self.grad_sums]))
-        norm = ops.sqrt(ops.addn([ops.reduce_sum(ops.square(grad)) for grad in grads]))
-        if ops.isfinite(norm):
-            scale = MAX_GRAD_NORM / ops.maximum(norm, MAX_GRAD_NORM)
-            self.optimizer(tuple([grad * scale for grad in grads]))
-        for grad_sum in self.grad_sums:
-            ops.assign(grad_sum, ops.zeros_like(grad_sum))
-        return norm
-
-
 class TrainStep:
-    """One optimizer step: `grad_accum` micro batches on this rank, then one all-reduced update.
+    """One optimizer step: `grad_accum` micro batches on this rank, then one all-reduced, guarded update.
 
     Two compiled graphs; the number of micro batches, which changes with the world size, is an input
-    rather than a constant baked into them. If you enable MindSpore's compile cache
-    (MS_COMPILER_CACHE_ENABLE), give each world size and batch split its own MS_COMPILER_CACHE_PATH:
-    MindSpore 2.10 hands back a cached graph without checking input shapes or baked-in constants.
+    rather than a constant baked into them. The update is judged inside the second graph
+    (`trainer.runtime.guard`): a non-finite loss or gradient norm, or a norm spike, skips it on
+    every rank alike. If you enable MindSpore's compile cache (MS_COMPILER_CACHE_ENABLE), give each
+    world size and batch split its own MS_COMPILER_CACHE_PATH: MindSpore 2.10 hands back a cached
+    graph without checking input shapes or baked-in constants.
     """
 
-    def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, reducer: nn.Cell, grad_accum: int) -> None:
+    def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, reducer: nn.Cell, loss_reducer: nn.Cell,
+                 guard: StepGuard, grad_accum: int) -> None:
         grad_sums = optimizer.parameters.clone(prefix="grad_sum", init="zeros")
         self._accumulate = AccumulateGradients(network, optimizer.parameters, grad_sums)
-        self._apply = ApplyGradients(optimizer, grad_sums, reducer)
+        self._apply = GuardedApplyGradients(optimizer, grad_sums, reducer, loss_reducer, guard,
+                                            max_grad_norm=MAX_GRAD_NORM)
         self._micro_batches = ms.Tensor(grad_accum, ms.float32)
 
-    def __call__(self, features: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
-        """Run one step on this rank's (grad_accum, micro_batch, ...) share; return its mean loss and the norm."""
+    def __call__(self, features: np.ndarray, labels: np.ndarray) -> tuple[float, float, bool]:
+        """Run one step on this rank's (grad_accum, micro_batch, ...) share: the global mean loss, the
+        global gradient norm, and whether the update was applied."""
         losses = [self._accumulate(ms.Tensor(x), ms.Tensor(y)) for x, y in zip(features, labels)]
-        grad_norm = self._apply(self._micro_batches)
-        return float(np.mean([loss.asnumpy() for loss in losses])), float(grad_norm.asnumpy())
+        loss, norm, accepted = self._apply(self._micro_batches, *losses)
+        return float(loss.asnumpy()), float(norm.asnumpy()), bool(accepted.asnumpy())
 
 
 def save_weights(network: nn.Cell, path: Path) -> None:
@@ -232,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
         ctx = RankContext.from_environ()
         batch = batch_settings(args, ctx)
         checkpoint_plan = checkpoint_settings(args, ctx)
+        guard_settings = GuardSettings.from_environ()
+        skips_file = os.environ.get("TRAINERD_SKIPS_FILE")
+        ledger = SkipLedger.read(skips_file) if skips_file else SkipLedger()
         communication.initialize(ctx, args.device_target)  # the scheduler process never returns from here
     except (RankContextError, CommunicationError, ValueError) as exc:
         print(f"mlp: {exc}", file=sys.stderr)
@@ -240,16 +249,18 @@ def main(argv: list[str] | None = None) -> int:
 
     ms.set_seed(args.seed)  # the same seed on every rank: identical initial weights
     features, labels = synthetic_dataset(args.seed)
+    stream = SampleStream(DATASET_SIZE, args.seed, ledger)
     network = MLP()
     optimizer = nn.Adam(network.trainable_params(), learning_rate=args.lr)
+    guard = StepGuard(guard_settings)
     train_step = TrainStep(network, optimizer, communication.gradient_reducer(ctx, optimizer.parameters),
-                           batch.grad_accum)
+                           mean_over_ranks(ctx.world_size), guard, batch.grad_accum)
 
     with ProgressReporter.for_rank(ctx) as reporter:
         try:
-            # skip_ledger: issue 6 (bad batches) will pass the ledger in force and leave its ranges out.
-            checkpoints = TrainingCheckpoints(ctx, checkpoint_plan, reporter, (network, optimizer),
-                                              data_seed=args.seed, grad_accumulation=batch.grad_accum)
+            checkpoints = TrainingCheckpoints(ctx, checkpoint_plan, reporter, (network, optimizer, guard),
+                                              data_seed=args.seed, grad_accumulation=batch.grad_accum,
+                                              skip_ledger=ledger.ranges)
             start = checkpoints.resume()
         except ValueError as exc:
             print(f"mlp: {exc}", file=sys.stderr)
@@ -264,12 +275,20 @@ def main(argv: list[str] | None = None) -> int:
         consumed = start.consumed_samples
         with checkpoints:
             for step in range(start.step + 1, args.steps + 1):
-                indices = stream_indices(consumed, batch.global_batch, args.seed)
-                share = rank_share(indices, ctx.rank, batch)
+                positions, next_consumed = stream.step_positions(consumed, batch.global_batch)
+                share = rank_share(positions, ctx.rank, ctx.world_size, batch.micro_batch)
+                x, y = step_batch(args, features, labels, share, stream.indices(share))
                 started = time.perf_counter()
-                loss, grad_norm = train_step(features[share], labels[share])
+                loss, grad_norm, accepted = train_step(x, y)
                 elapsed = time.perf_counter() - started
-                consumed += batch.global_batch
+                reason = skip_reason(accepted, loss, grad_norm)
+                if reason is not None:
+                    log.warning("%s: step %d skipped (%s): loss %.4g grad norm %.4g, samples %d:%d", where, step,
+                                reason, loss, grad_norm, positions[0], next_consumed)
+                    checkpoints.record_skip(int(positions[0]), next_consumed)
+                    if ctx.rank == 0:
+                        reporter.bad_batch(step, int(positions[0]), next_consumed, reason, loss, grad_norm)
+                consumed = next_consumed
                 reporter.step(step, loss, grad_norm, batch.global_batch / elapsed, consumed)
                 checkpoints.after_step(step, consumed)
                 if step == start.step + 1 or step == args.steps:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from trainer.checkpoint import CheckpointError, CheckpointMeta, CheckpointWriter, load_checkpoint
 from trainer.checkpoint.manifest import step_dir_name
+from trainer.data.skip_ledger import SkipLedger
 from trainer.progress_channel import CheckpointReport, MalformedProgress, encode
 from trainer.runtime.checkpoint_schedule import CheckpointSchedule, ControlFile
 from trainer.runtime.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
@@ -115,6 +116,10 @@ class TrainingCheckpoints:
         self._writer = CheckpointWriter(settings.directory, self._rank, ctx.world_size,
                                         generation=ctx.generation, keep=settings.keep)
         self._waiter = ThreadPoolExecutor(1, thread_name_prefix=f"checkpoint-commit-rank{self._rank}")
+
+    def record_skip(self, start: int, end: int) -> None:
+        """A batch the guard skipped: later checkpoints record its range in their skip ledger."""
+        self._skip_ledger = SkipLedger.of((*self._skip_ledger, (start, end))).ranges
 
     def resume(self) -> ResumePoint:
         """Load the checkpoint named by `resume_from` into the cells (any world size may have written it),
