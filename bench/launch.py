@@ -18,7 +18,7 @@ and each worker process's start time (/proc/<pid>/stat):
                                  (it imports mindspore itself) and the scheduler's spawn, then the worker's
     → import done                Python start + `import mindspore` (the rank's "joining the cluster" line)
     → communication init done    `mindspore.communication.init()`, then building data and model (tens
-                                 of ms) (the rank's "training N steps" line)
+                                 of ms) (the rank's "training steps 1 to N" line)
     → first step done            first graph compile + step 1, including the wait for the other rank
                                  in its all-reduce (the rank's "step 1 loss" line)
 
@@ -80,8 +80,10 @@ SLOW_STATUS_S = 30.0  # trainerctl status period until every rank has taken its 
 LOG_TIME = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})"
 RANK_LINES = {
     "import_done": re.compile(LOG_TIME + r" .*: rank (\d+) of \d+ joining the cluster at "),
-    "comm_done": re.compile(LOG_TIME + r" .* rank (\d+)/\d+: training \d+ steps"),
-    "first_step": re.compile(LOG_TIME + r" .* rank (\d+)/\d+: step 1 loss "),
+    # "training steps 1 to N" since the example resumes from checkpoints ("training N steps" before)
+    "comm_done": re.compile(LOG_TIME + r" .* rank (\d+)/\d+: training (?:\d+ steps|steps \d+ to \d+)"),
+    # the first step a rank logs: step 1, or the step after the checkpoint it resumed from
+    "first_step": re.compile(LOG_TIME + r" .* rank (\d+)/\d+: step \d+ loss "),
 }
 AGENT_LAUNCH_LINE = re.compile(LOG_TIME + r" .*launching generation 1 of job ")
 
@@ -456,10 +458,9 @@ def run_trainerd(procs: Processes, root: Path, timeout_s: float) -> Run:
     return run
 
 
-def run_msrun(procs: Processes, root: Path, timeout_s: float) -> Run:
-    (master_port,) = free_ports(1)
-    log_dir = root / "msrun_logs"
-    env = {
+def msrun_env() -> dict[str, str]:
+    """The environment the example job needs under msrun, with the batch split trainerd would hand it."""
+    return {
         **clean_env(), **SPEED_UP_ENV,
         # The example's rank context asks a cluster launch for trainerd's variables too. msrun hands
         # all its children one environment, so TRAINERD_LOCAL_RANK is 0 for both workers: the example
@@ -469,9 +470,20 @@ def run_msrun(procs: Processes, root: Path, timeout_s: float) -> Run:
         "TRAINERD_GLOBAL_BATCH": str(GLOBAL_BATCH), "TRAINERD_MICRO_BATCH": str(MICRO_BATCH),
         "TRAINERD_GRAD_ACCUM": str(GRAD_ACCUM),
     }
-    argv = [str(BIN / "msrun"), f"--worker_num={WORLD_SIZE}", f"--local_worker_num={WORLD_SIZE}",
+
+
+def msrun_argv(master_port: int, log_dir: Path, cluster_time_out_s: float, script_args: list[str]) -> list[str]:
+    """msrun running the example job on WORLD_SIZE local workers."""
+    return [str(BIN / "msrun"), f"--worker_num={WORLD_SIZE}", f"--local_worker_num={WORLD_SIZE}",
             "--master_addr=127.0.0.1", f"--master_port={master_port}", f"--log_dir={log_dir}", "--join=True",
-            f"--cluster_time_out={int(timeout_s)}", str(EXAMPLE_SCRIPT), "--steps", str(STEPS)]
+            f"--cluster_time_out={int(cluster_time_out_s)}", str(EXAMPLE_SCRIPT), *script_args]
+
+
+def run_msrun(procs: Processes, root: Path, timeout_s: float) -> Run:
+    (master_port,) = free_ports(1)
+    log_dir = root / "msrun_logs"
+    env = msrun_env()
+    argv = msrun_argv(master_port, log_dir, timeout_s, ["--steps", str(STEPS)])
     msrun_log = root / "msrun.log"
     meter = CpuMeter()
     spawns = WorkerSpawns(procs.marker)
