@@ -76,7 +76,7 @@ def test_the_ledger_is_honoured_after_the_world_size_changes(tmp_path: Path, pro
     crash = step_range(401)  # reading it would kill the worker: the ledger must leave it out
     entrypoint = mlp_with(tmp_path, 600, "--crash-samples", "%d:%d" % crash)
     job = recovery_job(tmp_path, steps=600, nodes=(1, 2), global_batch=GLOBAL_BATCH, micro_batch=32,
-                       entrypoint=entrypoint, restart={"max": 0})
+                       entrypoint=entrypoint, restart={"max": 0}, start_wait_s=120)  # both agents in generation 1
     address = start_trainerd(tmp_path, procs, job)
     wait_until(lambda: (s := status(address)) and s["coordinator"]["is_leader"], 30, "trainerd leads")
     added = trainerctl("skips", "add", "%d:%d" % crash, "--reason", "known corrupt", coordinator=address)
