@@ -625,14 +625,19 @@ def main() -> int:
         print("\ninterrupted: stopping every process this bench started", file=sys.stderr)
         return 130
     finally:
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
-        procs.kill_all()
-        if args.keep:
-            print(f"\nlogs kept under {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
+        clean_up(procs, root, args.keep)
     return 0 if not failures else 1
+
+
+def clean_up(procs, root: Path, keep: bool) -> None:
+    """Stop every process the bench started (a second Ctrl-C cannot cut this short); keep or remove its files."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    procs.kill_all()
+    if keep:
+        print(f"\nlogs kept under {root}")
+    else:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

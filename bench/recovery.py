@@ -59,7 +59,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -77,7 +76,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.launch import (  # noqa: E402
     BIN, GLOBAL_BATCH, MARKER_VAR, MICRO_BATCH, SPEED_UP_ENV, WORLD_SIZE, BenchError, CpuMeter, Processes,
-    clean_env, free_ports, median, msrun_argv, msrun_env, rank_marks, tail, trainerctl,
+    clean_env, clean_up, free_ports, median, msrun_argv, msrun_env, rank_marks, tail, trainerctl,
 )
 
 HEARTBEAT_INTERVAL_S = 1.0
@@ -642,13 +641,7 @@ def main() -> int:
         print("\ninterrupted: stopping every process this bench started", file=sys.stderr)
         return 130
     finally:
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
-        procs.kill_all()
-        if args.keep:
-            print(f"\nlogs kept under {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
+        clean_up(procs, root, args.keep)
     return 0 if not failures else 1
 
 
