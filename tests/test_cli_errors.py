@@ -53,3 +53,19 @@ def test_agent_rejects_bad_flags(tmp_path: Path) -> None:
                               "--work-dir", str(tmp_path)), 2, "coordinator.0")
     assert_one_line_error(run("trainerd-agent", "--coordinator", "h:1", "--work-dir", str(tmp_path),
                               "--config", str(tmp_path / "missing.yaml")), 2, "cannot read")
+
+
+@pytest.mark.parametrize(("argv", "fragment"), [
+    (("skips", "add", "5", "--reason", "x"), "'5' is not START:END"),
+    (("skips", "add", "1:2"), "Missing option '--reason'"),
+    (("resume", "--from-step", "0"), "0 is not in the range x>=1"),
+    (("nodes", "drain"), "Missing argument 'NAME'"),
+])
+def test_trainerctl_refuses_malformed_operator_commands(argv: tuple[str, ...], fragment: str) -> None:
+    assert_one_line_error(run("trainerctl", "--coordinator", "127.0.0.1:1", *argv), 2, fragment)
+
+
+@pytest.mark.parametrize("argv", [("pause",), ("resume",), ("nodes", "undrain", "n1"), ("skips",)])
+def test_trainerctl_operator_commands_without_a_coordinator(argv: tuple[str, ...]) -> None:
+    assert_one_line_error(run("trainerctl", "--coordinator", f"127.0.0.1:{free_port()}", *argv), 3,
+                          "cannot reach the coordinator")

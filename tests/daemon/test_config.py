@@ -59,3 +59,9 @@ def test_mistakes_name_file_and_key(tmp_path: Path, text: str, expected: str) ->
 def test_missing_file_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_cluster_config(tmp_path / "absent.yaml")
+
+
+def test_the_example_cluster_file_is_valid() -> None:
+    config = load_cluster_config(Path(__file__).parents[2] / "configs" / "cluster.example.yaml")
+    assert config.job.allowed_world_sizes() == [32, 16]
+    assert config.job.checkpoint.dir == "/mnt/shared/checkpoints/mlp"
