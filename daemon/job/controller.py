@@ -21,6 +21,7 @@ from daemon.events import EventLog
 from daemon.job.catalog import CheckpointCatalog, CheckpointEntry
 from daemon.job.commands import CheckpointNowCommand, LaunchCommand, StopCommand
 from daemon.job.decide import (
+    STOP_CONFIRM_MARGIN_S,
     AddSkip,
     CheckpointRequest,
     CommitRecord,
@@ -255,7 +256,7 @@ class JobController:
     def _note_stop_deadline(self, now: float) -> None:
         """Past the stop grace, nodes that never answered are left out: the stop phase is over."""
         observation = self.observation
-        if observation.all_stopped_at is None and now - observation.stop_decided_at >= self.spec.stop_grace_s + 2.0:
+        if observation.all_stopped_at is None and now - observation.stop_decided_at >= self.spec.stop_grace_s + STOP_CONFIRM_MARGIN_S:
             observation.all_stopped_at = now
 
     async def _record_checkpoints(self, fence: Fence) -> None:
@@ -293,11 +294,9 @@ class JobController:
         if after.stopped_generation > before.stopped_generation and observation is not None:
             observation.stop_decided_at = now
             self._note_idle(observation)
-        cause = {"recovery_started": after.last_failure.cause if after.last_failure else "failure",
-                 "reshape_started": "reshape", "job_resumed": "resume"}.get(action.event)
-        if cause is not None:
-            self.recovery = RecoveryTimeline(cause, now)
-            metrics.RESTARTS.labels(cause).inc()
+        if action.recovery is not None:
+            self.recovery = RecoveryTimeline(action.recovery, now)
+            metrics.RESTARTS.labels(action.recovery).inc()
         fields: dict = {"generation": after.generation}
         if after.last_failure is not None and after.last_failure is not before.last_failure:
             fields["failure"] = after.last_failure.to_json()
@@ -412,7 +411,7 @@ class JobController:
         resumed = record.moved_to(state, crash_restarts=0, consecutive_crashes=0, node_failures={},
                                   crash_steps={}, resume_from_step=from_step)
         where = "the newest checkpoint" if from_step is None else f"the checkpoint at step {from_step}"
-        await self._commit(CommitRecord(resumed, "job_resumed",
+        await self._commit(CommitRecord(resumed, "job_resumed", recovery="resume", message=
                                         f"job {self.spec.name} is {state.value}: resumed by the operator from "
                                         f"{where}"), fence)
         return f"job {self.spec.name} is {state.value}: restarting from {where}"

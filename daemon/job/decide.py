@@ -40,11 +40,13 @@ CHECKPOINT_REQUEST_RETRY_S = 30.0
 
 @dataclass(frozen=True)
 class CommitRecord:
-    """Write the job record (fenced); `event` names the event to append with `message`."""
+    """Write the job record (fenced); `event` names the event to append with `message`.
+    `recovery` names the cause when the write starts a recovery (its phases are timed from here)."""
 
     record: JobRecord
     event: str
     message: str
+    recovery: str | None = None
 
 
 @dataclass(frozen=True)
@@ -301,7 +303,7 @@ def _end_generation(world: JobWorld, failure: Failure) -> list[Action]:
             quarantine = f"; node {failure.node} is quarantined after {spec.restart.quarantine_after} crashes"
         actions.insert(0, CommitRecord(updated, "recovery_started",
                                        f"job {spec.name} is RECOVERING ({failure.cause}): {failure.message}"
-                                       f"{quarantine}"))
+                                       f"{quarantine}", recovery=failure.cause))
     actions.append(StopGeneration(failure.message))
     return actions
 
@@ -329,7 +331,7 @@ def _reshape(world: JobWorld) -> list[Action]:
     updated = record.moved_to(JobState.RECOVERING, stopped_generation=generation.number,
                               restarts=record.restarts + 1)
     return [CommitRecord(updated, "reshape_started", f"job {spec.name} is RECOVERING: {reason}; "
-                                                     f"relaunching from the checkpoint just saved"),
+                                                     f"relaunching from the checkpoint just saved", recovery="reshape"),
             StopGeneration(reason)]
 
 

@@ -76,6 +76,8 @@ class GenerationObservation:
     last_progress_at: float | None = None
     stop_decided_at: float | None = None
     all_stopped_at: float | None = None
+    # Keys of the running processes per node: node_idle is asked for every node on every report.
+    _running: dict[str, set] = field(default_factory=dict, repr=False)
 
     def record_progress(self, report: ProgressReport, now: float) -> None:
         known = self.progress.get(report.rank)
@@ -95,7 +97,7 @@ class GenerationObservation:
             return False
         if seen != self.number:
             return True  # the agent runs another generation (a restarted agent runs none)
-        return not any(p.running for (n, _, _), p in self.processes.items() if n == node)
+        return not self._running.get(node)
 
     def bad_run(self) -> list[BadBatchReport]:
         """The newest run of consecutive skipped steps (empty when the newest step was not skipped)."""
@@ -121,6 +123,11 @@ class GenerationObservation:
         if known is not None and not known.running and not report.running and known.log_tail and not report.log_tail:
             return
         self.processes[key] = report
+        running = self._running.setdefault(report.node, set())
+        if report.running:
+            running.add(key)
+        else:
+            running.discard(key)
 
     def first_failure(self) -> ProcessReport | None:
         failed = [p for p in self.processes.values() if p.failed]

@@ -165,3 +165,27 @@ class SimCluster:
 
     async def event_kinds(self) -> list[str]:
         return [e.kind for e in await self.coordinator.events(0)]
+
+
+async def launched_cluster(nodes=("a", "b", "c"), **overrides) -> SimCluster:
+    """A job whose generation 1 was launched on `nodes` and whose processes started (PENDING)."""
+    sim = SimCluster(job_settings(**overrides))
+    await sim.lead()
+    for name in nodes:
+        await sim.connect(name)
+    await sim.tick()
+    assert sim.job.record.generation == 1 and sim.state is JobState.PENDING
+    sim.started()
+    return sim
+
+
+async def running_cluster(nodes=("a", "b", "c"), **overrides) -> SimCluster:
+    """A job RUNNING generation 1 on `nodes`, with a checkpoint committed at step 10."""
+    sim = await launched_cluster(nodes, **overrides)
+    sim.step(1)
+    await sim.tick()
+    assert sim.state is JobState.RUNNING
+    sim.step(10)
+    sim.checkpoint(10)
+    await sim.tick()
+    return sim

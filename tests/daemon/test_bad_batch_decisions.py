@@ -11,8 +11,7 @@ import pytest
 from daemon.job.decide import _batch_end
 from daemon.job.skip_ledger import BadRange, checked
 from proto.vocabulary import JobState
-from tests.daemon.job_sim import GLOBAL_BATCH
-from tests.daemon.test_recovery_decisions import running_cluster
+from tests.daemon.job_sim import GLOBAL_BATCH, running_cluster
 
 
 def run(coro):

@@ -12,37 +12,20 @@ from daemon.job.controller import CommandRefused
 from daemon.job.state import ALLOWED_TRANSITIONS
 from daemon.store import codec, keys
 from proto.vocabulary import JobState
-from tests.daemon.job_sim import GLOBAL_BATCH, SESSION_GRACE_S, SimCluster, job_settings
+from tests.daemon.job_sim import (
+    GLOBAL_BATCH,
+    SESSION_GRACE_S,
+    SimCluster,
+    job_settings,
+    launched_cluster,
+    running_cluster,
+)
 
 SEEN_TRANSITIONS: set[tuple[JobState, JobState]] = set()
 
 
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 20))
-
-
-async def launched_cluster(nodes=("a", "b", "c"), **overrides) -> SimCluster:
-    """A job whose generation 1 was launched on `nodes` and whose processes started (PENDING)."""
-    sim = SimCluster(job_settings(**overrides))
-    await sim.lead()
-    for name in nodes:
-        await sim.connect(name)
-    await sim.tick()
-    assert sim.job.record.generation == 1 and sim.state is JobState.PENDING
-    sim.started()
-    return sim
-
-
-async def running_cluster(nodes=("a", "b", "c"), **overrides) -> SimCluster:
-    """A job RUNNING generation 1 on `nodes`, with a checkpoint committed at step 10."""
-    sim = await launched_cluster(nodes, **overrides)
-    sim.step(1)
-    await sim.tick()
-    assert sim.state is JobState.RUNNING
-    sim.step(10)
-    sim.checkpoint(10)
-    await sim.tick()
-    return sim
 
 
 async def waiting_cluster(**overrides) -> SimCluster:
