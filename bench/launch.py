@@ -586,12 +586,7 @@ def main() -> int:
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
 
-    def on_signal(signum: int, _frame) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    # Ctrl-C, and also when started in the background by a shell that ignores SIGINT there
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, on_signal)
+    interrupt_on_signals()
 
     root = Path(tempfile.mkdtemp(prefix="trainerd-bench-launch-"))
     procs = Processes()
@@ -627,6 +622,17 @@ def main() -> int:
     finally:
         clean_up(procs, root, args.keep)
     return 0 if not failures else 1
+
+
+def _interrupt(signum: int, _frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def interrupt_on_signals() -> None:
+    """Ctrl-C, SIGTERM and SIGHUP (also when a shell started the bench in the background, ignoring
+    SIGINT there) interrupt the bench, so its clean-up runs."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _interrupt)
 
 
 def clean_up(procs, root: Path, keep: bool) -> None:

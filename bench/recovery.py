@@ -76,7 +76,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.launch import (  # noqa: E402
     BIN, GLOBAL_BATCH, MARKER_VAR, MICRO_BATCH, SPEED_UP_ENV, WORLD_SIZE, BenchError, CpuMeter, Processes,
-    clean_env, clean_up, free_ports, median, msrun_argv, msrun_env, rank_marks, tail, trainerctl,
+    clean_env, clean_up, free_ports, interrupt_on_signals, median, msrun_argv, msrun_env, rank_marks, tail, trainerctl,
 )
 
 HEARTBEAT_INTERVAL_S = 1.0
@@ -591,11 +591,7 @@ def main() -> int:
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
 
-    def on_signal(signum: int, _frame) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, on_signal)
+    interrupt_on_signals()
 
     become_subreaper()
     root = Path(tempfile.mkdtemp(prefix="trainerd-bench-recovery-"))
