@@ -75,7 +75,7 @@ class Heartbeat(_message.Message):
     def __init__(self, sequence: _Optional[int] = ..., generation: _Optional[int] = ..., processes: _Optional[_Iterable[_Union[ProcessStatus, _Mapping]]] = ..., sent_at: _Optional[float] = ...) -> None: ...
 
 class ProcessExited(_message.Message):
-    __slots__ = ("generation", "role", "rank", "pid", "exit_code", "signal", "log_tail", "expected")
+    __slots__ = ("generation", "role", "rank", "pid", "exit_code", "signal", "log_tail", "expected", "cause")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +84,7 @@ class ProcessExited(_message.Message):
     SIGNAL_FIELD_NUMBER: _ClassVar[int]
     LOG_TAIL_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
     generation: int
     role: str
     rank: int
@@ -92,7 +93,18 @@ class ProcessExited(_message.Message):
     signal: int
     log_tail: str
     expected: bool
-    def __init__(self, generation: _Optional[int] = ..., role: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., log_tail: _Optional[str] = ..., expected: _Optional[bool] = ...) -> None: ...
+    cause: RootCause
+    def __init__(self, generation: _Optional[int] = ..., role: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., log_tail: _Optional[str] = ..., expected: _Optional[bool] = ..., cause: _Optional[_Union[RootCause, _Mapping]] = ...) -> None: ...
+
+class RootCause(_message.Message):
+    __slots__ = ("message", "location", "kind")
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    message: str
+    location: str
+    kind: str
+    def __init__(self, message: _Optional[str] = ..., location: _Optional[str] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class ProcessStarted(_message.Message):
     __slots__ = ("generation", "role", "rank", "pid")
@@ -107,7 +119,7 @@ class ProcessStarted(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., role: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class Progress(_message.Message):
-    __slots__ = ("generation", "rank", "step", "loss", "grad_norm", "samples_per_s", "consumed_samples")
+    __slots__ = ("generation", "rank", "step", "loss", "grad_norm", "samples_per_s", "consumed_samples", "epoch", "from_output")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +127,8 @@ class Progress(_message.Message):
     GRAD_NORM_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    FROM_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     generation: int
     rank: int
     step: int
@@ -122,7 +136,9 @@ class Progress(_message.Message):
     grad_norm: float
     samples_per_s: float
     consumed_samples: int
-    def __init__(self, generation: _Optional[int] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., grad_norm: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., consumed_samples: _Optional[int] = ...) -> None: ...
+    epoch: int
+    from_output: bool
+    def __init__(self, generation: _Optional[int] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., grad_norm: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., consumed_samples: _Optional[int] = ..., epoch: _Optional[int] = ..., from_output: _Optional[bool] = ...) -> None: ...
 
 class BadBatch(_message.Message):
     __slots__ = ("generation", "rank", "step", "sample_start", "sample_end", "reason", "loss", "grad_norm")
@@ -163,7 +179,7 @@ class CheckpointSaved(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., step: _Optional[int] = ..., consumed_samples: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "heartbeat", "process_started", "process_exited", "progress", "bad_batch", "stopped", "checkpoint_saved")
+    __slots__ = ("hello", "heartbeat", "process_started", "process_exited", "progress", "bad_batch", "stopped", "checkpoint_saved", "log_data")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     PROCESS_STARTED_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +188,7 @@ class AgentMessage(_message.Message):
     BAD_BATCH_FIELD_NUMBER: _ClassVar[int]
     STOPPED_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_SAVED_FIELD_NUMBER: _ClassVar[int]
+    LOG_DATA_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     heartbeat: Heartbeat
     process_started: ProcessStarted
@@ -180,7 +197,24 @@ class AgentMessage(_message.Message):
     bad_batch: BadBatch
     stopped: Stopped
     checkpoint_saved: CheckpointSaved
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., process_started: _Optional[_Union[ProcessStarted, _Mapping]] = ..., process_exited: _Optional[_Union[ProcessExited, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., bad_batch: _Optional[_Union[BadBatch, _Mapping]] = ..., stopped: _Optional[_Union[Stopped, _Mapping]] = ..., checkpoint_saved: _Optional[_Union[CheckpointSaved, _Mapping]] = ...) -> None: ...
+    log_data: LogData
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., process_started: _Optional[_Union[ProcessStarted, _Mapping]] = ..., process_exited: _Optional[_Union[ProcessExited, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., bad_batch: _Optional[_Union[BadBatch, _Mapping]] = ..., stopped: _Optional[_Union[Stopped, _Mapping]] = ..., checkpoint_saved: _Optional[_Union[CheckpointSaved, _Mapping]] = ..., log_data: _Optional[_Union[LogData, _Mapping]] = ...) -> None: ...
+
+class LogData(_message.Message):
+    __slots__ = ("request_id", "data", "offset", "size", "running", "error")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    data: bytes
+    offset: int
+    size: int
+    running: bool
+    error: str
+    def __init__(self, request_id: _Optional[int] = ..., data: _Optional[bytes] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., running: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("node_name", "resume_token", "heartbeat_interval_s", "coordinator_id")
@@ -226,30 +260,60 @@ class SampleRange(_message.Message):
     def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class Launch(_message.Message):
-    __slots__ = ("generation", "job_name", "processes", "rank_table_json", "checkpoint_path", "skips")
+    __slots__ = ("generation", "job_name", "processes", "rank_table_json", "checkpoint_path", "skips", "workdir", "graceful_exit_file", "progress_pattern")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     JOB_NAME_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
     RANK_TABLE_JSON_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_PATH_FIELD_NUMBER: _ClassVar[int]
     SKIPS_FIELD_NUMBER: _ClassVar[int]
+    WORKDIR_FIELD_NUMBER: _ClassVar[int]
+    GRACEFUL_EXIT_FILE_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_PATTERN_FIELD_NUMBER: _ClassVar[int]
     generation: int
     job_name: str
     processes: _containers.RepeatedCompositeFieldContainer[ProcessSpec]
     rank_table_json: str
     checkpoint_path: str
     skips: _containers.RepeatedCompositeFieldContainer[SampleRange]
-    def __init__(self, generation: _Optional[int] = ..., job_name: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[ProcessSpec, _Mapping]]] = ..., rank_table_json: _Optional[str] = ..., checkpoint_path: _Optional[str] = ..., skips: _Optional[_Iterable[_Union[SampleRange, _Mapping]]] = ...) -> None: ...
+    workdir: str
+    graceful_exit_file: str
+    progress_pattern: str
+    def __init__(self, generation: _Optional[int] = ..., job_name: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[ProcessSpec, _Mapping]]] = ..., rank_table_json: _Optional[str] = ..., checkpoint_path: _Optional[str] = ..., skips: _Optional[_Iterable[_Union[SampleRange, _Mapping]]] = ..., workdir: _Optional[str] = ..., graceful_exit_file: _Optional[str] = ..., progress_pattern: _Optional[str] = ...) -> None: ...
 
 class Stop(_message.Message):
-    __slots__ = ("generation", "grace_s", "reason")
+    __slots__ = ("generation", "grace_s", "reason", "dump_stacks")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     GRACE_S_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    DUMP_STACKS_FIELD_NUMBER: _ClassVar[int]
     generation: int
     grace_s: float
     reason: str
-    def __init__(self, generation: _Optional[int] = ..., grace_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+    dump_stacks: bool
+    def __init__(self, generation: _Optional[int] = ..., grace_s: _Optional[float] = ..., reason: _Optional[str] = ..., dump_stacks: _Optional[bool] = ...) -> None: ...
+
+class RequestExit(_message.Message):
+    __slots__ = ("generation",)
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    def __init__(self, generation: _Optional[int] = ...) -> None: ...
+
+class ReadLog(_message.Message):
+    __slots__ = ("request_id", "generation", "role", "rank", "offset", "max_bytes")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    generation: int
+    role: str
+    rank: int
+    offset: int
+    max_bytes: int
+    def __init__(self, request_id: _Optional[int] = ..., generation: _Optional[int] = ..., role: _Optional[str] = ..., rank: _Optional[int] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
 
 class CheckpointNow(_message.Message):
     __slots__ = ("generation", "step")
@@ -260,16 +324,48 @@ class CheckpointNow(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("welcome", "launch", "stop", "checkpoint_now")
+    __slots__ = ("welcome", "launch", "stop", "checkpoint_now", "request_exit", "read_log")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     LAUNCH_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_NOW_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_EXIT_FIELD_NUMBER: _ClassVar[int]
+    READ_LOG_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     launch: Launch
     stop: Stop
     checkpoint_now: CheckpointNow
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., launch: _Optional[_Union[Launch, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., checkpoint_now: _Optional[_Union[CheckpointNow, _Mapping]] = ...) -> None: ...
+    request_exit: RequestExit
+    read_log: ReadLog
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., launch: _Optional[_Union[Launch, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., checkpoint_now: _Optional[_Union[CheckpointNow, _Mapping]] = ..., request_exit: _Optional[_Union[RequestExit, _Mapping]] = ..., read_log: _Optional[_Union[ReadLog, _Mapping]] = ...) -> None: ...
+
+class LogRequest(_message.Message):
+    __slots__ = ("rank", "generation", "offset", "max_bytes")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    generation: int
+    offset: int
+    max_bytes: int
+    def __init__(self, rank: _Optional[int] = ..., generation: _Optional[int] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class LogReply(_message.Message):
+    __slots__ = ("data", "offset", "size", "running", "generation", "node")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    offset: int
+    size: int
+    running: bool
+    generation: int
+    node: str
+    def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., running: _Optional[bool] = ..., generation: _Optional[int] = ..., node: _Optional[str] = ...) -> None: ...
 
 class CommandReply(_message.Message):
     __slots__ = ("message",)
@@ -394,34 +490,40 @@ class NodeStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., host: _Optional[str] = ..., state: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., last_heartbeat_age_s: _Optional[float] = ..., drained: _Optional[bool] = ..., quarantined: _Optional[bool] = ...) -> None: ...
 
 class RankStatus(_message.Message):
-    __slots__ = ("rank", "node", "step", "loss", "samples_per_s")
+    __slots__ = ("rank", "node", "step", "loss", "samples_per_s", "epoch", "from_output")
     RANK_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    FROM_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     rank: int
     node: str
     step: int
     loss: float
     samples_per_s: float
-    def __init__(self, rank: _Optional[int] = ..., node: _Optional[str] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ...) -> None: ...
+    epoch: int
+    from_output: bool
+    def __init__(self, rank: _Optional[int] = ..., node: _Optional[str] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., epoch: _Optional[int] = ..., from_output: _Optional[bool] = ...) -> None: ...
 
 class Failure(_message.Message):
-    __slots__ = ("cause", "node", "rank", "exit_code", "signal", "message")
+    __slots__ = ("cause", "node", "rank", "exit_code", "signal", "message", "location")
     CAUSE_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     SIGNAL_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
     cause: str
     node: str
     rank: int
     exit_code: int
     signal: int
     message: str
-    def __init__(self, cause: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    location: str
+    def __init__(self, cause: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., message: _Optional[str] = ..., location: _Optional[str] = ...) -> None: ...
 
 class RecoveryPhases(_message.Message):
     __slots__ = ("cause", "stop_s", "relaunch_s", "first_step_s", "total_s", "resumed_from_step")
@@ -440,7 +542,7 @@ class RecoveryPhases(_message.Message):
     def __init__(self, cause: _Optional[str] = ..., stop_s: _Optional[float] = ..., relaunch_s: _Optional[float] = ..., first_step_s: _Optional[float] = ..., total_s: _Optional[float] = ..., resumed_from_step: _Optional[int] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("name", "state", "generation", "world_size", "step", "restarts", "last_checkpoint_step", "skipped_batches", "loss", "samples_per_s", "ranks", "last_failure", "crash_restarts", "restart_budget", "last_recovery", "waiting_for")
+    __slots__ = ("name", "state", "generation", "world_size", "step", "restarts", "last_checkpoint_step", "skipped_batches", "loss", "samples_per_s", "ranks", "last_failure", "crash_restarts", "restart_budget", "last_recovery", "waiting_for", "epoch", "hang_detection")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -457,6 +559,8 @@ class JobStatus(_message.Message):
     RESTART_BUDGET_FIELD_NUMBER: _ClassVar[int]
     LAST_RECOVERY_FIELD_NUMBER: _ClassVar[int]
     WAITING_FOR_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    HANG_DETECTION_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: str
     generation: int
@@ -473,7 +577,9 @@ class JobStatus(_message.Message):
     restart_budget: int
     last_recovery: RecoveryPhases
     waiting_for: str
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., restarts: _Optional[int] = ..., last_checkpoint_step: _Optional[int] = ..., skipped_batches: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankStatus, _Mapping]]] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., crash_restarts: _Optional[int] = ..., restart_budget: _Optional[int] = ..., last_recovery: _Optional[_Union[RecoveryPhases, _Mapping]] = ..., waiting_for: _Optional[str] = ...) -> None: ...
+    epoch: int
+    hang_detection: bool
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., restarts: _Optional[int] = ..., last_checkpoint_step: _Optional[int] = ..., skipped_batches: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankStatus, _Mapping]]] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., crash_restarts: _Optional[int] = ..., restart_budget: _Optional[int] = ..., last_recovery: _Optional[_Union[RecoveryPhases, _Mapping]] = ..., waiting_for: _Optional[str] = ..., epoch: _Optional[int] = ..., hang_detection: _Optional[bool] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("coordinator", "nodes", "job")

@@ -152,6 +152,11 @@ class ControlStub:
                 request_serializer=proto_dot_trainerd__pb2.AddSkipRequest.SerializeToString,
                 response_deserializer=proto_dot_trainerd__pb2.CommandReply.FromString,
                 _registered_method=True)
+        self.ReadLog = channel.unary_unary(
+                '/trainerd.v1.Control/ReadLog',
+                request_serializer=proto_dot_trainerd__pb2.LogRequest.SerializeToString,
+                response_deserializer=proto_dot_trainerd__pb2.LogReply.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -201,6 +206,12 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadLog(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -238,6 +249,11 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.AddSkip,
                     request_deserializer=proto_dot_trainerd__pb2.AddSkipRequest.FromString,
                     response_serializer=proto_dot_trainerd__pb2.CommandReply.SerializeToString,
+            ),
+            'ReadLog': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadLog,
+                    request_deserializer=proto_dot_trainerd__pb2.LogRequest.FromString,
+                    response_serializer=proto_dot_trainerd__pb2.LogReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -431,6 +447,33 @@ class Control:
             '/trainerd.v1.Control/AddSkip',
             proto_dot_trainerd__pb2.AddSkipRequest.SerializeToString,
             proto_dot_trainerd__pb2.CommandReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadLog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainerd.v1.Control/ReadLog',
+            proto_dot_trainerd__pb2.LogRequest.SerializeToString,
+            proto_dot_trainerd__pb2.LogReply.FromString,
             options,
             channel_credentials,
             insecure,
