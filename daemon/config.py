@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from proto.config_file import Address, ConfigError, StrictModel, load_yaml_mapping, validate
+from proto.progress_pattern import compile_progress_pattern
 from proto.vocabulary import RESERVED_ENV
 
 
@@ -123,8 +124,21 @@ class JobSettings(StrictModel):
     min_nodes: int = Field(default=1, ge=1)
     max_nodes: int = Field(default=1, ge=1)
     world_size_multiple_of: int = Field(default=1, ge=1)
-    global_batch: int = Field(ge=1)
-    micro_batch: int = Field(ge=1)
+    # The batch split trainerd keeps across world sizes (gradient accumulation = global / (micro x
+    # world size)). Optional: a script that does its own batching sets neither.
+    global_batch: int | None = Field(default=None, ge=1)
+    micro_batch: int | None = Field(default=None, ge=1)
+    # The processes' working directory, the same for every generation, so a script's relative paths
+    # (its data, its own checkpoints) stay put across restarts. Default: a per-job directory under
+    # each agent's work dir. A relative path is taken from the cluster file's directory.
+    workdir: str | None = None
+    # A regex with named groups (step required; epoch, loss, samples_per_s optional) that finds
+    # progress in a rank's output, for scripts that print neither LossMonitor nor TimeMonitor lines.
+    progress_pattern: str | None = None
+    # The file the script's MindSpore OnRequestExit callback watches (relative to workdir), for
+    # scripts that use MindSpore's graceful exit: a drain or growth then stops every rank at the
+    # same step boundary instead of killing it mid-step.
+    graceful_exit_file: str | None = None
     # Port of the MindSpore scheduler on the first node of each generation.
     scheduler_port: int = Field(default=8118, ge=1024, le=65535)
     # Once min_nodes are READY, wait this long for more before the first launch.
@@ -144,7 +158,20 @@ class JobSettings(StrictModel):
             raise ValueError(f"env may not set {', '.join(reserved)}: trainerd sets them per process")
         if self.max_nodes < self.min_nodes:
             raise ValueError("max_nodes must be at least min_nodes")
+        if (self.global_batch is None) != (self.micro_batch is None):
+            raise ValueError("global_batch and micro_batch go together (or leave both out)")
+        if self.progress_pattern is not None:
+            try:
+                compile_progress_pattern(self.progress_pattern)
+            except ValueError as exc:
+                raise ValueError(f"progress_pattern: {exc}") from None
+        if self.graceful_exit_file is not None and not self.graceful_exit_file.strip():
+            raise ValueError("graceful_exit_file must not be empty")
         if not self.allowed_world_sizes():
+            if self.global_batch is None:
+                raise ValueError(
+                    f"no world size is a multiple of {self.world_size_multiple_of} between "
+                    f"{self.min_nodes * self.devices_per_node} and {self.max_nodes * self.devices_per_node}")
             raise ValueError(
                 f"global_batch {self.global_batch} cannot be kept by any allowed world size: it must be a "
                 f"multiple of micro_batch ({self.micro_batch}) x world size, with world size a multiple of "
@@ -155,8 +182,18 @@ class JobSettings(StrictModel):
     def allowed_world_sizes(self) -> list[int]:
         """World sizes that satisfy every rule and keep the global batch exact, largest first."""
         sizes = range(self.max_nodes * self.devices_per_node, self.min_nodes * self.devices_per_node - 1, -1)
-        return [w for w in sizes
-                if w % self.world_size_multiple_of == 0 and self.global_batch % (self.micro_batch * w) == 0]
+        return [w for w in sizes if w % self.world_size_multiple_of == 0 and self.keeps_batch(w)]
+
+    def keeps_batch(self, world_size: int) -> bool:
+        if self.global_batch is None or self.micro_batch is None:
+            return True
+        return self.global_batch % (self.micro_batch * world_size) == 0
+
+    def grad_accum(self, world_size: int) -> int:
+        """Micro-batches per step that keep `global_batch` at this world size (1 without a batch split)."""
+        if self.global_batch is None or self.micro_batch is None:
+            return 1
+        return self.global_batch // (self.micro_batch * world_size)
 
 
 class ClusterConfig(StrictModel):
@@ -184,5 +221,8 @@ def load_cluster_config(path: str | Path) -> ClusterConfig:
     # Workers on every node get this path: make it absolute once, here.
     job = config.job
     root = config.resolve(job.checkpoint.dir or f"run/checkpoints/{job.name}").resolve()
-    job = job.model_copy(update={"checkpoint": job.checkpoint.model_copy(update={"dir": str(root)})})
+    update: dict = {"checkpoint": job.checkpoint.model_copy(update={"dir": str(root)})}
+    if job.workdir is not None:
+        update["workdir"] = str(config.resolve(job.workdir).resolve())
+    job = job.model_copy(update=update)
     return config.model_copy(update={"job": job})

@@ -42,7 +42,7 @@ def scheduler_port(spec: JobSettings, generation: int) -> int:
 
 def _common_env(spec: JobSettings, placement: Placement, generation: int,
                 resume: ResumePoint | None) -> dict[str, str]:
-    return {
+    env = {
         **DEFAULT_ENV,
         **spec.env,
         "MS_SCHED_HOST": placement.scheduler_host,
@@ -51,9 +51,6 @@ def _common_env(spec: JobSettings, placement: Placement, generation: int,
         "RANK_SIZE": str(placement.world_size),
         "TRAINERD_JOB": spec.name,
         "TRAINERD_GENERATION": str(generation),
-        "TRAINERD_GLOBAL_BATCH": str(spec.global_batch),
-        "TRAINERD_MICRO_BATCH": str(spec.micro_batch),
-        "TRAINERD_GRAD_ACCUM": str(placement.grad_accum),
         "TRAINERD_CHECKPOINT_DIR": spec.checkpoint.dir or "",
         "TRAINERD_CHECKPOINT_EVERY": str(spec.checkpoint.every_steps),
         "TRAINERD_CHECKPOINT_KEEP": str(spec.checkpoint.keep),
@@ -61,6 +58,11 @@ def _common_env(spec: JobSettings, placement: Placement, generation: int,
         "TRAINERD_SPIKE_FACTOR": repr(spec.data_skip.spike_factor),
         "TRAINERD_SPIKE_WARMUP_STEPS": str(spec.data_skip.warmup_steps),
     }
+    if spec.global_batch is not None and spec.micro_batch is not None:
+        env["TRAINERD_GLOBAL_BATCH"] = str(spec.global_batch)
+        env["TRAINERD_MICRO_BATCH"] = str(spec.micro_batch)
+        env["TRAINERD_GRAD_ACCUM"] = str(placement.grad_accum)
+    return env
 
 
 def node_processes(spec: JobSettings, placement: Placement, generation: int, node: str,

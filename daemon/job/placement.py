@@ -93,5 +93,5 @@ def place(spec: JobSettings, offers: list[NodeOffer], previous_order: list[str] 
                 break
             ranks.append(RankSlot(len(ranks), offer.name, offer.host, device.device_id, device.device_ip,
                                   local_rank))
-    grad_accum = spec.global_batch // (spec.micro_batch * world_size)
+    grad_accum = spec.grad_accum(world_size)
     return Placement(world_size, grad_accum, tuple(ranks))

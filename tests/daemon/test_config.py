@@ -65,3 +65,39 @@ def test_the_example_cluster_file_is_valid() -> None:
     config = load_cluster_config(Path(__file__).parents[2] / "configs" / "cluster.example.yaml")
     assert config.job.allowed_world_sizes() == [32, 16]
     assert config.job.checkpoint.dir == "/mnt/shared/checkpoints/mlp"
+
+
+JOB = "job:\n  entrypoint: ['{python}', 'train.py']\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (JOB + "  global_batch: 64\n", "job: global_batch and micro_batch go together"),
+        (JOB + "  progress_pattern: 'loss (?P<loss>\\S+)'\n", "job: progress_pattern: needs a named group 'step'"),
+        (JOB + "  progress_pattern: '(?P<step>\\d+'\n", "job: progress_pattern: not a valid regular expression"),
+        (JOB + "  progress_pattern: '(?P<step>\\d+) (?P<lr>\\S+)'\n", "job: progress_pattern: unknown named group 'lr'"),
+        (JOB + "  graceful_exit_file: ''\n", "job: graceful_exit_file must not be empty"),
+    ],
+)
+def test_job_mistakes_name_the_key(tmp_path: Path, text: str, expected: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_cluster_config(path)
+    assert expected in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_a_script_that_does_its_own_batching_needs_no_batch_settings(tmp_path: Path) -> None:
+    config = load_cluster_config(write(tmp_path, JOB + "  max_nodes: 3\n  workdir: jobdir\n"))
+    job = config.job
+    assert job.global_batch is None and job.micro_batch is None
+    assert job.allowed_world_sizes() == [3, 2, 1]
+    assert job.grad_accum(3) == 1
+    assert job.workdir == str(tmp_path / "jobdir")  # resolved once, like checkpoint.dir
+
+
+def test_a_progress_pattern_with_step_is_accepted(tmp_path: Path) -> None:
+    config = load_cluster_config(write(
+        tmp_path, JOB + "  progress_pattern: 'it (?P<step>\\d+) loss=(?P<loss>\\S+)'\n"))
+    assert config.job.progress_pattern == r"it (?P<step>\d+) loss=(?P<loss>\S+)"
