@@ -15,6 +15,9 @@ class LaunchCommand:
     rank_table_json: str
     checkpoint_path: str  # empty: from scratch
     skips: tuple[tuple[int, int], ...]  # the skip ledger's ranges when the generation was launched
+    workdir: str = ""  # empty: the agent's per-job default
+    graceful_exit_file: str = ""  # the script's OnRequestExit file, relative to workdir; empty: none
+    progress_pattern: str = ""  # empty: MindSpore's LossMonitor/TimeMonitor lines
 
 
 @dataclass(frozen=True)
@@ -22,9 +25,27 @@ class StopCommand:
     generation: int
     grace_s: float
     reason: str
+    dump_stacks: bool = False  # a hang: every process's Python stack goes into its log before the kill
 
 
 @dataclass(frozen=True)
 class CheckpointNowCommand:
     generation: int
     step: int
+
+
+@dataclass(frozen=True)
+class RequestExitCommand:
+    """Stop at the next step boundary through the script's own graceful exit (MindSpore OnRequestExit)."""
+
+    generation: int
+
+
+@dataclass(frozen=True)
+class ReadLogCommand:
+    request_id: int
+    generation: int
+    role: str
+    rank: int
+    offset: int  # negative: that many bytes before the end
+    max_bytes: int
