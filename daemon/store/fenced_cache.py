@@ -7,8 +7,8 @@ if etcd still holds what the copy holds and this coordinator still leads.
 
 A lost compare-and-swap has one policy, after torch elastic's rendezvous (re-read, decide again):
 the key is re-read so the copy mirrors etcd, then the write raises. Retrying the write at the
-fresh revision would be wrong: the caller decided from a value etcd no longer holds. Reading on
-as if the write had landed would be wrong too: the copy would state a decision etcd never took.
+fresh revision would be wrong: the caller decided from a value etcd no longer holds. Keeping the
+value as if the write had landed would be wrong too: the copy would state a decision etcd never took.
 The raise tells the caller its decision was not committed; the next reconcile pass decides again
 from the corrected copy. The error says which of the two causes it was:
 
