@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
-from daemon.store import codec, keys
-from daemon.leader import LeadershipLost
+from daemon.store import keys
+from daemon.store.fenced_cache import FencedCache
 from daemon.store.interface import Fence, Store
 from proto.vocabulary import NodeState
 
@@ -62,41 +62,33 @@ class Membership:
     """In-memory mirror of `nodes/*`, written through to etcd with fenced compare-and-swap."""
 
     def __init__(self, store: Store) -> None:
-        self._store = store
-        self._records: dict[str, NodeRecord] = {}
-        self._revisions: dict[str, int] = {}
+        self._nodes = FencedCache(store, keys.NODES, NodeRecord.from_json)
 
     async def load(self) -> None:
-        kvs, _ = await self._store.get_prefix(keys.NODES)
-        self._records.clear()
-        self._revisions.clear()
-        for kv in kvs:
-            record = NodeRecord.from_json(codec.decode(kv.value, key=kv.key))
-            self._records[record.name] = record
-            self._revisions[record.name] = kv.mod_revision
+        await self._nodes.load()
 
     def get(self, name: str) -> NodeRecord | None:
-        return self._records.get(name)
+        return self._nodes.get(keys.node(name))
 
     def all(self) -> list[NodeRecord]:
-        return [self._records[name] for name in sorted(self._records)]
+        """By name."""
+        return self._nodes.values()
 
     async def put(self, record: NodeRecord, fence: Fence) -> None:
-        key = keys.node(record.name)
-        revision = await self._store.compare_and_swap(
-            key, codec.encode(record.to_json()), self._revisions.get(record.name, 0), fence=fence
-        )
-        if revision is None:
-            raise LeadershipLost(f"write of {key} refused: leadership or the record changed")
-        self._records[record.name] = record
-        self._revisions[record.name] = revision
+        await self._nodes.put(keys.node(record.name), record, fence)
 
     async def set_state(self, name: str, state: NodeState, at: float, fence: Fence) -> NodeRecord:
-        record = replace(self._records[name], state=state, changed_at=at)
+        record = replace(self._known(name), state=state, changed_at=at)
         await self.put(record, fence)
         return record
 
     async def set_drained(self, name: str, drained: bool, fence: Fence) -> NodeRecord:
-        record = replace(self._records[name], drained=drained)
+        record = replace(self._known(name), drained=drained)
         await self.put(record, fence)
+        return record
+
+    def _known(self, name: str) -> NodeRecord:
+        record = self.get(name)
+        if record is None:
+            raise KeyError(f"no node named {name} in etcd")
         return record

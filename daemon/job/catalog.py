@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from daemon.leader import LeadershipLost
-from daemon.store import codec, keys
+from daemon.store import keys
+from daemon.store.fenced_cache import FencedCache
 from daemon.store.interface import Fence, Store
 
 
@@ -46,24 +46,18 @@ class CheckpointCatalog:
     """In-memory mirror of the catalog, written through with fenced compare-and-swap."""
 
     def __init__(self, store: Store, job_name: str) -> None:
-        self._store = store
         self._job = job_name
-        self._entries: dict[int, tuple[CheckpointEntry, int]] = {}
+        self._entries = FencedCache(store, keys.checkpoints(job_name), CheckpointEntry.from_json)
 
     async def load(self) -> None:
-        kvs, _ = await self._store.get_prefix(keys.checkpoints(self._job))
-        self._entries = {}
-        for kv in kvs:
-            entry = CheckpointEntry.from_json(codec.decode(kv.value, key=kv.key))
-            self._entries[entry.step] = (entry, kv.mod_revision)
+        await self._entries.load()
 
     def entries(self) -> tuple[CheckpointEntry, ...]:
         """Oldest first."""
-        return tuple(entry for _, (entry, _) in sorted(self._entries.items()))
+        return tuple(sorted(self._entries.values(), key=lambda entry: entry.step))
 
     def get(self, step: int) -> CheckpointEntry | None:
-        found = self._entries.get(step)
-        return None if found is None else found[0]
+        return self._entries.get(keys.checkpoint(self._job, step))
 
     async def record(self, entry: CheckpointEntry, fence: Fence) -> None:
         """A committed checkpoint; one at the same step from an abandoned timeline is replaced."""
@@ -81,10 +75,4 @@ class CheckpointCatalog:
                 await self._put(replace(entry, superseded=True), fence)
 
     async def _put(self, entry: CheckpointEntry, fence: Fence) -> None:
-        key = keys.checkpoint(self._job, entry.step)
-        known = self._entries.get(entry.step)
-        revision = await self._store.compare_and_swap(key, codec.encode(entry.to_json()),
-                                                      0 if known is None else known[1], fence=fence)
-        if revision is None:
-            raise LeadershipLost(f"{key}: write refused (another leader, or a stale read)")
-        self._entries[entry.step] = (entry, revision)
+        await self._entries.put(keys.checkpoint(self._job, entry.step), entry, fence)

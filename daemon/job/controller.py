@@ -41,6 +41,7 @@ from daemon.job.state import Failure, GenerationRecord, JobRecord, ResumePoint
 from daemon.job.timeline import RecoveryTimeline
 from daemon.leader import LeadershipLost
 from daemon.store import codec, keys
+from daemon.store.fenced_cache import FencedCache
 from daemon.store.interface import Fence, Store
 from proto.vocabulary import JobState
 
@@ -101,8 +102,7 @@ class JobController:
         self.catalog = CheckpointCatalog(store, spec.name)
         self.ledger = SkipLedger(store, spec.name)
         self._unrecorded_skips: list[SkipEntry] = []
-        self.record = JobRecord(JobState.PENDING)
-        self._record_revision = 0
+        self._status = FencedCache(store, keys.job_status(spec.name), JobRecord.from_json)
         self.generation: GenerationRecord | None = None
         self.observation: GenerationObservation | None = None
         self._placeable_since: float | None = None
@@ -111,6 +111,12 @@ class JobController:
         self.recovery: RecoveryTimeline | None = None
 
     # ------------------------------------------------------------ durable state
+
+    @property
+    def record(self) -> JobRecord:
+        """The job's status record as etcd has it (PENDING until `load` reads or writes it)."""
+        record = self._status.get(keys.job_status(self.spec.name))
+        return JobRecord(JobState.PENDING) if record is None else record
 
     async def load(self, fence: Fence) -> None:
         """Take over the job as etcd has it (a new leader continues, it does not restart)."""
@@ -121,13 +127,9 @@ class JobController:
         if current_spec is None or current_spec.value != wanted:
             await self._store.compare_and_swap(spec_key, wanted, 0 if current_spec is None else current_spec.mod_revision,
                                                fence=fence)
-        status = await self._store.get(keys.job_status(name))
-        if status is None:
-            self.record, self._record_revision = JobRecord(JobState.PENDING), 0
-            await self._write_record(self.record, fence)
-        else:
-            self.record = JobRecord.from_json(codec.decode(status.value, key=status.key))
-            self._record_revision = status.mod_revision
+        await self._status.load()
+        if self._status.get(keys.job_status(name)) is None:
+            await self._write_record(JobRecord(JobState.PENDING), fence)
         await self.catalog.load()
         await self.ledger.load()
         self._unrecorded_skips = []
@@ -149,11 +151,7 @@ class JobController:
         log.info("job %s: %s, generation %d", name, self.record.state.value, self.record.generation)
 
     async def _write_record(self, record: JobRecord, fence: Fence) -> None:
-        revision = await self._store.compare_and_swap(
-            keys.job_status(self.spec.name), codec.encode(record.to_json()), self._record_revision, fence=fence)
-        if revision is None:
-            raise LeadershipLost(f"job {self.spec.name}: status write refused (another leader, or a stale read)")
-        self.record, self._record_revision = record, revision
+        await self._status.put(keys.job_status(self.spec.name), record, fence)
 
     # ------------------------------------------------------------ reports from agents
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from daemon.leader import ensure_fence
-from daemon.store import codec, keys
+from daemon.store import keys
+from daemon.store.fenced_cache import FencedCache
 from daemon.store.interface import Fence, Store
 
 MAX_REASON_CHARS = 500
@@ -60,16 +60,11 @@ class SkipLedger:
     """In-memory mirror of the ledger, written through with fenced create-only writes."""
 
     def __init__(self, store: Store, job_name: str) -> None:
-        self._store = store
         self._job = job_name
-        self._entries: dict[str, SkipEntry] = {}
+        self._entries = FencedCache(store, keys.skips(job_name), SkipEntry.from_json)
 
     async def load(self) -> None:
-        kvs, _ = await self._store.get_prefix(keys.skips(self._job))
-        self._entries = {}
-        for kv in kvs:
-            entry = SkipEntry.from_json(codec.decode(kv.value, key=kv.key))
-            self._entries[entry.id] = entry
+        await self._entries.load()
 
     def entries(self) -> tuple[SkipEntry, ...]:
         """By start."""
@@ -83,13 +78,4 @@ class SkipLedger:
 
     async def add(self, entry: SkipEntry, fence: Fence) -> bool:
         """True when the entry is new (an identical range already recorded adds nothing)."""
-        if entry.id in self._entries:
-            return False
-        written = await self._store.compare_and_swap(keys.skip(self._job, entry.id), codec.encode(entry.to_json()),
-                                                     0, fence=fence)
-        if written is None:
-            await ensure_fence(self._store, fence)  # raises when we no longer lead
-            await self.load()  # another leader wrote it before us: take theirs
-            return False
-        self._entries[entry.id] = entry
-        return True
+        return await self._entries.create(keys.skip(self._job, entry.id), entry, fence)
