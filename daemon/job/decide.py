@@ -24,7 +24,7 @@ from daemon.config import JobSettings
 from daemon.job.catalog import CheckpointEntry
 from daemon.job.observation import GenerationObservation
 from daemon.job.placement import NodeOffer, Placement, place
-from daemon.job.state import Failure, GenerationRecord, JobRecord
+from daemon.job.state import Failure, FailureCause, GenerationRecord, JobRecord
 from proto.vocabulary import JobState, ProcessRole
 from trainer.runtime.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
 
@@ -195,7 +195,7 @@ def _failure(world: JobWorld) -> Failure | None:
     nodes = generation.placement.nodes
     lost = [n for n in nodes if n in world.lost_nodes]
     if lost:
-        return Failure("node_lost", f"node {lost[0]} was lost while running generation {generation.number}",
+        return Failure(FailureCause.NODE_LOST, f"node {lost[0]} was lost while running generation {generation.number}",
                        lost[0])
     failed = observation.first_failure()
     if failed is not None:
@@ -204,22 +204,22 @@ def _failure(world: JobWorld) -> Failure | None:
             # to tell a node loss (no budget spent) from a crash.
             return None
         if failed.exit_code == EXIT_CANNOT_EXECUTE and not failed.signal:
-            return Failure("launch_failed", failed.describe(), failed.node, failed.rank, failed.exit_code)
+            return Failure(FailureCause.LAUNCH_FAILED, failed.describe(), failed.node, failed.rank, failed.exit_code)
         if failed.role is ProcessRole.WORKER and not failed.signal:
             if failed.exit_code == EXIT_CHECKPOINT_UNREADABLE:
-                return Failure("checkpoint_unreadable", failed.describe(), failed.node, failed.rank,
+                return Failure(FailureCause.CHECKPOINT_UNREADABLE, failed.describe(), failed.node, failed.rank,
                                failed.exit_code)
             if failed.exit_code == EXIT_USAGE:
-                return Failure("usage_error", failed.describe(), failed.node, failed.rank, failed.exit_code)
-        return Failure("process_exited", failed.describe(), failed.node, failed.rank, failed.exit_code,
+                return Failure(FailureCause.USAGE_ERROR, failed.describe(), failed.node, failed.rank, failed.exit_code)
+        return Failure(FailureCause.PROCESS_EXITED, failed.describe(), failed.node, failed.rank, failed.exit_code,
                        failed.signal)
     run = observation.bad_run()
     if len(run) >= world.spec.data_skip.max_consecutive_spikes:
-        return Failure("bad_batches", f"steps {run[0].step}-{run[-1].step} were all skipped as bad "
+        return Failure(FailureCause.BAD_BATCHES, f"steps {run[0].step}-{run[-1].step} were all skipped as bad "
                                       f"({run[-1].reason}, grad norm {run[-1].grad_norm:.3g}); rolling back")
     silent_for = world.now - observation.silent_since()
     if silent_for > world.spec.hang_timeout_s:
-        return Failure("hang", f"no rank of generation {generation.number} reported a new step for "
+        return Failure(FailureCause.HANG, f"no rank of generation {generation.number} reported a new step for "
                                f"{silent_for:.0f}s (hang_timeout_s {world.spec.hang_timeout_s:g})")
     return None
 
@@ -227,7 +227,7 @@ def _failure(world: JobWorld) -> Failure | None:
 def _failing_step(world: JobWorld, failure: Failure) -> int | None:
     """The step a crashed rank was on: one past its last reported step. None when it crashed
     before its first step of this generation (start-up problems are not the data's fault)."""
-    if failure.cause != "process_exited" or failure.rank < 0:
+    if failure.cause is not FailureCause.PROCESS_EXITED or failure.rank < 0:
         return None
     assert world.observation is not None
     report = world.observation.progress.get(failure.rank)
@@ -263,10 +263,10 @@ def _end_generation(world: JobWorld, failure: Failure) -> list[Action]:
     assert generation is not None
     changes: dict = dict(stopped_generation=generation.number, last_failure=failure, restarts=record.restarts + 1)
     actions: list[Action] = []
-    if failure.spends_budget:
+    if failure.cause.spends_budget:
         changes["crash_restarts"] = record.crash_restarts + 1
         changes["consecutive_crashes"] = record.consecutive_crashes + 1
-        if failure.cause == "process_exited" and failure.node:
+        if failure.cause is FailureCause.PROCESS_EXITED and failure.node:
             changes["node_failures"] = {**record.node_failures,
                                         failure.node: record.node_failures.get(failure.node, 0) + 1}
         step = _failing_step(world, failure)
@@ -279,19 +279,19 @@ def _end_generation(world: JobWorld, failure: Failure) -> list[Action]:
                 actions.append(AddSkip(start, _batch_end(start, spec.global_batch, world.skips),
                                        f"step {step} crashed a worker {crashes} times", step))
                 changes["crash_steps"] = {k: v for k, v in record.crash_steps.items() if k != step}
-    if failure.cause == "checkpoint_unreadable" and generation.resume is not None:
+    if failure.cause is FailureCause.CHECKPOINT_UNREADABLE and generation.resume is not None:
         actions.append(MarkCheckpointBad(generation.resume.step, failure.message))
-    if failure.cause == "bad_batches":
+    if failure.cause is FailureCause.BAD_BATCHES:
         run = world.observation.bad_run()
         actions.append(AddSkip(run[0].sample_start, run[-1].sample_end,
                                f"rollback after {len(run)} consecutive bad batches", run[0].step))
         before = [c for c in world.catalog if c.good and c.step < run[0].step]
         if before:
             changes["resume_from_step"] = before[-1].step
-    over_budget = failure.spends_budget and changes["crash_restarts"] > spec.restart.max
-    if over_budget or failure.permanent:
+    over_budget = failure.cause.spends_budget and changes["crash_restarts"] > spec.restart.max
+    if over_budget or failure.cause.permanent:
         updated = record.moved_to(JobState.FAILED, **{**changes, "restarts": record.restarts})
-        why = "the same launch would fail again" if failure.permanent else \
+        why = "the same launch would fail again" if failure.cause.permanent else \
             f"restart budget of {spec.restart.max} spent"
         message = f"job {spec.name} is FAILED: {failure.message} ({why})"
         actions.insert(0, CommitRecord(updated, "job_failed", message))
@@ -367,7 +367,7 @@ def _relaunch(world: JobWorld) -> list[Action]:
         return actions
     checkpoint = _choose_checkpoint(world)
     if isinstance(checkpoint, str):
-        failed = record.moved_to(JobState.FAILED, last_failure=Failure("checkpoint_unreadable", checkpoint))
+        failed = record.moved_to(JobState.FAILED, last_failure=Failure(FailureCause.CHECKPOINT_UNREADABLE, checkpoint))
         return actions + [CommitRecord(failed, "job_failed", f"job {spec.name} is FAILED: {checkpoint}")]
     return actions + [LaunchGeneration(placement, checkpoint)]
 
