@@ -2,7 +2,13 @@
 
 import pytest
 
-from daemon.job.state import ALLOWED_TRANSITIONS, Failure, FailureCause, IllegalTransition, JobRecord
+from daemon.job.state import (
+    ALLOWED_TRANSITIONS,
+    Failure,
+    FailureCause,
+    IllegalTransition,
+    JobRecord,
+)
 from proto.vocabulary import JobState
 
 
