@@ -340,8 +340,8 @@ def _batch_end(start: int, global_batch: int, skips: tuple[tuple[int, int], ...]
 
 def _end_generation(world: JobWorld, failure: Failure) -> list[Action]:
     """Commit the stop of the generation (and what the failure costs), then send it."""
-    record, spec, generation = world.record, world.spec, world.generation
-    assert generation is not None
+    record, spec, generation, observation = world.record, world.spec, world.generation, world.observation
+    assert generation is not None and observation is not None
     changes: dict = dict(stopped_generation=generation.number, last_failure=failure, restarts=record.restarts + 1)
     actions: list[Action] = []
     if failure.cause.spends_budget:
@@ -363,7 +363,7 @@ def _end_generation(world: JobWorld, failure: Failure) -> list[Action]:
     if failure.cause is FailureCause.CHECKPOINT_UNREADABLE and generation.resume is not None:
         actions.append(MarkCheckpointBad(generation.resume.step, failure.message))
     if failure.cause is FailureCause.BAD_BATCHES:
-        run = world.observation.bad_run()
+        run = observation.bad_run()
         actions.append(AddSkip(run[0].sample_start, run[-1].sample_end,
                                f"rollback after {len(run)} consecutive bad batches", run[0].step))
         before = [c for c in world.catalog if c.good and c.step < run[0].step]
@@ -398,7 +398,7 @@ def _reshape(world: JobWorld) -> list[Action]:
     growing = wanted is not None and wanted.world_size > generation.placement.world_size
     if not draining and not growing:
         return []
-    reason = (f"node {draining[0]} is drained" if draining
+    reason = (f"node {draining[0]} is drained" if draining or wanted is None
               else f"world size can grow from {generation.placement.world_size} to {wanted.world_size}")
     request = world.checkpoint_request
     # Only the requested step (or a later one) answers: an older periodic checkpoint would throw
