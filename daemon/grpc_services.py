@@ -88,7 +88,7 @@ def job_to_proto(job: JobView) -> pb.JobStatus:
         status.last_recovery.CopyFrom(phases)
     if job.last_failure is not None:
         f = job.last_failure
-        status.last_failure.CopyFrom(pb.Failure(cause=f.cause, node=f.node, rank=f.rank, exit_code=f.exit_code,
+        status.last_failure.CopyFrom(pb.Failure(cause=f.cause.value, node=f.node, rank=f.rank, exit_code=f.exit_code,
                                                 signal=f.signal, message=f.message))
     return status
 

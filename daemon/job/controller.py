@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, assert_never
 
 from daemon import metrics
 from daemon.clock import Clock
@@ -21,20 +21,22 @@ from daemon.events import EventLog
 from daemon.job.catalog import CheckpointCatalog, CheckpointEntry
 from daemon.job.commands import CheckpointNowCommand, LaunchCommand, StopCommand
 from daemon.job.decide import (
-    STOP_CONFIRM_MARGIN_S,
     AddSkip,
     CheckpointRequest,
     CommitRecord,
+    EndStopPhase,
     JobWorld,
     LaunchGeneration,
     MarkCheckpointBad,
+    NotePlaceableSince,
     RequestCheckpoint,
     StopGeneration,
     decide,
+    record_after_checkpoint,
 )
 from daemon.job.launch_plan import node_processes, scheduler_port
 from daemon.job.observation import BadBatchReport, GenerationObservation, ProcessReport, ProgressReport
-from daemon.job.placement import NodeOffer, Placement, place
+from daemon.job.placement import NodeOffer
 from daemon.job.rank_table import rank_table_json
 from daemon.job.skip_ledger import SkipEntry, SkipLedger, checked
 from daemon.job.state import Failure, GenerationRecord, JobRecord, ResumePoint
@@ -225,46 +227,42 @@ class JobController:
         now = self._clock.now()
         await self._record_checkpoints(fence)
         await self._record_skips(fence)
-        if self.observation is not None and self.observation.stop_decided_at is not None:
-            self._note_stop_deadline(now)
-        if self.generation is None and place(self.spec, facts.offers) is not None:
-            self._placeable_since = self._placeable_since if self._placeable_since is not None else now
-        else:
-            self._placeable_since = None
         world = JobWorld(self.spec, self.record, self.generation, self.observation, tuple(facts.offers),
                          frozenset(facts.disconnected), frozenset(facts.lost), frozenset(facts.drained),
                          self.catalog.entries(), self.ledger.ranges(), self._placeable_since,
                          self._checkpoint_request, now)
         for action in decide(world):
-            if isinstance(action, CommitRecord):
-                await self._commit(action, fence)
-            elif isinstance(action, StopGeneration):
-                self._stop(action.reason)
-            elif isinstance(action, LaunchGeneration):
-                await self._launch(action.placement, action.checkpoint, fence)
-            elif isinstance(action, RequestCheckpoint):
-                await self._request_checkpoint(action, fence)
-            elif isinstance(action, MarkCheckpointBad):
-                await self.catalog.mark_bad(action.step, action.problem, fence)
-            elif isinstance(action, AddSkip):
-                await self.add_skip(checked(action.start, action.end, action.reason, action.step,
-                                            self.record.generation), fence)
+            match action:
+                case NotePlaceableSince():
+                    self._placeable_since = action.since
+                case EndStopPhase():
+                    if self.observation is not None:
+                        self.observation.all_stopped_at = action.at
+                case CommitRecord():
+                    await self._commit(action, fence)
+                case StopGeneration():
+                    self._stop(action.reason)
+                case LaunchGeneration():
+                    await self._launch(action, fence)
+                case RequestCheckpoint():
+                    await self._request_checkpoint(action, fence)
+                case MarkCheckpointBad():
+                    await self.catalog.mark_bad(action.step, action.problem, fence)
+                case AddSkip():
+                    await self.add_skip(checked(action.start, action.end, action.reason, action.step,
+                                                self.record.generation), fence)
+                case _:
+                    assert_never(action)
         self._resend_launches()
-
-    def _note_stop_deadline(self, now: float) -> None:
-        """Past the stop grace, nodes that never answered are left out: the stop phase is over."""
-        observation = self.observation
-        if observation.all_stopped_at is None and now - observation.stop_decided_at >= self.spec.stop_grace_s + STOP_CONFIRM_MARGIN_S:
-            observation.all_stopped_at = now
 
     async def _record_checkpoints(self, fence: Fence) -> None:
         while self._unrecorded_checkpoints:
             entry = self._unrecorded_checkpoints[0]
             await self.catalog.record(entry, fence)
             self._unrecorded_checkpoints.pop(0)
-            if self.record.consecutive_crashes:
-                # The job made durable progress: the crash backoff starts over.
-                await self._write_record(self.record.moved_to(self.record.state, consecutive_crashes=0), fence)
+            backoff_reset = record_after_checkpoint(self.record)
+            if backoff_reset is not None:
+                await self._write_record(backoff_reset, fence)
             await self._events.append("checkpoint_saved", f"job {self.spec.name}: checkpoint at step {entry.step} "
                                       f"({entry.consumed_samples} samples) committed", fence,
                                       generation=entry.generation, step=entry.step, path=entry.path)
@@ -306,8 +304,8 @@ class JobController:
             fields["recovery"] = {"cause": self.recovery.cause, **phases}
         await self._events.append(action.event, action.message, fence, **fields)
 
-    async def _launch(self, placement: Placement, checkpoint: CheckpointEntry | None, fence: Fence) -> None:
-        number = self.record.generation + 1
+    async def _launch(self, action: LaunchGeneration, fence: Fence) -> None:
+        placement, checkpoint, number = action.placement, action.checkpoint, action.record.generation
         resume = None if checkpoint is None else ResumePoint(checkpoint.step, checkpoint.consumed_samples,
                                                              checkpoint.path)
         generation = GenerationRecord(number, placement, scheduler_port(self.spec, number),
@@ -315,9 +313,7 @@ class JobController:
         key = keys.generation(self.spec.name, number)
         if await self._store.compare_and_swap(key, codec.encode(generation.to_json()), 0, fence=fence) is None:
             raise LeadershipLost(f"{key} exists already: another coordinator launched it")
-        state = JobState.PENDING if self.record.state is JobState.PENDING else JobState.RECOVERING
-        await self._write_record(self.record.moved_to(state, generation=number, world_size=placement.world_size,
-                                                      resume_from_step=None), fence)
+        await self._write_record(action.record, fence)
         if checkpoint is not None:
             await self.catalog.supersede_after(checkpoint.step, fence)
         now = self._clock.now()
@@ -329,7 +325,6 @@ class JobController:
             self.recovery.resumed_from_step = generation.start_step
         self.generation = generation
         self.observation = GenerationObservation(number, started_at=now)
-        self._placeable_since = None
         self._checkpoint_request = None
         where = "from scratch" if resume is None else f"from the checkpoint at step {resume.step}"
         await self._events.append(

@@ -2,7 +2,9 @@
 
 The controller (daemon/job/controller.py) gathers the inputs, calls `decide` on every pass and on
 every report, and applies the actions in order, idempotently. Nothing here does I/O or reads a
-clock, so every transition is tested with plain values (tests/daemon/test_decide.py).
+clock, so every transition is tested with plain values (tests/daemon/test_decide.py). What the
+controller keeps from one pass to the next (since when the first generation could be placed, when
+a stop phase ended) is derived here too and handed back as actions it merely records.
 
 A job's life, in the terms of the durable record (daemon/job/state.py):
 - no generation yet: launch the first once enough nodes are READY (PENDING);
@@ -24,7 +26,7 @@ from daemon.config import JobSettings
 from daemon.job.catalog import CheckpointEntry
 from daemon.job.observation import GenerationObservation
 from daemon.job.placement import NodeOffer, Placement, place
-from daemon.job.state import Failure, GenerationRecord, JobRecord
+from daemon.job.state import Failure, FailureCause, GenerationRecord, JobRecord
 from proto.vocabulary import JobState, ProcessRole
 from trainer.runtime.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
 
@@ -58,8 +60,11 @@ class StopGeneration:
 
 @dataclass(frozen=True)
 class LaunchGeneration:
+    """Write the generation, then `record` (which names it), then send Launch to its nodes."""
+
     placement: Placement
     checkpoint: CheckpointEntry | None  # None: from scratch
+    record: JobRecord
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,24 @@ class AddSkip:
     step: int
 
 
-Action = CommitRecord | StopGeneration | LaunchGeneration | RequestCheckpoint | MarkCheckpointBad | AddSkip
+@dataclass(frozen=True)
+class NotePlaceableSince:
+    """Remember for the next pass since when the nodes on offer could hold the first generation
+    (None: they cannot, or it was launched); start_wait_s counts from there."""
+
+    since: float | None
+
+
+@dataclass(frozen=True)
+class EndStopPhase:
+    """The current generation's stop phase ended at `at`: the stop grace passed, and the nodes that
+    never confirmed their stop are left out."""
+
+    at: float
+
+
+Action = (CommitRecord | StopGeneration | LaunchGeneration | RequestCheckpoint | MarkCheckpointBad | AddSkip
+          | NotePlaceableSince | EndStopPhase)
 
 ACTIVE_STATES = frozenset({JobState.PENDING, JobState.RUNNING, JobState.RECOVERING, JobState.WAITING})
 
@@ -111,12 +133,28 @@ class JobWorld:
     drained: frozenset[str]
     catalog: tuple[CheckpointEntry, ...]  # oldest first
     skips: tuple[tuple[int, int], ...]  # the skip ledger's ranges
-    placeable_since: float | None  # since when `offers` could hold the first generation
+    placeable_since: float | None  # as noted by the last pass (NotePlaceableSince)
     checkpoint_request: CheckpointRequest | None
     now: float
 
 
 def decide(world: JobWorld) -> list[Action]:
+    """The actions of this pass, in the order they are to be applied."""
+    return _notes(world) + _transitions(world)
+
+
+def restart_backoff_s(spec: JobSettings, consecutive_crashes: int) -> float:
+    if consecutive_crashes <= 0:
+        return 0.0
+    return min(spec.restart.max_backoff_s, spec.restart.backoff_s * 2 ** (consecutive_crashes - 1))
+
+
+def record_after_checkpoint(record: JobRecord) -> JobRecord | None:
+    """A committed checkpoint is durable progress: the crash backoff starts over. None: no change."""
+    return record.moved_to(record.state, consecutive_crashes=0) if record.consecutive_crashes else None
+
+
+def _transitions(world: JobWorld) -> list[Action]:
     record = world.record
     if record.state not in ACTIVE_STATES:
         return _stop_leftovers(world)
@@ -127,10 +165,44 @@ def decide(world: JobWorld) -> list[Action]:
     return _relaunch(world)
 
 
-def restart_backoff_s(spec: JobSettings, consecutive_crashes: int) -> float:
-    if consecutive_crashes <= 0:
-        return 0.0
-    return min(spec.restart.max_backoff_s, spec.restart.backoff_s * 2 ** (consecutive_crashes - 1))
+# ---------------------------------------------------------------- what the controller keeps between passes
+
+def _notes(world: JobWorld) -> list[Action]:
+    """What changed in the controller's memory; first, so that the transitions see the same."""
+    notes: list[Action] = []
+    since = _placeable_since(world)
+    if since != world.placeable_since:
+        notes.append(NotePlaceableSince(since))
+    observation = world.observation
+    if observation is not None and observation.all_stopped_at is None and _stop_phase_end(world) is not None:
+        notes.append(EndStopPhase(world.now))
+    return notes
+
+
+def _placeable_since(world: JobWorld) -> float | None:
+    if world.generation is not None or place(world.spec, list(world.offers)) is None:
+        return None
+    return world.placeable_since if world.placeable_since is not None else world.now
+
+
+def _stop_patience_s(spec: JobSettings) -> float:
+    """How long after its Stop a node has to confirm it: the stop grace (after which its agent had
+    to SIGKILL), plus the time for the answer."""
+    return spec.stop_grace_s + STOP_CONFIRM_MARGIN_S
+
+
+def _stop_phase_end(world: JobWorld) -> float | None:
+    """When the stop phase of the current generation ended: every node went idle (noted as the
+    reports came in), or the stop patience passed since the stop was decided (it ends now, and
+    the silent nodes are left out). None while it goes on, or when no stop was decided."""
+    observation = world.observation
+    if observation is None or observation.stop_decided_at is None:
+        return None
+    if observation.all_stopped_at is not None:
+        return observation.all_stopped_at
+    if world.now - observation.stop_decided_at >= _stop_patience_s(world.spec):
+        return world.now
+    return None
 
 
 # ---------------------------------------------------------------- no generation to watch
@@ -160,11 +232,20 @@ def _first_launch(world: JobWorld) -> list[Action]:
     if placement is None:
         return []
     everyone_here = len(offers) >= world.spec.max_nodes
-    waited = world.placeable_since is not None and world.now - world.placeable_since >= world.spec.start_wait_s
+    since = _placeable_since(world)
+    waited = since is not None and world.now - since >= world.spec.start_wait_s
     if not (everyone_here or waited):
         return []
     checkpoint = _choose_checkpoint(world)
-    return [LaunchGeneration(placement, checkpoint if isinstance(checkpoint, CheckpointEntry) else None)]
+    return [_launch(world, placement, checkpoint if isinstance(checkpoint, CheckpointEntry) else None)]
+
+
+def _launch(world: JobWorld, placement: Placement, checkpoint: CheckpointEntry | None) -> LaunchGeneration:
+    """The next generation; the job stays PENDING until the first one runs, a relaunch is RECOVERING."""
+    record = world.record
+    state = JobState.PENDING if record.state is JobState.PENDING else JobState.RECOVERING
+    return LaunchGeneration(placement, checkpoint, record.moved_to(
+        state, generation=record.generation + 1, world_size=placement.world_size, resume_from_step=None))
 
 
 # ---------------------------------------------------------------- a live generation
@@ -195,7 +276,7 @@ def _failure(world: JobWorld) -> Failure | None:
     nodes = generation.placement.nodes
     lost = [n for n in nodes if n in world.lost_nodes]
     if lost:
-        return Failure("node_lost", f"node {lost[0]} was lost while running generation {generation.number}",
+        return Failure(FailureCause.NODE_LOST, f"node {lost[0]} was lost while running generation {generation.number}",
                        lost[0])
     failed = observation.first_failure()
     if failed is not None:
@@ -204,22 +285,22 @@ def _failure(world: JobWorld) -> Failure | None:
             # to tell a node loss (no budget spent) from a crash.
             return None
         if failed.exit_code == EXIT_CANNOT_EXECUTE and not failed.signal:
-            return Failure("launch_failed", failed.describe(), failed.node, failed.rank, failed.exit_code)
+            return Failure(FailureCause.LAUNCH_FAILED, failed.describe(), failed.node, failed.rank, failed.exit_code)
         if failed.role is ProcessRole.WORKER and not failed.signal:
             if failed.exit_code == EXIT_CHECKPOINT_UNREADABLE:
-                return Failure("checkpoint_unreadable", failed.describe(), failed.node, failed.rank,
+                return Failure(FailureCause.CHECKPOINT_UNREADABLE, failed.describe(), failed.node, failed.rank,
                                failed.exit_code)
             if failed.exit_code == EXIT_USAGE:
-                return Failure("usage_error", failed.describe(), failed.node, failed.rank, failed.exit_code)
-        return Failure("process_exited", failed.describe(), failed.node, failed.rank, failed.exit_code,
+                return Failure(FailureCause.USAGE_ERROR, failed.describe(), failed.node, failed.rank, failed.exit_code)
+        return Failure(FailureCause.PROCESS_EXITED, failed.describe(), failed.node, failed.rank, failed.exit_code,
                        failed.signal)
     run = observation.bad_run()
     if len(run) >= world.spec.data_skip.max_consecutive_spikes:
-        return Failure("bad_batches", f"steps {run[0].step}-{run[-1].step} were all skipped as bad "
+        return Failure(FailureCause.BAD_BATCHES, f"steps {run[0].step}-{run[-1].step} were all skipped as bad "
                                       f"({run[-1].reason}, grad norm {run[-1].grad_norm:.3g}); rolling back")
     silent_for = world.now - observation.silent_since()
     if silent_for > world.spec.hang_timeout_s:
-        return Failure("hang", f"no rank of generation {generation.number} reported a new step for "
+        return Failure(FailureCause.HANG, f"no rank of generation {generation.number} reported a new step for "
                                f"{silent_for:.0f}s (hang_timeout_s {world.spec.hang_timeout_s:g})")
     return None
 
@@ -227,7 +308,7 @@ def _failure(world: JobWorld) -> Failure | None:
 def _failing_step(world: JobWorld, failure: Failure) -> int | None:
     """The step a crashed rank was on: one past its last reported step. None when it crashed
     before its first step of this generation (start-up problems are not the data's fault)."""
-    if failure.cause != "process_exited" or failure.rank < 0:
+    if failure.cause is not FailureCause.PROCESS_EXITED or failure.rank < 0:
         return None
     assert world.observation is not None
     report = world.observation.progress.get(failure.rank)
@@ -259,14 +340,14 @@ def _batch_end(start: int, global_batch: int, skips: tuple[tuple[int, int], ...]
 
 def _end_generation(world: JobWorld, failure: Failure) -> list[Action]:
     """Commit the stop of the generation (and what the failure costs), then send it."""
-    record, spec, generation = world.record, world.spec, world.generation
-    assert generation is not None
+    record, spec, generation, observation = world.record, world.spec, world.generation, world.observation
+    assert generation is not None and observation is not None
     changes: dict = dict(stopped_generation=generation.number, last_failure=failure, restarts=record.restarts + 1)
     actions: list[Action] = []
-    if failure.spends_budget:
+    if failure.cause.spends_budget:
         changes["crash_restarts"] = record.crash_restarts + 1
         changes["consecutive_crashes"] = record.consecutive_crashes + 1
-        if failure.cause == "process_exited" and failure.node:
+        if failure.cause is FailureCause.PROCESS_EXITED and failure.node:
             changes["node_failures"] = {**record.node_failures,
                                         failure.node: record.node_failures.get(failure.node, 0) + 1}
         step = _failing_step(world, failure)
@@ -279,19 +360,19 @@ def _end_generation(world: JobWorld, failure: Failure) -> list[Action]:
                 actions.append(AddSkip(start, _batch_end(start, spec.global_batch, world.skips),
                                        f"step {step} crashed a worker {crashes} times", step))
                 changes["crash_steps"] = {k: v for k, v in record.crash_steps.items() if k != step}
-    if failure.cause == "checkpoint_unreadable" and generation.resume is not None:
+    if failure.cause is FailureCause.CHECKPOINT_UNREADABLE and generation.resume is not None:
         actions.append(MarkCheckpointBad(generation.resume.step, failure.message))
-    if failure.cause == "bad_batches":
-        run = world.observation.bad_run()
+    if failure.cause is FailureCause.BAD_BATCHES:
+        run = observation.bad_run()
         actions.append(AddSkip(run[0].sample_start, run[-1].sample_end,
                                f"rollback after {len(run)} consecutive bad batches", run[0].step))
         before = [c for c in world.catalog if c.good and c.step < run[0].step]
         if before:
             changes["resume_from_step"] = before[-1].step
-    over_budget = failure.spends_budget and changes["crash_restarts"] > spec.restart.max
-    if over_budget or failure.permanent:
+    over_budget = failure.cause.spends_budget and changes["crash_restarts"] > spec.restart.max
+    if over_budget or failure.cause.permanent:
         updated = record.moved_to(JobState.FAILED, **{**changes, "restarts": record.restarts})
-        why = "the same launch would fail again" if failure.permanent else \
+        why = "the same launch would fail again" if failure.cause.permanent else \
             f"restart budget of {spec.restart.max} spent"
         message = f"job {spec.name} is FAILED: {failure.message} ({why})"
         actions.insert(0, CommitRecord(updated, "job_failed", message))
@@ -317,7 +398,7 @@ def _reshape(world: JobWorld) -> list[Action]:
     growing = wanted is not None and wanted.world_size > generation.placement.world_size
     if not draining and not growing:
         return []
-    reason = (f"node {draining[0]} is drained" if draining
+    reason = (f"node {draining[0]} is drained" if draining or wanted is None
               else f"world size can grow from {generation.placement.world_size} to {wanted.world_size}")
     request = world.checkpoint_request
     # Only the requested step (or a later one) answers: an older periodic checkpoint would throw
@@ -351,12 +432,13 @@ def _relaunch(world: JobWorld) -> list[Action]:
     busy = [n for n in generation.placement.nodes if not observation.node_idle(n) and n not in world.lost_nodes]
     if any(n not in observation.stop_sent for n in busy):
         actions.append(StopGeneration(f"generation {generation.number} is over"))
-    # A node gets the stop grace (from when its Stop went out) to confirm; after that it is left out.
-    patience = spec.stop_grace_s + STOP_CONFIRM_MARGIN_S
+    # A node gets the stop patience (from when its Stop went out) to confirm; then it is left out.
+    patience = _stop_patience_s(spec)
     if any(world.now - observation.stop_sent.get(n, world.now) < patience for n in busy):
         return actions
-    stop_since = observation.stop_decided_at if observation.stop_decided_at is not None else world.now
-    stopped_at = observation.all_stopped_at if observation.all_stopped_at is not None else stop_since
+    stopped_at = _stop_phase_end(world)
+    if stopped_at is None:  # a lost node never confirms: the backoff counts from the stop decision
+        stopped_at = observation.stop_decided_at if observation.stop_decided_at is not None else world.now
     if world.now < stopped_at + restart_backoff_s(spec, record.consecutive_crashes):
         return actions
     placement = place(spec, _usable_offers(world, frozenset(busy)), generation.placement.nodes)
@@ -367,9 +449,9 @@ def _relaunch(world: JobWorld) -> list[Action]:
         return actions
     checkpoint = _choose_checkpoint(world)
     if isinstance(checkpoint, str):
-        failed = record.moved_to(JobState.FAILED, last_failure=Failure("checkpoint_unreadable", checkpoint))
+        failed = record.moved_to(JobState.FAILED, last_failure=Failure(FailureCause.CHECKPOINT_UNREADABLE, checkpoint))
         return actions + [CommitRecord(failed, "job_failed", f"job {spec.name} is FAILED: {checkpoint}")]
-    return actions + [LaunchGeneration(placement, checkpoint)]
+    return actions + [_launch(world, placement, checkpoint)]
 
 
 def _shortage(world: JobWorld) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 
 from daemon.job.placement import Placement
 from proto.vocabulary import JobState
@@ -25,45 +26,49 @@ class IllegalTransition(Exception):
     pass
 
 
+class FailureCause(StrEnum):
+    """Why a generation ended badly. The value is what etcd, the events and the wire carry."""
+
+    PROCESS_EXITED = "process_exited"  # a worker or the scheduler died
+    NODE_LOST = "node_lost"  # a node's session broke, or it went silent
+    HANG = "hang"  # no rank made progress for hang_timeout_s
+    CHECKPOINT_UNREADABLE = "checkpoint_unreadable"  # the chosen checkpoint failed to load
+    USAGE_ERROR = "usage_error"  # a worker exited with EXIT_USAGE
+    LAUNCH_FAILED = "launch_failed"  # the entrypoint could not be executed
+    BAD_BATCHES = "bad_batches"  # too many consecutive steps skipped as bad
+
+    @property
+    def spends_budget(self) -> bool:
+        """Crashes spend the restart budget; a node leaving does not (DESIGN.md, "Recovery")."""
+        return self is not FailureCause.NODE_LOST
+
+    @property
+    def permanent(self) -> bool:
+        """The entrypoint cannot be executed, or a worker refused its flags or launch environment:
+        relaunching the same thing cannot help."""
+        return self in (FailureCause.LAUNCH_FAILED, FailureCause.USAGE_ERROR)
+
+
 @dataclass(frozen=True)
 class Failure:
     """Why a generation ended badly: what a user reads in `status` and in the events."""
 
-    cause: str  # one of FAILURE_CAUSES
+    cause: FailureCause
     message: str
     node: str = ""
     rank: int = -1
     exit_code: int = 0
     signal: int = 0
 
-    @property
-    def spends_budget(self) -> bool:
-        """Crashes spend the restart budget; a node leaving does not (DESIGN.md, "Recovery")."""
-        return self.cause != "node_lost"
-
-    @property
-    def permanent(self) -> bool:
-        """The entrypoint cannot be executed, or a worker refused its flags or launch environment:
-        relaunching the same thing cannot help."""
-        return self.cause in ("launch_failed", "usage_error")
-
     def to_json(self) -> dict:
-        return {"cause": self.cause, "message": self.message, "node": self.node, "rank": self.rank,
+        return {"cause": self.cause.value, "message": self.message, "node": self.node, "rank": self.rank,
                 "exit_code": self.exit_code, "signal": self.signal}
 
     @classmethod
     def from_json(cls, data: dict) -> "Failure":
-        return cls(str(data["cause"]), str(data["message"]), str(data.get("node", "")),
+        """Raises ValueError for a cause this trainerd does not know (it is never guessed)."""
+        return cls(FailureCause(data["cause"]), str(data["message"]), str(data.get("node", "")),
                    int(data.get("rank", -1)), int(data.get("exit_code", 0)), int(data.get("signal", 0)))
-
-
-# process_exited: a worker or scheduler died; node_lost: a node's session broke or it went silent;
-# hang: no rank made progress for hang_timeout_s; checkpoint_unreadable: the chosen checkpoint failed
-# to load; usage_error: a worker exited with EXIT_USAGE; launch_failed: the entrypoint could not be
-# executed; bad_batches: too many consecutive steps
-# skipped as bad.
-FAILURE_CAUSES = ("process_exited", "node_lost", "hang", "checkpoint_unreadable", "usage_error", "launch_failed",
-                  "bad_batches")
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import pytest
 
 from daemon.job.decide import _batch_end
 from daemon.job.skip_ledger import BadRange, checked
+from daemon.job.state import FailureCause
 from proto.vocabulary import JobState
 from tests.daemon.job_sim import GLOBAL_BATCH, running_cluster
 
@@ -54,7 +55,7 @@ def test_a_run_of_spikes_rolls_back_before_it_and_skips_it() -> None:
         sim.bad_batch(23)
         await sim.tick(0.1)
         assert sim.state is JobState.RECOVERING
-        assert sim.job.record.last_failure.cause == "bad_batches"
+        assert sim.job.record.last_failure.cause is FailureCause.BAD_BATCHES
         sim.confirm_stop()
         await sim.tick(1.0)
         launch = sim.agents["a"].launches()[-1]

@@ -2,7 +2,13 @@
 
 import pytest
 
-from daemon.job.state import ALLOWED_TRANSITIONS, Failure, IllegalTransition, JobRecord
+from daemon.job.state import (
+    ALLOWED_TRANSITIONS,
+    Failure,
+    FailureCause,
+    IllegalTransition,
+    JobRecord,
+)
 from proto.vocabulary import JobState
 
 
@@ -17,7 +23,7 @@ def test_allowed_and_refused_moves() -> None:
     record = JobRecord(JobState.PENDING)
     running = record.moved_to(JobState.RUNNING, generation=1, world_size=2)
     assert (running.state, running.generation, running.world_size) == (JobState.RUNNING, 1, 2)
-    failed = running.moved_to(JobState.FAILED, last_failure=Failure("process_exited", "rank 1 exited"))
+    failed = running.moved_to(JobState.FAILED, last_failure=Failure(FailureCause.PROCESS_EXITED, "rank 1 exited"))
     assert failed.last_failure.message == "rank 1 exited"
     with pytest.raises(IllegalTransition, match="from FAILED to RUNNING"):
         failed.moved_to(JobState.RUNNING)
@@ -25,5 +31,18 @@ def test_allowed_and_refused_moves() -> None:
 
 
 def test_record_round_trips_through_json() -> None:
-    record = JobRecord(JobState.FAILED, 3, 4, 1, Failure("node_lost", "node b lost", "b", -1, 0, 0))
+    record = JobRecord(JobState.FAILED, 3, 4, 1, Failure(FailureCause.NODE_LOST, "node b lost", "b", -1, 0, 0))
     assert JobRecord.from_json(record.to_json()) == record
+
+
+def test_failure_cause_is_stored_as_its_plain_name_and_read_back_strictly() -> None:
+    failure = Failure(FailureCause.USAGE_ERROR, "rank 0 exited with code 2", "a", 0, 2)
+    assert failure.to_json()["cause"] == "usage_error"
+    assert Failure.from_json(failure.to_json()).cause is FailureCause.USAGE_ERROR
+    with pytest.raises(ValueError, match="'crashed' is not a valid FailureCause"):
+        Failure.from_json({**failure.to_json(), "cause": "crashed"})
+
+
+def test_only_a_lost_node_spares_the_budget_and_only_launch_and_usage_errors_are_permanent() -> None:
+    assert {c for c in FailureCause if not c.spends_budget} == {FailureCause.NODE_LOST}
+    assert {c for c in FailureCause if c.permanent} == {FailureCause.LAUNCH_FAILED, FailureCause.USAGE_ERROR}

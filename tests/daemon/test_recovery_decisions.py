@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from daemon.job.controller import CommandRefused
-from daemon.job.state import ALLOWED_TRANSITIONS
+from daemon.job.state import ALLOWED_TRANSITIONS, FailureCause
 from daemon.store import codec, keys
 from proto.vocabulary import JobState
 from tests.daemon.job_sim import (
@@ -105,14 +105,14 @@ def test_worker_crash_stops_everything_and_relaunches_from_the_newest_checkpoint
         launch = sim.agents["b"].launches()[-1]
         assert launch.generation == 2 and launch.checkpoint_path == "/ckpt/step_00000010"
         assert launch.processes[0].env["TRAINERD_RESUME_FROM"] == "/ckpt/step_00000010"
-        assert record.last_failure.cause == "process_exited" and record.last_failure.node == "b"
+        assert record.last_failure.cause is FailureCause.PROCESS_EXITED and record.last_failure.node == "b"
         assert record.crash_steps == {15: 1}  # rank 1 had reported step 14
         sim.started()
         sim.step(11)
         await sim.tick(1.0)
         assert sim.state is JobState.RUNNING
         recovery = sim.job.view().last_recovery
-        assert recovery.cause == "process_exited" and recovery.resumed_from_step == 10
+        assert recovery.cause == FailureCause.PROCESS_EXITED and recovery.resumed_from_step == 10
         assert set(recovery.phases()) == {"stop", "relaunch", "first_step", "total"}
         assert recovery.phases()["relaunch"] == pytest.approx(1.0)  # the backoff
         assert await transitions(sim) == [(JobState.PENDING, JobState.RUNNING),
@@ -130,7 +130,7 @@ def test_lost_node_shrinks_the_world_without_spending_the_budget_and_it_grows_ba
         assert sim.state is JobState.RUNNING
         await sim.tick(SESSION_GRACE_S)
         assert sim.state is JobState.RECOVERING
-        assert sim.job.record.last_failure.cause == "node_lost"
+        assert sim.job.record.last_failure.cause is FailureCause.NODE_LOST
         sim.confirm_stop("a", "b")
         await sim.tick(0.1)
         assert sim.world() == ["a", "b"] and sim.job.record.world_size == 2
@@ -228,7 +228,7 @@ def test_a_crash_of_the_first_generation_recovers_and_a_usage_error_fails_at_onc
         sim.crash("a", 0, exit_code=2)
         await sim.tick()
         assert sim.state is JobState.FAILED
-        assert sim.job.record.last_failure.cause == "usage_error"
+        assert sim.job.record.last_failure.cause is FailureCause.USAGE_ERROR
         assert (JobState.PENDING, JobState.RECOVERING) in await transitions(sim)
     run(scenario())
 
@@ -254,7 +254,7 @@ def test_hang_is_detected_after_hang_timeout_without_progress() -> None:
         assert sim.state is JobState.RUNNING
         await sim.tick(1.5)
         assert sim.state is JobState.RECOVERING
-        assert sim.job.record.last_failure.cause == "hang"
+        assert sim.job.record.last_failure.cause is FailureCause.HANG
         assert sim.job.record.crash_restarts == 1
     run(scenario())
 

@@ -1,0 +1,327 @@
+"""Every rule of the job's reconcile decision, as plain values in and actions out: no controller,
+no store, no clock. `job_world` builds the facts a pass sees; each test changes only what its
+rule reads."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from daemon.config import JobSettings
+from daemon.job.catalog import CheckpointEntry
+from daemon.job.decide import (
+    AddSkip,
+    CheckpointRequest,
+    CommitRecord,
+    EndStopPhase,
+    JobWorld,
+    LaunchGeneration,
+    MarkCheckpointBad,
+    NotePlaceableSince,
+    RequestCheckpoint,
+    StopGeneration,
+    decide,
+    record_after_checkpoint,
+)
+from daemon.job.observation import BadBatchReport, GenerationObservation, ProcessReport, ProgressReport
+from daemon.job.placement import NodeOffer, place
+from daemon.job.state import FailureCause, GenerationRecord, JobRecord, ResumePoint
+from daemon.membership import DeviceInfo
+from proto.vocabulary import JobState, ProcessRole
+from trainer.runtime.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
+
+NOW = 1000.0
+NODES = ("a", "b", "c")  # one device each: node a runs rank 0, b rank 1, c rank 2
+GLOBAL_BATCH = 12
+SPEC = {"name": "job", "entrypoint": ["train"], "min_nodes": 1, "max_nodes": 3, "global_batch": GLOBAL_BATCH,
+        "micro_batch": 1, "start_wait_s": 10.0, "stop_grace_s": 5.0, "hang_timeout_s": 60.0,
+        "restart": {"max": 3, "backoff_s": 1.0, "max_backoff_s": 8.0, "quarantine_after": 3}}
+
+
+def _offer(name: str) -> NodeOffer:
+    return NodeOffer(name, f"host-{name}", (DeviceInfo(0, "", "cpu"),))
+
+
+def _checkpoint(step: int) -> CheckpointEntry:
+    return CheckpointEntry(step, step * GLOBAL_BATCH, f"/ckpt/step_{step:08d}", 1, 3)
+
+
+def exited(node: str, rank: int, exit_code: int = 0, signal: int = 0) -> ProcessReport:
+    return ProcessReport(node, ProcessRole.WORKER, rank, 100 + rank, False, exit_code, signal, log_tail="boom")
+
+
+def job_world(*, spec: dict | None = None, state: JobState = JobState.RUNNING, record: dict | None = None,
+              on: tuple[str, ...] | None = NODES, offers: tuple[str, ...] = NODES, stopped: bool = False,
+              step: int | None = 10, resume_step: int | None = None, reports: tuple[ProcessReport, ...] = (),
+              seen: dict | None = None, catalog: tuple[CheckpointEntry | int, ...] = (10,), **facts) -> JobWorld:
+    """A job in `state` whose generation 1 runs on `on` (None: nothing launched yet), started 100 s
+    ago (from `resume_step`'s checkpoint), every rank at `step` (reported 1 s ago, at 10 steps/s).
+    `stopped`: its stop was decided, sent and confirmed by every node 10 s ago. `offers`: the READY
+    nodes; `catalog`: checkpoint steps (or entries). Overrides: `spec` (job settings), `record`
+    (JobRecord fields), `seen` (GenerationObservation fields), `reports` (process reports on top),
+    `facts` (any other JobWorld field)."""
+    settings = JobSettings.model_validate({**SPEC, **(spec or {})})
+    changes: dict = {}
+    generation: GenerationRecord | None = None
+    observation: GenerationObservation | None = None
+    if on is not None:
+        placement = place(settings, [_offer(n) for n in on])
+        assert placement is not None, f"{on} cannot hold the job"
+        resume = None if resume_step is None else ResumePoint(resume_step, resume_step * GLOBAL_BATCH,
+                                                               f"/ckpt/step_{resume_step:08d}")
+        generation = GenerationRecord(1, placement, settings.scheduler_port, "{}", resume)
+        observation = GenerationObservation(1, started_at=NOW - 100)
+        for slot in placement.ranks:
+            observation.agent_generation[slot.node] = 1
+            observation.record_process(ProcessReport(slot.node, ProcessRole.WORKER, slot.rank, 100 + slot.rank, True))
+            if step is not None:
+                observation.record_progress(ProgressReport(slot.rank, step, 0.5, 1.0, 10.0 * GLOBAL_BATCH,
+                                                           step * GLOBAL_BATCH), NOW - 1)
+        if stopped:
+            observation.stop_decided_at = observation.all_stopped_at = NOW - 10
+            observation.stop_sent = {n: NOW - 10 for n in placement.nodes}
+            observation.stopped = set(placement.nodes)
+        for report in reports:
+            observation.record_process(report)
+        for name, value in (seen or {}).items():
+            setattr(observation, name, value)
+        changes = {"generation": 1, "world_size": placement.world_size, "stopped_generation": int(stopped)}
+    world = JobWorld(settings, JobRecord(state, **{**changes, **(record or {})}), generation, observation,
+                     tuple(_offer(n) for n in offers), frozenset(), frozenset(), frozenset(),
+                     tuple(c if isinstance(c, CheckpointEntry) else _checkpoint(c) for c in catalog), (), None,
+                     None, NOW)
+    return replace(world, **facts)
+
+
+def commit_of(actions: list) -> CommitRecord:
+    [commit] = [a for a in actions if isinstance(a, CommitRecord)]
+    return commit
+
+
+# ---------------------------------------------------------------- the first generation
+
+@pytest.mark.parametrize("offers, placeable_since, world_size", [
+    (("a", "b"), None, None),  # min_nodes are here: wait start_wait_s for the third
+    (("a", "b"), NOW - 9.9, None),
+    (("a", "b"), NOW - 10, 2),  # waited long enough
+    (NODES, None, 3),  # max_nodes are here: no need to wait
+])
+def test_first_launch_waits_for_max_nodes_or_start_wait_s(offers, placeable_since, world_size) -> None:
+    actions = decide(job_world(state=JobState.PENDING, on=None, offers=offers, catalog=(),
+                               placeable_since=placeable_since))
+    notes = [] if placeable_since is not None else [NotePlaceableSince(NOW)]
+    launches = [a for a in actions if isinstance(a, LaunchGeneration)]
+    assert actions == notes + launches
+    if world_size is None:
+        assert launches == []
+    else:
+        [launch] = launches
+        assert launch.placement.world_size == world_size and launch.checkpoint is None
+        assert launch.record == JobRecord(JobState.PENDING, generation=1, world_size=world_size)
+
+
+def test_placeable_since_is_forgotten_when_the_nodes_cannot_hold_the_job_or_it_launched() -> None:
+    assert decide(job_world(spec={"min_nodes": 2}, state=JobState.PENDING, on=None, offers=("a",),
+                            placeable_since=NOW - 5)) == [NotePlaceableSince(None)]
+    assert NotePlaceableSince(None) in decide(job_world(placeable_since=NOW - 5))
+
+
+def test_every_rank_reporting_a_step_makes_the_job_running() -> None:
+    [commit] = decide(job_world(state=JobState.PENDING))
+    assert commit.record.state is JobState.RUNNING and commit.event == "job_running"
+    assert decide(job_world(state=JobState.PENDING, step=None, seen={"started_at": NOW})) == []
+
+
+# ---------------------------------------------------------------- a live generation
+
+def test_completion_commits_then_stops_the_scheduler() -> None:
+    actions = decide(job_world(reports=tuple(exited(n, r) for r, n in enumerate(NODES))))
+    assert actions == [CommitRecord(JobRecord(JobState.COMPLETED, 1, 3, stopped_generation=1), "job_completed",
+                                    "job job is COMPLETED"), StopGeneration("every rank finished")]
+
+
+def test_a_lost_node_ends_the_generation_without_spending_the_budget() -> None:
+    actions = decide(job_world(lost_nodes=frozenset({"c"})))
+    commit = commit_of(actions)
+    assert actions[-1] == StopGeneration("node c was lost while running generation 1")
+    assert commit.record.last_failure.cause is FailureCause.NODE_LOST and commit.recovery == FailureCause.NODE_LOST
+    assert (commit.record.state, commit.record.stopped_generation) == (JobState.RECOVERING, 1)
+    assert (commit.record.restarts, commit.record.crash_restarts, commit.record.consecutive_crashes) == (1, 0, 0)
+
+
+@pytest.mark.parametrize("exit_code, signal, cause, state", [
+    (1, 0, FailureCause.PROCESS_EXITED, JobState.RECOVERING),
+    (0, 9, FailureCause.PROCESS_EXITED, JobState.RECOVERING),
+    (EXIT_USAGE, 9, FailureCause.PROCESS_EXITED, JobState.RECOVERING),  # killed, whatever the code
+    (EXIT_USAGE, 0, FailureCause.USAGE_ERROR, JobState.FAILED),
+    (EXIT_CANNOT_EXECUTE, 0, FailureCause.LAUNCH_FAILED, JobState.FAILED),
+    (EXIT_CHECKPOINT_UNREADABLE, 0, FailureCause.CHECKPOINT_UNREADABLE, JobState.RECOVERING),
+])
+def test_a_process_exit_ends_the_generation_and_spends_the_budget(exit_code, signal, cause, state) -> None:
+    actions = decide(job_world(resume_step=10, reports=(exited("b", 1, exit_code, signal),)))
+    record = commit_of(actions).record
+    assert (record.state, record.last_failure.cause, record.last_failure.node) == (state, cause, "b")
+    assert (record.crash_restarts, record.consecutive_crashes, record.stopped_generation) == (1, 1, 1)
+    assert isinstance(actions[-1], StopGeneration)
+    marked = [a for a in actions if isinstance(a, MarkCheckpointBad)]
+    assert marked == ([MarkCheckpointBad(10, record.last_failure.message)]
+                      if cause is FailureCause.CHECKPOINT_UNREADABLE else [])
+
+
+def test_a_crash_is_counted_against_its_node_and_its_step() -> None:
+    record = commit_of(decide(job_world(reports=(exited("b", 1, 1),)))).record
+    assert record.node_failures == {"b": 1} and record.crash_steps == {11: 1}  # rank 1 had reported step 10
+
+
+def test_a_failure_while_a_node_is_disconnected_waits_out_the_reconnect_grace() -> None:
+    crashed = (exited("a", 0, 1),)  # a peer's collective broke when c went away
+    assert decide(job_world(reports=crashed, disconnected=frozenset({"c"}))) == []
+    assert commit_of(decide(job_world(reports=crashed))).record.state is JobState.RECOVERING
+
+
+@pytest.mark.parametrize("silent_s, hangs", [(60.0, False), (60.5, True)])
+def test_hang_after_hang_timeout_s_without_a_new_step(silent_s, hangs) -> None:
+    actions = decide(job_world(seen={"last_progress_at": NOW - silent_s}))
+    if not hangs:
+        assert actions == []
+        return
+    record = commit_of(actions).record
+    assert record.last_failure.cause is FailureCause.HANG and record.crash_restarts == 1
+
+
+def test_a_run_of_bad_batches_rolls_back_before_it_and_skips_it() -> None:
+    bad = {s: BadBatchReport(s, (s - 1) * GLOBAL_BATCH, s * GLOBAL_BATCH, "grad_norm_spike", 2.0, 99.0)
+           for s in (21, 22, 23)}
+    world = job_world(spec={"data_skip": {"max_consecutive_spikes": 3}}, step=23, catalog=(10, 20, 30),
+                      seen={"bad_batches": bad})
+    actions = decide(world)
+    assert actions[1] == AddSkip(20 * GLOBAL_BATCH, 23 * GLOBAL_BATCH, "rollback after 3 consecutive bad batches", 21)
+    assert isinstance(actions[2], StopGeneration)
+    record = commit_of(actions).record
+    assert record.last_failure.cause is FailureCause.BAD_BATCHES and record.resume_from_step == 20
+    world.observation.record_progress(ProgressReport(0, 24, 0.5, 1.0, 120.0, 24 * GLOBAL_BATCH), NOW)
+    assert decide(world) == []  # step 24 went through: the run is over
+
+
+def test_a_step_that_crashed_crash_repeats_times_is_skipped_past_the_ledger_ranges() -> None:
+    actions = decide(job_world(record={"crash_steps": {11: 1, 7: 1}}, reports=(exited("b", 1, 1),),
+                               skips=((125, 130),)))
+    # Step 11's batch starts at sample 120; it holds 12 samples outside the ledger: 120-125 and 130-137.
+    assert AddSkip(120, 137, "step 11 crashed a worker 2 times", 11) in actions
+    assert commit_of(actions).record.crash_steps == {7: 1}
+
+
+def test_a_crash_past_the_restart_budget_fails_the_job() -> None:
+    actions = decide(job_world(record={"crash_restarts": 3}, reports=(exited("b", 1, 1),)))
+    commit = commit_of(actions)
+    assert commit.record.state is JobState.FAILED and commit.event == "job_failed"
+    assert commit.message.endswith("(restart budget of 3 spent)") and commit.record.restarts == 0
+    assert isinstance(actions[-1], StopGeneration)
+
+
+def test_the_crash_that_reaches_quarantine_after_says_so() -> None:
+    commit = commit_of(decide(job_world(record={"node_failures": {"c": 2}}, reports=(exited("c", 2, 1),))))
+    assert commit.message.endswith("; node c is quarantined after 3 crashes")
+
+
+@pytest.mark.parametrize("asked, checkpoints, expected", [
+    (None, set(), [RequestCheckpoint(30, "world size can grow from 2 to 3")]),  # 10 steps/s, 2 s ahead
+    (CheckpointRequest(30, NOW - 29), {29}, []),  # an older checkpoint does not answer
+    (CheckpointRequest(30, NOW - 30), set(), [RequestCheckpoint(30, "world size can grow from 2 to 3")]),
+    (CheckpointRequest(30, NOW - 1), {30}, [
+        CommitRecord(JobRecord(JobState.RECOVERING, 1, 2, restarts=1, stopped_generation=1), "reshape_started",
+                     "job job is RECOVERING: world size can grow from 2 to 3; relaunching from the checkpoint "
+                     "just saved", recovery="reshape"),
+        StopGeneration("world size can grow from 2 to 3")]),
+])
+def test_a_joined_node_is_taken_in_at_the_checkpoint_asked_for(asked, checkpoints, expected) -> None:
+    assert decide(job_world(on=("a", "b"), checkpoint_request=asked, seen={"checkpoints": checkpoints})) == expected
+
+
+def test_a_drained_node_is_let_go_at_a_checkpoint() -> None:
+    assert decide(job_world(offers=("a", "c"), drained=frozenset({"b"}))) == [
+        RequestCheckpoint(30, "node b is drained")]
+
+
+# ---------------------------------------------------------------- between generations
+
+@pytest.mark.parametrize("confirmed, ago, expected", [
+    (("a", "b"), 6.9, "wait"),  # c may still answer within stop_grace_s + 2 s
+    (NODES, 6.9, ["a", "b", "c"]),
+    (("a", "b"), 7.0, ["a", "b"]),  # c is left out, and the stop phase ends now
+])
+def test_the_next_generation_waits_for_every_stop_or_the_stop_grace(confirmed, ago, expected) -> None:
+    seen = {"stopped": set(confirmed), "stop_sent": {n: NOW - ago for n in NODES}, "stop_decided_at": NOW - ago,
+            "all_stopped_at": NOW - ago if confirmed == NODES else None}
+    actions = decide(job_world(state=JobState.RECOVERING, stopped=True, seen=seen))
+    if expected == "wait":
+        assert actions == []
+        return
+    notes = [] if confirmed == NODES else [EndStopPhase(NOW)]
+    assert actions[:-1] == notes
+    launch = actions[-1]
+    assert launch.placement.nodes == expected and launch.checkpoint == _checkpoint(10)
+    assert launch.record == JobRecord(JobState.RECOVERING, 2, len(expected), stopped_generation=1)
+
+
+def test_a_node_not_told_to_stop_yet_is_told_first() -> None:
+    seen = {"stopped": set(), "stop_sent": {"a": NOW}, "stop_decided_at": NOW, "all_stopped_at": None}
+    assert decide(job_world(state=JobState.RECOVERING, stopped=True, seen=seen)) == [
+        StopGeneration("generation 1 is over")]
+
+
+@pytest.mark.parametrize("stopped_ago, launches", [(1.9, False), (2.0, True)])
+def test_the_crash_backoff_counts_from_the_end_of_the_stop_phase(stopped_ago, launches) -> None:
+    actions = decide(job_world(state=JobState.RECOVERING, stopped=True, record={"consecutive_crashes": 2},
+                               seen={"all_stopped_at": NOW - stopped_ago}))  # 2 crashes: 1 s doubled
+    assert [type(a) for a in actions] == ([LaunchGeneration] if launches else [])
+
+
+def test_a_committed_checkpoint_resets_the_crash_backoff() -> None:
+    record = JobRecord(JobState.RUNNING, 2, 3, consecutive_crashes=2)
+    assert record_after_checkpoint(record) == replace(record, consecutive_crashes=0)
+    assert record_after_checkpoint(replace(record, consecutive_crashes=0)) is None
+
+
+@pytest.mark.parametrize("min_nodes, nodes", [(1, ["a", "b"]), (3, ["a", "b", "c"])])
+def test_a_quarantined_node_is_left_out_unless_the_job_cannot_run_without_it(min_nodes, nodes) -> None:
+    [launch] = decide(job_world(spec={"min_nodes": min_nodes}, state=JobState.RECOVERING, stopped=True,
+                                record={"node_failures": {"c": 3}}))
+    assert launch.placement.nodes == nodes
+
+
+def test_waiting_while_fewer_than_min_nodes_are_ready() -> None:
+    world = job_world(spec={"min_nodes": 2}, state=JobState.RECOVERING, on=("a", "b"), offers=("a",), stopped=True)
+    [commit] = decide(world)
+    assert commit.record.state is JobState.WAITING and commit.event == "job_waiting"
+    assert commit.message == ("job job is WAITING: 1 usable node(s) with 1 device(s); it needs at least 2 "
+                              "node(s) and a world size in [3, 2]")
+    assert decide(replace(world, record=commit.record)) == []
+
+
+@pytest.mark.parametrize("catalog, resume_from_step, outcome", [
+    ((10, 20), None, 20),  # the newest good one
+    ((10, 20), 10, 10),  # the operator's choice
+    ((replace(_checkpoint(10), problem="digest mismatch"), 20), None, 20),
+    ((), None, None),  # nothing saved: from scratch
+    ((replace(_checkpoint(10), problem="digest mismatch"),), None, "failed"),  # never silently from step 0
+])
+def test_the_relaunch_starts_from_the_newest_good_checkpoint(catalog, resume_from_step, outcome) -> None:
+    [action] = decide(job_world(state=JobState.RECOVERING, stopped=True, catalog=catalog,
+                                record={"resume_from_step": resume_from_step}))
+    if outcome == "failed":
+        assert action.record.state is JobState.FAILED
+        assert action.record.last_failure.cause is FailureCause.CHECKPOINT_UNREADABLE
+        return
+    assert (None if action.checkpoint is None else action.checkpoint.step) == outcome
+    assert action.record.resume_from_step is None
+
+
+# ---------------------------------------------------------------- a job that is not active
+
+def test_a_paused_job_stops_what_still_runs_once() -> None:
+    unsent = {"stopped": set(), "stop_sent": {}, "stop_decided_at": NOW, "all_stopped_at": None}
+    assert decide(job_world(state=JobState.PAUSED, stopped=True, seen=unsent)) == [StopGeneration("job is PAUSED")]
+    told = {**unsent, "stop_sent": {n: NOW for n in NODES}}
+    assert decide(job_world(state=JobState.PAUSED, stopped=True, seen=told)) == []
