@@ -47,9 +47,9 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
+from proto.progress_datagram import WorkerEvent
 from trainer.data.sampler import SampleStream, rank_share
 from trainer.data.skip_ledger import SkipLedger
-from trainer.progress_channel import WorkerEvent
 from trainer.runtime import communication
 from trainer.runtime.checkpointing import ResumeError, TrainingCheckpoints
 from trainer.runtime.communication import CommunicationError
