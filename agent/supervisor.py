@@ -24,8 +24,8 @@ from typing import Callable
 
 from agent.orphans import ProcessRegistry
 from proto import trainerd_pb2 as pb
+from proto.exit_codes import EXIT_CANNOT_EXECUTE
 from proto.progress_datagram import BadBatchReport, CheckpointReport, EventReport, ProgressMessage, StepReport
-from trainer.runtime.exit_codes import EXIT_CANNOT_EXECUTE
 
 log = logging.getLogger(__name__)
 
