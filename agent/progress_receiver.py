@@ -10,8 +10,9 @@ import logging
 import os
 import socket
 import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from proto.progress_datagram import MalformedProgress, ProgressMessage, decode
 
