@@ -18,8 +18,8 @@ from agent.progress_receiver import open_progress_receiver
 from agent.session import CoordinatorLink, IdentityFile
 from agent.supervisor import Supervisor
 from agent.systemd import SystemdNotifier
+from common.config_file import ConfigError
 from proto import trainerd_pb2 as pb
-from proto.config_file import ConfigError
 
 AGENT_VERSION = "0.1.0"
 log = logging.getLogger("agent")
