@@ -20,7 +20,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q tests
 
 demo: $(STAMP)
-	$(PY) -m daemon.demo
+	$(PY) scripts/demo.py
 
 proto: $(STAMP)
 	$(PY) -m proto.generate

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import Field
 
-from proto.config_file import Address, ConfigError, StrictModel, load_yaml_mapping, validate
+from common.config_file import Address, ConfigError, StrictModel, load_yaml_mapping, validate
 from proto.vocabulary import NODE_NAME_PATTERN
 
 

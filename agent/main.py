@@ -14,12 +14,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from agent.config import AgentConfig, load_agent_config
 from agent.devices import NoDevicesError, discover_devices
+from agent.progress_receiver import open_progress_receiver
 from agent.session import CoordinatorLink, IdentityFile
 from agent.supervisor import Supervisor
 from agent.systemd import SystemdNotifier
+from common.config_file import ConfigError
 from proto import trainerd_pb2 as pb
-from proto.config_file import ConfigError
-from trainer.progress_channel import open_progress_receiver
 
 AGENT_VERSION = "0.1.0"
 log = logging.getLogger("agent")

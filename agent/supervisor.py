@@ -12,7 +12,6 @@ Per generation directory: rank_table.json, skips.json (the skip ledger at launch
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -24,21 +23,14 @@ from typing import Callable
 
 from agent.orphans import ProcessRegistry
 from proto import trainerd_pb2 as pb
-from trainer.runtime.exit_codes import EXIT_CANNOT_EXECUTE
-from trainer.progress_channel import BadBatchReport, CheckpointReport, EventReport, ProgressMessage, StepReport
+from proto.exit_codes import EXIT_CANNOT_EXECUTE
+from proto.progress_datagram import BadBatchReport, CheckpointReport, EventReport, ProgressMessage, StepReport
+from proto.worker_files import CheckpointRequest, SkipList, encode_control, encode_skips, write_atomically
 
 log = logging.getLogger(__name__)
 
 LOG_TAIL_BYTES = 4000
 PROGRESS_FORWARD_INTERVAL_S = 0.5
-CONTROL_SCHEMA = 1
-
-
-def write_json_atomically(path: Path, body: dict) -> None:
-    """Readers (the workers) see the old file or the new one, never half of one."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(body))
-    os.replace(partial, path)
 
 
 @dataclass
@@ -117,8 +109,7 @@ class Supervisor:
             rank_table = gen_dir / "rank_table.json"
             rank_table.write_text(launch.rank_table_json)
             skips = gen_dir / "skips.json"
-            write_json_atomically(skips, {"schema": CONTROL_SCHEMA,
-                                          "ranges": [[r.start, r.end] for r in launch.skips]})
+            write_atomically(skips, encode_skips(SkipList(tuple((r.start, r.end) for r in launch.skips))))
             control = gen_dir / "control.json"
             control.unlink(missing_ok=True)
             log.info("launching generation %d of job %s: %d process(es)", launch.generation, launch.job_name,
@@ -208,8 +199,8 @@ class Supervisor:
             log.info("CheckpointNow for generation %d ignored: running generation %d", request.generation,
                      self.generation)
             return
-        write_json_atomically(self._generation_dir(self.generation) / "control.json", {
-            "schema": CONTROL_SCHEMA, "generation": request.generation, "checkpoint_at_step": request.step})
+        write_atomically(self._generation_dir(self.generation) / "control.json",
+                         encode_control(CheckpointRequest(request.generation, request.step)))
         log.info("generation %d: checkpoint asked for at step %d", request.generation, request.step)
 
     def _generation_dir(self, generation: int) -> Path:

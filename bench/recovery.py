@@ -78,6 +78,7 @@ from bench.launch import (  # noqa: E402
     BIN, GLOBAL_BATCH, MARKER_VAR, MICRO_BATCH, SPEED_UP_ENV, WORLD_SIZE, BenchError, CpuMeter, Processes,
     clean_env, clean_up, free_ports, interrupt_on_signals, median, msrun_argv, msrun_env, rank_marks, tail, trainerctl,
 )
+from tests.waiting import wait_until  # noqa: E402
 
 HEARTBEAT_INTERVAL_S = 1.0
 HEARTBEAT_TIMEOUT_S = 5.0
@@ -115,18 +116,6 @@ class Recovery:
 
 
 # ---------------------------------------------------------------- helpers
-
-def wait_for(probe, timeout_s: float, what: str, interval: float, on_timeout=lambda: ""):
-    """`probe()` until it returns something true; BenchError after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise BenchError(f"timed out after {timeout_s:.0f} s waiting for {what}\n{on_timeout()}")
-        time.sleep(interval)
-
 
 def free_port_run(count: int) -> int:
     """A port p such that p .. p + count - 1 are all free now (generation g's scheduler port is
@@ -304,14 +293,15 @@ class TrainerdCluster:
             started = self.generation_started(job["generation"])
             resumed_from = (started or {}).get("fields", {}).get("resume_step") or 0
             return job if (job["last_checkpoint_step"] or 0) > resumed_from else None
-        return wait_for(ready, self.timeout_s, "the job RUNNING past a checkpoint of its generation", 1.0, self.logs)
+        return wait_until(ready, self.timeout_s, "the job RUNNING past a checkpoint of its generation", 1.0, self.logs,
+                          error=BenchError)
 
     def wait_node_ready(self, node: str) -> None:
         def ready():
             self.check_alive()
             data = status(self.coordinator)
             return data and any(n["name"] == node and n["state"] == "READY" for n in data["nodes"])
-        wait_for(ready, self.timeout_s, f"node {node} READY", 0.5, self.logs)
+        wait_until(ready, self.timeout_s, f"node {node} READY", 0.5, self.logs, error=BenchError)
 
     def inject(self, fault: str) -> tuple[float, int, str]:
         """SIGKILL rank 1's worker, or its node (agent and training processes); (t0, generation, node)."""
@@ -370,8 +360,9 @@ class TrainerdCluster:
             logs = list(self.root.glob(f"agents/*/generations/{newest:06d}/rank*.log"))
             stepped = len(logs) == WORLD_SIZE and all(STEP_LINE.search(p.read_text(errors="replace")) for p in logs)
             return newest if stepped else None
-        wait_for(newest_generation_stepped, self.timeout_s, f"generation {first} (or a later one) taking steps",
-                 0.2, lambda: (json.dumps(status(self.coordinator) or {}, indent=1)[-3000:] + "\n" + self.logs()))
+        wait_until(newest_generation_stepped, self.timeout_s, f"generation {first} (or a later one) taking steps",
+                   0.2, lambda: (json.dumps(status(self.coordinator) or {}, indent=1)[-3000:] + "\n" + self.logs()),
+                   error=BenchError)
 
         def running():
             evs = events(self.coordinator)
@@ -380,7 +371,8 @@ class TrainerdCluster:
             done = started and next((e for e in evs if e["kind"] == "job_running" and e["seq"] > started["seq"]),
                                     None)
             return done and (evs, started, done)
-        evs, started, done = wait_for(running, self.timeout_s, "job_running after the fault", 0.5, self.logs)
+        evs, started, done = wait_until(running, self.timeout_s, "job_running after the fault", 0.5, self.logs,
+                                        error=BenchError)
 
         detected = next((e for e in evs if e["kind"] == "recovery_started" and e["at"] > t0 - 0.05), None)
         if detected is None or detected["seq"] > started["seq"]:
@@ -484,7 +476,7 @@ def run_msrun(procs: Processes, root: Path, steps: int, timeout_s: float) -> Rec
             if msrun.poll() is not None:
                 raise BenchError(f"msrun exited with code {msrun.returncode} before the fault\n{logs()}")
             return any(checkpoints.glob("step_*/manifest.json"))
-        wait_for(checkpointed, timeout_s, "msrun's first checkpoint", 0.2, logs)
+        wait_until(checkpointed, timeout_s, "msrun's first checkpoint", 0.2, logs, error=BenchError)
         victim = worker_of_rank(procs.marker, 1)
         others = {("scheduler" if env.get("MS_ROLE") == "MS_SCHED" else f"worker {env.get('RANK_ID')}"): proc
                   for proc, env in marked_training_processes(procs.marker) if proc.pid != victim.pid}

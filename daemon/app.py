@@ -12,6 +12,7 @@ import grpc
 import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from common.config_file import parse_host_port
 from daemon import metrics
 from daemon.clock import SystemClock
 from daemon.config import ClusterConfig
@@ -22,7 +23,6 @@ from daemon.leader import LeaderRecord
 from daemon.local_agents import LocalAgents
 from daemon.store.etcd import EtcdStore
 from proto import trainerd_pb2_grpc as pb_grpc
-from proto.config_file import parse_host_port
 
 log = logging.getLogger(__name__)
 

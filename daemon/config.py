@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from proto.config_file import Address, ConfigError, StrictModel, load_yaml_mapping, validate
+from common.config_file import Address, ConfigError, StrictModel, load_yaml_mapping, validate
 from proto.progress_pattern import compile_progress_pattern
 from proto.vocabulary import RESERVED_ENV
 

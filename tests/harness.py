@@ -10,14 +10,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, TypeVar
 
 import grpc
 import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 BIN = Path(sys.executable).parent
-T = TypeVar("T")
 
 
 class Proc:
@@ -147,15 +145,3 @@ def status(coordinator: str) -> dict | None:
 def node_states(coordinator: str) -> dict[str, str]:
     data = status(coordinator)
     return {} if data is None else {n["name"]: n["state"] for n in data["nodes"]}
-
-
-def wait_until(probe: Callable[[], T], timeout: float, what: str, interval: float = 0.2,
-               on_timeout: Callable[[], str] = lambda: "") -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{on_timeout()}")
-        time.sleep(interval)

@@ -15,10 +15,10 @@ import grpc
 from rich.console import Console
 from rich.table import Table
 
+from common.config_file import parse_host_port
 from daemon.cli.status_json import RECOVERY_PHASES, status_to_json
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
-from proto.config_file import parse_host_port
 
 EXIT_UNREACHABLE = 3
 RPC_TIMEOUT_S = 5.0

@@ -8,11 +8,11 @@ import sys
 
 import click
 
+from common.config_file import ConfigError
 from daemon.app import ListenError, TrainerdApp, install_stop_signals
 from daemon.config import load_cluster_config
 from daemon.etcd_process import EtcdNotFound, EtcdStartError
 from daemon.store.interface import StoreError
-from proto.config_file import ConfigError
 
 
 @click.group()

@@ -27,8 +27,8 @@ from daemon.job.catalog import CheckpointEntry
 from daemon.job.observation import GenerationObservation
 from daemon.job.placement import NodeOffer, Placement, place
 from daemon.job.state import Failure, FailureCause, GenerationRecord, JobRecord
+from proto.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
 from proto.vocabulary import JobState, ProcessRole
-from trainer.runtime.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
 
 # After the stop grace the agents had to SIGKILL; this much more is allowed for their answer.
 STOP_CONFIRM_MARGIN_S = 2.0

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from agent.config import load_agent_config
-from proto.config_file import ConfigError
+from common.config_file import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 

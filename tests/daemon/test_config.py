@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from common.config_file import ConfigError
 from daemon.config import load_cluster_config
-from proto.config_file import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -6,9 +6,10 @@ import signal
 import time
 from pathlib import Path
 
-from tests.harness import Processes, health, node_states, processes_mentioning, status, trainerctl, wait_until
+from tests.harness import Processes, health, node_states, processes_mentioning, status, trainerctl
 from tests.integration.cluster_files import HEARTBEAT_TIMEOUT_S, cluster_file
 from tests.ports import free_port
+from tests.waiting import wait_until
 
 
 def test_agents_ready_lost_and_back_under_the_same_name(tmp_path: Path, procs: Processes) -> None:

@@ -15,9 +15,10 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from tests.harness import Processes, processes_mentioning, status, trainerctl, wait_until
+from tests.harness import Processes, processes_mentioning, status, trainerctl
 from tests.integration.cluster_files import cluster_file
 from tests.ports import free_port
+from tests.waiting import wait_until
 
 FLAKY_TRAINER = Path(__file__).with_name("flaky_trainer.py")
 

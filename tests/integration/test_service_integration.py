@@ -5,9 +5,10 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from tests.harness import Processes, health, node_states, wait_until
+from tests.harness import Processes, health, node_states
 from tests.integration.cluster_files import cluster_file
 from tests.ports import free_port
+from tests.waiting import wait_until
 
 
 def test_agent_notifies_systemd_and_serves_health(tmp_path: Path, procs: Processes) -> None:

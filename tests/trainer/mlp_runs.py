@@ -14,14 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.harness import Proc, Processes
-from trainer.progress_channel import (
+from agent.progress_receiver import open_progress_receiver
+from proto.progress_datagram import (
     CheckpointReport,
     EventReport,
     ProgressMessage,
     StepReport,
-    open_progress_receiver,
 )
+from tests.harness import Proc, Processes
 
 GLOBAL_BATCH = 64
 RUN_TIMEOUT_S = 90

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from mindspore import nn
 
+from proto.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
 from trainer.checkpoint import verify_checkpoint
 from trainer.checkpoint.mindspore_io import parameters_to_numpy
 from trainer.examples.mlp import checkpoint_settings
 from trainer.runtime.checkpointing import CheckpointUnreadable, ResumePoint, SeedMismatch, TrainingCheckpoints
-from trainer.runtime.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
 from trainer.runtime.rank_context import CheckpointSettings, RankContext
 
 SEED = 7

@@ -12,10 +12,10 @@ from typing import Iterator
 import numpy as np
 import pytest
 
+from proto.progress_datagram import ProgressMessage, StepReport, WorkerEvent
 from tests.harness import Processes
 from tests.ports import free_port
 from tests.trainer.mlp_runs import GLOBAL_BATCH, Run, cluster_env, run_example, run_standalone
-from trainer.progress_channel import ProgressMessage, StepReport, WorkerEvent
 
 STEPS = 30
 WORLD_SIZE = 2

@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from proto.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
+from proto.progress_datagram import CheckpointReport, ProgressMessage, StepReport, WorkerEvent
 from tests.harness import Processes
 from tests.ports import free_port
 from tests.trainer.mlp_runs import (
@@ -29,8 +31,6 @@ from tests.trainer.mlp_runs import (
     run_standalone,
 )
 from trainer.checkpoint import load_checkpoint, verify_checkpoint
-from trainer.progress_channel import CheckpointReport, ProgressMessage, StepReport, WorkerEvent
-from trainer.runtime.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
 
 STEPS = 30
 SEED = 7

@@ -10,16 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from trainer.progress_channel import (
+from agent.progress_receiver import ProgressReceiver, open_progress_receiver
+from proto.progress_datagram import (
     BadBatchReason,
     BadBatchReport,
     CheckpointReport,
     EventReport,
     ProgressMessage,
-    ProgressReceiver,
     StepReport,
     WorkerEvent,
-    open_progress_receiver,
 )
 from trainer.runtime.progress import ProgressReporter
 

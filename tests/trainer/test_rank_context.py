@@ -133,8 +133,8 @@ def test_a_malformed_checkpoint_variable_is_named(name: str, value: str, message
 def test_pure_modules_do_not_import_mindspore() -> None:
     """The agent and the coordinator import these and must never pay for (or need) MindSpore."""
     code = (
-        "import sys, trainer, trainer.runtime, trainer.progress_channel, trainer.runtime.rank_context, "
-        "trainer.runtime.progress, trainer.runtime.communication, trainer.runtime.exit_codes, "
+        "import sys, trainer, trainer.runtime, proto.progress_datagram, trainer.runtime.rank_context, "
+        "trainer.runtime.progress, trainer.runtime.communication, proto.exit_codes, "
         "trainer.runtime.checkpoint_schedule, trainer.runtime.checkpointing; "
         "sys.exit('mindspore' in sys.modules)"
     )

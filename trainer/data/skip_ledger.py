@@ -2,20 +2,19 @@
 
 A range is a half-open interval [start, end) of sample positions (see `trainer.data.sampler`). The
 coordinator adds the range of a batch that spoiled training; the agent hands the ledger to the workers
-in TRAINERD_SKIPS_FILE, `{"schema": 1, "ranges": [[start, end], ...]}`, and a checkpoint records the
-ledger it was trained under (`CheckpointMeta.skip_ledger`). Pure Python: no numpy, no MindSpore.
+in TRAINERD_SKIPS_FILE (its format is `proto.worker_files`), and a checkpoint records the ledger it was
+trained under (`CheckpointMeta.skip_ledger`). Pure Python: no numpy, no MindSpore.
 """
 
 from __future__ import annotations
 
-import json
 import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SKIPS_FILE_SCHEMA = 1
+from proto.worker_files import MalformedSkipsFile, decode_skips
 
 
 @dataclass(frozen=True)
@@ -52,24 +51,14 @@ class SkipLedger:
     def read(cls, path: str | Path) -> SkipLedger:
         """The ledger in a TRAINERD_SKIPS_FILE; a missing file is an empty ledger. ValueError names the file."""
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            data = Path(path).read_bytes()
         except FileNotFoundError:
             return cls()
-        except (OSError, UnicodeDecodeError) as exc:
+        except OSError as exc:
             raise ValueError(f"{path}: cannot read the skip ledger: {exc}") from exc
         try:
-            doc = json.loads(text)
-        except ValueError as exc:
-            raise ValueError(f"{path}: the skip ledger is not JSON: {exc}") from exc
-        if not isinstance(doc, dict) or set(doc) != {"schema", "ranges"}:
-            raise ValueError(f'{path}: the skip ledger must be {{"schema": 1, "ranges": [[start, end], ...]}}')
-        if doc["schema"] != SKIPS_FILE_SCHEMA or isinstance(doc["schema"], bool):
-            raise ValueError(f"{path}: skip ledger schema {doc['schema']!r} is not {SKIPS_FILE_SCHEMA}")
-        if not isinstance(doc["ranges"], list):
-            raise ValueError(f"{path}: the skip ledger's ranges must be a list")
-        try:
-            return cls.of(doc["ranges"])
-        except ValueError as exc:
+            return cls.of(decode_skips(data).ranges)
+        except MalformedSkipsFile as exc:
             raise ValueError(f"{path}: {exc}") from exc
 
     def to_json(self) -> list[list[int]]:

@@ -47,13 +47,13 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
+from proto.exit_codes import EXIT_OK, EXIT_USAGE
+from proto.progress_datagram import WorkerEvent
 from trainer.data.sampler import SampleStream, rank_share
 from trainer.data.skip_ledger import SkipLedger
-from trainer.progress_channel import WorkerEvent
 from trainer.runtime import communication
 from trainer.runtime.checkpointing import ResumeError, TrainingCheckpoints
 from trainer.runtime.communication import CommunicationError
-from trainer.runtime.exit_codes import EXIT_OK, EXIT_USAGE
 from trainer.runtime.guard import GuardedApplyGradients, StepGuard, mean_over_ranks
 from trainer.runtime.guard_policy import GuardSettings, skip_reason
 from trainer.runtime.progress import ProgressReporter

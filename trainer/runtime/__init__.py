@@ -2,6 +2,7 @@
 checkpoints (resume, periodic and requested saves, commit reports).
 
 Nothing here imports MindSpore at package import time; only `communication` and `checkpointing` (and
-the script that calls them) do, inside their functions, so the agent and the coordinator can use the
-pure parts (`rank_context`, `progress`, `checkpoint_schedule`, `exit_codes`).
+the script that calls them) do, inside their functions. The agent and the coordinator import nothing
+from here: what they share with workers (progress datagrams, exit codes, the control and skips files)
+is in `proto/`.
 """

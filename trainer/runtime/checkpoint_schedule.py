@@ -1,56 +1,25 @@
 """When a worker saves a checkpoint: after every N-th step, and at the step the coordinator asks for.
 
 Pure (no MindSpore). The coordinator asks through the agent, which (re)writes the control file
-atomically (write a temporary file, rename it over the old one):
-
-    {"schema": 1, "generation": 4, "checkpoint_at_step": 1200}
-
-Every rank reads the same file and takes the same decision: a request of its own generation for a
-step it has not completed yet is honoured after that step; one for a step it has already completed is
-ignored with a warning (so the coordinator must ask far enough ahead that no rank has passed the step
-when the file reaches it); one of another generation is ignored. The file is checked once per step
-with one `os.stat` and read only when it changed.
+atomically (its format is `proto.worker_files`). Every rank reads the same file and takes the same
+decision: a request of its own generation for a step it has not completed yet is honoured after that
+step; one for a step it has already completed is ignored with a warning (so the coordinator must ask
+far enough ahead that no rank has passed the step when the file reaches it); one of another
+generation is ignored. The file is checked once per step with one `os.stat` and read only when it
+changed.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
+
+from proto.worker_files import MAX_CONTROL_BYTES, CheckpointRequest, MalformedControlFile, decode_control
 
 log = logging.getLogger(__name__)
 
-CONTROL_SCHEMA = 1
-# A control file is a few dozen bytes; anything much larger is not one.
-MAX_CONTROL_BYTES = 4096
-_MAX_INT64 = (1 << 63) - 1
 _STAT_FAILED = (-1, -1, -1)
-
-
-class MalformedControlFile(ValueError):
-    """The control file does not hold a valid request; the message says why in one line."""
-
-
-@dataclass(frozen=True)
-class CheckpointRequest:
-    generation: int
-    step: int  # save once this step has completed
-
-
-def parse_control(data: bytes) -> CheckpointRequest:
-    """The request in a control file's bytes; raises MalformedControlFile for anything else."""
-    try:
-        body = json.loads(data, parse_constant=_refuse_constant)
-    except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, NaN, too many digits, too deep
-        raise MalformedControlFile(f"not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise MalformedControlFile("not a JSON object")
-    schema = body.get("schema")
-    if type(schema) is not int or schema != CONTROL_SCHEMA:
-        raise MalformedControlFile(f"schema {schema!r:.40} is not {CONTROL_SCHEMA}")
-    return CheckpointRequest(_count(body, "generation"), _count(body, "checkpoint_at_step"))
 
 
 class ControlFile:
@@ -81,7 +50,7 @@ class ControlFile:
             return self._skip(signature, f"is {st.st_size} bytes, more than {MAX_CONTROL_BYTES}")
         try:
             with open(self.path, "rb") as f:
-                request = parse_control(f.read(MAX_CONTROL_BYTES + 1))
+                request = decode_control(f.read(MAX_CONTROL_BYTES + 1))
         except FileNotFoundError:  # replaced between stat and open: the next poll sees the new one
             return None
         except OSError as exc:
@@ -139,14 +108,3 @@ class CheckpointSchedule:
                 log.info("%s: the checkpoint request for step %d replaces the one for step %d.",
                          self._where, request.step, self.requested)
             self.requested = request.step
-
-
-def _count(body: dict[str, object], key: str) -> int:
-    value = body.get(key)
-    if type(value) is not int or not 0 <= value <= _MAX_INT64:  # type(): true is not a step
-        raise MalformedControlFile(f"field '{key}' must be an integer from 0 to {_MAX_INT64}, got {value!r:.40}")
-    return value
-
-
-def _refuse_constant(name: str) -> object:
-    raise MalformedControlFile(f"bare {name} is not JSON")

@@ -29,12 +29,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from proto.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
+from proto.progress_datagram import CheckpointReport, MalformedProgress, encode
 from trainer.checkpoint import CheckpointError, CheckpointMeta, CheckpointWriter, load_checkpoint
 from trainer.checkpoint.manifest import step_dir_name
 from trainer.data.skip_ledger import SkipLedger
-from trainer.progress_channel import CheckpointReport, MalformedProgress, encode
 from trainer.runtime.checkpoint_schedule import CheckpointSchedule, ControlFile
-from trainer.runtime.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
 from trainer.runtime.progress import ProgressReporter
 from trainer.runtime.rank_context import CheckpointSettings, RankContext
 

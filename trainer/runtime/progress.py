@@ -15,7 +15,7 @@ import socket
 import time
 from types import TracebackType
 
-from trainer.progress_channel import (
+from proto.progress_datagram import (
     BadBatchReason,
     BadBatchReport,
     CheckpointReport,

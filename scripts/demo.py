@@ -1,11 +1,13 @@
-"""`make demo`: the whole system on one machine.
+"""`make demo` (`.venv/bin/python scripts/demo.py`): the whole system on one machine.
 
 Starts `trainerd` on configs/cluster.demo.yaml (embedded etcd, two local agents, the MindSpore
 example job), and once the job has saved a checkpoint, SIGKILLs one of its workers, as a crash
 would. trainerd stops the generation, relaunches it from the newest checkpoint and the job goes on
 to COMPLETED. The demo follows the job with `trainerctl status` until it ends, prints the final
 status (with the recovery's phases) and the event log, and shuts trainerd down. Everything it
-writes is under run/demo/.
+writes is under run/demo/ of the repository, wherever it is started from. It drives trainerd and
+trainerctl as an operator would, through the commands installed beside the interpreter, and imports
+nothing from the repository.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The exit statuses of a training process that mean something to the agent and the coordinator.
 
-Pure (no MindSpore): the coordinator imports it to tell a usage error (relaunching cannot help) and an
-unreadable checkpoint (fall back to an older one) from a crash. Any other non-zero status is a crash;
-a negative one (a signal) is reported by the agent as such.
+Pure (no MindSpore): training processes exit with them, and the coordinator reads them to tell a usage
+error (relaunching cannot help) and an unreadable checkpoint (fall back to an older one) from a crash.
+Any other non-zero status is a crash; a negative one (a signal) is reported by the agent as such.
 """
 
 EXIT_OK = 0

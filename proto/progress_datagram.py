@@ -1,8 +1,8 @@
-"""The progress channel from a worker to its agent: one versioned JSON message per unix datagram.
+"""The progress datagrams from a worker to its agent: one versioned JSON message per unix datagram.
 
-Pure (no MindSpore), shared by both ends: workers encode (`trainer.runtime.progress`), the agent
-decodes in `open_progress_receiver`. One message is one datagram, so a dropped report costs that
-report only and can never leave the stream out of step.
+Pure (no MindSpore), the one encoder and decoder both ends use: workers encode
+(`trainer.runtime.progress`), the agent decodes (`agent.progress_receiver`). One message is one
+datagram, so a dropped report costs that report only and can never leave the stream out of step.
 
 Wire format (strict JSON, UTF-8, at most MAX_DATAGRAM_BYTES):
 
@@ -21,20 +21,12 @@ know, so adding a field does not need a new schema number; changing one does.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 import math
-import os
 import re
-import socket
-import stat
 from dataclasses import dataclass
 from enum import StrEnum
-from pathlib import Path
-from typing import Any, Callable
-
-log = logging.getLogger(__name__)
+from typing import Any
 
 SCHEMA = 1
 MAX_DATAGRAM_BYTES = 4096
@@ -194,74 +186,6 @@ def decode(data: bytes) -> ProgressMessage:
         return BadBatchReport(**common, sample_start=start, sample_end=end, reason=reason,
                               loss=_float(body, "loss"), grad_norm=_float(body, "grad_norm"))
     raise MalformedProgress(f"unknown kind {kind!r:.40}")
-
-
-class ProgressReceiver(asyncio.DatagramProtocol):
-    """Decodes each datagram and hands valid messages to `on_message`; counts and drops the rest."""
-
-    def __init__(self, path: Path, on_message: Callable[[ProgressMessage], None]) -> None:
-        self.path = path
-        self.received = 0
-        self.malformed = 0
-        self._on_message = on_message
-
-    def datagram_received(self, data: bytes, addr: Any) -> None:
-        try:
-            message = decode(data)
-        except MalformedProgress as exc:
-            self.malformed += 1
-            # A flood of garbage must not flood the log: the first one is a warning, the rest are counted.
-            level = logging.WARNING if self.malformed == 1 else logging.DEBUG
-            log.log(level, "Dropped a malformed progress datagram on %s (%d so far): %s",
-                    self.path, self.malformed, exc)
-            return
-        self.received += 1
-        self._on_message(message)
-
-    def error_received(self, exc: Exception) -> None:
-        log.warning("Progress socket %s reported an error: %s", self.path, exc)
-
-
-async def open_progress_receiver(
-    path: str | os.PathLike[str], on_message: Callable[[ProgressMessage], None]
-) -> asyncio.DatagramTransport:
-    """Listen for progress datagrams on the unix socket `path`, calling `on_message` for each valid one.
-
-    A socket file left by a previous agent is removed; one that a live process still listens on,
-    or a path that is not a socket, is refused. The socket is made owner-only (0600). Counters are on
-    `transport.get_protocol()` (a ProgressReceiver). Closing the transport leaves the file; the
-    next open removes it.
-    """
-    path = Path(path)
-    _remove_stale_socket(path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    try:
-        sock.bind(str(path))
-        os.chmod(path, 0o600)
-        sock.setblocking(False)
-        transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
-            lambda: ProgressReceiver(path, on_message), sock=sock
-        )
-    except BaseException:
-        sock.close()
-        raise
-    return transport
-
-
-def _remove_stale_socket(path: Path) -> None:
-    try:
-        mode = path.lstat().st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(mode):
-        raise FileExistsError(f"progress socket path {path} exists and is not a socket")
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.connect(str(path))
-        except ConnectionRefusedError:
-            path.unlink()  # nobody is bound to it: left behind by an agent that is gone
-            return
-    raise FileExistsError(f"progress socket {path} is in use by another process")
 
 
 def _refuse_constant(name: str) -> Any:

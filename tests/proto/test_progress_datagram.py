@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.progress_channel import (
+from proto.progress_datagram import (
     MAX_CHECKPOINT_PATH,
     MAX_DATAGRAM_BYTES,
     BadBatchReason,
