@@ -29,7 +29,7 @@ from daemon.job.placement import NodeOffer, place
 from daemon.job.state import FailureCause, GenerationRecord, JobRecord, ResumePoint
 from daemon.membership import DeviceInfo
 from proto.vocabulary import JobState, ProcessRole
-from trainer.runtime.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
+from proto.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
 
 NOW = 1000.0
 NODES = ("a", "b", "c")  # one device each: node a runs rank 0, b rank 1, c rank 2
