@@ -16,6 +16,7 @@ from daemon import metrics
 from daemon.clock import SystemClock
 from daemon.config import ClusterConfig
 from daemon.coordinator import Coordinator
+from daemon.errors import PermanentError
 from daemon.etcd_process import EmbeddedEtcd
 from daemon.grpc_services import ControlService, CoordinatorService
 from daemon.leader import LeaderRecord
@@ -39,8 +40,9 @@ SERVER_OPTIONS = [
 ]
 
 
-class ListenError(Exception):
-    """The coordinator's gRPC address cannot be bound (in use, or not an address of this host)."""
+class ListenError(PermanentError):
+    """The coordinator's gRPC address cannot be bound (in use, or not an address of this host): free the
+    port or fix cluster.coordinator.listen, then start again."""
 
 
 class TrainerdApp:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from daemon.errors import PermanentError
 from daemon.job.placement import Placement
 from proto.vocabulary import JobState
 
@@ -21,8 +22,8 @@ ALLOWED_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
 }
 
 
-class IllegalTransition(Exception):
-    pass
+class IllegalTransition(PermanentError):
+    """A move the transition table forbids: a bug in the decision that asked for it, never retried."""
 
 
 @dataclass(frozen=True)

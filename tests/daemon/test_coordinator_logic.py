@@ -196,3 +196,30 @@ def test_new_leader_adopts_known_nodes_for_one_window() -> None:
 
     run(scenario())
 
+
+
+def test_a_leader_whose_fenced_write_is_refused_stands_down_and_campaigns_again() -> None:
+    async def scenario() -> None:
+        clock = FakeClock()
+        store = InMemoryStore(clock)
+        coordinator = make_coordinator(store, clock, "a")
+        running = asyncio.create_task(coordinator.run(tick_s=0.01))
+        while coordinator.leadership is None:
+            await asyncio.sleep(0)
+        term = coordinator.leadership
+        await coordinator.open_session(hello("n1"), lambda m: None)
+        held = await store.get(keys.LEADER)
+        # The leader key moves on while our lease lives: every fenced write now raises LeadershipLost.
+        await store.compare_and_swap(keys.LEADER, held.value, held.mod_revision, lease=term.lease)
+        clock.advance(TIMEOUT_S + 0.1)  # n1 is overdue: the next pass writes it LOST, fenced
+        while coordinator.leadership is term:
+            await asyncio.sleep(0.01)
+        assert not term.lease.alive  # it resigned rather than keep the key alive
+        while coordinator.leadership is None:  # and leads again once the key is free
+            assert not running.done(), running.exception()
+            await asyncio.sleep(0.05)
+        assert coordinator.leadership.fence != term.fence
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+
+    run(scenario())
