@@ -212,9 +212,10 @@ class Coordinator:
             session.closed.set()
         self._sessions.clear()
 
-    def _require_leadership(self) -> Leadership:
+    async def _require_leadership(self) -> Leadership:
+        """The current term; NotLeader, naming the leader etcd knows, on a standby."""
         if self.leadership is None:
-            raise NotLeader(None)
+            raise NotLeader(await self._leader_address())
         return self.leadership
 
     async def _leader_address(self) -> str | None:
@@ -328,8 +329,8 @@ class Coordinator:
 
     # ------------------------------------------------------------ operator commands
 
-    def skips(self) -> tuple[SkipEntry, ...]:
-        self._require_leadership()
+    async def skips(self) -> tuple[SkipEntry, ...]:
+        await self._require_leadership()
         if self.job is None:
             raise CommandRefused("this cluster file defines no job")
         return self.job.ledger.entries()
@@ -349,7 +350,7 @@ class Coordinator:
         return await self._job_command(lambda job, fence: job.resume(fence, from_step))
 
     async def _job_command(self, command):
-        leadership = self._require_leadership()
+        leadership = await self._require_leadership()
         if self.job is None:
             raise CommandRefused("this cluster file defines no job")
         async with self._reconcile_lock:
@@ -360,7 +361,7 @@ class Coordinator:
     async def set_drain(self, node: str, drained: bool) -> str:
         """Drain: no later generation uses the node (a running one lets it go at a checkpoint).
         Undrain: it may be used again, and a quarantine is lifted."""
-        leadership = self._require_leadership()
+        leadership = await self._require_leadership()
         record = self._membership.get(node)
         if record is None:
             known = ", ".join(r.name for r in self._membership.all()) or "none"
@@ -387,7 +388,7 @@ class Coordinator:
     # ------------------------------------------------------------ periodic pass
 
     async def tick(self) -> None:
-        leadership = self._require_leadership()
+        leadership = await self._require_leadership()
         for name in self._liveness.overdue():
             record = self._membership.get(name)
             if record is None or record.state is not NodeState.READY:

@@ -268,7 +268,7 @@ class ControlService(pb_grpc.ControlServicer):
 
     async def ListSkips(self, request: pb.SkipsRequest, context: grpc.aio.ServicerContext) -> pb.SkipsReply:
         try:
-            entries = self._coordinator.skips()
+            entries = await self._coordinator.skips()
         except CommandRefused as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except NotLeader as exc:

@@ -98,6 +98,21 @@ def test_standby_refuses_sessions_and_names_the_leader() -> None:
     run(scenario())
 
 
+def test_standby_refuses_operator_commands_and_names_the_leader() -> None:
+    async def scenario() -> None:
+        clock = FakeClock()
+        store = InMemoryStore(clock)
+        leader, standby = make_coordinator(store, clock, "a"), make_coordinator(store, clock, "b")
+        await lead(leader)
+        for command in (standby.pause(), standby.resume(None), standby.set_drain("n1", True),
+                        standby.add_skip(1, 2, "x"), standby.skips()):
+            with pytest.raises(NotLeader) as info:
+                await command
+            assert info.value.leader_address == "a:7420"
+
+    run(scenario())
+
+
 def test_node_joins_goes_lost_after_timeout_and_returns() -> None:
     async def scenario() -> None:
         clock = FakeClock()
