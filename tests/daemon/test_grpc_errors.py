@@ -14,8 +14,10 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
+from click.testing import CliRunner
 
 from daemon.app import grpc_server
+from daemon.cli.trainerctl import cli
 from daemon.coordinator import (
     AgentSession,
     ClusterView,
@@ -225,3 +227,56 @@ def test_a_servicers_own_refusal_passes_through_unchanged(caplog) -> None:
         answer = run(scenario())
     assert (answer.code, answer.details) == (grpc.StatusCode.INVALID_ARGUMENT, "a session must start with Hello")
     assert [r for r in caplog.records if r.name == "daemon.grpc_errors"] == []
+
+
+OPERATOR_COMMANDS = [("pause",), ("resume",), ("nodes", "drain", "n1"), ("skips", "add", "1:2", "--reason", "x"),
+                     ("skips",)]
+
+
+def refuse_commands(coordinator: StandInCoordinator, error: Exception) -> None:
+    """The operator commands raise `error`; status and events still answer."""
+
+    async def refuse(*args, **kwargs):
+        raise error
+
+    for command in ("pause", "resume", "set_drain", "add_skip", "skips"):
+        setattr(coordinator, command, refuse)
+
+
+async def trainerctl(address: str, *argv: str):
+    return await asyncio.to_thread(CliRunner().invoke, cli, ["--coordinator", address, *argv])
+
+
+@pytest.mark.parametrize("argv", OPERATOR_COMMANDS, ids=" ".join)
+def test_trainerctl_follows_a_standby_to_the_leader(argv: tuple[str, ...]) -> None:
+    """The status named a coordinator that has just stood down; its NotLeader names the new leader."""
+
+    async def scenario():
+        async with serving(StandInCoordinator()) as leader_address:
+            stale = StandInCoordinator(is_leader=True)
+            refuse_commands(stale, NotLeader(leader_address))
+            async with serving(stale) as stale_address:
+                return await trainerctl(stale_address, *argv)
+
+    result = run(scenario())
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(("error", "exit_code", "fragment"), [
+    (CommandRefused("job j is COMPLETED; nothing to pause"), 1, "Error: job j is COMPLETED; nothing to pause"),
+    (BadRange("sample range 5:5 is empty or negative"), 1, "Error: sample range 5:5 is empty or negative"),
+    (LeadershipLost("fence broke"), 3, "UNAVAILABLE this coordinator just lost leadership; retry"),
+    (NotLeader(None), 3, "UNAVAILABLE not the leader; the leader is at an unknown address"),
+    (StoreUnavailable("no etcd endpoint answered"), 3, "etcd is unavailable: no etcd endpoint answered"),
+], ids=lambda value: type(value).__name__ if isinstance(value, Exception) else None)
+def test_trainerctl_keeps_its_exit_codes(error: Exception, exit_code: int, fragment: str) -> None:
+    async def scenario():
+        coordinator = StandInCoordinator()
+        refuse_commands(coordinator, error)
+        async with serving(coordinator) as address:
+            return await trainerctl(address, "pause")
+
+    result = run(scenario())
+    assert result.exit_code == exit_code, result.output
+    assert fragment in result.output
+    assert "Traceback" not in result.output
