@@ -17,7 +17,9 @@ from daemon import metrics
 from daemon.clock import SystemClock
 from daemon.config import ClusterConfig
 from daemon.coordinator import Coordinator
+from daemon.errors import PermanentError
 from daemon.etcd_process import EmbeddedEtcd
+from daemon.grpc_errors import ErrorStatusInterceptor
 from daemon.grpc_services import ControlService, CoordinatorService
 from daemon.leader import LeaderRecord
 from daemon.local_agents import LocalAgents
@@ -39,8 +41,15 @@ SERVER_OPTIONS = [
 ]
 
 
-class ListenError(Exception):
-    """The coordinator's gRPC address cannot be bound (in use, or not an address of this host)."""
+def grpc_server() -> grpc.aio.Server:
+    """The coordinator's gRPC server: keepalive options, and the coordinator's errors answered as
+    status codes (daemon/grpc_errors.py) by every method of every service."""
+    return grpc.aio.server(options=SERVER_OPTIONS, interceptors=(ErrorStatusInterceptor(),))
+
+
+class ListenError(PermanentError):
+    """The coordinator's gRPC address cannot be bound (in use, or not an address of this host): free the
+    port or fix cluster.coordinator.listen, then start again."""
 
 
 class TrainerdApp:
@@ -72,7 +81,7 @@ class TrainerdApp:
     async def run(self, stop: asyncio.Event) -> None:
         cluster = self._config.cluster
         # Bind first: a second trainerd with the same address fails here, before it touches etcd.
-        self._server = grpc.aio.server(options=SERVER_OPTIONS)
+        self._server = grpc_server()
         try:
             self._server.add_insecure_port(cluster.coordinator.listen)
         except RuntimeError as exc:

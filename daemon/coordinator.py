@@ -17,12 +17,13 @@ from typing import Callable
 from daemon import metrics
 from daemon.clock import Clock
 from daemon.config import JobSettings
+from daemon.errors import PermanentError, RetryableError
 from daemon.events import Event, EventLog
 from daemon.job.controller import ClusterFacts, CommandRefused, JobController, JobView
 from daemon.job.observation import BadBatchReport, ProcessReport, ProgressReport
 from daemon.job.skip_ledger import SkipEntry, checked
 from daemon.job.placement import NodeOffer
-from daemon.leader import LeaderElection, LeaderRecord, Leadership
+from daemon.leader import LeaderElection, LeaderRecord, Leadership, LeadershipLost
 from daemon.liveness import LivenessTracker
 from daemon.membership import DeviceInfo, Membership, NodeRecord
 from daemon.store.interface import Store, StoreError
@@ -34,16 +35,19 @@ MAX_DEVICES_PER_NODE = 64
 STORE_RETRY_S = 1.0
 
 
-class NotLeader(Exception):
-    """This coordinator is a standby; `leader_address` is where the leader is, if known."""
+class NotLeader(RetryableError):
+    """This coordinator is a standby; `leader_address` is where the leader is, if known.
+
+    The caller should send the request to `leader_address` (or, when it is unknown, retry later)."""
 
     def __init__(self, leader_address: str | None) -> None:
         super().__init__(f"not the leader; the leader is at {leader_address or 'an unknown address'}")
         self.leader_address = leader_address
 
 
-class SessionRefused(Exception):
-    """The Hello is invalid, or another live agent holds the node name."""
+class SessionRefused(PermanentError):
+    """The Hello is invalid, or another live agent holds the node name: the agent must fix its Hello
+    (name, host, devices) or stop the other agent before it tries again."""
 
 
 @dataclass(frozen=True)
@@ -153,11 +157,16 @@ class Coordinator:
         """Campaign, lead until the lease is lost, stand down, campaign again. Runs until cancelled.
 
         etcd being unreachable is temporary: the coordinator stands down (its lease will lapse, so a
-        standby that can reach etcd takes over) and campaigns again after a pause.
+        standby that can reach etcd takes over) and campaigns again after a pause. A fenced write
+        refused because another coordinator leads ends the term the same way.
         """
         while True:
             try:
                 await self._lead_one_term(tick_s)
+            except LeadershipLost as exc:
+                log.warning("%s lost leadership (%s); standing down and campaigning again in %.0fs", self.me.id,
+                            exc, STORE_RETRY_S)
+                await asyncio.sleep(STORE_RETRY_S)
             except StoreError as exc:
                 log.error("%s: etcd failed (%s); standing down and retrying in %.0fs", self.me.id, exc,
                           STORE_RETRY_S)
@@ -173,9 +182,10 @@ class Coordinator:
                 except asyncio.TimeoutError:
                     await self.tick()
             log.warning("%s lost its leader lease; standing down", self.me.id)
-        except (asyncio.CancelledError, StoreError):
-            # Shutting down, or etcd failed under us: hand over now rather than keep the lease alive
-            # (our own keepalive would otherwise hold the leader key while we no longer lead).
+        except (asyncio.CancelledError, StoreError, LeadershipLost):
+            # Shutting down, etcd failed under us, or another coordinator leads: hand over now rather
+            # than keep the lease alive (our own keepalive would otherwise hold the leader key while we
+            # no longer lead).
             try:
                 await asyncio.shield(self._election.resign(leadership))
             except StoreError as exc:
@@ -202,9 +212,10 @@ class Coordinator:
             session.closed.set()
         self._sessions.clear()
 
-    def _require_leadership(self) -> Leadership:
+    async def _require_leadership(self) -> Leadership:
+        """The current term; NotLeader, naming the leader etcd knows, on a standby."""
         if self.leadership is None:
-            raise NotLeader(None)
+            raise NotLeader(await self._leader_address())
         return self.leadership
 
     async def _leader_address(self) -> str | None:
@@ -318,8 +329,8 @@ class Coordinator:
 
     # ------------------------------------------------------------ operator commands
 
-    def skips(self) -> tuple[SkipEntry, ...]:
-        self._require_leadership()
+    async def skips(self) -> tuple[SkipEntry, ...]:
+        await self._require_leadership()
         if self.job is None:
             raise CommandRefused("this cluster file defines no job")
         return self.job.ledger.entries()
@@ -339,7 +350,7 @@ class Coordinator:
         return await self._job_command(lambda job, fence: job.resume(fence, from_step))
 
     async def _job_command(self, command):
-        leadership = self._require_leadership()
+        leadership = await self._require_leadership()
         if self.job is None:
             raise CommandRefused("this cluster file defines no job")
         async with self._reconcile_lock:
@@ -350,7 +361,7 @@ class Coordinator:
     async def set_drain(self, node: str, drained: bool) -> str:
         """Drain: no later generation uses the node (a running one lets it go at a checkpoint).
         Undrain: it may be used again, and a quarantine is lifted."""
-        leadership = self._require_leadership()
+        leadership = await self._require_leadership()
         record = self._membership.get(node)
         if record is None:
             known = ", ".join(r.name for r in self._membership.all()) or "none"
@@ -377,7 +388,7 @@ class Coordinator:
     # ------------------------------------------------------------ periodic pass
 
     async def tick(self) -> None:
-        leadership = self._require_leadership()
+        leadership = await self._require_leadership()
         for name in self._liveness.overdue():
             record = self._membership.get(name)
             if record is None or record.state is not NodeState.READY:

@@ -18,17 +18,20 @@ from pathlib import Path
 import grpc
 from aetcd import rpc
 
+from daemon.errors import PermanentError
+
 log = logging.getLogger(__name__)
 
 LOG_FILE = "etcd.log"
 
 
-class EtcdNotFound(RuntimeError):
-    """No etcd binary in any of the places trainerd looks."""
+class EtcdNotFound(PermanentError):
+    """No etcd binary in any of the places trainerd looks: install etcd or set $ETCD_BIN, then start again."""
 
 
-class EtcdStartError(RuntimeError):
-    """The etcd process exited or did not answer in time."""
+class EtcdStartError(PermanentError):
+    """The etcd process exited or did not answer in time: read the log tail in the message (etcd.log in
+    the data directory), fix the cause, then start again."""
 
 
 def find_etcd_binary() -> str:

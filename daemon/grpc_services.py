@@ -1,4 +1,8 @@
-"""Thin gRPC servicers: translate trainerd.v1 messages and delegate to the Coordinator."""
+"""Thin gRPC servicers: translate trainerd.v1 messages and delegate to the Coordinator.
+
+The coordinator's errors propagate out of these methods; daemon/grpc_errors.py maps them to status
+codes for every method at once.
+"""
 
 from __future__ import annotations
 
@@ -9,24 +13,15 @@ import time
 
 import grpc
 
-from daemon.job.controller import CommandRefused, JobView
-from daemon.coordinator import (
-    AgentHello,
-    AgentSession,
-    ClusterView,
-    Coordinator,
-    NotLeader,
-    SessionRefused,
-)
+from daemon.job.controller import JobView
+from daemon.coordinator import AgentHello, AgentSession, ClusterView, Coordinator
 from daemon import metrics
 from daemon.job.commands import CheckpointNowCommand, LaunchCommand, StopCommand
 from daemon.job.observation import BadBatchReport, ProcessReport, ProgressReport
-from daemon.job.skip_ledger import BadRange
 from daemon.membership import DeviceInfo
-from daemon.store.interface import StoreError
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
-from proto.vocabulary import LEADER_ADDRESS_METADATA, ProcessRole
+from proto.vocabulary import ProcessRole
 
 log = logging.getLogger(__name__)
 
@@ -147,17 +142,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         if first is grpc.aio.EOF or first.WhichOneof("body") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a session must start with Hello")
         outbox: asyncio.Queue = asyncio.Queue()
-        try:
-            session, welcome = await self._coordinator.open_session(
-                hello_from_proto(first.hello), outbox.put_nowait
-            )
-        except NotLeader as exc:
-            context.set_trailing_metadata(((LEADER_ADDRESS_METADATA, exc.leader_address or ""),))
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-        except SessionRefused as exc:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        except StoreError as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot record the node in etcd: {exc}")
+        session, welcome = await self._coordinator.open_session(hello_from_proto(first.hello), outbox.put_nowait)
         await context.write(pb.CoordinatorMessage(welcome=pb.Welcome(
             node_name=welcome.node_name, resume_token=welcome.resume_token,
             heartbeat_interval_s=welcome.heartbeat_interval_s, coordinator_id=welcome.coordinator_id,
@@ -239,53 +224,29 @@ class ControlService(pb_grpc.ControlServicer):
         self._coordinator = coordinator
 
     async def ListEvents(self, request: pb.EventsRequest, context: grpc.aio.ServicerContext) -> pb.EventsReply:
-        try:
-            events = await self._coordinator.events(request.after_seq)
-        except StoreError as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd is unavailable: {exc}")
+        events = await self._coordinator.events(request.after_seq)
         return pb.EventsReply(events=[
             pb.Event(seq=e.seq, at=e.at, kind=e.kind, message=e.message, fields_json=json.dumps(e.fields))
             for e in events])
 
     async def GetStatus(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusReply:
-        try:
-            return status_to_proto(await self._coordinator.view())
-        except StoreError as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd is unavailable: {exc}")
+        return status_to_proto(await self._coordinator.view())
 
     async def Pause(self, request: pb.PauseRequest, context: grpc.aio.ServicerContext) -> pb.CommandReply:
-        return await self._command(context, self._coordinator.pause())
+        return pb.CommandReply(message=await self._coordinator.pause())
 
     async def Resume(self, request: pb.ResumeRequest, context: grpc.aio.ServicerContext) -> pb.CommandReply:
         from_step = request.from_step if request.HasField("from_step") else None
-        return await self._command(context, self._coordinator.resume(from_step))
+        return pb.CommandReply(message=await self._coordinator.resume(from_step))
 
     async def SetDrain(self, request: pb.DrainRequest, context: grpc.aio.ServicerContext) -> pb.CommandReply:
-        return await self._command(context, self._coordinator.set_drain(request.node, request.drained))
+        return pb.CommandReply(message=await self._coordinator.set_drain(request.node, request.drained))
 
     async def AddSkip(self, request: pb.AddSkipRequest, context: grpc.aio.ServicerContext) -> pb.CommandReply:
-        return await self._command(context, self._coordinator.add_skip(request.start, request.end, request.reason))
+        message = await self._coordinator.add_skip(request.start, request.end, request.reason)
+        return pb.CommandReply(message=message)
 
     async def ListSkips(self, request: pb.SkipsRequest, context: grpc.aio.ServicerContext) -> pb.SkipsReply:
-        try:
-            entries = self._coordinator.skips()
-        except CommandRefused as exc:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        except NotLeader as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        entries = await self._coordinator.skips()
         return pb.SkipsReply(skips=[pb.SkipEntry(start=e.start, end=e.end, reason=e.reason, step=e.step,
                                                  generation=e.generation, id=e.id) for e in entries])
-
-    async def _command(self, context: grpc.aio.ServicerContext, command) -> pb.CommandReply:
-        """Run an operator command on the leader; a refusal is FAILED_PRECONDITION with the reason."""
-        try:
-            return pb.CommandReply(message=await command)
-        except CommandRefused as exc:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        except BadRange as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except NotLeader as exc:
-            context.set_trailing_metadata(((LEADER_ADDRESS_METADATA, exc.leader_address or ""),))
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-        except StoreError as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd is unavailable: {exc}")

@@ -11,14 +11,17 @@ import logging
 from contextlib import aclosing
 from dataclasses import dataclass
 
+from daemon.errors import RetryableError
 from daemon.store import codec, keys
-from daemon.store.interface import EventKind, Fence, Lease, Store, StoreError
+from daemon.store.interface import EventKind, Fence, Lease, Store
 
 log = logging.getLogger(__name__)
 
 
-class LeadershipLost(StoreError):
-    """A fenced write was refused because another coordinator leads now."""
+class LeadershipLost(RetryableError):
+    """A fenced write was refused because another coordinator leads now (etcd itself is fine).
+
+    The coordinator must stand down at once; a client should retry at the coordinator that leads now."""
 
 
 async def ensure_fence(store: Store, fence: Fence) -> None:

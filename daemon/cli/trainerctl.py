@@ -19,6 +19,7 @@ from common.config_file import parse_host_port
 from daemon.cli.status_json import RECOVERY_PHASES, status_to_json
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
+from proto.vocabulary import LEADER_ADDRESS_METADATA
 
 EXIT_UNREACHABLE = 3
 RPC_TIMEOUT_S = 5.0
@@ -70,16 +71,40 @@ def fetch_status(addresses: list[str]) -> tuple[str, pb.StatusReply]:
     raise _unreachable(errors)
 
 
-def call_control(addresses: list[str], method: str, request):
-    """Call a Control method on the leader (found through status), or the first coordinator that answers."""
-    address, _ = fetch_status(addresses)
+def _call(address: str, method: str, request):
     with grpc.insecure_channel(address) as channel:
-        try:
-            return getattr(pb_grpc.ControlStub(channel), method)(request, timeout=RPC_TIMEOUT_S)
-        except grpc.RpcError as exc:
-            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise _unreachable([f"{address}: {exc.code().name} {exc.details() or ''}".strip()]) from exc
-            raise click.ClickException(exc.details() or exc.code().name) from exc
+        return getattr(pb_grpc.ControlStub(channel), method)(request, timeout=RPC_TIMEOUT_S)
+
+
+def _named_leader(exc: grpc.RpcError) -> str | None:
+    """The leader's address a standby attaches to UNAVAILABLE, if it knows one."""
+    if exc.code() != grpc.StatusCode.UNAVAILABLE:
+        return None
+    return dict(exc.trailing_metadata() or ()).get(LEADER_ADDRESS_METADATA) or None
+
+
+def _failed(address: str, exc: grpc.RpcError) -> click.ClickException:
+    if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return _unreachable([f"{address}: {exc.code().name} {exc.details() or ''}".strip()])
+    return click.ClickException(exc.details() or exc.code().name)
+
+
+def call_control(addresses: list[str], method: str, request):
+    """Call a Control method on the leader (found through status), or the first coordinator that answers.
+
+    When leadership moved since the status, the standby answers UNAVAILABLE naming the new leader:
+    the call follows it once."""
+    address, _ = fetch_status(addresses)
+    try:
+        return _call(address, method, request)
+    except grpc.RpcError as exc:
+        leader = _named_leader(exc)
+        if leader is None or leader == address:
+            raise _failed(address, exc) from exc
+    try:
+        return _call(leader, method, request)
+    except grpc.RpcError as exc:
+        raise _failed(leader, exc) from exc
 
 
 @click.group()

@@ -17,6 +17,7 @@ from typing import Callable, assert_never
 from daemon import metrics
 from daemon.clock import Clock
 from daemon.config import JobSettings
+from daemon.errors import PermanentError
 from daemon.events import EventLog
 from daemon.job.catalog import CheckpointCatalog, CheckpointEntry
 from daemon.job.commands import CheckpointNowCommand, LaunchCommand, StopCommand
@@ -50,7 +51,7 @@ from proto.vocabulary import JobState
 log = logging.getLogger(__name__)
 
 
-class CommandRefused(Exception):
+class CommandRefused(PermanentError):
     """An operator command that does not apply to the job as it is; the message says why."""
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from daemon.errors import PermanentError
 from daemon.store import keys
 from daemon.store.fenced_cache import FencedCache
 from daemon.store.interface import Fence, Store
@@ -19,7 +20,7 @@ from daemon.store.interface import Fence, Store
 MAX_REASON_CHARS = 500
 
 
-class BadRange(ValueError):
+class BadRange(PermanentError, ValueError):
     """A range that cannot be a ledger entry; the message says why in one line."""
 
 

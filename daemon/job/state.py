@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from daemon.errors import PermanentError
 from daemon.job.placement import Placement
 from proto.vocabulary import JobState
 
@@ -22,8 +23,8 @@ ALLOWED_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
 }
 
 
-class IllegalTransition(Exception):
-    pass
+class IllegalTransition(PermanentError):
+    """A move the transition table forbids: a bug in the decision that asked for it, never retried."""
 
 
 class FailureCause(StrEnum):

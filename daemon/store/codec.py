@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 
+from daemon.errors import PermanentError
 from daemon.store.interface import StoreError
 
 SCHEMA = 1
 
 
-class BadValue(StoreError):
-    """A stored value is not a JSON object of a known schema."""
+class BadValue(StoreError, PermanentError):
+    """A stored value is not a JSON object of a known schema: reading it again gives the same bytes,
+    so the caller should stop and report the key (a newer trainerd, or a hand-edited etcd)."""
 
     def __init__(self, key: str, reason: str) -> None:
         super().__init__(f"bad value at {key}: {reason}")

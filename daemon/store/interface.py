@@ -12,12 +12,17 @@ import enum
 from dataclasses import dataclass
 from typing import AsyncIterator, Protocol
 
-
-class StoreError(Exception):
-    """Base of every error a store raises; adapters wrap foreign errors with `raise ... from`."""
+from daemon.errors import RetryableError, TrainerdError
 
 
-class StoreUnavailable(StoreError):
+class StoreError(TrainerdError):
+    """Base of every error a store raises; adapters wrap foreign errors with `raise ... from`.
+
+    The store refused or failed the call (closed store, revoked lease, a cancelled watch): the
+    caller should give up what it was doing and start again from a fresh read."""
+
+
+class StoreUnavailable(StoreError, RetryableError):
     """The store cannot be reached right now; the caller may retry after a delay."""
 
 

@@ -27,7 +27,7 @@ def test_skipped_batches_enter_the_ledger_once_and_every_later_generation_gets_i
         sim.bad_batch(12, "nonfinite_loss")  # repeated by a retry: one entry
         sim.step(13)
         await sim.tick(0.1)
-        entries = sim.coordinator.skips()
+        entries = await sim.coordinator.skips()
         assert [(e.start, e.end, e.step, e.generation) for e in entries] == [(11 * GLOBAL_BATCH, 12 * GLOBAL_BATCH, 12, 1)]
         assert entries[0].reason.startswith("nonfinite_loss")
         assert sim.state is JobState.RUNNING  # one bad batch is skipped in the step, no restart
@@ -60,7 +60,7 @@ def test_a_run_of_spikes_rolls_back_before_it_and_skips_it() -> None:
         await sim.tick(1.0)
         launch = sim.agents["a"].launches()[-1]
         assert launch.checkpoint_path == "/ckpt/step_00000020"
-        rollback = [e for e in sim.coordinator.skips() if e.reason.startswith("rollback")]
+        rollback = [e for e in await sim.coordinator.skips() if e.reason.startswith("rollback")]
         assert [(e.start, e.end) for e in rollback] == [(20 * GLOBAL_BATCH, 23 * GLOBAL_BATCH)]
         assert (20 * GLOBAL_BATCH, 23 * GLOBAL_BATCH) in launch.skips
     run(scenario())
@@ -91,7 +91,7 @@ def test_a_step_that_crashes_workers_repeatedly_is_skipped() -> None:
             sim.confirm_stop()
             await sim.tick(0.1)
             assert sim.job.record.generation == attempt + 1
-        entries = sim.coordinator.skips()
+        entries = await sim.coordinator.skips()
         assert [(e.start, e.end, e.step) for e in entries] == [(14 * GLOBAL_BATCH, 15 * GLOBAL_BATCH, 15)]
         assert "crashed a worker 2 times" in entries[0].reason
         assert sim.agents["a"].launches()[-1].skips == ((14 * GLOBAL_BATCH, 15 * GLOBAL_BATCH),)
@@ -106,7 +106,7 @@ def test_operator_skips_are_checked_and_recorded() -> None:
         assert "already" in await sim.coordinator.add_skip(100, 164, "again")
         with pytest.raises(BadRange, match="empty or negative"):
             await sim.coordinator.add_skip(50, 50, "x")
-        [entry] = sim.coordinator.skips()
+        [entry] = await sim.coordinator.skips()
         assert (entry.start, entry.end, entry.reason) == (100, 164, "operator: corrupt shard 7")
     run(scenario())
 

@@ -98,6 +98,21 @@ def test_standby_refuses_sessions_and_names_the_leader() -> None:
     run(scenario())
 
 
+def test_standby_refuses_operator_commands_and_names_the_leader() -> None:
+    async def scenario() -> None:
+        clock = FakeClock()
+        store = InMemoryStore(clock)
+        leader, standby = make_coordinator(store, clock, "a"), make_coordinator(store, clock, "b")
+        await lead(leader)
+        for command in (standby.pause(), standby.resume(None), standby.set_drain("n1", True),
+                        standby.add_skip(1, 2, "x"), standby.skips()):
+            with pytest.raises(NotLeader) as info:
+                await command
+            assert info.value.leader_address == "a:7420"
+
+    run(scenario())
+
+
 def test_node_joins_goes_lost_after_timeout_and_returns() -> None:
     async def scenario() -> None:
         clock = FakeClock()
@@ -196,3 +211,30 @@ def test_new_leader_adopts_known_nodes_for_one_window() -> None:
 
     run(scenario())
 
+
+
+def test_a_leader_whose_fenced_write_is_refused_stands_down_and_campaigns_again() -> None:
+    async def scenario() -> None:
+        clock = FakeClock()
+        store = InMemoryStore(clock)
+        coordinator = make_coordinator(store, clock, "a")
+        running = asyncio.create_task(coordinator.run(tick_s=0.01))
+        while coordinator.leadership is None:
+            await asyncio.sleep(0)
+        term = coordinator.leadership
+        await coordinator.open_session(hello("n1"), lambda m: None)
+        held = await store.get(keys.LEADER)
+        # The leader key moves on while our lease lives: every fenced write now raises LeadershipLost.
+        await store.compare_and_swap(keys.LEADER, held.value, held.mod_revision, lease=term.lease)
+        clock.advance(TIMEOUT_S + 0.1)  # n1 is overdue: the next pass writes it LOST, fenced
+        while coordinator.leadership is term:
+            await asyncio.sleep(0.01)
+        assert not term.lease.alive  # it resigned rather than keep the key alive
+        while coordinator.leadership is None:  # and leads again once the key is free
+            assert not running.done(), running.exception()
+            await asyncio.sleep(0.05)
+        assert coordinator.leadership.fence != term.fence
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+
+    run(scenario())
