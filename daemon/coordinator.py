@@ -22,12 +22,15 @@ from daemon.events import Event, EventLog
 from daemon.job.controller import ClusterFacts, CommandRefused, JobController, JobView
 from daemon.job.observation import BadBatchReport, ProcessReport, ProgressReport
 from daemon.job.skip_ledger import SkipEntry, checked
+from daemon.job.state import GenerationRecord
 from daemon.job.placement import NodeOffer
 from daemon.leader import LeaderElection, LeaderRecord, Leadership, LeadershipLost
 from daemon.liveness import LivenessTracker
+from daemon.log_relay import LogChunk, LogRelay
 from daemon.membership import DeviceInfo, Membership, NodeRecord
+from daemon.store import codec, keys
 from daemon.store.interface import Store, StoreError
-from proto.vocabulary import NODE_NAME_PATTERN, NodeState
+from proto.vocabulary import NODE_NAME_PATTERN, NodeState, ProcessRole
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +146,8 @@ class Coordinator:
         self._membership = Membership(store)
         self._events = EventLog(store, job_name)
         self._sessions: dict[str, AgentSession] = {}
+        self._logs = LogRelay(self._send_to_node)
+        self._job_name = job_name
         self.job = None if job is None else JobController(
             store=store, spec=job, events=self._events, clock=clock, send=self._send_to_node)
         self._reconcile_lock = asyncio.Lock()
@@ -327,7 +332,45 @@ class Coordinator:
             self.job.bad_batch(generation, session.node, report)
             self.request_reconcile()
 
+    def log_data(self, session: AgentSession, request_id: int, chunk: LogChunk) -> None:
+        self._logs.answer(session.node, request_id, chunk)
+
     # ------------------------------------------------------------ operator commands
+
+    async def read_log(self, rank: int, generation: int, offset: int, max_bytes: int) -> tuple[int, str, LogChunk]:
+        """Part of the log of `rank` (-1: the scheduler) in `generation` (0: the current one), read by
+        the agent of the node it ran on: (generation, node, chunk). Raises LogUnavailable or
+        CommandRefused with one line."""
+        await self._require_leadership()
+        if self.job is None:
+            raise CommandRefused("this cluster file defines no job")
+        record = await self._generation_record(generation)
+        slots = record.placement.ranks
+        if rank == -1:
+            node, role = slots[0].node, ProcessRole.SCHEDULER
+        else:
+            node = next((slot.node for slot in slots if slot.rank == rank), "")
+            role = ProcessRole.WORKER
+            if not node:
+                raise CommandRefused(f"generation {record.number} has ranks 0-{len(slots) - 1}, not {rank}")
+        chunk = await self._logs.read(node, record.number, role.value, rank, offset, max_bytes)
+        return record.number, node, chunk
+
+    async def _generation_record(self, number: int) -> GenerationRecord:
+        assert self.job is not None
+        current = self.job.generation
+        if current is None:
+            raise CommandRefused(f"job {self._job_name} has not launched a generation yet")
+        if number in (0, current.number):
+            return current
+        if not 0 < number < current.number:
+            raise CommandRefused(f"no generation {number}: the job is at generation {current.number}")
+        key = keys.generation(self._job_name, number)
+        value = await self._store.get(key)
+        if value is None:
+            raise CommandRefused(f"generation {number} is not in etcd")
+        return GenerationRecord.from_json(codec.decode(value.value, key=key))
+
 
     async def skips(self) -> tuple[SkipEntry, ...]:
         await self._require_leadership()

@@ -16,7 +16,14 @@ import grpc
 from daemon.job.controller import JobView
 from daemon.coordinator import AgentHello, AgentSession, ClusterView, Coordinator
 from daemon import metrics
-from daemon.job.commands import CheckpointNowCommand, LaunchCommand, StopCommand
+from daemon.job.commands import (
+    CheckpointNowCommand,
+    LaunchCommand,
+    ReadLogCommand,
+    RequestExitCommand,
+    StopCommand,
+)
+from daemon.log_relay import MAX_LOG_READ_BYTES, LogChunk
 from daemon.job.observation import BadBatchReport, ProcessReport, ProgressReport
 from daemon.membership import DeviceInfo
 from proto import trainerd_pb2 as pb
@@ -27,6 +34,7 @@ log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 10.0
 MAX_PATH_CHARS = 4096
+MAX_RANK = 1 << 20
 
 
 def hello_from_proto(message: pb.Hello) -> AgentHello:
@@ -115,7 +123,8 @@ def command_to_proto(command: object) -> pb.CoordinatorMessage:
     if isinstance(command, LaunchCommand):
         return pb.CoordinatorMessage(launch=pb.Launch(
             generation=command.generation, job_name=command.job_name, rank_table_json=command.rank_table_json,
-            checkpoint_path=command.checkpoint_path,
+            checkpoint_path=command.checkpoint_path, workdir=command.workdir,
+            graceful_exit_file=command.graceful_exit_file, progress_pattern=command.progress_pattern,
             skips=[pb.SampleRange(start=start, end=end) for start, end in command.skips],
             processes=[pb.ProcessSpec(role=p.role.value, rank=p.rank, local_rank=p.local_rank,
                                       device_id=p.device_id, argv=list(p.argv), env=p.env)
@@ -123,7 +132,13 @@ def command_to_proto(command: object) -> pb.CoordinatorMessage:
         ))
     if isinstance(command, StopCommand):
         return pb.CoordinatorMessage(stop=pb.Stop(generation=command.generation, grace_s=command.grace_s,
-                                                  reason=command.reason))
+                                                  reason=command.reason, dump_stacks=command.dump_stacks))
+    if isinstance(command, RequestExitCommand):
+        return pb.CoordinatorMessage(request_exit=pb.RequestExit(generation=command.generation))
+    if isinstance(command, ReadLogCommand):
+        return pb.CoordinatorMessage(read_log=pb.ReadLog(
+            request_id=command.request_id, generation=command.generation, role=command.role, rank=command.rank,
+            offset=command.offset, max_bytes=command.max_bytes))
     if isinstance(command, CheckpointNowCommand):
         return pb.CoordinatorMessage(checkpoint_now=pb.CheckpointNow(generation=command.generation,
                                                                      step=command.step))
@@ -211,6 +226,13 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                                              saved.path)
             else:
                 log.warning("node %s reported a malformed checkpoint (step %d); ignored", session.node, saved.step)
+        elif kind == "log_data":
+            data = message.log_data
+            if len(data.data) <= MAX_LOG_READ_BYTES and data.offset >= 0 and data.size >= 0 and len(data.error) <= 1000:
+                coordinator.log_data(session, data.request_id, LogChunk(bytes(data.data), data.offset, data.size,
+                                                                        data.running, data.error))
+            else:
+                log.warning("node %s sent malformed log data; ignored", session.node)
         elif kind == "hello":
             log.warning("node %s sent a second Hello; ignored", session.node)
 
@@ -245,6 +267,16 @@ class ControlService(pb_grpc.ControlServicer):
     async def AddSkip(self, request: pb.AddSkipRequest, context: grpc.aio.ServicerContext) -> pb.CommandReply:
         message = await self._coordinator.add_skip(request.start, request.end, request.reason)
         return pb.CommandReply(message=message)
+
+    async def ReadLog(self, request: pb.LogRequest, context: grpc.aio.ServicerContext) -> pb.LogReply:
+        if not (-1 <= request.rank < MAX_RANK and request.generation >= 0 and 0 < request.max_bytes <= MAX_LOG_READ_BYTES):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"rank must be -1 (the scheduler) to {MAX_RANK - 1}, generation at least 0 and "
+                                f"max_bytes 1 to {MAX_LOG_READ_BYTES}")
+        generation, node, chunk = await self._coordinator.read_log(request.rank, request.generation, request.offset,
+                                                                   request.max_bytes)
+        return pb.LogReply(data=chunk.data, offset=chunk.offset, size=chunk.size, running=chunk.running,
+                           generation=generation, node=node)
 
     async def ListSkips(self, request: pb.SkipsRequest, context: grpc.aio.ServicerContext) -> pb.SkipsReply:
         entries = await self._coordinator.skips()

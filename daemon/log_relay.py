@@ -14,6 +14,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Callable
 
+from daemon.errors import PermanentError
 from daemon.job.commands import ReadLogCommand
 
 MAX_LOG_READ_BYTES = 1 << 20
@@ -29,8 +30,9 @@ class LogChunk:
     error: str = ""
 
 
-class LogUnavailable(Exception):
-    """The log cannot be read: the node is not connected, did not answer, or has no such log."""
+class LogUnavailable(PermanentError):
+    """The log cannot be read: the node is not connected, did not answer, or has no such log. Asking
+    again may work once the node is back; the message says which in one line."""
 
 
 class LogRelay:

@@ -24,6 +24,9 @@ from proto.vocabulary import LEADER_ADDRESS_METADATA
 EXIT_UNREACHABLE = 3
 RPC_TIMEOUT_S = 5.0
 FOLLOW_POLL_S = 1.0
+LOG_CHUNK_BYTES = 1 << 20
+TAIL_BYTES_PER_LINE = 1024
+TAIL_MIN_BYTES = 64 << 10
 
 
 class Unreachable(click.ClickException):
@@ -150,6 +153,60 @@ def events(coordinator: str | None, output: str, follow: bool) -> None:
         if not follow:
             return
         time.sleep(FOLLOW_POLL_S)
+
+
+def _rank_argument(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    if value == "scheduler":
+        return -1
+    try:
+        rank = int(value)
+    except ValueError:
+        rank = -2
+    if rank < 0:
+        raise click.BadParameter(f"{value!r} is not a rank (0, 1, ...) or 'scheduler'")
+    return rank
+
+
+@cli.command()
+@click.argument("rank", metavar="RANK", callback=_rank_argument)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing what the process writes until it exits.")
+@click.option("--generation", type=click.IntRange(min=1), help="An earlier generation (default: the current one).")
+@click.option("--tail", type=click.IntRange(min=0), help="Only the last N lines.")
+@click.pass_obj
+def logs(coordinator: str | None, rank: int, follow: bool, generation: int | None, tail: int | None) -> None:
+    """The output of RANK (or 'scheduler'), read from its host by its agent: no SSH needed."""
+    addresses = _addresses(coordinator)
+    out = click.get_binary_stream("stdout")
+
+    def read(generation: int, offset: int) -> pb.LogReply:
+        return call_control(addresses, "ReadLog", pb.LogRequest(rank=rank, generation=generation, offset=offset,
+                                                                max_bytes=LOG_CHUNK_BYTES))
+
+    offset = 0 if tail is None else -min(LOG_CHUNK_BYTES, max(TAIL_MIN_BYTES, tail * TAIL_BYTES_PER_LINE))
+    reply = read(generation or 0, offset)
+    pinned = reply.generation  # a follow stays with this generation even when a new one starts
+    data = reply.data
+    if tail is not None:
+        lines = data.splitlines(keepends=True)
+        if reply.offset > 0 and lines:
+            lines = lines[1:]  # the first line was cut by the byte offset
+        data = b"".join(lines[-tail:] if tail else [])
+    out.write(data)
+    position = reply.offset + len(reply.data)
+    while True:
+        while position < reply.size:
+            reply = read(pinned, position)
+            if not reply.data:
+                break
+            out.write(reply.data)
+            position = reply.offset + len(reply.data)
+        out.flush()
+        if not follow or not reply.running:
+            return
+        time.sleep(FOLLOW_POLL_S)
+        reply = read(pinned, position)
+        out.write(reply.data)
+        position = reply.offset + len(reply.data)
 
 
 @cli.command()
