@@ -1,0 +1,148 @@
+"""The root cause of a failed rank, read from the tail of its output (a few KB up to 64 KB).
+
+In order of preference:
+
+1. A Python exception: the exception line after the last traceback frame in the tail, with the
+   innermost frame of that traceback outside the Python installation and its packages (the
+   user's code), or the innermost frame when all are library code. Taking the last frame picks
+   the last block of a chain ("During handling of the above exception…", "The above exception
+   was the direct cause…"), and the user's own exception when MindSpore's dataset pipeline quotes
+   it under "- Python Call Stack:" inside its RuntimeError. An exception line whose message is
+   empty (MindSpore's `RuntimeError: ` followed by "- Kernel error:" sections) takes the first
+   line of text below it. What follows the first line ("- C++ Call Stack:", "- The Traceback of
+   Net Construct Code:" sections) is never the message.
+2. The last ERROR or CRITICAL line in MindSpore's log format, from C++
+   `[ERROR] DISTRIBUTED(18267,7f49e4f9e6c0,python):2026-11-23-09:15:36.390.257
+   [mindspore/ccsrc/cluster/topology/meta_server_node.cc:548] UpdateTopoState] The node: 1 is…`
+   or from Python (mindspore/log.py) `[ERROR] ME(12345:139872,MainProcess):2026-11-23-09:00:00.123.456
+   [mindspore/train/model.py:123] message`: its message, and its `file:line` as the location.
+3. The last line with text (a log line's message when it is in MindSpore's format).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+MAX_MESSAGE_CHARS = 300
+
+_FRAME = re.compile(r'^  File "(?P<path>[^"]+)", line (?P<line>\d+)(?:, in .*)?$')
+_EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::(?P<text>.*))?$")
+_MINDSPORE_LOG = re.compile(
+    r"^\[(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)\] \w+\(\d+[,:][^)]*\):"
+    r"\d{4}-\d\d-\d\d-\d\d:\d\d:\d\d\.\d+(?:\.\d*)? \[(?P<file>[^\]\s]+):(?P<line>\d+)\] "
+    r"(?:[^\s\]]+\] )?(?P<message>.*)$")
+_SECTION_LINE = re.compile(r"^-+$|^- .*:\s*$")  # MindSpore's "-----" rules and "- Kernel error:" titles
+_LIBRARY_PATH = re.compile(r"/(?:site|dist)-packages/|/lib/python\d+\.\d+/|^<frozen ")
+_MESSAGE_BELOW_LINES = 10  # how far below an empty `RuntimeError: ` its text is looked for
+_VARIABLE = re.compile(r"0x[0-9a-fA-F]+|\d+")
+
+
+class CauseKind(enum.StrEnum):
+    PYTHON_EXCEPTION = "python_exception"
+    MINDSPORE_ERROR = "mindspore_error"
+    LAST_LINE = "last_line"
+
+
+@dataclass(frozen=True)
+class FailureCause:
+    kind: CauseKind
+    message: str  # one line, at most MAX_MESSAGE_CHARS
+    location: str | None  # "file:line"
+
+
+def extract_failure_cause(tail: str, work_dir: str | None = None) -> FailureCause | None:
+    """The root cause in a failed rank's output tail; None when the tail has no text at all.
+
+    A location under `work_dir` is given relative to it (`train.py:42`), so the same script's
+    error reads the same on every node.
+    """
+    lines = tail.splitlines()
+    return (_python_exception(lines, work_dir) or _mindspore_error(lines)
+            or _last_line(lines))
+
+
+def same_error(first: FailureCause, second: FailureCause) -> bool:
+    """Whether two ranks failed with the same error (for telling a job's fault from a node's).
+
+    Same kind, same location, and the same message once every number is ignored: ranks, PIDs,
+    addresses, ports, sizes and shard names differ between ranks that hit the same bug (rank 1's
+    'data/shard-1.bin' and rank 3's 'data/shard-3.bin' are the same missing data). Errors that
+    follow another rank's failure (a collective that failed, "Launch kernel failed: …AllReduce")
+    look alike on every surviving rank: compare the first failures of a generation, not those.
+    """
+    return (first.kind == second.kind and first.location == second.location
+            and _without_numbers(first.message) == _without_numbers(second.message))
+
+
+def _python_exception(lines: list[str], work_dir: str | None) -> FailureCause | None:
+    last_frame = next((index for index in range(len(lines) - 1, -1, -1) if _FRAME.match(lines[index])), None)
+    if last_frame is None:
+        return None
+    exception_at = next((index for index in range(last_frame + 1, len(lines))
+                         if lines[index].strip() and not lines[index][0].isspace()
+                         and not _MINDSPORE_LOG.match(lines[index])), None)
+    if exception_at is None:
+        return None
+    exception = _EXCEPTION.match(lines[exception_at])
+    if exception is None:
+        return None
+    message = lines[exception_at].rstrip()
+    if exception["text"] is not None and not exception["text"].strip():
+        below = lines[exception_at + 1:exception_at + 1 + _MESSAGE_BELOW_LINES]
+        text = next((line.strip() for line in below if line.strip() and not _SECTION_LINE.match(line.strip())), None)
+        if text is not None:
+            message = f"{exception['type']}: {text}"
+    frames = [_FRAME.match(line) for line in lines[_block_start(lines, last_frame):last_frame + 1]]
+    paths = [(frame["path"], frame["line"]) for frame in frames if frame is not None]
+    user = [frame for frame in paths if not _LIBRARY_PATH.search(frame[0])]
+    path, line = (user or paths)[-1]
+    return FailureCause(CauseKind.PYTHON_EXCEPTION, _one_line(message), f"{_relative(path, work_dir)}:{line}")
+
+
+def _block_start(lines: list[str], last_frame: int) -> int:
+    """Where the traceback holding `last_frame` starts: after its header, or where the tail starts."""
+    for index in range(last_frame, -1, -1):
+        if lines[index].startswith("Traceback (most recent call last):"):
+            return index + 1
+    return 0
+
+
+def _mindspore_error(lines: list[str]) -> FailureCause | None:
+    for line in reversed(lines):
+        logged = _MINDSPORE_LOG.match(line)
+        if logged is not None and logged["level"] in ("ERROR", "CRITICAL"):
+            return FailureCause(CauseKind.MINDSPORE_ERROR, _one_line(logged["message"]),
+                                f"{logged['file']}:{logged['line']}")
+    return None
+
+
+def _last_line(lines: list[str]) -> FailureCause | None:
+    for line in reversed(lines):
+        text = line.strip()
+        if not text or _SECTION_LINE.match(text):
+            continue
+        logged = _MINDSPORE_LOG.match(text)
+        if logged is not None:
+            return FailureCause(CauseKind.LAST_LINE, _one_line(logged["message"]),
+                                f"{logged['file']}:{logged['line']}")
+        return FailureCause(CauseKind.LAST_LINE, _one_line(text), None)
+    return None
+
+
+def _relative(path: str, work_dir: str | None) -> str:
+    if work_dir:
+        prefix = work_dir.rstrip("/") + "/"
+        if path.startswith(prefix):
+            return path[len(prefix):]
+    return path
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS - 1] + "…"
+
+
+def _without_numbers(message: str) -> str:
+    return _VARIABLE.sub("#", message)

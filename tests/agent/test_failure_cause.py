@@ -1,0 +1,217 @@
+"""The root cause of a failed rank, read from its output tail.
+
+Tracebacks come from really running small failing scripts; the files in mindspore_output/ are real
+output of MindSpore 2.10 on CPU (paths replaced): a 2-worker data-parallel job whose rank 1 lost
+its data file, and single-process failures.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from agent.failure_cause import (
+    MAX_MESSAGE_CHARS,
+    CauseKind,
+    FailureCause,
+    extract_failure_cause,
+    same_error,
+)
+
+SAMPLES = Path(__file__).parent / "mindspore_output"
+MAX_TAIL = 64 * 1024
+
+
+def run_failing(tmp_path: Path, source: str) -> str:
+    """The merged stdout+stderr of `python train.py` run in tmp_path, which must fail."""
+    (tmp_path / "train.py").write_text(textwrap.dedent(source))
+    result = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, timeout=60, check=False)
+    assert result.returncode != 0, result.stdout
+    return result.stdout
+
+
+def sample(name: str) -> str:
+    return (SAMPLES / name).read_text()[-MAX_TAIL:]
+
+
+def test_a_python_exception_with_the_line_that_raised_it(tmp_path: Path) -> None:
+    output = run_failing(tmp_path, """\
+        print("epoch: 1 step: 1, loss is 0.5", flush=True)
+
+        def load(path):
+            with open(path) as f:
+                return f.read()
+
+        load("data/x")
+        """)
+    cause = extract_failure_cause(output, work_dir=str(tmp_path))
+    assert cause == FailureCause(CauseKind.PYTHON_EXCEPTION,
+                                 "FileNotFoundError: [Errno 2] No such file or directory: 'data/x'", "train.py:4")
+    assert extract_failure_cause(output).location == f"{tmp_path.resolve()}/train.py:4"
+
+
+def test_an_exception_raised_in_library_code_points_at_the_users_line(tmp_path: Path) -> None:
+    output = run_failing(tmp_path, """\
+        import json
+
+        config = json.loads("{not json")
+        """)
+    cause = extract_failure_cause(output, work_dir=str(tmp_path))
+    assert cause.kind is CauseKind.PYTHON_EXCEPTION
+    assert cause.message.startswith("json.decoder.JSONDecodeError: Expecting property name")
+    assert cause.location == "train.py:3"  # not json/decoder.py
+
+
+@pytest.mark.parametrize(("raise_it", "message", "line"), [
+    ("raise RuntimeError('cannot load checkpoint ckpt/step_400') from exc",
+     "RuntimeError: cannot load checkpoint ckpt/step_400", 7),
+    ("undefined_name()", "NameError: name 'undefined_name' is not defined", 7),
+])
+def test_a_chain_of_exceptions_gives_the_last_one(tmp_path: Path, raise_it: str, message: str, line: int) -> None:
+    output = run_failing(tmp_path, f"""\
+        def read(path):
+            return open(path).read()
+
+        try:
+            read("ckpt/step_400")
+        except OSError as exc:
+            {raise_it}
+        """)
+    assert ("direct cause" in output) != ("During handling" in output)
+    cause = extract_failure_cause(output, work_dir=str(tmp_path))
+    assert cause == FailureCause(CauseKind.PYTHON_EXCEPTION, message, f"train.py:{line}")
+
+
+def test_an_exception_without_a_message_keeps_its_line_alone(tmp_path: Path) -> None:
+    output = run_failing(tmp_path, """\
+        import atexit, sys
+        atexit.register(lambda: print("dataset workers stopped", file=sys.stderr, flush=True))
+        def check(batch):
+            assert batch
+        check([])
+        """)
+    assert output.rstrip().endswith("AssertionError\ndataset workers stopped")
+    cause = extract_failure_cause(output, work_dir=str(tmp_path))
+    assert cause == FailureCause(CauseKind.PYTHON_EXCEPTION, "AssertionError", "train.py:4")
+
+
+def test_a_syntax_error(tmp_path: Path) -> None:
+    output = run_failing(tmp_path, "import os\nsteps = (1,\n")
+    cause = extract_failure_cause(output, work_dir=str(tmp_path))
+    assert cause.kind is CauseKind.PYTHON_EXCEPTION
+    assert cause.message == "SyntaxError: '(' was never closed" and cause.location == "train.py:2"
+
+
+def test_a_mindspore_error_is_its_first_line_not_its_cpp_call_stack() -> None:
+    cause = extract_failure_cause(sample("matmul_shape_error.txt"), work_dir="/home/alice/mnist")
+    assert cause == FailureCause(
+        CauseKind.PYTHON_EXCEPTION,
+        "ValueError: For 'MatMul' the input dimensions must be equal, but got 'x1_col': 4 and 'x2_row': 5.",
+        "train.py:41")
+
+
+def test_an_empty_runtime_error_takes_the_text_of_its_first_section() -> None:
+    # "RuntimeError: " then "- Kernel error:" then the message, on the rank whose peer died.
+    cause = extract_failure_cause(sample("rank0_peer_failed.txt"), work_dir="/home/alice/mnist")
+    assert cause == FailureCause(
+        CauseKind.PYTHON_EXCEPTION,
+        "RuntimeError: Launch kernel failed: Default/grad_reducer-DistributedGradReducer/AllReduce-op0",
+        "train.py:24")
+
+
+@pytest.mark.parametrize(("name", "message", "location"), [
+    ("dataset_user_error.txt", "ValueError: bad sample 3", "train.py:15"),
+    ("rank1_data_missing.txt", "FileNotFoundError: [Errno 2] No such file or directory: 'data/shard-1.bin'",
+     "train.py:17"),
+])
+def test_an_error_in_the_users_dataset_code_is_taken_from_the_python_call_stack(
+        name: str, message: str, location: str) -> None:
+    cause = extract_failure_cause(sample(name), work_dir="/home/alice/mnist")
+    assert cause == FailureCause(CauseKind.PYTHON_EXCEPTION, message, location)
+
+
+def test_the_scheduler_names_the_node_that_timed_out() -> None:
+    cause = extract_failure_cause(sample("scheduler_node_timed_out.txt"), work_dir="/home/alice/mnist")
+    assert cause.kind is CauseKind.PYTHON_EXCEPTION and cause.location == "train.py:11"
+    assert cause.message.startswith("RuntimeError: The total number of timed out node is 1.")
+
+
+def test_loss_monitors_nan_error() -> None:
+    cause = extract_failure_cause(sample("loss_monitor_nan.txt"), work_dir="/home/alice/mnist")
+    assert cause.message == ("ValueError: In epoch: 1 step: 2, loss is NAN or INF, training process cannot "
+                             "continue, terminating training.")
+    assert cause.location == "train.py:41"
+
+
+def test_a_tail_that_starts_inside_the_traceback() -> None:
+    text = sample("rank1_data_missing.txt")
+    tail = text[text.index('  File "/home/alice/mnist/train.py", line 17'):]
+    assert "Traceback" not in tail
+    cause = extract_failure_cause(tail, work_dir="/home/alice/mnist")
+    assert cause.location == "train.py:17" and cause.message.startswith("FileNotFoundError:")
+
+
+def test_log_lines_between_the_frames_and_the_exception_are_skipped() -> None:
+    tail = ('Traceback (most recent call last):\n  File "/job/train.py", line 9, in <module>\n    main()\n'
+            "[WARNING] DEVICE(7,7f00,python):2026-11-23-09:15:30.042.257 [mindspore/ccsrc/x.cc:152] Run] busy\n"
+            "KeyError: 'labels'\n")
+    assert extract_failure_cause(tail, work_dir="/job") == FailureCause(
+        CauseKind.PYTHON_EXCEPTION, "KeyError: 'labels'", "train.py:9")
+
+
+def test_without_a_traceback_the_last_mindspore_error_line() -> None:
+    text = sample("rank0_peer_failed.txt")
+    before_traceback = text[:text.index("Traceback")]
+    assert extract_failure_cause(before_traceback) == FailureCause(
+        CauseKind.MINDSPORE_ERROR, "AllReduceCPUKernelMod launch failed.",
+        "mindspore/ops/kernel/cpu/native/allreduce_cpu_kernel.cc:89")
+    python_log = ("[ERROR] ME(25711:140711421467520,MainProcess):2026-11-23-09:19:18.600.000 "
+                  "[mindspore/train/callback/_on_request_exit.py:211] Graceful exit failed [rank 3].\n"
+                  "[WARNING] ME(25711:140711421467520,MainProcess):2026-11-23-09:19:18.700.000 "
+                  "[mindspore/train/model.py:12] still going\n")
+    assert extract_failure_cause(python_log) == FailureCause(
+        CauseKind.MINDSPORE_ERROR, "Graceful exit failed [rank 3].",
+        "mindspore/train/callback/_on_request_exit.py:211")
+
+
+def test_failing_all_else_the_last_line() -> None:
+    text = sample("rank0_peer_failed.txt")
+    warnings_only = text[text.index("[INFO] DISTRIBUTED"):]  # what follows the traceback: no error
+    assert extract_failure_cause(warnings_only) == FailureCause(
+        CauseKind.LAST_LINE, "Kill this process with SIGTERM.", "mindspore/ccsrc/cluster/init.cc:135")
+    assert extract_failure_cause("loading data\nSegmentation fault (core dumped)\n\n  \n") == FailureCause(
+        CauseKind.LAST_LINE, "Segmentation fault (core dumped)", None)
+    assert extract_failure_cause("\n \r\n") is None
+
+
+def test_the_message_is_one_capped_line() -> None:
+    cause = extract_failure_cause("ValueError: " + "x" * 1000 + "\n")
+    assert cause.kind is CauseKind.LAST_LINE
+    assert len(cause.message) == MAX_MESSAGE_CHARS and cause.message.endswith("…")
+    tail = 'Traceback (most recent call last):\n  File "t.py", line 1, in <module>\nValueError: a\tb   c\n'
+    assert extract_failure_cause(tail).message == "ValueError: a b c"
+
+
+def test_non_utf8_output_decoded_with_replacement() -> None:
+    raw = b'Traceback (most recent call last):\n  File "/j/train.py", line 3, in <module>\nOSError: bad \xff\xfe name\n'
+    cause = extract_failure_cause(raw.decode("utf-8", errors="replace"), work_dir="/j")
+    assert cause == FailureCause(CauseKind.PYTHON_EXCEPTION, "OSError: bad \ufffd\ufffd name", "train.py:3")
+
+
+def test_the_same_error_on_two_ranks_differs_only_in_numbers() -> None:
+    rank1 = extract_failure_cause(sample("rank1_data_missing.txt"), work_dir="/home/alice/mnist")
+    rank3 = extract_failure_cause(sample("rank1_data_missing.txt").replace("shard-1", "shard-3"),
+                                  work_dir="/home/alice/mnist")
+    assert rank1 != rank3 and same_error(rank1, rank3)
+    peer = extract_failure_cause(sample("rank0_peer_failed.txt"), work_dir="/home/alice/mnist")
+    assert not same_error(rank1, peer)
+    assert not same_error(rank1, FailureCause(rank1.kind, rank1.message, "train.py:18"))
+    assert not same_error(rank1, FailureCause(CauseKind.LAST_LINE, rank1.message, rank1.location))
+    timeout = FailureCause(CauseKind.MINDSPORE_ERROR, "The node: 1 is timed out at 0x7f49e4f9e6c0.", "x.cc:548")
+    assert same_error(timeout, FailureCause(CauseKind.MINDSPORE_ERROR, "The node: 12 is timed out at 0x7f00.",
+                                            "x.cc:548"))
