@@ -16,7 +16,7 @@ is fed the bytes of one rank's stdout+stderr as they arrive and returns what the
   by `Model.fit` after an evaluation, are not training and are ignored); and the per-step
   `Train per step time: Y ms mfu:…` of `FlopsUtilizationCollector`. Neither names a step: the
   step time is reported against the last step seen, and dropped before any step was seen.
-- A job's `progress_pattern` (see `compile_progress_pattern`), which replaces the two loss formats
+- A job's `progress_pattern` (validated by `proto.progress_pattern`), which replaces the two loss formats
   above; step-time lines are still recognised.
 
 The global step. The step printed by LossMonitor restarts every epoch, so the parser derives one
@@ -47,10 +47,6 @@ from dataclasses import dataclass
 # Longer lines are cut: the rest of the line is dropped, not buffered.
 MAX_LINE_BYTES = 8192
 
-PATTERN_KEY = "job.progress_pattern"
-STEP_GROUPS = ("step", "global_step")
-PATTERN_GROUPS = frozenset({"epoch", "step", "global_step", "loss", "samples_per_s", "step_time_ms"})
-
 _LINE_END = re.compile(rb"[\r\n]")
 _NUMBER = r"[-+]?(?:nan|inf(?:inity)?|(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?)"
 _NUMBER_AT_START = re.compile(r"(?>" + _NUMBER + r")(?!\w)", re.IGNORECASE)
@@ -61,10 +57,6 @@ _STEP_TIME_LINES = (
     re.compile(r"^\s*(?:Train )?epoch time: \d+(?:\.\d+)? ms, per step time: " + _MS),
     re.compile(r"^\s*(?:Train )?per step time: " + _MS),
 )
-
-
-class ProgressPatternError(ValueError):
-    """A job's progress_pattern that cannot be used; the message is one line naming the key."""
 
 
 @dataclass(frozen=True)
@@ -81,25 +73,6 @@ class OutputProgress:
     loss: float | None = None
     step_time_ms: float | None = None
     samples_per_s: float | None = None
-
-
-def compile_progress_pattern(text: str) -> re.Pattern[str]:
-    """A job's progress_pattern, checked: named groups among PATTERN_GROUPS, 'step' or 'global_step'.
-
-    Raises:
-        ProgressPatternError: the pattern does not compile or its groups are wrong.
-    """
-    try:
-        pattern = re.compile(text)
-    except re.error as exc:
-        raise ProgressPatternError(f"{PATTERN_KEY}: not a regular expression: {exc}") from None
-    unknown = sorted(set(pattern.groupindex) - PATTERN_GROUPS)
-    if unknown:
-        raise ProgressPatternError(f"{PATTERN_KEY}: unknown named group {unknown[0]!r}; "
-                                   f"allowed: {', '.join(sorted(PATTERN_GROUPS))}")
-    if not any(group in pattern.groupindex for group in STEP_GROUPS):
-        raise ProgressPatternError(f"{PATTERN_KEY}: needs a named group 'step' (or 'global_step')")
-    return pattern
 
 
 def parse_loss(text: str) -> float | None:

@@ -10,24 +10,30 @@ from __future__ import annotations
 import re
 
 MAX_PATTERN_CHARS = 1000
-REQUIRED_GROUPS = frozenset({"step"})
-OPTIONAL_GROUPS = frozenset({"epoch", "loss", "samples_per_s"})
+# One of these must be present: `global_step` counts over the whole run, `step` may restart each epoch.
+STEP_GROUPS = ("step", "global_step")
+PATTERN_GROUPS = frozenset({"epoch", "step", "global_step", "loss", "samples_per_s", "step_time_ms"})
+
+
+class ProgressPatternError(ValueError):
+    """The pattern cannot be used; the message says why in one line."""
 
 
 def compile_progress_pattern(text: str) -> re.Pattern[str]:
-    """The compiled pattern; raises ValueError with a one-line reason when it cannot be used."""
+    """The compiled pattern.
+
+    Raises:
+        ProgressPatternError: it is empty or too long, does not compile, or its named groups are wrong.
+    """
     if not text or len(text) > MAX_PATTERN_CHARS:
-        raise ValueError(f"must have 1 to {MAX_PATTERN_CHARS} characters")
+        raise ProgressPatternError(f"must have 1 to {MAX_PATTERN_CHARS} characters")
     try:
         pattern = re.compile(text)
     except re.error as exc:
-        raise ValueError(f"not a valid regular expression: {exc}") from None
-    groups = set(pattern.groupindex)
-    missing = sorted(REQUIRED_GROUPS - groups)
-    if missing:
-        raise ValueError(f"needs a named group {missing[0]!r}, as in (?P<step>\\d+)")
-    unknown = sorted(groups - REQUIRED_GROUPS - OPTIONAL_GROUPS)
+        raise ProgressPatternError(f"not a valid regular expression: {exc}") from None
+    unknown = sorted(set(pattern.groupindex) - PATTERN_GROUPS)
     if unknown:
-        known = ", ".join(sorted(REQUIRED_GROUPS | OPTIONAL_GROUPS))
-        raise ValueError(f"unknown named group {unknown[0]!r} (known: {known})")
+        raise ProgressPatternError(f"unknown named group {unknown[0]!r} (allowed: {', '.join(sorted(PATTERN_GROUPS))})")
+    if not any(group in pattern.groupindex for group in STEP_GROUPS):
+        raise ProgressPatternError("needs a named group 'step' (or 'global_step'), as in (?P<step>\\d+)")
     return pattern

@@ -17,8 +17,11 @@ from proto.vocabulary import ProcessRole
 
 SCHEDULER_RANK = -1
 
-# Faster cluster formation and quieter logs (FACTS.md); a job's `env` may override them.
+# What msrun 2.10 gives every process beyond the cluster variables (parallel/cluster/process_entity:
+# MS_TOPO_TIMEOUT is its --cluster_time_out default; without it the scheduler waits 30 minutes for
+# workers), then faster cluster formation and quieter logs (FACTS.md). A job's `env` may override them.
 DEFAULT_ENV = {
+    "MS_TOPO_TIMEOUT": "600",
     "GLOG_v": "3",
     "MS_RETRY_INTERVAL_LOWER": "1",
     "MS_RETRY_INTERVAL_UPPER": "1",

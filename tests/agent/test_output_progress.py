@@ -18,10 +18,9 @@ from agent.output_progress import (
     MAX_LINE_BYTES,
     OutputProgress,
     OutputProgressParser,
-    ProgressPatternError,
-    compile_progress_pattern,
     parse_loss,
 )
+from proto.progress_pattern import ProgressPatternError, compile_progress_pattern
 
 SAMPLES = Path(__file__).parent / "mindspore_output"
 
@@ -197,12 +196,11 @@ def test_a_job_pattern_with_a_global_step_or_a_step_alone() -> None:
 
 
 @pytest.mark.parametrize(("pattern", "error"), [
-    (r"loss (?P<loss>\S+)", "job.progress_pattern: needs a named group 'step' (or 'global_step')"),
+    (r"loss (?P<loss>\S+)", "needs a named group 'step' (or 'global_step'), as in (?P<step>\\d+)"),
     (r"step (?P<step>\d+) lr (?P<lr>\S+)",
-     ("job.progress_pattern: unknown named group 'lr'; "
-      "allowed: epoch, global_step, loss, samples_per_s, step, step_time_ms")),
+     "unknown named group 'lr' (allowed: epoch, global_step, loss, samples_per_s, step, step_time_ms)"),
     (r"step (?P<step>\d+",
-     "job.progress_pattern: not a regular expression: missing ), unterminated subpattern at position 5"),
+     "not a valid regular expression: missing ), unterminated subpattern at position 5"),
 ])
 def test_a_bad_job_pattern_is_refused_in_one_line(pattern: str, error: str) -> None:
     with pytest.raises(ProgressPatternError) as raised:

@@ -74,7 +74,7 @@ JOB = "job:\n  entrypoint: ['{python}', 'train.py']\n"
     ("text", "expected"),
     [
         (JOB + "  global_batch: 64\n", "job: global_batch and micro_batch go together"),
-        (JOB + "  progress_pattern: 'loss (?P<loss>\\S+)'\n", "job: progress_pattern: needs a named group 'step'"),
+        (JOB + "  progress_pattern: 'loss (?P<loss>\\S+)'\n", "job: progress_pattern: needs a named group 'step' (or 'global_step')"),
         (JOB + "  progress_pattern: '(?P<step>\\d+'\n", "job: progress_pattern: not a valid regular expression"),
         (JOB + "  progress_pattern: '(?P<step>\\d+) (?P<lr>\\S+)'\n", "job: progress_pattern: unknown named group 'lr'"),
         (JOB + "  graceful_exit_file: ''\n", "job: graceful_exit_file must not be empty"),

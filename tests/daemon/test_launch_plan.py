@@ -111,3 +111,28 @@ def test_scheduler_port_changes_per_generation() -> None:
 def test_job_spec_mistakes(overrides, message) -> None:
     with pytest.raises(ValueError, match=message):
         spec(**overrides)
+
+
+MSRUN_WORKER_ENV = {"MS_ROLE", "MS_SCHED_HOST", "MS_SCHED_PORT", "MS_WORKER_NUM", "MS_NODE_ID", "MS_TOPO_TIMEOUT",
+                    "RANK_ID", "RANK_SIZE", "DEVICE_ID"}
+MSRUN_SCHEDULER_ENV = {"MS_ROLE", "MS_SCHED_HOST", "MS_SCHED_PORT", "MS_WORKER_NUM", "MS_TOPO_TIMEOUT", "RANK_ID",
+                       "RANK_SIZE"}
+
+
+def test_every_variable_msrun_gives_a_process_is_set() -> None:
+    """msrun 2.10 (parallel/cluster/process_entity/_api.py) gives these; a script written for it reads them."""
+    placement = place(spec(max_nodes=2), [npu_node("n0", "10.0.0.1", [0]), npu_node("n1", "10.0.0.2", [0])])
+    scheduler, worker0 = node_processes(spec(max_nodes=2), placement, generation=1, node="n0")
+    (worker1,) = node_processes(spec(max_nodes=2), placement, generation=1, node="n1")
+    assert MSRUN_SCHEDULER_ENV <= scheduler.env.keys()
+    assert MSRUN_WORKER_ENV <= worker0.env.keys() and MSRUN_WORKER_ENV <= worker1.env.keys()
+    assert (worker1.env["RANK_ID"], worker1.env["MS_NODE_ID"], worker1.env["MS_WORKER_NUM"]) == ("1", "1", "2")
+    assert worker0.env["MS_TOPO_TIMEOUT"] == "600"
+
+
+def test_a_job_without_a_batch_split_gets_no_batch_variables() -> None:
+    plain = spec(global_batch=None, micro_batch=None)
+    placement = place(plain, [NodeOffer("n0", "10.0.0.1", (DeviceInfo(0, "", "cpu"),))])
+    _, worker = node_processes(plain, placement, generation=1, node="n0")
+    assert placement.grad_accum == 1
+    assert not {"TRAINERD_GLOBAL_BATCH", "TRAINERD_MICRO_BATCH", "TRAINERD_GRAD_ACCUM"} & worker.env.keys()
