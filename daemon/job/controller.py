@@ -14,8 +14,8 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
+from common.clock import Clock
 from daemon import metrics
-from daemon.clock import Clock
 from daemon.config import JobSettings
 from daemon.events import EventLog
 from daemon.job.catalog import CheckpointCatalog, CheckpointEntry
