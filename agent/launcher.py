@@ -55,7 +55,7 @@ class SubprocessLauncher:
     """asyncio subprocesses, each in a new session, so a signal to its group reaches all it spawned."""
 
     async def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> SubprocessHandle:
-        with open(log_path, "ab") as log_file:
+        with open(log_path, "ab") as log_file:  # noqa: ASYNC230 (local, append: no real wait)
             process = await asyncio.create_subprocess_exec(
                 *argv, env=dict(env), cwd=cwd, stdin=asyncio.subprocess.DEVNULL, stdout=log_file,
                 stderr=asyncio.subprocess.STDOUT, start_new_session=True)
