@@ -201,8 +201,8 @@ class Supervisor:
         if pending:
             for managed, handle in live:
                 if managed.running:
-                    log.warning("%s %d (pid %d) ignored SIGTERM for %.1fs; killing its process group",
-                                managed.role, managed.rank, managed.pid, grace_s)
+                    log.warning("generation %d %s %d (pid %d) ignored SIGTERM for %.1fs; killing its process group",
+                                self.generation, managed.role, managed.rank, managed.pid, grace_s)
                     handle.signal_group(signal.SIGKILL)
             await asyncio.wait(pending)
         for _, handle in live:  # children a process left behind in its group
