@@ -13,11 +13,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from agent.config import AgentConfig, load_agent_config
-from agent.devices import NoDevicesError, discover_devices
+from agent.devices import Device, NoDevicesError, discover_devices
+from agent.launcher import SubprocessLauncher
 from agent.progress_receiver import open_progress_receiver
 from agent.session import CoordinatorLink, IdentityFile
 from agent.supervisor import Supervisor
 from agent.systemd import SystemdNotifier
+from common.clock import Clock, SystemClock
 from common.config_file import ConfigError
 from proto import trainerd_pb2 as pb
 
@@ -26,32 +28,24 @@ log = logging.getLogger("agent")
 
 
 class Agent:
-    def __init__(self, config: AgentConfig, devices, notifier: SystemdNotifier) -> None:
+    """Serves one host: runs the coordinator link, hands its commands to the supervisor and relays
+    worker progress; it is the link's `SessionHandler`."""
+
+    def __init__(self, config: AgentConfig, *, link: CoordinatorLink, supervisor: Supervisor,
+                 notifier: SystemdNotifier, clock: Clock) -> None:
         self._config = config
         self._work_dir = Path(config.work_dir)
+        self.link = link
+        self.supervisor = supervisor
         self._notifier = notifier
+        self._clock = clock
         self._health = health.aio.HealthServicer()
-        self._progress_socket = self._work_dir / "progress.sock"
         self._tasks: set[asyncio.Task] = set()
-        hello = pb.Hello(
-            node_name=config.node_name, host=config.host, agent_version=AGENT_VERSION,
-            devices=[pb.Device(device_id=d.device_id, device_ip=d.device_ip, kind=d.kind) for d in devices],
-        )
-        self.link = CoordinatorLink(
-            addresses=list(config.coordinator),
-            hello=hello,
-            identity=IdentityFile(self._work_dir / "identity.json"),
-            on_command=self._on_command,
-            heartbeat_body=self._heartbeat_body,
-            on_connected=self._on_connected,
-        )
-        self.supervisor = Supervisor(work_dir=self._work_dir, progress_socket=self._progress_socket,
-                                     report=self.link.send)
 
-    def _heartbeat_body(self) -> pb.Heartbeat:
+    def heartbeat_body(self) -> pb.Heartbeat:
         return self.supervisor.heartbeat()
 
-    def _on_command(self, message: pb.CoordinatorMessage) -> None:
+    def on_command(self, message: pb.CoordinatorMessage) -> None:
         kind = message.WhichOneof("body")
         if kind == "launch":
             self._spawn(self.supervisor.launch(message.launch))
@@ -72,7 +66,7 @@ class Agent:
         if not task.cancelled() and task.exception() is not None:
             log.error("command failed: %s", task.exception(), exc_info=task.exception())
 
-    def _on_connected(self, connected: bool) -> None:
+    def on_connected(self, connected: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if connected else health_pb2.HealthCheckResponse.NOT_SERVING
         asyncio.get_running_loop().create_task(self._health.set("", status))
         if connected:
@@ -88,7 +82,7 @@ class Agent:
         while True:
             await self.link.connected.wait()
             self._notifier.watchdog()
-            await asyncio.sleep(interval)
+            await self._clock.asleep(interval)
 
     async def run(self, stop: asyncio.Event) -> None:
         self._work_dir.mkdir(parents=True, exist_ok=True)
@@ -100,8 +94,8 @@ class Agent:
         server.add_insecure_port(f"unix:{health_socket}")
         await server.start()
         await self._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-        progress = await open_progress_receiver(self._progress_socket, self.supervisor.on_progress)
-        tasks = [asyncio.create_task(self.link.run()), asyncio.create_task(self._watchdog())]
+        progress = await open_progress_receiver(self.supervisor.progress_socket, self.supervisor.on_progress)
+        tasks = [asyncio.create_task(self.link.run(self)), asyncio.create_task(self._watchdog())]
         try:
             await stop.wait()
         finally:
@@ -113,6 +107,22 @@ class Agent:
             progress.close()
             await server.stop(grace=1.0)
             health_socket.unlink(missing_ok=True)
+
+
+def build_agent(config: AgentConfig, devices: list[Device], notifier: SystemdNotifier) -> Agent:
+    """The production wiring: a link to the configured coordinators, a supervisor that starts real
+    processes, and the system clock."""
+    work_dir = Path(config.work_dir)
+    clock = SystemClock()
+    hello = pb.Hello(
+        node_name=config.node_name, host=config.host, agent_version=AGENT_VERSION,
+        devices=[pb.Device(device_id=d.device_id, device_ip=d.device_ip, kind=d.kind) for d in devices],
+    )
+    link = CoordinatorLink(addresses=list(config.coordinator), hello=hello,
+                           identity=IdentityFile(work_dir / "identity.json"), clock=clock)
+    supervisor = Supervisor(work_dir=work_dir, progress_socket=work_dir / "progress.sock", report=link.send,
+                            launcher=SubprocessLauncher(), clock=clock)
+    return Agent(config, link=link, supervisor=supervisor, notifier=notifier, clock=clock)
 
 
 @click.command()
@@ -146,7 +156,7 @@ def cli(config_file, coordinator, node_name, host, cpu_devices, work_dir, log_le
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        await Agent(config, devices, SystemdNotifier()).run(stop)
+        await build_agent(config, devices, SystemdNotifier()).run(stop)
 
     try:
         asyncio.run(serve())

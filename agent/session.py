@@ -12,10 +12,11 @@ import json
 import logging
 import random
 from pathlib import Path
-from typing import Callable
+from typing import Protocol
 
 import grpc
 
+from common.clock import Clock
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
 from proto.vocabulary import LEADER_ADDRESS_METADATA
@@ -57,24 +58,39 @@ class IdentityFile:
         tmp.replace(self._path)
 
 
+class SessionHandler(Protocol):
+    """What the link asks of the agent while a session runs."""
+
+    def on_command(self, message: pb.CoordinatorMessage) -> None:
+        """A Launch, Stop or CheckpointNow from the coordinator; must not block."""
+
+    def heartbeat_body(self) -> pb.Heartbeat:
+        """The next heartbeat (the link fills in its sequence number)."""
+
+    def on_connected(self, connected: bool) -> None:
+        """The session was established (True) or has ended (False)."""
+
+
 class CoordinatorLink:
+    """Reports go out through `send` from anywhere; `run(handler)` keeps the session open.
+
+    The handler is given to `run`, not to the constructor, so the supervisor can be built with
+    `link.send` as its report sink before the agent that handles commands exists.
+    """
+
     def __init__(
         self,
         *,
         addresses: list[str],
         hello: pb.Hello,
         identity: IdentityFile,
-        on_command: Callable[[pb.CoordinatorMessage], None],
-        heartbeat_body: Callable[[], pb.Heartbeat],
-        on_connected: Callable[[bool], None] = lambda connected: None,
+        clock: Clock,
         rng: random.Random | None = None,
     ) -> None:
         self._addresses = addresses
         self._hello = hello
         self._identity = identity
-        self._on_command = on_command
-        self._heartbeat_body = heartbeat_body
-        self._on_connected = on_connected
+        self._clock = clock
         self._rng = rng or random.Random()
         self._outbox: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
         self._leader_hint: str | None = None
@@ -94,13 +110,13 @@ class CoordinatorLink:
             return hint
         return self._addresses[attempt % len(self._addresses)]
 
-    async def run(self) -> None:
+    async def run(self, handler: SessionHandler) -> None:
         """Keep a session open until cancelled."""
         attempt = 0
         while True:
             address = self._next_address(attempt)
             try:
-                established = await self._session(address)
+                established = await self._session(address, handler)
             except grpc.aio.AioRpcError as exc:
                 established = False
                 self._note_refusal(address, exc)
@@ -110,9 +126,9 @@ class CoordinatorLink:
             finally:
                 if self.connected.is_set():
                     self.connected.clear()
-                    self._on_connected(False)
+                    handler.on_connected(False)
             attempt = 0 if established else attempt + 1
-            await asyncio.sleep(backoff_delay(attempt, self._rng, self._backoff_cap_s))
+            await self._clock.asleep(backoff_delay(attempt, self._rng, self._backoff_cap_s))
 
     def _note_refusal(self, address: str, exc: grpc.aio.AioRpcError) -> None:
         metadata = dict(exc.trailing_metadata() or ())
@@ -123,7 +139,7 @@ class CoordinatorLink:
         else:
             log.warning("session with %s failed: %s %s", address, exc.code().name, exc.details())
 
-    async def _session(self, address: str) -> bool:
+    async def _session(self, address: str, handler: SessionHandler) -> bool:
         """One session; returns True when it was established before it ended."""
         async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
             call = pb_grpc.CoordinatorStub(channel).Session()
@@ -145,13 +161,14 @@ class CoordinatorLink:
             log.info("registered as %s with coordinator %s at %s", hello.node_name,
                      first.welcome.coordinator_id, address)
             self.connected.set()
-            self._on_connected(True)
+            handler.on_connected(True)
             # grpc.aio allows one write in flight per stream: heartbeats and reports take turns.
             write_lock = asyncio.Lock()
             tasks = [
-                asyncio.create_task(self._heartbeats(call, write_lock, first.welcome.heartbeat_interval_s)),
+                asyncio.create_task(self._heartbeats(call, write_lock, first.welcome.heartbeat_interval_s,
+                                                     handler)),
                 asyncio.create_task(self._forward_outbox(call, write_lock)),
-                asyncio.create_task(self._read_commands(call)),
+                asyncio.create_task(self._read_commands(call, handler)),
             ]
             try:
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -168,15 +185,15 @@ class CoordinatorLink:
             log.warning("session with %s ended; reconnecting", address)
             return True
 
-    async def _heartbeats(self, call, write_lock: asyncio.Lock, interval_s: float) -> None:
+    async def _heartbeats(self, call, write_lock: asyncio.Lock, interval_s: float, handler: SessionHandler) -> None:
         sequence = 0
         while True:
             sequence += 1
-            body = self._heartbeat_body()
+            body = handler.heartbeat_body()
             body.sequence = sequence
             async with write_lock:
                 await call.write(pb.AgentMessage(heartbeat=body))
-            await asyncio.sleep(interval_s)
+            await self._clock.asleep(interval_s)
 
     async def _forward_outbox(self, call, write_lock: asyncio.Lock) -> None:
         while True:
@@ -184,9 +201,9 @@ class CoordinatorLink:
             async with write_lock:
                 await call.write(message)
 
-    async def _read_commands(self, call) -> None:
+    async def _read_commands(self, call, handler: SessionHandler) -> None:
         while True:
             message = await call.read()
             if message is grpc.aio.EOF:
                 return
-            self._on_command(message)
+            handler.on_command(message)

@@ -4,6 +4,8 @@ Each process gets its own process group (so a stop reaches everything it spawned
 generation and rank, and a waiter that reports its exit at once with code, signal and log tail.
 The agent owns every PID: there is no msrun in between. Every process group is recorded
 (agent/orphans.py) so that an agent restarted after a crash kills what its predecessor left.
+Processes start through a `ProcessLauncher` (agent/launcher.py) and time is read from a `Clock`,
+so the stop escalation and the progress throttling are tested with fakes and no sleeps.
 
 Per generation directory: rank_table.json, skips.json (the skip ledger at launch), control.json
 (rewritten when the coordinator asks for a checkpoint) and one log per process.
@@ -16,12 +18,13 @@ import logging
 import os
 import signal
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from agent.launcher import ProcessHandle, ProcessLauncher
 from agent.orphans import ProcessRegistry
+from common.clock import Clock
 from proto import trainerd_pb2 as pb
 from proto.exit_codes import EXIT_CANNOT_EXECUTE
 from proto.progress_datagram import BadBatchReport, CheckpointReport, EventReport, ProgressMessage, StepReport
@@ -38,7 +41,7 @@ class ManagedProcess:
     role: str
     rank: int
     log_path: Path
-    process: asyncio.subprocess.Process | None = None
+    handle: ProcessHandle | None = None
     pid: int = 0
     running: bool = False
     exit_code: int = 0
@@ -56,7 +59,7 @@ class ManagedProcess:
 
 @dataclass
 class _Forwarding:
-    last_sent: float = 0.0
+    last_sent: float | None = None
     pending: StepReport | None = None
 
 
@@ -76,11 +79,16 @@ def expand_argv(argv, python: str) -> list[str]:
 
 
 class Supervisor:
+    """Carries out Launch, Stop and CheckpointNow for one host; processes start through `launcher`,
+    and the stop grace, progress throttling and heartbeat timestamps read `clock`."""
+
     def __init__(self, *, work_dir: Path, progress_socket: Path, report: Callable[[pb.AgentMessage], None],
-                 python: str = sys.executable) -> None:
+                 launcher: ProcessLauncher, clock: Clock, python: str = sys.executable) -> None:
         self._work_dir = work_dir
-        self._progress_socket = progress_socket
+        self.progress_socket = progress_socket
         self._report = report
+        self._launcher = launcher
+        self._clock = clock
         self._python = python
         self.generation = 0
         self.processes: dict[tuple[str, int], ManagedProcess] = {}
@@ -119,37 +127,35 @@ class Supervisor:
                 managed = ManagedProcess(spec.role, spec.rank, gen_dir / f"{name}.log")
                 self.processes[(spec.role, spec.rank)] = managed
                 env = {**os.environ, **dict(spec.env), "RANK_TABLE_FILE": str(rank_table),
-                       "TRAINERD_PROGRESS_SOCKET": str(self._progress_socket),
+                       "TRAINERD_PROGRESS_SOCKET": str(self.progress_socket),
                        "TRAINERD_CONTROL_FILE": str(control), "TRAINERD_SKIPS_FILE": str(skips)}
                 await self._start(managed, expand_argv(spec.argv, self._python), env, gen_dir)
 
     async def _start(self, managed: ManagedProcess, argv: list[str], env: dict[str, str], cwd: Path) -> None:
         generation = self.generation
-        with open(managed.log_path, "ab") as log_file:
-            try:
-                managed.process = await asyncio.create_subprocess_exec(
-                    *argv, env=env, cwd=cwd, stdin=asyncio.subprocess.DEVNULL, stdout=log_file,
-                    stderr=asyncio.subprocess.STDOUT, start_new_session=True)
-            except OSError as exc:
-                message = f"cannot start {argv[0]!r}: {exc.strerror or exc}"
+        try:
+            handle = await self._launcher.start(argv, env, cwd, managed.log_path)
+        except OSError as exc:
+            message = f"cannot start {argv[0]!r}: {exc.strerror or exc}"
+            with open(managed.log_path, "ab") as log_file:
                 log_file.write(message.encode() + b"\n")
-                log.error("generation %d %s %d: %s", generation, managed.role, managed.rank, message)
-                managed.exit_code = EXIT_CANNOT_EXECUTE
-                self._report(pb.AgentMessage(process_exited=pb.ProcessExited(
-                    generation=generation, role=managed.role, rank=managed.rank, exit_code=EXIT_CANNOT_EXECUTE,
-                    log_tail=message)))
-                return
-        managed.pid = managed.process.pid
+            log.error("generation %d %s %d: %s", generation, managed.role, managed.rank, message)
+            managed.exit_code = EXIT_CANNOT_EXECUTE
+            self._report(pb.AgentMessage(process_exited=pb.ProcessExited(
+                generation=generation, role=managed.role, rank=managed.rank, exit_code=EXIT_CANNOT_EXECUTE,
+                log_tail=message)))
+            return
+        managed.handle, managed.pid = handle, handle.pid
         managed.running = True
         self._registry.add(managed.pid)
         self._report(pb.AgentMessage(process_started=pb.ProcessStarted(
             generation=generation, role=managed.role, rank=managed.rank, pid=managed.pid)))
-        managed.waiter = asyncio.get_running_loop().create_task(self._wait(managed, generation))
+        managed.waiter = asyncio.get_running_loop().create_task(self._wait(managed, handle, generation))
 
-    async def _wait(self, managed: ManagedProcess, generation: int) -> None:
-        code = await managed.process.wait()
+    async def _wait(self, managed: ManagedProcess, handle: ProcessHandle, generation: int) -> None:
+        code = await handle.wait()
         managed.running = False
-        _signal_group(managed.pid, signal.SIGKILL)  # whatever it spawned and left behind
+        handle.signal_group(signal.SIGKILL)  # whatever it spawned and left behind
         self._registry.discard(managed.pid)
         if code < 0:
             managed.signal, managed.exit_code = -code, 0
@@ -175,23 +181,35 @@ class Supervisor:
 
     async def _stop_all(self, grace_s: float) -> None:
         """SIGTERM every process group, SIGKILL what is left after the grace, wait for every exit."""
-        live = [m for m in self.processes.values() if m.running and m.process is not None]
-        for managed in live:
+        live = [(m, m.handle) for m in self.processes.values() if m.running and m.handle is not None]
+        for managed, handle in live:
             managed.expected = True
-            _signal_group(managed.pid, signal.SIGTERM)
-        waiters = [m.waiter for m in live if m.waiter is not None]
+            handle.signal_group(signal.SIGTERM)
+        waiters = [m.waiter for m, _ in live if m.waiter is not None]
         if not waiters:
             return
-        _, pending = await asyncio.wait(waiters, timeout=grace_s)
+        pending = await self._wait_at_most(waiters, grace_s)
         if pending:
-            for managed in live:
+            for managed, handle in live:
                 if managed.running:
-                    log.warning("%s %d (pid %d) ignored SIGTERM for %.1fs; killing its process group",
-                                managed.role, managed.rank, managed.pid, grace_s)
-                    _signal_group(managed.pid, signal.SIGKILL)
+                    log.warning("generation %d %s %d (pid %d) ignored SIGTERM for %.1fs; killing its process group",
+                                self.generation, managed.role, managed.rank, managed.pid, grace_s)
+                    handle.signal_group(signal.SIGKILL)
             await asyncio.wait(pending)
-        for managed in live:  # children a process left behind in its group
-            _signal_group(managed.pid, signal.SIGKILL)
+        for _, handle in live:  # children a process left behind in its group
+            handle.signal_group(signal.SIGKILL)
+
+    async def _wait_at_most(self, tasks: list[asyncio.Task], timeout_s: float) -> set[asyncio.Task]:
+        """Waits until every task is done or `timeout_s` has passed on the clock; returns those not done."""
+        pending = set(tasks)
+        timer = asyncio.ensure_future(self._clock.asleep(timeout_s))
+        try:
+            while pending and not timer.done():
+                done, _ = await asyncio.wait({timer, *pending}, return_when=asyncio.FIRST_COMPLETED)
+                pending -= done
+        finally:
+            timer.cancel()
+        return pending
 
     def checkpoint_now(self, request: pb.CheckpointNow) -> None:
         """Tell this generation's workers to save once `request.step` completes (they poll the file)."""
@@ -215,7 +233,7 @@ class Supervisor:
     def heartbeat(self) -> pb.Heartbeat:
         for rank in list(self._forwarding):
             self._flush_progress(rank)
-        return pb.Heartbeat(generation=self.generation, sent_at=time.time(),
+        return pb.Heartbeat(generation=self.generation, sent_at=self._clock.wall(),
                             processes=[m.status() for m in self.processes.values()])
 
     def on_progress(self, message: ProgressMessage) -> None:
@@ -241,8 +259,8 @@ class Supervisor:
             return
         forwarding = self._forwarding.setdefault(message.rank, _Forwarding())
         forwarding.pending = message
-        now = time.monotonic()
-        if now - forwarding.last_sent >= PROGRESS_FORWARD_INTERVAL_S:
+        now = self._clock.now()
+        if forwarding.last_sent is None or now - forwarding.last_sent >= PROGRESS_FORWARD_INTERVAL_S:
             forwarding.last_sent = now
             self._flush_progress(message.rank)
 
@@ -254,10 +272,3 @@ class Supervisor:
         self._report(pb.AgentMessage(progress=pb.Progress(
             generation=step.generation, rank=step.rank, step=step.step, loss=step.loss, grad_norm=step.grad_norm,
             samples_per_s=step.samples_per_s, consumed_samples=step.consumed_samples)))
-
-
-def _signal_group(pid: int, signum: int) -> None:
-    try:
-        os.killpg(pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass

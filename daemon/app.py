@@ -12,9 +12,9 @@ import grpc
 import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from common.clock import SystemClock
 from common.config_file import parse_host_port
 from daemon import metrics
-from daemon.clock import SystemClock
 from daemon.config import ClusterConfig
 from daemon.coordinator import Coordinator
 from daemon.errors import PermanentError

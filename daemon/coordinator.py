@@ -10,12 +10,11 @@ import asyncio
 import logging
 import re
 import secrets
-import time
 from dataclasses import dataclass
 from typing import Callable
 
+from common.clock import Clock
 from daemon import metrics
-from daemon.clock import Clock
 from daemon.config import JobSettings
 from daemon.errors import PermanentError, RetryableError
 from daemon.events import Event, EventLog
@@ -133,18 +132,16 @@ class Coordinator:
         heartbeat_timeout_s: float,
         leader_lease_s: int,
         session_grace_s: float | None = None,
-        wall_clock: Callable[[], float] = time.time,
         on_leadership_change: Callable[[bool], None] = lambda is_leader: None,
     ) -> None:
         self._store = store
         self._clock = clock
-        self._wall_clock = wall_clock
         self.me = me
         self.heartbeat_interval_s = heartbeat_interval_s
         self._election = LeaderElection(store, me, leader_lease_s)
         self._liveness = LivenessTracker(clock, heartbeat_timeout_s, session_grace_s)
         self._membership = Membership(store)
-        self._events = EventLog(store, job_name)
+        self._events = EventLog(store, job_name, clock)
         self._sessions: dict[str, AgentSession] = {}
         self._logs = LogRelay(self._send_to_node)
         self._job_name = job_name
@@ -246,7 +243,7 @@ class Coordinator:
         self._liveness.connected(name)
 
         record = self._membership.get(name)
-        wanted = NodeRecord(name, hello.host, hello.devices, NodeState.READY, self._wall_clock(),
+        wanted = NodeRecord(name, hello.host, hello.devices, NodeState.READY, self._clock.wall(),
                             drained=record is not None and record.drained)
         if record is None or record.state is not NodeState.READY or (record.host, record.devices) != (
             hello.host, hello.devices
@@ -437,7 +434,7 @@ class Coordinator:
             if record is None or record.state is not NodeState.READY:
                 continue
             age = self._liveness.age(name)
-            await self._membership.set_state(name, NodeState.LOST, self._wall_clock(), leadership.fence)
+            await self._membership.set_state(name, NodeState.LOST, self._clock.wall(), leadership.fence)
             metrics.NODES_LOST.inc()
             session = self._sessions.pop(name, None)
             if session is not None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass, field
 
+from common.clock import Clock
 from daemon.leader import ensure_fence
 from daemon.store import codec, keys
 from daemon.store.interface import Fence, Store
@@ -35,9 +35,10 @@ class Event:
 class EventLog:
     """Appends events with increasing sequence numbers; only the leader appends (fenced)."""
 
-    def __init__(self, store: Store, job_name: str) -> None:
+    def __init__(self, store: Store, job_name: str, clock: Clock) -> None:
         self._store = store
         self._job = job_name
+        self._clock = clock
         self._next_seq: int | None = None
         self._load_lock = asyncio.Lock()
 
@@ -53,7 +54,7 @@ class EventLog:
                 async with self._load_lock:
                     if self._next_seq is None:
                         self._next_seq = await self._load_next_seq()
-            event = Event(self._next_seq, time.time(), kind, message, fields)
+            event = Event(self._next_seq, self._clock.wall(), kind, message, fields)
             self._next_seq += 1
             written = await self._store.compare_and_swap(
                 keys.event(self._job, event.seq), codec.encode(event.to_json()), 0, fence=fence

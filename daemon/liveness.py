@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from daemon.clock import Clock
+from common.clock import Clock
 
 
 @dataclass

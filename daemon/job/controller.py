@@ -14,8 +14,8 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, assert_never
 
+from common.clock import Clock
 from daemon import metrics
-from daemon.clock import Clock
 from daemon.config import JobSettings
 from daemon.errors import PermanentError
 from daemon.events import EventLog

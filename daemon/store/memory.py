@@ -17,7 +17,7 @@ import bisect
 import itertools
 from typing import AsyncIterator
 
-from daemon.clock import Clock
+from common.clock import Clock
 from daemon.store.interface import (
     EventKind,
     Fence,

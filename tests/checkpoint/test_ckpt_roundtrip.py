@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import load_file
 
+from common.clock import FakeClock
 from trainer.checkpoint import (
     CheckpointError,
     CheckpointMeta,
@@ -100,13 +101,13 @@ def test_only_one_save_is_in_flight(tmp_path: Path, tensors: dict[str, np.ndarra
     # Rank 0 of 2 waits for rank 1, which never saves: the first save stays in flight until released,
     # then times out on the fake clock.
     release = threading.Event()
-    now = [0.0]
 
-    def sleep(seconds: float) -> None:
-        release.wait()
-        now[0] += seconds
+    class HeldClock(FakeClock):
+        def sleep(self, seconds: float) -> None:
+            release.wait()
+            super().sleep(seconds)
 
-    writer = CheckpointWriter(tmp_path, 0, 2, commit_timeout_s=1, clock=lambda: now[0], sleep=sleep)
+    writer = CheckpointWriter(tmp_path, 0, 2, commit_timeout_s=1, clock=HeldClock())
     writer.save_async(CheckpointMeta(1, 0, 0), tensors)
     outcome: list[BaseException] = []
 
@@ -133,12 +134,7 @@ def test_rank_0_commits_only_when_every_rank_of_its_generation_has_written(
     # A dead launch (generation 1, world size 2) left rank 1's file and report at step 100.
     with CheckpointWriter(tmp_path, 1, 2, generation=1) as stale:
         stale.save(CheckpointMeta(100, 0, 0), tensors)
-    now = [0.0]
-
-    def sleep(seconds: float) -> None:
-        now[0] += seconds
-
-    rank_0 = CheckpointWriter(tmp_path, 0, 2, generation=2, commit_timeout_s=30, clock=lambda: now[0], sleep=sleep)
+    rank_0 = CheckpointWriter(tmp_path, 0, 2, generation=2, commit_timeout_s=30, clock=FakeClock())
     with rank_0 as writer:
         writer.save_async(CheckpointMeta(100, 0, 0), tensors)
         with pytest.raises(CheckpointError, match=r"ranks \[1\] did not finish writing within 30 s; not committed"):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from daemon.clock import FakeClock
+from common.clock import FakeClock
 from daemon.config import JobSettings
 from daemon.coordinator import AgentHello, AgentSession, Coordinator
 from daemon.job.commands import CheckpointNowCommand, LaunchCommand, StopCommand
@@ -58,7 +58,7 @@ class SimCluster:
         self.coordinator = Coordinator(
             store=self.store, clock=self.clock, me=LeaderRecord(name, f"{name}:7420"), job_name=spec.name, job=spec,
             heartbeat_interval_s=1.0, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, leader_lease_s=3,
-            session_grace_s=SESSION_GRACE_S, wall_clock=lambda: 1_700_000_000.0)
+            session_grace_s=SESSION_GRACE_S)
         self.agents: dict[str, SimAgent] = {}
 
     @property

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from daemon.clock import FakeClock
+from common.clock import FakeClock
 from daemon.coordinator import AgentHello, Coordinator, NotLeader, SessionRefused
 from daemon.events import EventLog
 from daemon.leader import LeaderElection, LeaderRecord, LeadershipLost
@@ -24,8 +24,7 @@ def run(coro):
 
 def make_coordinator(store: InMemoryStore, clock: FakeClock, name: str) -> Coordinator:
     return Coordinator(store=store, clock=clock, me=LeaderRecord(name, f"{name}:7420"), job_name="job", job=None,
-                       heartbeat_interval_s=1.0, heartbeat_timeout_s=TIMEOUT_S, leader_lease_s=3,
-                       wall_clock=lambda: 1_700_000_000.0)
+                       heartbeat_interval_s=1.0, heartbeat_timeout_s=TIMEOUT_S, leader_lease_s=3)
 
 
 def hello(name: str, token: str = "", devices: int = 1) -> AgentHello:
@@ -78,9 +77,9 @@ def test_a_deposed_leader_cannot_write() -> None:
         new = await LeaderElection(store, LeaderRecord("b", "b:1"), 3).try_acquire()
         assert new is not None
         with pytest.raises(LeadershipLost):
-            await EventLog(store, "job").append("x", "stale write", old.fence)
-        event = await EventLog(store, "job").append("x", "fresh write", new.fence)
-        assert event.seq == 1
+            await EventLog(store, "job", clock).append("x", "stale write", old.fence)
+        event = await EventLog(store, "job", clock).append("x", "fresh write", new.fence)
+        assert (event.seq, event.at) == (1, clock.wall())
 
     run(scenario())
 
@@ -135,7 +134,7 @@ def test_node_joins_goes_lost_after_timeout_and_returns() -> None:
         await coordinator.tick()
         assert await stored_node_state(store, "n1") == "LOST"
         assert session.closed.is_set()
-        events = await EventLog(store, "job").read()
+        events = await EventLog(store, "job", clock).read()
         assert [e.kind for e in events] == ["node_joined", "node_lost"]
 
         await coordinator.open_session(hello("n1", devices=2), lambda m: None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from daemon.clock import FakeClock
+from common.clock import FakeClock
 from daemon.events import EventLog
 from daemon.store.etcd import EtcdStore
 from tests.daemon.test_coordinator_logic import hello, lead, make_coordinator
@@ -35,7 +35,7 @@ def test_a_burst_of_joins_gets_distinct_event_numbers_without_retries(etcd_serve
             await lead(coordinator)
             swaps_before = store.swaps
             await asyncio.gather(*(coordinator.open_session(hello(f"n{i}"), lambda m: None) for i in range(200)))
-            events = await EventLog(store, "job").read()
+            events = await EventLog(store, "job", clock).read()
             assert sorted(e.seq for e in events) == list(range(1, 201))
             # One node record and one event per join: no conflicting writes, no retries.
             assert store.swaps - swaps_before == 400

@@ -1,6 +1,6 @@
 """Liveness decisions with a fake clock: no sleeps, hours pass instantly."""
 
-from daemon.clock import FakeClock
+from common.clock import FakeClock
 from daemon.liveness import LivenessTracker
 
 

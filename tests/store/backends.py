@@ -12,7 +12,7 @@ from typing import Awaitable, Callable, Protocol
 import grpc
 from aetcd import rpc
 
-from daemon.clock import FakeClock
+from common.clock import FakeClock
 from daemon.etcd_process import EmbeddedEtcd
 from daemon.store.etcd import EtcdStore
 from daemon.store.interface import Lease, Store

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from contextlib import aclosing
 
-from daemon.clock import FakeClock
+from common.clock import FakeClock
 from daemon.store.interface import EventKind, WatchEvent
 from daemon.store.memory import InMemoryStore
 from tests.store.test_contract import PREFIX, k, take

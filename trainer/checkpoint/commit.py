@@ -15,11 +15,12 @@ one's: rank 0 keeps waiting for the right one, up to its timeout, and the step s
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.clock import Clock
 from trainer.checkpoint.catalog import data_file_path
 from trainer.checkpoint.durable_files import fsync_dir, write_json_atomic
 from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint
@@ -91,11 +92,10 @@ def collect_reports(
     step: int,
     timeout_s: float,
     poll_interval_s: float,
-    clock: Callable[[], float],
-    sleep: Callable[[float], None],
+    clock: Clock,
 ) -> list[RankReport]:
     """Waits until every rank's report for this save exists; CheckpointError after `timeout_s`."""
-    deadline = clock() + timeout_s
+    deadline = clock.now() + timeout_s
     reports: dict[int, RankReport] = {}
     while True:
         for rank in range(world_size):
@@ -105,12 +105,12 @@ def collect_reports(
                     reports[rank] = report
         if len(reports) == world_size:
             return [reports[r] for r in range(world_size)]
-        if clock() >= deadline:
+        if clock.now() >= deadline:
             missing = sorted(set(range(world_size)) - set(reports))
             raise CheckpointError(
                 f"{step_dir.name}: ranks {missing} did not finish writing within {timeout_s:g} s; not committed"
             )
-        sleep(poll_interval_s)
+        clock.sleep(poll_interval_s)
 
 
 def merge_reports(reports: Sequence[RankReport]) -> tuple[tuple[FileEntry, ...], dict[str, TensorLayout]]:

@@ -10,13 +10,13 @@ is in flight: a new save first waits for the previous one.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
+from common.clock import Clock, SystemClock
 from trainer.checkpoint.commit import (
     RankReport,
     collect_reports,
@@ -44,7 +44,8 @@ class CheckpointWriter:
 
     `generation` identifies the launch of the job and must be the same on every rank of it (the
     coordinator's generation number); `keep` is how many complete checkpoints retention keeps;
-    `commit_timeout_s` is how long rank 0 waits for the other ranks' files.
+    `commit_timeout_s` is how long rank 0 waits for the other ranks' files, polling every `poll_interval_s`
+    on `clock`.
     """
 
     def __init__(
@@ -57,8 +58,7 @@ class CheckpointWriter:
         keep: int = 3,
         commit_timeout_s: float = 600.0,
         poll_interval_s: float = 0.05,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        clock: Clock = SystemClock(),  # stateless, so one shared default is safe
     ) -> None:
         if not 0 <= rank < world_size:
             raise CheckpointError(f"rank {rank} is outside world size {world_size}")
@@ -72,7 +72,6 @@ class CheckpointWriter:
         self._commit_timeout_s = commit_timeout_s
         self._poll_interval_s = poll_interval_s
         self._clock = clock
-        self._sleep = sleep
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"checkpoint-writer-rank{rank}")
         self._pending: Future[Path] | None = None
         self._staging: dict[Piece, np.ndarray] = {}
@@ -159,7 +158,7 @@ class CheckpointWriter:
                 return step_dir
             reports = collect_reports(
                 step_dir, self.world_size, self.generation, meta.step,
-                self._commit_timeout_s, self._poll_interval_s, self._clock, self._sleep,
+                self._commit_timeout_s, self._poll_interval_s, self._clock,
             )
             files, tensors = merge_reports(reports)
             commit_manifest(step_dir, Manifest(meta, self.world_size, self.generation, files, tensors))

@@ -1,0 +1,62 @@
+"""Starting a training process and signalling its process group, behind a small protocol.
+
+The supervisor decides what to start, when to signal and what to report; a `ProcessLauncher`
+does the starting, in the manner of torch elastic's `PContext`. Production uses
+`SubprocessLauncher`; the supervisor's tests use a fake that exits on command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Protocol
+
+
+class ProcessHandle(Protocol):
+    """One started process, the leader of its own process group (its group id is its pid)."""
+
+    pid: int
+
+    async def wait(self) -> int:
+        """Waits for the process to exit; returns its return code (-N when signal N ended it)."""
+
+    def signal_group(self, signum: int) -> None:
+        """Sends `signum` to the process's group; a group that is gone already is not an error."""
+
+
+class ProcessLauncher(Protocol):
+    async def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> ProcessHandle:
+        """Starts `argv` in a new process group with stdin from /dev/null and stdout and stderr
+        appended to `log_path`.
+
+        Raises:
+            OSError: `argv[0]` cannot be executed (missing, not executable, bad interpreter).
+        """
+
+
+class SubprocessHandle:
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self._process = process
+        self.pid = process.pid
+
+    async def wait(self) -> int:
+        return await self._process.wait()
+
+    def signal_group(self, signum: int) -> None:
+        try:
+            os.killpg(self.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class SubprocessLauncher:
+    """asyncio subprocesses, each in a new session, so a signal to its group reaches all it spawned."""
+
+    async def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> SubprocessHandle:
+        with open(log_path, "ab") as log_file:  # noqa: ASYNC230 (local, append: no real wait)
+            process = await asyncio.create_subprocess_exec(
+                *argv, env=dict(env), cwd=cwd, stdin=asyncio.subprocess.DEVNULL, stdout=log_file,
+                stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        return SubprocessHandle(process)

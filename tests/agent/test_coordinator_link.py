@@ -1,0 +1,171 @@
+"""The agent's CoordinatorLink against real grpc.aio servers on 127.0.0.1 that implement the
+Coordinator service the way trainerd does: Welcome first, then commands; a standby refuses with
+the leader's address in the trailing metadata."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import grpc
+
+from agent.session import CoordinatorLink, IdentityFile
+from common.clock import SystemClock
+from proto import trainerd_pb2 as pb
+from proto import trainerd_pb2_grpc as pb_grpc
+from proto.vocabulary import LEADER_ADDRESS_METADATA
+
+HEARTBEAT_INTERVAL_S = 0.05
+WAIT_S = 5.0
+
+
+class LeaderCoordinator(pb_grpc.CoordinatorServicer):
+    """Welcomes every Hello, records what the agent sends and sends the commands a test queues
+    (None ends the session)."""
+
+    def __init__(self, coordinator_id: str) -> None:
+        self.coordinator_id = coordinator_id
+        self.hellos: asyncio.Queue[pb.Hello] = asyncio.Queue()
+        self.received: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
+        self.commands: asyncio.Queue[pb.CoordinatorMessage | None] = asyncio.Queue()
+        self._sessions = 0
+
+    async def Session(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
+        first = await context.read()
+        await self.hellos.put(first.hello)
+        self._sessions += 1
+        await context.write(pb.CoordinatorMessage(welcome=pb.Welcome(
+            node_name=first.hello.node_name, resume_token=f"token-{self._sessions}",
+            heartbeat_interval_s=HEARTBEAT_INTERVAL_S, coordinator_id=self.coordinator_id)))
+        reader = asyncio.create_task(self._read(context))
+        try:
+            while (command := await self.commands.get()) is not None:
+                await context.write(command)
+        finally:
+            reader.cancel()
+
+    async def _read(self, context: grpc.aio.ServicerContext) -> None:
+        while (message := await context.read()) is not grpc.aio.EOF:
+            await self.received.put(message)
+
+    async def next_received(self, kind: str) -> pb.AgentMessage:
+        """The next message of this kind the agent sent (heartbeats interleave with everything)."""
+        while True:
+            message = await asyncio.wait_for(self.received.get(), WAIT_S)
+            if message.WhichOneof("body") == kind:
+                return message
+
+
+class StandbyCoordinator(pb_grpc.CoordinatorServicer):
+    def __init__(self, leader_address: str) -> None:
+        self.leader_address = leader_address
+        self.refused = 0
+
+    async def Session(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
+        await context.read()
+        self.refused += 1
+        context.set_trailing_metadata(((LEADER_ADDRESS_METADATA, self.leader_address),))
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "not the leader")
+
+
+class RecordingHandler:
+    def __init__(self) -> None:
+        self.commands: asyncio.Queue[pb.CoordinatorMessage] = asyncio.Queue()
+        self.connected: list[bool] = []
+
+    def on_command(self, message: pb.CoordinatorMessage) -> None:
+        self.commands.put_nowait(message)
+
+    def heartbeat_body(self) -> pb.Heartbeat:
+        return pb.Heartbeat(generation=7)
+
+    def on_connected(self, connected: bool) -> None:
+        self.connected.append(connected)
+
+
+@asynccontextmanager
+async def serving(servicer: pb_grpc.CoordinatorServicer) -> AsyncIterator[str]:
+    server = grpc.aio.server()
+    pb_grpc.add_CoordinatorServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(None)
+
+
+def make_link(addresses: list[str], work_dir: Path) -> CoordinatorLink:
+    hello = pb.Hello(node_name="n1", host="10.0.0.1", agent_version="test",
+                     devices=[pb.Device(device_id=0, kind="cpu")])
+    return CoordinatorLink(addresses=addresses, hello=hello, identity=IdentityFile(work_dir / "identity.json"),
+                           clock=SystemClock())
+
+
+@asynccontextmanager
+async def running(link: CoordinatorLink, handler: RecordingHandler) -> AsyncIterator[None]:
+    task = asyncio.create_task(link.run(handler))
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def test_hello_welcome_heartbeats_reports_and_commands(tmp_path: Path) -> None:
+    leader = LeaderCoordinator("c1")
+    handler = RecordingHandler()
+
+    async def scenario() -> None:
+        async with serving(leader) as address:
+            link = make_link([address], tmp_path)
+            async with running(link, handler):
+                hello = await asyncio.wait_for(leader.hellos.get(), WAIT_S)
+                assert (hello.node_name, hello.host, hello.resume_token) == ("n1", "10.0.0.1", "")
+                await asyncio.wait_for(link.connected.wait(), WAIT_S)
+                assert link.welcome is not None and link.welcome.coordinator_id == "c1"
+                assert handler.connected == [True]
+
+                beats = [(await leader.next_received("heartbeat")).heartbeat for _ in range(3)]
+                assert [(b.sequence, b.generation) for b in beats] == [(1, 7), (2, 7), (3, 7)]
+
+                link.send(pb.AgentMessage(process_started=pb.ProcessStarted(generation=7, rank=0, pid=42)))
+                report = await leader.next_received("process_started")
+                assert report.process_started.pid == 42
+
+                await leader.commands.put(pb.CoordinatorMessage(stop=pb.Stop(generation=7, grace_s=3.0)))
+                command = await asyncio.wait_for(handler.commands.get(), WAIT_S)
+                assert (command.WhichOneof("body"), command.stop.generation) == ("stop", 7)
+
+                # The coordinator ends the session: the link comes back with the token it was given.
+                await leader.commands.put(None)
+                hello = await asyncio.wait_for(leader.hellos.get(), WAIT_S)
+                assert hello.resume_token == "token-1"
+                while (await leader.next_received("heartbeat")).heartbeat.sequence != 1:
+                    pass  # heartbeats of the first session still in the queue
+                assert handler.connected == [True, False, True]
+
+    asyncio.run(asyncio.wait_for(scenario(), 20))
+
+
+def test_a_standby_refusal_makes_the_link_dial_the_leader_it_names(tmp_path: Path) -> None:
+    leader = LeaderCoordinator("leader")
+    handler = RecordingHandler()
+
+    async def scenario() -> None:
+        async with serving(leader) as leader_address:
+            standby = StandbyCoordinator(leader_address)
+            async with serving(standby) as standby_address:
+                # Only the standby is configured: reaching the leader proves the hint was followed.
+                link = make_link([standby_address], tmp_path)
+                async with running(link, handler):
+                    hello = await asyncio.wait_for(leader.hellos.get(), WAIT_S)
+                    assert hello.node_name == "n1"
+                    await asyncio.wait_for(link.connected.wait(), WAIT_S)
+                    assert link.welcome is not None and link.welcome.coordinator_id == "leader"
+                    assert standby.refused == 1
+                    await leader.next_received("heartbeat")
+
+    asyncio.run(asyncio.wait_for(scenario(), 20))
