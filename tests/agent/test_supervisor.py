@@ -17,7 +17,7 @@ from pathlib import Path
 from agent.supervisor import PROGRESS_FORWARD_INTERVAL_S, Supervisor
 from common.clock import FakeClock
 from proto import trainerd_pb2 as pb
-from trainer.progress_channel import StepReport
+from proto.progress_datagram import StepReport
 
 PYTHON = "/opt/agent/bin/python"
 START = 100.0
