@@ -1,0 +1,213 @@
+"""An unmodified msrun-style MindSpore script as a trainerd job (issue 11), with real agents and workers.
+
+The script (jobs/msrun_style.py) imports nothing of trainerd: progress comes from its LossMonitor
+lines, it finds its data and checkpoints through relative paths in the job's working directory, and
+the cause of a failure is read from its own traceback. The job specs set no workdir: the agents'
+per-job default is used.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import signal
+import time
+from pathlib import Path
+
+import psutil
+
+from tests.harness import Processes, processes_mentioning, status, trainerctl, wait_until
+from tests.integration.test_recovery import events, final_weights, job_of, start_trainerd, wait_for_job
+from tests.ports import free_port
+
+SCRIPT = Path(__file__).with_name("jobs") / "msrun_style.py"
+LOSS_LINE = re.compile(r"^epoch: (\d+) step: (\d+), loss is (\S+)$", re.MULTILINE)
+ENDED = ("COMPLETED", "FAILED")
+
+
+def msrun_style_job(tmp_path: Path, *script_args: str, **extra) -> dict:
+    return {
+        "name": "user-script",
+        "entrypoint": ["{python}", str(SCRIPT), "--output", str(tmp_path / "out"), *script_args],
+        "min_nodes": 2, "max_nodes": 2,
+        # Required by the job spec; the script reads neither (it batches 16 samples per rank itself).
+        "global_batch": 32, "micro_batch": 16,
+        "scheduler_port": free_port(), "stop_grace_s": 3, "start_wait_s": 0,
+        **extra,
+    }
+
+
+def start_two_agents(tmp_path: Path, procs: Processes, job: dict) -> str:
+    address = start_trainerd(tmp_path, procs, job)
+    for i in range(2):
+        procs.agent(f"n{i}", address)
+    return address
+
+
+def script_line(text: str) -> int:
+    """The line number of the script's line containing `text` (where its tracebacks point)."""
+    return next(i for i, line in enumerate(SCRIPT.read_text().splitlines(), 1) if text in line)
+
+
+def watch_job(address: str, what: str, until, timeout: float, procs: Processes) -> list[dict]:
+    """Every job status seen until `until(job)` holds; the last one is the one that satisfied it."""
+    seen: list[dict] = []
+
+    def probe() -> bool:
+        job = job_of(address)
+        if job is not None:
+            seen.append(job)
+        return job is not None and bool(until(job))
+
+    wait_until(probe, timeout, what, interval=0.5, on_timeout=procs.logs)
+    return seen
+
+
+def in_epoch_step(job: dict, steps_per_epoch: int) -> int | None:
+    """The step within the epoch (1-based) whether the status counts steps per epoch or overall."""
+    return None if job["step"] is None else (job["step"] - 1) % steps_per_epoch + 1
+
+
+def worker_of_rank(tmp_path: Path, rank: int) -> psutil.Process:
+    """The running MindSpore worker of `rank` (not a process it forked)."""
+    def probe() -> psutil.Process | None:
+        found: dict[int, tuple[psutil.Process, int]] = {}
+        for proc in processes_mentioning(tmp_path / "out"):
+            try:
+                env, parent = proc.environ(), proc.ppid()
+            except psutil.Error:
+                continue
+            if env.get("MS_ROLE") == "MS_WORKER" and env.get("RANK_ID") == str(rank):
+                found[proc.pid] = (proc, parent)
+        top = [proc for proc, parent in found.values() if parent not in found]
+        return top[0] if len(top) == 1 else None
+
+    return wait_until(probe, 30, f"the worker of rank {rank}")
+
+
+def rank_log(address: str, rank: int, *args: str) -> str:
+    result = trainerctl("logs", str(rank), *args, coordinator=address)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_unmodified_script_runs_on_output_progress_and_resumes_from_its_own_checkpoint_in_a_stable_workdir(
+        tmp_path: Path, procs: Processes) -> None:
+    hang_timeout_s, epochs, steps_per_epoch = 8.0, 7, 10
+    job = msrun_style_job(tmp_path, "--epochs", str(epochs), "--steps-per-epoch", str(steps_per_epoch),
+                          "--step-sleep", "0.5", hang_timeout_s=hang_timeout_s, restart={"max": 3, "backoff_s": 0.2})
+    address = start_two_agents(tmp_path, procs, job)
+    wait_for_job(address, "generation 1 launched", lambda j: j["generation"] == 1, 120, procs)
+    launched = time.monotonic()
+
+    # Start-up (cluster forming, the first compile) outlasts hang_timeout_s: no hang detection
+    # before the script's first LossMonitor line, then steps read from its output keep it alive.
+    seen = watch_job(address, "3 x hang_timeout_s of training",
+                     lambda j: j["state"] in ENDED or j["restarts"] > 0
+                     or (time.monotonic() - launched >= 3 * hang_timeout_s and (j["epoch"] or 0) >= 3), 240, procs)
+    before_progress = [j for j in seen if j["generation"] == 1 and j["epoch"] is None]
+    assert before_progress, "the job was never seen starting up"
+    assert not any(j["hang_detection"] for j in before_progress), before_progress
+    job = seen[-1]
+    assert job["state"] == "RUNNING" and job["hang_detection"], job
+    assert job["generation"] == 1 and job["restarts"] == 0 and job["crash_restarts"] == 0, job
+    assert (job["step"] or 0) >= 1 and isinstance(job["loss"], float) and math.isfinite(job["loss"]), job
+
+    # Kill rank 1 well inside an epoch (not while the ranks save the epoch's checkpoints).
+    job = wait_for_job(address, "the middle of an epoch",
+                       lambda j: j["state"] in ENDED or 2 <= (in_epoch_step(j, steps_per_epoch) or 0) <= 5, 60, procs)
+    assert job["state"] == "RUNNING" and job["generation"] == 1, job
+    killed_in_epoch = job["epoch"]
+    victim = worker_of_rank(tmp_path, 1)
+    workdir = Path(victim.cwd())
+    victim.send_signal(signal.SIGKILL)
+
+    job = wait_for_job(address, "generation 2 reporting progress",
+                       lambda j: j["state"] in ENDED or (j["generation"] == 2 and j["epoch"] is not None), 180, procs)
+    assert job["state"] == "RUNNING", job
+    assert Path(worker_of_rank(tmp_path, 1).cwd()) == workdir, "rank 1 runs in another directory after the restart"
+    job = wait_for_job(address, "the end", lambda j: j["state"] in ENDED, 240, procs)
+    assert job["state"] == "COMPLETED", job
+    assert job["generation"] == 2 and job["restarts"] == 1 and job["crash_restarts"] == 1, job
+    assert job["last_failure"]["cause"] == "process_exited" and job["last_failure"]["rank"] == 1
+    assert job["last_failure"]["signal"] == signal.SIGKILL
+
+    # The relative paths resolved to the same per-job directory in both generations.
+    assert workdir.is_relative_to(tmp_path / "agents"), workdir
+    assert (workdir / "data" / "train.npz").is_file()
+    saved = sorted(p.name for p in (workdir / "ckpt" / "rank_1").glob("*.ckpt"))
+    # ModelCheckpoint numbers its prefix when it finds an earlier run's files: mlp_1 is generation 2's.
+    assert any(n.startswith("mlp-") for n in saved) and any(n.startswith("mlp_1-") for n in saved), saved
+
+    resumed_after = killed_in_epoch - 1  # the last epoch both ranks finished and saved
+    for rank in (0, 1):
+        log = rank_log(address, rank, "--generation", "2")
+        assert f"rank {rank}: resuming from ckpt/rank_{rank}/mlp-{resumed_after}_{steps_per_epoch}.ckpt " \
+               f"after epoch {resumed_after}" in log, log[-3000:]
+        first_step = LOSS_LINE.search(log)
+        assert first_step and first_step.groups()[:2] == (str(resumed_after + 1), "1"), log[-3000:]
+        assert f"rank {rank}: training finished after epoch {epochs}" in log
+    final_weights(tmp_path / "out", 2)  # written, and identical on both ranks
+
+
+def test_start_up_error_on_every_rank_fails_the_job_at_once_without_spending_restarts(
+        tmp_path: Path, procs: Processes) -> None:
+    job = msrun_style_job(tmp_path, "--raise-at-startup", restart={"max": 3, "backoff_s": 0.2})
+    address = start_two_agents(tmp_path, procs, job)
+    job = wait_for_job(address, "the end", lambda j: j["state"] in ENDED, 120, procs)
+    assert job["state"] == "FAILED", job
+    assert job["generation"] == 1 and job["restarts"] == 0 and job["crash_restarts"] == 0, job
+    failure = job["last_failure"]
+    assert "FileNotFoundError: [Errno 2] No such file or directory: 'config/train.json'" in failure["message"], failure
+    opened_at = script_line('open("config/train.json")')
+    assert failure["location"].endswith(f"msrun_style.py:{opened_at}"), failure
+    assert not any(node["quarantined"] for node in status(address)["nodes"])
+    kinds = [e["kind"] for e in events(address)]
+    assert kinds.count("generation_started") == 1 and "recovery_started" not in kinds, kinds
+    shown = trainerctl("status", coordinator=address)
+    assert "FileNotFoundError: [Errno 2] No such file or directory: 'config/train.json'" in shown.stdout
+
+
+def test_one_ranks_own_error_is_the_root_cause_not_the_collective_errors_of_the_others(
+        tmp_path: Path, procs: Processes) -> None:
+    job = msrun_style_job(tmp_path, "--epochs", "3", "--steps-per-epoch", "5", "--raise-at-step", "7",
+                          "--raise-rank", "1", restart={"max": 0})
+    address = start_two_agents(tmp_path, procs, job)
+    job = wait_for_job(address, "the end", lambda j: j["state"] in ENDED, 180, procs)
+    assert job["state"] == "FAILED", job
+    # An error after progress was seen is no start-up error: it spends the (empty) budget.
+    assert job["generation"] == 1 and job["crash_restarts"] == 1, job
+    started = next(e for e in events(address) if e["kind"] == "generation_started")
+    failure = job["last_failure"]
+    assert failure["rank"] == 1 and failure["node"] == started["fields"]["nodes"][1], failure
+    assert "ValueError: bad value at step 7" in failure["message"], failure
+    assert "RuntimeError" not in failure["message"] and "DISTRIBUTED" not in failure["message"], failure
+    raised_at = script_line("raise ValueError(")
+    assert failure["location"].endswith(f"msrun_style.py:{raised_at}"), failure
+    failed = next(e for e in events(address) if e["kind"] == "job_failed")
+    assert "ValueError: bad value at step 7" in failed["message"], failed
+
+
+def test_trainerctl_logs_shows_a_ranks_output_from_a_running_and_from_a_finished_generation(
+        tmp_path: Path, procs: Processes) -> None:
+    epochs, steps_per_epoch = 3, 10
+    job = msrun_style_job(tmp_path, "--epochs", str(epochs), "--steps-per-epoch", str(steps_per_epoch),
+                          "--step-sleep", "0.3")
+    address = start_two_agents(tmp_path, procs, job)
+    job = wait_for_job(address, "epoch 2 running", lambda j: j["state"] in ENDED or (
+        j["state"] == "RUNNING" and (j["epoch"] or 0) >= 2), 180, procs)
+    assert job["state"] == "RUNNING", job
+
+    running = rank_log(address, 1)  # rank 1 runs on n1: the coordinator fetches it from that agent
+    assert "epoch: 1 step: 1, loss is " in running and "training finished" not in running, running[-3000:]
+    tail = rank_log(address, 1, "--tail", "3").splitlines()
+    assert 1 <= len(tail) <= 3 and any(LOSS_LINE.match(line) for line in tail), tail
+
+    job = wait_for_job(address, "the end", lambda j: j["state"] in ENDED, 240, procs)
+    assert job["state"] == "COMPLETED", job
+    for rank in (0, 1):
+        finished = rank_log(address, rank, "--generation", "1")
+        assert len(LOSS_LINE.findall(finished)) == epochs * steps_per_epoch, finished[-3000:]
+        assert f"rank {rank}: training finished after epoch {epochs}" in finished
+    missing = trainerctl("logs", "5", coordinator=address)
+    assert missing.returncode != 0 and "Traceback" not in missing.stderr and missing.stderr.strip()
