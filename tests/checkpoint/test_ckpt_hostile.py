@@ -31,8 +31,11 @@ from trainer.checkpoint import (
     verify_checkpoint,
     write_resharded,
 )
+from trainer.checkpoint.catalog import check_inside_root
 from trainer.checkpoint.file_access import open_regular_file
 from trainer.checkpoint.manifest import MANIFEST_NAME, read_manifest
+from trainer.runtime.checkpointing import CheckpointUnreadable, TrainingCheckpoints
+from trainer.runtime.rank_context import CheckpointSettings, RankContext
 
 GOOD, BAD = "step_00000010", "step_00000020"
 
@@ -305,3 +308,71 @@ def test_no_directory_on_the_way_to_a_file_is_followed(tmp_path: Path) -> None:
         assert os.read(fd, 10) == b"x"
     finally:
         os.close(fd)
+
+
+class _NoReports:
+    def checkpoint(self, step: int, consumed_samples: int, path: str) -> None:
+        raise AssertionError("a refused resume reports nothing")
+
+
+def _resume(root: Path | None, resume_from: Path) -> CheckpointUnreadable:
+    """The error of a resume from `resume_from` with checkpoint directory `root`: it must be refused before
+    anything is loaded, so no MindSpore cells are needed.
+    """
+    ctx = RankContext.from_environ({"TRAINERD_JOB": "unit"})
+    settings = CheckpointSettings(directory=root, resume_from=resume_from)
+    with TrainingCheckpoints(ctx, settings, _NoReports(), (), data_seed=7,  # type: ignore[arg-type]
+                             grad_accumulation=2) as checkpoints:
+        with pytest.raises(CheckpointUnreadable) as refused:
+            checkpoints.resume()
+    assert refused.value.exit_code == 65  # EXIT_CHECKPOINT_UNREADABLE: an older checkpoint may still do
+    assert "\n" not in str(refused.value)
+    return refused.value
+
+
+@pytest.fixture
+def other_job(tmp_path: Path, tensors: dict[str, np.ndarray], save_all: Callable[..., Path]) -> Path:
+    """A complete checkpoint of another job, next to this job's checkpoint directory."""
+    return save_all(tmp_path / "other", tensors, 1, step=30)
+
+
+def test_a_resume_from_outside_the_checkpoint_directory_is_refused(checkpoints: Path, other_job: Path) -> None:
+    error = _resume(checkpoints, other_job)
+    assert str(error) == (f"cannot resume from checkpoint {other_job}: {other_job} is not inside the checkpoint "
+                          f"directory {checkpoints}")
+
+
+def test_a_resume_that_climbs_out_with_dot_dot_is_refused(checkpoints: Path, other_job: Path) -> None:
+    climbing = checkpoints / ".." / "other" / other_job.name
+    error = _resume(checkpoints, climbing)
+    assert str(error) == (f"cannot resume from checkpoint {climbing}: {climbing} is not inside the checkpoint "
+                          f"directory {checkpoints} (it resolves to {other_job})")
+
+
+def test_a_resume_through_a_symbolic_link_out_is_refused(checkpoints: Path, other_job: Path) -> None:
+    link = checkpoints / "step_00000030"
+    link.symlink_to(other_job, target_is_directory=True)
+    error = _resume(checkpoints, link)
+    assert str(error) == (f"cannot resume from checkpoint {link}: {link} is not inside the checkpoint "
+                          f"directory {checkpoints} (it resolves to {other_job})")
+
+
+def test_a_resume_through_a_symbolic_link_inside_is_refused_by_the_loader(checkpoints: Path) -> None:
+    link = checkpoints / "step_00000030"
+    link.symlink_to(checkpoints / GOOD, target_is_directory=True)
+    error = _resume(checkpoints, link)
+    assert str(error) == f"cannot resume from checkpoint {link}: {link} is a symbolic link " \
+                         "(checkpoints are read without following links)"
+
+
+def test_a_resume_without_a_checkpoint_directory_is_refused(other_job: Path) -> None:
+    error = _resume(None, other_job)
+    assert str(error) == (f"cannot resume from checkpoint {other_job}: no checkpoint directory "
+                          "(TRAINERD_CHECKPOINT_DIR) is set for it to lie in")
+
+
+def test_the_root_itself_is_not_a_step_directory_inside_it(checkpoints: Path) -> None:
+    check_inside_root(checkpoints, checkpoints / GOOD)
+    check_inside_root(checkpoints, checkpoints / "sub" / ".." / GOOD)
+    with pytest.raises(CheckpointError, match="is not inside the checkpoint directory"):
+        check_inside_root(checkpoints, checkpoints / GOOD / "..")

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.checkpoint.errors import CorruptCheckpoint
+from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint
 from trainer.checkpoint.file_access import open_regular_file
 from trainer.checkpoint.manifest import FileEntry, Manifest, check_file_name, parse_step_dir, read_manifest
 
@@ -43,6 +43,16 @@ def check_data_file(step_dir: Path, entry: FileEntry) -> None:
         os.close(fd)
     if size != entry.size:
         raise CorruptCheckpoint(f"{where} is {size} bytes, the manifest says {entry.size} (truncated or replaced)")
+
+
+def check_inside_root(root: Path, step_dir: Path) -> None:
+    """Refuses a step directory that is not inside the checkpoint root once `..` and symbolic links are
+    resolved: a path that came from elsewhere (TRAINERD_RESUME_FROM) may name only the job's own checkpoints.
+    """
+    real_root, real = os.path.realpath(root), os.path.realpath(step_dir)
+    if real == real_root or not Path(real).is_relative_to(real_root):
+        resolved = "" if real == str(step_dir) else f" (it resolves to {real})"
+        raise CheckpointError(f"{step_dir} is not inside the checkpoint directory {root}{resolved}")
 
 
 def check_complete(step_dir: Path) -> Manifest:
