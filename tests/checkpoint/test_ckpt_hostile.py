@@ -34,6 +34,7 @@ from trainer.checkpoint import (
 from trainer.checkpoint.catalog import check_inside_root
 from trainer.checkpoint.file_access import open_regular_file
 from trainer.checkpoint.manifest import MANIFEST_NAME, read_manifest
+from trainer.checkpoint.retention import prune
 from trainer.runtime.checkpointing import CheckpointUnreadable, TrainingCheckpoints
 from trainer.runtime.rank_context import CheckpointSettings, RankContext
 
@@ -308,6 +309,16 @@ def test_no_directory_on_the_way_to_a_file_is_followed(tmp_path: Path) -> None:
         assert os.read(fd, 10) == b"x"
     finally:
         os.close(fd)
+
+
+def test_retention_removes_a_linked_step_directory_but_not_what_it_links_to(
+    checkpoints: Path, other_job: Path
+) -> None:
+    link = checkpoints / "step_00000005"
+    link.symlink_to(other_job, target_is_directory=True)
+    assert prune(checkpoints, keep=2, committed_step=20) == [link]
+    assert not os.path.lexists(link)
+    assert verify_checkpoint(other_job).step == 30
 
 
 class _NoReports:
