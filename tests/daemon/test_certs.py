@@ -109,7 +109,8 @@ def test_client_certificates_verify_against_their_ca_and_name_their_identity(cer
         x509.UniformResourceIdentifier("trainerd://operator-readonly/bob")]
     assert peer_identity((cert_dir / "n1.crt").read_bytes()) == PeerIdentity(PeerKind.NODE, "n1", False)
     assert peer_identity((cert_dir / "alice.crt").read_text()) == PeerIdentity(PeerKind.OPERATOR, "alice", False)
-    assert peer_identity(load(cert_dir, "bob").public_bytes(serialization.Encoding.DER)) == PeerIdentity(PeerKind.OPERATOR, "bob", True)
+    bob_der = load(cert_dir, "bob").public_bytes(serialization.Encoding.DER)
+    assert peer_identity(bob_der) == PeerIdentity(PeerKind.OPERATOR, "bob", True)
 
 
 def test_a_certificate_of_another_ca_does_not_verify(cert_dir: Path, other_ca_dir: Path) -> None:

@@ -263,7 +263,8 @@ def test_an_unreadable_checkpoint_exits_65_with_one_line(
 def test_a_checkpoint_of_another_seed_exits_2_with_one_line(uninterrupted: tuple[Run, CommitWitness]) -> None:
     checkpoint = step_dir(uninterrupted[0].output.parent / "ckpt", 10)
     argv = ["--steps", str(STEPS), "--seed", str(SEED + 1), "--global-batch", str(GLOBAL_BATCH)]
-    result = run_by_hand(argv, {"TRAINERD_CHECKPOINT_DIR": str(checkpoint.parent), "TRAINERD_RESUME_FROM": str(checkpoint)})
+    result = run_by_hand(argv, {"TRAINERD_CHECKPOINT_DIR": str(checkpoint.parent),
+                                "TRAINERD_RESUME_FROM": str(checkpoint)})
     assert result.returncode == EXIT_USAGE, result.stderr
     assert error_lines(result) == [
         f"mlp: checkpoint {checkpoint} was trained with data seed {SEED}, but this run's seed is {SEED + 1}"]

@@ -67,7 +67,9 @@ def _open_no_follow(dir_fd: int | None, path: str, flags: int, where: str) -> in
         except OSError:
             raise exc from None
         if stat.S_ISLNK(mode):
-            raise CorruptCheckpoint(f"{where} is a symbolic link (checkpoints are read without following links)") from None
+            raise CorruptCheckpoint(
+                f"{where} is a symbolic link (checkpoints are read without following links)"
+            ) from None
         raise CorruptCheckpoint(f"{where} is not a directory but {_kind(mode)}") from None
 
 
