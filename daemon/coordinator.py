@@ -107,7 +107,7 @@ class ClusterView:
 
 
 def validate_hello(hello: AgentHello) -> None:
-    if not re.match(NODE_NAME_PATTERN, hello.node_name):
+    if not re.fullmatch(NODE_NAME_PATTERN, hello.node_name):
         raise SessionRefused(f"invalid node name {hello.node_name!r}")
     if not hello.host or len(hello.host) > 255:
         raise SessionRefused(f"node {hello.node_name}: invalid host {hello.host!r}")

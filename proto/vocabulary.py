@@ -28,6 +28,8 @@ class ProcessRole(str, enum.Enum):
 # Trailing metadata a standby coordinator attaches when it refuses a session.
 LEADER_ADDRESS_METADATA = "trainerd-leader-address"
 
+# Match with re.fullmatch: with re.match the `$` also accepts a trailing newline ("n1\n"). The anchors stay
+# for pydantic's `pattern=` (agent/config.py), which searches rather than matches the whole string.
 NODE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 
 # Environment variables of training processes that trainerd sets; a job's `env` may not set them.

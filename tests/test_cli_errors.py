@@ -69,3 +69,31 @@ def test_trainerctl_refuses_malformed_operator_commands(argv: tuple[str, ...], f
 def test_trainerctl_operator_commands_without_a_coordinator(argv: tuple[str, ...]) -> None:
     assert_one_line_error(run("trainerctl", "--coordinator", f"127.0.0.1:{free_port()}", *argv), 3,
                           "cannot reach the coordinator")
+
+
+@pytest.fixture(scope="module")
+def cert_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("certs")
+    result = run("trainerd", "certs", "init", "--dir", str(directory))
+    assert result.returncode == 0, result.stderr
+    return directory
+
+
+@pytest.mark.parametrize(("argv", "fragment"), [
+    (("init",), "ca.crt already exists (pass --force to replace it)"),
+    (("init", "--host", "bad host"), "host 'bad host' is neither an IP address nor a valid DNS name"),
+    (("node", "bad name"), "node name 'bad name' is not valid"),
+    (("node", "n1\n"), "node name 'n1\\n' is not valid"),
+    (("node", "ca"), "node name 'ca' is reserved"),
+    (("operator", ".hidden"), "operator name '.hidden' is not valid"),
+])
+def test_trainerd_certs_mistakes_are_one_line(cert_dir: Path, argv: tuple[str, ...], fragment: str) -> None:
+    result = run("trainerd", "certs", *argv, "--dir", str(cert_dir))
+    assert_one_line_error(result, 2, fragment)
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
+def test_trainerd_certs_without_a_ca(tmp_path: Path) -> None:
+    result = run("trainerd", "certs", "node", "n1", "--dir", str(tmp_path))
+    assert_one_line_error(result, 2, f"{tmp_path / 'ca.crt'} is missing: run `trainerd certs init --dir {tmp_path}`")
+    assert len(result.stderr.splitlines()) == 1 and list(tmp_path.iterdir()) == []

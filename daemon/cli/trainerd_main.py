@@ -1,4 +1,4 @@
-"""`trainerd start --cluster cluster.yaml`: run the coordinator."""
+"""`trainerd start --cluster cluster.yaml`: run the coordinator; `trainerd certs ...`: make its certificates."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import click
 
 from common.config_file import ConfigError
 from daemon.app import ListenError, TrainerdApp, install_stop_signals
+from daemon.cli.certs_commands import certs
 from daemon.config import load_cluster_config
 from daemon.etcd_process import EtcdNotFound, EtcdStartError
 from daemon.store.interface import StoreError
@@ -46,6 +47,9 @@ def start(cluster_file: str, log_level: str) -> None:
     except (EtcdNotFound, EtcdStartError, ListenError, StoreError, OSError) as exc:
         click.echo(f"trainerd: {exc}", err=True)
         sys.exit(1)
+
+
+cli.add_command(certs)
 
 
 def main() -> None:

@@ -1,5 +1,7 @@
 """Damaged and hostile checkpoints: each is refused with a clear error, the loader falls back to the previous
 complete checkpoint, and reshard/export leave nothing that looks complete and nothing outside their output.
+Nothing is read through a symbolic link, nothing but a regular file is read, and a resume reads only from
+the job's own checkpoint directory.
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ import json
 import logging
 import os
 import struct
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,13 +24,19 @@ from trainer.checkpoint import (
     CorruptCheckpoint,
     export_safetensors,
     import_native,
+    list_checkpoints,
     load_checkpoint,
     load_latest,
     reshard_checkpoint,
     verify_checkpoint,
     write_resharded,
 )
+from trainer.checkpoint.catalog import check_inside_root
+from trainer.checkpoint.file_access import open_regular_file
 from trainer.checkpoint.manifest import MANIFEST_NAME, read_manifest
+from trainer.checkpoint.retention import prune
+from trainer.runtime.checkpointing import CheckpointUnreadable, TrainingCheckpoints
+from trainer.runtime.rank_context import CheckpointSettings, RankContext
 
 GOOD, BAD = "step_00000010", "step_00000020"
 
@@ -72,6 +81,29 @@ def _escaping_symlink(step_dir: Path) -> None:
     outside = step_dir.parent.parent / "outside.safetensors"
     (step_dir / "rank_1.safetensors").rename(outside)
     (step_dir / "rank_1.safetensors").symlink_to(outside)
+
+
+def _symlink_inside(step_dir: Path) -> None:
+    (step_dir / "rank_1.safetensors").rename(step_dir / "rank_1.real")
+    (step_dir / "rank_1.safetensors").symlink_to("rank_1.real")
+
+
+def _symlinked_manifest(step_dir: Path) -> None:
+    elsewhere = step_dir.parent.parent / "manifest-elsewhere.json"
+    (step_dir / MANIFEST_NAME).rename(elsewhere)
+    (step_dir / MANIFEST_NAME).symlink_to(elsewhere)
+
+
+def _symlinked_step_dir(step_dir: Path) -> None:
+    elsewhere = step_dir.parent.parent / "elsewhere" / step_dir.name
+    elsewhere.parent.mkdir()
+    step_dir.rename(elsewhere)
+    step_dir.symlink_to(elsewhere, target_is_directory=True)
+
+
+def _fifo_rank_file(step_dir: Path) -> None:
+    (step_dir / "rank_1.safetensors").unlink()
+    os.mkfifo(step_dir / "rank_1.safetensors")
 
 
 def _absurd_shape(step_dir: Path) -> None:
@@ -121,7 +153,11 @@ DAMAGE = {
     "flipped byte": (_flip_byte, "rank_0.safetensors: key '.*' segment \\d+: checksum does not match the manifest"),
     "missing file": (_missing_file, "rank_1.safetensors is listed in the manifest but missing"),
     "path escapes": (_escaping_name, "is not a plain relative path inside the checkpoint"),
-    "symlink escapes": (_escaping_symlink, "rank_1.safetensors leads outside"),
+    "symlink escapes": (_escaping_symlink, "step_00000020/rank_1.safetensors is a symbolic link"),
+    "symlink inside": (_symlink_inside, "step_00000020/rank_1.safetensors is a symbolic link"),
+    "symlinked manifest": (_symlinked_manifest, "step_00000020/manifest.json is a symbolic link"),
+    "symlinked step directory": (_symlinked_step_dir, "/ckpt/step_00000020 is a symbolic link"),
+    "FIFO rank file": (_fifo_rank_file, "step_00000020/rank_1.safetensors is not a regular file but a FIFO"),
     "absurd shape": (_absurd_shape, "its chunks need"),
     "absurd offset": (_absurd_offset, "tensor 'fc1.bias': chunk 0 .* lies outside shape \\[300\\]"),
     "header claims gigabytes": (
@@ -155,8 +191,9 @@ def test_damage_is_refused_everywhere_and_the_loader_falls_back(
     damage, message = DAMAGE[case]
     bad = checkpoints / BAD
     damage(bad)
-    with pytest.raises(CorruptCheckpoint, match=message):
+    with pytest.raises(CorruptCheckpoint, match=message) as refused:
         verify_checkpoint(bad)
+    assert "\n" not in str(refused.value)
     with pytest.raises(CorruptCheckpoint):
         load_checkpoint(bad, 0, 3)
     with caplog.at_level(logging.WARNING):
@@ -212,3 +249,141 @@ def test_a_strategy_file_that_is_not_protobuf_is_refused(tmp_path: Path) -> None
     (tmp_path / "strategy.ckpt").write_bytes(b"\xff" * 64)
     with pytest.raises(CorruptCheckpoint, match="is not a ParallelStrategyMap protobuf"):
         import_native(tmp_path, tmp_path / "strategy.ckpt")
+
+
+def _within(seconds: float, fifo: Path, work: Callable[[], object]) -> object:
+    """`work()` on a thread; fails the test if it is still running after `seconds` (blocked opening `fifo`,
+    which is then opened for writing, as often as it takes, so that the thread can end).
+    """
+    outcome: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = work()
+        except BaseException as exc:  # handed to the test thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        for _ in range(100):
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
+            thread.join(0.1)
+            if not thread.is_alive():
+                break
+        pytest.fail(f"reading the checkpoint blocked on the FIFO {fifo} for {seconds} s")
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    return outcome["value"]
+
+
+def test_a_fifo_manifest_is_refused_at_once_and_the_loader_falls_back(checkpoints: Path) -> None:
+    bad = checkpoints / BAD
+    fifo = bad / MANIFEST_NAME
+    fifo.unlink()
+    os.mkfifo(fifo)
+    message = "step_00000020/manifest.json is not a regular file but a FIFO"
+    with pytest.raises(CorruptCheckpoint, match=message):
+        _within(10, fifo, lambda: verify_checkpoint(bad))
+    with pytest.raises(CorruptCheckpoint, match=message):
+        _within(10, fifo, lambda: load_checkpoint(bad, 0, 1))
+    infos = _within(10, fifo, lambda: list_checkpoints(checkpoints))
+    assert [(info.step, info.problem) for info in infos] == [(10, None), (20, message)]  # type: ignore[attr-defined]
+    _, manifest = _within(10, fifo, lambda: load_latest(checkpoints, 0, 1))  # type: ignore[misc]
+    assert manifest.step == 10
+
+
+def test_no_directory_on_the_way_to_a_file_is_followed(tmp_path: Path) -> None:
+    (tmp_path / "real" / "rank_0").mkdir(parents=True)
+    (tmp_path / "real" / "rank_0" / "net.safetensors").write_bytes(b"x")
+    (tmp_path / "step_00000001").mkdir()
+    (tmp_path / "step_00000001" / "rank_0").symlink_to(tmp_path / "real" / "rank_0")
+    with pytest.raises(CorruptCheckpoint, match="^step_00000001/rank_0 is a symbolic link"):
+        open_regular_file(tmp_path / "step_00000001", "rank_0/net.safetensors", "step_00000001/rank_0/net.safetensors")
+    fd = open_regular_file(tmp_path / "real", "rank_0/net.safetensors", "real/rank_0/net.safetensors")
+    try:
+        assert os.read(fd, 10) == b"x"
+    finally:
+        os.close(fd)
+
+
+def test_retention_removes_a_linked_step_directory_but_not_what_it_links_to(
+    checkpoints: Path, other_job: Path
+) -> None:
+    link = checkpoints / "step_00000005"
+    link.symlink_to(other_job, target_is_directory=True)
+    assert prune(checkpoints, keep=2, committed_step=20) == [link]
+    assert not os.path.lexists(link)
+    assert verify_checkpoint(other_job).step == 30
+
+
+class _NoReports:
+    def checkpoint(self, step: int, consumed_samples: int, path: str) -> None:
+        raise AssertionError("a refused resume reports nothing")
+
+
+def _resume(root: Path | None, resume_from: Path) -> CheckpointUnreadable:
+    """The error of a resume from `resume_from` with checkpoint directory `root`: it must be refused before
+    anything is loaded, so no MindSpore cells are needed.
+    """
+    ctx = RankContext.from_environ({"TRAINERD_JOB": "unit"})
+    settings = CheckpointSettings(directory=root, resume_from=resume_from)
+    with TrainingCheckpoints(ctx, settings, _NoReports(), (), data_seed=7,  # type: ignore[arg-type]
+                             grad_accumulation=2) as checkpoints:
+        with pytest.raises(CheckpointUnreadable) as refused:
+            checkpoints.resume()
+    assert refused.value.exit_code == 65  # EXIT_CHECKPOINT_UNREADABLE: an older checkpoint may still do
+    assert "\n" not in str(refused.value)
+    return refused.value
+
+
+@pytest.fixture
+def other_job(tmp_path: Path, tensors: dict[str, np.ndarray], save_all: Callable[..., Path]) -> Path:
+    """A complete checkpoint of another job, next to this job's checkpoint directory."""
+    return save_all(tmp_path / "other", tensors, 1, step=30)
+
+
+def test_a_resume_from_outside_the_checkpoint_directory_is_refused(checkpoints: Path, other_job: Path) -> None:
+    error = _resume(checkpoints, other_job)
+    assert str(error) == (f"cannot resume from checkpoint {other_job}: {other_job} is not inside the checkpoint "
+                          f"directory {checkpoints}")
+
+
+def test_a_resume_that_climbs_out_with_dot_dot_is_refused(checkpoints: Path, other_job: Path) -> None:
+    climbing = checkpoints / ".." / "other" / other_job.name
+    error = _resume(checkpoints, climbing)
+    assert str(error) == (f"cannot resume from checkpoint {climbing}: {climbing} is not inside the checkpoint "
+                          f"directory {checkpoints} (it resolves to {other_job})")
+
+
+def test_a_resume_through_a_symbolic_link_out_is_refused(checkpoints: Path, other_job: Path) -> None:
+    link = checkpoints / "step_00000030"
+    link.symlink_to(other_job, target_is_directory=True)
+    error = _resume(checkpoints, link)
+    assert str(error) == (f"cannot resume from checkpoint {link}: {link} is not inside the checkpoint "
+                          f"directory {checkpoints} (it resolves to {other_job})")
+
+
+def test_a_resume_through_a_symbolic_link_inside_is_refused_by_the_loader(checkpoints: Path) -> None:
+    link = checkpoints / "step_00000030"
+    link.symlink_to(checkpoints / GOOD, target_is_directory=True)
+    error = _resume(checkpoints, link)
+    assert str(error) == f"cannot resume from checkpoint {link}: {link} is a symbolic link " \
+                         "(checkpoints are read without following links)"
+
+
+def test_a_resume_without_a_checkpoint_directory_is_refused(other_job: Path) -> None:
+    error = _resume(None, other_job)
+    assert str(error) == (f"cannot resume from checkpoint {other_job}: no checkpoint directory "
+                          "(TRAINERD_CHECKPOINT_DIR) is set for it to lie in")
+
+
+def test_the_root_itself_is_not_a_step_directory_inside_it(checkpoints: Path) -> None:
+    check_inside_root(checkpoints, checkpoints / GOOD)
+    check_inside_root(checkpoints, checkpoints / "sub" / ".." / GOOD)
+    with pytest.raises(CheckpointError, match="is not inside the checkpoint directory"):
+        check_inside_root(checkpoints, checkpoints / GOOD / "..")

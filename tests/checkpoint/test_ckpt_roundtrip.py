@@ -208,11 +208,11 @@ def test_a_filesystem_that_refuses_o_direct_gets_buffered_writes(
     real_open = os.open
     refused = []
 
-    def open_without_direct(path: str | Path, flags: int, *args: int) -> int:
+    def open_without_direct(path: str | Path, flags: int, *args: int, **kwargs: int | None) -> int:
         if flags & os.O_DIRECT:
             refused.append(path)
             raise OSError(errno.EINVAL, "Invalid argument", str(path))
-        return real_open(path, flags, *args)
+        return real_open(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", open_without_direct)
     step_dir = save_all(tmp_path, tensors, 2)

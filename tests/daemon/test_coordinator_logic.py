@@ -167,7 +167,7 @@ def test_a_live_node_name_is_not_taken_without_its_token() -> None:
 
 
 @pytest.mark.parametrize("bad", [
-    hello("bad name"), hello("-x"), hello("n1", devices=0),
+    hello("bad name"), hello("-x"), hello("n1\n"), hello("n1", devices=0),
     AgentHello("n1", "h", (DeviceInfo(0, "", "cpu"), DeviceInfo(0, "", "cpu")), "t", ""),
     AgentHello("n1", "", (DeviceInfo(0, "", "cpu"),), "t", ""),
 ])

@@ -75,8 +75,9 @@ def test_a_resume_restores_every_parameter_bit_for_bit(tmp_path: Path) -> None:
     saved = {name: array.copy() for name, array in parameters_to_numpy(*trained).items()}
     assert {"weight", "moment1.weight", "beta1_power", "global_step"} <= set(saved)
     fresh = cells()
-    settings = CheckpointSettings(resume_from=tmp_path / "ckpt" / "step_00000004")
-    assert checkpoints(settings, fresh, Reporter()).resume() == ResumePoint(4, 64)
+    settings = CheckpointSettings(directory=tmp_path / "ckpt", resume_from=tmp_path / "ckpt" / "step_00000004")
+    with checkpoints(settings, fresh, Reporter()) as ckpt:
+        assert ckpt.resume() == ResumePoint(4, 64)
     restored = parameters_to_numpy(*fresh)
     assert sorted(restored) == sorted(saved)
     for name, array in saved.items():
@@ -88,12 +89,13 @@ def test_resume_failures_carry_their_exit_status(tmp_path: Path) -> None:
     step_4 = tmp_path / "ckpt" / "step_00000004"
 
     def resume(path: Path, pair: tuple[nn.Cell, nn.Optimizer] | None = None, seed: int = SEED) -> None:
-        settings = CheckpointSettings(resume_from=path)
-        checkpoints(settings, pair or cells(), Reporter(), seed).resume()
+        settings = CheckpointSettings(directory=tmp_path / "ckpt", resume_from=path)
+        with checkpoints(settings, pair or cells(), Reporter(), seed) as ckpt:
+            ckpt.resume()
 
-    with pytest.raises(CheckpointUnreadable, match=f"^cannot resume from checkpoint {tmp_path}/nowhere: "
+    with pytest.raises(CheckpointUnreadable, match=f"^cannot resume from checkpoint {tmp_path}/ckpt/nowhere: "
                                                    "nowhere/manifest.json is missing$") as missing:
-        resume(tmp_path / "nowhere")
+        resume(tmp_path / "ckpt" / "nowhere")
     assert missing.value.exit_code == EXIT_CHECKPOINT_UNREADABLE
     with pytest.raises(CheckpointUnreadable, match="parameter 'weight' is float32 \\[5, 4\\], the checkpoint "
                                                    "holds float32 \\[3, 4\\]"):

@@ -168,9 +168,9 @@ def test_a_two_rank_checkpoint_resumes_on_one_rank(
     """The same global batch, now split over 4 micro batches of one process: the same sums in another
     order, so the result is close to (not bit-identical with) the two-rank run's."""
     two_rank_run, _, ckpt = two_ranks
+    copy = shutil.copytree(step_dir(ckpt, 10), step_dir(tmp_path / "ckpt", 10))  # a resume reads only its own root
     resumed = run_standalone(processes, tmp_path, "resumed", ["--steps", "20", *BY_HAND],
-                             env=checkpoint_env(tmp_path / "ckpt", 10,
-                                                TRAINERD_RESUME_FROM=str(step_dir(ckpt, 10))))
+                             env=checkpoint_env(tmp_path / "ckpt", 10, TRAINERD_RESUME_FROM=str(copy)))
     assert resumed.exit_codes() == {"resumed": 0}, resumed.logs
     assert [(e.event, e.step) for e in resumed.events(0)] == [(WorkerEvent.STARTED, 10), (WorkerEvent.FINISHED, 20)]
     first_step = resumed.steps(0)[0]
@@ -187,8 +187,9 @@ def test_a_one_rank_checkpoint_resumes_on_two_ranks(
     processes: Processes, uninterrupted: tuple[Run, CommitWitness], tmp_path: Path,
 ) -> None:
     reference, _ = uninterrupted
+    copy = shutil.copytree(step_dir(reference.output.parent / "ckpt", 10), step_dir(tmp_path / "ckpt", 10))
     envs = cluster_env(tmp_path / "progress.sock", free_port(), generation=2, extra={
-        "TRAINERD_RESUME_FROM": str(step_dir(reference.output.parent / "ckpt", 10))})
+        "TRAINERD_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "TRAINERD_RESUME_FROM": str(copy)})
     procs, reports = asyncio.run(run_example(processes, tmp_path, envs,
                                              ["--steps", "20", "--seed", str(SEED), "--output", str(tmp_path)]))
     run = Run(procs, reports, tmp_path, processes.logs())
@@ -252,7 +253,8 @@ def test_an_unreadable_checkpoint_exits_65_with_one_line(
         byte = f.read(1)
         f.seek(-3, os.SEEK_END)
         f.write(bytes([byte[0] ^ 0x10]))
-    result = run_by_hand(["--steps", str(STEPS), *BY_HAND], {"TRAINERD_RESUME_FROM": str(damaged)})
+    result = run_by_hand(["--steps", str(STEPS), *BY_HAND],
+                         {"TRAINERD_CHECKPOINT_DIR": str(tmp_path), "TRAINERD_RESUME_FROM": str(damaged)})
     assert result.returncode == EXIT_CHECKPOINT_UNREADABLE, result.stderr
     [line] = error_lines(result)
     assert line.startswith(f"mlp: cannot resume from checkpoint {damaged}: ") and "checksum" in line, line
@@ -261,7 +263,19 @@ def test_an_unreadable_checkpoint_exits_65_with_one_line(
 def test_a_checkpoint_of_another_seed_exits_2_with_one_line(uninterrupted: tuple[Run, CommitWitness]) -> None:
     checkpoint = step_dir(uninterrupted[0].output.parent / "ckpt", 10)
     argv = ["--steps", str(STEPS), "--seed", str(SEED + 1), "--global-batch", str(GLOBAL_BATCH)]
-    result = run_by_hand(argv, {"TRAINERD_RESUME_FROM": str(checkpoint)})
+    result = run_by_hand(argv, {"TRAINERD_CHECKPOINT_DIR": str(checkpoint.parent),
+                                "TRAINERD_RESUME_FROM": str(checkpoint)})
     assert result.returncode == EXIT_USAGE, result.stderr
     assert error_lines(result) == [
         f"mlp: checkpoint {checkpoint} was trained with data seed {SEED}, but this run's seed is {SEED + 1}"]
+
+
+def test_a_checkpoint_outside_the_checkpoint_directory_exits_65_with_one_line(
+    uninterrupted: tuple[Run, CommitWitness], tmp_path: Path,
+) -> None:
+    checkpoint = step_dir(uninterrupted[0].output.parent / "ckpt", 10)
+    result = run_by_hand(["--steps", str(STEPS), *BY_HAND],
+                         {"TRAINERD_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "TRAINERD_RESUME_FROM": str(checkpoint)})
+    assert result.returncode == EXIT_CHECKPOINT_UNREADABLE, result.stderr
+    assert error_lines(result) == [f"mlp: cannot resume from checkpoint {checkpoint}: {checkpoint} is not inside the "
+                                   f"checkpoint directory {tmp_path / 'ckpt'}"]

@@ -5,12 +5,12 @@ and every file it lists exists with its size. Cheap: no data is read (checksums:
 from __future__ import annotations
 
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.checkpoint.errors import CorruptCheckpoint
-from trainer.checkpoint.manifest import FileEntry, Manifest, confined_path, parse_step_dir, read_manifest
+from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint
+from trainer.checkpoint.file_access import open_regular_file
+from trainer.checkpoint.manifest import FileEntry, Manifest, check_file_name, parse_step_dir, read_manifest
 
 
 @dataclass(frozen=True)
@@ -27,28 +27,39 @@ class CheckpointInfo:
         return self.problem is None
 
 
-def data_file_path(step_dir: Path, entry: FileEntry) -> Path:
-    """The path of a listed file, refused unless it is a regular file of the listed size inside `step_dir`."""
+def check_data_file(step_dir: Path, entry: FileEntry) -> None:
+    """Refuses a listed file unless it is a regular file of the listed size inside `step_dir`."""
     where = f"{step_dir.name}/{entry.name}"
-    path = confined_path(step_dir, entry.name, step_dir.name)
+    check_file_name(entry.name, step_dir.name)
     try:
-        st = os.stat(path)
+        fd = open_regular_file(step_dir, entry.name, where)
     except FileNotFoundError as exc:
         raise CorruptCheckpoint(f"{where} is listed in the manifest but missing") from exc
-    if not stat.S_ISREG(st.st_mode):
-        raise CorruptCheckpoint(f"{where} is not a regular file")
-    if st.st_size != entry.size:
-        raise CorruptCheckpoint(
-            f"{where} is {st.st_size} bytes, the manifest says {entry.size} (truncated or replaced)"
-        )
-    return path
+    except OSError as exc:
+        raise CorruptCheckpoint(f"{where} cannot be opened: {exc.strerror}") from exc
+    try:
+        size = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    if size != entry.size:
+        raise CorruptCheckpoint(f"{where} is {size} bytes, the manifest says {entry.size} (truncated or replaced)")
+
+
+def check_inside_root(root: Path, step_dir: Path) -> None:
+    """Refuses a step directory that is not inside the checkpoint root once `..` and symbolic links are
+    resolved: a path that came from elsewhere (TRAINERD_RESUME_FROM) may name only the job's own checkpoints.
+    """
+    real_root, real = os.path.realpath(root), os.path.realpath(step_dir)
+    if real == real_root or not Path(real).is_relative_to(real_root):
+        resolved = "" if real == str(step_dir) else f" (it resolves to {real})"
+        raise CheckpointError(f"{step_dir} is not inside the checkpoint directory {root}{resolved}")
 
 
 def check_complete(step_dir: Path) -> Manifest:
     """The manifest, once it parses, validates and every file it lists exists with its size."""
     manifest = read_manifest(step_dir)
     for entry in manifest.files:
-        data_file_path(step_dir, entry)
+        check_data_file(step_dir, entry)
     return manifest
 
 

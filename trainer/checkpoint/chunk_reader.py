@@ -31,8 +31,9 @@ import numpy as np
 
 from trainer.checkpoint.digest import file_digest, segment_count, verify_checksum
 from trainer.checkpoint.errors import CorruptCheckpoint
+from trainer.checkpoint.file_access import open_regular_file
 from trainer.checkpoint.layout import Chunk, TensorLayout, itemsize, numpy_dtype
-from trainer.checkpoint.manifest import FileEntry, confined_path
+from trainer.checkpoint.manifest import FileEntry, check_file_name
 from trainer.checkpoint.read_plan import ReadItem
 from trainer.checkpoint.task_pool import TaskPool
 
@@ -214,9 +215,9 @@ class ChunkReader:
         if opened is not None:
             return opened
         where = f"{self._directory.name}/{name}"
-        path = confined_path(self._directory, name, self._directory.name)
+        check_file_name(name, self._directory.name)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = open_regular_file(self._directory, name, where)
         except OSError as exc:
             raise CorruptCheckpoint(f"{where} cannot be opened: {exc.strerror}") from exc
         try:

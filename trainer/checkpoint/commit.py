@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from common.clock import Clock
-from trainer.checkpoint.catalog import data_file_path
+from trainer.checkpoint.catalog import check_data_file
 from trainer.checkpoint.durable_files import fsync_dir, write_json_atomic
 from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint
 from trainer.checkpoint.json_fields import check_schema, get_int, read_json_file
@@ -140,7 +140,7 @@ def commit_manifest(step_dir: Path, manifest: Manifest) -> None:
     try:
         manifest.validate()
         for entry in manifest.files:
-            data_file_path(step_dir, entry)
+            check_data_file(step_dir, entry)
     except CorruptCheckpoint as exc:
         raise CheckpointError(f"{step_dir.name}: not committed: {exc}") from exc
     fsync_dir(step_dir.parent)  # the step directory itself must survive a crash before the commit counts

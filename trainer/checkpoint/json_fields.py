@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.checkpoint.errors import CorruptCheckpoint
+from trainer.checkpoint.file_access import open_regular_file
 
 # Larger than any real manifest (a million chunks), small enough to never exhaust memory.
 MAX_JSON_BYTES = 64 << 20
@@ -21,9 +22,11 @@ MAX_NDIM = 32
 
 
 def read_json_file(path: Path, what: str) -> dict[str, Any]:
-    """The JSON object stored at `path`; refuses files over MAX_JSON_BYTES and anything not an object."""
+    """The JSON object stored at `path` (a regular file, see `file_access`); refuses files over MAX_JSON_BYTES
+    and anything not an object.
+    """
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(open_regular_file(path.parent, path.name, what), "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size > MAX_JSON_BYTES:
                 raise CorruptCheckpoint(

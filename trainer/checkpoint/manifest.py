@@ -2,7 +2,8 @@
 
 `step_{N:08d}/manifest.json` is written last (write, fsync, rename). It records the training position
 (`CheckpointMeta`), the world size that wrote it, every data file with its size and digest, and the layout of
-every tensor. Every file name it contains is confined to the checkpoint directory.
+every tensor. Every file name it contains is a plain relative path (`check_file_name`); files are opened
+without following symbolic links (`file_access`), so none leads outside the checkpoint directory.
 """
 
 from __future__ import annotations
@@ -49,15 +50,6 @@ def check_file_name(name: str, where: str) -> None:
     parts = name.split("/")
     if len(parts) > _MAX_NAME_PARTS or not all(_NAME_PART.fullmatch(p) for p in parts):
         raise CorruptCheckpoint(f"{where}: file name {name!r:.120} is not a plain relative path inside the checkpoint")
-
-
-def confined_path(directory: Path, name: str, where: str) -> Path:
-    """`directory/name`, refused when the name, or a symbolic link on the way, leads outside `directory`."""
-    check_file_name(name, where)
-    path = directory / name
-    if not path.resolve().is_relative_to(directory.resolve()):
-        raise CorruptCheckpoint(f"{where}: {name} leads outside {directory}")
-    return path
 
 
 @dataclass(frozen=True)

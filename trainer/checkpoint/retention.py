@@ -14,7 +14,12 @@ log = logging.getLogger(__name__)
 
 
 def remove_checkpoint(step_dir: Path) -> None:
-    """Removes the manifest first, durably, so a half-removed checkpoint never looks complete."""
+    """Removes the manifest first, durably, so a half-removed checkpoint never looks complete. A symbolic link
+    in place of a step directory (never a complete checkpoint) is removed itself; what it points to is left alone.
+    """
+    if step_dir.is_symlink():
+        step_dir.unlink()
+        return
     manifest = step_dir / MANIFEST_NAME
     if manifest.exists():
         manifest.unlink()

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from proto.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
 from proto.progress_datagram import CheckpointReport, MalformedProgress, encode
 from trainer.checkpoint import CheckpointError, CheckpointMeta, CheckpointWriter, load_checkpoint
+from trainer.checkpoint.catalog import check_inside_root
 from trainer.checkpoint.manifest import step_dir_name
 from trainer.data.skip_ledger import SkipLedger
 from trainer.runtime.checkpoint_schedule import CheckpointSchedule, ControlFile
@@ -123,17 +124,23 @@ class TrainingCheckpoints:
 
     def resume(self) -> ResumePoint:
         """Load the checkpoint named by `resume_from` into the cells (any world size may have written it),
-        or start fresh when there is none. Raises CheckpointUnreadable or SeedMismatch.
+        or start fresh when there is none. The checkpoint must lie inside the checkpoint directory. Raises
+        CheckpointUnreadable or SeedMismatch.
         """
-        from trainer.checkpoint.mindspore_io import load_numpy_into
-
         path = self._settings.resume_from
         if path is None:
             return ResumePoint(0, 0)
+        root = self._settings.directory
+        if root is None:
+            raise CheckpointUnreadable(f"cannot resume from checkpoint {path}: no checkpoint directory "
+                                       "(TRAINERD_CHECKPOINT_DIR) is set for it to lie in")
         try:
+            check_inside_root(root, path)
             tensors, manifest = load_checkpoint(path, self._rank, self._ctx.world_size)
         except (CheckpointError, OSError) as exc:
             raise CheckpointUnreadable(f"cannot resume from checkpoint {path}: {exc}") from exc
+        from trainer.checkpoint.mindspore_io import load_numpy_into
+
         meta = manifest.meta
         if meta.data_seed != self._data_seed:
             raise SeedMismatch(f"checkpoint {path} was trained with data seed {meta.data_seed}, "

@@ -1,0 +1,289 @@
+"""The cluster's certificates: a private CA, the coordinator's server certificate, and client certificates
+that say who a peer is (DESIGN.md, "Secure by default").
+
+A node's identity is its certificate: CN=NAME and the SAN URI `trainerd://node/NAME`; an agent may speak
+only for that node. An operator's certificate carries `trainerd://operator/NAME`, or
+`trainerd://operator-readonly/NAME` for one that may only look. `peer_identity` reads that back from the
+certificate of a peer the TLS layer has already verified against the CA; with grpc.aio the servicer finds
+the peer's PEM in `context.auth_context()["x509_pem_cert"][0]`.
+
+Keys are ECDSA P-256. Files are created, never overwritten unless asked (`force`): keys with mode 0600,
+certificates 0644. Everything cryptographic is the `cryptography` package's.
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import ipaddress
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from proto.vocabulary import NODE_NAME_PATTERN
+
+CA_CERT, CA_KEY = "ca.crt", "ca.key"
+COORDINATOR_CERT, COORDINATOR_KEY = "coordinator.crt", "coordinator.key"
+# Names a node or operator certificate may not take: its files would replace the CA's or the coordinator's.
+RESERVED_NAMES = frozenset({"ca", "coordinator"})
+URI_SCHEME = "trainerd"
+
+CA_VALIDITY = datetime.timedelta(days=3650)
+LEAF_VALIDITY = datetime.timedelta(days=825)
+# Certificates are valid from a little before they are made, so a host whose clock is behind accepts them.
+_BACKDATE = datetime.timedelta(hours=1)
+_MAX_HOST_NAME = 253
+_DNS_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_ALWAYS_SERVED = ("localhost", "127.0.0.1")
+
+
+class CertificateError(Exception):
+    """A certificate or key cannot be made, written, read or trusted; the message is one line naming it."""
+
+
+class PeerKind(str, enum.Enum):
+    NODE = "node"
+    OPERATOR = "operator"
+
+
+@dataclass(frozen=True)
+class PeerIdentity:
+    """Who a verified client certificate speaks for."""
+
+    kind: PeerKind
+    name: str
+    read_only: bool = False
+
+    @property
+    def uri(self) -> str:
+        role = "operator-readonly" if self.read_only else self.kind.value
+        return f"{URI_SCHEME}://{role}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Issued:
+    """A certificate and its private key."""
+
+    certificate: x509.Certificate
+    key: ec.EllipticCurvePrivateKey
+
+    def certificate_pem(self) -> bytes:
+        return self.certificate.public_bytes(serialization.Encoding.PEM)
+
+    def key_pem(self) -> bytes:
+        return self.key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+
+
+def check_name(name: str, what: str) -> str:
+    """`name` when it is a valid node or operator name (NODE_NAME_PATTERN, whole string) and not reserved."""
+    if not re.fullmatch(NODE_NAME_PATTERN, name):
+        raise CertificateError(
+            f"{what} name {name!r:.80} is not valid: 1-63 letters, digits, '_', '.' or '-', starting with a letter "
+            "or digit"
+        )
+    if name in RESERVED_NAMES:
+        raise CertificateError(f"{what} name {name!r} is reserved for the {name} files")
+    return name
+
+
+def make_ca(now: datetime.datetime | None = None) -> Issued:
+    """A self-signed CA that signs only end-entity certificates (CA:TRUE, pathlen 0), valid for 10 years."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "trainerd CA")])
+    start = _now(now) - _BACKDATE
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(start + CA_VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False,
+                key_agreement=False, key_cert_sign=True, crl_sign=True, encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return Issued(certificate, key)
+
+
+def make_server_certificate(ca: Issued, hosts: Sequence[str], now: datetime.datetime | None = None) -> Issued:
+    """The coordinator's certificate (serverAuth) for `hosts` (DNS names or IP addresses), localhost and
+    127.0.0.1 always among them.
+    """
+    names: list[x509.GeneralName] = []
+    for host in dict.fromkeys((*_ALWAYS_SERVED, *hosts)):
+        name = _host_name(host)
+        if name not in names:
+            names.append(name)
+    return _issue(ca, "trainerd coordinator", names, ExtendedKeyUsageOID.SERVER_AUTH, now)
+
+
+def make_node_certificate(ca: Issued, name: str, now: datetime.datetime | None = None) -> Issued:
+    """A node agent's client certificate: CN=name, SAN URI trainerd://node/name."""
+    identity = PeerIdentity(PeerKind.NODE, check_name(name, "node"))
+    return _issue(ca, name, [x509.UniformResourceIdentifier(identity.uri)], ExtendedKeyUsageOID.CLIENT_AUTH, now)
+
+
+def make_operator_certificate(
+    ca: Issued, name: str, read_only: bool, now: datetime.datetime | None = None
+) -> Issued:
+    """An operator's client certificate: CN=name, SAN URI trainerd://operator/name, or
+    trainerd://operator-readonly/name when it may only look.
+    """
+    identity = PeerIdentity(PeerKind.OPERATOR, check_name(name, "operator"), read_only)
+    return _issue(ca, name, [x509.UniformResourceIdentifier(identity.uri)], ExtendedKeyUsageOID.CLIENT_AUTH, now)
+
+
+def peer_identity(certificate: bytes | str) -> PeerIdentity:
+    """Who a client certificate (PEM or DER) speaks for, from its one `trainerd://` SAN URI, which must agree
+    with its CN; raises CertificateError otherwise. Checks no signature: call it only on a certificate the TLS
+    layer verified against the cluster's CA.
+    """
+    data = certificate.encode() if isinstance(certificate, str) else certificate
+    try:
+        parsed = (
+            x509.load_pem_x509_certificate(data) if data.lstrip().startswith(b"-----BEGIN")
+            else x509.load_der_x509_certificate(data)
+        )
+    except ValueError as exc:
+        raise CertificateError(f"the peer's certificate cannot be parsed: {exc}") from exc
+    subject = f"{parsed.subject.rfc4514_string()!r:.120}"  # quoted: a hostile subject may hold a newline
+    try:
+        usages = parsed.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        uris = parsed.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+            x509.UniformResourceIdentifier
+        )
+    except x509.ExtensionNotFound as exc:
+        raise CertificateError(f"certificate {subject} is not a trainerd client certificate: {exc}") from exc
+    if ExtendedKeyUsageOID.CLIENT_AUTH not in usages:
+        raise CertificateError(f"certificate {subject} is not for client authentication")
+    ours = [uri for uri in uris if uri.startswith(f"{URI_SCHEME}://")]
+    if len(ours) != 1:
+        raise CertificateError(f"certificate {subject} names {len(ours)} trainerd identities, not one")
+    match = re.fullmatch(rf"{URI_SCHEME}://(node|operator|operator-readonly)/(.+)", ours[0])
+    if match is None or not re.fullmatch(NODE_NAME_PATTERN, match.group(2)):
+        raise CertificateError(f"certificate {subject}: {ours[0]!r:.120} is not a trainerd identity")
+    role, name = match.groups()
+    common_names = [a.value for a in parsed.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+    if common_names != [name]:
+        raise CertificateError(f"certificate {subject}: its CN does not match its identity {ours[0]}")
+    kind = PeerKind.NODE if role == "node" else PeerKind.OPERATOR
+    return PeerIdentity(kind, name, read_only=role == "operator-readonly")
+
+
+def write_issued(issued: Issued, directory: Path, stem: str, force: bool) -> tuple[Path, Path]:
+    """Writes `stem.crt` (0644) and `stem.key` (0600) into `directory`; refuses existing files unless `force`.
+    Checks both names before writing either.
+    """
+    cert_path, key_path = directory / f"{stem}.crt", directory / f"{stem}.key"
+    if not force:
+        refuse_existing([cert_path, key_path])
+    _write_new(key_path, issued.key_pem(), 0o600, force)
+    _write_new(cert_path, issued.certificate_pem(), 0o644, force)
+    return cert_path, key_path
+
+
+def refuse_existing(paths: Sequence[Path]) -> None:
+    for path in paths:
+        if os.path.lexists(path):
+            raise CertificateError(f"{path} already exists (pass --force to replace it)")
+
+
+def load_ca(directory: Path) -> Issued:
+    """The CA that `trainerd certs init` wrote into `directory`; CertificateError when missing or mismatched."""
+    cert_path, key_path = directory / CA_CERT, directory / CA_KEY
+    try:
+        certificate = x509.load_pem_x509_certificate(cert_path.read_bytes())
+        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+    except FileNotFoundError as exc:
+        raise CertificateError(f"{exc.filename} is missing: run `trainerd certs init --dir {directory}` first") from exc
+    except OSError as exc:
+        raise CertificateError(f"{exc.filename} cannot be read: {exc.strerror}") from exc
+    except (ValueError, TypeError) as exc:
+        raise CertificateError(f"the CA in {directory} cannot be loaded: {exc}") from exc
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or key.public_key() != certificate.public_key():
+        raise CertificateError(f"{key_path} is not the key of {cert_path}")
+    return Issued(certificate, key)
+
+
+def _issue(
+    ca: Issued, common_name: str, names: list[x509.GeneralName], usage: x509.ObjectIdentifier,
+    now: datetime.datetime | None,
+) -> Issued:
+    key = ec.generate_private_key(ec.SECP256R1())
+    start = _now(now) - _BACKDATE
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(ca.certificate.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(min(start + LEAF_VALIDITY, ca.certificate.not_valid_after_utc))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False,
+                key_agreement=False, key_cert_sign=False, crl_sign=False, encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()), critical=False
+        )
+        .sign(ca.key, hashes.SHA256())
+    )
+    return Issued(certificate, key)
+
+
+def _host_name(host: str) -> x509.GeneralName:
+    """An IP address SAN for an address, a DNS name SAN for a valid host name; CertificateError otherwise."""
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    labels = host.split(".")
+    if len(host) > _MAX_HOST_NAME or not all(_DNS_LABEL.fullmatch(label) for label in labels):
+        raise CertificateError(f"host {host!r:.80} is neither an IP address nor a valid DNS name")
+    return x509.DNSName(host.lower())
+
+
+def _write_new(path: Path, data: bytes, mode: int, force: bool) -> None:
+    """Creates `path` with exactly `mode` (O_EXCL: never through a link, never over a file unless `force`
+    removed it first) and writes `data`.
+    """
+    if force and os.path.lexists(path) and not os.path.isdir(path):
+        path.unlink()
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, mode)
+    except FileExistsError as exc:
+        problem = "is a directory" if os.path.isdir(path) else "already exists (pass --force to replace it)"
+        raise CertificateError(f"{path} {problem}") from exc
+    except OSError as exc:
+        raise CertificateError(f"{path} cannot be created: {exc.strerror}") from exc
+    with os.fdopen(fd, "wb") as f:
+        os.fchmod(f.fileno(), mode)  # whatever the umask
+        f.write(data)
+
+
+def _now(now: datetime.datetime | None) -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc) if now is None else now
