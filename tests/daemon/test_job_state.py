@@ -43,6 +43,15 @@ def test_failure_cause_is_stored_as_its_plain_name_and_read_back_strictly() -> N
         Failure.from_json({**failure.to_json(), "cause": "crashed"})
 
 
-def test_only_a_lost_node_spares_the_budget_and_only_launch_and_usage_errors_are_permanent() -> None:
-    assert {c for c in FailureCause if not c.spends_budget} == {FailureCause.NODE_LOST}
-    assert {c for c in FailureCause if c.permanent} == {FailureCause.LAUNCH_FAILED, FailureCause.USAGE_ERROR}
+def test_a_lost_node_and_a_job_error_spare_the_budget_and_launch_usage_and_job_errors_are_permanent() -> None:
+    assert {c for c in FailureCause if not c.spends_budget} == {FailureCause.NODE_LOST, FailureCause.JOB_ERROR}
+    assert {c for c in FailureCause if c.permanent} == {FailureCause.LAUNCH_FAILED, FailureCause.USAGE_ERROR,
+                                                        FailureCause.JOB_ERROR}
+
+
+def test_a_failure_stored_before_it_had_a_location_reads_back_with_none() -> None:
+    failure = Failure(FailureCause.JOB_ERROR, "rank 0 exited with code 1: KeyError: 'x' (train.py:3)", "a", 0, 1,
+                      location="train.py:3")
+    assert Failure.from_json(failure.to_json()) == failure
+    older = {k: v for k, v in failure.to_json().items() if k != "location"}
+    assert Failure.from_json(older).location == ""
