@@ -54,9 +54,11 @@ def exited(node: str, rank: int, exit_code: int = 0, signal: int = 0) -> Process
 def job_world(*, spec: dict | None = None, state: JobState = JobState.RUNNING, record: dict | None = None,
               on: tuple[str, ...] | None = NODES, offers: tuple[str, ...] = NODES, stopped: bool = False,
               step: int | None = 10, resume_step: int | None = None, reports: tuple[ProcessReport, ...] = (),
-              seen: dict | None = None, catalog: tuple[CheckpointEntry | int, ...] = (10,), **facts) -> JobWorld:
-    """A job in `state` whose generation 1 runs on `on` (None: nothing launched yet), started 100 s
-    ago (from `resume_step`'s checkpoint), every rank at `step` (reported 1 s ago, at 10 steps/s).
+              seen: dict | None = None, catalog: tuple[CheckpointEntry | int, ...] = (10,),
+              started_ago: float = 100.0, **facts) -> JobWorld:
+    """A job in `state` whose generation 1 runs on `on` (None: nothing launched yet), its processes
+    started `started_ago` s ago (from `resume_step`'s checkpoint), every rank at `step` (reported 1 s
+    ago, at 10 steps/s).
     `stopped`: its stop was decided, sent and confirmed by every node 10 s ago. `offers`: the READY
     nodes; `catalog`: checkpoint steps (or entries). Overrides: `spec` (job settings), `record`
     (JobRecord fields), `seen` (GenerationObservation fields), `reports` (process reports on top),
@@ -71,10 +73,11 @@ def job_world(*, spec: dict | None = None, state: JobState = JobState.RUNNING, r
         resume = None if resume_step is None else ResumePoint(resume_step, resume_step * GLOBAL_BATCH,
                                                                f"/ckpt/step_{resume_step:08d}")
         generation = GenerationRecord(1, placement, settings.scheduler_port, "{}", resume)
-        observation = GenerationObservation(1, started_at=NOW - 100)
+        observation = GenerationObservation(1, started_at=NOW - started_ago)
         for slot in placement.ranks:
             observation.agent_generation[slot.node] = 1
-            observation.record_process(ProcessReport(slot.node, ProcessRole.WORKER, slot.rank, 100 + slot.rank, True))
+            observation.record_process(ProcessReport(slot.node, ProcessRole.WORKER, slot.rank, 100 + slot.rank, True,
+                                                     observed_at=NOW - started_ago))
             if step is not None:
                 observation.record_progress(ProgressReport(slot.rank, step, 0.5, 1.0, 10.0 * GLOBAL_BATCH,
                                                            step * GLOBAL_BATCH), NOW - 1)
@@ -130,7 +133,7 @@ def test_placeable_since_is_forgotten_when_the_nodes_cannot_hold_the_job_or_it_l
 def test_every_rank_reporting_a_step_makes_the_job_running() -> None:
     [commit] = decide(job_world(state=JobState.PENDING))
     assert commit.record.state is JobState.RUNNING and commit.event == "job_running"
-    assert decide(job_world(state=JobState.PENDING, step=None, seen={"started_at": NOW})) == []
+    assert decide(job_world(state=JobState.PENDING, step=None, started_ago=0)) == []
 
 
 # ---------------------------------------------------------------- a live generation
