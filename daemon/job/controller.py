@@ -158,6 +158,8 @@ class JobController:
                     self.observation.stop_decided_at = now
         if self.record.state is JobState.RECOVERING:
             self.recovery = RecoveryTimeline("takeover", now)
+        if self.record.exit_requested_generation == self.record.generation and not self.record.between_generations:
+            self._exit_request = ExitRequest("a graceful exit was asked for before this coordinator took over", now)
         log.info("job %s: %s, generation %d", name, self.record.state.value, self.record.generation)
 
     async def _write_record(self, record: JobRecord, fence: Fence) -> None:
@@ -256,7 +258,7 @@ class JobController:
                 case RequestCheckpoint():
                     await self._request_checkpoint(action, fence)
                 case RequestExit():
-                    await self._request_exit(action, fence)
+                    self._request_exit(action)
                 case MarkCheckpointBad():
                     await self.catalog.mark_bad(action.step, action.problem, fence)
                 case AddSkip():
@@ -390,15 +392,12 @@ class JobController:
                                   f"{action.step}: {action.reason}", fence, generation=generation.number,
                                   step=action.step)
 
-    async def _request_exit(self, action: RequestExit, fence: Fence) -> None:
+    def _request_exit(self, action: RequestExit) -> None:
         generation = self.generation
         assert generation is not None
         self._exit_request = ExitRequest(action.reason, self._clock.now())
         for node in generation.placement.nodes:
             self._send(node, RequestExitCommand(generation.number))
-        await self._events.append("exit_requested", f"job {self.spec.name}: generation {generation.number} is asked "
-                                  f"to leave through the script's graceful exit: {action.reason}", fence,
-                                  generation=generation.number)
 
     # ------------------------------------------------------------ operator commands
 

@@ -90,7 +90,8 @@ class RequestCheckpoint:
 @dataclass(frozen=True)
 class RequestExit:
     """Ask every rank of the current generation to leave at its next step boundary through the
-    script's own graceful exit (job.graceful_exit_file), to reshape the job."""
+    script's own graceful exit (job.graceful_exit_file), to reshape the job; the request is
+    committed first (JobRecord.exit_requested_generation)."""
 
     reason: str
 
@@ -144,7 +145,8 @@ class CheckpointRequest:
 @dataclass(frozen=True)
 class ExitRequest:
     """A graceful exit asked for (RequestExit) to reshape the job; the ranks' clean exits that
-    follow end the generation for the reshape, not the job."""
+    follow end the generation for the reshape, not the job. A new leader takes it over from
+    JobRecord.exit_requested_generation, timed from its takeover."""
 
     reason: str
     asked_at: float
@@ -520,7 +522,10 @@ def _reshape(world: JobWorld) -> list[Action]:
               else f"world size can grow from {generation.placement.world_size} to {wanted.world_size}")
     if not observation.uses_runtime:
         if spec.graceful_exit_file is not None:
-            return [RequestExit(reason)]
+            asked = world.record.moved_to(world.record.state, exit_requested_generation=generation.number)
+            return [CommitRecord(asked, "exit_requested", f"job {spec.name}: generation {generation.number} is asked "
+                                                          f"to leave through the script's graceful exit: {reason}"),
+                    RequestExit(reason)]
         return _start_reshape(world, reason, "relaunching now; the script resumes from its own checkpoints")
     request = world.checkpoint_request
     # Only the requested step (or a later one) answers: an older periodic checkpoint would throw

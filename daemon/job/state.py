@@ -95,6 +95,9 @@ class JobRecord:
     node_failures: dict[str, int] = field(default_factory=dict, hash=False)  # crashes per node
     crash_steps: dict[int, int] = field(default_factory=dict, hash=False)  # crashes per failing step
     resume_from_step: int | None = None  # the operator's `resume --from-step`, for the next launch
+    # The generation asked to leave through the script's graceful exit for a reshape: its ranks'
+    # clean exits end it for the reshape, they do not complete the job (also after a takeover).
+    exit_requested_generation: int = 0
 
     def moved_to(self, state: JobState, **changes) -> "JobRecord":
         if state is not self.state and state not in ALLOWED_TRANSITIONS[self.state]:
@@ -115,7 +118,8 @@ class JobRecord:
                 "stopped_generation": self.stopped_generation, "crash_restarts": self.crash_restarts,
                 "consecutive_crashes": self.consecutive_crashes, "node_failures": dict(self.node_failures),
                 "crash_steps": {str(step): count for step, count in self.crash_steps.items()},
-                "resume_from_step": self.resume_from_step}
+                "resume_from_step": self.resume_from_step,
+                "exit_requested_generation": self.exit_requested_generation}
 
     @classmethod
     def from_json(cls, data: dict) -> "JobRecord":
@@ -127,7 +131,7 @@ class JobRecord:
                    int(data.get("consecutive_crashes", 0)),
                    {str(k): int(v) for k, v in data.get("node_failures", {}).items()},
                    {int(k): int(v) for k, v in data.get("crash_steps", {}).items()},
-                   None if resume_from is None else int(resume_from))
+                   None if resume_from is None else int(resume_from), int(data.get("exit_requested_generation", 0)))
 
 
 @dataclass(frozen=True)

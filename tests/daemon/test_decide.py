@@ -281,7 +281,8 @@ def test_a_script_job_without_graceful_exit_is_reshaped_at_once(step) -> None:
 def test_a_script_job_with_graceful_exit_is_asked_to_leave_and_its_clean_exits_end_the_generation() -> None:
     script = {"spec": {"graceful_exit_file": "exit.json"}, "on": ("a", "b"), "from_output": True}
     reason = "world size can grow from 2 to 3"
-    assert decide(job_world(**script)) == [RequestExit(reason)]
+    commit, request = decide(job_world(**script))
+    assert (commit.record.exit_requested_generation, commit.event, request) == (1, "exit_requested", RequestExit(reason))
     asked = ExitRequest(reason, NOW - 29)
     assert decide(job_world(**script, exit_request=asked)) == []
     left = (exited("a", 0), exited("b", 1))

@@ -33,6 +33,10 @@ def test_allowed_and_refused_moves() -> None:
 def test_record_round_trips_through_json() -> None:
     record = JobRecord(JobState.FAILED, 3, 4, 1, Failure(FailureCause.NODE_LOST, "node b lost", "b", -1, 0, 0))
     assert JobRecord.from_json(record.to_json()) == record
+    asked = JobRecord(JobState.RUNNING, 3, 4, exit_requested_generation=3)
+    assert JobRecord.from_json(asked.to_json()) == asked
+    older = {k: v for k, v in asked.to_json().items() if k != "exit_requested_generation"}
+    assert JobRecord.from_json(older).exit_requested_generation == 0
 
 
 def test_failure_cause_is_stored_as_its_plain_name_and_read_back_strictly() -> None:

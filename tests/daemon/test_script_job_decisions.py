@@ -137,6 +137,21 @@ def test_a_script_with_graceful_exit_leaves_through_it_and_is_relaunched_on_the_
     run(scenario())
 
 
+def test_a_new_leader_knows_the_generation_was_asked_to_leave_and_does_not_call_it_completed() -> None:
+    async def scenario() -> None:
+        sim = await launched_cluster(nodes=("a", "b"), graceful_exit_file="exit.json", **NO_BATCH)
+        sim.step(2, from_output=True)
+        await sim.tick()
+        await sim.connect("c")
+        await sim.tick()
+        assert sim.job.record.exit_requested_generation == 1
+        await sim.job.load(sim.coordinator.leadership.fence)  # what a newly elected leader does
+        sim.finish_all()
+        await sim.tick()
+        assert sim.state is JobState.RECOVERING
+    run(scenario())
+
+
 def test_a_graceful_exit_that_does_not_come_is_given_up_and_the_generation_stopped() -> None:
     async def scenario() -> None:
         sim = await launched_cluster(nodes=("a", "b"), graceful_exit_file="exit.json", **NO_BATCH)
