@@ -296,6 +296,8 @@ def _watch_generation(world: JobWorld) -> list[Action]:
     failure = _failure(world)
     if failure is not None:
         return _end_generation(world, failure)
+    if observation.first_failure() is not None:
+        return []  # a failure is being told apart (a start-up settle window, a reconnect grace): nothing else
     if exit_request is not None and world.now - exit_request.asked_at >= GRACEFUL_EXIT_TIMEOUT_S:
         return _start_reshape(world, exit_request.reason, f"the graceful exit did not end generation "
                               f"{generation.number} within {GRACEFUL_EXIT_TIMEOUT_S:g}s; stopping it")

@@ -403,6 +403,9 @@ def test_a_start_up_failure_waits_the_settle_window_to_tell_a_job_error_from_a_c
     actions = decide(job_world(state=JobState.PENDING, step=None, reports=tuple(reports)))
     if outcome == "wait":
         assert actions == []
+        # Nor is a RUNNING generation reshaped meanwhile (a node joined): the failure comes first.
+        assert decide(job_world(step=None, on=("a", "b", "c"), offers=NODES + ("d",), spec={"max_nodes": 4},
+                                reports=tuple(reports))) == []
         return
     failure = commit_of(actions).record.last_failure
     assert (failure.cause, failure.rank) == (outcome, 1)
