@@ -11,7 +11,7 @@ carries on from etcd and never launches a generation twice.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, assert_never
 
 from common.clock import Clock
@@ -20,17 +20,19 @@ from daemon.config import JobSettings
 from daemon.errors import PermanentError
 from daemon.events import EventLog
 from daemon.job.catalog import CheckpointCatalog, CheckpointEntry
-from daemon.job.commands import CheckpointNowCommand, LaunchCommand, StopCommand
+from daemon.job.commands import CheckpointNowCommand, LaunchCommand, RequestExitCommand, StopCommand
 from daemon.job.decide import (
     AddSkip,
     CheckpointRequest,
     CommitRecord,
     EndStopPhase,
+    ExitRequest,
     JobWorld,
     LaunchGeneration,
     MarkCheckpointBad,
     NotePlaceableSince,
     RequestCheckpoint,
+    RequestExit,
     StopGeneration,
     decide,
     record_after_checkpoint,
@@ -62,6 +64,8 @@ class RankView:
     step: int
     loss: float
     samples_per_s: float
+    epoch: int | None = None
+    from_output: bool = False  # read from the rank's output, not sent by the trainer runtime
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,8 @@ class JobView:
     last_recovery: RecoveryTimeline | None
     quarantined: frozenset[str]
     skipped_batches: int
+    epoch: int | None = None  # the lowest epoch a rank reported from its output
+    hang_detection: bool = False  # a rank of the live generation showed progress: hangs are judged
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,7 @@ class JobController:
         self.observation: GenerationObservation | None = None
         self._placeable_since: float | None = None
         self._checkpoint_request: CheckpointRequest | None = None
+        self._exit_request: ExitRequest | None = None
         self._unrecorded_checkpoints: list[CheckpointEntry] = []
         self.recovery: RecoveryTimeline | None = None
 
@@ -139,6 +146,7 @@ class JobController:
         self.generation = None
         self.observation = None
         self._checkpoint_request = None
+        self._exit_request = None
         self._unrecorded_checkpoints = []
         now = self._clock.now()
         if self.record.generation:
@@ -151,6 +159,8 @@ class JobController:
                     self.observation.stop_decided_at = now
         if self.record.state is JobState.RECOVERING:
             self.recovery = RecoveryTimeline("takeover", now)
+        if self.record.exit_requested_generation == self.record.generation and not self.record.between_generations:
+            self._exit_request = ExitRequest("a graceful exit was asked for before this coordinator took over", now)
         log.info("job %s: %s, generation %d", name, self.record.state.value, self.record.generation)
 
     async def _write_record(self, record: JobRecord, fence: Fence) -> None:
@@ -164,12 +174,13 @@ class JobController:
         return observation if observation is not None and observation.number == generation else None
 
     def process_report(self, generation: int, report: ProcessReport) -> bool:
-        """Record a process's state; True when it changes something the decision depends on."""
+        """Record a process's state (stamped with when it arrived: the first failure is the
+        earliest); True when it changes something the decision depends on."""
         observation = self._current(generation)
         if observation is None:
             return False
         before = observation.processes.get((report.node, report.role, report.rank))
-        observation.record_process(report)
+        observation.record_process(replace(report, observed_at=self._clock.now()))
         observation.launched.add(report.node)
         self._note_idle(observation)
         return before is None or before.running != report.running
@@ -231,7 +242,7 @@ class JobController:
         world = JobWorld(self.spec, self.record, self.generation, self.observation, tuple(facts.offers),
                          frozenset(facts.disconnected), frozenset(facts.lost), frozenset(facts.drained),
                          self.catalog.entries(), self.ledger.ranges(), self._placeable_since,
-                         self._checkpoint_request, now)
+                         self._checkpoint_request, now, self._exit_request)
         for action in decide(world):
             match action:
                 case NotePlaceableSince():
@@ -242,11 +253,13 @@ class JobController:
                 case CommitRecord():
                     await self._commit(action, fence)
                 case StopGeneration():
-                    self._stop(action.reason)
+                    self._stop(action.reason, action.dump_stacks)
                 case LaunchGeneration():
                     await self._launch(action, fence)
                 case RequestCheckpoint():
                     await self._request_checkpoint(action, fence)
+                case RequestExit():
+                    self._request_exit(action)
                 case MarkCheckpointBad():
                     await self.catalog.mark_bad(action.step, action.problem, fence)
                 case AddSkip():
@@ -327,6 +340,7 @@ class JobController:
         self.generation = generation
         self.observation = GenerationObservation(number, started_at=now)
         self._checkpoint_request = None
+        self._exit_request = None
         where = "from scratch" if resume is None else f"from the checkpoint at step {resume.step}"
         await self._events.append(
             "generation_started",
@@ -349,11 +363,13 @@ class JobController:
                                                          generation.resume)),
                                     generation.rank_table_json,
                                     "" if generation.resume is None else generation.resume.path,
-                                    self.ledger.ranges())
+                                    self.ledger.ranges(), workdir=self.spec.workdir or "",
+                                    graceful_exit_file=self.spec.graceful_exit_file or "",
+                                    progress_pattern=self.spec.progress_pattern or "")
             if self._send(node, command):
                 observation.launched.add(node)
 
-    def _stop(self, reason: str) -> None:
+    def _stop(self, reason: str, dump_stacks: bool = False) -> None:
         generation, observation = self.generation, self.observation
         if generation is None or observation is None:
             return
@@ -361,11 +377,11 @@ class JobController:
             observation.stop_decided_at = self._clock.now()
         nodes = [n for n in generation.placement.nodes if n not in observation.stop_sent]
         for node in nodes:
-            if self._send(node, StopCommand(generation.number, self.spec.stop_grace_s, reason)):
+            if self._send(node, StopCommand(generation.number, self.spec.stop_grace_s, reason, dump_stacks)):
                 observation.stop_sent[node] = self._clock.now()
         if nodes:
-            log.info("job %s: stopping generation %d on %s: %s", self.spec.name, generation.number,
-                     ", ".join(nodes), reason)
+            log.info("job %s: stopping generation %d on %s%s: %s", self.spec.name, generation.number,
+                     ", ".join(nodes), " (stacks dumped first)" if dump_stacks else "", reason)
 
     async def _request_checkpoint(self, action: RequestCheckpoint, fence: Fence) -> None:
         generation, observation = self.generation, self.observation
@@ -376,6 +392,13 @@ class JobController:
         await self._events.append("checkpoint_requested", f"job {self.spec.name}: checkpoint asked for at step "
                                   f"{action.step}: {action.reason}", fence, generation=generation.number,
                                   step=action.step)
+
+    def _request_exit(self, action: RequestExit) -> None:
+        generation = self.generation
+        assert generation is not None
+        self._exit_request = ExitRequest(action.reason, self._clock.now())
+        for node in generation.placement.nodes:
+            self._send(node, RequestExitCommand(generation.number))
 
     # ------------------------------------------------------------ operator commands
 
@@ -421,18 +444,22 @@ class JobController:
     def view(self) -> JobView:
         observation = self.observation
         ranks: tuple[RankView, ...] = ()
-        step = loss = samples_per_s = None
+        step = loss = samples_per_s = epoch = None
+        hang_detection = False
         if observation is not None and self.generation is not None:
             node_of = {slot.rank: slot.node for slot in self.generation.placement.ranks}
-            ranks = tuple(RankView(p.rank, node_of.get(p.rank, ""), p.step, p.loss, p.samples_per_s)
+            ranks = tuple(RankView(p.rank, node_of.get(p.rank, ""), p.step, p.loss, p.samples_per_s, p.epoch,
+                                   p.from_output)
                           for p in sorted(observation.progress.values(), key=lambda p: p.rank))
             step = observation.min_step(self.generation.placement.world_size)
             if ranks:
                 loss = sum(r.loss for r in ranks) / len(ranks)
                 samples_per_s = sum(r.samples_per_s for r in ranks)
+            epoch = min((r.epoch for r in ranks if r.epoch is not None), default=None)
+            hang_detection = observation.progress_seen and not self.record.between_generations
         good = [c.step for c in self.catalog.entries() if c.good]
         return JobView(self.spec.name, self.record.state, self.record.generation, self.record.world_size,
                        self.record.restarts, self.record.crash_restarts, self.spec.restart.max, step,
                        good[-1] if good else None, loss, samples_per_s, ranks, self.record.last_failure,
                        self.recovery, self.record.quarantined(self.spec.restart.quarantine_after),
-                       len(self.ledger.entries()))
+                       len(self.ledger.entries()), epoch, hang_detection)

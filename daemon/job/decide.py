@@ -8,10 +8,13 @@ a stop phase ended) is derived here too and handed back as actions it merely rec
 
 A job's life, in the terms of the durable record (daemon/job/state.py):
 - no generation yet: launch the first once enough nodes are READY (PENDING);
-- a live generation (`record.generation > record.stopped_generation`): watch it. It completes, or
-  fails (a process exits, a node is lost, no progress for hang_timeout_s), or is reshaped at a
-  checkpoint (a node to take in, or a drained node to let go): the stop is committed first
-  (`stopped_generation`), then sent;
+- a live generation (`record.generation > record.stopped_generation`): watch it. It is RUNNING once
+  every rank reported a step, or every process ran for RUNNING_WITHOUT_PROGRESS_S (a script that
+  prints nothing trainerd reads). It completes, or fails (a process exits, a node is lost, no new
+  step for hang_timeout_s once a rank showed progress; every rank failing the same way before any
+  progress is the job's own error), or is reshaped (a node to take in, or a drained node to let
+  go): at a checkpoint it asks for when the generation runs trainerd's runtime, else through the
+  script's graceful exit, else at once. The stop is committed first (`stopped_generation`), then sent;
 - between generations: wait until every node confirmed the stop (or the stop grace passed: the
   silent ones are left out), wait out the crash backoff, then launch the next generation on the
   largest valid world, from the newest good checkpoint; WAITING while no valid world exists.
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 
 from daemon.config import JobSettings
 from daemon.job.catalog import CheckpointEntry
-from daemon.job.observation import GenerationObservation
+from daemon.job.observation import GenerationObservation, ProcessReport
 from daemon.job.placement import NodeOffer, Placement, place
 from daemon.job.state import Failure, FailureCause, GenerationRecord, JobRecord
 from proto.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
@@ -38,6 +41,14 @@ CHECKPOINT_LEAD_S = 2.0
 MIN_CHECKPOINT_LEAD_STEPS = 2
 # A request no checkpoint answered (a rank read it too late) is made again after this long.
 CHECKPOINT_REQUEST_RETRY_S = 30.0
+# A generation whose processes have all run this long is RUNNING although not every rank reported a
+# step (a script that prints nothing trainerd can read would otherwise never be).
+RUNNING_WITHOUT_PROGRESS_S = 60.0
+# After a failure before any progress, wait this long (or until every worker exited) to see whether
+# the other ranks fail the same way: then the job itself is broken.
+STARTUP_FAILURE_SETTLE_S = 5.0
+# A graceful exit asked for a reshape that has not ended the generation after this long: stop it.
+GRACEFUL_EXIT_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,7 @@ class StopGeneration:
     """Send Stop for the current generation to every node not yet told (its stop is committed)."""
 
     reason: str
+    dump_stacks: bool = False  # a hang: every process's Python stack goes into its log before the kill
 
 
 @dataclass(frozen=True)
@@ -72,6 +84,15 @@ class RequestCheckpoint:
     """Ask every rank of the current generation for a checkpoint once `step` completes."""
 
     step: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class RequestExit:
+    """Ask every rank of the current generation to leave at its next step boundary through the
+    script's own graceful exit (job.graceful_exit_file), to reshape the job; the request is
+    committed first (JobRecord.exit_requested_generation)."""
+
     reason: str
 
 
@@ -107,8 +128,8 @@ class EndStopPhase:
     at: float
 
 
-Action = (CommitRecord | StopGeneration | LaunchGeneration | RequestCheckpoint | MarkCheckpointBad | AddSkip
-          | NotePlaceableSince | EndStopPhase)
+Action = (CommitRecord | StopGeneration | LaunchGeneration | RequestCheckpoint | RequestExit | MarkCheckpointBad
+          | AddSkip | NotePlaceableSince | EndStopPhase)
 
 ACTIVE_STATES = frozenset({JobState.PENDING, JobState.RUNNING, JobState.RECOVERING, JobState.WAITING})
 
@@ -118,6 +139,16 @@ class CheckpointRequest:
     """A checkpoint asked for to reshape the job at `step`."""
 
     step: int
+    asked_at: float
+
+
+@dataclass(frozen=True)
+class ExitRequest:
+    """A graceful exit asked for (RequestExit) to reshape the job; the ranks' clean exits that
+    follow end the generation for the reshape, not the job. A new leader takes it over from
+    JobRecord.exit_requested_generation, timed from its takeover."""
+
+    reason: str
     asked_at: float
 
 
@@ -136,6 +167,7 @@ class JobWorld:
     placeable_since: float | None  # as noted by the last pass (NotePlaceableSince)
     checkpoint_request: CheckpointRequest | None
     now: float
+    exit_request: ExitRequest | None = None
 
 
 def decide(world: JobWorld) -> list[Action]:
@@ -253,21 +285,42 @@ def _launch(world: JobWorld, placement: Placement, checkpoint: CheckpointEntry |
 def _watch_generation(world: JobWorld) -> list[Action]:
     generation, observation, record = world.generation, world.observation, world.record
     assert generation is not None and observation is not None
-    if observation.finished_ranks() >= set(range(generation.placement.world_size)):
+    every_rank_finished = observation.finished_ranks() >= set(range(generation.placement.world_size))
+    exit_request = world.exit_request
+    if exit_request is not None and every_rank_finished:
+        return _start_reshape(world, exit_request.reason, "every rank left at the graceful exit; relaunching")
+    if every_rank_finished:
         done = record.moved_to(JobState.COMPLETED, stopped_generation=generation.number)
         return [CommitRecord(done, "job_completed", f"job {world.spec.name} is COMPLETED"),
                 StopGeneration("every rank finished")]
     failure = _failure(world)
     if failure is not None:
         return _end_generation(world, failure)
-    actions: list[Action] = []
-    if record.state is not JobState.RUNNING and len(observation.progress) >= generation.placement.world_size:
-        actions.append(CommitRecord(record.moved_to(JobState.RUNNING), "job_running",
-                                    f"job {world.spec.name} is RUNNING: every rank of generation "
-                                    f"{generation.number} reported a step"))
-    elif record.state is JobState.RUNNING:
-        actions.extend(_reshape(world))
-    return actions
+    if observation.first_failure() is not None:
+        return []  # a failure is being told apart (a start-up settle window, a reconnect grace): nothing else
+    if exit_request is not None and world.now - exit_request.asked_at >= GRACEFUL_EXIT_TIMEOUT_S:
+        return _start_reshape(world, exit_request.reason, f"the graceful exit did not end generation "
+                              f"{generation.number} within {GRACEFUL_EXIT_TIMEOUT_S:g}s; stopping it")
+    if record.state is not JobState.RUNNING:
+        why = _running_reason(world)
+        return [] if why is None else [CommitRecord(record.moved_to(JobState.RUNNING), "job_running",
+                                                    f"job {world.spec.name} is RUNNING: {why}")]
+    return _reshape(world)
+
+
+def _running_reason(world: JobWorld) -> str | None:
+    """Why the generation counts as running now; None while it is still starting."""
+    generation, observation = world.generation, world.observation
+    assert generation is not None and observation is not None
+    world_size = generation.placement.world_size
+    if len(observation.progress) >= world_size:
+        return f"every rank of generation {generation.number} reported a step"
+    since = observation.running_since(world_size)
+    if since is None or world.now - since < RUNNING_WITHOUT_PROGRESS_S:
+        return None
+    reported = f"{len(observation.progress)} of {world_size} ranks" if observation.progress else "no rank"
+    return (f"every process of generation {generation.number} has run for {RUNNING_WITHOUT_PROGRESS_S:g}s "
+            f"({reported} reported a step)")
 
 
 def _failure(world: JobWorld) -> Failure | None:
@@ -285,34 +338,76 @@ def _failure(world: JobWorld) -> Failure | None:
             # to tell a node loss (no budget spent) from a crash.
             return None
         if failed.exit_code == EXIT_CANNOT_EXECUTE and not failed.signal:
-            return Failure(FailureCause.LAUNCH_FAILED, failed.describe(), failed.node, failed.rank, failed.exit_code)
+            return _process_failure(FailureCause.LAUNCH_FAILED, failed)
         if failed.role is ProcessRole.WORKER and not failed.signal:
             if failed.exit_code == EXIT_CHECKPOINT_UNREADABLE:
-                return Failure(FailureCause.CHECKPOINT_UNREADABLE, failed.describe(), failed.node, failed.rank,
-                               failed.exit_code)
+                return _process_failure(FailureCause.CHECKPOINT_UNREADABLE, failed)
             if failed.exit_code == EXIT_USAGE:
-                return Failure(FailureCause.USAGE_ERROR, failed.describe(), failed.node, failed.rank, failed.exit_code)
-        return Failure(FailureCause.PROCESS_EXITED, failed.describe(), failed.node, failed.rank, failed.exit_code,
-                       failed.signal)
+                return _process_failure(FailureCause.USAGE_ERROR, failed)
+        if not observation.progress_seen:
+            # A start-up failure: let the other ranks show whether they fail the same way (and the
+            # exit reports, with their root causes, catch up with the heartbeats).
+            settled = world.now - failed.observed_at >= STARTUP_FAILURE_SETTLE_S
+            if not settled and not observation.workers_exited(generation.placement.world_size):
+                return None
+            job_error = _job_error(world)
+            if job_error is not None:
+                return job_error
+        return _process_failure(FailureCause.PROCESS_EXITED, failed)
     run = observation.bad_run()
     if len(run) >= world.spec.data_skip.max_consecutive_spikes:
         return Failure(FailureCause.BAD_BATCHES, f"steps {run[0].step}-{run[-1].step} were all skipped as bad "
                                       f"({run[-1].reason}, grad norm {run[-1].grad_norm:.3g}); rolling back")
-    silent_for = world.now - observation.silent_since()
-    if silent_for > world.spec.hang_timeout_s:
-        return Failure(FailureCause.HANG, f"no rank of generation {generation.number} reported a new step for "
-                               f"{silent_for:.0f}s (hang_timeout_s {world.spec.hang_timeout_s:g})")
-    return None
+    return _hang(world)
+
+
+def _process_failure(cause: FailureCause, failed: ProcessReport, message: str | None = None) -> Failure:
+    return Failure(cause, failed.describe() if message is None else message, failed.node, failed.rank,
+                   failed.exit_code, failed.signal, "" if failed.cause is None else failed.cause.location)
+
+
+def _job_error(world: JobWorld) -> Failure | None:
+    """The job itself is broken (its code, its data, its settings): before any rank showed progress,
+    every worker that failed failed with the same root cause, and at least two did (or the
+    generation has one rank). A rank failing alone, or the ranks failing differently, is a crash."""
+    generation, observation = world.generation, world.observation
+    assert generation is not None and observation is not None
+    workers = [p for p in observation.failures() if p.role is ProcessRole.WORKER]
+    causes = {p.same_cause_key for p in workers}
+    if not workers or None in causes or len(causes) > 1:
+        return None
+    if len(workers) < 2 and generation.placement.world_size > 1:
+        return None
+    first = workers[0]
+    ranks = ", ".join(str(r) for r in sorted(p.rank for p in workers))
+    same = "before any progress" if len(workers) == 1 else f"ranks {ranks} failed the same way before any progress"
+    return _process_failure(FailureCause.JOB_ERROR, first, f"{first.describe()}; {same}")
+
+
+def _hang(world: JobWorld) -> Failure | None:
+    """No rank reported a new step for hang_timeout_s, once a rank showed progress at all: a script
+    that prints nothing trainerd reads is never judged (its exits and its nodes still are)."""
+    generation, observation, spec = world.generation, world.observation, world.spec
+    assert generation is not None and observation is not None
+    silent_since, behind = observation.silent_since(), observation.behind()
+    if silent_since is None or behind is None or world.now - silent_since <= spec.hang_timeout_s:
+        return None
+    node = next(slot.node for slot in generation.placement.ranks if slot.rank == behind.rank)
+    return Failure(FailureCause.HANG, f"no rank of generation {generation.number} reported a new step for "
+                                      f"{world.now - silent_since:.0f}s (hang_timeout_s {spec.hang_timeout_s:g}); "
+                                      f"rank {behind.rank} on node {node} was behind at {behind.describe_position()}",
+                   node, behind.rank)
 
 
 def _failing_step(world: JobWorld, failure: Failure) -> int | None:
     """The step a crashed rank was on: one past its last reported step. None when it crashed
-    before its first step of this generation (start-up problems are not the data's fault)."""
+    before its first step of this generation (start-up problems are not the data's fault), or when
+    its steps were read from its output (they have no sample position, and may restart each epoch)."""
     if failure.cause is not FailureCause.PROCESS_EXITED or failure.rank < 0:
         return None
     assert world.observation is not None
     report = world.observation.progress.get(failure.rank)
-    return None if report is None else report.step + 1
+    return None if report is None or report.from_output else report.step + 1
 
 
 def _step_start(world: JobWorld, rank: int) -> int:
@@ -344,10 +439,11 @@ def _end_generation(world: JobWorld, failure: Failure) -> list[Action]:
     assert generation is not None and observation is not None
     changes: dict = dict(stopped_generation=generation.number, last_failure=failure, restarts=record.restarts + 1)
     actions: list[Action] = []
+    note = ""
     if failure.cause.spends_budget:
         changes["crash_restarts"] = record.crash_restarts + 1
         changes["consecutive_crashes"] = record.consecutive_crashes + 1
-        if failure.cause is FailureCause.PROCESS_EXITED and failure.node:
+        if failure.cause is FailureCause.PROCESS_EXITED and _singled_out_node(world) == failure.node:
             changes["node_failures"] = {**record.node_failures,
                                         failure.node: record.node_failures.get(failure.node, 0) + 1}
         step = _failing_step(world, failure)
@@ -356,9 +452,13 @@ def _end_generation(world: JobWorld, failure: Failure) -> list[Action]:
             changes["crash_steps"] = {**record.crash_steps, step: crashes}
             if crashes >= spec.data_skip.crash_repeats:
                 # The same step keeps killing workers: its samples are the likely cause.
-                start = _step_start(world, failure.rank)
-                actions.append(AddSkip(start, _batch_end(start, spec.global_batch, world.skips),
-                                       f"step {step} crashed a worker {crashes} times", step))
+                if spec.global_batch is None:
+                    note = (f"; step {step} crashed a worker {crashes} times, but without global_batch its "
+                            f"samples are unknown: nothing is skipped")
+                else:
+                    start = _step_start(world, failure.rank)
+                    actions.append(AddSkip(start, _batch_end(start, spec.global_batch, world.skips),
+                                           f"step {step} crashed a worker {crashes} times", step))
                 changes["crash_steps"] = {k: v for k, v in record.crash_steps.items() if k != step}
     if failure.cause is FailureCause.CHECKPOINT_UNREADABLE and generation.resume is not None:
         actions.append(MarkCheckpointBad(generation.resume.step, failure.message))
@@ -372,9 +472,13 @@ def _end_generation(world: JobWorld, failure: Failure) -> list[Action]:
     over_budget = failure.cause.spends_budget and changes["crash_restarts"] > spec.restart.max
     if over_budget or failure.cause.permanent:
         updated = record.moved_to(JobState.FAILED, **{**changes, "restarts": record.restarts})
-        why = "the same launch would fail again" if failure.cause.permanent else \
-            f"restart budget of {spec.restart.max} spent"
-        message = f"job {spec.name} is FAILED: {failure.message} ({why})"
+        if failure.cause is FailureCause.JOB_ERROR:
+            why = "the job itself fails: fix it, then trainerctl resume"
+        elif failure.cause.permanent:
+            why = "the same launch would fail again"
+        else:
+            why = f"restart budget of {spec.restart.max} spent"
+        message = f"job {spec.name} is FAILED: {failure.message} ({why}){note}"
         actions.insert(0, CommitRecord(updated, "job_failed", message))
     else:
         updated = record.moved_to(JobState.RECOVERING, **changes)
@@ -384,15 +488,33 @@ def _end_generation(world: JobWorld, failure: Failure) -> list[Action]:
             quarantine = f"; node {failure.node} is quarantined after {spec.restart.quarantine_after} crashes"
         actions.insert(0, CommitRecord(updated, "recovery_started",
                                        f"job {spec.name} is RECOVERING ({failure.cause}): {failure.message}"
-                                       f"{quarantine}", recovery=failure.cause))
-    actions.append(StopGeneration(failure.message))
+                                       f"{quarantine}{note}", recovery=failure.cause))
+    actions.append(StopGeneration(failure.message, dump_stacks=failure.cause is FailureCause.HANG))
     return actions
 
 
-def _reshape(world: JobWorld) -> list[Action]:
-    """Take in nodes that joined, or let drained ones go, at a checkpoint (no restart budget spent)."""
-    generation, observation, record, spec = world.generation, world.observation, world.record, world.spec
+def _singled_out_node(world: JobWorld) -> str | None:
+    """The node a crash points at, for the quarantine: every process that failed ran on it, and the
+    generation ran on other nodes too, where nothing failed. A crash of a one-node generation
+    singles out nothing (there is no healthy node to compare with; counting it would quarantine
+    node after node for a bug of the job's own): the restart budget bounds those."""
+    generation, observation = world.generation, world.observation
     assert generation is not None and observation is not None
+    nodes = {p.node for p in observation.failures()}
+    if len(generation.placement.nodes) < 2 or len(nodes) != 1:
+        return None
+    return nodes.pop()
+
+
+def _reshape(world: JobWorld) -> list[Action]:
+    """Take in nodes that joined, or let drained ones go (no restart budget spent). A generation
+    that runs trainerd's runtime saves a checkpoint first, when asked; a script that does not
+    leaves through its own graceful exit when it has one (job.graceful_exit_file), else it is
+    stopped at once and resumes from its own checkpoints."""
+    generation, observation, spec = world.generation, world.observation, world.spec
+    assert generation is not None and observation is not None
+    if world.exit_request is not None:
+        return []  # the ranks are leaving (see _watch_generation)
     draining = [n for n in generation.placement.nodes if n in world.drained]
     wanted = place(spec, _usable_offers(world), generation.placement.nodes)
     growing = wanted is not None and wanted.world_size > generation.placement.world_size
@@ -400,6 +522,13 @@ def _reshape(world: JobWorld) -> list[Action]:
         return []
     reason = (f"node {draining[0]} is drained" if draining or wanted is None
               else f"world size can grow from {generation.placement.world_size} to {wanted.world_size}")
+    if not observation.uses_runtime:
+        if spec.graceful_exit_file is not None:
+            asked = world.record.moved_to(world.record.state, exit_requested_generation=generation.number)
+            return [CommitRecord(asked, "exit_requested", f"job {spec.name}: generation {generation.number} is asked "
+                                                          f"to leave through the script's graceful exit: {reason}"),
+                    RequestExit(reason)]
+        return _start_reshape(world, reason, "relaunching now; the script resumes from its own checkpoints")
     request = world.checkpoint_request
     # Only the requested step (or a later one) answers: an older periodic checkpoint would throw
     # away the steps trained since.
@@ -409,17 +538,30 @@ def _reshape(world: JobWorld) -> list[Action]:
         if newest is None or (request is not None and world.now - request.asked_at < CHECKPOINT_REQUEST_RETRY_S):
             return []
         return [RequestCheckpoint(newest + _checkpoint_lead_steps(world), reason)]
+    return _start_reshape(world, reason, "relaunching from the checkpoint just saved")
+
+
+def _start_reshape(world: JobWorld, reason: str, how: str) -> list[Action]:
+    """Commit the end of the generation for a reshape, then stop what still runs of it."""
+    generation, record = world.generation, world.record
+    assert generation is not None
     updated = record.moved_to(JobState.RECOVERING, stopped_generation=generation.number,
                               restarts=record.restarts + 1)
-    return [CommitRecord(updated, "reshape_started", f"job {spec.name} is RECOVERING: {reason}; "
-                                                     f"relaunching from the checkpoint just saved", recovery="reshape"),
+    return [CommitRecord(updated, "reshape_started", f"job {world.spec.name} is RECOVERING: {reason}; {how}",
+                         recovery="reshape"),
             StopGeneration(reason)]
 
 
 def _checkpoint_lead_steps(world: JobWorld) -> int:
-    assert world.observation is not None
-    rates = [p.samples_per_s for p in world.observation.progress.values() if p.samples_per_s > 0]
-    steps_per_s = (max(rates) / world.spec.global_batch) if rates else 0.0
+    """How far ahead of the fastest rank a requested checkpoint goes: CHECKPOINT_LEAD_S of steps, at
+    the reported sample rate over the global batch, else at the rate the steps arrived."""
+    observation, spec = world.observation, world.spec
+    assert observation is not None
+    rates = [p.samples_per_s for p in observation.progress.values() if p.samples_per_s > 0]
+    if spec.global_batch is not None and rates:
+        steps_per_s = max(rates) / spec.global_batch
+    else:
+        steps_per_s = observation.steps_per_s() or 0.0
     return max(MIN_CHECKPOINT_LEAD_STEPS, math.ceil(steps_per_s * CHECKPOINT_LEAD_S))
 
 

@@ -3,13 +3,30 @@
 Kept in memory only: heartbeats carry every process of the agent's generation (exited ones too),
 so a newly elected leader rebuilds it within one heartbeat interval. Times are the coordinator's
 monotonic clock; a new leader starts them at its takeover.
+
+Progress comes through two channels: the trainer runtime's reports, and lines the agent reads from
+a rank's output (`from_output`, e.g. MindSpore's LossMonitor, whose step counts within the epoch:
+progress is ordered by (epoch, step)).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from proto.vocabulary import ProcessRole
+
+
+@dataclass(frozen=True)
+class RootCause:
+    """Why a process failed, in one line, as the agent read it from the process's output."""
+
+    message: str  # e.g. "FileNotFoundError: [Errno 2] No such file or directory: 'data'"
+    location: str = ""  # innermost "file:line" of a Python traceback, when there is one
+    kind: str = ""  # "python_exception", "mindspore_error" or "last_line"
+
+    @property
+    def line(self) -> str:
+        return f"{self.message} ({self.location})" if self.location else self.message
 
 
 @dataclass(frozen=True)
@@ -23,6 +40,10 @@ class ProcessReport:
     signal: int = 0
     expected: bool = False  # exited because trainerd stopped it
     log_tail: str = ""
+    cause: RootCause | None = None  # of a failed exit, when the agent found one
+    # When the coordinator first saw the process in this state (running, or this exit); stamped by
+    # the controller on arrival, kept by `record_process` while the state is told again.
+    observed_at: float = 0.0
 
     @property
     def failed(self) -> bool:
@@ -33,10 +54,20 @@ class ProcessReport:
         return not self.running and self.exit_code == 0 and self.signal == 0
 
     def describe(self) -> str:
+        """One line: who, how, and why (the root cause, else the last line of its log)."""
         who = "scheduler" if self.role is ProcessRole.SCHEDULER else f"rank {self.rank}"
         how = f"was killed by signal {self.signal}" if self.signal else f"exited with code {self.exit_code}"
+        if self.cause is not None and self.cause.message:
+            return f"{who} on node {self.node} {how}: {self.cause.line}"
         tail = self.log_tail.strip().splitlines()[-1:] if self.log_tail.strip() else []
         return f"{who} on node {self.node} {how}" + (f": {tail[0]}" if tail else "")
+
+    @property
+    def same_cause_key(self) -> tuple[str, str] | None:
+        """What makes two failures the same error: the root cause's message and location."""
+        if self.cause is None or not self.cause.message:
+            return None
+        return self.cause.message, self.cause.location
 
 
 @dataclass(frozen=True)
@@ -47,6 +78,16 @@ class ProgressReport:
     grad_norm: float
     samples_per_s: float
     consumed_samples: int
+    epoch: int | None = None  # from output such as LossMonitor's "epoch: E step: S"
+    from_output: bool = False  # read from the rank's output, not sent by the trainer runtime
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """Where the rank is, comparable across reports (a step read from output restarts each epoch)."""
+        return (-1 if self.epoch is None else self.epoch, self.step)
+
+    def describe_position(self) -> str:
+        return f"step {self.step}" if self.epoch is None else f"epoch {self.epoch} step {self.step}"
 
 
 @dataclass(frozen=True)
@@ -73,20 +114,60 @@ class GenerationObservation:
     agent_generation: dict[str, int] = field(default_factory=dict)  # from each node's last heartbeat
     checkpoints: set[int] = field(default_factory=set)  # steps this generation committed
     bad_batches: dict[int, BadBatchReport] = field(default_factory=dict)  # by step
-    last_progress_at: float | None = None
+    last_progress_at: float | None = None  # the newest step of any rank; None: no progress yet
+    runtime_progress: bool = False  # a rank reported progress through the trainer runtime
     stop_decided_at: float | None = None
     all_stopped_at: float | None = None
     # Keys of the running processes per node: node_idle is asked for every node on every report.
     _running: dict[str, set] = field(default_factory=dict, repr=False)
+    # Per rank: when and at which step its progress was first seen, and when last (for a step rate).
+    _first_progress: dict[int, tuple[float, int]] = field(default_factory=dict, repr=False)
+    _progress_at: dict[int, float] = field(default_factory=dict, repr=False)
 
     def record_progress(self, report: ProgressReport, now: float) -> None:
+        """A rank's progress. Once the trainer runtime reports for this generation, progress read
+        from output is ignored: the runtime's steps are global, a LossMonitor's restart each epoch."""
+        if report.from_output and self.runtime_progress:
+            return
         known = self.progress.get(report.rank)
-        if known is None or report.step > known.step:
+        switched = known is not None and known.from_output != report.from_output
+        if known is None or switched or report.position > known.position:
             self.last_progress_at = now
+        if known is None or switched:
+            self._first_progress[report.rank] = (now, report.step)
+        self.runtime_progress = self.runtime_progress or not report.from_output
         self.progress[report.rank] = report
+        self._progress_at[report.rank] = now
 
-    def silent_since(self) -> float:
-        return self.started_at if self.last_progress_at is None else max(self.started_at, self.last_progress_at)
+    @property
+    def progress_seen(self) -> bool:
+        """A rank of this generation showed progress (through any channel): hangs are judged from then."""
+        return self.last_progress_at is not None
+
+    @property
+    def uses_runtime(self) -> bool:
+        """The generation runs trainerd's runtime: it reported progress itself or committed a
+        checkpoint, so it can save a checkpoint when asked."""
+        return self.runtime_progress or bool(self.checkpoints)
+
+    def silent_since(self) -> float | None:
+        """Since when no rank reported a new step; None while no rank reported progress at all."""
+        return None if self.last_progress_at is None else max(self.started_at, self.last_progress_at)
+
+    def behind(self) -> ProgressReport | None:
+        """The rank furthest behind (lowest position; ties: lowest rank), among those that reported."""
+        return min(self.progress.values(), key=lambda p: (p.position, p.rank), default=None)
+
+    def steps_per_s(self) -> float | None:
+        """The fastest rank's step rate over this generation, from when its reports arrived; None
+        until a rank reported twice, steps apart (a step read with an epoch restarts: not used)."""
+        rates = []
+        for rank, report in self.progress.items():
+            first_at, first_step = self._first_progress[rank]
+            elapsed = self._progress_at[rank] - first_at
+            if report.epoch is None and elapsed > 0 and report.step > first_step:
+                rates.append((report.step - first_step) / elapsed)
+        return max(rates, default=None)
 
     def node_idle(self, node: str) -> bool:
         """Nothing of this generation runs on `node`: it confirmed a Stop, or its reports show none running."""
@@ -119,9 +200,12 @@ class GenerationObservation:
     def record_process(self, report: ProcessReport) -> None:
         key = (report.node, report.role, report.rank)
         known = self.processes.get(key)
-        # An exit report with a log tail is worth more than the heartbeat's summary of the same exit.
-        if known is not None and not known.running and not report.running and known.log_tail and not report.log_tail:
-            return
+        if known is not None and known.running == report.running:
+            # The same state told again (heartbeats repeat every process, exits included): it was
+            # observed when first told, and the exit report's log tail and root cause, which the
+            # heartbeat's summary lacks, are kept.
+            report = replace(report, observed_at=known.observed_at, log_tail=report.log_tail or known.log_tail,
+                             cause=report.cause or known.cause)
         self.processes[key] = report
         running = self._running.setdefault(report.node, set())
         if report.running:
@@ -129,14 +213,34 @@ class GenerationObservation:
         else:
             running.discard(key)
 
-    def first_failure(self) -> ProcessReport | None:
+    def failures(self) -> list[ProcessReport]:
+        """Every failed process, the earliest observed first. The first failure causes the others
+        (a peer's collective breaks); at the same moment a worker's own crash explains more than the
+        scheduler's reaction to it, then the lowest rank."""
         failed = [p for p in self.processes.values() if p.failed]
-        # A worker's own crash explains more than the scheduler's reaction to it.
-        failed.sort(key=lambda p: (p.role is ProcessRole.SCHEDULER, p.rank))
+        failed.sort(key=lambda p: (p.observed_at, p.role is ProcessRole.SCHEDULER, p.rank))
+        return failed
+
+    def first_failure(self) -> ProcessReport | None:
+        failed = self.failures()
         return failed[0] if failed else None
 
     def finished_ranks(self) -> set[int]:
         return {p.rank for p in self.processes.values() if p.role is ProcessRole.WORKER and p.succeeded}
+
+    def workers_exited(self, world_size: int) -> bool:
+        exited = {p.rank for p in self.processes.values() if p.role is ProcessRole.WORKER and not p.running}
+        return exited >= set(range(world_size))
+
+    def running_since(self, world_size: int) -> float | None:
+        """Since when every process of the generation runs: every worker rank was seen running and
+        none has exited (the latest start counts). None otherwise."""
+        if any(not p.running for p in self.processes.values()):
+            return None
+        workers = {p.rank for p in self.processes.values() if p.role is ProcessRole.WORKER}
+        if not workers >= set(range(world_size)):
+            return None
+        return max(p.observed_at for p in self.processes.values())
 
     def min_step(self, world_size: int) -> int | None:
         if len(self.progress) < world_size:

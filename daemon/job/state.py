@@ -37,17 +37,20 @@ class FailureCause(StrEnum):
     USAGE_ERROR = "usage_error"  # a worker exited with EXIT_USAGE
     LAUNCH_FAILED = "launch_failed"  # the entrypoint could not be executed
     BAD_BATCHES = "bad_batches"  # too many consecutive steps skipped as bad
+    JOB_ERROR = "job_error"  # the ranks failed with the same error before any progress: the job is broken
 
     @property
     def spends_budget(self) -> bool:
-        """Crashes spend the restart budget; a node leaving does not (DESIGN.md, "Recovery")."""
-        return self is not FailureCause.NODE_LOST
+        """Crashes spend the restart budget; a node leaving does not (DESIGN.md, "Recovery"), nor
+        a broken job, which fails at once."""
+        return self not in (FailureCause.NODE_LOST, FailureCause.JOB_ERROR)
 
     @property
     def permanent(self) -> bool:
-        """The entrypoint cannot be executed, or a worker refused its flags or launch environment:
-        relaunching the same thing cannot help."""
-        return self in (FailureCause.LAUNCH_FAILED, FailureCause.USAGE_ERROR)
+        """The entrypoint cannot be executed, a worker refused its flags or launch environment, or
+        the job's own code or data fails the same way on every rank: relaunching the same thing
+        cannot help."""
+        return self in (FailureCause.LAUNCH_FAILED, FailureCause.USAGE_ERROR, FailureCause.JOB_ERROR)
 
 
 @dataclass(frozen=True)
@@ -60,16 +63,18 @@ class Failure:
     rank: int = -1
     exit_code: int = 0
     signal: int = 0
+    location: str = ""  # "file:line" of the root cause, when the failed process's output had one
 
     def to_json(self) -> dict:
         return {"cause": self.cause.value, "message": self.message, "node": self.node, "rank": self.rank,
-                "exit_code": self.exit_code, "signal": self.signal}
+                "exit_code": self.exit_code, "signal": self.signal, "location": self.location}
 
     @classmethod
     def from_json(cls, data: dict) -> "Failure":
         """Raises ValueError for a cause this trainerd does not know (it is never guessed)."""
         return cls(FailureCause(data["cause"]), str(data["message"]), str(data.get("node", "")),
-                   int(data.get("rank", -1)), int(data.get("exit_code", 0)), int(data.get("signal", 0)))
+                   int(data.get("rank", -1)), int(data.get("exit_code", 0)), int(data.get("signal", 0)),
+                   str(data.get("location", "")))
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,9 @@ class JobRecord:
     node_failures: dict[str, int] = field(default_factory=dict, hash=False)  # crashes per node
     crash_steps: dict[int, int] = field(default_factory=dict, hash=False)  # crashes per failing step
     resume_from_step: int | None = None  # the operator's `resume --from-step`, for the next launch
+    # The generation asked to leave through the script's graceful exit for a reshape: its ranks'
+    # clean exits end it for the reshape, they do not complete the job (also after a takeover).
+    exit_requested_generation: int = 0
 
     def moved_to(self, state: JobState, **changes) -> "JobRecord":
         if state is not self.state and state not in ALLOWED_TRANSITIONS[self.state]:
@@ -111,7 +119,8 @@ class JobRecord:
                 "stopped_generation": self.stopped_generation, "crash_restarts": self.crash_restarts,
                 "consecutive_crashes": self.consecutive_crashes, "node_failures": dict(self.node_failures),
                 "crash_steps": {str(step): count for step, count in self.crash_steps.items()},
-                "resume_from_step": self.resume_from_step}
+                "resume_from_step": self.resume_from_step,
+                "exit_requested_generation": self.exit_requested_generation}
 
     @classmethod
     def from_json(cls, data: dict) -> "JobRecord":
@@ -123,7 +132,7 @@ class JobRecord:
                    int(data.get("consecutive_crashes", 0)),
                    {str(k): int(v) for k, v in data.get("node_failures", {}).items()},
                    {int(k): int(v) for k, v in data.get("crash_steps", {}).items()},
-                   None if resume_from is None else int(resume_from))
+                   None if resume_from is None else int(resume_from), int(data.get("exit_requested_generation", 0)))
 
 
 @dataclass(frozen=True)

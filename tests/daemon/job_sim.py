@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from common.clock import FakeClock
 from daemon.config import JobSettings
 from daemon.coordinator import AgentHello, AgentSession, Coordinator
-from daemon.job.commands import CheckpointNowCommand, LaunchCommand, StopCommand
-from daemon.job.observation import BadBatchReport, ProcessReport, ProgressReport
+from daemon.job.commands import CheckpointNowCommand, LaunchCommand, RequestExitCommand, StopCommand
+from daemon.job.observation import BadBatchReport, ProcessReport, ProgressReport, RootCause
 from daemon.leader import LeaderRecord
 from daemon.membership import DeviceInfo
 from daemon.store.memory import InMemoryStore
@@ -47,6 +47,9 @@ class SimAgent:
 
     def checkpoint_requests(self) -> list[CheckpointNowCommand]:
         return [c for c in self.commands if isinstance(c, CheckpointNowCommand)]
+
+    def exit_requests(self) -> list[RequestExitCommand]:
+        return [c for c in self.commands if isinstance(c, RequestExitCommand)]
 
 
 class SimCluster:
@@ -116,16 +119,19 @@ class SimCluster:
             for rank in self._ranks_of(name):
                 self._report(agent, ProcessReport(name, ProcessRole.WORKER, rank, 200 + rank, True))
 
-    def step(self, step: int, samples_per_s: float = 120.0) -> None:
+    def step(self, step: int, samples_per_s: float = 120.0, *, epoch: int | None = None, from_output: bool = False,
+             ranks: tuple[int, ...] | None = None) -> None:
+        """Every rank (or `ranks`) reports `step`: from the trainer runtime, or read from its output."""
         generation = self.job.generation
         for name in generation.placement.nodes:
             for rank in self._ranks_of(name):
-                self.coordinator.progress_report(self.agents[name].session, generation.number, ProgressReport(
-                    rank, step, 0.5, 1.0, samples_per_s, step * GLOBAL_BATCH))
+                if ranks is None or rank in ranks:
+                    self.coordinator.progress_report(self.agents[name].session, generation.number, ProgressReport(
+                        rank, step, 0.5, 1.0, samples_per_s, step * GLOBAL_BATCH, epoch, from_output))
 
-    def crash(self, name: str, rank: int, exit_code: int = 1, signal: int = 0) -> None:
+    def crash(self, name: str, rank: int, exit_code: int = 1, signal: int = 0, cause: RootCause | None = None) -> None:
         self._report(self.agents[name], ProcessReport(name, ProcessRole.WORKER, rank, 200 + rank, False,
-                                                      exit_code, signal, log_tail="boom"))
+                                                      exit_code, signal, log_tail="boom", cause=cause))
 
     def finish_all(self) -> None:
         generation = self.job.generation

@@ -11,20 +11,23 @@ import pytest
 from daemon.config import JobSettings
 from daemon.job.catalog import CheckpointEntry
 from daemon.job.decide import (
+    MIN_CHECKPOINT_LEAD_STEPS,
     AddSkip,
     CheckpointRequest,
     CommitRecord,
     EndStopPhase,
+    ExitRequest,
     JobWorld,
     LaunchGeneration,
     MarkCheckpointBad,
     NotePlaceableSince,
     RequestCheckpoint,
+    RequestExit,
     StopGeneration,
     decide,
     record_after_checkpoint,
 )
-from daemon.job.observation import BadBatchReport, GenerationObservation, ProcessReport, ProgressReport
+from daemon.job.observation import BadBatchReport, GenerationObservation, ProcessReport, ProgressReport, RootCause
 from daemon.job.placement import NodeOffer, place
 from daemon.job.state import FailureCause, GenerationRecord, JobRecord, ResumePoint
 from daemon.membership import DeviceInfo
@@ -32,6 +35,10 @@ from proto.vocabulary import JobState, ProcessRole
 from proto.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
 
 NOW = 1000.0
+FILE_MISSING = RootCause("FileNotFoundError: [Errno 2] No such file or directory: 'data/x'", "train.py:12",
+                         "python_exception")
+PEER_GONE = RootCause("RuntimeError: Connection reset by peer", "comm.py:80", "mindspore_error")
+NO_BATCH = {"global_batch": None, "micro_batch": None}
 NODES = ("a", "b", "c")  # one device each: node a runs rank 0, b rank 1, c rank 2
 GLOBAL_BATCH = 12
 SPEC = {"name": "job", "entrypoint": ["train"], "min_nodes": 1, "max_nodes": 3, "global_batch": GLOBAL_BATCH,
@@ -47,16 +54,24 @@ def _checkpoint(step: int) -> CheckpointEntry:
     return CheckpointEntry(step, step * GLOBAL_BATCH, f"/ckpt/step_{step:08d}", 1, 3)
 
 
-def exited(node: str, rank: int, exit_code: int = 0, signal: int = 0) -> ProcessReport:
-    return ProcessReport(node, ProcessRole.WORKER, rank, 100 + rank, False, exit_code, signal, log_tail="boom")
+def exited(node: str, rank: int, exit_code: int = 0, signal: int = 0, *, cause: RootCause | None = None,
+           at: float = 0.0) -> ProcessReport:
+    return ProcessReport(node, ProcessRole.WORKER, rank, 100 + rank, False, exit_code, signal, log_tail="boom",
+                         cause=cause, observed_at=at)
+
+
+def progress(rank: int, step: int, epoch: int | None = None, from_output: bool = False) -> ProgressReport:
+    return ProgressReport(rank, step, 0.5, 1.0, 10.0 * GLOBAL_BATCH, step * GLOBAL_BATCH, epoch, from_output)
 
 
 def job_world(*, spec: dict | None = None, state: JobState = JobState.RUNNING, record: dict | None = None,
               on: tuple[str, ...] | None = NODES, offers: tuple[str, ...] = NODES, stopped: bool = False,
               step: int | None = 10, resume_step: int | None = None, reports: tuple[ProcessReport, ...] = (),
-              seen: dict | None = None, catalog: tuple[CheckpointEntry | int, ...] = (10,), **facts) -> JobWorld:
-    """A job in `state` whose generation 1 runs on `on` (None: nothing launched yet), started 100 s
-    ago (from `resume_step`'s checkpoint), every rank at `step` (reported 1 s ago, at 10 steps/s).
+              seen: dict | None = None, catalog: tuple[CheckpointEntry | int, ...] = (10,),
+              started_ago: float = 100.0, from_output: bool = False, **facts) -> JobWorld:
+    """A job in `state` whose generation 1 runs on `on` (None: nothing launched yet), its processes
+    started `started_ago` s ago (from `resume_step`'s checkpoint), every rank at `step` (reported 1 s
+    ago, at 10 steps/s, by the trainer runtime or, `from_output`, read from its output).
     `stopped`: its stop was decided, sent and confirmed by every node 10 s ago. `offers`: the READY
     nodes; `catalog`: checkpoint steps (or entries). Overrides: `spec` (job settings), `record`
     (JobRecord fields), `seen` (GenerationObservation fields), `reports` (process reports on top),
@@ -71,13 +86,13 @@ def job_world(*, spec: dict | None = None, state: JobState = JobState.RUNNING, r
         resume = None if resume_step is None else ResumePoint(resume_step, resume_step * GLOBAL_BATCH,
                                                                f"/ckpt/step_{resume_step:08d}")
         generation = GenerationRecord(1, placement, settings.scheduler_port, "{}", resume)
-        observation = GenerationObservation(1, started_at=NOW - 100)
+        observation = GenerationObservation(1, started_at=NOW - started_ago)
         for slot in placement.ranks:
             observation.agent_generation[slot.node] = 1
-            observation.record_process(ProcessReport(slot.node, ProcessRole.WORKER, slot.rank, 100 + slot.rank, True))
+            observation.record_process(ProcessReport(slot.node, ProcessRole.WORKER, slot.rank, 100 + slot.rank, True,
+                                                     observed_at=NOW - started_ago))
             if step is not None:
-                observation.record_progress(ProgressReport(slot.rank, step, 0.5, 1.0, 10.0 * GLOBAL_BATCH,
-                                                           step * GLOBAL_BATCH), NOW - 1)
+                observation.record_progress(progress(slot.rank, step, from_output=from_output), NOW - 1)
         if stopped:
             observation.stop_decided_at = observation.all_stopped_at = NOW - 10
             observation.stop_sent = {n: NOW - 10 for n in placement.nodes}
@@ -130,7 +145,7 @@ def test_placeable_since_is_forgotten_when_the_nodes_cannot_hold_the_job_or_it_l
 def test_every_rank_reporting_a_step_makes_the_job_running() -> None:
     [commit] = decide(job_world(state=JobState.PENDING))
     assert commit.record.state is JobState.RUNNING and commit.event == "job_running"
-    assert decide(job_world(state=JobState.PENDING, step=None, seen={"started_at": NOW})) == []
+    assert decide(job_world(state=JobState.PENDING, step=None, started_ago=0)) == []
 
 
 # ---------------------------------------------------------------- a live generation
@@ -242,6 +257,191 @@ def test_a_joined_node_is_taken_in_at_the_checkpoint_asked_for(asked, checkpoint
 def test_a_drained_node_is_let_go_at_a_checkpoint() -> None:
     assert decide(job_world(offers=("a", "c"), drained=frozenset({"b"}))) == [
         RequestCheckpoint(30, "node b is drained")]
+
+
+@pytest.mark.parametrize("later_step, requested", [(None, 10 + MIN_CHECKPOINT_LEAD_STEPS), (20, 40)])
+def test_without_a_batch_split_the_checkpoint_lead_comes_from_the_step_rate(later_step, requested) -> None:
+    world = job_world(spec=NO_BATCH, on=("a", "b"))
+    if later_step is not None:
+        for rank in (0, 1):
+            world.observation.record_progress(progress(rank, later_step), NOW)  # 10 steps in 1 s
+    assert decide(world) == [RequestCheckpoint(requested, "world size can grow from 2 to 3")]
+
+
+@pytest.mark.parametrize("step", [10, None])  # progress read from output, or none at all
+def test_a_script_job_without_graceful_exit_is_reshaped_at_once(step) -> None:
+    actions = decide(job_world(on=("a", "b"), step=step, from_output=True))
+    commit = commit_of(actions)
+    assert commit.message == ("job job is RECOVERING: world size can grow from 2 to 3; relaunching now; the script "
+                              "resumes from its own checkpoints")
+    assert (commit.record.stopped_generation, commit.record.crash_restarts, commit.recovery) == (1, 0, "reshape")
+    assert actions[-1] == StopGeneration("world size can grow from 2 to 3")
+
+
+def test_a_script_job_with_graceful_exit_is_asked_to_leave_and_its_clean_exits_end_the_generation() -> None:
+    script = {"spec": {"graceful_exit_file": "exit.json"}, "on": ("a", "b"), "from_output": True}
+    reason = "world size can grow from 2 to 3"
+    commit, request = decide(job_world(**script))
+    assert (commit.record.exit_requested_generation, commit.event, request) == (1, "exit_requested", RequestExit(reason))
+    asked = ExitRequest(reason, NOW - 29)
+    assert decide(job_world(**script, exit_request=asked)) == []
+    left = (exited("a", 0), exited("b", 1))
+    # Not COMPLETED, even once the node that was to join went away again.
+    commit = commit_of(decide(job_world(**{**script, "offers": ("a", "b")}, exit_request=asked, reports=left)))
+    assert (commit.record.state, commit.event, commit.record.crash_restarts) == (
+        JobState.RECOVERING, "reshape_started", 0)
+    assert commit.message.endswith("every rank left at the graceful exit; relaunching")
+    late = commit_of(decide(job_world(**script, exit_request=ExitRequest(reason, NOW - 30))))
+    assert late.message.endswith("the graceful exit did not end generation 1 within 30s; stopping it")
+
+
+def test_a_generation_that_committed_a_checkpoint_uses_the_runtime_even_with_progress_from_output() -> None:
+    world = job_world(spec={"graceful_exit_file": "exit.json"}, on=("a", "b"), from_output=True,
+                      seen={"checkpoints": {10}})
+    assert decide(world) == [RequestCheckpoint(30, "world size can grow from 2 to 3")]
+
+
+def test_a_failure_is_told_by_its_root_cause_line_when_there_is_one() -> None:
+    assert exited("n0", 1, 1, cause=FILE_MISSING).describe() == (
+        "rank 1 on node n0 exited with code 1: FileNotFoundError: [Errno 2] No such file or directory: 'data/x' "
+        "(train.py:12)")
+    assert exited("n0", 1, 1).describe() == "rank 1 on node n0 exited with code 1: boom"
+
+
+def test_the_first_failure_is_the_earliest_observed_and_its_peers_errors_do_not_replace_it() -> None:
+    reports = (exited("c", 2, 1, cause=FILE_MISSING, at=NOW - 2), exited("a", 0, 1, cause=PEER_GONE, at=NOW - 1))
+    failure = commit_of(decide(job_world(reports=reports))).record.last_failure
+    assert (failure.rank, failure.node, failure.location) == (2, "c", "train.py:12")
+    scheduler = ProcessReport("a", ProcessRole.SCHEDULER, -1, 99, False, 1, observed_at=NOW - 2)
+    failure = commit_of(decide(job_world(reports=(scheduler, exited("c", 2, 1, at=NOW - 2))))).record.last_failure
+    assert failure.rank == 2  # at the same moment, a worker's own failure explains more than the scheduler's
+
+
+def test_an_exit_told_again_keeps_when_it_was_first_seen_and_its_root_cause() -> None:
+    observation = GenerationObservation(1)
+    observation.record_process(exited("a", 0, 1, at=NOW - 2))  # a heartbeat's summary
+    observation.record_process(exited("a", 0, 1, cause=FILE_MISSING, at=NOW))  # the exit report
+    observation.record_process(exited("a", 0, 1, at=NOW + 1))  # the next heartbeat
+    [known] = observation.processes.values()
+    assert (known.observed_at, known.cause) == (NOW - 2, FILE_MISSING)
+
+
+def test_no_hang_is_judged_before_a_rank_showed_progress() -> None:
+    assert decide(job_world(step=None, started_ago=1000)) == []  # silent for 1000 s, hang_timeout_s 60
+
+
+@pytest.mark.parametrize("positions, behind", [
+    ({0: (None, 12), 1: (None, 11), 2: (None, 11)}, "rank 1 on node b was behind at step 11"),
+    ({0: (2, 5), 1: (2, 7), 2: (1, 40)}, "rank 2 on node c was behind at epoch 1 step 40"),
+])
+def test_a_hang_dumps_the_stacks_and_names_the_rank_behind(positions, behind) -> None:
+    world = job_world(step=None)
+    for rank, (epoch, step) in positions.items():
+        world.observation.record_progress(progress(rank, step, epoch, from_output=epoch is not None), NOW - 61)
+    actions = decide(world)
+    message = f"no rank of generation 1 reported a new step for 61s (hang_timeout_s 60); {behind}"
+    failure = commit_of(actions).record.last_failure
+    assert (failure.cause, failure.message, failure.node) == (FailureCause.HANG, message, behind.split()[4])
+    assert actions[-1] == StopGeneration(message, dump_stacks=True)
+
+
+def test_progress_read_from_output_restarts_each_epoch_and_yields_to_the_runtime() -> None:
+    observation = GenerationObservation(1)
+    observation.record_progress(progress(0, 40, epoch=1, from_output=True), NOW - 10)
+    observation.record_progress(progress(0, 1, epoch=2, from_output=True), NOW)  # a new epoch is progress
+    assert observation.last_progress_at == NOW and not observation.uses_runtime
+    observation.record_progress(progress(0, 100), NOW + 1)
+    observation.record_progress(progress(0, 2, epoch=2, from_output=True), NOW + 2)
+    assert observation.progress[0] == progress(0, 100) and observation.uses_runtime
+
+
+@pytest.mark.parametrize("started_ago, reports, running", [
+    (59.9, (), False),
+    (60.0, (), True),
+    (60.0, (exited("c", 2),), False),  # not every process runs
+])
+def test_a_generation_without_progress_is_running_once_every_process_ran_for_the_window(
+        started_ago, reports, running) -> None:
+    actions = decide(job_world(state=JobState.RECOVERING, step=None, started_ago=started_ago, reports=reports))
+    if not running:
+        assert actions == []
+        return
+    [commit] = actions
+    assert commit.record.state is JobState.RUNNING and commit.message == (
+        "job job is RUNNING: every process of generation 1 has run for 60s (no rank reported a step)")
+
+
+def test_every_rank_failing_the_same_way_before_any_progress_fails_the_job_at_once() -> None:
+    same = tuple(exited(n, r, 1, cause=FILE_MISSING, at=NOW - 1) for r, n in enumerate(NODES))
+    actions = decide(job_world(state=JobState.PENDING, step=None, reports=same, record={"node_failures": {"a": 2}}))
+    commit = commit_of(actions)
+    assert commit.record.state is JobState.FAILED and commit.record.last_failure.cause is FailureCause.JOB_ERROR
+    assert commit.record.last_failure.location == "train.py:12"
+    assert (commit.record.crash_restarts, commit.record.consecutive_crashes, commit.record.node_failures) == (
+        0, 0, {"a": 2})
+    assert commit.message == (
+        "job job is FAILED: rank 0 on node a exited with code 1: FileNotFoundError: [Errno 2] No such file or "
+        "directory: 'data/x' (train.py:12); ranks 0, 1, 2 failed the same way before any progress (the job "
+        "itself fails: fix it, then trainerctl resume)")
+    assert isinstance(actions[-1], StopGeneration)
+
+
+@pytest.mark.parametrize("rank_0, ago, outcome", [
+    (None, 4.9, "wait"),  # the others may still fail the same way
+    (None, 5.0, FailureCause.PROCESS_EXITED),  # rank 1 failed alone: a crash
+    (FILE_MISSING, 4.9, "wait"),  # rank 2 still runs
+    (FILE_MISSING, 5.0, FailureCause.JOB_ERROR),  # two ranks, the same error
+    (PEER_GONE, 5.0, FailureCause.PROCESS_EXITED),  # they failed differently
+    ("killed", 5.0, FailureCause.PROCESS_EXITED),
+])
+def test_a_start_up_failure_waits_the_settle_window_to_tell_a_job_error_from_a_crash(rank_0, ago, outcome) -> None:
+    reports = [exited("b", 1, 1, cause=FILE_MISSING, at=NOW - ago)]
+    if rank_0 == "killed":
+        reports.append(exited("a", 0, signal=9, at=NOW - 1))
+    elif rank_0 is not None:
+        reports.append(exited("a", 0, 1, cause=rank_0, at=NOW - 1))
+    actions = decide(job_world(state=JobState.PENDING, step=None, reports=tuple(reports)))
+    if outcome == "wait":
+        assert actions == []
+        # Nor is a RUNNING generation reshaped meanwhile (a node joined): the failure comes first.
+        assert decide(job_world(step=None, on=("a", "b", "c"), offers=NODES + ("d",), spec={"max_nodes": 4},
+                                reports=tuple(reports))) == []
+        return
+    failure = commit_of(actions).record.last_failure
+    assert (failure.cause, failure.rank) == (outcome, 1)
+
+
+def test_a_single_rank_failing_before_any_progress_is_a_job_error_and_with_progress_a_crash() -> None:
+    alone = (exited("a", 0, 1, cause=FILE_MISSING, at=NOW),)
+    assert commit_of(decide(job_world(on=("a",), offers=("a",), step=None, reports=alone))).record.last_failure.cause \
+        is FailureCause.JOB_ERROR
+    everyone = tuple(exited(n, r, 1, cause=FILE_MISSING, at=NOW) for r, n in enumerate(NODES))
+    assert commit_of(decide(job_world(reports=everyone))).record.last_failure.cause is FailureCause.PROCESS_EXITED
+
+
+@pytest.mark.parametrize("on, failed, counted", [
+    (NODES, (("c", 2),), {"c": 1}),
+    (NODES, (("b", 1), ("c", 2)), {}),  # two nodes: neither is singled out
+    (("a",), (("a", 0),), {}),  # a one-node generation has nothing to compare with
+])
+def test_a_crash_counts_against_a_node_only_when_it_singles_the_node_out(on, failed, counted) -> None:
+    reports = tuple(exited(node, rank, 1) for node, rank in failed)
+    record = commit_of(decide(job_world(on=on, offers=on, reports=reports))).record
+    assert record.node_failures == counted and record.crash_restarts == 1
+
+
+def test_a_crash_at_a_step_read_from_output_counts_no_crash_step() -> None:
+    record = commit_of(decide(job_world(from_output=True, reports=(exited("b", 1, 1),)))).record
+    assert record.crash_steps == {} and record.crash_restarts == 1
+
+
+def test_without_a_batch_split_a_repeatedly_crashing_step_is_not_skipped_and_the_event_says_so() -> None:
+    actions = decide(job_world(spec=NO_BATCH, record={"crash_steps": {11: 1}}, reports=(exited("b", 1, 1),)))
+    assert [a for a in actions if isinstance(a, AddSkip)] == []
+    commit = commit_of(actions)
+    assert commit.message.endswith("; step 11 crashed a worker 2 times, but without global_batch its samples are "
+                                   "unknown: nothing is skipped")
+    assert commit.record.crash_steps == {}
 
 
 # ---------------------------------------------------------------- between generations

@@ -33,6 +33,10 @@ def test_allowed_and_refused_moves() -> None:
 def test_record_round_trips_through_json() -> None:
     record = JobRecord(JobState.FAILED, 3, 4, 1, Failure(FailureCause.NODE_LOST, "node b lost", "b", -1, 0, 0))
     assert JobRecord.from_json(record.to_json()) == record
+    asked = JobRecord(JobState.RUNNING, 3, 4, exit_requested_generation=3)
+    assert JobRecord.from_json(asked.to_json()) == asked
+    older = {k: v for k, v in asked.to_json().items() if k != "exit_requested_generation"}
+    assert JobRecord.from_json(older).exit_requested_generation == 0
 
 
 def test_failure_cause_is_stored_as_its_plain_name_and_read_back_strictly() -> None:
@@ -43,6 +47,15 @@ def test_failure_cause_is_stored_as_its_plain_name_and_read_back_strictly() -> N
         Failure.from_json({**failure.to_json(), "cause": "crashed"})
 
 
-def test_only_a_lost_node_spares_the_budget_and_only_launch_and_usage_errors_are_permanent() -> None:
-    assert {c for c in FailureCause if not c.spends_budget} == {FailureCause.NODE_LOST}
-    assert {c for c in FailureCause if c.permanent} == {FailureCause.LAUNCH_FAILED, FailureCause.USAGE_ERROR}
+def test_a_lost_node_and_a_job_error_spare_the_budget_and_launch_usage_and_job_errors_are_permanent() -> None:
+    assert {c for c in FailureCause if not c.spends_budget} == {FailureCause.NODE_LOST, FailureCause.JOB_ERROR}
+    assert {c for c in FailureCause if c.permanent} == {FailureCause.LAUNCH_FAILED, FailureCause.USAGE_ERROR,
+                                                        FailureCause.JOB_ERROR}
+
+
+def test_a_failure_stored_before_it_had_a_location_reads_back_with_none() -> None:
+    failure = Failure(FailureCause.JOB_ERROR, "rank 0 exited with code 1: KeyError: 'x' (train.py:3)", "a", 0, 1,
+                      location="train.py:3")
+    assert Failure.from_json(failure.to_json()) == failure
+    older = {k: v for k, v in failure.to_json().items() if k != "location"}
+    assert Failure.from_json(older).location == ""

@@ -283,6 +283,7 @@ def test_repeatedly_crashing_node_is_quarantined_until_undrained() -> None:
             sim.confirm_stop()
             await sim.tick(0.1)
             sim.started()
+            sim.step(11)  # mid-training: a start-up failure would first wait out STARTUP_FAILURE_SETTLE_S
         assert sim.world() == ["a", "b"]
         assert sim.job.view().quarantined == {"c"}
         assert "quarantined" in [e.message for e in await sim.coordinator.events(0)

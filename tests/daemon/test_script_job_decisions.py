@@ -1,0 +1,183 @@
+"""An unmodified script (written for msrun, no trainerd import) under the simulated cluster: its
+progress is read from its output (or never seen), its failures carry a root cause, it keeps its
+own checkpoints."""
+
+from __future__ import annotations
+
+import asyncio
+
+from daemon.job.decide import GRACEFUL_EXIT_TIMEOUT_S, RUNNING_WITHOUT_PROGRESS_S, STARTUP_FAILURE_SETTLE_S
+from daemon.job.observation import RootCause
+from daemon.job.state import FailureCause
+from proto.vocabulary import JobState
+from tests.daemon.job_sim import SimCluster, launched_cluster, running_cluster
+
+FILE_MISSING = RootCause("FileNotFoundError: [Errno 2] No such file or directory: 'data/x'", "train.py:12",
+                         "python_exception")
+PEER_GONE = RootCause("RuntimeError: Connection reset by peer", "comm.py:80", "mindspore_error")
+NO_BATCH = {"global_batch": None, "micro_batch": None}
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 20))
+
+
+async def wait(sim: SimCluster, seconds: float) -> None:
+    """Let `seconds` pass in ticks of at most 10 s (heartbeats keep flowing)."""
+    while seconds > 0:
+        await sim.tick(min(seconds, 10.0))
+        seconds -= 10.0
+
+
+def test_a_start_up_error_on_every_rank_fails_the_job_at_once_and_resume_restarts_it() -> None:
+    async def scenario() -> None:
+        sim = await launched_cluster(**NO_BATCH)
+        for rank, name in enumerate(("a", "b", "c")):
+            sim.crash(name, rank, cause=FILE_MISSING)
+        await sim.tick()
+        record = sim.job.record
+        assert record.state is JobState.FAILED and record.last_failure.cause is FailureCause.JOB_ERROR
+        assert "FileNotFoundError" in record.last_failure.message and record.last_failure.location == "train.py:12"
+        assert (record.crash_restarts, record.node_failures, sim.job.view().quarantined) == (0, {}, frozenset())
+        assert all(agent.stops() for agent in sim.agents.values())  # the scheduler does not linger
+        sim.confirm_stop()
+        await sim.coordinator.resume(from_step=None)
+        await sim.tick()
+        assert sim.state is JobState.RECOVERING and sim.job.record.generation == 2
+    run(scenario())
+
+
+def test_one_rank_failing_at_start_up_is_a_crash_once_the_settle_window_passed() -> None:
+    async def scenario() -> None:
+        sim = await launched_cluster(**NO_BATCH)
+        sim.crash("b", 1, cause=FILE_MISSING)
+        await sim.tick(STARTUP_FAILURE_SETTLE_S - 0.5)
+        assert sim.state is JobState.PENDING  # the others might still fail the same way
+        await sim.tick(0.5)
+        record = sim.job.record
+        assert record.state is JobState.RECOVERING and record.last_failure.cause is FailureCause.PROCESS_EXITED
+        assert (record.crash_restarts, record.node_failures) == (1, {"b": 1})
+    run(scenario())
+
+
+def test_the_first_failure_by_time_is_kept_when_the_peers_collectives_break_after_it() -> None:
+    async def scenario() -> None:
+        sim = await launched_cluster(**NO_BATCH)
+        sim.crash("c", 2, cause=FILE_MISSING)
+        await sim.tick(1.0)
+        sim.crash("a", 0, cause=PEER_GONE)
+        await sim.tick(STARTUP_FAILURE_SETTLE_S)
+        failure = sim.job.record.last_failure
+        assert (failure.cause, failure.rank, failure.node, failure.location) == (
+            FailureCause.PROCESS_EXITED, 2, "c", "train.py:12")
+        assert sim.job.record.node_failures == {}  # two nodes failed: neither is singled out
+    run(scenario())
+
+
+def test_a_silent_script_is_running_after_the_window_and_hangs_only_once_it_showed_progress() -> None:
+    async def scenario() -> None:
+        sim = await launched_cluster(hang_timeout_s=30.0, **NO_BATCH)
+        await wait(sim, RUNNING_WITHOUT_PROGRESS_S - 1)
+        assert sim.state is JobState.PENDING
+        await sim.tick(1.0)
+        assert sim.state is JobState.RUNNING and not sim.job.view().hang_detection
+        await wait(sim, 100.0)  # far past hang_timeout_s: nothing to judge yet
+        assert sim.state is JobState.RUNNING
+        sim.step(3, epoch=1, from_output=True)
+        sim.step(4, epoch=1, from_output=True, ranks=(0, 2))
+        view = sim.job.view()
+        assert view.hang_detection and view.epoch == 1 and all(r.from_output for r in view.ranks)
+        await wait(sim, 30.5)
+        failure = sim.job.record.last_failure
+        assert failure.cause is FailureCause.HANG
+        assert failure.message.endswith("(hang_timeout_s 30); rank 1 on node b was behind at epoch 1 step 3")
+        assert all(agent.stops()[-1].dump_stacks for agent in sim.agents.values())
+    run(scenario())
+
+
+def test_a_script_without_graceful_exit_is_stopped_at_once_to_take_a_node_in() -> None:
+    async def scenario() -> None:
+        sim = await launched_cluster(nodes=("a", "b"), **NO_BATCH)
+        sim.step(2, epoch=1, from_output=True)
+        await sim.tick()
+        assert sim.state is JobState.RUNNING
+        await sim.connect("c")
+        await sim.tick()
+        assert sim.state is JobState.RECOVERING and sim.job.record.crash_restarts == 0
+        assert [len(sim.agents[n].stops()) for n in ("a", "b")] == [1, 1]
+        assert not sim.agents["a"].checkpoint_requests()
+        sim.confirm_stop()
+        await sim.tick()
+        assert sim.job.record.generation == 2 and sim.world() == ["a", "b", "c"]
+    run(scenario())
+
+
+def test_a_script_with_graceful_exit_leaves_through_it_and_is_relaunched_on_the_larger_world() -> None:
+    async def scenario() -> None:
+        sim = await launched_cluster(nodes=("a", "b"), graceful_exit_file="exit.json", workdir="/srv/job",
+                                     progress_pattern=r"step (?P<step>\d+)", **NO_BATCH)
+        launch = sim.agents["a"].launches()[0]
+        assert (launch.workdir, launch.graceful_exit_file, launch.progress_pattern) == (
+            "/srv/job", "exit.json", r"step (?P<step>\d+)")
+        sim.step(2, from_output=True)
+        await sim.tick()
+        await sim.connect("c")
+        await sim.tick()
+        assert [r.generation for n in ("a", "b") for r in sim.agents[n].exit_requests()] == [1, 1]
+        assert sim.state is JobState.RUNNING and not sim.agents["a"].stops()
+        sim.finish_all()  # every rank leaves at the same step boundary
+        await sim.tick()
+        assert sim.state is JobState.RECOVERING  # not COMPLETED
+        sim.confirm_stop()
+        await sim.tick()
+        assert sim.job.record.generation == 2 and sim.world() == ["a", "b", "c"]
+        assert sim.job.record.crash_restarts == 0
+        kinds = await sim.event_kinds()
+        assert kinds.index("exit_requested") < kinds.index("reshape_started")
+    run(scenario())
+
+
+def test_a_new_leader_knows_the_generation_was_asked_to_leave_and_does_not_call_it_completed() -> None:
+    async def scenario() -> None:
+        sim = await launched_cluster(nodes=("a", "b"), graceful_exit_file="exit.json", **NO_BATCH)
+        sim.step(2, from_output=True)
+        await sim.tick()
+        await sim.connect("c")
+        await sim.tick()
+        assert sim.job.record.exit_requested_generation == 1
+        await sim.job.load(sim.coordinator.leadership.fence)  # what a newly elected leader does
+        sim.finish_all()
+        await sim.tick()
+        assert sim.state is JobState.RECOVERING
+    run(scenario())
+
+
+def test_a_graceful_exit_that_does_not_come_is_given_up_and_the_generation_stopped() -> None:
+    async def scenario() -> None:
+        sim = await launched_cluster(nodes=("a", "b"), graceful_exit_file="exit.json", **NO_BATCH)
+        sim.step(2, from_output=True)
+        await sim.tick()
+        await sim.connect("c")
+        await sim.tick()
+        await sim.tick(GRACEFUL_EXIT_TIMEOUT_S - 0.5)
+        assert sim.state is JobState.RUNNING
+        await sim.tick(0.5)
+        assert sim.state is JobState.RECOVERING and sim.agents["a"].stops()
+        assert "did not end generation 1" in (await sim.coordinator.events(0))[-1].message
+    run(scenario())
+
+
+def test_without_a_batch_split_a_step_that_keeps_crashing_is_not_skipped() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster(restart={"max": 5, "backoff_s": 0}, data_skip={"crash_repeats": 2}, **NO_BATCH)
+        for _ in range(2):
+            sim.started()
+            sim.step(14)
+            sim.crash("a", 0, signal=9)
+            await sim.tick()
+            sim.confirm_stop()
+            await sim.tick(0.1)
+        assert sim.coordinator.skips() == () and sim.job.record.crash_steps == {}
+        recovery = [e.message for e in await sim.coordinator.events(0) if e.kind == "recovery_started"][-1]
+        assert recovery.endswith("but without global_batch its samples are unknown: nothing is skipped")
+    run(scenario())
