@@ -24,7 +24,7 @@ from daemon.job.commands import (
     StopCommand,
 )
 from daemon.log_relay import MAX_LOG_READ_BYTES, LogChunk
-from daemon.job.observation import BadBatchReport, ProcessReport, ProgressReport
+from daemon.job.observation import BadBatchReport, ProcessReport, ProgressReport, RootCause
 from daemon.membership import DeviceInfo
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 HELLO_TIMEOUT_S = 10.0
 MAX_PATH_CHARS = 4096
 MAX_RANK = 1 << 20
+MAX_CAUSE_CHARS = 500
 
 
 def hello_from_proto(message: pb.Hello) -> AgentHello:
@@ -75,9 +76,11 @@ def job_to_proto(job: JobView) -> pb.JobStatus:
                           world_size=job.world_size, restarts=job.restarts, crash_restarts=job.crash_restarts,
                           restart_budget=job.restart_budget,
                           ranks=[pb.RankStatus(rank=r.rank, node=r.node, step=r.step, loss=r.loss,
-                                               samples_per_s=r.samples_per_s) for r in job.ranks])
+                                               samples_per_s=r.samples_per_s, epoch=r.epoch,
+                                               from_output=r.from_output) for r in job.ranks],
+                          hang_detection=job.hang_detection)
     status.skipped_batches = job.skipped_batches
-    for field in ("step", "loss", "samples_per_s", "last_checkpoint_step"):
+    for field in ("step", "loss", "samples_per_s", "last_checkpoint_step", "epoch"):
         value = getattr(job, field)
         if value is not None:
             setattr(status, field, value)
@@ -92,7 +95,7 @@ def job_to_proto(job: JobView) -> pb.JobStatus:
     if job.last_failure is not None:
         f = job.last_failure
         status.last_failure.CopyFrom(pb.Failure(cause=f.cause.value, node=f.node, rank=f.rank, exit_code=f.exit_code,
-                                                signal=f.signal, message=f.message))
+                                                signal=f.signal, message=f.message, location=f.location))
     return status
 
 
@@ -115,8 +118,17 @@ def process_exited_report(node: str, exited: pb.ProcessExited) -> ProcessReport 
     role = _role(exited.role)
     if role is None:
         return None
+    cause = None
+    if exited.cause.message:
+        cause = RootCause(_one_line(exited.cause.message, MAX_CAUSE_CHARS), _one_line(exited.cause.location, 300),
+                          _one_line(exited.cause.kind, 40))
     return ProcessReport(node, role, exited.rank, exited.pid, False, exited.exit_code, exited.signal,
-                         exited.expected, exited.log_tail[-4000:])
+                         exited.expected, exited.log_tail[-4000:], cause=cause)
+
+
+def _one_line(text: str, limit: int) -> str:
+    """A peer's text as one printable line: it goes into logs, events and status."""
+    return "".join(c if c.isprintable() else " " for c in text[:limit]).strip()
 
 
 def command_to_proto(command: object) -> pb.CoordinatorMessage:
@@ -209,7 +221,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         elif kind == "progress":
             p = message.progress
             coordinator.progress_report(session, p.generation, ProgressReport(
-                p.rank, p.step, p.loss, p.grad_norm, p.samples_per_s, p.consumed_samples))
+                p.rank, p.step, p.loss, p.grad_norm, p.samples_per_s, p.consumed_samples,
+                epoch=p.epoch if p.HasField("epoch") else None, from_output=p.from_output))
         elif kind == "stopped":
             coordinator.stopped_report(session, message.stopped.generation)
         elif kind == "bad_batch":

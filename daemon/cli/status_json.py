@@ -51,6 +51,8 @@ def _job_to_json(job: pb.JobStatus) -> dict:
         "generation": job.generation,
         "world_size": job.world_size,
         "step": _optional(job, "step"),
+        "epoch": _optional(job, "epoch"),
+        "hang_detection": job.hang_detection,
         "restarts": job.restarts,
         "crash_restarts": job.crash_restarts,
         "restart_budget": job.restart_budget,
@@ -58,11 +60,12 @@ def _job_to_json(job: pb.JobStatus) -> dict:
         "skipped_batches": job.skipped_batches,
         "loss": _optional(job, "loss"),
         "samples_per_s": _optional(job, "samples_per_s"),
-        "ranks": [{"rank": r.rank, "node": r.node, "step": r.step, "loss": r.loss,
-                   "samples_per_s": r.samples_per_s} for r in job.ranks],
+        "ranks": [{"rank": r.rank, "node": r.node, "step": r.step, "epoch": _optional(r, "epoch"), "loss": r.loss,
+                   "samples_per_s": r.samples_per_s, "from_output": r.from_output} for r in job.ranks],
         "last_failure": None if failure is None else {
             "cause": failure.cause, "node": failure.node or None, "rank": failure.rank,
             "exit_code": failure.exit_code, "signal": failure.signal, "message": failure.message,
+            "location": failure.location or None,
         },
         "last_recovery": _recovery_to_json(job.last_recovery) if job.HasField("last_recovery") else None,
     }

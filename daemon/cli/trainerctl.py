@@ -310,23 +310,28 @@ def print_status(data: dict) -> None:
         return
     console.print(
         f"job {job['name']}: {job['state']}  generation {job['generation']}  "
-        f"world size {job['world_size']}  step {_or_dash(job['step'])}  loss {_or_dash(job['loss'], '.4f')}  "
+        f"world size {job['world_size']}  epoch {_or_dash(job['epoch'])}  step {_or_dash(job['step'])}  "
+        f"loss {_or_dash(job['loss'], '.4f')}  "
         f"samples/s {_or_dash(job['samples_per_s'], '.0f')}  checkpoint {_or_dash(job['last_checkpoint_step'])}  "
         f"skipped ranges {job['skipped_batches']}"
     )
     console.print(f"restarts {job['restarts']} ({job['crash_restarts']} of {job['restart_budget']} crash "
                   f"restarts spent)")
+    if job["state"] in ("RUNNING", "PENDING", "RECOVERING") and not job["hang_detection"]:
+        console.print("hang detection: off until a rank reports progress (LossMonitor/TimeMonitor lines, "
+                      "job.progress_pattern, or the trainer runtime)")
     if job["ranks"]:
         ranks = Table(title="ranks")
-        for column in ("rank", "node", "step", "loss", "samples/s"):
+        for column in ("rank", "node", "epoch", "step", "loss", "samples/s"):
             ranks.add_column(column)
         for rank in job["ranks"]:
-            ranks.add_row(str(rank["rank"]), rank["node"], str(rank["step"]), f"{rank['loss']:.4f}",
-                          f"{rank['samples_per_s']:.0f}")
+            ranks.add_row(str(rank["rank"]), rank["node"], _or_dash(rank["epoch"]), str(rank["step"]),
+                          f"{rank['loss']:.4f}", f"{rank['samples_per_s']:.0f}")
         console.print(ranks)
     failure = job["last_failure"]
     if failure is not None:
-        console.print(f"last failure ({failure['cause']}): {failure['message']}")
+        where = f" at {failure['location']}" if failure["location"] else ""
+        console.print(f"last failure ({failure['cause']}{where}): {failure['message']}")
     recovery = job["last_recovery"]
     if recovery is not None:
         phases = "  ".join(f"{phase} {recovery[phase + '_s']:.2f}s" for phase in RECOVERY_PHASES

@@ -177,7 +177,7 @@ def test_without_a_batch_split_a_step_that_keeps_crashing_is_not_skipped() -> No
             await sim.tick()
             sim.confirm_stop()
             await sim.tick(0.1)
-        assert sim.coordinator.skips() == () and sim.job.record.crash_steps == {}
+        assert await sim.coordinator.skips() == () and sim.job.record.crash_steps == {}
         recovery = [e.message for e in await sim.coordinator.events(0) if e.kind == "recovery_started"][-1]
         assert recovery.endswith("but without global_batch its samples are unknown: nothing is skipped")
     run(scenario())
