@@ -19,7 +19,7 @@ from daemon.config import JobSettings
 from daemon.errors import PermanentError, RetryableError
 from daemon.events import Event, EventLog
 from daemon.job.controller import ClusterFacts, CommandRefused, JobController, JobView
-from daemon.job.observation import BadBatchReport, ProcessReport, ProgressReport
+from daemon.job.observation import SkippedBatch, ProcessReport, ProgressReport
 from daemon.job.skip_ledger import SkipEntry, checked
 from daemon.job.state import GenerationRecord
 from daemon.job.placement import NodeOffer
@@ -324,7 +324,7 @@ class Coordinator:
             drained={r.name for r in records if r.drained},
         )
 
-    def bad_batch(self, session: AgentSession, generation: int, report: BadBatchReport) -> None:
+    def bad_batch(self, session: AgentSession, generation: int, report: SkippedBatch) -> None:
         if self.job is not None:
             self.job.bad_batch(generation, session.node, report)
             self.request_reconcile()

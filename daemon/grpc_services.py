@@ -24,7 +24,7 @@ from daemon.job.commands import (
     StopCommand,
 )
 from daemon.log_relay import MAX_LOG_READ_BYTES, LogChunk
-from daemon.job.observation import BadBatchReport, ProcessReport, ProgressReport, RootCause
+from daemon.job.observation import SkippedBatch, ProcessReport, ProgressReport, RootCause
 from daemon.membership import DeviceInfo
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
@@ -228,7 +228,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         elif kind == "bad_batch":
             b = message.bad_batch
             if 0 <= b.sample_start < b.sample_end and b.step > 0 and 0 < len(b.reason) <= 100:
-                coordinator.bad_batch(session, b.generation, BadBatchReport(
+                coordinator.bad_batch(session, b.generation, SkippedBatch(
                     b.step, b.sample_start, b.sample_end, b.reason, b.loss, b.grad_norm))
             else:
                 log.warning("node %s reported a malformed bad batch (step %d); ignored", session.node, b.step)

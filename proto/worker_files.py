@@ -8,7 +8,7 @@ The agent writes them in the generation's directory and names them in the worker
       {"schema": 1, "generation": 4, "checkpoint_at_step": 1200}
 
 - the skips file (TRAINERD_SKIPS_FILE), written at launch: the skip ledger the generation honours,
-  half-open [start, end) sample positions, read once at start-up (`trainer.data.skip_ledger`):
+  half-open [start, end) sample positions, read once at start-up (`trainer.data.skip_ranges`):
 
       {"schema": 1, "ranges": [[7680, 7744], [12800, 12864]]}
 

@@ -38,7 +38,7 @@ from daemon.job.decide import (
     record_after_checkpoint,
 )
 from daemon.job.launch_plan import node_processes, scheduler_port
-from daemon.job.observation import BadBatchReport, GenerationObservation, ProcessReport, ProgressReport
+from daemon.job.observation import SkippedBatch, GenerationObservation, ProcessReport, ProgressReport
 from daemon.job.placement import NodeOffer
 from daemon.job.rank_table import rank_table_json
 from daemon.job.skip_ledger import SkipEntry, SkipLedger, checked
@@ -212,7 +212,7 @@ class JobController:
                                                             self.generation.placement.world_size))
         return True
 
-    def bad_batch(self, generation: int, node: str, report: BadBatchReport) -> None:
+    def bad_batch(self, generation: int, node: str, report: SkippedBatch) -> None:
         """A worker's guard skipped a step: its samples go into the ledger at the next reconcile."""
         observation = self._current(generation)
         if observation is None or report.step in observation.bad_batches:

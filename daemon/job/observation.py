@@ -91,7 +91,7 @@ class ProgressReport:
 
 
 @dataclass(frozen=True)
-class BadBatchReport:
+class SkippedBatch:
     """A step whose update a worker's guard skipped: its samples, why, and the values seen."""
 
     step: int
@@ -113,7 +113,7 @@ class GenerationObservation:
     stopped: set[str] = field(default_factory=set)
     agent_generation: dict[str, int] = field(default_factory=dict)  # from each node's last heartbeat
     checkpoints: set[int] = field(default_factory=set)  # steps this generation committed
-    bad_batches: dict[int, BadBatchReport] = field(default_factory=dict)  # by step
+    bad_batches: dict[int, SkippedBatch] = field(default_factory=dict)  # by step
     last_progress_at: float | None = None  # the newest step of any rank; None: no progress yet
     runtime_progress: bool = False  # a rank reported progress through the trainer runtime
     stop_decided_at: float | None = None
@@ -180,7 +180,7 @@ class GenerationObservation:
             return True  # the agent runs another generation (a restarted agent runs none)
         return not self._running.get(node)
 
-    def bad_run(self) -> list[BadBatchReport]:
+    def bad_run(self) -> list[SkippedBatch]:
         """The newest run of consecutive skipped steps (empty when the newest step was not skipped)."""
         if not self.bad_batches:
             return []

@@ -74,9 +74,6 @@ class SkipLedger:
     def ranges(self) -> tuple[tuple[int, int], ...]:
         return tuple((e.start, e.end) for e in self.entries())
 
-    def covers(self, start: int, end: int) -> bool:
-        return any(e.start <= start and end <= e.end for e in self._entries.values())
-
     async def add(self, entry: SkipEntry, fence: Fence) -> bool:
         """True when the entry is new (an identical range already recorded adds nothing)."""
         return await self._entries.create(keys.skip(self._job, entry.id), entry, fence)

@@ -11,7 +11,7 @@ from common.clock import FakeClock
 from daemon.config import JobSettings
 from daemon.coordinator import AgentHello, AgentSession, Coordinator
 from daemon.job.commands import CheckpointNowCommand, LaunchCommand, RequestExitCommand, StopCommand
-from daemon.job.observation import BadBatchReport, ProcessReport, ProgressReport, RootCause
+from daemon.job.observation import SkippedBatch, ProcessReport, ProgressReport, RootCause
 from daemon.leader import LeaderRecord
 from daemon.membership import DeviceInfo
 from daemon.store.memory import InMemoryStore
@@ -154,7 +154,7 @@ class SimCluster:
         """Rank 0's guard skipped `step` (its samples: the step's global batch)."""
         generation = self.job.generation
         first = self.agents[generation.placement.nodes[0]]
-        self.coordinator.bad_batch(first.session, generation.number, BadBatchReport(
+        self.coordinator.bad_batch(first.session, generation.number, SkippedBatch(
             step, (step - 1) * GLOBAL_BATCH, step * GLOBAL_BATCH, reason, 2.0, 99.0))
 
     def _report(self, agent: SimAgent, report: ProcessReport) -> None:

@@ -27,7 +27,7 @@ from daemon.job.decide import (
     decide,
     record_after_checkpoint,
 )
-from daemon.job.observation import BadBatchReport, GenerationObservation, ProcessReport, ProgressReport, RootCause
+from daemon.job.observation import SkippedBatch, GenerationObservation, ProcessReport, ProgressReport, RootCause
 from daemon.job.placement import NodeOffer, place
 from daemon.job.state import FailureCause, GenerationRecord, JobRecord, ResumePoint
 from daemon.membership import DeviceInfo
@@ -206,7 +206,7 @@ def test_hang_after_hang_timeout_s_without_a_new_step(silent_s, hangs) -> None:
 
 
 def test_a_run_of_bad_batches_rolls_back_before_it_and_skips_it() -> None:
-    bad = {s: BadBatchReport(s, (s - 1) * GLOBAL_BATCH, s * GLOBAL_BATCH, "grad_norm_spike", 2.0, 99.0)
+    bad = {s: SkippedBatch(s, (s - 1) * GLOBAL_BATCH, s * GLOBAL_BATCH, "grad_norm_spike", 2.0, 99.0)
            for s in (21, 22, 23)}
     world = job_world(spec={"data_skip": {"max_consecutive_spikes": 3}}, step=23, catalog=(10, 20, 30),
                       seen={"bad_batches": bad})

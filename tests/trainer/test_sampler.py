@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.data import SampleStream, SkipLedger, rank_share
+from trainer.data import SampleStream, SkipRanges, rank_share
 
 PROPERTY_SETTINGS = settings(max_examples=150, derandomize=True, deadline=None, database=None)
 
@@ -34,11 +34,11 @@ def example_job_indices(step: int, global_batch: int, seed: int, dataset_size: i
 # ---------------------------------------------------------------- the ledger
 
 def test_ledger_sorts_and_merges_overlapping_and_touching_ranges() -> None:
-    ledger = SkipLedger.of([[50, 60], (10, 20), [15, 30], [30, 35], [70, 71], [40, 45]])
+    ledger = SkipRanges.of([[50, 60], (10, 20), [15, 30], [30, 35], [70, 71], [40, 45]])
     assert ledger.ranges == ((10, 35), (40, 45), (50, 60), (70, 71))
     assert ledger.to_json() == [[10, 35], [40, 45], [50, 60], [70, 71]]
-    assert SkipLedger.of([]).ranges == ()
-    assert SkipLedger.of([(np.int64(3), np.int32(4))]).ranges == ((3, 4),)
+    assert SkipRanges.of([]).ranges == ()
+    assert SkipRanges.of([(np.int64(3), np.int32(4))]).ranges == ((3, 4),)
 
 
 @pytest.mark.parametrize("ranges, message", [
@@ -53,14 +53,14 @@ def test_ledger_sorts_and_merges_overlapping_and_touching_ranges() -> None:
 ])
 def test_ledger_refuses_a_bad_range_by_name(ranges: list, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        SkipLedger.of(ranges)
+        SkipRanges.of(ranges)
 
 
 def test_ledger_file(tmp_path: Path) -> None:
     path = tmp_path / "skips.json"
-    assert SkipLedger.read(path) == SkipLedger()  # absent file: no skips
+    assert SkipRanges.read(path) == SkipRanges()  # absent file: no skips
     path.write_text(json.dumps({"schema": 1, "ranges": [[128, 192], [0, 64]]}))
-    assert SkipLedger.read(path).ranges == ((0, 64), (128, 192))
+    assert SkipRanges.read(path).ranges == ((0, 64), (128, 192))
     for text, message in [
         ("{", "is not JSON"),
         (json.dumps({"schema": 2, "ranges": []}), "schema 2 is not 1"),
@@ -71,7 +71,7 @@ def test_ledger_file(tmp_path: Path) -> None:
     ]:
         path.write_text(text)
         with pytest.raises(ValueError, match=message) as caught:
-            SkipLedger.read(path)
+            SkipRanges.read(path)
         assert str(path) in str(caught.value)
 
 

@@ -43,7 +43,7 @@ Offline: `reshard_checkpoint`, `export_safetensors`, `import_native` + `write_re
 `trainerctl checkpoint ...`).
 """
 
-from trainer.checkpoint.catalog import CheckpointInfo, list_checkpoints
+from trainer.checkpoint.step_dirs import CheckpointInfo, list_checkpoints
 from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint, NoCheckpoint
 from trainer.checkpoint.export import export_safetensors
 from trainer.checkpoint.loader import load_checkpoint, load_latest

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from common.clock import Clock
-from trainer.checkpoint.catalog import check_data_file
+from trainer.checkpoint.step_dirs import check_data_file
 from trainer.checkpoint.durable_files import fsync_dir, write_json_atomic
 from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint
 from trainer.checkpoint.json_fields import check_schema, get_int, read_json_file

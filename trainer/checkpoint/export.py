@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainer.checkpoint.catalog import check_complete
+from trainer.checkpoint.step_dirs import check_complete
 from trainer.checkpoint.chunk_reader import ChunkReader
 from trainer.checkpoint.errors import CheckpointError
 from trainer.checkpoint.layout import Region

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.checkpoint.catalog import check_complete, list_checkpoints
+from trainer.checkpoint.step_dirs import check_complete, list_checkpoints
 from trainer.checkpoint.chunk_reader import ChunkReader, touched_segments
 from trainer.checkpoint.digest import segment_count
 from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint, NoCheckpoint

@@ -12,7 +12,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from trainer.checkpoint.catalog import check_complete
+from trainer.checkpoint.step_dirs import check_complete
 from trainer.checkpoint.chunk_reader import ChunkReader
 from trainer.checkpoint.commit import commit_manifest
 from trainer.checkpoint.errors import CheckpointError

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from trainer.checkpoint.catalog import check_complete, list_checkpoints
+from trainer.checkpoint.step_dirs import check_complete, list_checkpoints
 from trainer.checkpoint.chunk_reader import ChunkReader
 from trainer.checkpoint.errors import CorruptCheckpoint
 from trainer.checkpoint.manifest import Manifest

@@ -4,6 +4,6 @@
 """
 
 from trainer.data.sampler import SampleStream, rank_share
-from trainer.data.skip_ledger import SkipLedger
+from trainer.data.skip_ranges import SkipRanges
 
-__all__ = ["SampleStream", "SkipLedger", "rank_share"]
+__all__ = ["SampleStream", "SkipRanges", "rank_share"]

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer.data.skip_ledger import SkipLedger
+from trainer.data.skip_ranges import SkipRanges
 
 _CACHED_EPOCHS = 2  # a step straddles at most two epochs unless the batch is larger than the dataset
 
@@ -34,12 +34,12 @@ _CACHED_EPOCHS = 2  # a step straddles at most two epochs unless the batch is la
 class SampleStream:
     """The job's sample order for one dataset size, seed and skip ledger."""
 
-    def __init__(self, dataset_size: int, seed: int, skips: SkipLedger | Iterable[Any] = ()) -> None:
+    def __init__(self, dataset_size: int, seed: int, skips: SkipRanges | Iterable[Any] = ()) -> None:
         _check_int("dataset_size", dataset_size, minimum=1)
         _check_int("seed", seed, minimum=0)
         self.dataset_size = int(dataset_size)
         self.seed = int(seed)
-        self.ledger = skips if isinstance(skips, SkipLedger) else SkipLedger.of(skips)
+        self.ledger = skips if isinstance(skips, SkipRanges) else SkipRanges.of(skips)
         self._ends = [end for _, end in self.ledger.ranges]
         self._permutations: dict[int, np.ndarray] = {}
 

@@ -50,7 +50,7 @@ from mindspore import nn, ops
 from proto.exit_codes import EXIT_OK, EXIT_USAGE
 from proto.progress_datagram import WorkerEvent
 from trainer.data.sampler import SampleStream, rank_share
-from trainer.data.skip_ledger import SkipLedger
+from trainer.data.skip_ranges import SkipRanges
 from trainer.runtime import communication
 from trainer.runtime.checkpointing import ResumeError, TrainingCheckpoints
 from trainer.runtime.communication import CommunicationError
@@ -111,7 +111,7 @@ def batch_settings(args: argparse.Namespace, ctx: RankContext) -> BatchSettings:
 def sample_ranges(text: str) -> tuple[tuple[int, int], ...]:
     """`A:B,C:D` as half-open ranges of sample positions."""
     try:
-        return SkipLedger.of(tuple(int(n) for n in part.split(":", 1)) for part in text.split(",")).ranges
+        return SkipRanges.of(tuple(int(n) for n in part.split(":", 1)) for part in text.split(",")).ranges
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"{text!r} is not A:B[,C:D...] with 0 <= A < B ({exc})") from None
 
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint_plan = checkpoint_settings(args, ctx)
         guard_settings = GuardSettings.from_environ()
         skips_file = os.environ.get("TRAINERD_SKIPS_FILE")
-        ledger = SkipLedger.read(skips_file) if skips_file else SkipLedger()
+        ledger = SkipRanges.read(skips_file) if skips_file else SkipRanges()
         communication.initialize(ctx, args.device_target)  # the scheduler process never returns from here
     except (RankContextError, CommunicationError, ValueError) as exc:
         print(f"mlp: {exc}", file=sys.stderr)

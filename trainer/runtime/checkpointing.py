@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING
 from proto.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
 from proto.progress_datagram import CheckpointReport, MalformedProgress, encode
 from trainer.checkpoint import CheckpointError, CheckpointMeta, CheckpointWriter, load_checkpoint
-from trainer.checkpoint.catalog import check_inside_root
+from trainer.checkpoint.step_dirs import check_inside_root
 from trainer.checkpoint.manifest import step_dir_name
-from trainer.data.skip_ledger import SkipLedger
+from trainer.data.skip_ranges import SkipRanges
 from trainer.runtime.checkpoint_schedule import CheckpointSchedule, ControlFile
 from trainer.runtime.progress import ProgressReporter
 from trainer.runtime.rank_context import CheckpointSettings, RankContext
@@ -120,7 +120,7 @@ class TrainingCheckpoints:
 
     def record_skip(self, start: int, end: int) -> None:
         """A batch the guard skipped: later checkpoints record its range in their skip ledger."""
-        self._skip_ledger = SkipLedger.of((*self._skip_ledger, (start, end))).ranges
+        self._skip_ledger = SkipRanges.of((*self._skip_ledger, (start, end))).ranges
 
     def resume(self) -> ResumePoint:
         """Load the checkpoint named by `resume_from` into the cells (any world size may have written it),

@@ -18,13 +18,13 @@ from proto.worker_files import MalformedSkipsFile, decode_skips
 
 
 @dataclass(frozen=True)
-class SkipLedger:
+class SkipRanges:
     """Sorted, disjoint, non-adjacent ranges (overlapping or touching ranges are merged)."""
 
     ranges: tuple[tuple[int, int], ...] = ()
 
     @classmethod
-    def of(cls, ranges: Iterable[Any]) -> SkipLedger:
+    def of(cls, ranges: Iterable[Any]) -> SkipRanges:
         """Validate and normalise: each range a pair of integers 0 <= start < end; ValueError names a bad one."""
         checked = []
         for i, entry in enumerate(ranges):
@@ -48,7 +48,7 @@ class SkipLedger:
         return cls(tuple(merged))
 
     @classmethod
-    def read(cls, path: str | Path) -> SkipLedger:
+    def read(cls, path: str | Path) -> SkipRanges:
         """The ledger in a TRAINERD_SKIPS_FILE; a missing file is an empty ledger. ValueError names the file."""
         try:
             data = Path(path).read_bytes()
