@@ -401,7 +401,8 @@ class TrainerdCluster:
         else:
             # the timeline of job_running belongs to the last recovery only: no stop figure for the first
             rec.disturbed = True
-            for again in (e for e in evs if e["kind"] == "recovery_started" and started["seq"] < e["seq"] < done["seq"]):
+            later = (e for e in evs if e["kind"] == "recovery_started" and started["seq"] < e["seq"] < done["seq"])
+            for again in later:
                 rec.notes.append(f"DISTURBED: at {again['at'] - t0:.2f} s generation "
                                  f"{again['fields'].get('generation')} failed too: {again['message'][:300]}")
             rec.notes.append(f"running again at generation {last['fields'].get('generation')}, relaunched at "
@@ -492,7 +493,7 @@ def run_msrun(procs: Processes, root: Path, steps: int, timeout_s: float) -> Rec
                     gone[name] = time.time() - t0
             time.sleep(0.05)
         exited = time.time() - t0
-        for name, proc in others.items():
+        for name in others:
             gone.setdefault(name, exited)
     finally:
         procs.kill_all()
@@ -506,8 +507,9 @@ def run_msrun(procs: Processes, root: Path, steps: int, timeout_s: float) -> Rec
         rec.notes.append("no 'Worker process ... exit with exception' line in msrun's log: detect unknown")
     timed_out = re.search(MS_LOG_TIME + r".*The node: \d+ is timed out", text)
     if timed_out:
-        rec.notes.append(f"its scheduler declared the workers timed out at {ms_log_time(timed_out.group(1)) - t0:.2f} s "
-                         f"(MS_NODE_TIMEOUT), then finalized and exited")
+        at = ms_log_time(timed_out.group(1)) - t0
+        rec.notes.append(f"its scheduler declared the workers timed out at {at:.2f} s (MS_NODE_TIMEOUT), "
+                         f"then finalized and exited")
     rec.notes.append(f"msrun exited with code {msrun.returncode}; processes gone after "
                      + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in sorted(gone.items())))
     return rec

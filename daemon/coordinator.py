@@ -11,7 +11,7 @@ import logging
 import re
 import secrets
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from common.clock import Clock
 from daemon import metrics

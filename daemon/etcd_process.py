@@ -155,11 +155,9 @@ class EmbeddedEtcd:
         if process is None or process.poll() is not None:
             return
         _signal_group(process, signal.SIGTERM)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace_s
-        while process.poll() is None and loop.time() < deadline:
-            await asyncio.sleep(0.02)
-        if process.poll() is None:
+        try:
+            await asyncio.wait_for(asyncio.to_thread(process.wait), grace_s)
+        except asyncio.TimeoutError:
             log.warning("etcd (pid %d) ignored SIGTERM for %.1f s; killing it", process.pid, grace_s)
             _signal_group(process, signal.SIGKILL)
             process.wait()

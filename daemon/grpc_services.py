@@ -282,7 +282,8 @@ class ControlService(pb_grpc.ControlServicer):
         return pb.CommandReply(message=message)
 
     async def ReadLog(self, request: pb.LogRequest, context: grpc.aio.ServicerContext) -> pb.LogReply:
-        if not (-1 <= request.rank < MAX_RANK and request.generation >= 0 and 0 < request.max_bytes <= MAX_LOG_READ_BYTES):
+        valid = -1 <= request.rank < MAX_RANK and request.generation >= 0
+        if not (valid and 0 < request.max_bytes <= MAX_LOG_READ_BYTES):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"rank must be -1 (the scheduler) to {MAX_RANK - 1}, generation at least 0 and "
                                 f"max_bytes 1 to {MAX_LOG_READ_BYTES}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from daemon.errors import PermanentError
 from daemon.job.commands import ReadLogCommand

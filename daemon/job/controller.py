@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import Callable, assert_never
+from typing import assert_never
+from collections.abc import Callable
 
 from common.clock import Clock
 from daemon import metrics
@@ -135,8 +136,8 @@ class JobController:
         current_spec = await self._store.get(spec_key)
         wanted = codec.encode(self.spec.model_dump(mode="json"))
         if current_spec is None or current_spec.value != wanted:
-            await self._store.compare_and_swap(spec_key, wanted, 0 if current_spec is None else current_spec.mod_revision,
-                                               fence=fence)
+            revision = 0 if current_spec is None else current_spec.mod_revision
+            await self._store.compare_and_swap(spec_key, wanted, revision, fence=fence)
         await self._status.load()
         if self._status.get(keys.job_status(name)) is None:
             await self._write_record(JobRecord(JobState.PENDING), fence)

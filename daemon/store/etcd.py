@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import AsyncIterator, Awaitable, Callable, TypeVar
+from typing import TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 from aetcd import rpc

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import AsyncIterator, Protocol
+from typing import Protocol
+from collections.abc import AsyncIterator
 
 from daemon.errors import RetryableError, TrainerdError
 

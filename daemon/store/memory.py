@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import itertools
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from common.clock import Clock
 from daemon.store.interface import (

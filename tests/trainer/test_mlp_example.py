@@ -7,7 +7,7 @@ import asyncio
 import signal
 import time
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Mapping
+from collections.abc import Mapping
 
 
 class RankContextError(ValueError):
