@@ -49,7 +49,7 @@ def job_workdir(agent_work_dir: Path, job_name: str, workdir: str) -> Path:
 
 
 def graceful_exit_path(workdir: Path, name: str) -> Path:
-    """The script's graceful-exit file `name` inside `workdir` (which exists), symlinks resolved.
+    """The script's graceful-exit file `name` inside `workdir`, with the symlinks that exist resolved.
 
     Raises:
         UnsafeJobPath: `name` is absolute, holds control characters or `..`, or leads out of `workdir`.
