@@ -157,14 +157,17 @@ class Supervisor:
             write_atomically(skips, encode_skips(SkipList(tuple((r.start, r.end) for r in launch.skips))))
             control = gen_dir / "control.json"
             control.unlink(missing_ok=True)
+            workdir: Path | None = None
+            refusal, pattern = "", None
             try:
-                workdir: Path | None = self._prepare_workdir(launch)
-                refusal = ""
+                workdir = self._prepare_workdir(launch)
             except LaunchRefused as exc:
-                workdir, refusal = None, str(exc)
-            pattern = self._progress_pattern(launch)
-            log.info("launching generation %d of job %s in %s: %d process(es)", launch.generation,
-                     launch.job_name, workdir, len(launch.processes))
+                refusal = str(exc)
+                log.error("generation %d not launched: %s", launch.generation, refusal)
+            else:
+                pattern = self._progress_pattern(launch)
+                log.info("launching generation %d of job %s in %s: %d process(es)", launch.generation,
+                         launch.job_name, workdir, len(launch.processes))
             for spec in launch.processes:
                 managed = ManagedProcess(spec.role, spec.rank, gen_dir / f"{log_name(spec.role, spec.rank)}.log")
                 self.processes[(spec.role, spec.rank)] = managed
