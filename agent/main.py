@@ -17,6 +17,7 @@ from agent.devices import Device, NoDevicesError, discover_devices
 from agent.launcher import SubprocessLauncher
 from agent.progress_receiver import open_progress_receiver
 from agent.session import CoordinatorLink, IdentityFile
+from agent.stack_dump import PySpyDumper
 from agent.supervisor import Supervisor
 from agent.systemd import SystemdNotifier
 from common.clock import Clock, SystemClock
@@ -53,8 +54,15 @@ class Agent:
             self._spawn(self.supervisor.stop(message.stop))
         elif kind == "checkpoint_now":
             self.supervisor.checkpoint_now(message.checkpoint_now)
+        elif kind == "request_exit":
+            self.supervisor.request_exit(message.request_exit)
+        elif kind == "read_log":
+            self._spawn(self._answer_read_log(message.read_log))
         else:
             log.warning("ignoring unexpected %s from the coordinator", kind)
+
+    async def _answer_read_log(self, request: pb.ReadLog) -> None:
+        self.link.send(pb.AgentMessage(log_data=await self.supervisor.read_log(request)))
 
     def _spawn(self, coroutine) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -95,7 +103,8 @@ class Agent:
         await server.start()
         await self._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         progress = await open_progress_receiver(self.supervisor.progress_socket, self.supervisor.on_progress)
-        tasks = [asyncio.create_task(self.link.run(self)), asyncio.create_task(self._watchdog())]
+        tasks = [asyncio.create_task(self.link.run(self)), asyncio.create_task(self._watchdog()),
+                 asyncio.create_task(self.supervisor.watch_output())]
         try:
             await stop.wait()
         finally:
@@ -111,7 +120,7 @@ class Agent:
 
 def build_agent(config: AgentConfig, devices: list[Device], notifier: SystemdNotifier) -> Agent:
     """The production wiring: a link to the configured coordinators, a supervisor that starts real
-    processes, and the system clock."""
+    processes and dumps their stacks with py-spy, and the system clock."""
     work_dir = Path(config.work_dir)
     clock = SystemClock()
     hello = pb.Hello(
@@ -121,7 +130,7 @@ def build_agent(config: AgentConfig, devices: list[Device], notifier: SystemdNot
     link = CoordinatorLink(addresses=list(config.coordinator), hello=hello,
                            identity=IdentityFile(work_dir / "identity.json"), clock=clock)
     supervisor = Supervisor(work_dir=work_dir, progress_socket=work_dir / "progress.sock", report=link.send,
-                            launcher=SubprocessLauncher(), clock=clock)
+                            launcher=SubprocessLauncher(), stack_dumper=PySpyDumper(), clock=clock)
     return Agent(config, link=link, supervisor=supervisor, notifier=notifier, clock=clock)
 
 

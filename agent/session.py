@@ -62,7 +62,7 @@ class SessionHandler(Protocol):
     """What the link asks of the agent while a session runs."""
 
     def on_command(self, message: pb.CoordinatorMessage) -> None:
-        """A Launch, Stop or CheckpointNow from the coordinator; must not block."""
+        """A Launch, Stop, CheckpointNow, RequestExit or ReadLog from the coordinator; must not block."""
 
     def heartbeat_body(self) -> pb.Heartbeat:
         """The next heartbeat (the link fills in its sequence number)."""

@@ -4,36 +4,64 @@ Each process gets its own process group (so a stop reaches everything it spawned
 generation and rank, and a waiter that reports its exit at once with code, signal and log tail.
 The agent owns every PID: there is no msrun in between. Every process group is recorded
 (agent/orphans.py) so that an agent restarted after a crash kills what its predecessor left.
-Processes start through a `ProcessLauncher` (agent/launcher.py) and time is read from a `Clock`,
-so the stop escalation and the progress throttling are tested with fakes and no sleeps.
+Processes start through a `ProcessLauncher` (agent/launcher.py), stacks are taken through a
+`StackDumper` (agent/stack_dump.py) and time is read from a `Clock`, so the stop escalation, the
+stack dump before a hang kill and the progress throttling are tested with fakes and no sleeps.
 
+Processes run in the job's working directory, the same for every generation (agent/job_workdir.py).
 Per generation directory: rank_table.json, skips.json (the skip ledger at launch), control.json
-(rewritten when the coordinator asks for a checkpoint) and one log per process.
+(rewritten when the coordinator asks for a checkpoint), one log per process and, after a hang, one
+<name>.stacks.txt per process.
+
+Progress comes from two sources. A rank that runs the trainer runtime sends datagrams
+(agent/progress_receiver.py); an unmodified script only prints, so `watch_output` reads what each
+worker appends to its log (agent/output_follower.py). Once a datagram arrived for a rank, its output
+is no longer read: one rank, one source. Both go through the same per-rank throttle. When a process
+fails by itself, the root cause is read from the tail of its log (agent/failure_cause.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
+import re
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
+from agent.failure_cause import extract_failure_cause
+from agent.job_workdir import UnsafeJobPath, graceful_exit_path, job_workdir
 from agent.launcher import ProcessHandle, ProcessLauncher
+from agent.log_reader import describe_process, generation_dir, log_name, log_path, read_log_range
 from agent.orphans import ProcessRegistry
+from agent.output_follower import OutputFollower
+from agent.output_progress import OutputProgress
+from agent.stack_dump import StackDumper
 from common.clock import Clock
 from proto import trainerd_pb2 as pb
 from proto.exit_codes import EXIT_CANNOT_EXECUTE
-from proto.progress_datagram import BadBatchReport, CheckpointReport, EventReport, ProgressMessage, StepReport
+from proto.progress_datagram import BadBatchReport, CheckpointReport, EventReport, ProgressMessage
+from proto.progress_pattern import ProgressPatternError, compile_progress_pattern
 from proto.worker_files import CheckpointRequest, SkipList, encode_control, encode_skips, write_atomically
 
 log = logging.getLogger(__name__)
 
 LOG_TAIL_BYTES = 4000
+# The root cause of a failure is looked for in this much of the end of the log.
+CAUSE_TAIL_BYTES = 64 * 1024
 PROGRESS_FORWARD_INTERVAL_S = 0.5
+OUTPUT_POLL_INTERVAL_S = 0.5
+STACK_DUMP_TIMEOUT_S = 10.0
+# What MindSpore's OnRequestExit callback looks for in its config file.
+GRACEFUL_EXIT_REQUEST = b'{"GracefulExit": 1}'
+
+
+class LaunchRefused(Exception):
+    """A Launch whose processes cannot be started at all; the message says why in one line."""
 
 
 @dataclass
@@ -49,6 +77,9 @@ class ManagedProcess:
     expected: bool = False
     step: int = 0
     waiter: asyncio.Task | None = None
+    cwd: Path | None = None
+    output: OutputFollower | None = None  # a worker's progress read from its log
+    runtime_reports: bool = False  # it sent a progress datagram: its output is not read for progress
 
     def status(self) -> pb.ProcessStatus:
         return pb.ProcessStatus(
@@ -60,7 +91,7 @@ class ManagedProcess:
 @dataclass
 class _Forwarding:
     last_sent: float | None = None
-    pending: StepReport | None = None
+    pending: pb.Progress | None = None
 
 
 def log_tail(path: Path, limit: int = LOG_TAIL_BYTES) -> str:
@@ -79,20 +110,25 @@ def expand_argv(argv, python: str) -> list[str]:
 
 
 class Supervisor:
-    """Carries out Launch, Stop and CheckpointNow for one host; processes start through `launcher`,
-    and the stop grace, progress throttling and heartbeat timestamps read `clock`."""
+    """Carries out Launch, Stop, CheckpointNow, RequestExit and ReadLog for one host; processes start
+    through `launcher`, stacks are dumped through `stack_dumper`, and the stop grace, output polling,
+    progress throttling and heartbeat timestamps read `clock`."""
 
     def __init__(self, *, work_dir: Path, progress_socket: Path, report: Callable[[pb.AgentMessage], None],
-                 launcher: ProcessLauncher, clock: Clock, python: str = sys.executable) -> None:
+                 launcher: ProcessLauncher, stack_dumper: StackDumper, clock: Clock,
+                 python: str = sys.executable) -> None:
         self._work_dir = work_dir
         self.progress_socket = progress_socket
         self._report = report
         self._launcher = launcher
+        self._stack_dumper = stack_dumper
         self._clock = clock
         self._python = python
         self.generation = 0
         self.processes: dict[tuple[str, int], ManagedProcess] = {}
         self._forwarding: dict[int, _Forwarding] = {}
+        self._workdir: Path | None = None
+        self._graceful_exit_file = ""
         self._lock = asyncio.Lock()
         self._registry = ProcessRegistry(work_dir / "processes.json")
 
@@ -112,7 +148,8 @@ class Supervisor:
             self.generation = launch.generation
             self.processes = {}
             self._forwarding = {}
-            gen_dir = self._generation_dir(launch.generation)
+            self._workdir, self._graceful_exit_file = None, ""
+            gen_dir = generation_dir(self._work_dir, launch.generation)
             gen_dir.mkdir(parents=True, exist_ok=True)
             rank_table = gen_dir / "rank_table.json"
             rank_table.write_text(launch.rank_table_json)
@@ -120,30 +157,81 @@ class Supervisor:
             write_atomically(skips, encode_skips(SkipList(tuple((r.start, r.end) for r in launch.skips))))
             control = gen_dir / "control.json"
             control.unlink(missing_ok=True)
-            log.info("launching generation %d of job %s: %d process(es)", launch.generation, launch.job_name,
-                     len(launch.processes))
+            workdir: Path | None = None
+            refusal, pattern = "", None
+            try:
+                workdir = self._prepare_workdir(launch)
+            except LaunchRefused as exc:
+                refusal = str(exc)
+                log.error("generation %d not launched: %s", launch.generation, refusal)
+            else:
+                pattern = self._progress_pattern(launch)
+                log.info("launching generation %d of job %s in %s: %d process(es)", launch.generation,
+                         launch.job_name, workdir, len(launch.processes))
             for spec in launch.processes:
-                name = "scheduler" if spec.role == "scheduler" else f"rank{spec.rank}"
-                managed = ManagedProcess(spec.role, spec.rank, gen_dir / f"{name}.log")
+                managed = ManagedProcess(spec.role, spec.rank, gen_dir / f"{log_name(spec.role, spec.rank)}.log")
                 self.processes[(spec.role, spec.rank)] = managed
+                if workdir is None:
+                    self._fail_to_start(managed, refusal)
+                    continue
                 env = {**os.environ, **dict(spec.env), "RANK_TABLE_FILE": str(rank_table),
                        "TRAINERD_PROGRESS_SOCKET": str(self.progress_socket),
                        "TRAINERD_CONTROL_FILE": str(control), "TRAINERD_SKIPS_FILE": str(skips)}
-                await self._start(managed, expand_argv(spec.argv, self._python), env, gen_dir)
+                await self._start(managed, expand_argv(spec.argv, self._python), env, workdir, pattern)
 
-    async def _start(self, managed: ManagedProcess, argv: list[str], env: dict[str, str], cwd: Path) -> None:
+    def _prepare_workdir(self, launch: pb.Launch) -> Path:
+        """The generation's working directory, created, with no graceful-exit request left in it (a
+        leftover would stop the new generation at its first step).
+
+        Raises:
+            LaunchRefused: a path in the Launch is unsafe, or the directory cannot be prepared.
+        """
+        try:
+            workdir = job_workdir(self._work_dir, launch.job_name, launch.workdir)
+            graceful_exit = (graceful_exit_path(workdir, launch.graceful_exit_file) if launch.graceful_exit_file
+                             else None)
+            workdir.mkdir(parents=True, exist_ok=True)
+            if graceful_exit is not None:
+                graceful_exit.unlink(missing_ok=True)
+        except UnsafeJobPath as exc:
+            raise LaunchRefused(f"refused to launch: {exc}") from None
+        except OSError as exc:
+            where = f" {exc.filename}" if exc.filename else ""
+            raise LaunchRefused(f"cannot prepare the working directory{where}: {exc.strerror or exc}") from None
+        self._workdir, self._graceful_exit_file = workdir, launch.graceful_exit_file
+        return workdir
+
+    def _progress_pattern(self, launch: pb.Launch) -> re.Pattern[str] | None:
+        if not launch.progress_pattern:
+            return None
+        try:
+            return compile_progress_pattern(launch.progress_pattern)
+        except ProgressPatternError as exc:
+            log.error("generation %d of job %s: the progress_pattern cannot be used (%s); reading "
+                      "MindSpore's LossMonitor lines instead", launch.generation, launch.job_name, exc)
+            return None
+
+    def _fail_to_start(self, managed: ManagedProcess, message: str) -> None:
+        """Report a process that could not be started as exited 127, with `message` as its log."""
+        with open(managed.log_path, "ab") as log_file:
+            log_file.write(message.encode() + b"\n")
+        log.error("generation %d %s %d: %s", self.generation, managed.role, managed.rank, message)
+        managed.exit_code = EXIT_CANNOT_EXECUTE
+        self._report(pb.AgentMessage(process_exited=pb.ProcessExited(
+            generation=self.generation, role=managed.role, rank=managed.rank, exit_code=EXIT_CANNOT_EXECUTE,
+            log_tail=message, cause=pb.RootCause(message=message, kind="last_line"))))
+
+    async def _start(self, managed: ManagedProcess, argv: list[str], env: dict[str, str], cwd: Path,
+                     pattern: re.Pattern[str] | None) -> None:
         generation = self.generation
+        managed.cwd = cwd
+        if managed.role == "worker":
+            managed.output = OutputFollower(managed.log_path, pattern)
         try:
             handle = await self._launcher.start(argv, env, cwd, managed.log_path)
         except OSError as exc:
-            message = f"cannot start {argv[0]!r}: {exc.strerror or exc}"
-            with open(managed.log_path, "ab") as log_file:
-                log_file.write(message.encode() + b"\n")
-            log.error("generation %d %s %d: %s", generation, managed.role, managed.rank, message)
-            managed.exit_code = EXIT_CANNOT_EXECUTE
-            self._report(pb.AgentMessage(process_exited=pb.ProcessExited(
-                generation=generation, role=managed.role, rank=managed.rank, exit_code=EXIT_CANNOT_EXECUTE,
-                log_tail=message)))
+            managed.output = None
+            self._fail_to_start(managed, f"cannot start {argv[0]!r}: {exc.strerror or exc}")
             return
         managed.handle, managed.pid = handle, handle.pid
         managed.running = True
@@ -161,14 +249,32 @@ class Supervisor:
             managed.signal, managed.exit_code = -code, 0
         else:
             managed.exit_code = code
+        if managed.output is not None:
+            if not managed.runtime_reports:
+                self._observe_output(managed, generation, managed.output.finish())
+            managed.output = None
         tail = log_tail(managed.log_path)
-        level = logging.INFO if managed.expected or code == 0 else logging.WARNING
-        log.log(level, "generation %d %s %d (pid %d) exited: code %d signal %d", generation, managed.role,
-                managed.rank, managed.pid, managed.exit_code, managed.signal)
-        self._flush_progress(managed.rank)
+        failed = code != 0 and not managed.expected
+        cause = self._root_cause(managed) if failed else None
+        level = logging.WARNING if failed else logging.INFO
+        log.log(level, "generation %d %s %d (pid %d) exited: code %d signal %d%s", generation, managed.role,
+                managed.rank, managed.pid, managed.exit_code, managed.signal,
+                f"; cause: {cause.message} at {cause.location or 'unknown location'}" if cause else "")
+        if managed.role == "worker":
+            self._flush_progress(managed.rank)
         self._report(pb.AgentMessage(process_exited=pb.ProcessExited(
             generation=generation, role=managed.role, rank=managed.rank, pid=managed.pid,
-            exit_code=managed.exit_code, signal=managed.signal, log_tail=tail, expected=managed.expected)))
+            exit_code=managed.exit_code, signal=managed.signal, log_tail=tail, expected=managed.expected,
+            cause=cause)))
+
+    @staticmethod
+    def _root_cause(managed: ManagedProcess) -> pb.RootCause | None:
+        """Why the process failed, from the end of its log, with locations relative to its working directory."""
+        cause = extract_failure_cause(log_tail(managed.log_path, CAUSE_TAIL_BYTES),
+                                      work_dir=None if managed.cwd is None else str(managed.cwd))
+        if cause is None:
+            return None
+        return pb.RootCause(message=cause.message, location=cause.location or "", kind=str(cause.kind))
 
     async def stop(self, stop: pb.Stop) -> None:
         async with self._lock:
@@ -176,8 +282,44 @@ class Supervisor:
                 log.info("Stop for generation %d ignored: running generation %d", stop.generation, self.generation)
                 return
             log.info("stopping generation %d: %s", stop.generation, stop.reason)
+            if stop.dump_stacks:
+                await self._dump_stacks()
             await self._stop_all(stop.grace_s)
             self._report(pb.AgentMessage(stopped=pb.Stopped(generation=stop.generation)))
+
+    async def _dump_stacks(self) -> None:
+        """Append every running process's Python stacks to its log and to <name>.stacks.txt, all at
+        once, waiting at most STACK_DUMP_TIMEOUT_S: the kill that follows is not held up longer."""
+        live = [m for m in self.processes.values() if m.running]
+        if not live:
+            return
+        dumps = {asyncio.ensure_future(self._stack_dumper.dump(m.pid)): m for m in live}
+        pending = await self._wait_at_most(list(dumps), STACK_DUMP_TIMEOUT_S)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for task, managed in dumps.items():
+            if task in pending:
+                text = f"the stack dump did not finish within {STACK_DUMP_TIMEOUT_S:.0f}s\n"
+            elif task.exception() is not None:
+                text = f"the stack dump failed: {task.exception()}\n"
+            else:
+                text = task.result()
+            self._write_stacks(managed, text)
+        log.info("generation %d: Python stacks of %d process(es) written before the hang kill", self.generation,
+                 len(dumps))
+
+    def _write_stacks(self, managed: ManagedProcess, text: str) -> None:
+        who = "the scheduler" if managed.role == "scheduler" else f"rank {managed.rank}"
+        header = f"==== trainerd: Python stacks of {who} (pid {managed.pid}) before the hang kill ====\n"
+        try:
+            with open(managed.log_path, "a", encoding="utf-8", errors="replace") as log_file:
+                log_file.write(f"\n{header}{text}")
+            stacks = managed.log_path.with_name(f"{log_name(managed.role, managed.rank)}.stacks.txt")
+            stacks.write_text(header + text, encoding="utf-8", errors="replace")
+        except OSError as exc:
+            log.warning("generation %d %s %d: cannot write its stacks: %s", self.generation, managed.role,
+                        managed.rank, exc)
 
     async def _stop_all(self, grace_s: float) -> None:
         """SIGTERM every process group, SIGKILL what is left after the grace, wait for every exit."""
@@ -217,12 +359,51 @@ class Supervisor:
             log.info("CheckpointNow for generation %d ignored: running generation %d", request.generation,
                      self.generation)
             return
-        write_atomically(self._generation_dir(self.generation) / "control.json",
+        write_atomically(generation_dir(self._work_dir, self.generation) / "control.json",
                          encode_control(CheckpointRequest(request.generation, request.step)))
         log.info("generation %d: checkpoint asked for at step %d", request.generation, request.step)
 
-    def _generation_dir(self, generation: int) -> Path:
-        return self._work_dir / "generations" / f"{generation:06d}"
+    def request_exit(self, request: pb.RequestExit) -> None:
+        """Ask the script to stop at its next step boundary: write MindSpore OnRequestExit's file."""
+        if request.generation != self.generation or not self.processes:
+            log.info("RequestExit for generation %d ignored: running generation %d", request.generation,
+                     self.generation)
+            return
+        if self._workdir is None or not self._graceful_exit_file:
+            log.info("RequestExit for generation %d ignored: the job names no graceful_exit_file", request.generation)
+            return
+        try:
+            # Resolved again: a symlink planted since the launch must not lead the write out of the workdir.
+            path = graceful_exit_path(self._workdir, self._graceful_exit_file)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.with_name(path.name + ".partial").unlink(missing_ok=True)
+            write_atomically(path, GRACEFUL_EXIT_REQUEST)
+        except (UnsafeJobPath, OSError) as exc:
+            log.error("generation %d: cannot request a graceful exit: %s", request.generation, exc)
+            return
+        log.info("generation %d: graceful exit requested through %s", request.generation, path)
+
+    async def read_log(self, request: pb.ReadLog) -> pb.LogData:
+        """Part of one process's log, found by its generation, role and rank under this agent's work dir."""
+        answer = pb.LogData(request_id=request.request_id)
+        who = describe_process(request.generation, request.role, request.rank)
+        path = log_path(self._work_dir, request.generation, request.role, request.rank)
+        if path is None:
+            answer.error = f"no log for {who}"
+            return answer
+        try:
+            part = await asyncio.to_thread(read_log_range, path, request.offset, request.max_bytes)
+        except FileNotFoundError:
+            answer.error = f"no log for {who}"
+            return answer
+        except OSError as exc:
+            answer.error = f"cannot read the log of {who}: {exc.strerror or exc}"
+            return answer
+        answer.data, answer.offset, answer.size = part.data, part.offset, part.size
+        rank = -1 if request.role == "scheduler" else request.rank
+        managed = self.processes.get((request.role, rank)) if request.generation == self.generation else None
+        answer.running = managed is not None and managed.running
+        return answer
 
     async def shutdown(self, grace_s: float = 10.0) -> None:
         async with self._lock:
@@ -236,6 +417,31 @@ class Supervisor:
         return pb.Heartbeat(generation=self.generation, sent_at=self._clock.wall(),
                             processes=[m.status() for m in self.processes.values()])
 
+    async def watch_output(self) -> None:
+        """Read what the running workers append to their logs every OUTPUT_POLL_INTERVAL_S, until cancelled."""
+        while True:
+            self.read_output()
+            await self._clock.asleep(OUTPUT_POLL_INTERVAL_S)
+
+    def read_output(self) -> None:
+        """One poll: the progress in what each running worker wrote since the last one."""
+        for managed in list(self.processes.values()):
+            if managed.running and managed.output is not None and not managed.runtime_reports:
+                self._observe_output(managed, self.generation, managed.output.read())
+
+    def _observe_output(self, managed: ManagedProcess, generation: int, observations: list[OutputProgress]) -> None:
+        for observation in observations:
+            if observation.loss is None and observation.samples_per_s is None and observation.step <= managed.step:
+                continue  # a step-time line after its step: nothing new to report
+            managed.step = max(managed.step, observation.step)
+            progress = pb.Progress(
+                generation=generation, rank=managed.rank, step=observation.step,
+                loss=math.nan if observation.loss is None else observation.loss,
+                samples_per_s=observation.samples_per_s or 0.0, from_output=True)
+            if observation.epoch is not None:
+                progress.epoch = observation.epoch
+            self._forward(progress)
+
     def on_progress(self, message: ProgressMessage) -> None:
         """Relay a worker's progress; steps are sent at most every 0.5 s per rank (the first at once)."""
         if message.generation != self.generation:
@@ -243,6 +449,13 @@ class Supervisor:
         managed = self.processes.get(("worker", message.rank))
         if managed is None:
             return
+        if not managed.runtime_reports:
+            # From now on this rank's progress is the runtime's: its step replaces the one read from the output.
+            managed.runtime_reports = True
+            managed.step = 0
+            forwarding = self._forwarding.get(message.rank)
+            if forwarding is not None and forwarding.pending is not None and forwarding.pending.from_output:
+                forwarding.pending = None
         managed.step = max(managed.step, message.step)
         if isinstance(message, EventReport):
             return
@@ -257,18 +470,24 @@ class Supervisor:
                 sample_start=message.sample_start, sample_end=message.sample_end, reason=str(message.reason),
                 loss=message.loss, grad_norm=message.grad_norm)))
             return
-        forwarding = self._forwarding.setdefault(message.rank, _Forwarding())
-        forwarding.pending = message
+        self._forward(pb.Progress(
+            generation=message.generation, rank=message.rank, step=message.step, loss=message.loss,
+            grad_norm=message.grad_norm, samples_per_s=message.samples_per_s,
+            consumed_samples=message.consumed_samples))
+
+    def _forward(self, progress: pb.Progress) -> None:
+        """Send `progress` now if its rank sent nothing for PROGRESS_FORWARD_INTERVAL_S, else hold it
+        back (replacing what was held) until then or the next heartbeat."""
+        forwarding = self._forwarding.setdefault(progress.rank, _Forwarding())
+        forwarding.pending = progress
         now = self._clock.now()
         if forwarding.last_sent is None or now - forwarding.last_sent >= PROGRESS_FORWARD_INTERVAL_S:
             forwarding.last_sent = now
-            self._flush_progress(message.rank)
+            self._flush_progress(progress.rank)
 
     def _flush_progress(self, rank: int) -> None:
         forwarding = self._forwarding.get(rank)
         if forwarding is None or forwarding.pending is None:
             return
-        step, forwarding.pending = forwarding.pending, None
-        self._report(pb.AgentMessage(progress=pb.Progress(
-            generation=step.generation, rank=step.rank, step=step.step, loss=step.loss, grad_norm=step.grad_norm,
-            samples_per_s=step.samples_per_s, consumed_samples=step.consumed_samples)))
+        progress, forwarding.pending = forwarding.pending, None
+        self._report(pb.AgentMessage(progress=progress))

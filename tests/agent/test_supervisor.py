@@ -1,120 +1,21 @@
-"""The supervisor's decisions with a fake launcher and a fake clock: no processes, no sleeps.
-
-The fake processes exit when a test says so, or on the signals a real one would obey; every signal
-is recorded with the clock's time and whether the process was still running when it came.
-"""
+"""The supervisor's decisions with a fake launcher and a fake clock (tests/agent/supervisor_fakes.py):
+launching, stopping, exits, checkpoint requests and progress throttling."""
 
 from __future__ import annotations
 
-import asyncio
-import errno
 import json
 import signal
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-from agent.supervisor import PROGRESS_FORWARD_INTERVAL_S, Supervisor
-from common.clock import FakeClock
+from agent.supervisor import PROGRESS_FORWARD_INTERVAL_S
 from proto import trainerd_pb2 as pb
 from proto.progress_datagram import StepReport
-
-PYTHON = "/opt/agent/bin/python"
-START = 100.0
-# Above any Linux pid_max, so the process registry never mistakes a fake pid for a real process.
-FIRST_FAKE_PID = 10_000_000
-
-
-@dataclass(frozen=True)
-class SignalSent:
-    signum: int
-    at: float
-    while_running: bool
-
-
-class FakeProcess:
-    def __init__(self, pid: int, argv: Sequence[str], env: Mapping[str, str], log_path: Path, clock: FakeClock):
-        self.pid = pid
-        self.argv = list(argv)
-        self.env = dict(env)
-        self.log_path = log_path
-        self.obeys_sigterm = True
-        self.signals: list[SignalSent] = []
-        self._clock = clock
-        self._returncode: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-
-    async def wait(self) -> int:
-        return await asyncio.shield(self._returncode)
-
-    def signal_group(self, signum: int) -> None:
-        self.signals.append(SignalSent(signum, self._clock.now(), not self._returncode.done()))
-        if signum == signal.SIGKILL or (signum == signal.SIGTERM and self.obeys_sigterm):
-            self.exit(-signum)
-
-    def exit(self, returncode: int, output: str = "") -> None:
-        if output:
-            with open(self.log_path, "a") as log_file:
-                log_file.write(output)
-        if not self._returncode.done():
-            self._returncode.set_result(returncode)
-
-    def signums(self, while_running: bool | None = None) -> list[int]:
-        return [s.signum for s in self.signals if while_running is None or s.while_running == while_running]
-
-
-class FakeLauncher:
-    """Starts FakeProcesses, named by their log file ("rank0", "scheduler"); `cannot_execute` fails."""
-
-    def __init__(self, clock: FakeClock) -> None:
-        self._clock = clock
-        self.started: dict[str, FakeProcess] = {}
-        self.cannot_execute: set[str] = set()
-
-    async def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> FakeProcess:
-        if argv[0] in self.cannot_execute:
-            raise FileNotFoundError(errno.ENOENT, "No such file or directory", argv[0])
-        log_path.touch()
-        process = FakeProcess(FIRST_FAKE_PID + len(self.started), argv, env, log_path, self._clock)
-        self.started[log_path.stem] = process
-        return process
-
-
-class Host:
-    """One supervisor with its fakes and every report it sent."""
-
-    def __init__(self, work_dir: Path) -> None:
-        self.clock = FakeClock(start=START)
-        self.launcher = FakeLauncher(self.clock)
-        self.reports: list[pb.AgentMessage] = []
-        self.supervisor = Supervisor(work_dir=work_dir, progress_socket=work_dir / "progress.sock",
-                                     report=self.reports.append, launcher=self.launcher, clock=self.clock,
-                                     python=PYTHON)
-
-    def sent(self, kind: str) -> list:
-        return [getattr(m, kind) for m in self.reports if m.WhichOneof("body") == kind]
-
-    async def exited(self, name: str) -> None:
-        """Waits until the supervisor has handled the exit of process `name`."""
-        role, rank = ("scheduler", -1) if name == "scheduler" else ("worker", int(name.removeprefix("rank")))
-        waiter = self.supervisor.processes[(role, rank)].waiter
-        assert waiter is not None
-        await waiter
-
-
-def launch(generation: int, workers: int = 2, entrypoint: str = "{python}") -> pb.Launch:
-    processes = [pb.ProcessSpec(role="scheduler", rank=-1, argv=[entrypoint, "train.py"])]
-    processes += [pb.ProcessSpec(role="worker", rank=r, argv=[entrypoint, "train.py"], env={"RANK_ID": str(r)})
-                  for r in range(workers)]
-    return pb.Launch(generation=generation, job_name="job", processes=processes, rank_table_json="{}")
+from tests.agent.supervisor_fakes import FIRST_FAKE_PID, PYTHON, START, Host, SignalSent, launch, run
 
 
 def step(generation: int, rank: int, number: int) -> StepReport:
     return StepReport("job", generation, rank, number, loss=1.0, grad_norm=0.5, samples_per_s=10.0,
                       consumed_samples=8 * number)
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 10))
 
 
 def test_launch_starts_every_process_with_the_agent_python_and_the_generation_files(tmp_path: Path) -> None:
