@@ -92,7 +92,7 @@ class TrainerdApp:
             me = LeaderRecord(id=f"{socket.gethostname()}:{os.getpid()}",
                               address=cluster.coordinator.advertised)
             job_name = self._config.job.name if self._config.job else cluster.name
-            self.coordinator = Coordinator(
+            coordinator = self.coordinator = Coordinator(
                 store=self._store, clock=SystemClock(), me=me, job_name=job_name, job=self._config.job,
                 heartbeat_interval_s=cluster.heartbeat.interval_s,
                 heartbeat_timeout_s=cluster.heartbeat.timeout_s,
@@ -100,7 +100,7 @@ class TrainerdApp:
                 leader_lease_s=cluster.coordinator.leader_lease_s,
                 on_leadership_change=self._publish_leadership,
             )
-            metrics.SESSIONS.set_function(lambda: self.coordinator.session_count)
+            metrics.SESSIONS.set_function(lambda: coordinator.session_count)
             if cluster.coordinator.metrics_listen:
                 host, port = parse_host_port(cluster.coordinator.metrics_listen)
                 prometheus_client.start_http_server(port, addr=host)

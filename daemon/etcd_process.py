@@ -100,17 +100,17 @@ class EmbeddedEtcd:
         binary = find_etcd_binary()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log_file:
-            self._process = subprocess.Popen(
+            process = self._process = subprocess.Popen(
                 self._command(binary), stdin=subprocess.DEVNULL, stdout=log_file,
                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            await self._wait_ready(timeout_s)
+            await self._wait_ready(process, timeout_s)
         except BaseException:
             await self.stop()
             raise
-        log.info("etcd %s (pid %d) serves %s", binary, self._process.pid, self.endpoint)
+        log.info("etcd %s (pid %d) serves %s", binary, process.pid, self.endpoint)
 
-    async def _wait_ready(self, timeout_s: float) -> None:
+    async def _wait_ready(self, process: subprocess.Popen, timeout_s: float) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         # gRPC waits 1 s before it redials a refused port by default; etcd is up in ~0.1 s.
@@ -119,7 +119,7 @@ class EmbeddedEtcd:
         async with grpc.aio.insecure_channel(self.endpoint, options=options) as channel:
             kv = rpc.KVStub(channel)
             while True:
-                exit_code = self._process.poll()
+                exit_code = process.poll()
                 if exit_code is not None:
                     raise EtcdStartError(
                         f"etcd exited with code {exit_code} while starting: {self._log_tail()}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import sys
 import time
 
 import click
@@ -176,7 +177,7 @@ def _rank_argument(ctx: click.Context, param: click.Parameter, value: str) -> in
 def logs(coordinator: str | None, rank: int, follow: bool, generation: int | None, tail: int | None) -> None:
     """The output of RANK (or 'scheduler'), read from its host by its agent: no SSH needed."""
     addresses = _addresses(coordinator)
-    out = click.get_binary_stream("stdout")
+    out = sys.stdout.buffer  # what click.get_binary_stream("stdout") returned; click 8.5 deprecates it
 
     def read(generation: int, offset: int) -> pb.LogReply:
         return call_control(addresses, "ReadLog", pb.LogRequest(rank=rank, generation=generation, offset=offset,

@@ -6,6 +6,7 @@ Pure: from the nodes on offer and the previous generation's node order, choose t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from daemon.config import JobSettings
@@ -74,7 +75,7 @@ def node_order(offers: list[NodeOffer], previous_order: list[str]) -> list[NodeO
     return sorted(offers, key=lambda o: (0, position[o.name]) if o.name in position else (1, o.name))
 
 
-def place(spec: JobSettings, offers: list[NodeOffer], previous_order: list[str] = ()) -> Placement | None:
+def place(spec: JobSettings, offers: list[NodeOffer], previous_order: Sequence[str] = ()) -> Placement | None:
     """The largest valid placement on `offers`, or None when too few devices are on offer."""
     ordered = node_order(offers, list(previous_order))
     usable = [(o, sorted(o.devices, key=lambda d: d.device_id)[: spec.devices_per_node]) for o in ordered]

@@ -17,8 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import TypeVar
-from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar, overload
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import grpc
 from aetcd import rpc
@@ -223,11 +223,12 @@ class EtcdStore:
             raise ValueError("etcd authentication needs both username and password")
         targets, channel_credentials = _targets_and_credentials(endpoints, ca_file, cert_file, key_file)
         members = [_Member.open(target, channel_credentials) for target in targets]
-        store = cls(members, (username, password) if username is not None else None, timeout_s)
+        credentials = (username, password) if username is not None and password is not None else None
+        store = cls(members, credentials, timeout_s)
         try:
             await store._pick_reachable_member()
             if store._credentials is not None:
-                await store._authenticate()
+                await store._authenticate(store._credentials)
         except BaseException:
             await store.close()
             raise
@@ -244,8 +245,8 @@ class EtcdStore:
             raise StoreUnavailable(f"no etcd endpoint answered within {self._timeout_s} s: {targets}")
         self._current = min(waits[w] for w in done)
 
-    async def _authenticate(self) -> None:
-        name, password = self._credentials
+    async def _authenticate(self, credentials: tuple[str, str]) -> None:
+        name, password = credentials
         member = self._members[self._current]
         try:
             response = await member.auth.Authenticate(
@@ -260,6 +261,14 @@ class EtcdStore:
             self._current = (self._current + 1) % len(self._members)
             log.warning("etcd at %s is unreachable; trying %s", member.target,
                         self._members[self._current].target)
+
+    @overload
+    async def _call(self, what: str, method: Callable[[_Member], Callable[..., Awaitable[T]]],
+                    request: object, *, idempotent: bool) -> T: ...
+
+    @overload
+    async def _call(self, what: str, method: Callable[[_Member], Callable[..., Awaitable[T]]],
+                    request: object, *, idempotent: bool, already_done: grpc.StatusCode) -> T | None: ...
 
     async def _call(self, what: str, method: Callable[[_Member], Callable[..., Awaitable[T]]],
                     request: object, *, idempotent: bool,
@@ -284,7 +293,7 @@ class EtcdStore:
                 if (exc.code() == grpc.StatusCode.UNAUTHENTICATED and self._credentials is not None
                         and not reauthenticated):
                     reauthenticated = True
-                    await self._authenticate()
+                    await self._authenticate(self._credentials)
                     continue
                 if exc.code() in _UNREACHABLE:
                     self._fail_over(member)
@@ -424,8 +433,9 @@ class EtcdStore:
                         await call.write(rpc.LeaseKeepAliveRequest(ID=lease.id))
                 self._keepalive_wake.clear()
                 if reader.done():
-                    if not reader.cancelled() and reader.exception() is not None:
-                        raise reader.exception()
+                    failure = None if reader.cancelled() else reader.exception()
+                    if failure is not None:
+                        raise failure
                     raise _StreamEnded("etcd closed the keepalive stream")
                 if self._leases:
                     due = min(lease.next_send for lease in self._leases.values())
@@ -456,19 +466,19 @@ class EtcdStore:
             self._fail_over(member)
         elif exc.code() == grpc.StatusCode.UNAUTHENTICATED and self._credentials is not None:
             try:
-                await self._authenticate()
+                await self._authenticate(self._credentials)
             except StoreError as auth_error:  # shows up again when the stream re-opens
                 log.warning("%s", auth_error)
         return _describe(exc)
 
     # -- watches -----------------------------------------------------------------------------
 
-    def watch_prefix(self, prefix: str, start_revision: int) -> AsyncIterator[WatchEvent]:
+    def watch_prefix(self, prefix: str, start_revision: int) -> AsyncGenerator[WatchEvent, None]:
         if start_revision < 1:
             raise ValueError(f"a watch starts at revision 1 or later, got {start_revision}")
         return self._watch(prefix, start_revision)
 
-    async def _watch(self, prefix: str, next_revision: int) -> AsyncIterator[WatchEvent]:
+    async def _watch(self, prefix: str, next_revision: int) -> AsyncGenerator[WatchEvent, None]:
         key, range_end = _prefix_range(prefix)
         failures = 0
         while not self._closed:
@@ -495,8 +505,9 @@ class EtcdStore:
                     raise _wrap(exc, f"watch of {prefix}") from exc
                 reason = await self._prepare_to_reopen(member, exc)
             except asyncio.CancelledError:
-                if asyncio.current_task().cancelling():
-                    raise  # our consumer is being cancelled
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise  # our consumer is being cancelled (or, outside a task, we cannot tell)
                 reason = "the stream was cancelled"  # by close() or interrupt_watch_streams()
             except asyncio.InvalidStateError:
                 reason = "the stream finished before the watch was created"

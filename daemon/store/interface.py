@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from typing import Protocol
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from daemon.errors import RetryableError, TrainerdError
 
@@ -100,7 +100,7 @@ class Store(Protocol):
     async def grant_lease(self, ttl_s: int) -> Lease:
         """A lease the store keeps alive (one long-lived keepalive stream) until revoked or lost."""
 
-    def watch_prefix(self, prefix: str, start_revision: int) -> AsyncIterator[WatchEvent]:
+    def watch_prefix(self, prefix: str, start_revision: int) -> AsyncGenerator[WatchEvent, None]:
         """Events under `prefix` from `start_revision` on. A dropped stream is re-opened from the
         last delivered revision + 1, so no event is lost or repeated; raises WatchCompacted."""
 

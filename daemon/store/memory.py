@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from common.clock import Clock
 from daemon.store.interface import (
@@ -139,12 +139,12 @@ class InMemoryStore:
 
     # -- watches and history -----------------------------------------------------------------
 
-    def watch_prefix(self, prefix: str, start_revision: int) -> AsyncIterator[WatchEvent]:
+    def watch_prefix(self, prefix: str, start_revision: int) -> AsyncGenerator[WatchEvent, None]:
         if start_revision < 1:
             raise ValueError(f"a watch starts at revision 1 or later, got {start_revision}")
         return self._watch(prefix, start_revision)
 
-    async def _watch(self, prefix: str, next_revision: int) -> AsyncIterator[WatchEvent]:
+    async def _watch(self, prefix: str, next_revision: int) -> AsyncGenerator[WatchEvent, None]:
         while not self._closed:
             if next_revision < self._compacted:
                 raise WatchCompacted(

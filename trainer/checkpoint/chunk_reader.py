@@ -260,7 +260,7 @@ class ChunkReader:
 
 
 def _bytes(array: np.ndarray) -> memoryview:
-    return memoryview(array.reshape(-1).view(np.uint8))
+    return array.reshape(-1).view(np.uint8).data
 
 
 def _take(parts: list[memoryview], length: int) -> list[memoryview]:

@@ -24,7 +24,7 @@ _BLOCKS = 3
 def _aligned_block() -> memoryview:
     raw = np.empty(BLOCK_BYTES + ALIGNMENT, np.uint8)
     start = -raw.ctypes.data % ALIGNMENT
-    return memoryview(raw[start : start + BLOCK_BYTES])
+    return raw[start : start + BLOCK_BYTES].data
 
 
 def _write_all(fd: int, data: memoryview) -> None:

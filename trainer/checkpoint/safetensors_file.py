@@ -75,7 +75,7 @@ def write_safetensors(
                     )
                 rows = segment_rows(spec.shape, itemsize(spec.dtype))
                 step = max(1, rows * math.prod(spec.shape[1:]) * itemsize(spec.dtype))
-                data = memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+                data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
                 checksums = []
                 for start in range(0, len(data), step):
                     segment = data[start : start + step]

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from types import EllipsisType
 
 import numpy as np
 
@@ -36,7 +37,9 @@ log = logging.getLogger(__name__)
 
 
 def _view(array: np.ndarray, region: Region) -> np.ndarray:
-    return array[(Ellipsis, *region.slices())]
+    # The leading Ellipsis keeps a 0-d array a view (indexing it with `()` would give a scalar).
+    index: tuple[EllipsisType | slice, ...] = (Ellipsis, *region.slices())
+    return array[index]
 
 
 class CheckpointWriter:

@@ -245,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     except (RankContextError, CommunicationError, ValueError) as exc:
         print(f"mlp: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    rank = ctx.rank
+    if rank is None:  # unreachable: communication.initialize keeps the scheduler process
+        raise RuntimeError("the scheduler process has no rank and trains nothing")
     where = f"job {ctx.job} generation {ctx.generation} rank {ctx.rank}/{ctx.world_size}"
 
     ms.set_seed(args.seed)  # the same seed on every rank: identical initial weights
@@ -276,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         with checkpoints:
             for step in range(start.step + 1, args.steps + 1):
                 positions, next_consumed = stream.step_positions(consumed, batch.global_batch)
-                share = rank_share(positions, ctx.rank, ctx.world_size, batch.micro_batch)
+                share = rank_share(positions, rank, ctx.world_size, batch.micro_batch)
                 x, y = step_batch(args, features, labels, share, stream.indices(share))
                 started = time.perf_counter()
                 loss, grad_norm, accepted = train_step(x, y)

@@ -41,22 +41,26 @@ class ControlFile:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            return self._skip(_STAT_FAILED, f"cannot be examined: {exc.strerror}")
+            self._skip(_STAT_FAILED, f"cannot be examined: {exc.strerror}")
+            return None
         # The agent renames a new file into place, so the inode changes even within one mtime tick.
         signature = (st.st_ino, st.st_mtime_ns, st.st_size)
         if signature == self._signature:
             return None
         if st.st_size > MAX_CONTROL_BYTES:
-            return self._skip(signature, f"is {st.st_size} bytes, more than {MAX_CONTROL_BYTES}")
+            self._skip(signature, f"is {st.st_size} bytes, more than {MAX_CONTROL_BYTES}")
+            return None
         try:
             with open(self.path, "rb") as f:
                 request = decode_control(f.read(MAX_CONTROL_BYTES + 1))
         except FileNotFoundError:  # replaced between stat and open: the next poll sees the new one
             return None
         except OSError as exc:
-            return self._skip(signature, f"cannot be read: {exc.strerror}")
+            self._skip(signature, f"cannot be read: {exc.strerror}")
+            return None
         except MalformedControlFile as exc:
-            return self._skip(signature, str(exc))
+            self._skip(signature, str(exc))
+            return None
         self._signature = signature
         if request == self._last:  # rewritten with the same request (an agent that restarted)
             return None

@@ -87,7 +87,6 @@ class GuardedApplyGradients(nn.Cell):
         self.reducer = reducer
         self.loss_reducer = loss_reducer
         self.guard = guard
-        self.guarded = guard is not None
         self.clip = max_grad_norm is not None
         self.max_grad_norm = ms.Tensor(max_grad_norm if max_grad_norm is not None else 0.0, ms.float32)
 
@@ -95,7 +94,7 @@ class GuardedApplyGradients(nn.Cell):
         loss = self.loss_reducer(ops.addn(losses) / micro_batches)
         grads = self.reducer(tuple([grad_sum / micro_batches for grad_sum in self.grad_sums]))
         norm = ops.sqrt(ops.addn([ops.reduce_sum(ops.square(grad)) for grad in grads]))
-        if self.guarded:
+        if self.guard is not None:
             accepted = self.guard(loss, norm)
         else:
             accepted = ops.isfinite(norm)

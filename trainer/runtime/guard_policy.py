@@ -32,16 +32,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-NONFINITE_LOSS = "nonfinite_loss"
-NONFINITE_GRAD_NORM = "nonfinite_grad_norm"
-GRAD_NORM_SPIKE = "grad_norm_spike"
+from proto.progress_datagram import BadBatchReason
+
+NONFINITE_LOSS = BadBatchReason.NONFINITE_LOSS
+NONFINITE_GRAD_NORM = BadBatchReason.NONFINITE_GRAD_NORM
+GRAD_NORM_SPIKE = BadBatchReason.GRAD_NORM_SPIKE
 SKIP_REASONS = (NONFINITE_LOSS, NONFINITE_GRAD_NORM, GRAD_NORM_SPIKE)
 
 SPIKE_FACTOR_ENV = "TRAINERD_SPIKE_FACTOR"
 WARMUP_STEPS_ENV = "TRAINERD_SPIKE_WARMUP_STEPS"
 
 
-def skip_reason(accepted: bool, loss: float, norm: float) -> str | None:
+def skip_reason(accepted: bool, loss: float, norm: float) -> BadBatchReason | None:
     """The bad-batch report's reason for a step the guard judged (None when it was accepted), from the loss
     and norm it judged: the rule's first failing check. Exact, since the step hands back those very values."""
     if accepted:
@@ -95,17 +97,18 @@ class GuardState:
     accepted_steps: int = 0
 
 
-def decide(settings: GuardSettings, state: GuardState, loss: float, norm: float) -> tuple[str | None, GuardState]:
+def decide(settings: GuardSettings, state: GuardState, loss: float,
+           norm: float) -> tuple[BadBatchReason | None, GuardState]:
     """The rule for one step: its skip reason (None when accepted) and the guard's state after it."""
     f32 = np.float32
-    loss, norm, mean = f32(loss), f32(norm), f32(state.norm_mean)
-    if not np.isfinite(loss):
+    loss32, norm32, mean = f32(loss), f32(norm), f32(state.norm_mean)
+    if not np.isfinite(loss32):
         return NONFINITE_LOSS, state
-    if not np.isfinite(norm):
+    if not np.isfinite(norm32):
         return NONFINITE_GRAD_NORM, state
     if state.accepted_steps >= settings.warmup_steps and math.isfinite(settings.spike_factor):
         with np.errstate(over="ignore"):  # a limit beyond float32 is infinite: no finite norm exceeds it
-            if norm > f32(settings.spike_factor) * mean:
+            if norm32 > f32(settings.spike_factor) * mean:
                 return GRAD_NORM_SPIKE, state
     weight = f32(min(state.accepted_steps + 1, settings.mean_horizon))
-    return None, GuardState(float(mean + (norm - mean) / weight), state.accepted_steps + 1)
+    return None, GuardState(float(mean + (norm32 - mean) / weight), state.accepted_steps + 1)

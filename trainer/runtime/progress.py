@@ -96,7 +96,7 @@ class ProgressReporter:
         self.close()
 
     def _send(self, message: ProgressMessage, wait_s: float = 0.0) -> None:
-        if self._sock is None:
+        if self._sock is None or self._path is None:  # the socket exists exactly when the path does
             return
         data = encode(message)
         deadline = time.monotonic() + wait_s
