@@ -292,7 +292,8 @@ def skips_add(coordinator: str | None, sample_range: tuple[int, int], reason: st
 
 
 def print_status(data: dict) -> None:
-    console = Console()
+    # Lines are never wrapped: an operator greps them and a failure's message must stay whole.
+    console = Console(soft_wrap=True)
     c = data["coordinator"]
     role = "leader" if c["is_leader"] else "standby"
     console.print(f"coordinator {c['answered_by']} ({role}); leader {c['leader'] or 'none'}")

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import psutil
 
-from tests.harness import Processes, processes_mentioning, status, trainerctl, wait_until
+from tests.harness import Processes, processes_mentioning, status, trainerctl
+from tests.waiting import wait_until
 from tests.integration.test_recovery import events, final_weights, job_of, start_trainerd, wait_for_job
 from tests.ports import free_port
 
