@@ -38,6 +38,7 @@ from agent.job_workdir import UnsafeJobPath, graceful_exit_path, job_workdir
 from agent.launcher import ProcessHandle, ProcessLauncher
 from agent.log_reader import describe_process, generation_dir, log_name, log_path, read_log_range
 from agent.orphans import ProcessRegistry
+from agent.process_state import os_state
 from agent.output_follower import OutputFollower
 from agent.output_progress import OutputProgress
 from agent.stack_dump import StackDumper
@@ -85,7 +86,8 @@ class ManagedProcess:
         return pb.ProcessStatus(
             role=self.role, rank=self.rank, pid=self.pid,
             state=pb.PROCESS_RUNNING if self.running else pb.PROCESS_EXITED,
-            step=self.step, exit_code=self.exit_code, signal=self.signal, expected=self.expected)
+            step=self.step, exit_code=self.exit_code, signal=self.signal, expected=self.expected,
+            os_state=os_state(self.pid) if self.running else "")
 
 
 @dataclass

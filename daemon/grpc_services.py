@@ -111,7 +111,7 @@ def process_status_report(node: str, status: pb.ProcessStatus) -> ProcessReport 
     if role is None:
         return None
     return ProcessReport(node, role, status.rank, status.pid, status.state != pb.PROCESS_EXITED,
-                         status.exit_code, status.signal, status.expected)
+                         status.exit_code, status.signal, status.expected, os_state=status.os_state[:2])
 
 
 def process_exited_report(node: str, exited: pb.ProcessExited) -> ProcessReport | None:

@@ -43,7 +43,7 @@ class Hello(_message.Message):
     def __init__(self, node_name: _Optional[str] = ..., host: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., agent_version: _Optional[str] = ..., resume_token: _Optional[str] = ...) -> None: ...
 
 class ProcessStatus(_message.Message):
-    __slots__ = ("role", "rank", "pid", "state", "step", "exit_code", "signal", "expected")
+    __slots__ = ("role", "rank", "pid", "state", "step", "exit_code", "signal", "expected", "os_state")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +52,7 @@ class ProcessStatus(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     SIGNAL_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    OS_STATE_FIELD_NUMBER: _ClassVar[int]
     role: str
     rank: int
     pid: int
@@ -60,7 +61,8 @@ class ProcessStatus(_message.Message):
     exit_code: int
     signal: int
     expected: bool
-    def __init__(self, role: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[ProcessState, str]] = ..., step: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., expected: _Optional[bool] = ...) -> None: ...
+    os_state: str
+    def __init__(self, role: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[ProcessState, str]] = ..., step: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., expected: _Optional[bool] = ..., os_state: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("sequence", "generation", "processes", "sent_at")

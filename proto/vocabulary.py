@@ -25,6 +25,10 @@ class ProcessRole(str, enum.Enum):
     WORKER = "worker"
 
 
+# Kernel states (ProcessStatus.os_state) of a process that is not running its code: stopped or traced
+# ("T", "t"), or stuck in an uninterruptible sleep ("D"). In a hang, such a rank is the one behind.
+FROZEN_OS_STATES = frozenset({"T", "t", "D"})
+
 # Trailing metadata a standby coordinator attaches when it refuses a session.
 LEADER_ADDRESS_METADATA = "trainerd-leader-address"
 

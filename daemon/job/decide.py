@@ -393,10 +393,11 @@ def _hang(world: JobWorld) -> Failure | None:
     if silent_since is None or behind is None or world.now - silent_since <= spec.hang_timeout_s:
         return None
     node = next(slot.node for slot in generation.placement.ranks if slot.rank == behind.rank)
+    frozen = " (its process is stopped or stuck in the kernel)" if behind.rank in observation.frozen_ranks() else ""
     return Failure(FailureCause.HANG, f"no rank of generation {generation.number} reported a new step for "
                                       f"{world.now - silent_since:.0f}s (hang_timeout_s {spec.hang_timeout_s:g}); "
-                                      f"rank {behind.rank} on node {node} was behind at {behind.describe_position()}",
-                   node, behind.rank)
+                                      f"rank {behind.rank} on node {node} was behind at {behind.describe_position()}"
+                                      f"{frozen}", node, behind.rank)
 
 
 def _failing_step(world: JobWorld, failure: Failure) -> int | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from proto.vocabulary import ProcessRole
+from proto.vocabulary import FROZEN_OS_STATES, ProcessRole
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,7 @@ class ProcessReport:
     expected: bool = False  # exited because trainerd stopped it
     log_tail: str = ""
     cause: RootCause | None = None  # of a failed exit, when the agent found one
+    os_state: str = ""  # the kernel's state of a running process (proto.vocabulary.FROZEN_OS_STATES)
     # When the coordinator first saw the process in this state (running, or this exit); stamped by
     # the controller on arrival, kept by `record_process` while the state is told again.
     observed_at: float = 0.0
@@ -154,9 +155,18 @@ class GenerationObservation:
         """Since when no rank reported a new step; None while no rank reported progress at all."""
         return None if self.last_progress_at is None else max(self.started_at, self.last_progress_at)
 
+    def frozen_ranks(self) -> frozenset[int]:
+        """Workers whose process the kernel shows stopped or stuck (not waiting in a collective)."""
+        return frozenset(p.rank for p in self.processes.values()
+                         if p.role is ProcessRole.WORKER and p.running and p.os_state in FROZEN_OS_STATES)
+
     def behind(self) -> ProgressReport | None:
-        """The rank furthest behind (lowest position; ties: lowest rank), among those that reported."""
-        return min(self.progress.values(), key=lambda p: (p.position, p.rank), default=None)
+        """The rank furthest behind, among those that reported: a frozen one first (its peers wait for
+        it at the same step), then the lowest position, then the one heard from least recently, then
+        the lowest rank."""
+        frozen = self.frozen_ranks()
+        return min(self.progress.values(), default=None,
+                   key=lambda p: (p.rank not in frozen, p.position, self._progress_at.get(p.rank, 0.0), p.rank))
 
     def steps_per_s(self) -> float | None:
         """The fastest rank's step rate over this generation, from when its reports arrived; None

@@ -345,6 +345,21 @@ def test_a_hang_dumps_the_stacks_and_names_the_rank_behind(positions, behind) ->
     assert actions[-1] == StopGeneration(message, dump_stacks=True)
 
 
+def test_a_frozen_rank_is_named_behind_though_its_peers_wait_at_the_same_step() -> None:
+    """A SIGSTOPped (or kernel-stuck) rank and the ranks waiting for it in a collective all last
+    reported the same step: the kernel state the agent reports singles out the frozen one."""
+    world = job_world(step=None)
+    for rank in (0, 1, 2):
+        world.observation.record_progress(progress(rank, 30, epoch=2, from_output=True), NOW - 61)
+        state = "T" if rank == 2 else "S"
+        world.observation.record_process(ProcessReport("abc"[rank], ProcessRole.WORKER, rank, 100 + rank, True,
+                                                       os_state=state))
+    failure = commit_of(decide(world)).record.last_failure
+    assert failure.rank == 2 and failure.node == "c"
+    assert failure.message.endswith("rank 2 on node c was behind at epoch 2 step 30 "
+                                    "(its process is stopped or stuck in the kernel)")
+
+
 def test_progress_read_from_output_restarts_each_epoch_and_yields_to_the_runtime() -> None:
     observation = GenerationObservation(1)
     observation.record_progress(progress(0, 40, epoch=1, from_output=True), NOW - 10)
