@@ -1,7 +1,9 @@
 """The Python stacks of a running process, taken from outside with py-spy (before a hang kill).
 
 A hang is detected by the coordinator; by the time the processes are killed, only their stacks
-say where they were stuck. `py-spy dump --pid PID` reads them without the process's cooperation.
+say where they were stuck. `py-spy dump --nonblocking --pid PID` reads them from the process's memory
+without its cooperation and without pausing it: a process that is itself stopped (SIGSTOP, a frozen
+host) cannot be paused by ptrace, and py-spy's default mode then fails ("Failed to get stack traces").
 The supervisor asks a `StackDumper` for each process and bounds the wait itself; cancelling a
 dump kills its py-spy.
 """
@@ -40,7 +42,7 @@ class PySpyDumper:
             return f"py-spy is not installed (looked beside {sys.executable} and on PATH)\n"
         try:
             process = await asyncio.create_subprocess_exec(
-                self._executable, "dump", "--pid", str(pid), stdin=asyncio.subprocess.DEVNULL,
+                self._executable, "dump", "--nonblocking", "--pid", str(pid), stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         except OSError as exc:
             return f"cannot run {self._executable}: {exc.strerror or exc}\n"

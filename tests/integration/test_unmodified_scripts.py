@@ -212,3 +212,35 @@ def test_trainerctl_logs_shows_a_ranks_output_from_a_running_and_from_a_finished
         assert f"rank {rank}: training finished after epoch {epochs}" in finished
     missing = trainerctl("logs", "5", coordinator=address)
     assert missing.returncode != 0 and "Traceback" not in missing.stderr and missing.stderr.strip()
+
+
+def test_a_frozen_worker_is_a_hang_its_stacks_are_dumped_and_the_event_names_it(
+        tmp_path: Path, procs: Processes) -> None:
+    """SIGSTOP rank 1 of a job that reports progress through its LossMonitor lines: after
+    hang_timeout_s the coordinator stops the generation, every rank's Python stack is written into
+    its log before the kill, the hang event names rank 1, and the next generation completes."""
+    hang_timeout_s = 8.0
+    job = msrun_style_job(tmp_path, "--epochs", "4", "--steps-per-epoch", "10", "--step-sleep", "0.3",
+                          hang_timeout_s=hang_timeout_s, restart={"max": 3, "backoff_s": 0.2})
+    address = start_two_agents(tmp_path, procs, job)
+    watch_job(address, "progress on both ranks", lambda j: j["hang_detection"] and (j["step"] or 0) >= 3, 180, procs)
+    frozen = worker_of_rank(tmp_path, 1)
+    frozen.send_signal(signal.SIGSTOP)
+    frozen_at = time.monotonic()
+    try:
+        job = wait_for_job(address, "the hang to be judged", lambda j: j["generation"] >= 2 or j["state"] in ENDED,
+                           hang_timeout_s + 60, procs)
+    finally:
+        if frozen.is_running():
+            frozen.send_signal(signal.SIGCONT)
+    assert time.monotonic() - frozen_at >= hang_timeout_s
+    [hang] = [e for e in events(address) if e["kind"] == "recovery_started"]
+    assert hang["fields"]["failure"]["cause"] == "hang", hang
+    assert "rank 1 on node n1 was behind" in hang["message"] and "stopped or stuck" in hang["message"], hang
+    for rank, node in ((0, "n0"), (1, "n1")):
+        stacks = tmp_path / "agents" / node / "generations" / "000001" / f"rank{rank}.stacks.txt"
+        text = stacks.read_text()
+        assert f"Python stacks of rank {rank}" in text and "msrun_style.py" in text, text[-2000:]
+        assert f"==== trainerd: Python stacks of rank {rank}" in rank_log(address, rank, "--generation", "1")
+    job = wait_for_job(address, "the job to end", lambda j: j["state"] in ENDED, 240, procs)
+    assert job["state"] == "COMPLETED" and job["crash_restarts"] == 1, job
