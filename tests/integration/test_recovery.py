@@ -198,10 +198,10 @@ def test_crash_loop_ends_failed_with_its_cause_and_resume_restarts_it(tmp_path: 
     marker.touch()
     entrypoint = ["{python}", str(FLAKY_TRAINER), str(marker), "--steps", "20", "--output", str(tmp_path / "out")]
     job = recovery_job(tmp_path, steps=20, nodes=(1, 1), global_batch=32, micro_batch=32, entrypoint=entrypoint,
-                       restart={"max": 2, "backoff_s": 0.2})
+                       restart={"max": 2, "backoff_s": 0.2}, data_skip={"crash_repeats": 10})
     address = start_trainerd(tmp_path, procs, job)
     procs.agent("n0", address)
-    job = wait_for_job(address, "FAILED", lambda j: j["state"] == "FAILED", 120, procs)
+    job = wait_for_job(address, "FAILED", lambda j: j["state"] == "FAILED", 180, procs)
     assert job["crash_restarts"] == 3 and job["generation"] == 3
     assert job["last_failure"]["cause"] == "process_exited" and job["last_failure"]["exit_code"] == 1
     assert "crashing" in job["last_failure"]["message"]
