@@ -97,6 +97,8 @@ class TrainerdApp:
                 heartbeat_interval_s=cluster.heartbeat.interval_s,
                 heartbeat_timeout_s=cluster.heartbeat.timeout_s,
                 session_grace_s=cluster.heartbeat.grace_s,
+                forget_lost_after_s=cluster.heartbeat.forget_lost_after_s,
+                events_keep=cluster.events.keep, events_max_age_s=cluster.events.max_age_s,
                 leader_lease_s=cluster.coordinator.leader_lease_s,
                 on_leadership_change=self._publish_leadership,
             )
@@ -104,7 +106,8 @@ class TrainerdApp:
             if cluster.coordinator.metrics_listen:
                 host, port = parse_host_port(cluster.coordinator.metrics_listen)
                 prometheus_client.start_http_server(port, addr=host)
-            pb_grpc.add_CoordinatorServicer_to_server(CoordinatorService(self.coordinator), self._server)
+            pb_grpc.add_CoordinatorServicer_to_server(
+                CoordinatorService(self.coordinator, cluster.coordinator.max_sessions), self._server)
             pb_grpc.add_ControlServicer_to_server(ControlService(self.coordinator), self._server)
             health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
             await self._server.start()

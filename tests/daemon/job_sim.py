@@ -154,7 +154,7 @@ class SimCluster:
         """Rank 0's guard skipped `step` (its samples: the step's global batch)."""
         generation = self.job.generation
         first = self.agents[generation.placement.nodes[0]]
-        self.coordinator.bad_batch(first.session, generation.number, SkippedBatch(
+        self.coordinator.bad_batch(first.session, generation.number, 0, SkippedBatch(
             step, (step - 1) * GLOBAL_BATCH, step * GLOBAL_BATCH, reason, 2.0, 99.0))
 
     def _report(self, agent: SimAgent, report: ProcessReport) -> None:
