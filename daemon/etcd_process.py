@@ -159,8 +159,13 @@ class EmbeddedEtcd:
             return process.returncode
         loop = asyncio.get_running_loop()
         exited: asyncio.Future[None] = loop.create_future()
+
+        def readable() -> None:
+            if not exited.done():
+                exited.set_result(None)
+
         pidfd = os.pidfd_open(process.pid)  # a zombie not yet reaped still has one
-        loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
+        loop.add_reader(pidfd, readable)
         try:
             await exited
         finally:
