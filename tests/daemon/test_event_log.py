@@ -132,8 +132,7 @@ def test_the_leader_compacts_when_it_takes_office_and_then_once_a_minute() -> No
         await fill(EventLog(store, "job", clock), fence, 400)
         await store.delete(keys.LEADER)
 
-        sim = SimCluster(job_settings(), store=store, clock=clock)
-        sim.coordinator._events_keep = 100
+        sim = SimCluster(job_settings(), store=store, clock=clock, events_keep=100)
         await sim.lead()
         await sim.tick()
         assert [e.seq for e in await sim.coordinator.events(0)][0] == 301
