@@ -29,6 +29,14 @@ def etcd_of(trainerd_pid: int) -> psutil.Process | None:
     return None
 
 
+def bound(sock: socket.socket, port: int) -> bool:
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        return False
+    return True
+
+
 def leads_with(address: str, nodes: dict[str, str]) -> bool:
     data = status(address)
     return bool(data and data["coordinator"]["is_leader"]
@@ -70,7 +78,7 @@ def test_trainerd_exits_non_zero_with_one_line_when_its_etcd_cannot_be_restarted
     wait_until(lambda: etcd.status() == psutil.STATUS_ZOMBIE, 10, "etcd dead (its stopped parent reaps it later)")
     with socket.socket() as taken:
         taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        taken.bind(("127.0.0.1", client_port))
+        wait_until(lambda: bound(taken, client_port), 10, "etcd's port free (its threads may still be exiting)")
         taken.listen()
         os.kill(trainerd.pid, signal.SIGCONT)
         code = trainerd.wait(timeout=30)
