@@ -427,8 +427,9 @@ class Coordinator:
         leadership = await self._require_leadership()
         record = self._membership.get(node)
         if record is None:
-            known = ", ".join(r.name for r in self._membership.all()) or "none"
-            raise CommandRefused(f"no node named {node!r} (known: {known})")
+            names = [r.name for r in self._membership.all()]
+            known = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+            raise CommandRefused(f"no node named {node!r} (known: {known or 'none'})")
         async with self._reconcile_lock:
             if record.drained != drained:
                 await self._membership.set_drained(node, drained, leadership.fence)

@@ -353,6 +353,8 @@ class ControlService(pb_grpc.ControlServicer):
         return pb.CommandReply(message=await self._coordinator.resume(from_step))
 
     async def SetDrain(self, request: pb.DrainRequest, context: grpc.aio.ServicerContext) -> pb.CommandReply:
+        if not re.fullmatch(NODE_NAME_PATTERN, request.node):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{request.node[:80]!r} is not a node name")
         return pb.CommandReply(message=await self._coordinator.set_drain(request.node, request.drained))
 
     async def AddSkip(self, request: pb.AddSkipRequest, context: grpc.aio.ServicerContext) -> pb.CommandReply:

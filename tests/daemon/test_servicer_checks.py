@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY
 
 from daemon.app import grpc_server
 from daemon.coordinator import SessionRefused
-from daemon.grpc_services import CoordinatorService, hello_from_proto
+from daemon.grpc_services import ControlService, CoordinatorService, hello_from_proto
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
 from proto.vocabulary import JobState
@@ -174,5 +174,35 @@ def test_sessions_beyond_max_sessions_are_refused_resource_exhausted() -> None:
             await open_session("n3")
         finally:
             await channel.close()
+            await server.stop(None)
+    run(scenario())
+
+
+def test_a_drain_names_a_node_or_is_refused_in_one_short_line() -> None:
+    async def scenario() -> None:
+        sim = SimCluster(job_settings())
+        await sim.lead()
+        for i in range(25):
+            await sim.connect(f"n{i:02d}")
+        server = grpc_server()
+        port = server.add_insecure_port("127.0.0.1:0")
+        pb_grpc.add_ControlServicer_to_server(ControlService(sim.coordinator), server)
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = pb_grpc.ControlStub(channel)
+                for node, code, details in (
+                        ("x" * 300_000, grpc.StatusCode.INVALID_ARGUMENT, "is not a node name"),
+                        ("bad name", grpc.StatusCode.INVALID_ARGUMENT, "'bad name' is not a node name"),
+                        ("nope", grpc.StatusCode.FAILED_PRECONDITION,
+                         "no node named 'nope' (known: n00, n01, n02, n03, n04, n05, n06, n07, n08, n09, n10, n11, n12, "
+                         "n13, n14, n15, n16, n17, n18, n19 and 5 more)")):
+                    with pytest.raises(grpc.aio.AioRpcError) as refused:
+                        await stub.SetDrain(pb.DrainRequest(node=node, drained=True), timeout=10)
+                    assert refused.value.code() is code and details in refused.value.details()
+                    assert len(refused.value.details()) < 300
+                reply = await stub.SetDrain(pb.DrainRequest(node="n03", drained=True), timeout=10)
+                assert reply.message == "node n03 is drained"
+        finally:
             await server.stop(None)
     run(scenario())
