@@ -1,9 +1,10 @@
 """The store contract every backend honours (etcd in production, memory in unit tests).
 
-It is deliberately narrow, after torch elastic's rendezvous backend: read, compare-and-swap
-on a key's mod revision (optionally fenced by a second key, so a deposed leader cannot write),
-delete, leases kept alive by the store, and a prefix watch that resumes by itself. One contract
-suite (tests/store/test_contract.py) runs against every implementation.
+It is deliberately narrow, after torch elastic's rendezvous backend: read (a key, a small prefix,
+or a bounded page of a range), compare-and-swap on a key's mod revision (optionally fenced by a
+second key, so a deposed leader cannot write), delete (a key or a range, fenced the same way),
+leases kept alive by the store, and a prefix watch that resumes by itself. One contract suite
+(tests/store/test_contract.py) runs against every implementation.
 """
 
 from __future__ import annotations
