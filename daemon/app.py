@@ -19,6 +19,7 @@ from daemon.config import ClusterConfig
 from daemon.coordinator import Coordinator
 from daemon.errors import PermanentError
 from daemon.etcd_process import EmbeddedEtcd
+from daemon.etcd_supervisor import EtcdSupervisor
 from daemon.grpc_errors import ErrorStatusInterceptor
 from daemon.grpc_services import ControlService, CoordinatorService
 from daemon.leader import LeaderRecord
@@ -87,8 +88,12 @@ class TrainerdApp:
         except RuntimeError as exc:
             raise ListenError(f"cannot listen on {cluster.coordinator.listen}: the address is in use or not "
                               f"local (cluster.coordinator.listen)") from exc
+        tasks: list[asyncio.Task] = []
         try:
             self._store = await self._open_store()
+            if self._etcd is not None:
+                tasks.append(asyncio.create_task(EtcdSupervisor(self._etcd, SystemClock()).run(),
+                                                 name="embedded etcd supervisor"))
             me = LeaderRecord(id=f"{socket.gethostname()}:{os.getpid()}",
                               address=cluster.coordinator.advertised)
             job_name = self._config.job.name if self._config.job else cluster.name
@@ -97,6 +102,8 @@ class TrainerdApp:
                 heartbeat_interval_s=cluster.heartbeat.interval_s,
                 heartbeat_timeout_s=cluster.heartbeat.timeout_s,
                 session_grace_s=cluster.heartbeat.grace_s,
+                forget_lost_after_s=cluster.heartbeat.forget_lost_after_s,
+                events_keep=cluster.events.keep, events_max_age_s=cluster.events.max_age_s,
                 leader_lease_s=cluster.coordinator.leader_lease_s,
                 on_leadership_change=self._publish_leadership,
             )
@@ -104,7 +111,8 @@ class TrainerdApp:
             if cluster.coordinator.metrics_listen:
                 host, port = parse_host_port(cluster.coordinator.metrics_listen)
                 prometheus_client.start_http_server(port, addr=host)
-            pb_grpc.add_CoordinatorServicer_to_server(CoordinatorService(self.coordinator), self._server)
+            pb_grpc.add_CoordinatorServicer_to_server(
+                CoordinatorService(self.coordinator, cluster.coordinator.max_sessions), self._server)
             pb_grpc.add_ControlServicer_to_server(ControlService(self.coordinator), self._server)
             health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
             await self._server.start()
@@ -116,6 +124,7 @@ class TrainerdApp:
 
             tick_s = min(0.5, cluster.heartbeat.interval_s / 2)
             leading = asyncio.create_task(self.coordinator.run(tick_s), name="coordinator")
+            tasks.append(leading)
             if cluster.local_agents:
                 self._local_agents = LocalAgents(
                     count=cluster.local_agents, coordinator_address=cluster.coordinator.advertised,
@@ -125,12 +134,16 @@ class TrainerdApp:
                 )
                 await self._local_agents.start()
             stopping = asyncio.create_task(stop.wait())
-            done, _ = await asyncio.wait({leading, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            if leading in done:
-                leading.result()  # re-raise what ended the coordinator
-            leading.cancel()  # resigns leadership
-            await asyncio.gather(leading, return_exceptions=True)
+            tasks.append(stopping)
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done - {stopping}:
+                task.result()  # re-raise what ended the coordinator, or why etcd cannot be kept running
         finally:
+            # The supervisor ends before _shutdown stops etcd (no death to restart from); the
+            # coordinator resigns its leadership.
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await self._shutdown()
 
     def _publish_leadership(self, is_leader: bool) -> None:

@@ -19,6 +19,8 @@ class CoordinatorSettings(StrictModel):
     leader_lease_s: int = Field(default=3, ge=2, le=60)
     # Prometheus metrics (HOST:PORT); none when unset.
     metrics_listen: Address | None = None
+    # Agent session streams open at once; more are refused (RESOURCE_EXHAUSTED).
+    max_sessions: int = Field(default=20000, ge=1, le=1_000_000)
 
     @property
     def advertised(self) -> str:
@@ -54,6 +56,8 @@ class HeartbeatSettings(StrictModel):
     # A node whose session broke is LOST unless it reconnects within this long (default: two
     # heartbeat intervals, enough for an agent's reconnect, which backs off at most one interval).
     session_grace_s: float | None = Field(default=None, gt=0, le=600)
+    # A node LOST for this long leaves the membership records (its history stays in the events).
+    forget_lost_after_s: float = Field(default=86400.0, ge=60)
 
     @model_validator(mode="after")
     def _timeout_covers_intervals(self) -> "HeartbeatSettings":
@@ -68,6 +72,19 @@ class HeartbeatSettings(StrictModel):
         return self.session_grace_s if self.session_grace_s is not None else 2 * self.interval_s
 
 
+class EventSettings(StrictModel):
+    """The job's event log in etcd is bounded: the leader deletes the oldest events."""
+
+    # At most this many events are kept...
+    keep: int = Field(default=10000, ge=100, le=1_000_000)
+    # ... and none older than this (the newest event always stays).
+    max_age_days: float = Field(default=7.0, gt=0, le=3650)
+
+    @property
+    def max_age_s(self) -> float:
+        return self.max_age_days * 86400
+
+
 class LocalAgentSettings(StrictModel):
     """Agents that `trainerd` itself starts on this host (single-machine mode)."""
 
@@ -80,6 +97,7 @@ class ClusterSettings(StrictModel):
     coordinator: CoordinatorSettings = CoordinatorSettings()
     etcd: EtcdSettings = EtcdSettings()
     heartbeat: HeartbeatSettings = HeartbeatSettings()
+    events: EventSettings = EventSettings()
     local_agents: int = Field(default=0, ge=0, le=64)
     local_agent: LocalAgentSettings = LocalAgentSettings()
 

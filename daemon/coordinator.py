@@ -17,7 +17,7 @@ from common.clock import Clock
 from daemon import metrics
 from daemon.config import JobSettings
 from daemon.errors import PermanentError, RetryableError
-from daemon.events import Event, EventLog
+from daemon.events import EVENTS_PAGE, Event, EventLog
 from daemon.job.controller import ClusterFacts, CommandRefused, JobController, JobView
 from daemon.job.observation import SkippedBatch, ProcessReport, ProgressReport
 from daemon.job.skip_ledger import SkipEntry, checked
@@ -27,6 +27,7 @@ from daemon.leader import LeaderElection, LeaderRecord, Leadership, LeadershipLo
 from daemon.liveness import LivenessTracker
 from daemon.log_relay import LogChunk, LogRelay
 from daemon.membership import DeviceInfo, Membership, NodeRecord
+from daemon.pass_guard import PassGuard
 from daemon.store import codec, keys
 from daemon.store.interface import Store, StoreError
 from proto.vocabulary import NODE_NAME_PATTERN, NodeState, ProcessRole
@@ -35,6 +36,11 @@ log = logging.getLogger(__name__)
 
 MAX_DEVICES_PER_NODE = 64
 STORE_RETRY_S = 1.0
+# The leader deletes old events this often (and at once when it takes office).
+EVENT_COMPACTION_INTERVAL_S = 60.0
+DEFAULT_FORGET_LOST_AFTER_S = 86400.0
+DEFAULT_EVENTS_KEEP = 10000
+DEFAULT_EVENTS_MAX_AGE_S = 7 * 86400.0
 
 
 class NotLeader(RetryableError):
@@ -132,6 +138,9 @@ class Coordinator:
         heartbeat_timeout_s: float,
         leader_lease_s: int,
         session_grace_s: float | None = None,
+        forget_lost_after_s: float = DEFAULT_FORGET_LOST_AFTER_S,
+        events_keep: int = DEFAULT_EVENTS_KEEP,
+        events_max_age_s: float = DEFAULT_EVENTS_MAX_AGE_S,
         on_leadership_change: Callable[[bool], None] = lambda is_leader: None,
     ) -> None:
         self._store = store
@@ -147,7 +156,13 @@ class Coordinator:
         self._job_name = job_name
         self.job = None if job is None else JobController(
             store=store, spec=job, events=self._events, clock=clock, send=self._send_to_node)
+        self._forget_lost_after_s = forget_lost_after_s
+        self._events_keep = events_keep
+        self._events_max_age_s = events_max_age_s
+        self._next_compaction_at: float | None = None
         self._reconcile_lock = asyncio.Lock()
+        self._reconcile_guard = PassGuard(f"the reconcile pass of job {job_name}", clock)
+        self._tick_guard = PassGuard("the periodic pass", clock)
         self._reconcile_requested = False
         self._background: set[asyncio.Task] = set()
         self.leadership: Leadership | None = None
@@ -160,7 +175,9 @@ class Coordinator:
 
         etcd being unreachable is temporary: the coordinator stands down (its lease will lapse, so a
         standby that can reach etcd takes over) and campaigns again after a pause. A fenced write
-        refused because another coordinator leads ends the term the same way.
+        refused because another coordinator leads ends the term the same way. Any other error of a
+        pass is a bug, not a reason to stand down: it is logged and the pass tried again after a
+        backoff (daemon/pass_guard.py).
         """
         while True:
             try:
@@ -182,7 +199,7 @@ class Coordinator:
                 try:
                     await asyncio.wait_for(leadership.lease.wait_lost(), timeout=tick_s)
                 except asyncio.TimeoutError:
-                    await self.tick()
+                    await self._tick_guard.run(self.tick)
             log.warning("%s lost its leader lease; standing down", self.me.id)
         except (asyncio.CancelledError, StoreError, LeadershipLost):
             # Shutting down, etcd failed under us, or another coordinator leads: hand over now rather
@@ -203,6 +220,7 @@ class Coordinator:
         if self.job is not None:
             await self.job.load(leadership.fence)
         self.leadership = leadership
+        self._next_compaction_at = None  # at the first pass
         self._on_leadership_change(True)
         log.info("%s leads; %d known node(s) get %.1fs to reconnect", self.me.id, len(known),
                  self._liveness.timeout_s)
@@ -289,7 +307,7 @@ class Coordinator:
 
     def checkpoint_saved(self, session: AgentSession, generation: int, step: int, consumed_samples: int,
                          path: str) -> None:
-        if self.job is not None and self.job.checkpoint_saved(generation, step, consumed_samples, path):
+        if self.job is not None and self.job.checkpoint_saved(generation, session.node, step, consumed_samples, path):
             self.request_reconcile()
 
     def request_reconcile(self) -> None:
@@ -302,10 +320,15 @@ class Coordinator:
     def _reconcile_done(self, task: asyncio.Task) -> None:
         self._background.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            # The periodic pass runs the same reconcile again and handles a lost leadership.
+            # A store error or lost leadership: the periodic pass runs the same reconcile again and
+            # stands down when it must.
             log.warning("reconcile after a report failed: %s", task.exception())
 
     async def _reconcile_job(self) -> None:
+        """The job's reconcile pass; a bug in it is logged and retried after a backoff."""
+        await self._reconcile_guard.run(self._reconcile_job_once)
+
+    async def _reconcile_job_once(self) -> None:
         async with self._reconcile_lock:
             self._reconcile_requested = False
             leadership = self.leadership
@@ -324,9 +347,9 @@ class Coordinator:
             drained={r.name for r in records if r.drained},
         )
 
-    def bad_batch(self, session: AgentSession, generation: int, report: SkippedBatch) -> None:
+    def bad_batch(self, session: AgentSession, generation: int, rank: int, report: SkippedBatch) -> None:
         if self.job is not None:
-            self.job.bad_batch(generation, session.node, report)
+            self.job.bad_batch(generation, session.node, rank, report)
             self.request_reconcile()
 
     def log_data(self, session: AgentSession, request_id: int, chunk: LogChunk) -> None:
@@ -404,8 +427,9 @@ class Coordinator:
         leadership = await self._require_leadership()
         record = self._membership.get(node)
         if record is None:
-            known = ", ".join(r.name for r in self._membership.all()) or "none"
-            raise CommandRefused(f"no node named {node!r} (known: {known})")
+            names = [r.name for r in self._membership.all()]
+            known = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+            raise CommandRefused(f"no node named {node!r} (known: {known or 'none'})")
         async with self._reconcile_lock:
             if record.drained != drained:
                 await self._membership.set_drained(node, drained, leadership.fence)
@@ -441,12 +465,36 @@ class Coordinator:
                 session.closed.set()
             await self._events.append("node_lost", f"node {name} is LOST: nothing heard for {age:.1f}s",
                                       leadership.fence, node=name)
+        await self._forget_departed_nodes(leadership)
+        await self._compact_events(leadership)
         await self._reconcile_job()
+
+    async def _forget_departed_nodes(self, leadership: Leadership) -> None:
+        """A node LOST for longer than forget_lost_after_s leaves the records (its events stay)."""
+        now = self._clock.wall()
+        for record in self._membership.all():
+            lost_for = now - record.changed_at
+            if record.state is not NodeState.LOST or lost_for <= self._forget_lost_after_s:
+                continue
+            if await self._membership.forget(record.name, leadership.fence):
+                self._liveness.forget(record.name)
+                await self._events.append(
+                    "node_forgotten", f"node {record.name} is forgotten: LOST for {lost_for / 3600:.1f}h "
+                    f"(forget_lost_after_s {self._forget_lost_after_s:g})", leadership.fence, node=record.name)
+
+    async def _compact_events(self, leadership: Leadership) -> None:
+        """Every EVENT_COMPACTION_INTERVAL_S, the oldest events beyond the kept count or age go."""
+        now = self._clock.now()
+        if self._next_compaction_at is not None and now < self._next_compaction_at:
+            return
+        self._next_compaction_at = now + EVENT_COMPACTION_INTERVAL_S
+        await self._events.compact(self._events_keep, self._events_max_age_s, leadership.fence)
 
     # ------------------------------------------------------------ status
 
-    async def events(self, after_seq: int) -> list[Event]:
-        return await self._events.read(after_seq)
+    async def events(self, after_seq: int, limit: int = EVENTS_PAGE) -> list[Event]:
+        """The oldest `limit` (at most EVENTS_PAGE) events after `after_seq`: a page."""
+        return await self._events.read(after_seq, limit)
 
     async def view(self) -> ClusterView:
         leader = await self._election.current()

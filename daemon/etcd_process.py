@@ -149,6 +149,30 @@ class EmbeddedEtcd:
         said = ": ".join(str(entry[field]) for field in ("msg", "error") if field in entry)
         return f"{said} (log: {self.log_path})"
 
+    async def wait_exited(self) -> int:
+        """Return once the etcd process has exited (it is reaped then): its exit code, negative for
+        the signal that killed it. Woken by a pidfd, not by polling."""
+        process = self._process
+        if process is None:
+            raise EtcdStartError("etcd was never started")
+        if process.poll() is not None:
+            return process.returncode
+        loop = asyncio.get_running_loop()
+        exited: asyncio.Future[None] = loop.create_future()
+
+        def readable() -> None:
+            if not exited.done():
+                exited.set_result(None)
+
+        pidfd = os.pidfd_open(process.pid)  # a zombie not yet reaped still has one
+        loop.add_reader(pidfd, readable)
+        try:
+            await exited
+        finally:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+        return process.wait()
+
     async def stop(self, grace_s: float = 5.0) -> None:
         """SIGTERM the process group, SIGKILL it after `grace_s`. Idempotent."""
         process = self._process

@@ -1,7 +1,9 @@
 """Thin gRPC servicers: translate trainerd.v1 messages and delegate to the Coordinator.
 
 The coordinator's errors propagate out of these methods; daemon/grpc_errors.py maps them to status
-codes for every method at once.
+codes for every method at once. An agent's message is checked field by field first
+(daemon/message_checks.py): a malformed one is dropped, counted and logged (at most once a minute
+per node), and nothing an agent sends ends its session loop.
 """
 
 from __future__ import annotations
@@ -9,12 +11,21 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 
 import grpc
 
 from daemon.job.controller import JobView
-from daemon.coordinator import AgentHello, AgentSession, ClusterView, Coordinator
+from daemon.coordinator import (
+    MAX_DEVICES_PER_NODE,
+    AgentHello,
+    AgentSession,
+    ClusterView,
+    Coordinator,
+    SessionRefused,
+)
+from daemon import message_checks as check
 from daemon import metrics
 from daemon.job.commands import (
     CheckpointNowCommand,
@@ -23,22 +34,37 @@ from daemon.job.commands import (
     RequestExitCommand,
     StopCommand,
 )
+from daemon.events import EVENTS_PAGE
 from daemon.log_relay import MAX_LOG_READ_BYTES, LogChunk
 from daemon.job.observation import SkippedBatch, ProcessReport, ProgressReport, RootCause
 from daemon.membership import DeviceInfo
+from daemon.message_checks import MAX_RANK, MalformedMessage
+from daemon.rate_limited_log import RateLimitedLog
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
-from proto.vocabulary import ProcessRole
+from proto.vocabulary import NODE_NAME_PATTERN
 
 log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 10.0
-MAX_PATH_CHARS = 4096
-MAX_RANK = 1 << 20
-MAX_CAUSE_CHARS = 500
+DEFAULT_MAX_SESSIONS = 20000
 
 
 def hello_from_proto(message: pb.Hello) -> AgentHello:
+    """The Hello as plain values; SessionRefused when a field is out of bounds (the coordinator then
+    checks what the values mean: distinct devices, a free node name)."""
+    try:
+        if not re.fullmatch(NODE_NAME_PATTERN, message.node_name):
+            raise MalformedMessage(f"invalid node name {message.node_name[:80]!r}")
+        for what in ("host", "agent_version", "resume_token"):
+            check.text(getattr(message, what), check.MAX_HELLO_TEXT_CHARS, what)
+        check.count(message.devices, MAX_DEVICES_PER_NODE, "devices")
+        for device in message.devices:
+            check.bounded_int(device.device_id, 0, check.MAX_DEVICE_ID, "device id")
+            check.text(device.device_ip, check.MAX_HELLO_TEXT_CHARS, "device ip")
+            check.text(device.kind, 16, "device kind")
+    except MalformedMessage as exc:
+        raise SessionRefused(f"malformed Hello: {exc}") from None
     return AgentHello(
         node_name=message.node_name,
         host=message.host,
@@ -99,36 +125,55 @@ def job_to_proto(job: JobView) -> pb.JobStatus:
     return status
 
 
-def _role(text: str) -> ProcessRole | None:
-    try:
-        return ProcessRole(text)
-    except ValueError:
-        return None
+def process_status_report(node: str, status: pb.ProcessStatus) -> ProcessReport:
+    """Raises MalformedMessage."""
+    role, rank = check.process_rank(status.role, status.rank)
+    check.step(status.step)
+    return ProcessReport(node, role, rank, check.bounded_int(status.pid, 0, 1 << 31, "pid"),
+                         status.state != pb.PROCESS_EXITED, status.exit_code,
+                         check.bounded_int(status.signal, 0, 255, "signal"), status.expected,
+                         os_state=check.one_line(status.os_state, 2))
 
 
-def process_status_report(node: str, status: pb.ProcessStatus) -> ProcessReport | None:
-    role = _role(status.role)
-    if role is None:
-        return None
-    return ProcessReport(node, role, status.rank, status.pid, status.state != pb.PROCESS_EXITED,
-                         status.exit_code, status.signal, status.expected, os_state=status.os_state[:2])
-
-
-def process_exited_report(node: str, exited: pb.ProcessExited) -> ProcessReport | None:
-    role = _role(exited.role)
-    if role is None:
-        return None
+def process_exited_report(node: str, exited: pb.ProcessExited) -> ProcessReport:
+    """Raises MalformedMessage."""
+    role, rank = check.process_rank(exited.role, exited.rank)
     cause = None
     if exited.cause.message:
-        cause = RootCause(_one_line(exited.cause.message, MAX_CAUSE_CHARS), _one_line(exited.cause.location, 300),
-                          _one_line(exited.cause.kind, 40))
-    return ProcessReport(node, role, exited.rank, exited.pid, False, exited.exit_code, exited.signal,
-                         exited.expected, exited.log_tail[-4000:], cause=cause)
+        cause = RootCause(check.one_line(exited.cause.message, check.MAX_CAUSE_CHARS),
+                          check.one_line(exited.cause.location, check.MAX_LOCATION_CHARS),
+                          check.one_line(exited.cause.kind, 40))
+    return ProcessReport(node, role, rank, check.bounded_int(exited.pid, 0, 1 << 31, "pid"), False,
+                         exited.exit_code, check.bounded_int(exited.signal, 0, 255, "signal"), exited.expected,
+                         exited.log_tail[-check.MAX_LOG_TAIL_CHARS:], cause=cause)
 
 
-def _one_line(text: str, limit: int) -> str:
-    """A peer's text as one printable line: it goes into logs, events and status."""
-    return "".join(c if c.isprintable() else " " for c in text[:limit]).strip()
+def process_started_report(node: str, started: pb.ProcessStarted) -> ProcessReport:
+    """Raises MalformedMessage."""
+    role, rank = check.process_rank(started.role, started.rank)
+    return ProcessReport(node, role, rank, check.bounded_int(started.pid, 0, 1 << 31, "pid"), True)
+
+
+def progress_report(p: pb.Progress) -> ProgressReport:
+    """Loss and gradient norm may be NaN or infinite (that is what a bad batch shows); what the
+    decisions compute with is finite. Raises MalformedMessage."""
+    return ProgressReport(
+        check.rank(p.rank), check.step(p.step), p.loss, p.grad_norm,
+        check.finite(p.samples_per_s, "samples_per_s", 0.0, check.MAX_SAMPLES_PER_S),
+        check.sample_position(p.consumed_samples, "consumed_samples"),
+        epoch=check.step(p.epoch, "epoch") if p.HasField("epoch") else None, from_output=p.from_output)
+
+
+def skipped_batch(b: pb.BadBatch) -> tuple[int, SkippedBatch]:
+    """The reporting rank and what it skipped. Raises MalformedMessage."""
+    start = check.sample_position(b.sample_start, "sample_start")
+    end = check.sample_position(b.sample_end, "sample_end")
+    if start >= end or b.step < 1:
+        raise MalformedMessage(f"bad batch at step {b.step} covers samples {start}:{end}")
+    if not b.reason or len(b.reason) > check.MAX_REASON_CHARS:
+        raise MalformedMessage(f"a bad batch needs a reason of 1 to {check.MAX_REASON_CHARS} characters")
+    return check.rank(b.rank), SkippedBatch(check.step(b.step), start, end, check.one_line(b.reason, 100),
+                                            b.loss, b.grad_norm)
 
 
 def command_to_proto(command: object) -> pb.CoordinatorMessage:
@@ -158,10 +203,29 @@ def command_to_proto(command: object) -> pb.CoordinatorMessage:
 
 
 class CoordinatorService(pb_grpc.CoordinatorServicer):
-    def __init__(self, coordinator: Coordinator) -> None:
+    def __init__(self, coordinator: Coordinator, max_sessions: int = DEFAULT_MAX_SESSIONS) -> None:
         self._coordinator = coordinator
+        self._max_sessions = max_sessions
+        self._open_streams = 0
+        self._warnings = RateLimitedLog(log)
 
     async def Session(self, request_iterator, context: grpc.aio.ServicerContext):
+        """One agent's stream. At most `max_sessions` streams are open at once (counted from before
+        their Hello, so idle connections cannot pile up either); more are refused RESOURCE_EXHAUSTED."""
+        if self._open_streams >= self._max_sessions:
+            metrics.SESSIONS_REFUSED.inc()
+            self._warnings.warning("sessions", "a session was refused: %d are open, the most allowed "
+                                   "(cluster.coordinator.max_sessions)", self._open_streams)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"this coordinator holds {self._max_sessions} sessions, the most it allows; "
+                                f"retry later")
+        self._open_streams += 1
+        try:
+            await self._session(context)
+        finally:
+            self._open_streams -= 1
+
+    async def _session(self, context: grpc.aio.ServicerContext) -> None:
         try:
             first = await asyncio.wait_for(context.read(), HELLO_TIMEOUT_S)
         except asyncio.TimeoutError:
@@ -196,58 +260,69 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             self._dispatch(session, message)
 
     def _dispatch(self, session: AgentSession, message: pb.AgentMessage) -> None:
-        coordinator = self._coordinator
-        kind = message.WhichOneof("body")
+        """Check and hand on one message. Nothing it raises leaves: a malformed message is dropped and
+        counted; a failure below is logged with its traceback, and the session goes on."""
+        kind = message.WhichOneof("body") or "empty"
+        metrics.AGENT_MESSAGES.labels(kind).inc()
+        try:
+            self._handle(session, kind, message)
+        except MalformedMessage as exc:
+            metrics.AGENT_MESSAGES_DROPPED.labels("malformed").inc()
+            self._warnings.warning(session.node, "node %s sent a malformed %s message; dropped: %s", session.node,
+                                   kind, exc)
+        except Exception as exc:  # noqa: BLE001 - one message must not end the session
+            metrics.AGENT_MESSAGES_DROPPED.labels("failed").inc()
+            self._warnings.error(session.node, "a %s message of node %s failed; dropped: %r", kind, session.node,
+                                 exc, exc_info=exc)
+
+    def _handle(self, session: AgentSession, kind: str, message: pb.AgentMessage) -> None:
+        coordinator, node = self._coordinator, session.node
         if kind == "heartbeat":
             heartbeat = message.heartbeat
-            coordinator.heartbeat(session, heartbeat.generation)
+            generation = check.generation(heartbeat.generation)
+            check.count(heartbeat.processes, check.MAX_PROCESSES_PER_HEARTBEAT, "processes in a heartbeat")
+            sent_at = check.finite(heartbeat.sent_at, "sent_at")
+            reports = [process_status_report(node, status) for status in heartbeat.processes]
+            coordinator.heartbeat(session, generation)
             metrics.HEARTBEATS.inc()
-            if heartbeat.sent_at > 0:
-                metrics.HEARTBEAT_LAG.observe(max(0.0, time.time() - heartbeat.sent_at))
-            for status in heartbeat.processes:
-                report = process_status_report(session.node, status)
-                if report is not None:
-                    coordinator.process_report(session, heartbeat.generation, report)
+            if sent_at > 0:
+                metrics.HEARTBEAT_LAG.observe(max(0.0, time.time() - sent_at))
+            for report in reports:
+                coordinator.process_report(session, generation, report)
         elif kind == "process_exited":
-            report = process_exited_report(session.node, message.process_exited)
-            if report is not None:
-                coordinator.process_report(session, message.process_exited.generation, report)
+            exited = message.process_exited
+            coordinator.process_report(session, check.generation(exited.generation),
+                                       process_exited_report(node, exited))
         elif kind == "process_started":
             started = message.process_started
-            role = _role(started.role)
-            if role is not None:
-                coordinator.process_report(session, started.generation,
-                                           ProcessReport(session.node, role, started.rank, started.pid, True))
+            coordinator.process_report(session, check.generation(started.generation),
+                                       process_started_report(node, started))
         elif kind == "progress":
-            p = message.progress
-            coordinator.progress_report(session, p.generation, ProgressReport(
-                p.rank, p.step, p.loss, p.grad_norm, p.samples_per_s, p.consumed_samples,
-                epoch=p.epoch if p.HasField("epoch") else None, from_output=p.from_output))
+            coordinator.progress_report(session, check.generation(message.progress.generation),
+                                        progress_report(message.progress))
         elif kind == "stopped":
-            coordinator.stopped_report(session, message.stopped.generation)
+            coordinator.stopped_report(session, check.generation(message.stopped.generation))
         elif kind == "bad_batch":
-            b = message.bad_batch
-            if 0 <= b.sample_start < b.sample_end and b.step > 0 and 0 < len(b.reason) <= 100:
-                coordinator.bad_batch(session, b.generation, SkippedBatch(
-                    b.step, b.sample_start, b.sample_end, b.reason, b.loss, b.grad_norm))
-            else:
-                log.warning("node %s reported a malformed bad batch (step %d); ignored", session.node, b.step)
+            rank, batch = skipped_batch(message.bad_batch)
+            coordinator.bad_batch(session, check.generation(message.bad_batch.generation), rank, batch)
         elif kind == "checkpoint_saved":
             saved = message.checkpoint_saved
-            if saved.step > 0 and saved.path and len(saved.path) <= MAX_PATH_CHARS and saved.consumed_samples >= 0:
-                coordinator.checkpoint_saved(session, saved.generation, saved.step, saved.consumed_samples,
-                                             saved.path)
-            else:
-                log.warning("node %s reported a malformed checkpoint (step %d); ignored", session.node, saved.step)
+            if saved.step < 1 or not saved.path:
+                raise MalformedMessage(f"a checkpoint needs a step from 1 and a path, got step {saved.step}")
+            coordinator.checkpoint_saved(session, check.generation(saved.generation), check.step(saved.step),
+                                         check.sample_position(saved.consumed_samples, "consumed_samples"),
+                                         check.text(saved.path, check.MAX_PATH_CHARS, "path"))
         elif kind == "log_data":
             data = message.log_data
-            if len(data.data) <= MAX_LOG_READ_BYTES and data.offset >= 0 and data.size >= 0 and len(data.error) <= 1000:
-                coordinator.log_data(session, data.request_id, LogChunk(bytes(data.data), data.offset, data.size,
-                                                                        data.running, data.error))
-            else:
-                log.warning("node %s sent malformed log data; ignored", session.node)
+            check.count(data.data, MAX_LOG_READ_BYTES, "bytes of log data")
+            check.text(data.error, 1000, "error")
+            coordinator.log_data(session, data.request_id, LogChunk(
+                bytes(data.data), check.bounded_int(data.offset, 0, check.MAX_STEP, "offset"),
+                check.bounded_int(data.size, 0, check.MAX_STEP, "size"), data.running, data.error))
         elif kind == "hello":
-            log.warning("node %s sent a second Hello; ignored", session.node)
+            raise MalformedMessage("a second Hello")
+        else:
+            raise MalformedMessage("no body")
 
     async def _write(self, context: grpc.aio.ServicerContext, outbox: asyncio.Queue) -> None:
         while True:
@@ -259,7 +334,11 @@ class ControlService(pb_grpc.ControlServicer):
         self._coordinator = coordinator
 
     async def ListEvents(self, request: pb.EventsRequest, context: grpc.aio.ServicerContext) -> pb.EventsReply:
-        events = await self._coordinator.events(request.after_seq)
+        """A page: the oldest `limit` (0: EVENTS_PAGE) events after `after_seq`; ask again after the last."""
+        if not 0 <= request.limit <= EVENTS_PAGE:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"limit must be 0 (the default, {EVENTS_PAGE}) to {EVENTS_PAGE}")
+        events = await self._coordinator.events(request.after_seq, request.limit or EVENTS_PAGE)
         return pb.EventsReply(events=[
             pb.Event(seq=e.seq, at=e.at, kind=e.kind, message=e.message, fields_json=json.dumps(e.fields))
             for e in events])
@@ -275,6 +354,8 @@ class ControlService(pb_grpc.ControlServicer):
         return pb.CommandReply(message=await self._coordinator.resume(from_step))
 
     async def SetDrain(self, request: pb.DrainRequest, context: grpc.aio.ServicerContext) -> pb.CommandReply:
+        if not re.fullmatch(NODE_NAME_PATTERN, request.node):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{request.node[:80]!r} is not a node name")
         return pb.CommandReply(message=await self._coordinator.set_drain(request.node, request.drained))
 
     async def AddSkip(self, request: pb.AddSkipRequest, context: grpc.aio.ServicerContext) -> pb.CommandReply:

@@ -66,6 +66,10 @@ class LivenessTracker:
         for node in nodes:
             self._nodes.setdefault(node, _Seen(now, False))
 
+    def forget(self, node: str) -> None:
+        """The node left the cluster's records: it is no longer tracked."""
+        self._nodes.pop(node, None)
+
     def is_connected(self, node: str) -> bool:
         seen = self._nodes.get(node)
         return seen is not None and seen.connected

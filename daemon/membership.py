@@ -82,6 +82,10 @@ class Membership:
         await self.put(record, fence)
         return record
 
+    async def forget(self, name: str, fence: Fence) -> bool:
+        """The node leaves the records (a departed node); False when there was none."""
+        return await self._nodes.delete(keys.node(name), fence)
+
     async def set_drained(self, name: str, drained: bool, fence: Fence) -> NodeRecord:
         record = replace(self._known(name), drained=drained)
         await self.put(record, fence)

@@ -20,3 +20,10 @@ RECOVERY_PHASE = Histogram(
     buckets=(0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0),
 )
 RESTARTS = Counter("trainerd_job_restarts_total", "Generations relaunched, by cause.", ["cause"])
+PASS_FAILURES = Counter("trainerd_pass_failures_total",
+                        "Coordinator passes that failed with an unexpected error (logged, retried).", ["pass"])
+AGENT_MESSAGES = Counter("trainerd_agent_messages_total", "Messages received on agent sessions, by kind.", ["kind"])
+AGENT_MESSAGES_DROPPED = Counter(
+    "trainerd_agent_messages_dropped_total",
+    "Agent messages dropped: malformed, about a rank not placed on the sending node, or failing.", ["reason"])
+SESSIONS_REFUSED = Counter("trainerd_sessions_refused_total", "Session streams refused: too many open at once.")

@@ -430,10 +430,12 @@ class AddSkipRequest(_message.Message):
     def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class EventsRequest(_message.Message):
-    __slots__ = ("after_seq",)
+    __slots__ = ("after_seq", "limit")
     AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
     after_seq: int
-    def __init__(self, after_seq: _Optional[int] = ...) -> None: ...
+    limit: int
+    def __init__(self, after_seq: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("seq", "at", "kind", "message", "fields_json")

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from common.config_file import parse_host_port
 from daemon.cli.status_json import RECOVERY_PHASES, status_to_json
+from daemon.events import EVENTS_PAGE
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
 from proto.vocabulary import LEADER_ADDRESS_METADATA
@@ -142,7 +143,7 @@ def events(coordinator: str | None, output: str, follow: bool) -> None:
     addresses = _addresses(coordinator)
     after = 0
     while True:
-        reply = call_control(addresses, "ListEvents", pb.EventsRequest(after_seq=after))
+        reply = call_control(addresses, "ListEvents", pb.EventsRequest(after_seq=after, limit=EVENTS_PAGE))
         for event in reply.events:
             after = max(after, event.seq)
             if output == "json":
@@ -151,6 +152,8 @@ def events(coordinator: str | None, output: str, follow: bool) -> None:
             else:
                 stamp = datetime.datetime.fromtimestamp(event.at).strftime("%Y-%m-%d %H:%M:%S")
                 click.echo(f"{stamp}  {event.kind:<20} {event.message}")
+        if len(reply.events) == EVENTS_PAGE:
+            continue  # a full page: there may be more at once
         if not follow:
             return
         time.sleep(FOLLOW_POLL_S)

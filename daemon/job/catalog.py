@@ -6,15 +6,29 @@ every byte they load: one that cannot load the chosen checkpoint exits with
 EXIT_CHECKPOINT_UNREADABLE, and the entry is marked bad so the next launch falls back to an older
 one. A rollback makes newer entries stale: they describe a future that was abandoned (a later
 generation writes those steps again), so they are marked superseded.
+
+A checkpoint's path comes from a worker's report: it is confined to the job's checkpoint root when it
+is recorded, and again before a worker is told to resume from it (`inside_root`).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 
 from daemon.store import keys
 from daemon.store.fenced_cache import FencedCache
 from daemon.store.interface import Fence, Store
+
+
+def inside_root(root: str | None, path: str) -> bool:
+    """`path`, normalised (os.path.normpath: `..` and `.` parts), is an absolute path of printable
+    characters strictly inside `root`. Symbolic links are not resolved here (the coordinator does not
+    mount the storage); the workers resolve them when they load (trainer.checkpoint.step_dirs)."""
+    if root is None or not path.isprintable() or not os.path.isabs(path) or not os.path.isabs(root):
+        return False
+    normal, base = os.path.normpath(path), os.path.normpath(root)
+    return normal != base and normal.startswith(base.rstrip("/") + "/")
 
 
 @dataclass(frozen=True)

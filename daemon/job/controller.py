@@ -6,6 +6,11 @@ agents reported, calls the pure `decide`, and applies each action so that applyi
 changes nothing. Every decision is durable before it is acted on: a generation is written before
 its Launch is sent, a stop is committed before Stop is sent, so a leader that takes over mid-way
 carries on from etcd and never launches a generation twice.
+
+Reports are bound to the placement: a worker's report counts only from the node its rank runs on in
+that generation, the scheduler's and a checkpoint commit only from rank 0's node; anything else is
+dropped with a warning (at most one a minute per node). A checkpoint's path must lie inside
+job.checkpoint.dir, when it is recorded and again before a worker is told to resume from it.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from daemon import metrics
 from daemon.config import JobSettings
 from daemon.errors import PermanentError
 from daemon.events import EventLog
-from daemon.job.catalog import CheckpointCatalog, CheckpointEntry
+from daemon.job.catalog import CheckpointCatalog, CheckpointEntry, inside_root
 from daemon.job.commands import CheckpointNowCommand, LaunchCommand, RequestExitCommand, StopCommand
 from daemon.job.decide import (
     AddSkip,
@@ -42,20 +47,27 @@ from daemon.job.launch_plan import node_processes, scheduler_port
 from daemon.job.observation import SkippedBatch, GenerationObservation, ProcessReport, ProgressReport
 from daemon.job.placement import NodeOffer
 from daemon.job.rank_table import rank_table_json
-from daemon.job.skip_ledger import SkipEntry, SkipLedger, checked
+from daemon.job.skip_ledger import BadRange, SkipEntry, SkipLedger, checked
 from daemon.job.state import Failure, GenerationRecord, JobRecord, ResumePoint
 from daemon.job.timeline import RecoveryTimeline
 from daemon.leader import LeadershipLost
+from daemon.rate_limited_log import RateLimitedLog
 from daemon.store import codec, keys
 from daemon.store.fenced_cache import FencedCache
 from daemon.store.interface import Fence, Store
-from proto.vocabulary import JobState
+from proto.vocabulary import JobState, ProcessRole
 
 log = logging.getLogger(__name__)
 
 
 class CommandRefused(PermanentError):
     """An operator command that does not apply to the job as it is; the message says why."""
+
+
+class CheckpointOutsideRoot(PermanentError):
+    """The generation's checkpoint is not inside job.checkpoint.dir (etcd was changed by hand, or the
+    directory was moved): no worker is told to resume from it. `trainerctl resume --from-step N`
+    relaunches from a checkpoint inside it."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +132,7 @@ class JobController:
         self._exit_request: ExitRequest | None = None
         self._unrecorded_checkpoints: list[CheckpointEntry] = []
         self.recovery: RecoveryTimeline | None = None
+        self._dropped = RateLimitedLog(log, clock)
 
     # ------------------------------------------------------------ durable state
 
@@ -174,10 +187,28 @@ class JobController:
         observation = self.observation
         return observation if observation is not None and observation.number == generation else None
 
+    def _placed(self, generation: int, node: str, rank: int, what: str) -> GenerationObservation | None:
+        """The current generation's observation when `rank` (-1: the scheduler) runs on `node` in it.
+        None for another generation; a report from a node the rank does not run on is dropped too,
+        with a warning."""
+        observation, record = self._current(generation), self.generation
+        if observation is None or record is None:
+            return None
+        placed_on = record.placement.scheduler_node if rank == -1 else record.placement.node_of(rank)
+        if placed_on == node:
+            return observation
+        metrics.AGENT_MESSAGES_DROPPED.labels("not_placed").inc()
+        where = "not in it" if placed_on is None else f"on node {placed_on}"
+        self._dropped.warning(node, "job %s: node %s sent %s of %s in generation %d, which runs %s; dropped",
+                              self.spec.name, node, what, "the scheduler" if rank == -1 else f"rank {rank}",
+                              generation, where)
+        return None
+
     def process_report(self, generation: int, report: ProcessReport) -> bool:
         """Record a process's state (stamped with when it arrived: the first failure is the
         earliest); True when it changes something the decision depends on."""
-        observation = self._current(generation)
+        rank = -1 if report.role is ProcessRole.SCHEDULER else report.rank
+        observation = self._placed(generation, report.node, rank, "a process report")
         if observation is None:
             return False
         before = observation.processes.get((report.node, report.role, report.rank))
@@ -193,7 +224,7 @@ class JobController:
             self._note_idle(observation)
 
     def progress_report(self, generation: int, node: str, report: ProgressReport) -> None:
-        observation = self._current(generation)
+        observation = self._placed(generation, node, report.rank, "progress")
         if observation is not None:
             observation.record_progress(report, self._clock.now())
 
@@ -203,19 +234,26 @@ class JobController:
             observation.stopped.add(node)
             self._note_idle(observation)
 
-    def checkpoint_saved(self, generation: int, step: int, consumed_samples: int, path: str) -> bool:
-        """Rank 0 committed a checkpoint; it is recorded in etcd by the next reconcile. True when new."""
-        observation = self._current(generation)
+    def checkpoint_saved(self, generation: int, node: str, step: int, consumed_samples: int, path: str) -> bool:
+        """Rank 0 committed a checkpoint; it is recorded in etcd by the next reconcile. True when new.
+        Only rank 0's node reports commits, and only of paths inside job.checkpoint.dir."""
+        observation = self._placed(generation, node, 0, "a checkpoint commit")
         if observation is None or step in observation.checkpoints or self.generation is None:
+            return False
+        if not inside_root(self.spec.checkpoint.dir, path):
+            metrics.AGENT_MESSAGES_DROPPED.labels("outside_checkpoint_dir").inc()
+            self._dropped.warning(node, "job %s: node %s reported a checkpoint of step %d at %r, outside "
+                                  "job.checkpoint.dir %s; dropped", self.spec.name, node, step, path[:200],
+                                  self.spec.checkpoint.dir)
             return False
         observation.checkpoints.add(step)
         self._unrecorded_checkpoints.append(CheckpointEntry(step, consumed_samples, path, generation,
                                                             self.generation.placement.world_size))
         return True
 
-    def bad_batch(self, generation: int, node: str, report: SkippedBatch) -> None:
+    def bad_batch(self, generation: int, node: str, rank: int, report: SkippedBatch) -> None:
         """A worker's guard skipped a step: its samples go into the ledger at the next reconcile."""
-        observation = self._current(generation)
+        observation = self._placed(generation, node, rank, "a bad batch")
         if observation is None or report.step in observation.bad_batches:
             return
         observation.bad_batches[report.step] = report
@@ -264,8 +302,13 @@ class JobController:
                 case MarkCheckpointBad():
                     await self.catalog.mark_bad(action.step, action.problem, fence)
                 case AddSkip():
-                    await self.add_skip(checked(action.start, action.end, action.reason, action.step,
-                                                self.record.generation), fence)
+                    try:
+                        entry = checked(action.start, action.end, action.reason, action.step, self.record.generation)
+                    except BadRange as exc:
+                        log.warning("job %s: generation %d: the skip decided at step %d cannot be recorded: %s",
+                                    self.spec.name, self.record.generation, action.step, exc)
+                        continue
+                    await self.add_skip(entry, fence)
                 case _:
                     assert_never(action)
         self._resend_launches()
@@ -321,6 +364,14 @@ class JobController:
 
     async def _launch(self, action: LaunchGeneration, fence: Fence) -> None:
         placement, checkpoint, number = action.placement, action.checkpoint, action.record.generation
+        if checkpoint is not None and not inside_root(self.spec.checkpoint.dir, checkpoint.path):
+            # Recorded before job.checkpoint.dir moved, or written into etcd by hand: the next pass
+            # chooses another.
+            problem = f"{checkpoint.path} is not inside job.checkpoint.dir {self.spec.checkpoint.dir}"
+            log.error("job %s: generation %d does not resume from step %d: %s", self.spec.name, number,
+                      checkpoint.step, problem)
+            await self.catalog.mark_bad(checkpoint.step, problem, fence)
+            return
         resume = None if checkpoint is None else ResumePoint(checkpoint.step, checkpoint.consumed_samples,
                                                              checkpoint.path)
         generation = GenerationRecord(number, placement, scheduler_port(self.spec, number),
@@ -356,6 +407,10 @@ class JobController:
         generation, observation = self.generation, self.observation
         if generation is None or observation is None or self.record.between_generations:
             return
+        if generation.resume is not None and not inside_root(self.spec.checkpoint.dir, generation.resume.path):
+            raise CheckpointOutsideRoot(
+                f"job {self.spec.name}: generation {generation.number} resumes from {generation.resume.path}, "
+                f"outside job.checkpoint.dir {self.spec.checkpoint.dir}; it is not launched")
         for node in generation.placement.nodes:
             if node in observation.launched:
                 continue

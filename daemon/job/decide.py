@@ -558,7 +558,8 @@ def _checkpoint_lead_steps(world: JobWorld) -> int:
     the reported sample rate over the global batch, else at the rate the steps arrived."""
     observation, spec = world.observation, world.spec
     assert observation is not None
-    rates = [p.samples_per_s for p in observation.progress.values() if p.samples_per_s > 0]
+    rates = [p.samples_per_s for p in observation.progress.values()
+             if math.isfinite(p.samples_per_s) and p.samples_per_s > 0]
     if spec.global_batch is not None and rates:
         steps_per_s = max(rates) / spec.global_batch
     else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from daemon.config import JobSettings
 from daemon.membership import DeviceInfo
@@ -58,6 +59,19 @@ class Placement:
     @property
     def scheduler_host(self) -> str:
         return self.ranks[0].host
+
+    @property
+    def scheduler_node(self) -> str:
+        """The node of rank 0, which also runs the MindSpore scheduler."""
+        return self.ranks[0].node
+
+    def node_of(self, rank: int) -> str | None:
+        """The node `rank` runs on; None for a rank this placement does not have."""
+        return self._node_by_rank.get(rank)
+
+    @cached_property
+    def _node_by_rank(self) -> dict[int, str]:
+        return {slot.rank: slot.node for slot in self.ranks}
 
     def to_json(self) -> dict:
         return {"world_size": self.world_size, "grad_accum": self.grad_accum,

@@ -318,6 +318,17 @@ class EtcdStore:
                                     idempotent=True)
         return [_key_value(kv) for kv in response.kvs], response.header.revision
 
+    async def get_range(self, start_key: str, end_key: str, *, limit: int,
+                        descending: bool = False) -> tuple[list[KeyValue], int]:
+        if limit < 1:
+            raise ValueError(f"a ranged read needs a limit of at least 1, got {limit}")
+        order = rpc.RangeRequest.SortOrder.DESCEND if descending else rpc.RangeRequest.SortOrder.ASCEND
+        request = rpc.RangeRequest(key=start_key.encode(), range_end=end_key.encode(), limit=limit,
+                                   sort_order=order, sort_target=rpc.RangeRequest.SortTarget.KEY)
+        response = await self._call(f"get range {start_key} to {end_key}", lambda m: m.kv.Range, request,
+                                    idempotent=True)
+        return [_key_value(kv) for kv in response.kvs], response.header.revision
+
     # -- writes ------------------------------------------------------------------------------
 
     async def compare_and_swap(
@@ -337,21 +348,30 @@ class EtcdStore:
                                     idempotent=False)
         return response.header.revision if response.succeeded else None
 
-    async def delete(self, key: str, expected_mod_revision: int | None = None) -> bool:
+    async def delete(self, key: str, expected_mod_revision: int | None = None, *,
+                     fence: Fence | None = None) -> bool:
         delete = rpc.DeleteRangeRequest(key=key.encode())
-        what = f"delete {key}"
-        if expected_mod_revision is None:
+        return bool(await self._delete(delete, f"delete {key}", self._compares(key, expected_mod_revision, fence)))
+
+    async def delete_range(self, start_key: str, end_key: str, *, fence: Fence | None = None) -> int | None:
+        delete = rpc.DeleteRangeRequest(key=start_key.encode(), range_end=end_key.encode())
+        return await self._delete(delete, f"delete range {start_key} to {end_key}",
+                                  self._compares(start_key, None, fence))
+
+    async def _delete(self, delete: rpc.DeleteRangeRequest, what: str, compares: list[rpc.Compare]) -> int | None:
+        """How many keys `delete` removed; None when one of `compares` failed."""
+        if not compares:
             response = await self._call(what, lambda m: m.kv.DeleteRange, delete, idempotent=False)
-            return response.deleted > 0
-        request = rpc.TxnRequest(compare=self._compares(key, expected_mod_revision, None),
-                                 success=[rpc.RequestOp(request_delete_range=delete)])
+            return response.deleted
+        request = rpc.TxnRequest(compare=compares, success=[rpc.RequestOp(request_delete_range=delete)])
         response = await self._call(what, lambda m: m.kv.Txn, request, idempotent=False)
-        return response.succeeded and response.responses[0].response_delete_range.deleted > 0
+        return response.responses[0].response_delete_range.deleted if response.succeeded else None
 
     @staticmethod
-    def _compares(key: str, mod_revision: int, fence: Fence | None) -> list[rpc.Compare]:
-        """etcd compares a missing key as mod revision 0, which is what "expected 0" means."""
-        checks = [(key, mod_revision)] + ([(fence.key, fence.mod_revision)] if fence else [])
+    def _compares(key: str, mod_revision: int | None, fence: Fence | None) -> list[rpc.Compare]:
+        """etcd compares a missing key as mod revision 0, which is what "expected 0" means; None: any."""
+        checks = ([] if mod_revision is None else [(key, mod_revision)]) + (
+            [(fence.key, fence.mod_revision)] if fence else [])
         return [rpc.Compare(key=k.encode(), target=rpc.Compare.CompareTarget.MOD,
                             result=rpc.Compare.CompareResult.EQUAL, mod_revision=revision)
                 for k, revision in checks]

@@ -97,6 +97,22 @@ class FencedCache(Generic[V]):
         await self._write(key, value, 0, fence)
         return True
 
+    async def delete(self, key: str, fence: Fence) -> bool:
+        """Delete `key` as the copy holds it: False, and nothing deleted, when the copy has none.
+
+        Raises:
+            LeadershipLost: the fence moved; the key was re-read.
+            WriteConflict: etcd's key was not what the copy held; the key was re-read.
+            StoreError: etcd failed.
+        """
+        found = self._entries.get(key)
+        if found is None:
+            return False
+        if not await self._store.delete(key, found[1], fence=fence):
+            await self._lost_compare_and_swap(key, fence)
+        del self._entries[key]
+        return True
+
     async def _write(self, key: str, value: V, expected_mod_revision: int, fence: Fence) -> None:
         if not key.startswith(self._prefix):
             raise ValueError(f"{key} is not under {self._prefix}")

@@ -1,9 +1,10 @@
 """The store contract every backend honours (etcd in production, memory in unit tests).
 
-It is deliberately narrow, after torch elastic's rendezvous backend: read, compare-and-swap
-on a key's mod revision (optionally fenced by a second key, so a deposed leader cannot write),
-delete, leases kept alive by the store, and a prefix watch that resumes by itself. One contract
-suite (tests/store/test_contract.py) runs against every implementation.
+It is deliberately narrow, after torch elastic's rendezvous backend: read (a key, a small prefix,
+or a bounded page of a range), compare-and-swap on a key's mod revision (optionally fenced by a
+second key, so a deposed leader cannot write), delete (a key or a range, fenced the same way),
+leases kept alive by the store, and a prefix watch that resumes by itself. One contract suite
+(tests/store/test_contract.py) runs against every implementation.
 """
 
 from __future__ import annotations
@@ -61,6 +62,13 @@ class Fence:
     mod_revision: int
 
 
+def prefix_end(prefix: str) -> str:
+    """The smallest key after every key that starts with `prefix` (etcd's range end of a prefix)."""
+    if not prefix or ord(prefix[-1]) >= 0x7F:
+        raise ValueError(f"{prefix!r} must end with a printable ASCII character")
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
 class Lease(Protocol):
     id: int
     ttl_s: int
@@ -80,7 +88,16 @@ class Store(Protocol):
     async def get(self, key: str) -> KeyValue | None: ...
 
     async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
-        """All keys under `prefix` sorted by key, and the store revision they were read at."""
+        """All keys under `prefix` sorted by key, and the store revision they were read at.
+
+        Only for prefixes that stay small (nodes, a job's records): a prefix that grows with time
+        (the events) is read a page at a time with `get_range`."""
+
+    async def get_range(self, start_key: str, end_key: str, *, limit: int,
+                        descending: bool = False) -> tuple[list[KeyValue], int]:
+        """At most `limit` (>= 1) keys from `start_key` (inclusive) to `end_key` (exclusive), sorted
+        by key, the largest first when `descending`, and the store revision they were read at.
+        `prefix_end(prefix)` is the end of every key under `prefix`."""
 
     async def compare_and_swap(
         self,
@@ -94,8 +111,14 @@ class Store(Protocol):
         """Write `value` if `key`'s mod revision equals `expected_mod_revision` (0: must not exist)
         and the fence holds. Returns the new mod revision, or None when a condition failed."""
 
-    async def delete(self, key: str, expected_mod_revision: int | None = None) -> bool:
-        """Delete `key` (only at that revision when given). True when a key was deleted."""
+    async def delete(self, key: str, expected_mod_revision: int | None = None, *,
+                     fence: Fence | None = None) -> bool:
+        """Delete `key` (only at that revision when given, and only while the fence holds). True when a
+        key was deleted."""
+
+    async def delete_range(self, start_key: str, end_key: str, *, fence: Fence | None = None) -> int | None:
+        """Delete every key from `start_key` (inclusive) to `end_key` (exclusive) at one revision, while
+        the fence holds. Returns how many keys were deleted, or None when the fence did not hold."""
 
     async def grant_lease(self, ttl_s: int) -> Lease:
         """A lease the store keeps alive (one long-lived keepalive stream) until revoked or lost."""

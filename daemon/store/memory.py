@@ -76,6 +76,14 @@ class InMemoryStore:
                      key=lambda kv: kv.key)
         return kvs, self._revision
 
+    async def get_range(self, start_key: str, end_key: str, *, limit: int,
+                        descending: bool = False) -> tuple[list[KeyValue], int]:
+        self._begin()
+        if limit < 1:
+            raise ValueError(f"a ranged read needs a limit of at least 1, got {limit}")
+        keys = sorted((key for key in self._data if start_key <= key < end_key), reverse=descending)
+        return [self._data[key] for key in keys[:limit]], self._revision
+
     # -- writes ------------------------------------------------------------------------------
 
     async def compare_and_swap(
@@ -99,14 +107,23 @@ class InMemoryStore:
         self._commit([WatchEvent(EventKind.PUT, key, value, revision)])
         return revision
 
-    async def delete(self, key: str, expected_mod_revision: int | None = None) -> bool:
+    async def delete(self, key: str, expected_mod_revision: int | None = None, *,
+                     fence: Fence | None = None) -> bool:
         self._begin()
-        if key not in self._data:
+        if key not in self._data or not self._fence_holds(fence):
             return False
         if expected_mod_revision is not None and self._data[key].mod_revision != expected_mod_revision:
             return False
         self._delete_keys([key])
         return True
+
+    async def delete_range(self, start_key: str, end_key: str, *, fence: Fence | None = None) -> int | None:
+        self._begin()
+        if not self._fence_holds(fence):
+            return None
+        keys = sorted(key for key in self._data if start_key <= key < end_key)
+        self._delete_keys(keys)
+        return len(keys)
 
     # -- leases ------------------------------------------------------------------------------
 

@@ -54,14 +54,14 @@ class SimAgent:
 
 class SimCluster:
     def __init__(self, spec: JobSettings, store: InMemoryStore | None = None, clock: FakeClock | None = None,
-                 name: str = "c1") -> None:
+                 name: str = "c1", **coordinator_options) -> None:
         self.clock = clock or FakeClock(start=1000.0)
         self.store = store or InMemoryStore(self.clock)
         self.spec = spec
         self.coordinator = Coordinator(
             store=self.store, clock=self.clock, me=LeaderRecord(name, f"{name}:7420"), job_name=spec.name, job=spec,
             heartbeat_interval_s=1.0, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, leader_lease_s=3,
-            session_grace_s=SESSION_GRACE_S)
+            session_grace_s=SESSION_GRACE_S, **coordinator_options)
         self.agents: dict[str, SimAgent] = {}
 
     @property
@@ -154,7 +154,7 @@ class SimCluster:
         """Rank 0's guard skipped `step` (its samples: the step's global batch)."""
         generation = self.job.generation
         first = self.agents[generation.placement.nodes[0]]
-        self.coordinator.bad_batch(first.session, generation.number, SkippedBatch(
+        self.coordinator.bad_batch(first.session, generation.number, 0, SkippedBatch(
             step, (step - 1) * GLOBAL_BATCH, step * GLOBAL_BATCH, reason, 2.0, 99.0))
 
     def _report(self, agent: SimAgent, report: ProcessReport) -> None:

@@ -29,6 +29,10 @@ def test_defaults_and_relative_paths(tmp_path: Path) -> None:
     assert config.cluster.local_agents == 2
     assert config.resolve(config.cluster.etcd.data_dir) == tmp_path / "run/etcd"
     assert config.cluster.coordinator.advertised == config.cluster.coordinator.listen
+    # State in etcd is bounded by default.
+    assert (config.cluster.events.keep, config.cluster.events.max_age_s) == (10000, 7 * 86400)
+    assert config.cluster.heartbeat.forget_lost_after_s == 86400
+    assert config.cluster.coordinator.max_sessions == 20000
 
 
 @pytest.mark.parametrize(
@@ -44,6 +48,12 @@ def test_defaults_and_relative_paths(tmp_path: Path) -> None:
         ("cluster:\n  local_agents: '2'\n", "cluster.local_agents: Input should be a valid integer"),
         ("cluster:\n  etcd:\n    username: u\n", "cluster.etcd: username and password go together"),
         ("cluster:\n  name: 'a b'\n", "cluster.name: String should match pattern"),
+        ("cluster:\n  events:\n    keep: 10\n", "cluster.events.keep: Input should be greater than or equal to 100"),
+        ("cluster:\n  events:\n    max_age_days: 0\n", "cluster.events.max_age_days: Input should be greater than 0"),
+        ("cluster:\n  heartbeat:\n    forget_lost_after_s: 5\n",
+         "cluster.heartbeat.forget_lost_after_s: Input should be greater than or equal to 60"),
+        ("cluster:\n  coordinator:\n    max_sessions: 0\n",
+         "cluster.coordinator.max_sessions: Input should be greater than or equal to 1"),
     ],
 )
 def test_mistakes_name_file_and_key(tmp_path: Path, text: str, expected: str) -> None:

@@ -237,3 +237,43 @@ def test_a_leader_whose_fenced_write_is_refused_stands_down_and_campaigns_again(
         await asyncio.gather(running, return_exceptions=True)
 
     run(scenario())
+
+
+def test_a_node_lost_for_longer_than_forget_lost_after_s_leaves_the_records_but_not_the_events() -> None:
+    async def scenario() -> None:
+        clock = FakeClock()
+        store = InMemoryStore(clock)
+        coordinator = Coordinator(store=store, clock=clock, me=LeaderRecord("a", "a:7420"), job_name="job", job=None,
+                                  heartbeat_interval_s=1.0, heartbeat_timeout_s=TIMEOUT_S, leader_lease_s=3,
+                                  forget_lost_after_s=3600)
+        await lead(coordinator)
+        await coordinator.open_session(hello("gone"), lambda m: None)
+        stays, _ = await coordinator.open_session(hello("stays"), lambda m: None)
+        await coordinator.set_drain("gone", True)
+        for _ in range(2):
+            clock.advance(TIMEOUT_S / 2 + 0.1)
+            coordinator.heartbeat(stays, 0)
+            await coordinator.tick()
+        assert await stored_node_state(store, "gone") == "LOST"
+
+        for _ in range(36):  # an hour, heartbeats from the node that stays
+            clock.advance(100)
+            coordinator.heartbeat(stays, 0)
+            await coordinator.tick()
+        assert await stored_node_state(store, "gone") == "LOST"  # LOST for 3600 s, not longer
+        clock.advance(1)
+        coordinator.heartbeat(stays, 0)
+        await coordinator.tick()
+        assert await store.get(keys.node("gone")) is None
+        assert [n.name for n in (await coordinator.view()).nodes] == ["stays"]
+        events = await coordinator.events(0)
+        assert [e.kind for e in events if e.fields.get("node") == "gone"] == [
+            "node_joined", "node_drained", "node_lost", "node_forgotten"]
+        assert "LOST for 1.0h (forget_lost_after_s 3600)" in events[-1].message
+
+        await coordinator.open_session(hello("gone"), lambda m: None)  # back: a new node, not drained
+        view = {n.name: n for n in (await coordinator.view()).nodes}
+        assert view["gone"].state is NodeState.READY and not view["gone"].drained
+        assert (await coordinator.events(0))[-1].kind == "node_joined"
+
+    run(scenario())

@@ -85,7 +85,7 @@ class StandInCoordinator:
         return self._answer(ClusterView(CoordinatorView("stand-in", self._address, self._is_leader, "stand-in",
                                                         self._address), (), None))
 
-    async def events(self, after_seq: int) -> list:
+    async def events(self, after_seq: int, limit: int) -> list:
         return self._answer([])
 
     async def pause(self) -> str:

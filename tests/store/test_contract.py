@@ -11,7 +11,7 @@ from contextlib import aclosing
 
 import pytest
 
-from daemon.store.interface import EventKind, Fence, Store, StoreError, WatchCompacted, WatchEvent
+from daemon.store.interface import EventKind, Fence, Store, StoreError, WatchCompacted, WatchEvent, prefix_end
 from tests.store.backends import Backend, run
 
 PREFIX = "/trainerd/v1/test/"
@@ -118,6 +118,59 @@ def test_get_prefix_returns_only_that_prefix_sorted_with_the_read_revision(backe
         assert [kv.value for kv in kvs] == [b"jobs/a/spec", b"jobs/a/status", b"jobs/b/spec"]
         assert revision == last
         assert await store.get_prefix(k("none/")) == ([], last)
+
+    run(backend, scenario)
+
+
+def test_get_range_reads_a_bounded_page_in_either_order(backend: Backend) -> None:
+    async def scenario(store: Store) -> None:
+        for name in ["events/03", "events/01", "events/02", "events/04", "eventsx", "nodes/n1"]:
+            last = await store.compare_and_swap(k(name), name.encode(), 0)
+        events, end = k("events/"), prefix_end(k("events/"))
+        kvs, revision = await store.get_range(events, end, limit=2)
+        assert [kv.key for kv in kvs] == [k("events/01"), k("events/02")] and revision == last
+        assert [kv.value for kv in kvs] == [b"events/01", b"events/02"]
+        kvs, _ = await store.get_range(k("events/02") + "\0", end, limit=10)  # the page after events/02
+        assert [kv.key for kv in kvs] == [k("events/03"), k("events/04")]
+        kvs, _ = await store.get_range(events, end, limit=1, descending=True)  # the newest alone
+        assert [kv.key for kv in kvs] == [k("events/04")]
+        kvs, _ = await store.get_range(events, k("events/03"), limit=5, descending=True)
+        assert [kv.key for kv in kvs] == [k("events/02"), k("events/01")]
+        assert await store.get_range(k("none/"), prefix_end(k("none/")), limit=5) == ([], last)
+
+    run(backend, scenario)
+
+
+def test_delete_range_deletes_the_range_at_one_revision_while_the_fence_holds(backend: Backend) -> None:
+    async def scenario(store: Store) -> None:
+        leader = await store.compare_and_swap(k("leader"), b"me", 0)
+        fence = Fence(k("leader"), leader)
+        for seq in range(1, 6):
+            last = await store.compare_and_swap(k(f"events/{seq:02d}"), b"x", 0)
+        assert await store.delete_range(k("events/01"), k("events/04"), fence=fence) == 3
+        assert (await store.get_prefix(PREFIX))[1] == last + 1  # one revision for the three keys
+        assert [kv.key for kv in (await store.get_prefix(k("events/")))[0]] == [k("events/04"), k("events/05")]
+        assert await store.delete_range(k("events/01"), k("events/04"), fence=fence) == 0
+
+        await store.compare_and_swap(k("leader"), b"someone else", leader)
+        assert await store.delete_range(k("events/"), prefix_end(k("events/")), fence=fence) is None
+        assert len((await store.get_prefix(k("events/")))[0]) == 2
+        assert await store.delete_range(k("events/"), prefix_end(k("events/"))) == 2
+
+    run(backend, scenario)
+
+
+def test_a_fenced_delete_is_refused_once_the_fence_key_changed(backend: Backend) -> None:
+    async def scenario(store: Store) -> None:
+        leader = await store.compare_and_swap(k("leader"), b"me", 0)
+        fence = Fence(k("leader"), leader)
+        revision = await store.compare_and_swap(k("node"), b"n1", 0)
+        await store.compare_and_swap(k("other"), b"n2", 0)
+        assert await store.delete(k("other"), fence=fence)
+        await store.compare_and_swap(k("leader"), b"someone else", leader)
+        assert not await store.delete(k("node"), revision, fence=fence)
+        assert not await store.delete(k("node"), fence=fence)
+        assert (await store.get(k("node"))).value == b"n1"
 
     run(backend, scenario)
 

@@ -182,3 +182,27 @@ def test_a_key_outside_the_prefix_is_refused_before_any_write(backend: Backend) 
         assert await store_revision(store) == revision
 
     run(backend, scenario)
+
+
+def test_a_delete_leaves_memory_and_etcd_and_a_stale_copy_refuses_it(backend: Backend) -> None:
+    async def scenario(store: Store) -> None:
+        fence = await lead(store)
+        things = cache(store)
+        await things.put(k("a"), Thing("a", 1), fence)
+        await things.put(k("b"), Thing("b", 2), fence)
+        assert await things.delete(k("a"), fence)
+        assert things.get(k("a")) is None and await stored(store, k("a")) is None
+        assert not await things.delete(k("a"), fence)  # the copy has none: nothing to delete
+
+        kv = await store.get(k("b"))  # changed behind the copy
+        await store.compare_and_swap(k("b"), codec.encode(Thing("b", 3).to_json()), kv.mod_revision)
+        with pytest.raises(WriteConflict):
+            await things.delete(k("b"), fence)
+        assert things.get(k("b")) == Thing("b", 3) == await stored(store, k("b"))
+
+        other = await lead(store, "b")
+        with pytest.raises(LeadershipLost):
+            await things.delete(k("b"), fence)
+        assert await things.delete(k("b"), other)
+
+    run(backend, scenario)

@@ -1,0 +1,88 @@
+"""Bounds on the fields of what agents send, checked at the servicer before anything uses them.
+
+A peer's message is data, never trusted: every number that reaches arithmetic is finite and in a
+range the coordinator's int64 wire fields and its decisions can hold, every string and list has a
+bound. A message that breaks one is dropped whole (daemon/grpc_services.py counts and logs it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sized
+
+from proto.vocabulary import ProcessRole
+
+MAX_RANK = 1 << 20  # ranks are 0 to MAX_RANK - 1; -1 is the scheduler
+MAX_GENERATION = 1 << 40
+MAX_STEP = 1 << 62  # steps, epochs, sample positions: with room for the sums the decisions make
+MAX_SAMPLE_POSITION = 10**15  # consumed samples and skipped ranges (the skip ledger's bound)
+MAX_SAMPLES_PER_S = 1e12
+MAX_PROCESSES_PER_HEARTBEAT = 256
+MAX_DEVICE_ID = 1 << 16
+MAX_HELLO_TEXT_CHARS = 255
+MAX_PATH_CHARS = 4096
+MAX_REASON_CHARS = 100
+MAX_CAUSE_CHARS = 500
+MAX_LOCATION_CHARS = 300
+MAX_LOG_TAIL_CHARS = 4000
+
+
+class MalformedMessage(ValueError):
+    """A field of an agent's message is out of its bounds; the message says which, in one line."""
+
+
+def bounded_int(value: int, low: int, high: int, what: str) -> int:
+    if not low <= value <= high:
+        raise MalformedMessage(f"{what} {value} is not in {low}..{high}")
+    return value
+
+
+def generation(value: int) -> int:
+    return bounded_int(value, 0, MAX_GENERATION, "generation")
+
+
+def step(value: int, what: str = "step") -> int:
+    return bounded_int(value, 0, MAX_STEP, what)
+
+
+def sample_position(value: int, what: str) -> int:
+    return bounded_int(value, 0, MAX_SAMPLE_POSITION, what)
+
+
+def rank(value: int) -> int:
+    return bounded_int(value, 0, MAX_RANK - 1, "rank")
+
+
+def process_rank(role_text: str, value: int) -> tuple[ProcessRole, int]:
+    """The role and rank of a process: the scheduler is rank -1, a worker 0 to MAX_RANK - 1."""
+    try:
+        role = ProcessRole(role_text)
+    except ValueError:
+        raise MalformedMessage(f"role {role_text[:40]!r} is not one of "
+                               f"{', '.join(r.value for r in ProcessRole)}") from None
+    if role is ProcessRole.SCHEDULER:
+        return role, bounded_int(value, -1, -1, "scheduler rank")
+    return role, rank(value)
+
+
+def finite(value: float, what: str, low: float = -math.inf, high: float = math.inf) -> float:
+    if not (math.isfinite(value) and low <= value <= high):
+        raise MalformedMessage(f"{what} {value!r} is not a finite number in {low:g}..{high:g}")
+    return value
+
+
+def text(value: str, limit: int, what: str) -> str:
+    if len(value) > limit:
+        raise MalformedMessage(f"{what} has {len(value)} characters, more than {limit}")
+    return value
+
+
+def count(items: Sized, limit: int, what: str) -> None:
+    if len(items) > limit:
+        raise MalformedMessage(f"{len(items)} {what}, more than {limit}")
+
+
+def one_line(value: str, limit: int) -> str:
+    """A peer's text as one printable line of at most `limit` characters: it goes into logs,
+    events and status."""
+    return "".join(c if c.isprintable() else " " for c in value[:limit]).strip()

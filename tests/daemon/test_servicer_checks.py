@@ -1,0 +1,208 @@
+"""The servicer checks every field of what an agent sends before the coordinator sees it: a malformed
+message is dropped and counted, never raised out of the session loop; a Hello out of bounds is
+refused; at most `max_sessions` session streams are open at once."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import grpc
+import pytest
+from prometheus_client import REGISTRY
+
+from daemon.app import grpc_server
+from daemon.coordinator import SessionRefused
+from daemon.grpc_services import ControlService, CoordinatorService, hello_from_proto
+from proto import trainerd_pb2 as pb
+from proto import trainerd_pb2_grpc as pb_grpc
+from proto.vocabulary import JobState
+from tests.daemon.job_sim import SimCluster, job_settings, running_cluster
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def dropped(reason: str) -> float:
+    return REGISTRY.get_sample_value("trainerd_agent_messages_dropped_total", {"reason": reason}) or 0.0
+
+
+def hello(**fields) -> pb.Hello:
+    message = pb.Hello(node_name="n1", host="10.0.0.1", devices=[pb.Device(device_id=0, kind="cpu")],
+                       agent_version="t")
+    for name, value in fields.items():
+        if name == "devices":
+            del message.devices[:]
+            message.devices.extend(value)
+        else:
+            setattr(message, name, value)
+    return message
+
+
+@pytest.mark.parametrize("fields", [
+    {"node_name": "n1\n"}, {"node_name": "x" * 64}, {"node_name": ""}, {"host": "h" * 256},
+    {"agent_version": "v" * 10_000}, {"resume_token": "t" * 10_000},
+    {"devices": [pb.Device(device_id=i, kind="cpu") for i in range(65)]},
+    {"devices": [pb.Device(device_id=-1, kind="cpu")]}, {"devices": [pb.Device(device_id=1 << 20, kind="cpu")]},
+    {"devices": [pb.Device(device_id=0, device_ip="1" * 1000, kind="npu")]},
+    {"devices": [pb.Device(device_id=0, kind="k" * 100)]},
+], ids=lambda fields: next(iter(fields)))
+def test_a_hello_out_of_bounds_is_refused_before_it_is_used(fields: dict) -> None:
+    with pytest.raises(SessionRefused, match="malformed Hello"):
+        hello_from_proto(hello(**fields))
+
+
+def test_a_hello_within_bounds_passes() -> None:
+    assert hello_from_proto(hello()).node_name == "n1"
+
+
+def malformed_messages(generation: int) -> list[pb.AgentMessage]:
+    """One message of every kind, each with one field out of bounds."""
+    worker = dict(role="worker", rank=0, pid=200)
+    return [
+        pb.AgentMessage(),
+        pb.AgentMessage(hello=hello()),
+        pb.AgentMessage(heartbeat=pb.Heartbeat(generation=-1)),
+        pb.AgentMessage(heartbeat=pb.Heartbeat(generation=generation, sent_at=math.inf)),
+        pb.AgentMessage(heartbeat=pb.Heartbeat(generation=generation, processes=[
+            pb.ProcessStatus(**worker, state=pb.PROCESS_RUNNING)] * 257)),
+        pb.AgentMessage(heartbeat=pb.Heartbeat(generation=generation, processes=[
+            pb.ProcessStatus(role="daemon", rank=0, state=pb.PROCESS_EXITED, exit_code=1)])),
+        pb.AgentMessage(process_exited=pb.ProcessExited(generation=generation, role="worker", rank=1 << 20,
+                                                        exit_code=1)),
+        pb.AgentMessage(process_exited=pb.ProcessExited(generation=generation, role="scheduler", rank=0,
+                                                        exit_code=1)),
+        pb.AgentMessage(process_started=pb.ProcessStarted(generation=generation, role="worker", rank=-2)),
+        pb.AgentMessage(progress=pb.Progress(generation=generation, rank=0, step=12, samples_per_s=math.inf)),
+        pb.AgentMessage(progress=pb.Progress(generation=generation, rank=0, step=12, samples_per_s=math.nan)),
+        pb.AgentMessage(progress=pb.Progress(generation=generation, rank=0, step=12, samples_per_s=-1.0)),
+        pb.AgentMessage(progress=pb.Progress(generation=generation, rank=0, step=-5)),
+        pb.AgentMessage(progress=pb.Progress(generation=generation, rank=0, step=12, consumed_samples=1 << 62)),
+        pb.AgentMessage(progress=pb.Progress(generation=generation, rank=0, step=12, epoch=-1)),
+        pb.AgentMessage(bad_batch=pb.BadBatch(generation=generation, rank=0, step=12, sample_start=5, sample_end=5,
+                                              reason="x")),
+        pb.AgentMessage(bad_batch=pb.BadBatch(generation=generation, rank=0, step=12, sample_start=0,
+                                              sample_end=1 << 62, reason="x")),
+        pb.AgentMessage(bad_batch=pb.BadBatch(generation=generation, rank=0, step=12, sample_start=0, sample_end=12,
+                                              reason="r" * 101)),
+        pb.AgentMessage(checkpoint_saved=pb.CheckpointSaved(generation=generation, step=20, path="/ckpt/" + "p" * 5000)),
+        pb.AgentMessage(checkpoint_saved=pb.CheckpointSaved(generation=generation, step=20, consumed_samples=-1,
+                                                            path="/ckpt/step_00000020")),
+        pb.AgentMessage(checkpoint_saved=pb.CheckpointSaved(generation=-3, step=20, path="/ckpt/step_00000020")),
+        pb.AgentMessage(stopped=pb.Stopped(generation=-1)),
+        pb.AgentMessage(log_data=pb.LogData(request_id=1, offset=-1)),
+        pb.AgentMessage(log_data=pb.LogData(request_id=1, error="e" * 1001)),
+    ]
+
+
+def test_malformed_messages_are_dropped_and_counted_and_the_job_runs_on() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster(nodes=("a", "b"))
+        service = CoordinatorService(sim.coordinator)
+        session = sim.agents["a"].session
+        messages = malformed_messages(sim.job.record.generation)
+        before = dropped("malformed")
+        for message in messages:
+            service._dispatch(session, message)
+        assert dropped("malformed") - before == len(messages)
+        await sim.tick()
+        assert sim.state is JobState.RUNNING and sim.job.record.last_failure is None
+        assert [(r.rank, r.step) for r in sim.job.view().ranks] == [(0, 10), (1, 10)]
+        assert [c.step for c in sim.job.catalog.entries()] == [10]
+        assert not session.closed.is_set()
+    run(scenario())
+
+
+def test_a_nan_loss_is_what_a_bad_batch_shows_and_is_kept() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster(nodes=("a",))
+        service = CoordinatorService(sim.coordinator)
+        service._dispatch(sim.agents["a"].session, pb.AgentMessage(progress=pb.Progress(
+            generation=1, rank=0, step=11, loss=math.nan, grad_norm=math.inf, samples_per_s=10.0,
+            consumed_samples=132)))
+        view = sim.job.view()
+        assert view.ranks[0].step == 11 and math.isnan(view.ranks[0].loss)
+    run(scenario())
+
+
+def test_an_infinite_rate_is_dropped_at_the_servicer() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster(nodes=("a", "b"))
+        service = CoordinatorService(sim.coordinator)
+        service._dispatch(sim.agents["a"].session, pb.AgentMessage(progress=pb.Progress(
+            generation=1, rank=0, step=12, samples_per_s=math.inf, consumed_samples=144)))
+        assert [r.step for r in sim.job.view().ranks] == [10, 10]
+        await sim.coordinator.set_drain("b", True)
+        await sim.tick()
+        requests = sim.agents["a"].checkpoint_requests()
+        assert requests and requests[-1].step < 100  # led by the rates the ranks really reported
+    run(scenario())
+
+
+def test_sessions_beyond_max_sessions_are_refused_resource_exhausted() -> None:
+    async def scenario() -> None:
+        sim = SimCluster(job_settings())
+        await sim.lead()
+        server = grpc_server()
+        port = server.add_insecure_port("127.0.0.1:0")
+        pb_grpc.add_CoordinatorServicer_to_server(CoordinatorService(sim.coordinator, max_sessions=2), server)
+        await server.start()
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        try:
+            stub = pb_grpc.CoordinatorStub(channel)
+
+            async def open_session(name: str) -> grpc.aio.StreamStreamCall:
+                call = stub.Session()
+                await call.write(pb.AgentMessage(hello=hello(node_name=name)))
+                assert (await call.read()).WhichOneof("body") == "welcome"
+                return call
+
+            first, _ = await open_session("n1"), await open_session("n2")
+            third = stub.Session()
+            await third.write(pb.AgentMessage(hello=hello(node_name="n3")))
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await third.read()
+            assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "2 sessions, the most it allows" in refused.value.details()
+
+            first.cancel()
+            for _ in range(100):  # the server notices the cancel
+                if sim.coordinator.session_count < 2:
+                    break
+                await asyncio.sleep(0.02)
+            await open_session("n3")
+        finally:
+            await channel.close()
+            await server.stop(None)
+    run(scenario())
+
+
+def test_a_drain_names_a_node_or_is_refused_in_one_short_line() -> None:
+    async def scenario() -> None:
+        sim = SimCluster(job_settings())
+        await sim.lead()
+        for i in range(25):
+            await sim.connect(f"n{i:02d}")
+        server = grpc_server()
+        port = server.add_insecure_port("127.0.0.1:0")
+        pb_grpc.add_ControlServicer_to_server(ControlService(sim.coordinator), server)
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = pb_grpc.ControlStub(channel)
+                for node, code, details in (
+                        ("x" * 300_000, grpc.StatusCode.INVALID_ARGUMENT, "is not a node name"),
+                        ("bad name", grpc.StatusCode.INVALID_ARGUMENT, "'bad name' is not a node name"),
+                        ("nope", grpc.StatusCode.FAILED_PRECONDITION,
+                         "no node named 'nope' (known: n00, n01, n02, n03, n04, n05, n06, n07, n08, n09, n10, n11, n12, "
+                         "n13, n14, n15, n16, n17, n18, n19 and 5 more)")):
+                    with pytest.raises(grpc.aio.AioRpcError) as refused:
+                        await stub.SetDrain(pb.DrainRequest(node=node, drained=True), timeout=10)
+                    assert refused.value.code() is code and details in refused.value.details()
+                    assert len(refused.value.details()) < 300
+                reply = await stub.SetDrain(pb.DrainRequest(node="n03", drained=True), timeout=10)
+                assert reply.message == "node n03 is drained"
+        finally:
+            await server.stop(None)
+    run(scenario())
