@@ -317,7 +317,7 @@ def print_status(data: dict) -> None:
         f"job {job['name']}: {job['state']}  generation {job['generation']}  "
         f"world size {job['world_size']}  epoch {_or_dash(job['epoch'])}  step {_or_dash(job['step'])}  "
         f"loss {_or_dash(job['loss'], '.4f')}  "
-        f"samples/s {_or_dash(job['samples_per_s'], '.0f')}  checkpoint {_or_dash(job['last_checkpoint_step'])}  "
+        f"samples/s {_or_dash(job['samples_per_s'] or None, '.0f')}  checkpoint {_or_dash(job['last_checkpoint_step'])}  "
         f"skipped ranges {job['skipped_batches']}"
     )
     console.print(f"restarts {job['restarts']} ({job['crash_restarts']} of {job['restart_budget']} crash "
@@ -330,8 +330,9 @@ def print_status(data: dict) -> None:
         for column in ("rank", "node", "epoch", "step", "loss", "samples/s"):
             ranks.add_column(column)
         for rank in job["ranks"]:
+            rate = "-" if rank["from_output"] and not rank["samples_per_s"] else f"{rank['samples_per_s']:.0f}"
             ranks.add_row(str(rank["rank"]), rank["node"], _or_dash(rank["epoch"]), str(rank["step"]),
-                          f"{rank['loss']:.4f}", f"{rank['samples_per_s']:.0f}")
+                          f"{rank['loss']:.4f}", rate)
         console.print(ranks)
     failure = job["last_failure"]
     if failure is not None:
