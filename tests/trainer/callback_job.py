@@ -4,8 +4,8 @@
 
 Runs by hand (one process) or as one rank of a cluster (MS_ROLE set: it joins with init(), data parallel).
 The flags after --output are test hooks: --nan-step makes the samples one rank reads at that step NaN
-(computed from trainerd's sample stream, which the dataset reads in the same order), and --trace writes
-the weights after every step.
+(computed from trainerd's sample stream, which the dataset reads in the same order), --trace writes
+the weights after every step, and --from-epoch-0 forgets to tell Model.train where a resume continues.
 """
 
 import argparse
@@ -33,6 +33,7 @@ def parse_args():
     parser.add_argument("--nan-step", type=int, help="test only: the samples of this step ...")
     parser.add_argument("--nan-rank", type=int, default=0, help="test only: ... that this rank reads are NaN")
     parser.add_argument("--trace", help="test only: write the weights after step s to TRACE/rank<rank>_step<s>.npz")
+    parser.add_argument("--from-epoch-0", action="store_true", help="test only: start Model.train at epoch 0 always")
     return parser.parse_args()
 
 
@@ -101,7 +102,7 @@ def main():
     if args.trace:
         os.makedirs(args.trace, exist_ok=True)
         callbacks.append(Trace(args.trace, rank, net))
-    initial_epoch = resume_epoch(dataset)
+    initial_epoch = 0 if args.from_epoch_0 else resume_epoch(dataset)
     if initial_epoch < args.epochs:
         model.train(args.epochs, dataset, callbacks=callbacks, initial_epoch=initial_epoch)
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from proto.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
 from proto.progress_datagram import BadBatchReport, WorkerEvent
 from tests.harness import Processes
 from tests.ports import free_port
@@ -200,3 +201,29 @@ def test_outside_trainerd_the_callback_only_says_so(processes: Processes, tmp_pa
     assert log.count("TrainerdCallback") == 1 and "not launched by trainerd" in log, log
     assert len(LOSS_LINE.findall(log)) == STEPS
     assert all(np.isfinite(array).all() for array in run.weights(0).values())
+
+
+def error_lines(run: Run, name: str) -> list[str]:
+    log = run.procs[name].log()
+    assert "Traceback" not in log, log
+    return [line for line in log.splitlines() if line.startswith(("TrainerdCallback: ", "trainerd_dataset: "))]
+
+
+def test_a_resume_without_its_epoch_or_from_an_unreadable_checkpoint_exits_with_one_line(
+    processes: Processes, reference: tuple[Run, Path], tmp_path: Path,
+) -> None:
+    copy = shutil.copytree(step_dir(reference[1], 5), step_dir(tmp_path, 5))
+    forgot = run_job(processes, tmp_path, one_rank_env(tmp_path, "forgot_epoch", TRAINERD_RESUME_FROM=str(copy)),
+                     *ARGV, "--from-epoch-0")
+    assert forgot.exit_codes() == {"forgot_epoch": EXIT_USAGE}, forgot.logs
+    assert error_lines(forgot, "forgot_epoch") == [
+        "TrainerdCallback: Model.train began epoch 1, but the dataset is in epoch 2 (after step 5): "
+        "pass initial_epoch=resume_epoch(dataset) to Model.train"]
+    assert forgot.steps(0) == []  # refused before the first step
+
+    missing = step_dir(tmp_path, 6)
+    unreadable = run_job(processes, tmp_path, one_rank_env(tmp_path, "unreadable", TRAINERD_RESUME_FROM=str(missing)),
+                         *ARGV)
+    assert unreadable.exit_codes() == {"unreadable": EXIT_CHECKPOINT_UNREADABLE}, unreadable.logs
+    assert error_lines(unreadable, "unreadable") == [
+        f"trainerd_dataset: cannot resume from checkpoint {missing}: step_00000006/manifest.json is missing"]
