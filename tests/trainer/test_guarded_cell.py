@@ -5,6 +5,7 @@ and no guard state; micro batches accumulate to the mean of the whole batch; cli
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import mindspore as ms
 import numpy as np
@@ -89,7 +90,10 @@ def test_micro_batches_accumulate_to_the_whole_batch() -> None:
         np.testing.assert_allclose(param_a.asnumpy(), param_w.asnumpy(), rtol=1e-5, atol=1e-7)
 
 
-def test_the_launch_sets_the_accumulation_and_a_batch_that_does_not_split_is_refused() -> None:
+def test_the_launch_sets_the_accumulation_and_a_batch_that_does_not_split_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)  # where MindSpore writes the failed compile's rank_0/om/analyze_fail.ir
     launch = {"TRAINERD_JOB": "cb", "TRAINERD_GLOBAL_BATCH": "24", "TRAINERD_MICRO_BATCH": "8",
               "TRAINERD_GRAD_ACCUM": "3"}
     cell = GuardedTrainOneStepCell(*network_with_loss(), environ=launch)
