@@ -75,20 +75,19 @@ class TrainerdCallback(Callback):
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         super().__init__()
         env = os.environ if environ is None else environ
-        self._ctx = trainerd_launch(env)
+        ctx = trainerd_launch(env)
         self._skips_file = env.get(SKIPS_FILE_ENV)
-        self._reporter: ProgressReporter | None = None
+        self._active: tuple[RankContext, ProgressReporter] | None = None
         self._run: _Run | None = None
-        if self._ctx is None:
+        if ctx is None:
             log.warning("TrainerdCallback: this process was not launched by trainerd (TRAINERD_JOB is not set), "
                         "so it reports no progress and saves no checkpoints.")
-            return
-        self._reporter = ProgressReporter.for_rank(self._ctx)
+        elif not ctx.is_scheduler:  # the scheduler never trains: MindSpore's init() serves the cluster
+            self._active = (ctx, ProgressReporter.for_rank(ctx))
 
     def on_train_begin(self, run_context: RunContext) -> None:
-        if self._ctx is None or self._reporter is None:
-            return
-        self._run = _Run.begin(self._ctx, self._reporter, run_context.original_args(), self._skips_file)
+        if self._active is not None:
+            self._run = _Run.begin(*self._active, run_context.original_args(), self._skips_file)
 
     def on_train_epoch_begin(self, run_context: RunContext) -> None:
         if self._run is not None:
@@ -104,17 +103,17 @@ class TrainerdCallback(Callback):
             self._run.step_ended(cb_params.net_outputs, isinstance(cb_params.train_network, GuardedTrainOneStepCell))
 
     def on_train_end(self, run_context: RunContext) -> None:
-        if self._run is not None and self._reporter is not None:
+        if self._run is not None:
             self._run.checkpoints.close()
-            self._reporter.event(WorkerEvent.FINISHED, step=self._run.step)
+            self._run.reporter.event(WorkerEvent.FINISHED, step=self._run.step)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         """Model.train leaves its callbacks' contexts also when training fails: wait for a save in flight."""
         if self._run is not None:
             self._run.checkpoints.close()
-        if self._reporter is not None:
-            self._reporter.close()
+        if self._active is not None:
+            self._active[1].close()
 
 
 class _Run:
