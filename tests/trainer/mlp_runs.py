@@ -75,10 +75,10 @@ def cluster_env(socket_path: Path, port: int, world_size: int = 2, generation: i
 async def run_example(processes: Processes, root: Path, envs: dict[str, dict[str, str]], argv: list[str],
                       until: Callable[[list[ProgressMessage]], bool] | None = None,
                       on_message: Callable[[ProgressMessage], None] | None = None,
-                      ) -> tuple[dict[str, Proc], list[ProgressMessage]]:
-    """Start one process per entry of `envs` with a progress receiver listening on root/progress.sock, and
-    wait (bounded) until all have exited, or until `until(reports)` holds. `on_message` sees each report
-    the moment it arrives."""
+                      command: list[str] = EXAMPLE) -> tuple[dict[str, Proc], list[ProgressMessage]]:
+    """Start `command` + `argv` (by default the example job) once per entry of `envs` with a progress
+    receiver listening on root/progress.sock, and wait (bounded) until all have exited, or until
+    `until(reports)` holds. `on_message` sees each report the moment it arrives."""
     reports: list[ProgressMessage] = []
 
     def receive(message: ProgressMessage) -> None:
@@ -88,7 +88,7 @@ async def run_example(processes: Processes, root: Path, envs: dict[str, dict[str
 
     transport = await open_progress_receiver(root / "progress.sock", receive)
     try:
-        procs = {name: processes.start(name, EXAMPLE + argv, env) for name, env in envs.items()}
+        procs = {name: processes.start(name, command + argv, env) for name, env in envs.items()}
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while not (until(reports) if until else all(not p.alive() for p in procs.values())):
             if time.monotonic() > deadline:

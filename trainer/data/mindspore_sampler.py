@@ -18,6 +18,12 @@ most one file's worth of indices each.
 Both build the whole window's indices up front (steps × global_batch / world_size of them, 8 bytes
 each, as MindSpore itself materialises a sampler's indices): for a very long run, build the dataset for a
 few thousand steps at a time from the consumed count the previous one ended at (`next_consumed`).
+
+`Model.train` reads its dataset once per epoch, and a GeneratorDataset asks its sampler for a new pass
+each time, each pass being exactly `num_samples` indices (MindSpore refuses a shorter one). `EpochSampler`
+makes pass k the next epoch of the stream, so an epoch is `steps_per_epoch` steps whatever the world size.
+MindSpore works on a deep copy of the sampler for every iterator it builds (also for probes like
+`output_shapes()`), so each iterator starts again at the first pass and the object passed in never moves.
 """
 
 from __future__ import annotations
@@ -47,6 +53,57 @@ class ElasticSampler(ds.Sampler):
 
     def __len__(self) -> int:
         return self.schedule.size
+
+
+class EpochSampler(ds.Sampler):
+    """For `Model.train` over `GeneratorDataset(source, ..., sampler=EpochSampler(...)).batch(global_batch //
+    world_size)`: each pass yields rank `rank`'s dataset indices for the next `steps_per_epoch` steps, so
+    epoch e (counting from 1) trains steps (e - 1) × steps_per_epoch + 1 to e × steps_per_epoch.
+
+    A run resuming after step `first_step` (stream position `first_consumed`) starts in epoch
+    `first_step // steps_per_epoch + 1` (pass `initial_epoch=first_epoch - 1` to Model.train). Its first pass
+    begins with `first_step % steps_per_epoch` placeholder steps, the epoch's steps already trained, and the
+    dataset must skip them (`dataset.set_init_step(skipped_steps)`: MindSpore then reads no sample for them).
+    """
+
+    def __init__(self, stream: SampleStream, global_batch: int, rank: int, world_size: int, steps_per_epoch: int,
+                 first_step: int = 0, first_consumed: int = 0) -> None:
+        if steps_per_epoch < 1:
+            raise ValueError(f"an epoch needs at least one step, not {steps_per_epoch}")
+        if first_step < 0 or first_consumed < 0:
+            raise ValueError(f"cannot start after step {first_step} at stream position {first_consumed}")
+        # No steps: only checks the split and the position, here rather than in MindSpore's pipeline thread.
+        self.per_rank = stream.rank_indices(first_consumed, global_batch, rank, world_size, 0)[0].shape[1]
+        self.stream = stream
+        self.global_batch = global_batch
+        self.rank = rank
+        self.world_size = world_size
+        self.steps_per_epoch = steps_per_epoch
+        self.first_step = first_step
+        self.first_consumed = first_consumed
+        self._placeholder_steps = first_step % steps_per_epoch
+        self._consumed = first_consumed
+        super().__init__(num_samples=steps_per_epoch * self.per_rank)
+
+    @property
+    def first_epoch(self) -> int:
+        """The epoch (counting from 1) the first pass belongs to."""
+        return self.first_step // self.steps_per_epoch + 1
+
+    @property
+    def skipped_steps(self) -> int:
+        """Placeholder steps at the start of the first pass: `dataset.set_init_step` them."""
+        return self.first_step % self.steps_per_epoch
+
+    def __iter__(self) -> Iterator[int]:
+        placeholders, self._placeholder_steps = self._placeholder_steps, 0
+        schedule, self._consumed = self.stream.rank_indices(self._consumed, self.global_batch, self.rank,
+                                                            self.world_size, self.steps_per_epoch - placeholders)
+        # Index 0 exists in every dataset; MindSpore skips these without reading them.
+        return iter([0] * (placeholders * self.per_rank) + schedule.ravel().tolist())
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch * self.per_rank
 
 
 def elastic_mind_dataset(dataset_files: str | Sequence[str], stream: SampleStream, consumed_samples: int,

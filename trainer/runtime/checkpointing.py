@@ -33,7 +33,7 @@ from proto.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
 from proto.progress_datagram import CheckpointReport, MalformedProgress, encode
 from trainer.checkpoint import CheckpointError, CheckpointMeta, CheckpointWriter, load_checkpoint
 from trainer.checkpoint.step_dirs import check_inside_root
-from trainer.checkpoint.manifest import step_dir_name
+from trainer.checkpoint.manifest import read_manifest, step_dir_name
 from trainer.data.skip_ranges import SkipRanges
 from trainer.runtime.checkpoint_schedule import CheckpointSchedule, ControlFile
 from trainer.runtime.progress import ProgressReporter
@@ -70,6 +70,29 @@ class SeedMismatch(ResumeError):
 class ResumePoint:
     step: int              # optimizer steps completed: training continues with step + 1
     consumed_samples: int  # the stream position of the next sample to read
+
+
+def resume_point(settings: CheckpointSettings, data_seed: int) -> ResumePoint | None:
+    """Where the checkpoint named by `resume_from` stands, from its manifest alone (no tensor is read or
+    verified), or None when starting fresh: what a dataset must know before training begins. Raises
+    CheckpointUnreadable when it lies outside the checkpoint directory or its manifest is missing or
+    invalid, SeedMismatch when it was trained on another data seed.
+    """
+    path, root = settings.resume_from, settings.directory
+    if path is None:
+        return None
+    if root is None:
+        raise CheckpointUnreadable(f"cannot resume from checkpoint {path}: no checkpoint directory "
+                                   "(TRAINERD_CHECKPOINT_DIR) is set for it to lie in")
+    try:
+        check_inside_root(root, path)
+        meta = read_manifest(path).meta
+    except (CheckpointError, OSError) as exc:
+        raise CheckpointUnreadable(f"cannot resume from checkpoint {path}: {exc}") from exc
+    if meta.data_seed != data_seed:
+        raise SeedMismatch(f"checkpoint {path} was trained with data seed {meta.data_seed}, "
+                           f"but this run's seed is {data_seed}")
+    return ResumePoint(meta.step, meta.consumed_samples)
 
 
 class TrainingCheckpoints:
@@ -130,21 +153,14 @@ class TrainingCheckpoints:
         path = self._settings.resume_from
         if path is None:
             return ResumePoint(0, 0)
-        root = self._settings.directory
-        if root is None:
-            raise CheckpointUnreadable(f"cannot resume from checkpoint {path}: no checkpoint directory "
-                                       "(TRAINERD_CHECKPOINT_DIR) is set for it to lie in")
+        resume_point(self._settings, self._data_seed)  # where it lies, a readable manifest, the seed
         try:
-            check_inside_root(root, path)
             tensors, manifest = load_checkpoint(path, self._rank, self._ctx.world_size)
         except (CheckpointError, OSError) as exc:
             raise CheckpointUnreadable(f"cannot resume from checkpoint {path}: {exc}") from exc
         from trainer.checkpoint.mindspore_io import load_numpy_into
 
         meta = manifest.meta
-        if meta.data_seed != self._data_seed:
-            raise SeedMismatch(f"checkpoint {path} was trained with data seed {meta.data_seed}, "
-                               f"but this run's seed is {self._data_seed}")
         try:
             load_numpy_into(tensors, *self._cells)
         except CheckpointError as exc:

@@ -135,6 +135,14 @@ class RankContext:
         )
 
 
+def trainerd_launch(environ: Mapping[str, str] | None = None) -> RankContext | None:
+    """This process's context when trainerd launched it, else None: a script run by hand or by msrun, which
+    trainerd's add-ons to a script (`trainer.runtime.callback`) then leave alone. The agent sets TRAINERD_JOB
+    for every process it launches; msrun sets MS_ROLE but none of trainerd's variables."""
+    env = os.environ if environ is None else environ
+    return RankContext.from_environ(env) if env.get("TRAINERD_JOB") else None
+
+
 def _standalone(env: Mapping[str, str]) -> RankContext:
     stray = [name for name in _CLUSTER_ONLY if name in env]
     if stray:

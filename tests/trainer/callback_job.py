@@ -1,0 +1,117 @@
+"""A Model.train job written with trainerd's callback recipe, for the tests: a small MLP on synthetic data.
+
+    python tests/trainer/callback_job.py --epochs 3 --steps-per-epoch 4 --output OUT
+
+Runs by hand (one process) or as one rank of a cluster (MS_ROLE set: it joins with init(), data parallel).
+The flags after --output are test hooks: --nan-step makes the samples one rank reads at that step NaN
+(computed from trainerd's sample stream, which the dataset reads in the same order), --trace writes
+the weights after every step, and --from-epoch-0 forgets to tell Model.train where a resume continues.
+"""
+
+import argparse
+import os
+
+import mindspore as ms
+import mindspore.dataset as ds
+import numpy as np
+from mindspore import nn
+from mindspore.communication import get_rank, init
+from mindspore.train import Callback, LossMonitor, Model
+
+from trainer.data import SampleStream, rank_share
+from trainer.runtime.callback import GuardedTrainOneStepCell, TrainerdCallback, resume_epoch, trainerd_dataset
+
+SAMPLES, FEATURES, HIDDEN, CLASSES = 4096, 32, 64, 4
+BATCH_SIZE = 16  # per rank and micro batch
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--steps-per-epoch", type=int, default=4)
+    parser.add_argument("--output", help="write the final weights to OUTPUT/final_rank<rank>.npz")
+    parser.add_argument("--nan-step", type=int, help="test only: the samples of this step ...")
+    parser.add_argument("--nan-rank", type=int, default=0, help="test only: ... that this rank reads are NaN")
+    parser.add_argument("--trace", help="test only: write the weights after step s to TRACE/rank<rank>_step<s>.npz")
+    parser.add_argument("--from-epoch-0", action="store_true", help="test only: start Model.train at epoch 0 always")
+    return parser.parse_args()
+
+
+class TrainData:
+    def __init__(self, nan_indices=()):
+        rng = np.random.default_rng(0)
+        self.x = rng.standard_normal((SAMPLES, FEATURES)).astype(np.float32)
+        self.y = (self.x @ rng.standard_normal((FEATURES, CLASSES))).argmax(axis=1).astype(np.int32)
+        self.x[list(nan_indices)] = np.nan
+
+    def __getitem__(self, index):
+        return self.x[index], self.y[index]
+
+    def __len__(self):
+        return SAMPLES
+
+
+def nan_indices(step, rank, world_size):
+    """The dataset indices rank `rank` reads at `step` (the run stays within one pass over the data)."""
+    global_batch = int(os.environ.get("TRAINERD_GLOBAL_BATCH", BATCH_SIZE * world_size))
+    positions, _ = SampleStream(SAMPLES, 0).step_positions((step - 1) * global_batch, global_batch)
+    return SampleStream(SAMPLES, 0).indices(rank_share(positions, rank, world_size, BATCH_SIZE)).ravel()
+
+
+class MLP(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Dense(FEATURES, HIDDEN)
+        self.relu = nn.ReLU()
+        self.fc2 = nn.Dense(HIDDEN, CLASSES)
+
+    def construct(self, x):
+        return self.fc2(self.relu(self.fc1(x)))
+
+
+class Trace(Callback):
+    def __init__(self, directory, rank, net):
+        super().__init__()
+        self.directory, self.rank, self.net = directory, rank, net
+
+    def on_train_step_end(self, run_context):
+        step = run_context.original_args().cur_step_num
+        np.savez(os.path.join(self.directory, f"rank{self.rank}_step{step}.npz"),
+                 **{p.name: p.asnumpy() for p in self.net.trainable_params()})
+
+
+def main():
+    args = parse_args()
+    ms.set_context(mode=ms.GRAPH_MODE)
+    rank, world_size = 0, int(os.environ.get("MS_WORKER_NUM", "1"))
+    if "MS_ROLE" in os.environ:
+        init()
+        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
+        rank = get_rank()
+    ms.set_seed(1)
+
+    bad = nan_indices(args.nan_step, args.nan_rank, world_size) if args.nan_step else ()
+    dataset = ds.GeneratorDataset(TrainData(bad), ["x", "y"])
+    dataset = trainerd_dataset(dataset, BATCH_SIZE, args.steps_per_epoch)
+
+    net = MLP()
+    optimizer = nn.Momentum(net.trainable_params(), learning_rate=0.05, momentum=0.9)
+    loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    model = Model(GuardedTrainOneStepCell(nn.WithLossCell(net, loss_fn), optimizer))
+    callbacks = [TrainerdCallback(), LossMonitor(1)]
+    if args.trace:
+        os.makedirs(args.trace, exist_ok=True)
+        callbacks.append(Trace(args.trace, rank, net))
+    initial_epoch = 0 if args.from_epoch_0 else resume_epoch(dataset)
+    if initial_epoch < args.epochs:
+        model.train(args.epochs, dataset, callbacks=callbacks, initial_epoch=initial_epoch)
+
+    if args.output:
+        os.makedirs(args.output, exist_ok=True)
+        np.savez(os.path.join(args.output, f"final_rank{rank}.npz"),
+                 **{p.name: p.asnumpy() for p in net.trainable_params()})
+    print(f"rank {rank}: training finished after epoch {args.epochs}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""A Model.train script with TrainerdCallback, trainerd_dataset and GuardedTrainOneStepCell (callback_job.py), run as
+real MindSpore processes on the CPU the way the agent launches them, reporting to a real progress receiver:
+progress for every step, checkpoints on the schedule and at the coordinator's request that verify, a bad batch
+skipped and reported, a resume in the middle of an epoch that ends bit-identical to the uninterrupted run, a
+NaN batch on one of two ranks that both skip, a two-rank checkpoint resumed on one rank with accumulation, and
+nothing at all outside trainerd."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from proto.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
+from proto.progress_datagram import BadBatchReport, WorkerEvent
+from tests.harness import Processes
+from tests.ports import free_port
+from tests.trainer.mlp_runs import FAST_START_ENV, Run, cluster_env, run_example
+from trainer.checkpoint import load_checkpoint, verify_checkpoint
+
+JOB = [sys.executable, str(Path(__file__).with_name("callback_job.py"))]
+EPOCHS, STEPS_PER_EPOCH = 3, 4
+STEPS = EPOCHS * STEPS_PER_EPOCH
+GLOBAL_BATCH, MICRO_BATCH = 32, 16
+NAN_STEP = 3  # reads stream positions 64..95
+ARGV = ["--epochs", str(EPOCHS), "--steps-per-epoch", str(STEPS_PER_EPOCH), "--nan-step", str(NAN_STEP)]
+WEIGHTS = ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"]
+LOSS_LINE = re.compile(r"^epoch: (\d+) step: (\d+), loss is ", re.MULTILINE)
+
+
+def one_rank_env(root: Path, name: str, generation: int = 1, **more: str) -> dict[str, dict[str, str]]:
+    """Process `name` launched as trainerd launches a one-rank job (no cluster: no MS_ROLE), the global batch
+    of 32 split into 2 micro batches of 16, checkpoints every 5 steps."""
+    return {name: FAST_START_ENV | {
+        "TRAINERD_JOB": "cb", "TRAINERD_GENERATION": str(generation),
+        "TRAINERD_PROGRESS_SOCKET": str(root / "progress.sock"), "TRAINERD_GLOBAL_BATCH": str(GLOBAL_BATCH),
+        "TRAINERD_MICRO_BATCH": str(MICRO_BATCH), "TRAINERD_GRAD_ACCUM": "2",
+        "TRAINERD_CHECKPOINT_DIR": str(root / "ckpt"), "TRAINERD_CHECKPOINT_EVERY": "5",
+        "TRAINERD_CHECKPOINT_KEEP": "100",
+    } | more}
+
+
+def run_job(processes: Processes, root: Path, envs: dict[str, dict[str, str]], *argv: str) -> Run:
+    procs, reports = asyncio.run(run_example(processes, root, envs, [*argv, "--output", str(root / "out")],
+                                             command=JOB))
+    return Run(procs, reports, root / "out", processes.logs())
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / "ckpt" / f"step_{step:08d}"
+
+
+def traced(root: Path, rank: int, step: int) -> dict[str, np.ndarray]:
+    with np.load(root / "trace" / f"rank{rank}_step{step}.npz") as saved:
+        return {name: saved[name] for name in saved.files}
+
+
+def same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
+    return sorted(a) == sorted(b) and all(a[name].tobytes() == b[name].tobytes() for name in a)
+
+
+def bad_batches(run: Run) -> list[tuple[int, int, int, int]]:
+    return [(m.rank, m.step, m.sample_start, m.sample_end) for m in run.reports if isinstance(m, BadBatchReport)]
+
+
+@pytest.fixture(scope="module")
+def processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Processes]:
+    procs = Processes(tmp_path_factory.mktemp("callback"))
+    try:
+        yield procs
+    finally:
+        procs.cleanup()
+
+
+@pytest.fixture(scope="module")
+def reference(processes: Processes, tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, Path]:
+    """12 steps in 3 epochs on one rank; the samples of step 3 are NaN; the control file (written before the
+    launch, as the agent would) asks for a checkpoint at step 7."""
+    root = tmp_path_factory.mktemp("reference")
+    control = root / "control.json"
+    control.write_text(json.dumps({"schema": 1, "generation": 1, "checkpoint_at_step": 7}))
+    run = run_job(processes, root, one_rank_env(root, "reference", TRAINERD_CONTROL_FILE=str(control)), *ARGV,
+                  "--trace", str(root / "trace"))
+    assert run.exit_codes() == {"reference": 0}, run.logs
+    return run, root
+
+
+@pytest.fixture(scope="module")
+def two_ranks(processes: Processes, tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, Path]:
+    """The same job on two ranks (16 samples each per step, no accumulation); only rank 1's samples of step 3
+    are NaN; checkpoints every 4 steps."""
+    root = tmp_path_factory.mktemp("two_ranks")
+    envs = cluster_env(root / "progress.sock", free_port(), world_size=2, extra={
+        "TRAINERD_GLOBAL_BATCH": str(GLOBAL_BATCH), "TRAINERD_MICRO_BATCH": str(MICRO_BATCH),
+        "TRAINERD_GRAD_ACCUM": "1", "TRAINERD_CHECKPOINT_DIR": str(root / "ckpt"), "TRAINERD_CHECKPOINT_EVERY": "4",
+        "TRAINERD_CHECKPOINT_KEEP": "100"})
+    run = run_job(processes, root, envs, *ARGV, "--nan-rank", "1", "--trace", str(root / "trace"))
+    assert run.exit_codes() == {"scheduler": 0, "rank0": 0, "rank1": 0}, run.logs
+    return run, root
+
+
+def test_every_step_is_reported_to_the_agent_socket(reference: tuple[Run, Path]) -> None:
+    run, _ = reference
+    assert [(e.event, e.step) for e in run.events(0)] == [(WorkerEvent.STARTED, 0), (WorkerEvent.FINISHED, STEPS)]
+    steps = run.steps(0)
+    assert [(s.step, s.consumed_samples) for s in steps] == [(n, n * GLOBAL_BATCH) for n in range(1, STEPS + 1)]
+    assert all(s.samples_per_s > 0 for s in steps)
+    good = [n != NAN_STEP for n in range(1, STEPS + 1)]
+    assert [np.isfinite(s.loss) and np.isfinite(s.grad_norm) and s.grad_norm > 0 for s in steps] == good
+
+
+def test_checkpoints_follow_the_schedule_and_the_request_and_verify(reference: tuple[Run, Path]) -> None:
+    run, root = reference
+    assert [(c.rank, c.step, c.consumed_samples, c.path) for c in run.checkpoints()] == [
+        (0, step, step * GLOBAL_BATCH, str(step_dir(root, step))) for step in (5, 7, 10)]
+    for step in (5, 7, 10):
+        manifest = verify_checkpoint(step_dir(root, step))
+        meta = manifest.meta
+        assert (manifest.world_size, meta.step, meta.consumed_samples, meta.data_seed, meta.grad_accumulation,
+                meta.skip_ledger) == (1, step, step * GLOBAL_BATCH, 0, 2, ((64, 96),))
+    tensors, _ = load_checkpoint(step_dir(root, 10), 0, 1)
+    assert set(WEIGHTS) | {"moments.fc1.weight", "global_step", "guard.norm_mean", "guard.accepted_steps"} <= set(tensors)
+    assert int(tensors["guard.accepted_steps"]) == 9  # ten steps, one skipped
+    assert same({name: tensors[name] for name in WEIGHTS}, traced(root, 0, 10))
+
+
+def test_a_nan_batch_is_reported_and_leaves_the_weights_unchanged(reference: tuple[Run, Path]) -> None:
+    run, root = reference
+    [report] = [m for m in run.reports if isinstance(m, BadBatchReport)]
+    assert (report.rank, report.step, report.sample_start, report.sample_end) == (0, NAN_STEP, 64, 96)
+    assert report.reason in ("nonfinite_loss", "nonfinite_grad_norm")
+    assert same(traced(root, 0, NAN_STEP), traced(root, 0, NAN_STEP - 1))
+    assert not same(traced(root, 0, NAN_STEP + 1), traced(root, 0, NAN_STEP))
+
+
+def test_a_run_resumed_in_the_middle_of_an_epoch_ends_bit_identical(
+    processes: Processes, reference: tuple[Run, Path], tmp_path: Path,
+) -> None:
+    """Step 5 is the first of epoch 2: Model.train restarts in epoch 2 and the dataset skips its first step."""
+    reference_run, reference_root = reference
+    copy = shutil.copytree(step_dir(reference_root, 5), step_dir(tmp_path, 5))  # a resume reads only its own root
+    env = one_rank_env(tmp_path, "resumed_mid_epoch", generation=2, TRAINERD_RESUME_FROM=str(copy))
+    resumed = run_job(processes, tmp_path, env, *ARGV)
+    assert resumed.exit_codes() == {"resumed_mid_epoch": 0}, resumed.logs
+    assert [(e.event, e.step) for e in resumed.events(0)] == [(WorkerEvent.STARTED, 5), (WorkerEvent.FINISHED, STEPS)]
+    assert [(s.step, s.consumed_samples) for s in resumed.steps(0)] == [
+        (n, n * GLOBAL_BATCH) for n in range(6, STEPS + 1)]
+    assert [c.step for c in resumed.checkpoints()] == [10]
+    printed = LOSS_LINE.findall(resumed.procs["resumed_mid_epoch"].log())
+    assert printed[0] == ("2", "2") and printed[-1] == (str(EPOCHS), str(STEPS_PER_EPOCH)), printed
+    assert same(resumed.weights(0), reference_run.weights(0))
+    ours, _ = load_checkpoint(step_dir(tmp_path, 10), 0, 1)
+    theirs, _ = load_checkpoint(step_dir(reference_root, 10), 0, 1)
+    assert same(ours, theirs)  # weights, momenta, the optimizer's step and the guard's state
+
+
+def test_a_nan_batch_on_one_rank_makes_both_ranks_skip(two_ranks: tuple[Run, Path]) -> None:
+    run, root = two_ranks
+    assert bad_batches(run) == [(0, NAN_STEP, 64, 96)]
+    for rank in (0, 1):
+        [at_nan] = [s for s in run.steps(rank) if s.step == NAN_STEP]
+        assert not np.isfinite(at_nan.grad_norm)
+        assert same(traced(root, rank, NAN_STEP), traced(root, rank, NAN_STEP - 1))
+        assert not same(traced(root, rank, NAN_STEP + 1), traced(root, rank, NAN_STEP))
+    assert same(run.weights(0), run.weights(1))
+    manifest = verify_checkpoint(step_dir(root, 8))
+    assert (manifest.world_size, manifest.meta.grad_accumulation, manifest.meta.skip_ledger) == (2, 1, ((64, 96),))
+
+
+def test_a_two_rank_checkpoint_resumes_on_one_rank_with_accumulation(
+    processes: Processes, two_ranks: tuple[Run, Path], tmp_path: Path,
+) -> None:
+    """Rank r's 16 samples become micro batch r of the single rank: the same global batch, so the run ends
+    where the two-rank run did (up to the order of the sums)."""
+    two_rank_run, two_rank_root = two_ranks
+    copy = shutil.copytree(step_dir(two_rank_root, 4), step_dir(tmp_path, 4))
+    env = one_rank_env(tmp_path, "resumed_on_one_rank", generation=2, TRAINERD_RESUME_FROM=str(copy))
+    resumed = run_job(processes, tmp_path, env, *ARGV)  # step 3, NaN on rank 1 before, is not read again
+    assert resumed.exit_codes() == {"resumed_on_one_rank": 0}, resumed.logs
+    assert [(e.event, e.step) for e in resumed.events(0)] == [(WorkerEvent.STARTED, 4), (WorkerEvent.FINISHED, STEPS)]
+    assert resumed.steps(0)[0].consumed_samples == 5 * GLOBAL_BATCH
+    manifest = verify_checkpoint(step_dir(tmp_path, 10))
+    assert (manifest.world_size, manifest.meta.grad_accumulation) == (1, 2)
+    weights, expected = resumed.weights(0), two_rank_run.weights(0)
+    for name in WEIGHTS:
+        np.testing.assert_allclose(weights[name], expected[name], rtol=1e-5, atol=1e-6)
+
+
+def test_outside_trainerd_the_callback_only_says_so(processes: Processes, tmp_path: Path) -> None:
+    run = run_job(processes, tmp_path, {"by_hand": dict(FAST_START_ENV)}, *ARGV)
+    assert run.exit_codes() == {"by_hand": 0}, run.logs
+    assert run.reports == []
+    log = run.procs["by_hand"].log()
+    assert log.count("TrainerdCallback") == 1 and "not launched by trainerd" in log, log
+    assert len(LOSS_LINE.findall(log)) == STEPS
+    assert all(np.isfinite(array).all() for array in run.weights(0).values())
+
+
+def error_lines(run: Run, name: str) -> list[str]:
+    log = run.procs[name].log()
+    assert "Traceback" not in log, log
+    return [line for line in log.splitlines() if line.startswith(("TrainerdCallback: ", "trainerd_dataset: "))]
+
+
+def test_a_resume_without_its_epoch_or_from_an_unreadable_checkpoint_exits_with_one_line(
+    processes: Processes, reference: tuple[Run, Path], tmp_path: Path,
+) -> None:
+    copy = shutil.copytree(step_dir(reference[1], 5), step_dir(tmp_path, 5))
+    forgot = run_job(processes, tmp_path, one_rank_env(tmp_path, "forgot_epoch", TRAINERD_RESUME_FROM=str(copy)),
+                     *ARGV, "--from-epoch-0")
+    assert forgot.exit_codes() == {"forgot_epoch": EXIT_USAGE}, forgot.logs
+    assert error_lines(forgot, "forgot_epoch") == [
+        "TrainerdCallback: Model.train began epoch 1, but the dataset is in epoch 2 (after step 5): "
+        "pass initial_epoch=resume_epoch(dataset) to Model.train"]
+    assert forgot.steps(0) == []  # refused before the first step
+
+    missing = step_dir(tmp_path, 6)
+    unreadable = run_job(processes, tmp_path, one_rank_env(tmp_path, "unreadable", TRAINERD_RESUME_FROM=str(missing)),
+                         *ARGV)
+    assert unreadable.exit_codes() == {"unreadable": EXIT_CHECKPOINT_UNREADABLE}, unreadable.logs
+    assert error_lines(unreadable, "unreadable") == [
+        f"trainerd_dataset: cannot resume from checkpoint {missing}: step_00000006/manifest.json is missing"]
