@@ -18,7 +18,7 @@ from daemon.errors import PermanentError
 from daemon.job.commands import ReadLogCommand
 
 MAX_LOG_READ_BYTES = 1 << 20
-LOG_READ_TIMEOUT_S = 5.0
+LOG_READ_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)

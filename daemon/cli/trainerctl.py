@@ -25,6 +25,9 @@ from proto.vocabulary import LEADER_ADDRESS_METADATA
 
 EXIT_UNREACHABLE = 3
 RPC_TIMEOUT_S = 5.0
+# A log read waits for the rank's agent (daemon/log_relay.py gives it LOG_READ_TIMEOUT_S): the call must
+# outlast that wait, so that a slow agent is reported as such and not as an unreachable coordinator.
+LOG_RPC_TIMEOUT_S = 15.0
 FOLLOW_POLL_S = 1.0
 LOG_CHUNK_BYTES = 1 << 20
 TAIL_BYTES_PER_LINE = 1024
@@ -76,9 +79,9 @@ def fetch_status(addresses: list[str]) -> tuple[str, pb.StatusReply]:
     raise _unreachable(errors)
 
 
-def _call(address: str, method: str, request):
+def _call(address: str, method: str, request, timeout: float = RPC_TIMEOUT_S):
     with grpc.insecure_channel(address) as channel:
-        return getattr(pb_grpc.ControlStub(channel), method)(request, timeout=RPC_TIMEOUT_S)
+        return getattr(pb_grpc.ControlStub(channel), method)(request, timeout=timeout)
 
 
 def _named_leader(exc: grpc.RpcError) -> str | None:
@@ -94,20 +97,20 @@ def _failed(address: str, exc: grpc.RpcError) -> click.ClickException:
     return click.ClickException(exc.details() or exc.code().name)
 
 
-def call_control(addresses: list[str], method: str, request):
+def call_control(addresses: list[str], method: str, request, timeout: float = RPC_TIMEOUT_S):
     """Call a Control method on the leader (found through status), or the first coordinator that answers.
 
     When leadership moved since the status, the standby answers UNAVAILABLE naming the new leader:
     the call follows it once."""
     address, _ = fetch_status(addresses)
     try:
-        return _call(address, method, request)
+        return _call(address, method, request, timeout)
     except grpc.RpcError as exc:
         leader = _named_leader(exc)
         if leader is None or leader == address:
             raise _failed(address, exc) from exc
     try:
-        return _call(leader, method, request)
+        return _call(leader, method, request, timeout)
     except grpc.RpcError as exc:
         raise _failed(leader, exc) from exc
 
@@ -184,7 +187,7 @@ def logs(coordinator: str | None, rank: int, follow: bool, generation: int | Non
 
     def read(generation: int, offset: int) -> pb.LogReply:
         return call_control(addresses, "ReadLog", pb.LogRequest(rank=rank, generation=generation, offset=offset,
-                                                                max_bytes=LOG_CHUNK_BYTES))
+                                                                max_bytes=LOG_CHUNK_BYTES), LOG_RPC_TIMEOUT_S)
 
     offset = 0 if tail is None else -min(LOG_CHUNK_BYTES, max(TAIL_MIN_BYTES, tail * TAIL_BYTES_PER_LINE))
     reply = read(generation or 0, offset)
