@@ -320,7 +320,8 @@ def print_status(data: dict) -> None:
         f"job {job['name']}: {job['state']}  generation {job['generation']}  "
         f"world size {job['world_size']}  epoch {_or_dash(job['epoch'])}  step {_or_dash(job['step'])}  "
         f"loss {_or_dash(job['loss'], '.4f')}  "
-        f"samples/s {_or_dash(job['samples_per_s'] or None, '.0f')}  checkpoint {_or_dash(job['last_checkpoint_step'])}  "
+        f"samples/s {_or_dash(job['samples_per_s'] or None, '.0f')}  "
+        f"checkpoint {_or_dash(job['last_checkpoint_step'])}  "
         f"skipped ranges {job['skipped_batches']}"
     )
     console.print(f"restarts {job['restarts']} ({job['crash_restarts']} of {job['restart_budget']} crash "
