@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field
 
@@ -29,6 +29,9 @@ class AgentConfig(StrictModel):
     cpu_devices: int = Field(default=0, ge=0, le=64)
     work_dir: str = "/var/lib/trainerd-agent"
     discovery: DiscoverySettings = DiscoverySettings()
+    # The argv prefixes this agent runs, compared word by word with a Launch's argv before "{python}"
+    # (the agent's own interpreter) is expanded; a Launch that starts with none is refused. [] runs nothing.
+    allowed_entrypoints: list[Annotated[list[str], Field(min_length=1)]] = [["{python}"]]
 
 
 def load_agent_config(path: str | None, overrides: dict[str, Any]) -> AgentConfig:

@@ -130,7 +130,8 @@ def build_agent(config: AgentConfig, devices: list[Device], notifier: SystemdNot
     link = CoordinatorLink(addresses=list(config.coordinator), hello=hello,
                            identity=IdentityFile(work_dir / "identity.json"), clock=clock)
     supervisor = Supervisor(work_dir=work_dir, progress_socket=work_dir / "progress.sock", report=link.send,
-                            launcher=SubprocessLauncher(), stack_dumper=PySpyDumper(), clock=clock)
+                            launcher=SubprocessLauncher(), stack_dumper=PySpyDumper(), clock=clock,
+                            allowed_entrypoints=config.allowed_entrypoints)
     return Agent(config, link=link, supervisor=supervisor, notifier=notifier, clock=clock)
 
 

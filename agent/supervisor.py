@@ -29,12 +29,13 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.failure_cause import extract_failure_cause
 from agent.job_workdir import UnsafeJobPath, graceful_exit_path, job_workdir
+from agent.launch_policy import launch_refusal
 from agent.launcher import ProcessHandle, ProcessLauncher
 from agent.log_reader import describe_process, generation_dir, log_name, log_path, read_log_range
 from agent.orphans import ProcessRegistry
@@ -114,11 +115,12 @@ def expand_argv(argv, python: str) -> list[str]:
 class Supervisor:
     """Carries out Launch, Stop, CheckpointNow, RequestExit and ReadLog for one host; processes start
     through `launcher`, stacks are dumped through `stack_dumper`, and the stop grace, output polling,
-    progress throttling and heartbeat timestamps read `clock`."""
+    progress throttling and heartbeat timestamps read `clock`. A Launch whose argv starts with none
+    of `allowed_entrypoints` (agent/launch_policy.py) starts nothing."""
 
     def __init__(self, *, work_dir: Path, progress_socket: Path, report: Callable[[pb.AgentMessage], None],
                  launcher: ProcessLauncher, stack_dumper: StackDumper, clock: Clock,
-                 python: str = sys.executable) -> None:
+                 allowed_entrypoints: Sequence[Sequence[str]], python: str = sys.executable) -> None:
         self._work_dir = work_dir
         self.progress_socket = progress_socket
         self._report = report
@@ -126,6 +128,7 @@ class Supervisor:
         self._stack_dumper = stack_dumper
         self._clock = clock
         self._python = python
+        self._allowed_entrypoints = allowed_entrypoints
         self.generation = 0
         self.processes: dict[tuple[str, int], ManagedProcess] = {}
         self._forwarding: dict[int, _Forwarding] = {}
@@ -160,12 +163,14 @@ class Supervisor:
             control = gen_dir / "control.json"
             control.unlink(missing_ok=True)
             workdir: Path | None = None
-            refusal, pattern = "", None
-            try:
-                workdir = self._prepare_workdir(launch)
-            except LaunchRefused as exc:
-                refusal = str(exc)
-                log.error("generation %d not launched: %s", launch.generation, refusal)
+            refusal, pattern = launch_refusal(launch, self._allowed_entrypoints) or "", None
+            if not refusal:
+                try:
+                    workdir = self._prepare_workdir(launch)
+                except LaunchRefused as exc:
+                    refusal = str(exc)
+            if refusal:
+                log.error("generation %d of job %s not launched: %s", launch.generation, launch.job_name, refusal)
             else:
                 pattern = self._progress_pattern(launch)
                 log.info("launching generation %d of job %s in %s: %d process(es)", launch.generation,

@@ -121,7 +121,7 @@ class FakeStackDumper:
 class Host:
     """One supervisor with its fakes and every report it sent."""
 
-    def __init__(self, work_dir: Path) -> None:
+    def __init__(self, work_dir: Path, allowed_entrypoints: Sequence[Sequence[str]] = (("{python}",),)) -> None:
         self.work_dir = work_dir
         self.clock = FakeClock(start=START)
         self.launcher = FakeLauncher(self.clock)
@@ -129,7 +129,8 @@ class Host:
         self.reports: list[pb.AgentMessage] = []
         self.supervisor = Supervisor(work_dir=work_dir, progress_socket=work_dir / "progress.sock",
                                      report=self.reports.append, launcher=self.launcher,
-                                     stack_dumper=self.dumper, clock=self.clock, python=PYTHON)
+                                     stack_dumper=self.dumper, clock=self.clock,
+                                     allowed_entrypoints=allowed_entrypoints, python=PYTHON)
 
     def sent(self, kind: str) -> list:
         return [getattr(m, kind) for m in self.reports if m.WhichOneof("body") == kind]

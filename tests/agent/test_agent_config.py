@@ -17,6 +17,11 @@ def test_example_file_loads_and_flags_override_it() -> None:
     assert config.cpu_devices == 2
     assert config.coordinator == ["h:1", "h2:2"]
     assert config.work_dir == "/var/lib/trainerd-agent"
+    assert config.allowed_entrypoints == [["{python}"]]
+
+
+def test_by_default_only_the_agents_own_interpreter_may_be_run() -> None:
+    assert load_agent_config(None, {"coordinator": "h:1"}).allowed_entrypoints == [["{python}"]]
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
@@ -29,6 +34,13 @@ def test_flag_mistakes(overrides, message) -> None:
     with pytest.raises(ConfigError) as info:
         load_agent_config(None, overrides)
     assert message in str(info.value)
+
+
+def test_an_empty_entrypoint_prefix_is_refused_as_it_would_allow_everything(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text("coordinator: [h:1]\nallowed_entrypoints: [[]]\n")
+    with pytest.raises(ConfigError, match=f"{path}: allowed_entrypoints.0: List should have at least 1 item"):
+        load_agent_config(str(path), {})
 
 
 def test_unknown_key_in_file(tmp_path: Path) -> None:

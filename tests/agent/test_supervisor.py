@@ -123,7 +123,7 @@ def test_an_exit_is_reported_with_its_code_signal_and_log_tail(tmp_path: Path) -
 
 def test_an_entrypoint_that_cannot_be_executed_is_reported_as_exit_127(tmp_path: Path) -> None:
     async def scenario() -> None:
-        host = Host(tmp_path)
+        host = Host(tmp_path, allowed_entrypoints=[["/no/such/train"]])
         host.launcher.cannot_execute.add("/no/such/train")
         await host.supervisor.launch(launch(1, workers=1, entrypoint="/no/such/train"))
         assert host.launcher.started == {}
