@@ -39,7 +39,7 @@ from agent.launch_policy import launch_refusal
 from agent.launcher import ProcessHandle, ProcessLauncher
 from agent.log_reader import describe_process, generation_dir, log_name, log_path, read_log_range
 from agent.orphans import ProcessRegistry
-from agent.process_state import os_state
+from agent.process_state import descends_from, os_state
 from agent.output_follower import OutputFollower
 from agent.output_progress import OutputProgress
 from agent.stack_dump import StackDumper
@@ -58,6 +58,8 @@ CAUSE_TAIL_BYTES = 64 * 1024
 PROGRESS_FORWARD_INTERVAL_S = 0.5
 OUTPUT_POLL_INTERVAL_S = 0.5
 STACK_DUMP_TIMEOUT_S = 10.0
+# At most one warning this often about progress datagrams from processes that are not their rank's.
+FOREIGN_PROGRESS_WARNING_INTERVAL_S = 60.0
 # What MindSpore's OnRequestExit callback looks for in its config file.
 GRACEFUL_EXIT_REQUEST = b'{"GracefulExit": 1}'
 
@@ -130,8 +132,14 @@ class Supervisor:
         self._python = python
         self._allowed_entrypoints = allowed_entrypoints
         self.generation = 0
+        self._job_name = ""
         self.processes: dict[tuple[str, int], ManagedProcess] = {}
         self._forwarding: dict[int, _Forwarding] = {}
+        # Progress datagrams dropped because their sender was not their rank's process: in all, and
+        # since the last warning (at FOREIGN_PROGRESS_WARNING_INTERVAL_S at most).
+        self.foreign_progress = 0
+        self._foreign_unwarned = 0
+        self._foreign_warned_at: float | None = None
         self._workdir: Path | None = None
         self._graceful_exit_file = ""
         self._lock = asyncio.Lock()
@@ -150,7 +158,7 @@ class Supervisor:
                          self.generation)
                 return
             await self._stop_all(grace_s=5.0)
-            self.generation = launch.generation
+            self.generation, self._job_name = launch.generation, launch.job_name
             self.processes = {}
             self._forwarding = {}
             self._workdir, self._graceful_exit_file = None, ""
@@ -449,12 +457,19 @@ class Supervisor:
                 progress.epoch = observation.epoch
             self._forward(progress)
 
-    def on_progress(self, message: ProgressMessage) -> None:
-        """Relay a worker's progress; steps are sent at most every 0.5 s per rank (the first at once)."""
+    def on_progress(self, message: ProgressMessage, sender_pid: int) -> None:
+        """Relay a worker's progress; steps are sent at most every 0.5 s per rank (the first at once).
+
+        Only the process launched for the message's rank, or one it started (a worker may report from
+        a child), may report for it: anything else on this host could write to the socket.
+        """
         if message.generation != self.generation:
             return
         managed = self.processes.get(("worker", message.rank))
         if managed is None:
+            return
+        if not (sender_pid == managed.pid or (managed.running and descends_from(sender_pid, managed.pid))):
+            self._drop_foreign_progress(message, managed, sender_pid)
             return
         if not managed.runtime_reports:
             # From now on this rank's progress is the runtime's: its step replaces the one read from the output.
@@ -481,6 +496,18 @@ class Supervisor:
             generation=message.generation, rank=message.rank, step=message.step, loss=message.loss,
             grad_norm=message.grad_norm, samples_per_s=message.samples_per_s,
             consumed_samples=message.consumed_samples))
+
+    def _drop_foreign_progress(self, message: ProgressMessage, managed: ManagedProcess, sender_pid: int) -> None:
+        self.foreign_progress += 1
+        self._foreign_unwarned += 1
+        now = self._clock.now()
+        if self._foreign_warned_at is not None and now - self._foreign_warned_at < FOREIGN_PROGRESS_WARNING_INTERVAL_S:
+            return
+        log.warning("generation %d of job %s: dropped %d progress datagram(s) not sent by the process of their "
+                    "rank nor one it started (%d in all); the last, for rank %d (pid %d), came from pid %d",
+                    self.generation, self._job_name, self._foreign_unwarned, self.foreign_progress, message.rank,
+                    managed.pid, sender_pid)
+        self._foreign_warned_at, self._foreign_unwarned = now, 0
 
     def _forward(self, progress: pb.Progress) -> None:
         """Send `progress` now if its rank sent nothing for PROGRESS_FORWARD_INTERVAL_S, else hold it

@@ -17,6 +17,7 @@ from pathlib import Path
 from agent.supervisor import Supervisor
 from common.clock import FakeClock
 from proto import trainerd_pb2 as pb
+from proto.progress_datagram import ProgressMessage
 
 PYTHON = "/opt/agent/bin/python"
 START = 100.0
@@ -131,6 +132,10 @@ class Host:
                                      report=self.reports.append, launcher=self.launcher,
                                      stack_dumper=self.dumper, clock=self.clock,
                                      allowed_entrypoints=allowed_entrypoints, python=PYTHON)
+
+    def progress(self, message: ProgressMessage) -> None:
+        """A progress datagram from the process of its rank."""
+        self.supervisor.on_progress(message, self.launcher.started[f"rank{message.rank}"].pid)
 
     def sent(self, kind: str) -> list:
         return [getattr(m, kind) for m in self.reports if m.WhichOneof("body") == kind]

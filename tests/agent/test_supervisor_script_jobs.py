@@ -215,8 +215,7 @@ def test_a_rank_that_sends_datagrams_is_not_also_reported_from_its_output(tmp_pa
         rank0.write("epoch: 1 step: 1, loss is 0.5\nepoch: 1 step: 30, loss is 0.4\n")
         rank1.write("epoch: 1 step: 1, loss is 0.5\n")
         host.supervisor.read_output()  # rank 0's step 30 is held back
-        host.supervisor.on_progress(StepReport("job", 1, 0, 5, loss=0.75, grad_norm=1.0, samples_per_s=64.0,
-                                               consumed_samples=320))
+        host.progress(StepReport("job", 1, 0, 5, loss=0.75, grad_norm=1.0, samples_per_s=64.0, consumed_samples=320))
         assert heartbeat_steps(host) == {0: 5, 1: 1}  # the runtime's step, not the output's
         assert progress_of(host, 0) == [(1, 1, 0.5, True), (5, None, 0.75, False)]  # step 30 was dropped
 
