@@ -43,6 +43,8 @@ from agent.process_state import descends_from, os_state
 from agent.output_follower import OutputFollower
 from agent.output_progress import OutputProgress
 from agent.stack_dump import StackDumper
+from agent.workdir_files import WorkdirFiles
+from agent.worker_user import WorkerUser
 from common.clock import Clock
 from proto import trainerd_pb2 as pb
 from proto.exit_codes import EXIT_CANNOT_EXECUTE
@@ -118,11 +120,14 @@ class Supervisor:
     """Carries out Launch, Stop, CheckpointNow, RequestExit and ReadLog for one host; processes start
     through `launcher`, stacks are dumped through `stack_dumper`, and the stop grace, output polling,
     progress throttling and heartbeat timestamps read `clock`. A Launch whose argv starts with none
-    of `allowed_entrypoints` (agent/launch_policy.py) starts nothing."""
+    of `allowed_entrypoints` (agent/launch_policy.py) starts nothing. With `worker_user` (who the
+    launcher starts the processes as), the job's working directory is that user's and the agent
+    changes things in it as that user (agent/workdir_files.py)."""
 
     def __init__(self, *, work_dir: Path, progress_socket: Path, report: Callable[[pb.AgentMessage], None],
                  launcher: ProcessLauncher, stack_dumper: StackDumper, clock: Clock,
-                 allowed_entrypoints: Sequence[Sequence[str]], python: str = sys.executable) -> None:
+                 allowed_entrypoints: Sequence[Sequence[str]], worker_user: WorkerUser | None = None,
+                 python: str = sys.executable) -> None:
         self._work_dir = work_dir
         self.progress_socket = progress_socket
         self._report = report
@@ -131,6 +136,8 @@ class Supervisor:
         self._clock = clock
         self._python = python
         self._allowed_entrypoints = allowed_entrypoints
+        self.worker_user = worker_user
+        self._workdir_files = WorkdirFiles(worker_user)
         self.generation = 0
         self._job_name = ""
         self.processes: dict[tuple[str, int], ManagedProcess] = {}
@@ -174,7 +181,7 @@ class Supervisor:
             refusal, pattern = launch_refusal(launch, self._allowed_entrypoints) or "", None
             if not refusal:
                 try:
-                    workdir = self._prepare_workdir(launch)
+                    workdir = await self._prepare_workdir(launch)
                 except LaunchRefused as exc:
                     refusal = str(exc)
             if refusal:
@@ -194,7 +201,7 @@ class Supervisor:
                        "TRAINERD_CONTROL_FILE": str(control), "TRAINERD_SKIPS_FILE": str(skips)}
                 await self._start(managed, expand_argv(spec.argv, self._python), env, workdir, pattern)
 
-    def _prepare_workdir(self, launch: pb.Launch) -> Path:
+    async def _prepare_workdir(self, launch: pb.Launch) -> Path:
         """The generation's working directory, created, with no graceful-exit request left in it (a
         leftover would stop the new generation at its first step).
 
@@ -205,9 +212,12 @@ class Supervisor:
             workdir = job_workdir(self._work_dir, launch.job_name, launch.workdir)
             graceful_exit = (graceful_exit_path(workdir, launch.graceful_exit_file) if launch.graceful_exit_file
                              else None)
-            workdir.mkdir(parents=True, exist_ok=True)
+            if launch.workdir:
+                await self._workdir_files.make_dirs(workdir)
+            else:
+                self._workdir_files.make_default(workdir)
             if graceful_exit is not None:
-                graceful_exit.unlink(missing_ok=True)
+                await self._workdir_files.remove(graceful_exit)
         except UnsafeJobPath as exc:
             raise LaunchRefused(f"refused to launch: {exc}") from None
         except OSError as exc:
@@ -378,8 +388,12 @@ class Supervisor:
                          encode_control(CheckpointRequest(request.generation, request.step)))
         log.info("generation %d: checkpoint asked for at step %d", request.generation, request.step)
 
-    def request_exit(self, request: pb.RequestExit) -> None:
+    async def request_exit(self, request: pb.RequestExit) -> None:
         """Ask the script to stop at its next step boundary: write MindSpore OnRequestExit's file."""
+        async with self._lock:
+            await self._request_exit(request)
+
+    async def _request_exit(self, request: pb.RequestExit) -> None:
         if request.generation != self.generation or not self.processes:
             log.info("RequestExit for generation %d ignored: running generation %d", request.generation,
                      self.generation)
@@ -390,9 +404,8 @@ class Supervisor:
         try:
             # Resolved again: a symlink planted since the launch must not lead the write out of the workdir.
             path = graceful_exit_path(self._workdir, self._graceful_exit_file)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.with_name(path.name + ".partial").unlink(missing_ok=True)
-            write_atomically(path, GRACEFUL_EXIT_REQUEST)
+            await self._workdir_files.make_dirs(path.parent)
+            await self._workdir_files.replace(path, GRACEFUL_EXIT_REQUEST)
         except (UnsafeJobPath, OSError) as exc:
             log.error("generation %d: cannot request a graceful exit: %s", request.generation, exc)
             return

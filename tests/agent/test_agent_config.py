@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from agent.config import load_agent_config
+from agent.worker_user import WorkerUser
 from common.config_file import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,3 +49,15 @@ def test_unknown_key_in_file(tmp_path: Path) -> None:
     path.write_text("coordinator: [h:1]\ncoordinatr: x\n")
     with pytest.raises(ConfigError, match=f"{path}: coordinatr: unknown key"):
         load_agent_config(str(path), {})
+
+
+def test_run_as_names_a_user_and_group_of_this_host(tmp_path: Path, worker_user: WorkerUser) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text(f"coordinator: [h:1]\nrun_as: {{user: {worker_user.name}, group: {worker_user.name}}}\n")
+    run_as = load_agent_config(str(path), {}).run_as
+    assert run_as is not None and WorkerUser.from_settings(run_as) == worker_user
+    for text, message in [("{user: no-such-user-here}", "run_as: no user 'no-such-user-here' on this host"),
+                          (f"{{user: {worker_user.name}, group: no-such-group}}", "run_as: no group 'no-such-group'")]:
+        path.write_text(f"coordinator: [h:1]\nrun_as: {text}\n")
+        with pytest.raises(ConfigError, match=f"{path}: {message}"):
+            load_agent_config(str(path), {})

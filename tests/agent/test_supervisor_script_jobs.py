@@ -342,9 +342,9 @@ def test_request_exit_writes_the_graceful_exit_file_and_the_next_launch_removes_
         exit_file = workdir / "config" / "exit.json"
         await host.supervisor.launch(launch(1, workdir=str(workdir), graceful_exit_file="config/exit.json"))
 
-        host.supervisor.request_exit(pb.RequestExit(generation=2))  # not the running generation
+        await host.supervisor.request_exit(pb.RequestExit(generation=2))  # not the running generation
         assert not exit_file.exists()
-        host.supervisor.request_exit(pb.RequestExit(generation=1))
+        await host.supervisor.request_exit(pb.RequestExit(generation=1))
         assert json.loads(exit_file.read_text()) == {"GracefulExit": 1}
         assert sorted(p.name for p in exit_file.parent.iterdir()) == ["exit.json"]
 
@@ -360,7 +360,7 @@ def test_request_exit_is_ignored_when_the_launch_named_no_file(tmp_path: Path) -
     async def scenario() -> None:
         host = Host(tmp_path)
         await host.supervisor.launch(launch(1))
-        host.supervisor.request_exit(pb.RequestExit(generation=1))
+        await host.supervisor.request_exit(pb.RequestExit(generation=1))
         assert list((tmp_path / "jobs" / "job").iterdir()) == []
 
     run(scenario())
@@ -373,7 +373,7 @@ def test_a_graceful_exit_file_redirected_after_the_launch_is_not_written(tmp_pat
         outside.mkdir()
         await host.supervisor.launch(launch(1, workdir=str(workdir), graceful_exit_file="config/exit.json"))
         (workdir / "config").symlink_to(outside)  # planted by the script
-        host.supervisor.request_exit(pb.RequestExit(generation=1))
+        await host.supervisor.request_exit(pb.RequestExit(generation=1))
         assert list(outside.iterdir()) == []
 
     run(scenario())
