@@ -32,7 +32,7 @@ class RunAsSettings(StrictModel):
     @model_validator(mode="after")
     def _exists_and_can_be_switched_to(self) -> "RunAsSettings":
         try:
-            uid = pwd.getpwnam(self.user).pw_uid
+            pwd.getpwnam(self.user)
         except KeyError:
             raise ValueError(f"no user {self.user!r} on this host") from None
         if self.group is not None:
@@ -40,7 +40,7 @@ class RunAsSettings(StrictModel):
                 grp.getgrnam(self.group)
             except KeyError:
                 raise ValueError(f"no group {self.group!r} on this host") from None
-        if os.geteuid() not in (0, uid):
+        if os.geteuid() != 0:
             raise ValueError(f"running the training processes as {self.user} needs the agent to run as root")
         return self
 

@@ -1,5 +1,6 @@
 """The agent's file and flags: flags win, mistakes name the file or flag and the key."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,12 @@ def test_run_as_names_a_user_and_group_of_this_host(tmp_path: Path, worker_user:
         path.write_text(f"coordinator: [h:1]\nrun_as: {text}\n")
         with pytest.raises(ConfigError, match=f"{path}: {message}"):
             load_agent_config(str(path), {})
+
+
+def test_run_as_needs_a_root_agent(tmp_path: Path, worker_user: WorkerUser, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text(f"coordinator: [h:1]\nrun_as: {{user: {worker_user.name}}}\n")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(ConfigError, match=f"{path}: run_as: running the training processes as {worker_user.name} "
+                                          "needs the agent to run as root"):
+        load_agent_config(str(path), {})
