@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import grp
+import os
+import pwd
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from common.config_file import Address, ConfigError, StrictModel, load_yaml_mapping, validate
 from proto.vocabulary import NODE_NAME_PATTERN
@@ -19,6 +22,29 @@ class DiscoverySettings(StrictModel):
     hccn_conf: str = "/etc/hccn.conf"
 
 
+class RunAsSettings(StrictModel):
+    """The user the training processes run as (agent/worker_user.py); the agent itself stays root."""
+
+    user: str = Field(min_length=1)
+    # Default: the user's primary group.
+    group: str | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _exists_and_can_be_switched_to(self) -> "RunAsSettings":
+        try:
+            pwd.getpwnam(self.user)
+        except KeyError:
+            raise ValueError(f"no user {self.user!r} on this host") from None
+        if self.group is not None:
+            try:
+                grp.getgrnam(self.group)
+            except KeyError:
+                raise ValueError(f"no group {self.group!r} on this host") from None
+        if os.geteuid() != 0:
+            raise ValueError(f"running the training processes as {self.user} needs the agent to run as root")
+        return self
+
+
 class AgentConfig(StrictModel):
     # One or more coordinator addresses (leader and standbys); the agent finds the leader.
     coordinator: list[Address] = Field(min_length=1)
@@ -29,6 +55,11 @@ class AgentConfig(StrictModel):
     cpu_devices: int = Field(default=0, ge=0, le=64)
     work_dir: str = "/var/lib/trainerd-agent"
     discovery: DiscoverySettings = DiscoverySettings()
+    # The argv prefixes this agent runs, compared word by word with a Launch's argv before "{python}"
+    # (the agent's own interpreter) is expanded; a Launch that starts with none is refused. [] runs nothing.
+    allowed_entrypoints: list[Annotated[list[str], Field(min_length=1)]] = [["{python}"]]
+    # The training processes run as this user; none: as the agent's own user (single-machine use).
+    run_as: RunAsSettings | None = None
 
 
 def load_agent_config(path: str | None, overrides: dict[str, Any]) -> AgentConfig:

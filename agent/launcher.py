@@ -11,7 +11,9 @@ import asyncio
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
+
+from agent.worker_user import WorkerUser
 
 
 class ProcessHandle(Protocol):
@@ -52,11 +54,20 @@ class SubprocessHandle:
 
 
 class SubprocessLauncher:
-    """asyncio subprocesses, each in a new session, so a signal to its group reaches all it spawned."""
+    """asyncio subprocesses, each in a new session, so a signal to its group reaches all it spawned.
+    With `user`, every process runs as that user, with its HOME, USER and LOGNAME, and owns its log."""
+
+    def __init__(self, user: WorkerUser | None = None) -> None:
+        self._user = user
 
     async def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> SubprocessHandle:
+        env, options = dict(env), dict[str, Any]()
         with open(log_path, "ab") as log_file:  # noqa: ASYNC230 (local, append: no real wait)
+            if self._user is not None:
+                os.fchown(log_file.fileno(), self._user.uid, self._user.gid)
+                env.update(self._user.environment())
+                options = self._user.process_options()
             process = await asyncio.create_subprocess_exec(
-                *argv, env=dict(env), cwd=cwd, stdin=asyncio.subprocess.DEVNULL, stdout=log_file,
-                stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+                *argv, env=env, cwd=cwd, stdin=asyncio.subprocess.DEVNULL, stdout=log_file,
+                stderr=asyncio.subprocess.STDOUT, start_new_session=True, **options)
         return SubprocessHandle(process)

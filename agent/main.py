@@ -20,6 +20,7 @@ from agent.session import CoordinatorLink, IdentityFile
 from agent.stack_dump import PySpyDumper
 from agent.supervisor import Supervisor
 from agent.systemd import SystemdNotifier
+from agent.worker_user import WorkerUser
 from common.clock import Clock, SystemClock
 from common.config_file import ConfigError
 from proto import trainerd_pb2 as pb
@@ -55,7 +56,7 @@ class Agent:
         elif kind == "checkpoint_now":
             self.supervisor.checkpoint_now(message.checkpoint_now)
         elif kind == "request_exit":
-            self.supervisor.request_exit(message.request_exit)
+            self._spawn(self.supervisor.request_exit(message.request_exit))
         elif kind == "read_log":
             self._spawn(self._answer_read_log(message.read_log))
         else:
@@ -102,7 +103,9 @@ class Agent:
         server.add_insecure_port(f"unix:{health_socket}")
         await server.start()
         await self._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-        progress = await open_progress_receiver(self.supervisor.progress_socket, self.supervisor.on_progress)
+        worker_user = self.supervisor.worker_user
+        progress = await open_progress_receiver(self.supervisor.progress_socket, self.supervisor.on_progress,
+                                                group=None if worker_user is None else worker_user.gid)
         tasks = [asyncio.create_task(self.link.run(self)), asyncio.create_task(self._watchdog()),
                  asyncio.create_task(self.supervisor.watch_output())]
         try:
@@ -120,7 +123,8 @@ class Agent:
 
 def build_agent(config: AgentConfig, devices: list[Device], notifier: SystemdNotifier) -> Agent:
     """The production wiring: a link to the configured coordinators, a supervisor that starts real
-    processes and dumps their stacks with py-spy, and the system clock."""
+    processes (as the `run_as` user when there is one) and dumps their stacks with py-spy, and the
+    system clock."""
     work_dir = Path(config.work_dir)
     clock = SystemClock()
     hello = pb.Hello(
@@ -129,8 +133,10 @@ def build_agent(config: AgentConfig, devices: list[Device], notifier: SystemdNot
     )
     link = CoordinatorLink(addresses=list(config.coordinator), hello=hello,
                            identity=IdentityFile(work_dir / "identity.json"), clock=clock)
+    worker_user = None if config.run_as is None else WorkerUser.from_settings(config.run_as)
     supervisor = Supervisor(work_dir=work_dir, progress_socket=work_dir / "progress.sock", report=link.send,
-                            launcher=SubprocessLauncher(), stack_dumper=PySpyDumper(), clock=clock)
+                            launcher=SubprocessLauncher(worker_user), stack_dumper=PySpyDumper(), clock=clock,
+                            allowed_entrypoints=config.allowed_entrypoints, worker_user=worker_user)
     return Agent(config, link=link, supervisor=supervisor, notifier=notifier, clock=clock)
 
 

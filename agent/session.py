@@ -54,6 +54,8 @@ class IdentityFile:
 
     def save_token(self, node_name: str, token: str) -> None:
         tmp = self._path.with_suffix(".tmp")
+        tmp.touch(mode=0o600)
+        tmp.chmod(0o600)  # the token lets its holder take this node's session: owner-only, whatever the umask
         tmp.write_text(json.dumps({"node_name": node_name, "resume_token": token}))
         tmp.replace(self._path)
 

@@ -29,19 +29,22 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.failure_cause import extract_failure_cause
 from agent.job_workdir import UnsafeJobPath, graceful_exit_path, job_workdir
+from agent.launch_policy import launch_refusal
 from agent.launcher import ProcessHandle, ProcessLauncher
 from agent.log_reader import describe_process, generation_dir, log_name, log_path, read_log_range
 from agent.orphans import ProcessRegistry
-from agent.process_state import os_state
+from agent.process_state import descends_from, os_state
 from agent.output_follower import OutputFollower
 from agent.output_progress import OutputProgress
 from agent.stack_dump import StackDumper
+from agent.workdir_files import WorkdirFiles
+from agent.worker_user import WorkerUser
 from common.clock import Clock
 from proto import trainerd_pb2 as pb
 from proto.exit_codes import EXIT_CANNOT_EXECUTE
@@ -57,6 +60,8 @@ CAUSE_TAIL_BYTES = 64 * 1024
 PROGRESS_FORWARD_INTERVAL_S = 0.5
 OUTPUT_POLL_INTERVAL_S = 0.5
 STACK_DUMP_TIMEOUT_S = 10.0
+# At most one warning this often about progress datagrams from processes that are not their rank's.
+FOREIGN_PROGRESS_WARNING_INTERVAL_S = 60.0
 # What MindSpore's OnRequestExit callback looks for in its config file.
 GRACEFUL_EXIT_REQUEST = b'{"GracefulExit": 1}'
 
@@ -114,10 +119,14 @@ def expand_argv(argv, python: str) -> list[str]:
 class Supervisor:
     """Carries out Launch, Stop, CheckpointNow, RequestExit and ReadLog for one host; processes start
     through `launcher`, stacks are dumped through `stack_dumper`, and the stop grace, output polling,
-    progress throttling and heartbeat timestamps read `clock`."""
+    progress throttling and heartbeat timestamps read `clock`. A Launch whose argv starts with none
+    of `allowed_entrypoints` (agent/launch_policy.py) starts nothing. With `worker_user` (who the
+    launcher starts the processes as), the job's working directory is that user's and the agent
+    changes things in it as that user (agent/workdir_files.py)."""
 
     def __init__(self, *, work_dir: Path, progress_socket: Path, report: Callable[[pb.AgentMessage], None],
                  launcher: ProcessLauncher, stack_dumper: StackDumper, clock: Clock,
+                 allowed_entrypoints: Sequence[Sequence[str]], worker_user: WorkerUser | None = None,
                  python: str = sys.executable) -> None:
         self._work_dir = work_dir
         self.progress_socket = progress_socket
@@ -126,9 +135,18 @@ class Supervisor:
         self._stack_dumper = stack_dumper
         self._clock = clock
         self._python = python
+        self._allowed_entrypoints = allowed_entrypoints
+        self.worker_user = worker_user
+        self._workdir_files = WorkdirFiles(worker_user)
         self.generation = 0
+        self._job_name = ""
         self.processes: dict[tuple[str, int], ManagedProcess] = {}
         self._forwarding: dict[int, _Forwarding] = {}
+        # Progress datagrams dropped because their sender was not their rank's process: in all, and
+        # since the last warning (at FOREIGN_PROGRESS_WARNING_INTERVAL_S at most).
+        self.foreign_progress = 0
+        self._foreign_unwarned = 0
+        self._foreign_warned_at: float | None = None
         self._workdir: Path | None = None
         self._graceful_exit_file = ""
         self._lock = asyncio.Lock()
@@ -147,7 +165,7 @@ class Supervisor:
                          self.generation)
                 return
             await self._stop_all(grace_s=5.0)
-            self.generation = launch.generation
+            self.generation, self._job_name = launch.generation, launch.job_name
             self.processes = {}
             self._forwarding = {}
             self._workdir, self._graceful_exit_file = None, ""
@@ -160,12 +178,14 @@ class Supervisor:
             control = gen_dir / "control.json"
             control.unlink(missing_ok=True)
             workdir: Path | None = None
-            refusal, pattern = "", None
-            try:
-                workdir = self._prepare_workdir(launch)
-            except LaunchRefused as exc:
-                refusal = str(exc)
-                log.error("generation %d not launched: %s", launch.generation, refusal)
+            refusal, pattern = launch_refusal(launch, self._allowed_entrypoints) or "", None
+            if not refusal:
+                try:
+                    workdir = await self._prepare_workdir(launch)
+                except LaunchRefused as exc:
+                    refusal = str(exc)
+            if refusal:
+                log.error("generation %d of job %s not launched: %s", launch.generation, launch.job_name, refusal)
             else:
                 pattern = self._progress_pattern(launch)
                 log.info("launching generation %d of job %s in %s: %d process(es)", launch.generation,
@@ -181,7 +201,7 @@ class Supervisor:
                        "TRAINERD_CONTROL_FILE": str(control), "TRAINERD_SKIPS_FILE": str(skips)}
                 await self._start(managed, expand_argv(spec.argv, self._python), env, workdir, pattern)
 
-    def _prepare_workdir(self, launch: pb.Launch) -> Path:
+    async def _prepare_workdir(self, launch: pb.Launch) -> Path:
         """The generation's working directory, created, with no graceful-exit request left in it (a
         leftover would stop the new generation at its first step).
 
@@ -192,9 +212,12 @@ class Supervisor:
             workdir = job_workdir(self._work_dir, launch.job_name, launch.workdir)
             graceful_exit = (graceful_exit_path(workdir, launch.graceful_exit_file) if launch.graceful_exit_file
                              else None)
-            workdir.mkdir(parents=True, exist_ok=True)
+            if launch.workdir:
+                await self._workdir_files.make_dirs(workdir)
+            else:
+                self._workdir_files.make_default(workdir)
             if graceful_exit is not None:
-                graceful_exit.unlink(missing_ok=True)
+                await self._workdir_files.remove(graceful_exit)
         except UnsafeJobPath as exc:
             raise LaunchRefused(f"refused to launch: {exc}") from None
         except OSError as exc:
@@ -365,8 +388,12 @@ class Supervisor:
                          encode_control(CheckpointRequest(request.generation, request.step)))
         log.info("generation %d: checkpoint asked for at step %d", request.generation, request.step)
 
-    def request_exit(self, request: pb.RequestExit) -> None:
+    async def request_exit(self, request: pb.RequestExit) -> None:
         """Ask the script to stop at its next step boundary: write MindSpore OnRequestExit's file."""
+        async with self._lock:
+            await self._request_exit(request)
+
+    async def _request_exit(self, request: pb.RequestExit) -> None:
         if request.generation != self.generation or not self.processes:
             log.info("RequestExit for generation %d ignored: running generation %d", request.generation,
                      self.generation)
@@ -377,9 +404,8 @@ class Supervisor:
         try:
             # Resolved again: a symlink planted since the launch must not lead the write out of the workdir.
             path = graceful_exit_path(self._workdir, self._graceful_exit_file)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.with_name(path.name + ".partial").unlink(missing_ok=True)
-            write_atomically(path, GRACEFUL_EXIT_REQUEST)
+            await self._workdir_files.make_dirs(path.parent)
+            await self._workdir_files.replace(path, GRACEFUL_EXIT_REQUEST)
         except (UnsafeJobPath, OSError) as exc:
             log.error("generation %d: cannot request a graceful exit: %s", request.generation, exc)
             return
@@ -444,12 +470,19 @@ class Supervisor:
                 progress.epoch = observation.epoch
             self._forward(progress)
 
-    def on_progress(self, message: ProgressMessage) -> None:
-        """Relay a worker's progress; steps are sent at most every 0.5 s per rank (the first at once)."""
+    def on_progress(self, message: ProgressMessage, sender_pid: int) -> None:
+        """Relay a worker's progress; steps are sent at most every 0.5 s per rank (the first at once).
+
+        Only the process launched for the message's rank, or one it started (a worker may report from
+        a child), may report for it: anything else on this host could write to the socket.
+        """
         if message.generation != self.generation:
             return
         managed = self.processes.get(("worker", message.rank))
         if managed is None:
+            return
+        if not (sender_pid == managed.pid or (managed.running and descends_from(sender_pid, managed.pid))):
+            self._drop_foreign_progress(message, managed, sender_pid)
             return
         if not managed.runtime_reports:
             # From now on this rank's progress is the runtime's: its step replaces the one read from the output.
@@ -476,6 +509,18 @@ class Supervisor:
             generation=message.generation, rank=message.rank, step=message.step, loss=message.loss,
             grad_norm=message.grad_norm, samples_per_s=message.samples_per_s,
             consumed_samples=message.consumed_samples))
+
+    def _drop_foreign_progress(self, message: ProgressMessage, managed: ManagedProcess, sender_pid: int) -> None:
+        self.foreign_progress += 1
+        self._foreign_unwarned += 1
+        now = self._clock.now()
+        if self._foreign_warned_at is not None and now - self._foreign_warned_at < FOREIGN_PROGRESS_WARNING_INTERVAL_S:
+            return
+        log.warning("generation %d of job %s: dropped %d progress datagram(s) not sent by the process of their "
+                    "rank nor one it started (%d in all); the last, for rank %d (pid %d), came from pid %d",
+                    self.generation, self._job_name, self._foreign_unwarned, self.foreign_progress, message.rank,
+                    managed.pid, sender_pid)
+        self._foreign_warned_at, self._foreign_unwarned = now, 0
 
     def _forward(self, progress: pb.Progress) -> None:
         """Send `progress` now if its rank sent nothing for PROGRESS_FORWARD_INTERVAL_S, else hold it

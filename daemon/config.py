@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from common.config_file import Address, ConfigError, StrictModel, load_yaml_mapping, validate
 from proto.progress_pattern import compile_progress_pattern
-from proto.vocabulary import RESERVED_ENV
+from proto.vocabulary import RESERVED_ENV, forbidden_job_env
 
 
 class CoordinatorSettings(StrictModel):
@@ -174,6 +174,9 @@ class JobSettings(StrictModel):
         reserved = sorted(RESERVED_ENV & self.env.keys())
         if reserved:
             raise ValueError(f"env may not set {', '.join(reserved)}: trainerd sets them per process")
+        for name in sorted(self.env):
+            if (reason := forbidden_job_env(name)) is not None:
+                raise ValueError(f"env may not set {name}: {reason}")
         if self.max_nodes < self.min_nodes:
             raise ValueError("max_nodes must be at least min_nodes")
         if (self.global_batch is None) != (self.micro_batch is None):

@@ -1,4 +1,5 @@
-"""Words both sides of the wire use: node and job states, process roles, metadata keys."""
+"""Words both sides of the wire use: node and job states, process roles, metadata keys, the environment
+variables trainerd sets and those a job may not."""
 
 from __future__ import annotations
 
@@ -46,3 +47,24 @@ RESERVED_ENV = AGENT_ENV | frozenset({
     "TRAINERD_MICRO_BATCH", "TRAINERD_GRAD_ACCUM", "TRAINERD_CHECKPOINT_DIR", "TRAINERD_CHECKPOINT_EVERY",
     "TRAINERD_CHECKPOINT_KEEP", "TRAINERD_RESUME_FROM", "TRAINERD_SPIKE_FACTOR", "TRAINERD_SPIKE_WARMUP_STEPS",
 })
+
+# Variables that make a process run code other than its argv says: a library the dynamic loader
+# preloads (LD_PRELOAD, LD_AUDIT, LD_LIBRARY_PATH), a Python path, home or start-up file, a file
+# bash reads first, glibc's charset modules. Whoever may set them runs any code in every training
+# process, so a job's `env` may not (the coordinator refuses the file) and an agent refuses a Launch
+# that sets them; the agent's own environment (its service unit) is where such paths belong.
+_LOADER_ENV_PREFIX = "LD_"
+_CODE_LOADING_ENV = frozenset({"PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONINSPECT", "PYTHONUSERBASE",
+                               "PYTHONPYCACHEPREFIX", "BASH_ENV", "GCONV_PATH"})
+_TRAINERD_ENV_PREFIX = "TRAINERD_"
+
+
+def forbidden_job_env(name: str) -> str | None:
+    """Why a training process may not be given `name` by its job, or None when it may."""
+    if name.startswith(_LOADER_ENV_PREFIX):
+        return "the dynamic loader would load the code it names into every process"
+    if name in _CODE_LOADING_ENV:
+        return "it changes which code the process runs"
+    if name.startswith(_TRAINERD_ENV_PREFIX) and name not in RESERVED_ENV:
+        return f"{_TRAINERD_ENV_PREFIX} names are trainerd's own"
+    return None

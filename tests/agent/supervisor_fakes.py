@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.supervisor import Supervisor
+from agent.worker_user import WorkerUser
 from common.clock import FakeClock
 from proto import trainerd_pb2 as pb
+from proto.progress_datagram import ProgressMessage
 
 PYTHON = "/opt/agent/bin/python"
 START = 100.0
@@ -121,7 +123,8 @@ class FakeStackDumper:
 class Host:
     """One supervisor with its fakes and every report it sent."""
 
-    def __init__(self, work_dir: Path) -> None:
+    def __init__(self, work_dir: Path, allowed_entrypoints: Sequence[Sequence[str]] = (("{python}",),),
+                 worker_user: WorkerUser | None = None) -> None:
         self.work_dir = work_dir
         self.clock = FakeClock(start=START)
         self.launcher = FakeLauncher(self.clock)
@@ -129,7 +132,12 @@ class Host:
         self.reports: list[pb.AgentMessage] = []
         self.supervisor = Supervisor(work_dir=work_dir, progress_socket=work_dir / "progress.sock",
                                      report=self.reports.append, launcher=self.launcher,
-                                     stack_dumper=self.dumper, clock=self.clock, python=PYTHON)
+                                     stack_dumper=self.dumper, clock=self.clock,
+                                     allowed_entrypoints=allowed_entrypoints, worker_user=worker_user, python=PYTHON)
+
+    def progress(self, message: ProgressMessage) -> None:
+        """A progress datagram from the process of its rank."""
+        self.supervisor.on_progress(message, self.launcher.started[f"rank{message.rank}"].pid)
 
     def sent(self, kind: str) -> list:
         return [getattr(m, kind) for m in self.reports if m.WhichOneof("body") == kind]

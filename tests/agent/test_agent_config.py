@@ -1,10 +1,12 @@
 """The agent's file and flags: flags win, mistakes name the file or flag and the key."""
 
+import os
 from pathlib import Path
 
 import pytest
 
 from agent.config import load_agent_config
+from agent.worker_user import WorkerUser
 from common.config_file import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -17,6 +19,11 @@ def test_example_file_loads_and_flags_override_it() -> None:
     assert config.cpu_devices == 2
     assert config.coordinator == ["h:1", "h2:2"]
     assert config.work_dir == "/var/lib/trainerd-agent"
+    assert config.allowed_entrypoints == [["{python}"]]
+
+
+def test_by_default_only_the_agents_own_interpreter_may_be_run() -> None:
+    assert load_agent_config(None, {"coordinator": "h:1"}).allowed_entrypoints == [["{python}"]]
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
@@ -31,8 +38,36 @@ def test_flag_mistakes(overrides, message) -> None:
     assert message in str(info.value)
 
 
+def test_an_empty_entrypoint_prefix_is_refused_as_it_would_allow_everything(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text("coordinator: [h:1]\nallowed_entrypoints: [[]]\n")
+    with pytest.raises(ConfigError, match=f"{path}: allowed_entrypoints.0: List should have at least 1 item"):
+        load_agent_config(str(path), {})
+
+
 def test_unknown_key_in_file(tmp_path: Path) -> None:
     path = tmp_path / "agent.yaml"
     path.write_text("coordinator: [h:1]\ncoordinatr: x\n")
     with pytest.raises(ConfigError, match=f"{path}: coordinatr: unknown key"):
+        load_agent_config(str(path), {})
+
+
+def test_run_as_names_a_user_and_group_of_this_host(tmp_path: Path, worker_user: WorkerUser) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text(f"coordinator: [h:1]\nrun_as: {{user: {worker_user.name}, group: {worker_user.name}}}\n")
+    run_as = load_agent_config(str(path), {}).run_as
+    assert run_as is not None and WorkerUser.from_settings(run_as) == worker_user
+    for text, message in [("{user: no-such-user-here}", "run_as: no user 'no-such-user-here' on this host"),
+                          (f"{{user: {worker_user.name}, group: no-such-group}}", "run_as: no group 'no-such-group'")]:
+        path.write_text(f"coordinator: [h:1]\nrun_as: {text}\n")
+        with pytest.raises(ConfigError, match=f"{path}: {message}"):
+            load_agent_config(str(path), {})
+
+
+def test_run_as_needs_a_root_agent(tmp_path: Path, worker_user: WorkerUser, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text(f"coordinator: [h:1]\nrun_as: {{user: {worker_user.name}}}\n")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(ConfigError, match=f"{path}: run_as: running the training processes as {worker_user.name} "
+                                          "needs the agent to run as root"):
         load_agent_config(str(path), {})

@@ -123,7 +123,7 @@ def test_an_exit_is_reported_with_its_code_signal_and_log_tail(tmp_path: Path) -
 
 def test_an_entrypoint_that_cannot_be_executed_is_reported_as_exit_127(tmp_path: Path) -> None:
     async def scenario() -> None:
-        host = Host(tmp_path)
+        host = Host(tmp_path, allowed_entrypoints=[["/no/such/train"]])
         host.launcher.cannot_execute.add("/no/such/train")
         await host.supervisor.launch(launch(1, workers=1, entrypoint="/no/such/train"))
         assert host.launcher.started == {}
@@ -148,18 +148,18 @@ def test_progress_is_forwarded_at_most_every_half_second_per_rank(tmp_path: Path
         def forwarded() -> list[tuple[int, int]]:
             return [(p.rank, p.step) for p in host.sent("progress")]
 
-        supervisor.on_progress(step(1, 0, 1))  # the first goes at once
+        host.progress(step(1, 0, 1))  # the first goes at once
         host.clock.advance(0.125)  # binary fractions: the sums below are exact
-        supervisor.on_progress(step(1, 1, 1))  # another rank has its own interval
-        supervisor.on_progress(step(1, 0, 2))
+        host.progress(step(1, 1, 1))  # another rank has its own interval
+        host.progress(step(1, 0, 2))
         host.clock.advance(0.25)
-        supervisor.on_progress(step(1, 0, 3))
+        host.progress(step(1, 0, 3))
         assert forwarded() == [(0, 1), (1, 1)]
         host.clock.advance(PROGRESS_FORWARD_INTERVAL_S - 0.375)
-        supervisor.on_progress(step(1, 0, 4))  # the newest step replaces those held back
+        host.progress(step(1, 0, 4))  # the newest step replaces those held back
         assert forwarded() == [(0, 1), (1, 1), (0, 4)]
-        supervisor.on_progress(step(1, 0, 5))
-        supervisor.on_progress(step(0, 0, 99))  # from another generation: dropped
+        host.progress(step(1, 0, 5))
+        host.progress(step(0, 0, 99))  # from another generation: dropped
         heartbeat = supervisor.heartbeat()  # a heartbeat sends what was held back
         assert forwarded() == [(0, 1), (1, 1), (0, 4), (0, 5)]
         assert {(p.rank, p.step) for p in heartbeat.processes if p.role == "worker"} == {(0, 5), (1, 1)}

@@ -129,9 +129,9 @@ def test_the_agent_answers_read_log_and_request_exit_commands(tmp_path: Path) ->
         agent.on_command(pb.CoordinatorMessage(read_log=pb.ReadLog(request_id=3, generation=1, role="worker",
                                                                    rank=0, offset=-100, max_bytes=100)))
         agent.on_command(pb.CoordinatorMessage(request_exit=pb.RequestExit(generation=1)))
-        assert (workdir / "exit.json").read_bytes() == b'{"GracefulExit": 1}'
-        while not link.sent:
+        while not link.sent or not (workdir / "exit.json").exists():
             await asyncio.sleep(0)
+        assert (workdir / "exit.json").read_bytes() == b'{"GracefulExit": 1}'
         (message,) = link.sent
         assert message.log_data == pb.LogData(request_id=3, data=b"epoch: 1 step: 1, loss is 0.5\n", offset=0,
                                               size=30, running=True)

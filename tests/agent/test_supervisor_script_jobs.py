@@ -215,8 +215,7 @@ def test_a_rank_that_sends_datagrams_is_not_also_reported_from_its_output(tmp_pa
         rank0.write("epoch: 1 step: 1, loss is 0.5\nepoch: 1 step: 30, loss is 0.4\n")
         rank1.write("epoch: 1 step: 1, loss is 0.5\n")
         host.supervisor.read_output()  # rank 0's step 30 is held back
-        host.supervisor.on_progress(StepReport("job", 1, 0, 5, loss=0.75, grad_norm=1.0, samples_per_s=64.0,
-                                               consumed_samples=320))
+        host.progress(StepReport("job", 1, 0, 5, loss=0.75, grad_norm=1.0, samples_per_s=64.0, consumed_samples=320))
         assert heartbeat_steps(host) == {0: 5, 1: 1}  # the runtime's step, not the output's
         assert progress_of(host, 0) == [(1, 1, 0.5, True), (5, None, 0.75, False)]  # step 30 was dropped
 
@@ -343,9 +342,9 @@ def test_request_exit_writes_the_graceful_exit_file_and_the_next_launch_removes_
         exit_file = workdir / "config" / "exit.json"
         await host.supervisor.launch(launch(1, workdir=str(workdir), graceful_exit_file="config/exit.json"))
 
-        host.supervisor.request_exit(pb.RequestExit(generation=2))  # not the running generation
+        await host.supervisor.request_exit(pb.RequestExit(generation=2))  # not the running generation
         assert not exit_file.exists()
-        host.supervisor.request_exit(pb.RequestExit(generation=1))
+        await host.supervisor.request_exit(pb.RequestExit(generation=1))
         assert json.loads(exit_file.read_text()) == {"GracefulExit": 1}
         assert sorted(p.name for p in exit_file.parent.iterdir()) == ["exit.json"]
 
@@ -361,7 +360,7 @@ def test_request_exit_is_ignored_when_the_launch_named_no_file(tmp_path: Path) -
     async def scenario() -> None:
         host = Host(tmp_path)
         await host.supervisor.launch(launch(1))
-        host.supervisor.request_exit(pb.RequestExit(generation=1))
+        await host.supervisor.request_exit(pb.RequestExit(generation=1))
         assert list((tmp_path / "jobs" / "job").iterdir()) == []
 
     run(scenario())
@@ -374,7 +373,7 @@ def test_a_graceful_exit_file_redirected_after_the_launch_is_not_written(tmp_pat
         outside.mkdir()
         await host.supervisor.launch(launch(1, workdir=str(workdir), graceful_exit_file="config/exit.json"))
         (workdir / "config").symlink_to(outside)  # planted by the script
-        host.supervisor.request_exit(pb.RequestExit(generation=1))
+        await host.supervisor.request_exit(pb.RequestExit(generation=1))
         assert list(outside.iterdir()) == []
 
     run(scenario())

@@ -88,6 +88,9 @@ JOB = "job:\n  entrypoint: ['{python}', 'train.py']\n"
         (JOB + "  progress_pattern: '(?P<step>\\d+'\n", "job: progress_pattern: not a valid regular expression"),
         (JOB + "  progress_pattern: '(?P<step>\\d+) (?P<lr>\\S+)'\n", "job: progress_pattern: unknown named group 'lr'"),
         (JOB + "  graceful_exit_file: ''\n", "job: graceful_exit_file must not be empty"),
+        (JOB + "  env: {LD_PRELOAD: /tmp/x.so}\n", "job: env may not set LD_PRELOAD: the dynamic loader"),
+        (JOB + "  env: {PYTHONPATH: /tmp}\n", "job: env may not set PYTHONPATH: it changes which code"),
+        (JOB + "  env: {TRAINERD_DEBUG: '1'}\n", "job: env may not set TRAINERD_DEBUG: TRAINERD_ names are trainerd's"),
     ],
 )
 def test_job_mistakes_name_the_key(tmp_path: Path, text: str, expected: str) -> None:

@@ -11,7 +11,7 @@ from daemon.job.launch_plan import node_processes, scheduler_port
 from daemon.job.placement import NodeOffer, place
 from daemon.job.rank_table import build_rank_table, rank_table_json
 from daemon.membership import DeviceInfo
-from proto.vocabulary import ProcessRole
+from proto.vocabulary import AGENT_ENV, ProcessRole, forbidden_job_env
 
 
 def spec(**overrides) -> JobSettings:
@@ -136,3 +136,11 @@ def test_a_job_without_a_batch_split_gets_no_batch_variables() -> None:
     _, worker = node_processes(plain, placement, generation=1, node="n0")
     assert placement.grad_accum == 1
     assert not {"TRAINERD_GLOBAL_BATCH", "TRAINERD_MICRO_BATCH", "TRAINERD_GRAD_ACCUM"} & worker.env.keys()
+
+
+def test_an_agent_refuses_none_of_the_variables_the_coordinator_sets() -> None:
+    """The agent checks every Launch against proto.vocabulary.forbidden_job_env: trainerd's own must pass."""
+    placement = place(spec(), [NodeOffer("n0", "10.0.0.1", (DeviceInfo(0, "", "cpu"),))])
+    names = {name for process in node_processes(spec(), placement, generation=1, node="n0") for name in process.env}
+    assert {name: forbidden_job_env(name) for name in names | AGENT_ENV} == dict.fromkeys(names | AGENT_ENV)
+    assert forbidden_job_env("LD_PRELOAD") and forbidden_job_env("PYTHONPATH") and forbidden_job_env("TRAINERD_X")

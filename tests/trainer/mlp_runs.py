@@ -81,12 +81,12 @@ async def run_example(processes: Processes, root: Path, envs: dict[str, dict[str
     `until(reports)` holds. `on_message` sees each report the moment it arrives."""
     reports: list[ProgressMessage] = []
 
-    def receive(message: ProgressMessage) -> None:
+    def receive(message: ProgressMessage, sender_pid: int) -> None:
         reports.append(message)
         if on_message is not None:
             on_message(message)
 
-    transport = await open_progress_receiver(root / "progress.sock", receive)
+    receiver = await open_progress_receiver(root / "progress.sock", receive)
     try:
         procs = {name: processes.start(name, command + argv, env) for name, env in envs.items()}
         deadline = time.monotonic() + RUN_TIMEOUT_S
@@ -96,7 +96,7 @@ async def run_example(processes: Processes, root: Path, envs: dict[str, dict[str
             await asyncio.sleep(0.05)
         return procs, reports
     finally:
-        transport.close()
+        receiver.close()
 
 
 def run_standalone(processes: Processes, root: Path, name: str, argv: list[str],

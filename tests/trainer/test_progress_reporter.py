@@ -26,15 +26,15 @@ from trainer.runtime.progress import ProgressReporter
 async def receive(path: Path, send, expected: int) -> tuple[list[ProgressMessage], ProgressReceiver]:
     """Open a receiver at `path`, run `send()`, and collect until `expected` messages arrived (5 s at most)."""
     messages: list[ProgressMessage] = []
-    transport = await open_progress_receiver(path, messages.append)
+    receiver = await open_progress_receiver(path, lambda message, sender_pid: messages.append(message))
     try:
         send()
         deadline = time.monotonic() + 5
         while len(messages) < expected and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        return messages, transport.get_protocol()
+        return messages, receiver
     finally:
-        transport.close()
+        receiver.close()
 
 
 def test_reports_arrive_in_order(tmp_path: Path) -> None:

@@ -1,0 +1,30 @@
+"""What this agent agrees to run, checked before a Launch starts anything.
+
+A Launch comes from whatever answers on the coordinator address. The agent file's
+`allowed_entrypoints` names the argv prefixes it runs (by default only its own interpreter,
+"{python}"), compared with the argv as it arrives, before "{python}" is expanded; and no process may
+be given a variable that changes which code it runs (`proto.vocabulary.forbidden_job_env`, the rule
+the coordinator applies to the cluster file too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from proto import trainerd_pb2 as pb
+from proto.vocabulary import forbidden_job_env
+
+
+def launch_refusal(launch: pb.Launch, allowed_entrypoints: Sequence[Sequence[str]]) -> str | None:
+    """Why none of `launch`'s processes may start, in one line, or None when they all may."""
+    allowed = [list(prefix) for prefix in allowed_entrypoints]
+    for spec in launch.processes:
+        argv = list(spec.argv)
+        if not any(argv[:len(prefix)] == prefix for prefix in allowed):
+            return (f"refused to launch {argv!r:.300}: it starts with none of allowed_entrypoints "
+                    f"{allowed!r:.300} in the agent file")
+        for name in sorted(spec.env):
+            reason = forbidden_job_env(name)
+            if reason is not None:
+                return f"refused to launch {argv!r:.300}: its environment sets {name!r:.80} ({reason})"
+    return None

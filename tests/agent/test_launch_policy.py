@@ -1,0 +1,65 @@
+"""What an agent refuses to run: an argv outside `allowed_entrypoints`, an environment that changes
+which code runs. A refused Launch starts nothing and reports every process as exited 127 with why."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from proto import trainerd_pb2 as pb
+from tests.agent.supervisor_fakes import Host, launch, run
+
+
+def refused(host: Host, the_launch: pb.Launch) -> str:
+    """Launches; asserts that nothing started and every process exited 127 with one same message, returned."""
+
+    async def scenario() -> str:
+        await host.supervisor.launch(the_launch)
+        assert host.launcher.started == {}
+        exits = host.sent("process_exited")
+        assert [(e.role, e.rank, e.exit_code) for e in exits] == [
+            (p.role, p.rank, 127) for p in the_launch.processes]
+        assert len({e.log_tail for e in exits}) == 1 and "\n" not in exits[0].log_tail
+        assert not (host.work_dir / "jobs").exists()  # not even the working directory was made
+        return exits[0].log_tail
+
+    return run(scenario())
+
+
+def test_by_default_only_the_agents_own_interpreter_runs(tmp_path: Path) -> None:
+    message = refused(Host(tmp_path), launch(1, entrypoint="/bin/sh"))
+    assert message == ("refused to launch ['/bin/sh', 'train.py']: it starts with none of allowed_entrypoints "
+                       "[['{python}']] in the agent file")
+    log_file = tmp_path / "generations" / "000001" / "rank0.log"
+    assert log_file.read_text() == message + "\n"
+
+
+def test_a_prefix_of_several_words_must_match_word_for_word(tmp_path: Path) -> None:
+    host = Host(tmp_path, allowed_entrypoints=[["{python}", "train.py"]])
+    run(host.supervisor.launch(launch(1)))  # argv {python} train.py
+    assert sorted(host.launcher.started) == ["rank0", "rank1", "scheduler"]
+
+    other = Host(tmp_path / "other", allowed_entrypoints=[["{python}", "train"]])
+    assert "it starts with none of allowed_entrypoints [['{python}', 'train']]" in refused(other, launch(1))
+
+
+def test_an_empty_allowed_entrypoints_runs_nothing(tmp_path: Path) -> None:
+    assert "allowed_entrypoints [] in the agent file" in refused(Host(tmp_path, allowed_entrypoints=[]), launch(1))
+
+
+@pytest.mark.parametrize("name", ["LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONSTARTUP", "TRAINERD_HOOK"])
+def test_an_environment_that_changes_which_code_runs_is_refused(tmp_path: Path, name: str) -> None:
+    the_launch = launch(1, workers=2)
+    the_launch.processes[2].env[name] = "/tmp/evil"  # one worker is enough to refuse them all
+    message = refused(Host(tmp_path), the_launch)
+    assert message.startswith(f"refused to launch ['{{python}}', 'train.py']: its environment sets '{name}' (")
+
+
+def test_the_variables_the_coordinator_sets_are_accepted(tmp_path: Path) -> None:
+    the_launch = launch(1, workers=1)
+    the_launch.processes[1].env.update({"TRAINERD_JOB": "job", "MS_ROLE": "MS_WORKER", "GLOG_v": "3",
+                                        "MS_RETRY_INTERVAL_LOWER": "1", "DEVICE_ID": "0"})
+    host = Host(tmp_path)
+    run(host.supervisor.launch(the_launch))
+    assert host.launcher.started["rank0"].env["MS_ROLE"] == "MS_WORKER"
