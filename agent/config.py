@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import Field
 
 from common.config_file import Address, ConfigError, StrictModel, load_yaml_mapping, validate
+from common.tls_files import TlsSettings
 from proto.vocabulary import NODE_NAME_PATTERN
 
 
@@ -29,6 +30,9 @@ class AgentConfig(StrictModel):
     cpu_devices: int = Field(default=0, ge=0, le=64)
     work_dir: str = "/var/lib/trainerd-agent"
     discovery: DiscoverySettings = DiscoverySettings()
+    # The cluster's CA, this node's certificate (`trainerd certs node NAME`) and its key: the agent then
+    # talks TLS, trusts only coordinators of that CA, and follows leader hints only to `coordinator`.
+    tls: TlsSettings | None = None
 
 
 def load_agent_config(path: str | None, overrides: dict[str, Any]) -> AgentConfig:
