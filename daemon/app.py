@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import socket
+from wsgiref.simple_server import WSGIServer
 
 import grpc
 import prometheus_client
@@ -64,15 +65,17 @@ def add_listener(server: grpc.aio.Server, address: str, tls: TlsFiles | None) ->
     return server.add_secure_port(address, tls.server_credentials())
 
 
-def start_metrics_server(address: str, tls: TlsSettings | None) -> None:
-    """Prometheus `/metrics` on `address`; with TLS over HTTPS with the coordinator's certificate, for
-    scrapers with a client certificate of the CA (an operator's, a read-only one is enough)."""
+def start_metrics_server(address: str, tls: TlsSettings | None) -> WSGIServer:
+    """Prometheus `/metrics` on `address`, served by a thread; with TLS over HTTPS with the coordinator's
+    certificate, for scrapers with a client certificate of the CA (an operator's, a read-only one will do)."""
     host, port = parse_host_port(address)
     if tls is None:
-        prometheus_client.start_http_server(port, addr=host)
-        return
-    prometheus_client.start_http_server(port, addr=host, certfile=tls.cert_file, keyfile=tls.key_file,
-                                        client_cafile=tls.ca_file, client_auth_required=True)
+        server, _ = prometheus_client.start_http_server(port, addr=host)
+    else:
+        server, _ = prometheus_client.start_http_server(port, addr=host, certfile=tls.cert_file,
+                                                        keyfile=tls.key_file, client_cafile=tls.ca_file,
+                                                        client_auth_required=True)
+    return server
 
 
 class ListenError(PermanentError):
