@@ -75,11 +75,17 @@ class Coordinators:
 
     def unreachable(self, errors: list[str]) -> Unreachable:
         """Unreachable, with a hint when the connection failed the way a TLS mismatch does."""
-        message = "cannot reach the coordinator (" + "; ".join(errors) + ")"
-        if any(sign in error.lower() for error in errors for sign in _TLS_MISMATCH_SIGNS):
-            message += ("; is this certificate signed by the cluster's CA?" if self.tls
-                        else "; if the coordinator serves TLS, pass --cacert, --cert and --key")
-        return Unreachable(message)
+        return Unreachable("cannot reach the coordinator (" + "; ".join(errors) + ")" + self._tls_hint(errors))
+
+    def _tls_hint(self, errors: list[str]) -> str:
+        text = " ".join(errors).lower()
+        if self.tls and "certificate_verify_failed" in text:
+            return "; the coordinator's certificate is not one the CA in --cacert signed for this address"
+        if not any(sign in text for sign in _TLS_MISMATCH_SIGNS):
+            return ""
+        if self.tls:
+            return "; the coordinator may have refused this certificate: is it signed by the cluster's CA?"
+        return "; if the coordinator serves TLS, pass --cacert, --cert and --key"
 
 
 def _coordinators(options: GlobalOptions) -> Coordinators:
