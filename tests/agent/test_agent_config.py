@@ -36,3 +36,10 @@ def test_unknown_key_in_file(tmp_path: Path) -> None:
     path.write_text("coordinator: [h:1]\ncoordinatr: x\n")
     with pytest.raises(ConfigError, match=f"{path}: coordinatr: unknown key"):
         load_agent_config(str(path), {})
+
+
+def test_the_example_file_names_the_three_tls_files() -> None:
+    config = load_agent_config(str(REPO / "configs" / "agent.example.yaml"), {})
+    assert config.tls is not None and config.tls.cert_file == "/etc/trainerd/pki/node-01.crt"
+    with pytest.raises(ConfigError, match="agent flags: tls.key_file: Field required"):
+        load_agent_config(None, {"coordinator": "h:1", "tls": {"ca_file": "ca.crt", "cert_file": "n.crt"}})
