@@ -12,6 +12,7 @@ from typing import Annotated, Any
 from pydantic import Field, model_validator
 
 from common.config_file import Address, ConfigError, StrictModel, load_yaml_mapping, validate
+from common.tls_files import TlsSettings
 from proto.vocabulary import NODE_NAME_PATTERN
 
 
@@ -60,6 +61,9 @@ class AgentConfig(StrictModel):
     allowed_entrypoints: list[Annotated[list[str], Field(min_length=1)]] = [["{python}"]]
     # The training processes run as this user; none: as the agent's own user (single-machine use).
     run_as: RunAsSettings | None = None
+    # The cluster's CA, this node's certificate (`trainerd certs node NAME`) and its key: the agent then
+    # talks TLS, trusts only coordinators of that CA, and follows leader hints only to `coordinator`.
+    tls: TlsSettings | None = None
 
 
 def load_agent_config(path: str | None, overrides: dict[str, Any]) -> AgentConfig:

@@ -23,6 +23,7 @@ from agent.systemd import SystemdNotifier
 from agent.worker_user import WorkerUser
 from common.clock import Clock, SystemClock
 from common.config_file import ConfigError
+from common.tls_files import TLS_ENV, TLS_OPTION_NAMES, TlsFiles, read_tls_files, tls_settings_from_options
 from proto import trainerd_pb2 as pb
 
 AGENT_VERSION = "0.1.0"
@@ -121,10 +122,11 @@ class Agent:
             health_socket.unlink(missing_ok=True)
 
 
-def build_agent(config: AgentConfig, devices: list[Device], notifier: SystemdNotifier) -> Agent:
-    """The production wiring: a link to the configured coordinators, a supervisor that starts real
-    processes (as the `run_as` user when there is one) and dumps their stacks with py-spy, and the
-    system clock."""
+def build_agent(config: AgentConfig, devices: list[Device], notifier: SystemdNotifier,
+                tls: TlsFiles | None = None) -> Agent:
+    """The production wiring: a link to the configured coordinators (over TLS with `tls`, the files
+    config.tls names), a supervisor that starts real processes (as the `run_as` user when there is
+    one) and dumps their stacks with py-spy, and the system clock."""
     work_dir = Path(config.work_dir)
     clock = SystemClock()
     hello = pb.Hello(
@@ -132,12 +134,19 @@ def build_agent(config: AgentConfig, devices: list[Device], notifier: SystemdNot
         devices=[pb.Device(device_id=d.device_id, device_ip=d.device_ip, kind=d.kind) for d in devices],
     )
     link = CoordinatorLink(addresses=list(config.coordinator), hello=hello,
-                           identity=IdentityFile(work_dir / "identity.json"), clock=clock)
+                           identity=IdentityFile(work_dir / "identity.json"), clock=clock,
+                           credentials=None if tls is None else tls.channel_credentials())
     worker_user = None if config.run_as is None else WorkerUser.from_settings(config.run_as)
     supervisor = Supervisor(work_dir=work_dir, progress_socket=work_dir / "progress.sock", report=link.send,
                             launcher=SubprocessLauncher(worker_user), stack_dumper=PySpyDumper(), clock=clock,
                             allowed_entrypoints=config.allowed_entrypoints, worker_user=worker_user)
     return Agent(config, link=link, supervisor=supervisor, notifier=notifier, clock=clock)
+
+
+class StartRefused(click.ClickException):
+    """The agent file, a flag or a file they name is wrong, or there are no devices: one line, exit code 2."""
+
+    exit_code = 2
 
 
 @click.command()
@@ -147,20 +156,31 @@ def build_agent(config: AgentConfig, devices: list[Device], notifier: SystemdNot
 @click.option("--host", help="Address other nodes reach this host at.")
 @click.option("--cpu-devices", type=int, help="Train on N CPU devices (hosts without NPUs).")
 @click.option("--work-dir", type=click.Path(file_okay=False), help="Logs, rank tables and state.")
+@click.option("--cacert", envvar=TLS_ENV["cacert"], metavar="FILE",
+              help="The cluster's CA certificate: talk TLS (with --cert and --key; overrides tls in the file).")
+@click.option("--cert", envvar=TLS_ENV["cert"], metavar="FILE", help="This node's certificate (trainerd certs node).")
+@click.option("--key", envvar=TLS_ENV["key"], metavar="FILE", help="Its key.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-def cli(config_file, coordinator, node_name, host, cpu_devices, work_dir, log_level) -> None:
+def cli(config_file, coordinator, node_name, host, cpu_devices, work_dir, cacert, cert, key, log_level) -> None:
     """Register this host's devices with trainerd and run its training processes."""
     try:
+        tls_options = tls_settings_from_options(cacert, cert, key)
         config = load_agent_config(config_file, {
             "coordinator": coordinator, "node_name": node_name, "host": host,
             "cpu_devices": cpu_devices, "work_dir": work_dir,
+            "tls": None if tls_options is None else tls_options.model_dump(),
         })
+        tls = None
+        if tls_options is not None:
+            tls = read_tls_files(tls_options, "trainerd-agent", TLS_OPTION_NAMES)
+        elif config.tls is not None:
+            tls = read_tls_files(config.tls, str(config_file), ("tls.ca_file", "tls.cert_file", "tls.key_file"))
         devices = discover_devices(cpu_devices=config.cpu_devices,
                                    dev_dir=Path(config.discovery.dev_dir),
                                    hccn_conf=Path(config.discovery.hccn_conf))
     except (ConfigError, NoDevicesError) as exc:
-        raise click.UsageError(str(exc)) from exc
+        raise StartRefused(str(exc)) from exc
     logging.basicConfig(level=log_level.upper(),
                         format=f"%(asctime)s %(levelname)s agent {config.node_name}: %(message)s")
     for noisy in ("grpc", "asyncio"):
@@ -171,7 +191,7 @@ def cli(config_file, coordinator, node_name, host, cpu_devices, work_dir, log_le
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        await build_agent(config, devices, SystemdNotifier()).run(stop)
+        await build_agent(config, devices, SystemdNotifier(), tls).run(stop)
 
     try:
         asyncio.run(serve())

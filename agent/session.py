@@ -88,8 +88,11 @@ class CoordinatorLink:
         identity: IdentityFile,
         clock: Clock,
         rng: random.Random | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
+        """`credentials`: TLS (the cluster's CA, this node's certificate); None talks plain text."""
         self._addresses = addresses
+        self._credentials = credentials
         self._hello = hello
         self._identity = identity
         self._clock = clock
@@ -135,7 +138,11 @@ class CoordinatorLink:
     def _note_refusal(self, address: str, exc: grpc.aio.AioRpcError) -> None:
         metadata = dict(exc.trailing_metadata() or ())
         leader = metadata.get(LEADER_ADDRESS_METADATA)
-        if leader and leader != address:
+        if leader and leader != address and self._credentials is not None and leader not in self._addresses:
+            # Over TLS the agent dials only coordinators it was configured with, whoever names another.
+            log.warning("%s names the leader at %s, which is not among the configured coordinators (%s); "
+                        "ignoring the hint", address, leader[:100], ", ".join(self._addresses))
+        elif leader and leader != address:
             self._leader_hint = leader
             log.info("%s is a standby; the leader is at %s", address, leader)
         else:
@@ -143,7 +150,11 @@ class CoordinatorLink:
 
     async def _session(self, address: str, handler: SessionHandler) -> bool:
         """One session; returns True when it was established before it ended."""
-        async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        if self._credentials is None:
+            channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        else:
+            channel = grpc.aio.secure_channel(address, self._credentials, options=CHANNEL_OPTIONS)
+        async with channel:
             call = pb_grpc.CoordinatorStub(channel).Session()
             hello = pb.Hello()
             hello.CopyFrom(self._hello)

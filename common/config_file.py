@@ -6,6 +6,7 @@ Every error becomes one `ConfigError` line naming the file and the key path, e.g
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -36,6 +37,18 @@ def parse_host_port(text: str) -> tuple[str, int]:
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise ValueError(f"{text!r} has no valid port (1-65535)")
     return host, int(port_text)
+
+
+def is_loopback(address: str) -> bool:
+    """Whether `host:port` can be reached only from this host: localhost or a loopback IP (127.0.0.0/8,
+    ::1). A wildcard (0.0.0.0, ::) or any other name is not."""
+    host, _ = parse_host_port(address)
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _check_address(text: str) -> str:

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import socket
+from wsgiref.simple_server import WSGIServer
 
 import grpc
 import prometheus_client
@@ -14,6 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from common.clock import SystemClock
 from common.config_file import parse_host_port
+from common.tls_files import TlsFiles, TlsSettings
 from daemon import metrics
 from daemon.config import ClusterConfig
 from daemon.coordinator import Coordinator
@@ -22,6 +24,7 @@ from daemon.etcd_process import EmbeddedEtcd
 from daemon.etcd_supervisor import EtcdSupervisor
 from daemon.grpc_errors import ErrorStatusInterceptor
 from daemon.grpc_services import ControlService, CoordinatorService
+from daemon.peer_auth import PeerAuthorizationInterceptor
 from daemon.leader import LeaderRecord
 from daemon.local_agents import LocalAgents
 from daemon.store.etcd import EtcdStore
@@ -42,10 +45,37 @@ SERVER_OPTIONS = [
 ]
 
 
-def grpc_server() -> grpc.aio.Server:
+def grpc_server(check_peers: bool = False) -> grpc.aio.Server:
     """The coordinator's gRPC server: keepalive options, and the coordinator's errors answered as
-    status codes (daemon/grpc_errors.py) by every method of every service."""
-    return grpc.aio.server(options=SERVER_OPTIONS, interceptors=(ErrorStatusInterceptor(),))
+    status codes (daemon/grpc_errors.py) by every method of every service. With `check_peers` (a TLS
+    server that requires client certificates), every call's certificate is checked against what it may
+    call first (daemon/peer_auth.py)."""
+    interceptors: tuple[grpc.aio.ServerInterceptor, ...] = (ErrorStatusInterceptor(),)
+    if check_peers:
+        interceptors += (PeerAuthorizationInterceptor(),)
+    return grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
+
+
+def add_listener(server: grpc.aio.Server, address: str, tls: TlsFiles | None) -> int:
+    """Serve `address`: with TLS, admitting only clients with a certificate of the CA; in plain text
+    otherwise (the cluster file allows that only on loopback or with `insecure: true`). Returns the
+    port; RuntimeError when it cannot be bound."""
+    if tls is None:
+        return server.add_insecure_port(address)
+    return server.add_secure_port(address, tls.server_credentials())
+
+
+def start_metrics_server(address: str, tls: TlsSettings | None) -> WSGIServer:
+    """Prometheus `/metrics` on `address`, served by a thread; with TLS over HTTPS with the coordinator's
+    certificate, for scrapers with a client certificate of the CA (an operator's, a read-only one will do)."""
+    host, port = parse_host_port(address)
+    if tls is None:
+        server, _ = prometheus_client.start_http_server(port, addr=host)
+    else:
+        server, _ = prometheus_client.start_http_server(port, addr=host, certfile=tls.cert_file,
+                                                        keyfile=tls.key_file, client_cafile=tls.ca_file,
+                                                        client_auth_required=True)
+    return server
 
 
 class ListenError(PermanentError):
@@ -54,8 +84,10 @@ class ListenError(PermanentError):
 
 
 class TrainerdApp:
-    def __init__(self, config: ClusterConfig) -> None:
+    def __init__(self, config: ClusterConfig, tls: TlsFiles | None = None) -> None:
+        """`tls`: the files cluster.tls names, read (common.tls_files.read_tls_files)."""
         self._config = config
+        self._tls = tls
         self._etcd: EmbeddedEtcd | None = None
         self._store: EtcdStore | None = None
         self._server: grpc.aio.Server | None = None
@@ -82,9 +114,9 @@ class TrainerdApp:
     async def run(self, stop: asyncio.Event) -> None:
         cluster = self._config.cluster
         # Bind first: a second trainerd with the same address fails here, before it touches etcd.
-        self._server = grpc_server()
+        self._server = grpc_server(check_peers=self._tls is not None)
         try:
-            self._server.add_insecure_port(cluster.coordinator.listen)
+            add_listener(self._server, cluster.coordinator.listen, self._tls)
         except RuntimeError as exc:
             raise ListenError(f"cannot listen on {cluster.coordinator.listen}: the address is in use or not "
                               f"local (cluster.coordinator.listen)") from exc
@@ -109,8 +141,7 @@ class TrainerdApp:
             )
             metrics.SESSIONS.set_function(lambda: coordinator.session_count)
             if cluster.coordinator.metrics_listen:
-                host, port = parse_host_port(cluster.coordinator.metrics_listen)
-                prometheus_client.start_http_server(port, addr=host)
+                start_metrics_server(cluster.coordinator.metrics_listen, cluster.tls)
             pb_grpc.add_CoordinatorServicer_to_server(
                 CoordinatorService(self.coordinator, cluster.coordinator.max_sessions), self._server)
             pb_grpc.add_ControlServicer_to_server(ControlService(self.coordinator), self._server)
@@ -120,7 +151,8 @@ class TrainerdApp:
             await self._health.set(CONTROL_SERVICE, health_pb2.HealthCheckResponse.SERVING)
             if self.coordinator.leadership is None:
                 await self._health.set(COORDINATOR_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
-            log.info("trainerd %s serving on %s", me.id, cluster.coordinator.listen)
+            log.info("trainerd %s serving on %s (%s)", me.id, cluster.coordinator.listen,
+                     "TLS, client certificates of its CA only" if self._tls else "plain text")
 
             tick_s = min(0.5, cluster.heartbeat.interval_s / 2)
             leading = asyncio.create_task(self.coordinator.run(tick_s), name="coordinator")

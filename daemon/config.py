@@ -6,7 +6,8 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from common.config_file import Address, ConfigError, StrictModel, load_yaml_mapping, validate
+from common.config_file import Address, ConfigError, StrictModel, is_loopback, load_yaml_mapping, validate
+from common.tls_files import TlsSettings
 from proto.progress_pattern import compile_progress_pattern
 from proto.vocabulary import RESERVED_ENV, forbidden_job_env
 
@@ -100,6 +101,37 @@ class ClusterSettings(StrictModel):
     events: EventSettings = EventSettings()
     local_agents: int = Field(default=0, ge=0, le=64)
     local_agent: LocalAgentSettings = LocalAgentSettings()
+    # The coordinator's TLS: it serves the CA's certificate for it and admits only clients (agents,
+    # operators) whose certificate that CA signed. Required on any listener that is not loopback...
+    tls: TlsSettings | None = None
+    # ... unless this says, in so many words, that the cluster's network is trusted with plain text.
+    insecure: bool = False
+
+    @model_validator(mode="after")
+    def _secure_unless_loopback(self) -> "ClusterSettings":
+        if self.tls is not None and self.insecure:
+            raise ValueError("tls and insecure: true contradict each other: leave one out")
+        if self.tls is not None and self.local_agents:
+            raise ValueError("local_agents connect without certificates: run them without tls, on a loopback "
+                             "coordinator.listen")
+        if self.insecure:
+            return self
+        if not self.etcd.endpoints:
+            for key in ("client_listen", "peer_listen"):
+                address = getattr(self.etcd, key)
+                if not is_loopback(address):
+                    raise ValueError(
+                        f"etcd.{key} {address} is not a loopback address and the embedded etcd serves no TLS: "
+                        f"keep it on 127.0.0.1, name an etcd with TLS in etcd.endpoints, or write insecure: true")
+        if self.tls is None:
+            listeners = {"coordinator.listen": self.coordinator.listen,
+                         "coordinator.metrics_listen": self.coordinator.metrics_listen}
+            for key, address in listeners.items():
+                if address is not None and not is_loopback(address):
+                    raise ValueError(
+                        f"{key} {address} is not a loopback address: give tls (ca_file, cert_file, key_file; "
+                        f"`trainerd certs init` makes them) or write insecure: true to serve plain text")
+        return self
 
 
 class CheckpointSettings(StrictModel):
@@ -237,6 +269,11 @@ def load_cluster_config(path: str | Path) -> ClusterConfig:
         raise ConfigError(f"{path}: base_dir: unknown key")
     data["base_dir"] = str(path.resolve().parent)
     config = validate(ClusterConfig, data, str(path))
+    tls = config.cluster.tls
+    if tls is not None:
+        tls = tls.model_copy(update={key: str(config.resolve(getattr(tls, key)))
+                                     for key in ("ca_file", "cert_file", "key_file")})
+        config = config.model_copy(update={"cluster": config.cluster.model_copy(update={"tls": tls})})
     if config.job is None:
         return config
     # Workers on every node get this path: make it absolute once, here.

@@ -23,6 +23,8 @@ from daemon.job.controller import CommandRefused
 from daemon.job.skip_ledger import BadRange
 from daemon.job.state import IllegalTransition
 from daemon.leader import LeadershipLost
+from daemon.method_handlers import wrapped
+from daemon.peer_auth import PermissionDenied
 from daemon.store.codec import BadValue
 from daemon.store.interface import StoreError, StoreUnavailable
 from proto.vocabulary import LEADER_ADDRESS_METADATA
@@ -68,6 +70,7 @@ STATUS_TABLE: dict[type[Exception], StatusRule] = {
                          lambda exc: f"etcd holds a value this trainerd cannot read: {exc}"),
     StoreError: StatusRule(grpc.StatusCode.UNAVAILABLE, lambda exc: f"etcd failed: {exc}"),
     SessionRefused: StatusRule(grpc.StatusCode.FAILED_PRECONDITION, str),
+    PermissionDenied: StatusRule(grpc.StatusCode.PERMISSION_DENIED, str),
     CommandRefused: StatusRule(grpc.StatusCode.FAILED_PRECONDITION, str),
     BadRange: StatusRule(grpc.StatusCode.INVALID_ARGUMENT, str),
     IllegalTransition: StatusRule(grpc.StatusCode.INTERNAL,
@@ -134,12 +137,4 @@ class ErrorStatusInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return None
         method = handler_call_details.method
-        serializers = {"request_deserializer": handler.request_deserializer,
-                       "response_serializer": handler.response_serializer}
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(_mapped(handler.unary_unary, method), **serializers)
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(_mapped(handler.unary_stream, method), **serializers)
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(_mapped(handler.stream_unary, method), **serializers)
-        return grpc.stream_stream_rpc_method_handler(_mapped(handler.stream_stream, method), **serializers)
+        return wrapped(handler, lambda behavior: _mapped(behavior, method))

@@ -39,6 +39,7 @@ from daemon.log_relay import MAX_LOG_READ_BYTES, LogChunk
 from daemon.job.observation import SkippedBatch, ProcessReport, ProgressReport, RootCause
 from daemon.membership import DeviceInfo
 from daemon.message_checks import MAX_RANK, MalformedMessage
+from daemon.peer_auth import require_node
 from daemon.rate_limited_log import RateLimitedLog
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
@@ -232,8 +233,10 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no Hello within 10 s")
         if first is grpc.aio.EOF or first.WhichOneof("body") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a session must start with Hello")
+        hello = hello_from_proto(first.hello)
+        require_node(hello.node_name)
         outbox: asyncio.Queue = asyncio.Queue()
-        session, welcome = await self._coordinator.open_session(hello_from_proto(first.hello), outbox.put_nowait)
+        session, welcome = await self._coordinator.open_session(hello, outbox.put_nowait)
         await context.write(pb.CoordinatorMessage(welcome=pb.Welcome(
             node_name=welcome.node_name, resume_token=welcome.resume_token,
             heartbeat_interval_s=welcome.heartbeat_interval_s, coordinator_id=welcome.coordinator_id,

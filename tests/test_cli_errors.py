@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -97,3 +98,48 @@ def test_trainerd_certs_without_a_ca(tmp_path: Path) -> None:
     result = run("trainerd", "certs", "node", "n1", "--dir", str(tmp_path))
     assert_one_line_error(result, 2, f"{tmp_path / 'ca.crt'} is missing: run `trainerd certs init --dir {tmp_path}`")
     assert len(result.stderr.splitlines()) == 1 and list(tmp_path.iterdir()) == []
+
+
+def tls_argv(cert_dir: Path, cacert: str | None = "ca.crt", cert: str | None = "coordinator.crt",
+             key: str | None = "coordinator.key") -> list[str]:
+    argv = []
+    for option, name in (("--cacert", cacert), ("--cert", cert), ("--key", key)):
+        if name is not None:
+            argv += [option, str(cert_dir / name)]
+    return argv
+
+
+@pytest.mark.parametrize(("files", "fragment"), [
+    ({"cert": None, "key": None}, "go together: --cert and --key are missing"),
+    ({"cacert": None}, "go together: --cacert is missing"),
+    ({"key": "absent.key"}, "--key: cannot read"),
+    ({"cacert": "coordinator.key"}, "--cacert: {dir}/coordinator.key holds no PEM certificate"),
+    ({"key": "ca.key"}, "--key: {dir}/ca.key is not the key of {dir}/coordinator.crt"),
+])
+@pytest.mark.parametrize("program", ["trainerctl", "trainerd-agent"])
+def test_tls_option_mistakes_are_one_line(cert_dir: Path, program: str, files: dict, fragment: str) -> None:
+    if program == "trainerctl":
+        argv = ["trainerctl", "--coordinator", f"127.0.0.1:{free_port()}", *tls_argv(cert_dir, **files), "status"]
+    else:
+        argv = ["trainerd-agent", "--coordinator", f"127.0.0.1:{free_port()}", "--cpu-devices", "1",
+                "--work-dir", str(cert_dir / "agent"), *tls_argv(cert_dir, **files)]
+    result = run(*argv)
+    assert_one_line_error(result, 2, fragment.format(dir=cert_dir))
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
+def test_tls_options_come_from_the_environment_too(cert_dir: Path) -> None:
+    env = {**os.environ, "TRAINERD_CERT": str(cert_dir / "coordinator.crt")}
+    result = run("trainerctl", "--coordinator", f"127.0.0.1:{free_port()}", "status", env=env)
+    assert_one_line_error(result, 2, "--cacert ($TRAINERD_CACERT), --cert ($TRAINERD_CERT), --key ($TRAINERD_KEY) "
+                                     "go together: --cacert and --key are missing")
+
+
+def test_the_agent_file_tls_keys_are_checked(cert_dir: Path, tmp_path: Path) -> None:
+    agent_file = tmp_path / "agent.yaml"
+    agent_file.write_text(f"coordinator: [127.0.0.1:{free_port()}]\ncpu_devices: 1\nwork_dir: {tmp_path}\n"
+                          f"tls: {{ca_file: {cert_dir}/ca.crt, cert_file: {cert_dir}/coordinator.crt, "
+                          f"key_file: {tmp_path}/absent.key}}\n")
+    result = run("trainerd-agent", "--config", str(agent_file))
+    assert_one_line_error(result, 2, f"{agent_file}: tls.key_file: cannot read {tmp_path}/absent.key")
+    assert len(result.stderr.splitlines()) == 1, result.stderr

@@ -1,22 +1,27 @@
 """`trainerctl`: see and steer a trainerd cluster.
 
-Exit codes: 0 success, 1 the operation failed, 2 usage or config error, 3 coordinator unreachable.
+Exit codes: 0 success, 1 the operation failed (or this certificate may not do it), 2 usage or config
+error, 3 coordinator unreachable (a refused TLS handshake included).
 """
 
 from __future__ import annotations
+
+from daemon.cli import quiet_grpc  # noqa: F401 - before grpc loads
 
 import datetime
 import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 
 import click
 import grpc
 from rich.console import Console
 from rich.table import Table
 
-from common.config_file import parse_host_port
+from common.config_file import ConfigError, parse_host_port
+from common.tls_files import TLS_ENV, TLS_OPTION_NAMES, TlsFiles, read_tls_files, tls_settings_from_options
 from daemon.cli.status_json import RECOVERY_PHASES, status_to_json
 from daemon.events import EVENTS_PAGE
 from proto import trainerd_pb2 as pb
@@ -38,6 +43,64 @@ class Unreachable(click.ClickException):
     exit_code = EXIT_UNREACHABLE
 
 
+# How a failed TLS handshake looks from the client: a closed socket (the other side refused it) or the
+# handshake's own error.
+_TLS_MISMATCH_SIGNS = ("socket closed", "handshake")
+
+
+class OptionProblem(click.ClickException):
+    """A global option is wrong (a TLS file missing, unreadable, or given without the other two)."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class GlobalOptions:
+    """What the options before the command say; checked only by a command that calls the coordinator."""
+
+    coordinator: str | None
+    cacert: str | None
+    cert: str | None
+    key: str | None
+
+
+@dataclass(frozen=True)
+class Coordinators:
+    """The coordinators to try, in order, and the TLS files to call them with (None: plain text)."""
+
+    addresses: list[str]
+    tls: TlsFiles | None
+
+    def channel(self, address: str) -> grpc.Channel:
+        if self.tls is None:
+            return grpc.insecure_channel(address)
+        return grpc.secure_channel(address, self.tls.channel_credentials())
+
+    def unreachable(self, errors: list[str]) -> Unreachable:
+        """Unreachable, with a hint when the connection failed the way a TLS mismatch does."""
+        return Unreachable("cannot reach the coordinator (" + "; ".join(errors) + ")" + self._tls_hint(errors))
+
+    def _tls_hint(self, errors: list[str]) -> str:
+        text = " ".join(errors).lower()
+        if self.tls and "certificate_verify_failed" in text:
+            return "; the coordinator's certificate is not one the CA in --cacert signed for this address"
+        if not any(sign in text for sign in _TLS_MISMATCH_SIGNS):
+            return ""
+        if self.tls:
+            return "; the coordinator may have refused this certificate: is it signed by the cluster's CA?"
+        return "; if the coordinator serves TLS, pass --cacert, --cert and --key"
+
+
+def _coordinators(options: GlobalOptions) -> Coordinators:
+    addresses = _addresses(options.coordinator)
+    try:
+        settings = tls_settings_from_options(options.cacert, options.cert, options.key)
+        tls = None if settings is None else read_tls_files(settings, "trainerctl", TLS_OPTION_NAMES)
+    except ConfigError as exc:
+        raise OptionProblem(str(exc)) from exc
+    return Coordinators(addresses, tls)
+
+
 def _addresses(option: str | None) -> list[str]:
     raw = option or os.environ.get("TRAINERD_COORDINATOR")
     if not raw:
@@ -51,36 +114,35 @@ def _addresses(option: str | None) -> list[str]:
     return addresses
 
 
-def _get_status(address: str) -> pb.StatusReply:
-    with grpc.insecure_channel(address) as channel:
+def _get_status(coordinators: Coordinators, address: str) -> pb.StatusReply:
+    with coordinators.channel(address) as channel:
         return pb_grpc.ControlStub(channel).GetStatus(pb.StatusRequest(), timeout=RPC_TIMEOUT_S)
 
 
-def _unreachable(errors: list[str]) -> Unreachable:
-    return Unreachable("cannot reach the coordinator (" + "; ".join(errors) + ")")
-
-
-def fetch_status(addresses: list[str]) -> tuple[str, pb.StatusReply]:
-    """Ask the first coordinator that answers; when it is a standby, prefer the leader's answer."""
+def fetch_status(coordinators: Coordinators) -> tuple[str, pb.StatusReply]:
+    """Ask the first coordinator that answers; when it is a standby, prefer the leader's answer. A refused
+    certificate ends the search: every coordinator of the cluster refuses it alike."""
     errors = []
-    for address in addresses:
+    for address in coordinators.addresses:
         try:
-            reply = _get_status(address)
+            reply = _get_status(coordinators, address)
         except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+                raise click.ClickException(exc.details() or exc.code().name) from exc
             errors.append(f"{address}: {exc.code().name} {exc.details() or ''}".strip())
             continue
         leader = reply.coordinator.leader_address
         if not reply.coordinator.is_leader and leader and leader != address:
             try:
-                return leader, _get_status(leader)
+                return leader, _get_status(coordinators, leader)
             except grpc.RpcError:
                 pass
         return address, reply
-    raise _unreachable(errors)
+    raise coordinators.unreachable(errors)
 
 
-def _call(address: str, method: str, request, timeout: float = RPC_TIMEOUT_S):
-    with grpc.insecure_channel(address) as channel:
+def _call(coordinators: Coordinators, address: str, method: str, request, timeout: float = RPC_TIMEOUT_S):
+    with coordinators.channel(address) as channel:
         return getattr(pb_grpc.ControlStub(channel), method)(request, timeout=timeout)
 
 
@@ -91,45 +153,50 @@ def _named_leader(exc: grpc.RpcError) -> str | None:
     return dict(exc.trailing_metadata() or ()).get(LEADER_ADDRESS_METADATA) or None
 
 
-def _failed(address: str, exc: grpc.RpcError) -> click.ClickException:
+def _failed(coordinators: Coordinators, address: str, exc: grpc.RpcError) -> click.ClickException:
     if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        return _unreachable([f"{address}: {exc.code().name} {exc.details() or ''}".strip()])
+        return coordinators.unreachable([f"{address}: {exc.code().name} {exc.details() or ''}".strip()])
     return click.ClickException(exc.details() or exc.code().name)
 
 
-def call_control(addresses: list[str], method: str, request, timeout: float = RPC_TIMEOUT_S):
+def call_control(coordinators: Coordinators, method: str, request, timeout: float = RPC_TIMEOUT_S):
     """Call a Control method on the leader (found through status), or the first coordinator that answers.
 
     When leadership moved since the status, the standby answers UNAVAILABLE naming the new leader:
     the call follows it once."""
-    address, _ = fetch_status(addresses)
+    address, _ = fetch_status(coordinators)
     try:
-        return _call(address, method, request, timeout)
+        return _call(coordinators, address, method, request, timeout)
     except grpc.RpcError as exc:
         leader = _named_leader(exc)
         if leader is None or leader == address:
-            raise _failed(address, exc) from exc
+            raise _failed(coordinators, address, exc) from exc
     try:
-        return _call(leader, method, request, timeout)
+        return _call(coordinators, leader, method, request, timeout)
     except grpc.RpcError as exc:
-        raise _failed(leader, exc) from exc
+        raise _failed(coordinators, leader, exc) from exc
 
 
 @click.group()
 @click.option("--coordinator", envvar="TRAINERD_COORDINATOR", metavar="HOST:PORT[,HOST:PORT]",
               help="Coordinator address(es); default $TRAINERD_COORDINATOR.")
+@click.option("--cacert", envvar=TLS_ENV["cacert"], metavar="FILE",
+              help=f"The cluster's CA certificate (ca.crt): call over TLS; default ${TLS_ENV['cacert']}.")
+@click.option("--cert", envvar=TLS_ENV["cert"], metavar="FILE",
+              help=f"Your operator certificate (`trainerd certs operator`); default ${TLS_ENV['cert']}.")
+@click.option("--key", envvar=TLS_ENV["key"], metavar="FILE", help=f"Its key; default ${TLS_ENV['key']}.")
 @click.pass_context
-def cli(ctx: click.Context, coordinator: str | None) -> None:
+def cli(ctx: click.Context, coordinator: str | None, cacert: str | None, cert: str | None, key: str | None) -> None:
     """See and steer a trainerd cluster."""
-    ctx.obj = coordinator
+    ctx.obj = GlobalOptions(coordinator, cacert, cert, key)
 
 
 @cli.command()
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.pass_obj
-def status(coordinator: str | None, output: str) -> None:
+def status(options: GlobalOptions, output: str) -> None:
     """The coordinator, the nodes and the job."""
-    _, reply = fetch_status(_addresses(coordinator))
+    _, reply = fetch_status(_coordinators(options))
     data = status_to_json(reply)
     if output == "json":
         click.echo(json.dumps(data, indent=2))
@@ -141,12 +208,12 @@ def status(coordinator: str | None, output: str) -> None:
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new events as they happen.")
 @click.pass_obj
-def events(coordinator: str | None, output: str, follow: bool) -> None:
+def events(options: GlobalOptions, output: str, follow: bool) -> None:
     """What happened to the nodes and the job, oldest first."""
-    addresses = _addresses(coordinator)
+    coordinators = _coordinators(options)
     after = 0
     while True:
-        reply = call_control(addresses, "ListEvents", pb.EventsRequest(after_seq=after, limit=EVENTS_PAGE))
+        reply = call_control(coordinators, "ListEvents", pb.EventsRequest(after_seq=after, limit=EVENTS_PAGE))
         for event in reply.events:
             after = max(after, event.seq)
             if output == "json":
@@ -180,14 +247,14 @@ def _rank_argument(ctx: click.Context, param: click.Parameter, value: str) -> in
 @click.option("--generation", type=click.IntRange(min=1), help="An earlier generation (default: the current one).")
 @click.option("--tail", type=click.IntRange(min=0), help="Only the last N lines.")
 @click.pass_obj
-def logs(coordinator: str | None, rank: int, follow: bool, generation: int | None, tail: int | None) -> None:
+def logs(options: GlobalOptions, rank: int, follow: bool, generation: int | None, tail: int | None) -> None:
     """The output of RANK (or 'scheduler'), read from its host by its agent: no SSH needed."""
-    addresses = _addresses(coordinator)
+    coordinators = _coordinators(options)
     out = sys.stdout.buffer  # what click.get_binary_stream("stdout") returned; click 8.5 deprecates it
 
     def read(generation: int, offset: int) -> pb.LogReply:
-        return call_control(addresses, "ReadLog", pb.LogRequest(rank=rank, generation=generation, offset=offset,
-                                                                max_bytes=LOG_CHUNK_BYTES), LOG_RPC_TIMEOUT_S)
+        return call_control(coordinators, "ReadLog", pb.LogRequest(rank=rank, generation=generation, offset=offset,
+                                                                   max_bytes=LOG_CHUNK_BYTES), LOG_RPC_TIMEOUT_S)
 
     offset = 0 if tail is None else -min(LOG_CHUNK_BYTES, max(TAIL_MIN_BYTES, tail * TAIL_BYTES_PER_LINE))
     reply = read(generation or 0, offset)
@@ -218,9 +285,9 @@ def logs(coordinator: str | None, rank: int, follow: bool, generation: int | Non
 
 @cli.command()
 @click.pass_obj
-def pause(coordinator: str | None) -> None:
+def pause(options: GlobalOptions) -> None:
     """Stop the job's processes and keep it PAUSED until `resume`."""
-    reply = call_control(_addresses(coordinator), "Pause", pb.PauseRequest())
+    reply = call_control(_coordinators(options), "Pause", pb.PauseRequest())
     click.echo(reply.message)
 
 
@@ -228,10 +295,10 @@ def pause(coordinator: str | None) -> None:
 @click.option("--from-step", type=click.IntRange(min=1), help="Restart from the checkpoint of this step "
               "(default: the newest good one; `trainerctl checkpoint list` shows them).")
 @click.pass_obj
-def resume(coordinator: str | None, from_step: int | None) -> None:
+def resume(options: GlobalOptions, from_step: int | None) -> None:
     """Continue a PAUSED or FAILED job (a FAILED job gets its restart budget back)."""
     request = pb.ResumeRequest() if from_step is None else pb.ResumeRequest(from_step=from_step)
-    click.echo(call_control(_addresses(coordinator), "Resume", request).message)
+    click.echo(call_control(_coordinators(options), "Resume", request).message)
 
 
 @cli.group()
@@ -242,17 +309,17 @@ def nodes() -> None:
 @nodes.command()
 @click.argument("name")
 @click.pass_obj
-def drain(coordinator: str | None, name: str) -> None:
+def drain(options: GlobalOptions, name: str) -> None:
     """Stop using NAME: a running job lets it go at its next checkpoint."""
-    click.echo(call_control(_addresses(coordinator), "SetDrain", pb.DrainRequest(node=name, drained=True)).message)
+    click.echo(call_control(_coordinators(options), "SetDrain", pb.DrainRequest(node=name, drained=True)).message)
 
 
 @nodes.command()
 @click.argument("name")
 @click.pass_obj
-def undrain(coordinator: str | None, name: str) -> None:
+def undrain(options: GlobalOptions, name: str) -> None:
     """Use NAME again (also lifts a quarantine); a running job takes it in at a checkpoint."""
-    click.echo(call_control(_addresses(coordinator), "SetDrain", pb.DrainRequest(node=name, drained=False)).message)
+    click.echo(call_control(_coordinators(options), "SetDrain", pb.DrainRequest(node=name, drained=False)).message)
 
 
 def _sample_range(ctx, param, value: str) -> tuple[int, int]:
@@ -272,7 +339,7 @@ def skips(ctx: click.Context, output: str) -> None:
     """The skip ledger: sample ranges every later generation leaves out."""
     if ctx.invoked_subcommand is not None:
         return
-    reply = call_control(_addresses(ctx.obj), "ListSkips", pb.SkipsRequest())
+    reply = call_control(_coordinators(ctx.obj), "ListSkips", pb.SkipsRequest())
     entries = [{"start": e.start, "end": e.end, "reason": e.reason, "step": e.step, "generation": e.generation}
                for e in reply.skips]
     if output == "json":
@@ -290,11 +357,11 @@ def skips(ctx: click.Context, output: str) -> None:
 @click.argument("sample_range", metavar="START:END", callback=_sample_range)
 @click.option("--reason", required=True, help="Why these samples are left out (kept in the ledger).")
 @click.pass_obj
-def skips_add(coordinator: str | None, sample_range: tuple[int, int], reason: str) -> None:
+def skips_add(options: GlobalOptions, sample_range: tuple[int, int], reason: str) -> None:
     """Leave samples START..END-1 out from the next generation on."""
     start, end = sample_range
     request = pb.AddSkipRequest(start=start, end=end, reason=reason)
-    click.echo(call_control(_addresses(coordinator), "AddSkip", request).message)
+    click.echo(call_control(_coordinators(options), "AddSkip", request).message)
 
 
 def print_status(data: dict) -> None:

@@ -9,11 +9,18 @@ import sys
 import click
 
 from common.config_file import ConfigError
+from common.tls_files import read_tls_files
 from daemon.app import ListenError, TrainerdApp, install_stop_signals
 from daemon.cli.certs_commands import certs
 from daemon.config import load_cluster_config
 from daemon.etcd_process import EtcdNotFound, EtcdStartError
 from daemon.store.interface import StoreError
+
+
+class StartRefused(click.ClickException):
+    """The cluster file, or a file it names, is wrong: one line, exit code 2."""
+
+    exit_code = 2
 
 
 @click.group()
@@ -30,8 +37,11 @@ def start(cluster_file: str, log_level: str) -> None:
     """Run the coordinator (and an embedded etcd when the file names no endpoints)."""
     try:
         config = load_cluster_config(cluster_file)
+        tls_settings = config.cluster.tls
+        tls = None if tls_settings is None else read_tls_files(
+            tls_settings, cluster_file, ("cluster.tls.ca_file", "cluster.tls.cert_file", "cluster.tls.key_file"))
     except ConfigError as exc:
-        raise click.UsageError(str(exc)) from exc
+        raise StartRefused(str(exc)) from exc
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s trainerd %(name)s: %(message)s")
     for noisy in ("grpc", "asyncio"):
@@ -40,7 +50,7 @@ def start(cluster_file: str, log_level: str) -> None:
     async def serve() -> None:
         stop = asyncio.Event()
         install_stop_signals(stop)
-        await TrainerdApp(config).run(stop)
+        await TrainerdApp(config, tls).run(stop)
 
     try:
         asyncio.run(serve())

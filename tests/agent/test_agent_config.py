@@ -71,3 +71,10 @@ def test_run_as_needs_a_root_agent(tmp_path: Path, worker_user: WorkerUser, monk
     with pytest.raises(ConfigError, match=f"{path}: run_as: running the training processes as {worker_user.name} "
                                           "needs the agent to run as root"):
         load_agent_config(str(path), {})
+
+
+def test_the_example_file_names_the_three_tls_files() -> None:
+    config = load_agent_config(str(REPO / "configs" / "agent.example.yaml"), {})
+    assert config.tls is not None and config.tls.cert_file == "/etc/trainerd/pki/node-01.crt"
+    with pytest.raises(ConfigError, match="agent flags: tls.key_file: Field required"):
+        load_agent_config(None, {"coordinator": "h:1", "tls": {"ca_file": "ca.crt", "cert_file": "n.crt"}})

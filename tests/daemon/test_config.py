@@ -114,3 +114,54 @@ def test_a_progress_pattern_with_step_is_accepted(tmp_path: Path) -> None:
     config = load_cluster_config(write(
         tmp_path, JOB + "  progress_pattern: 'it (?P<step>\\d+) loss=(?P<loss>\\S+)'\n"))
     assert config.job.progress_pattern == r"it (?P<step>\d+) loss=(?P<loss>\S+)"
+
+
+TLS = "  tls: {ca_file: pki/ca.crt, cert_file: pki/coordinator.crt, key_file: pki/coordinator.key}\n"
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("cluster:\n  coordinator: {listen: '0.0.0.0:7420'}\n",
+     "cluster: coordinator.listen 0.0.0.0:7420 is not a loopback address: give tls"),
+    ("cluster:\n  coordinator: {listen: '10.0.0.5:7420'}\n  insecure: false\n",
+     "cluster: coordinator.listen 10.0.0.5:7420 is not a loopback address"),
+    ("cluster:\n  coordinator: {listen: 'head.example.org:7420'}\n",
+     "cluster: coordinator.listen head.example.org:7420 is not a loopback address"),
+    ("cluster:\n  coordinator: {listen: '[::]:7420'}\n", "cluster: coordinator.listen [::]:7420 is not a loopback"),
+    ("cluster:\n  coordinator: {metrics_listen: '0.0.0.0:9100'}\n",
+     "cluster: coordinator.metrics_listen 0.0.0.0:9100 is not a loopback address"),
+    ("cluster:\n  etcd: {client_listen: '0.0.0.0:2379'}\n" + TLS,
+     "cluster: etcd.client_listen 0.0.0.0:2379 is not a loopback address and the embedded etcd serves no TLS"),
+    ("cluster:\n  etcd: {peer_listen: '10.0.0.5:2380'}\n",
+     "cluster: etcd.peer_listen 10.0.0.5:2380 is not a loopback address"),
+    ("cluster:\n  insecure: true\n" + TLS, "cluster: tls and insecure: true contradict each other"),
+    ("cluster:\n  local_agents: 2\n" + TLS, "cluster: local_agents connect without certificates"),
+    ("cluster:\n  tls: {ca_file: ca.crt, cert_file: c.crt}\n", "cluster.tls.key_file: Field required"),
+    ("cluster:\n  insecure: 'yes'\n", "cluster.insecure: Input should be a valid boolean"),
+])
+def test_a_listener_off_loopback_needs_tls_or_insecure_in_so_many_words(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_cluster_config(path)
+    assert str(info.value).startswith(f"{path}: {expected}")
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("text", [
+    "cluster:\n  coordinator: {listen: '127.0.0.1:7420', metrics_listen: 'localhost:9100'}\n  local_agents: 2\n",
+    "cluster:\n  coordinator: {listen: '[::1]:7420'}\n  etcd: {client_listen: '127.0.0.2:2379'}\n",
+    "cluster:\n  coordinator: {listen: '0.0.0.0:7420', metrics_listen: '0.0.0.0:9100'}\n" + TLS,
+    "cluster:\n  coordinator: {listen: '0.0.0.0:7420'}\n  etcd: {endpoints: ['10.0.0.1:2379']}\n" + TLS,
+    "cluster:\n  coordinator: {listen: '0.0.0.0:7420'}\n  etcd: {client_listen: '0.0.0.0:2379'}\n"
+    "  local_agents: 1\n  insecure: true\n",
+])
+def test_loopback_tls_or_insecure_are_accepted(tmp_path: Path, text: str) -> None:
+    load_cluster_config(write(tmp_path, text))
+
+
+def test_tls_files_are_taken_from_the_cluster_files_directory(tmp_path: Path) -> None:
+    config = load_cluster_config(write(tmp_path, "cluster:\n  coordinator: {listen: '0.0.0.0:7420'}\n" + TLS))
+    assert config.cluster.tls is not None
+    assert (config.cluster.tls.ca_file, config.cluster.tls.key_file) == (
+        str(tmp_path / "pki/ca.crt"), str(tmp_path / "pki/coordinator.key"))

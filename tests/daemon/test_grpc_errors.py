@@ -32,6 +32,7 @@ from daemon.job.controller import CommandRefused
 from daemon.job.skip_ledger import BadRange
 from daemon.job.state import IllegalTransition
 from daemon.leader import LeadershipLost
+from daemon.peer_auth import PermissionDenied
 from daemon.store.codec import BadValue
 from daemon.store.interface import StoreError, StoreUnavailable
 from proto import trainerd_pb2 as pb
@@ -172,6 +173,8 @@ async def answers_to(error: Exception) -> dict[str, Answer]:
      "sample range 5:5 is empty or negative"),
     (SessionRefused("node name n1 is held by a live session"), grpc.StatusCode.FAILED_PRECONDITION,
      "node name n1 is held by a live session"),
+    (PermissionDenied("operator bob is read-only: Pause needs a full operator certificate"),
+     grpc.StatusCode.PERMISSION_DENIED, "operator bob is read-only: Pause needs a full operator certificate"),
     (IllegalTransition("job cannot go from COMPLETED to RUNNING"), grpc.StatusCode.INTERNAL,
      "trainerd refused an illegal job state change (a bug): job cannot go from COMPLETED to RUNNING"),
     (UnlistedRetryable("try again soon"), grpc.StatusCode.UNAVAILABLE, "try again soon"),

@@ -13,7 +13,8 @@ HEARTBEAT_TIMEOUT_S = 2.0
 
 
 def cluster_file(tmp_path: Path, name: str, *, listen: str, etcd_endpoints: list[str] | None = None,
-                 local_agents: int = 0, job: dict | None = None) -> Path:
+                 local_agents: int = 0, job: dict | None = None, security: dict | None = None) -> Path:
+    """`security`: cluster.tls and cluster.insecure, e.g. {"tls": {"ca_file": ..., ...}}."""
     etcd: dict = {"endpoints": etcd_endpoints or [], "data_dir": str(tmp_path / f"{name}-etcd")}
     if not etcd_endpoints:
         etcd["client_listen"] = f"127.0.0.1:{free_port()}"
@@ -26,6 +27,7 @@ def cluster_file(tmp_path: Path, name: str, *, listen: str, etcd_endpoints: list
             "heartbeat": {"interval_s": HEARTBEAT_INTERVAL_S, "timeout_s": HEARTBEAT_TIMEOUT_S},
             "local_agents": local_agents,
             "local_agent": {"work_dir": str(tmp_path / f"{name}-agents")},
+            **(security or {}),
         }
     }
     if job is not None:

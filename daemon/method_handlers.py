@@ -1,0 +1,25 @@
+"""How a server interceptor puts code around every method: the same kind of handler with the same
+serializers, its behavior wrapped. The error table (daemon/grpc_errors.py) and the peer check
+(daemon/peer_auth.py) both wrap this way."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+Behavior = Callable[[Any, grpc.aio.ServicerContext], Any]
+
+
+def wrapped(handler: grpc.RpcMethodHandler, wrap: Callable[[Behavior], Behavior]) -> grpc.RpcMethodHandler:
+    """`handler` with its behavior replaced by `wrap(behavior)`."""
+    serializers = {"request_deserializer": handler.request_deserializer,
+                   "response_serializer": handler.response_serializer}
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(wrap(handler.unary_unary), **serializers)
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(wrap(handler.unary_stream), **serializers)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(wrap(handler.stream_unary), **serializers)
+    return grpc.stream_stream_rpc_method_handler(wrap(handler.stream_stream), **serializers)

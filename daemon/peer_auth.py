@@ -1,0 +1,123 @@
+"""Who may call what when the coordinator serves TLS: the one place a client certificate becomes a permission.
+
+The TLS layer has verified the client's certificate against the cluster's CA before any method runs;
+`PeerAuthorizationInterceptor` reads whom it names (`daemon.certs.peer_identity`) and checks it against
+METHOD_ACCESS: an agent's Session needs a node certificate, looking at the cluster an operator certificate,
+changing it a full (not read-only) operator certificate. A method missing from the table is refused, so
+a new RPC stays closed until someone decides who may call it. Once the Session servicer has read the
+Hello it calls `require_node`, so an agent speaks only for the node its certificate names.
+
+Without TLS (loopback, or `insecure: true`) the interceptor is not installed: there is no identity, and
+`require_node` lets every name through, as before certificates existed.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from typing import Any
+
+import grpc
+
+from daemon.certs import CertificateError, PeerIdentity, PeerKind, peer_identity
+from daemon.errors import PermanentError
+from daemon.method_handlers import Behavior, wrapped
+
+
+class PermissionDenied(PermanentError):
+    """The client's certificate does not allow this call: use a certificate of the right kind (node,
+    operator, full operator) or for the right node."""
+
+
+class Access(enum.Enum):
+    NODE = "an agent's node certificate"
+    READ = "an operator certificate"
+    WRITE = "a full (not read-only) operator certificate"
+    ANY = "any certificate of the cluster"
+
+
+METHOD_ACCESS: dict[str, Access] = {
+    "/trainerd.v1.Coordinator/Session": Access.NODE,
+    **{f"/trainerd.v1.Control/{name}": Access.READ for name in ("GetStatus", "ListEvents", "ReadLog", "ListSkips")},
+    **{f"/trainerd.v1.Control/{name}": Access.WRITE for name in ("Pause", "Resume", "SetDrain", "AddSkip")},
+    "/grpc.health.v1.Health/Check": Access.ANY,
+    "/grpc.health.v1.Health/Watch": Access.ANY,
+}
+
+# Whom the certificate of the call being served names; None without TLS.
+_PEER: ContextVar[PeerIdentity | None] = ContextVar("trainerd_peer", default=None)
+
+
+def authorize(method: str, certificates: list[bytes]) -> PeerIdentity:
+    """Whom the verified client certificate (`certificates[0]`, PEM) names, when it may call `method`;
+    PermissionDenied, one line, otherwise."""
+    if not certificates:
+        raise PermissionDenied("the client presented no certificate")
+    try:
+        identity = peer_identity(certificates[0])
+    except CertificateError as exc:
+        raise PermissionDenied(str(exc)) from None
+    access = METHOD_ACCESS.get(method)
+    name = method.rsplit("/", 1)[-1]
+    if access is None:
+        raise PermissionDenied(f"{method[:100]!r} is open to no certificate")
+    if access is Access.WRITE and identity.read_only:
+        raise PermissionDenied(f"operator {identity.name} is read-only: {name} needs {access.value}")
+    allowed = {
+        Access.NODE: identity.kind is PeerKind.NODE,
+        Access.READ: identity.kind is PeerKind.OPERATOR,
+        Access.WRITE: identity.kind is PeerKind.OPERATOR,
+        Access.ANY: True,
+    }[access]
+    if not allowed:
+        raise PermissionDenied(f"the certificate of {identity.kind.value} {identity.name} cannot call {name}: "
+                               f"it needs {access.value}")
+    return identity
+
+
+def require_node(node_name: str) -> None:
+    """PermissionDenied unless the call's certificate (if any) is the node certificate of `node_name`."""
+    identity = _PEER.get()
+    if identity is not None and identity.name != node_name:
+        raise PermissionDenied(f"the certificate of node {identity.name} cannot open a session as node {node_name}")
+
+
+def _checked(behavior: Behavior, method: str) -> Behavior:
+    """`behavior`, run only after `authorize` admitted the call; a coroutine finds the identity in _PEER
+    (an async generator, Health/Watch, needs none)."""
+    def peer(context: grpc.aio.ServicerContext) -> PeerIdentity:
+        return authorize(method, context.auth_context().get("x509_pem_cert", []))
+
+    if inspect.isasyncgenfunction(behavior):
+        async def streaming(request: Any, context: grpc.aio.ServicerContext):
+            peer(context)
+            async for response in behavior(request, context):
+                yield response
+        return streaming
+
+    async def call(request: Any, context: grpc.aio.ServicerContext):
+        token = _PEER.set(peer(context))
+        try:
+            return await behavior(request, context)
+        finally:
+            _PEER.reset(token)
+    return call
+
+
+class PeerAuthorizationInterceptor(grpc.aio.ServerInterceptor):
+    """Checks every call's client certificate against METHOD_ACCESS before the servicer runs. Install it
+    after ErrorStatusInterceptor (which then answers its PermissionDenied) and only on a TLS server that
+    requires client certificates."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        return wrapped(handler, lambda behavior: _checked(behavior, method))

@@ -1,0 +1,252 @@
+"""The coordinator over real mutual TLS: a real grpc.aio server built as `trainerd start` builds it with
+cluster.tls (certificates from `trainerd certs`), the real servicers in front of a real Coordinator (in-memory
+store, fake clock), and real clients. What each certificate may call, that a node certificate speaks only
+for its node, that handshakes without a certificate of the cluster's CA fail, and /metrics over HTTPS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import urllib.request
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from click.testing import CliRunner
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from common.tls_files import TlsFiles, TlsSettings, read_tls_files
+from daemon.app import add_listener, grpc_server, start_metrics_server
+from daemon.cli.trainerd_main import cli as trainerd_cli
+from daemon.grpc_services import ControlService, CoordinatorService
+from daemon.peer_auth import METHOD_ACCESS, Access
+from proto import trainerd_pb2 as pb
+from proto import trainerd_pb2_grpc as pb_grpc
+from tests.daemon.job_sim import SimCluster, job_settings
+from tests.ports import free_port
+
+RPC_TIMEOUT_S = 5.0
+READS = {"GetStatus": pb.StatusRequest(), "ListEvents": pb.EventsRequest(), "ListSkips": pb.SkipsRequest(),
+         "ReadLog": pb.LogRequest(rank=0, max_bytes=100)}
+WRITES = {"Pause": pb.PauseRequest(), "Resume": pb.ResumeRequest(),
+          "SetDrain": pb.DrainRequest(node="n1", drained=True),
+          "AddSkip": pb.AddSkipRequest(start=1, end=2, reason="x")}
+
+
+def trainerd(*argv: str) -> None:
+    result = CliRunner().invoke(trainerd_cli, list(argv), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The cluster's CA and coordinator, node n1, operators alice (full) and bob (read-only)."""
+    directory = tmp_path_factory.mktemp("pki")
+    trainerd("certs", "init", "--dir", str(directory))
+    trainerd("certs", "node", "n1", "--dir", str(directory))
+    trainerd("certs", "operator", "alice", "--dir", str(directory))
+    trainerd("certs", "operator", "bob", "--read-only", "--dir", str(directory))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def other_pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Another cluster's: the same names, other keys."""
+    directory = tmp_path_factory.mktemp("other-pki")
+    trainerd("certs", "init", "--dir", str(directory))
+    trainerd("certs", "operator", "alice", "--dir", str(directory))
+    return directory
+
+
+def tls_files(directory: Path, stem: str, ca_dir: Path | None = None) -> TlsFiles:
+    settings = TlsSettings(ca_file=str((ca_dir or directory) / "ca.crt"), cert_file=str(directory / f"{stem}.crt"),
+                           key_file=str(directory / f"{stem}.key"))
+    return read_tls_files(settings, "test")
+
+
+@asynccontextmanager
+async def tls_coordinator(pki: Path, tls: bool = True) -> AsyncIterator[tuple[str, SimCluster]]:
+    """A leading coordinator served as trainerd serves it: over TLS with peer checks, or plain text."""
+    sim = SimCluster(job_settings())
+    await sim.lead()
+    server = grpc_server(check_peers=tls)
+    port = add_listener(server, "127.0.0.1:0", tls_files(pki, "coordinator") if tls else None)
+    pb_grpc.add_CoordinatorServicer_to_server(CoordinatorService(sim.coordinator), server)
+    pb_grpc.add_ControlServicer_to_server(ControlService(sim.coordinator), server)
+    health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}", sim
+    finally:
+        await server.stop(None)
+
+
+@dataclass(frozen=True)
+class Answer:
+    code: grpc.StatusCode
+    details: str
+
+
+def channel(address: str, credentials: grpc.ChannelCredentials | None) -> grpc.aio.Channel:
+    if credentials is None:
+        return grpc.aio.insecure_channel(address)
+    return grpc.aio.secure_channel(address, credentials)
+
+
+async def control(address: str, credentials: grpc.ChannelCredentials | None, method: str, request) -> Answer:
+    async with channel(address, credentials) as ch:
+        try:
+            reply = await getattr(pb_grpc.ControlStub(ch), method)(request, timeout=RPC_TIMEOUT_S)
+        except grpc.aio.AioRpcError as exc:
+            return Answer(exc.code(), exc.details() or "")
+        return Answer(grpc.StatusCode.OK, getattr(reply, "message", ""))
+
+
+async def session(address: str, credentials: grpc.ChannelCredentials | None, node_name: str) -> Answer:
+    """Open a Session as `node_name`: OK 'welcome', or the refusal."""
+    async with channel(address, credentials) as ch:
+        call = pb_grpc.CoordinatorStub(ch).Session(timeout=RPC_TIMEOUT_S)
+        try:
+            await call.write(pb.AgentMessage(hello=pb.Hello(
+                node_name=node_name, host="10.0.0.1", devices=[pb.Device(device_id=0, kind="cpu")])))
+            reply = await call.read()
+        except grpc.aio.AioRpcError as exc:
+            return Answer(exc.code(), exc.details() or "")
+        finally:
+            call.cancel()
+        return Answer(grpc.StatusCode.OK, reply.WhichOneof("body"))
+
+
+async def health_check(address: str, credentials: grpc.ChannelCredentials) -> Answer:
+    async with channel(address, credentials) as ch:
+        reply = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=RPC_TIMEOUT_S)
+    return Answer(grpc.StatusCode.OK, health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+def test_every_method_of_the_coordinator_is_in_the_access_table() -> None:
+    """A new RPC is refused to every certificate until the table says who may call it."""
+    methods = {f"/{service.full_name}/{method.name}" for service in pb.DESCRIPTOR.services_by_name.values()
+               for method in service.methods}
+    assert methods - set(METHOD_ACCESS) == set()
+    assert {name for name, access in METHOD_ACCESS.items() if access is Access.READ} == {
+        f"/trainerd.v1.Control/{name}" for name in READS}
+    assert {name for name, access in METHOD_ACCESS.items() if access is Access.WRITE} == {
+        f"/trainerd.v1.Control/{name}" for name in WRITES}
+
+
+def test_what_each_certificate_may_call(pki: Path) -> None:
+    """A full operator gets what a plain-text client gets; a read-only operator the same for reads and a refusal
+    naming its role for changes; a node certificate no Control method at all; an operator no Session."""
+    async def answers(tls: bool, stem: str | None) -> dict[str, Answer]:
+        credentials = tls_files(pki, stem).channel_credentials() if stem else None
+        async with tls_coordinator(pki, tls) as (address, _):
+            found = {method: await control(address, credentials, method, request)
+                     for method, request in {**READS, **WRITES}.items()}
+            found["Session"] = await session(address, credentials, "n1")
+            return found
+
+    plain = run(answers(False, None))
+    alice, bob, n1 = run(answers(True, "alice")), run(answers(True, "bob")), run(answers(True, "n1"))
+
+    assert plain["GetStatus"].code is grpc.StatusCode.OK and plain["Session"] == Answer(grpc.StatusCode.OK, "welcome")
+    denied = grpc.StatusCode.PERMISSION_DENIED
+    assert {method: answer for method, answer in alice.items() if method != "Session"} == {
+        method: answer for method, answer in plain.items() if method != "Session"}
+    assert alice["Session"] == Answer(denied, "the certificate of operator alice cannot call Session: it needs an "
+                                              "agent's node certificate")
+    for method in READS:
+        assert bob[method].code is plain[method].code is not denied, method
+    for method in WRITES:
+        assert bob[method] == Answer(denied, f"operator bob is read-only: {method} needs a full (not read-only) "
+                                             f"operator certificate"), method
+    for method in READS:
+        assert n1[method] == Answer(denied, f"the certificate of node n1 cannot call {method}: it needs an "
+                                            f"operator certificate"), method
+    for method in WRITES:
+        assert n1[method] == Answer(denied, f"the certificate of node n1 cannot call {method}: it needs a full "
+                                            f"(not read-only) operator certificate"), method
+    assert n1["Session"] == Answer(grpc.StatusCode.OK, "welcome")
+
+
+def test_a_node_certificate_speaks_only_for_its_node(pki: Path) -> None:
+    async def scenario() -> tuple[Answer, list[str], Answer]:
+        async with tls_coordinator(pki) as (address, _):
+            credentials = tls_files(pki, "n1").channel_credentials()
+            impostor = await session(address, credentials, "n2")
+            async with channel(address, tls_files(pki, "bob").channel_credentials()) as ch:
+                reply = await pb_grpc.ControlStub(ch).GetStatus(pb.StatusRequest(), timeout=RPC_TIMEOUT_S)
+            return impostor, [node.name for node in reply.nodes], await session(address, credentials, "n1")
+
+    impostor, nodes, own = run(scenario())
+    assert impostor == Answer(grpc.StatusCode.PERMISSION_DENIED,
+                              "the certificate of node n1 cannot open a session as node n2")
+    assert nodes == []  # the refused Hello never reached the coordinator
+    assert own == Answer(grpc.StatusCode.OK, "welcome")
+
+
+def test_any_certificate_of_the_cluster_may_ask_for_health(pki: Path) -> None:
+    async def scenario() -> list[Answer]:
+        async with tls_coordinator(pki) as (address, _):
+            return [await health_check(address, tls_files(pki, stem).channel_credentials())
+                    for stem in ("n1", "bob")]
+
+    assert run(scenario()) == [Answer(grpc.StatusCode.OK, "SERVING")] * 2
+
+
+def test_handshakes_without_a_certificate_of_the_cluster_ca_fail_before_any_servicer(
+    pki: Path, other_pki: Path
+) -> None:
+    clients = {
+        "plain text": None,
+        "no client certificate": grpc.ssl_channel_credentials((pki / "ca.crt").read_bytes()),
+        "a certificate of another CA": tls_files(other_pki, "alice", ca_dir=pki).channel_credentials(),
+        "trusting another CA": tls_files(other_pki, "alice").channel_credentials(),
+    }
+
+    async def scenario() -> tuple[dict[str, grpc.StatusCode], int]:
+        async with tls_coordinator(pki) as (address, sim):
+            codes = {}
+            for case, credentials in clients.items():
+                codes[f"{case}: GetStatus"] = (await control(address, credentials, "GetStatus",
+                                                             pb.StatusRequest())).code
+                codes[f"{case}: Session"] = (await session(address, credentials, "n1")).code
+            return codes, sim.coordinator.session_count
+
+    codes, sessions = run(scenario())
+    assert codes == {case: grpc.StatusCode.UNAVAILABLE for case in codes}
+    assert sessions == 0
+
+
+def fetch_metrics(port: int, context: ssl.SSLContext) -> str:
+    with urllib.request.urlopen(f"https://localhost:{port}/metrics", context=context, timeout=5) as reply:
+        return reply.read().decode()
+
+
+def test_metrics_over_https_need_a_client_certificate_of_the_cluster(pki: Path, other_pki: Path) -> None:
+    port = free_port()
+    tls = TlsSettings(ca_file=str(pki / "ca.crt"), cert_file=str(pki / "coordinator.crt"),
+                      key_file=str(pki / "coordinator.key"))
+    server = start_metrics_server(f"127.0.0.1:{port}", tls)
+
+    def client(directory: Path | None = None, stem: str = "") -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        if directory is not None:
+            context.load_cert_chain(directory / f"{stem}.crt", directory / f"{stem}.key")
+        return context
+
+    try:
+        assert "trainerd_" in fetch_metrics(port, client(pki, "bob"))  # a read-only operator may scrape
+        for refused in (client(), client(other_pki, "alice")):
+            with pytest.raises(OSError):  # the handshake's alert, or the connection it closes
+                fetch_metrics(port, refused)
+    finally:
+        server.shutdown()
+        server.server_close()
