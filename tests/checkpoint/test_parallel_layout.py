@@ -163,6 +163,11 @@ def _mindspore_slice(case: Case, full: np.ndarray, rank: int, tmp_path: Path) ->
     return block
 
 
+def _part(array: Any, region: Region) -> np.ndarray:
+    """The region of `array`; the leading Ellipsis keeps a 0-d array an array."""
+    return array[(Ellipsis, *region.slices())]
+
+
 def _distinct(sharded: ShardedTensor) -> list[Region]:
     return sorted(set(sharded.regions), key=lambda region: region.offsets)
 
@@ -172,7 +177,7 @@ def test_the_regions_of_all_ranks_tile_the_tensor_exactly(case: Case) -> None:
     sharded = case.layout().sharded(case.shape, case.device_num)
     covered = np.zeros(case.shape, dtype=np.int64)
     for region in _distinct(sharded):
-        covered[(Ellipsis, *region.slices())] += 1
+        _part(covered, region)[...] += 1
     assert (covered == 1).all(), covered
     chunks = tuple(Chunk(region, "f", str(i)) for i, region in enumerate(_distinct(sharded)))
     TensorLayout("F32", case.shape, chunks).validate(case.id)  # inside, disjoint, complete
@@ -184,7 +189,7 @@ def test_the_regions_of_all_ranks_tile_the_tensor_exactly(case: Case) -> None:
 def test_each_rank_holds_the_slice_mindspore_gives_it(case: Case, tmp_path: Path) -> None:
     layout, full = case.layout(), case.full()
     for rank, region in enumerate(layout.sharded(case.shape, case.device_num).regions):
-        mine = full[(Ellipsis, *region.slices())]
+        mine = _part(full, region)
         theirs = _mindspore_slice(case, full, rank, tmp_path)
         assert mine.shape == theirs.shape and mine.tobytes() == theirs.tobytes(), rank
         if case.shape and not case.nested:
@@ -240,10 +245,11 @@ def _save(root: Path, cases: list[Case], world_size: int, extra: dict[str, np.nd
     writers = [CheckpointWriter(root, rank, world_size, commit_timeout_s=30) for rank in range(world_size)]
     try:
         for rank, writer in enumerate(writers):
-            local = {case.id: np.array(case.full()[(Ellipsis, *sharded[case.id].regions[rank].slices())])
-                     for case in cases}
+            local = {case.id: np.array(_part(case.full(), sharded[case.id].regions[rank])) for case in cases}
             writer.save_async(CheckpointMeta(9, 90, 1), local | extra, sharded)
-        return [writer.wait() for writer in writers][0]
+        [step_dir, *_] = [writer.wait() for writer in writers]
+        assert step_dir is not None
+        return step_dir
     finally:
         for writer in writers:
             writer.close()
@@ -254,7 +260,7 @@ def test_a_checkpoint_saved_from_the_ranks_slices_loads_exactly_at_one_two_and_t
     device_num: int, tmp_path: Path
 ) -> None:
     cases = [case for case in CASES if case.device_num == device_num]
-    extra = {"global_step": np.array([41], np.int32), "bias": np.arange(7, dtype=np.float64)}
+    extra: dict[str, np.ndarray] = {"global_step": np.array([41], np.int32), "bias": np.arange(7, dtype=np.float64)}
     step_dir = _save(tmp_path, cases, device_num, extra)
 
     manifest = read_manifest(step_dir)
@@ -274,7 +280,7 @@ def test_a_checkpoint_saved_from_the_ranks_slices_loads_exactly_at_one_two_and_t
         regions = {case.id: case.layout().region(case.shape, rank) for case in cases}
         loaded, _ = load_checkpoint(step_dir, rank, device_num, regions=regions)
         for case in cases:
-            assert loaded[case.id].tobytes() == case.full()[(Ellipsis, *regions[case.id].slices())].tobytes()
+            assert loaded[case.id].tobytes() == _part(case.full(), regions[case.id]).tobytes()
 
 
 def test_a_replicated_region_is_written_once_in_pieces_spread_over_the_ranks_holding_it() -> None:
