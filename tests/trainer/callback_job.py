@@ -5,7 +5,9 @@
 Runs by hand (one process) or as one rank of a cluster (MS_ROLE set: it joins with init(), data parallel).
 The flags after --output are test hooks: --nan-step makes the samples one rank reads at that step NaN
 (computed from trainerd's sample stream, which the dataset reads in the same order), --trace writes
-the weights after every step, and --from-epoch-0 forgets to tell Model.train where a resume continues.
+the weights after every step, --from-epoch-0 forgets to tell Model.train where a resume continues, and
+--sharded-table adds a parameter cut over the ranks along dimension 0, with the layout tensor parallel would
+give it in the train network's parameter_layout_dict (the CPU cannot run tensor parallel itself).
 """
 
 import argparse
@@ -23,6 +25,7 @@ from trainer.runtime.callback import GuardedTrainOneStepCell, TrainerdCallback, 
 
 SAMPLES, FEATURES, HIDDEN, CLASSES = 4096, 32, 64, 4
 BATCH_SIZE = 16  # per rank and micro batch
+TABLE_SHAPE = (8, 6)
 
 
 def parse_args():
@@ -34,6 +37,9 @@ def parse_args():
     parser.add_argument("--nan-rank", type=int, default=0, help="test only: ... that this rank reads are NaN")
     parser.add_argument("--trace", help="test only: write the weights after step s to TRACE/rank<rank>_step<s>.npz")
     parser.add_argument("--from-epoch-0", action="store_true", help="test only: start Model.train at epoch 0 always")
+    parser.add_argument("--sharded-table", choices=["arange", "zeros"],
+                        help="test only: a parameter 'table', this rank's rows of arange(48).reshape(8, 6) or zeros")
+    parser.add_argument("--table-field-size", type=int, default=0, help="test only: the field_size of its layout")
     return parser.parse_args()
 
 
@@ -97,7 +103,15 @@ def main():
     net = MLP()
     optimizer = nn.Momentum(net.trainable_params(), learning_rate=0.05, momentum=0.9)
     loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-    model = Model(GuardedTrainOneStepCell(nn.WithLossCell(net, loss_fn), optimizer))
+    train_cell = GuardedTrainOneStepCell(nn.WithLossCell(net, loss_fn), optimizer)
+    if args.sharded_table:
+        rows = TABLE_SHAPE[0] // world_size
+        table = np.arange(np.prod(TABLE_SHAPE), dtype=np.float32).reshape(TABLE_SHAPE)[rank * rows:(rank + 1) * rows]
+        net.table = ms.Parameter(ms.Tensor(table if args.sharded_table == "arange" else np.zeros_like(table)),
+                                 name="table", requires_grad=False)
+        train_cell.parameter_layout_dict = {
+            "table": ([world_size], [0, -1], [rows, TABLE_SHAPE[1]], args.table_field_size, True, "")}
+    model = Model(train_cell)
     callbacks = [TrainerdCallback(), LossMonitor(1)]
     if args.trace:
         os.makedirs(args.trace, exist_ok=True)
@@ -110,6 +124,8 @@ def main():
         os.makedirs(args.output, exist_ok=True)
         np.savez(os.path.join(args.output, f"final_rank{rank}.npz"),
                  **{p.name: p.asnumpy() for p in net.trainable_params()})
+        if args.sharded_table:
+            np.save(os.path.join(args.output, f"table_rank{rank}.npy"), net.table.asnumpy())
     print(f"rank {rank}: training finished after epoch {args.epochs}", flush=True)
 
 

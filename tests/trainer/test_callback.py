@@ -2,8 +2,9 @@
 real MindSpore processes on the CPU the way the agent launches them, reporting to a real progress receiver:
 progress for every step, checkpoints on the schedule and at the coordinator's request that verify, a bad batch
 skipped and reported, a resume in the middle of an epoch that ends bit-identical to the uninterrupted run, a
-NaN batch on one of two ranks that both skip, a two-rank checkpoint resumed on one rank with accumulation, and
-nothing at all outside trainerd."""
+NaN batch on one of two ranks that both skip, a two-rank checkpoint resumed on one rank with accumulation, a
+parameter cut over the ranks by its layout saved and resumed as each rank's own slice (or refused before the
+first step when its layout cannot be represented), and nothing at all outside trainerd."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ NAN_STEP = 3  # reads stream positions 64..95
 ARGV = ["--epochs", str(EPOCHS), "--steps-per-epoch", str(STEPS_PER_EPOCH), "--nan-step", str(NAN_STEP)]
 WEIGHTS = ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"]
 LOSS_LINE = re.compile(r"^epoch: (\d+) step: (\d+), loss is ", re.MULTILINE)
+TABLE = np.arange(48, dtype=np.float32).reshape(8, 6)  # callback_job.py --sharded-table: ranks hold rows of it
 
 
 def one_rank_env(root: Path, name: str, generation: int = 1, **more: str) -> dict[str, dict[str, str]]:
@@ -70,6 +72,13 @@ def bad_batches(run: Run) -> list[tuple[int, int, int, int]]:
     return [(m.rank, m.step, m.sample_start, m.sample_end) for m in run.reports if isinstance(m, BadBatchReport)]
 
 
+def two_rank_env(root: Path, **more: str) -> dict[str, dict[str, str]]:
+    return cluster_env(root / "progress.sock", free_port(), world_size=2, extra={
+        "TRAINERD_GLOBAL_BATCH": str(GLOBAL_BATCH), "TRAINERD_MICRO_BATCH": str(MICRO_BATCH),
+        "TRAINERD_GRAD_ACCUM": "1", "TRAINERD_CHECKPOINT_DIR": str(root / "ckpt"), "TRAINERD_CHECKPOINT_EVERY": "4",
+        "TRAINERD_CHECKPOINT_KEEP": "100"} | more)
+
+
 @pytest.fixture(scope="module")
 def processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Processes]:
     procs = Processes(tmp_path_factory.mktemp("callback"))
@@ -95,13 +104,10 @@ def reference(processes: Processes, tmp_path_factory: pytest.TempPathFactory) ->
 @pytest.fixture(scope="module")
 def two_ranks(processes: Processes, tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, Path]:
     """The same job on two ranks (16 samples each per step, no accumulation); only rank 1's samples of step 3
-    are NaN; checkpoints every 4 steps."""
+    are NaN; checkpoints every 4 steps; each rank holds 4 rows of the 8-row parameter 'table'."""
     root = tmp_path_factory.mktemp("two_ranks")
-    envs = cluster_env(root / "progress.sock", free_port(), world_size=2, extra={
-        "TRAINERD_GLOBAL_BATCH": str(GLOBAL_BATCH), "TRAINERD_MICRO_BATCH": str(MICRO_BATCH),
-        "TRAINERD_GRAD_ACCUM": "1", "TRAINERD_CHECKPOINT_DIR": str(root / "ckpt"), "TRAINERD_CHECKPOINT_EVERY": "4",
-        "TRAINERD_CHECKPOINT_KEEP": "100"})
-    run = run_job(processes, root, envs, *ARGV, "--nan-rank", "1", "--trace", str(root / "trace"))
+    run = run_job(processes, root, two_rank_env(root), *ARGV, "--nan-rank", "1", "--trace", str(root / "trace"),
+                  "--sharded-table", "arange")
     assert run.exit_codes() == {"scheduler": 0, "rank0": 0, "rank1": 0}, run.logs
     return run, root
 
@@ -191,6 +197,41 @@ def test_a_two_rank_checkpoint_resumes_on_one_rank_with_accumulation(
     weights, expected = resumed.weights(0), two_rank_run.weights(0)
     for name in WEIGHTS:
         np.testing.assert_allclose(weights[name], expected[name], rtol=1e-5, atol=1e-6)
+
+
+def test_each_rank_saves_its_own_rows_of_a_parameter_its_layout_cuts(two_ranks: tuple[Run, Path]) -> None:
+    _, root = two_ranks
+    table = verify_checkpoint(step_dir(root, 8)).tensors["table"]
+    assert table.shape == (8, 6)
+    assert sorted((c.file, c.region.offsets, c.region.sizes) for c in table.chunks) == [
+        ("rank_0.safetensors", (0, 0), (4, 6)), ("rank_1.safetensors", (4, 0), (4, 6))]
+    for world_size in (1, 3):
+        assert load_checkpoint(step_dir(root, 8), 0, world_size)[0]["table"].tobytes() == TABLE.tobytes()
+
+
+def test_a_two_rank_resume_loads_each_rank_its_own_rows_of_the_cut_parameter(
+    processes: Processes, two_ranks: tuple[Run, Path], tmp_path: Path,
+) -> None:
+    copy = shutil.copytree(step_dir(two_ranks[1], 4), step_dir(tmp_path, 4))
+    env = two_rank_env(tmp_path, TRAINERD_GENERATION="2", TRAINERD_RESUME_FROM=str(copy))
+    resumed = run_job(processes, tmp_path, env, *ARGV, "--sharded-table", "zeros")  # starts from zeros
+    assert resumed.exit_codes() == {"scheduler": 0, "rank0": 0, "rank1": 0}, resumed.logs
+    assert [(e.event, e.step) for e in resumed.events(1)] == [(WorkerEvent.STARTED, 4), (WorkerEvent.FINISHED, STEPS)]
+    for rank in (0, 1):
+        assert np.load(resumed.output / f"table_rank{rank}.npy").tobytes() == TABLE[4 * rank:4 * rank + 4].tobytes()
+    assert same(resumed.weights(0), two_ranks[0].weights(0))
+
+
+def test_a_layout_that_cannot_be_saved_exactly_is_refused_before_the_first_step(
+    processes: Processes, tmp_path: Path,
+) -> None:
+    run = run_job(processes, tmp_path, one_rank_env(tmp_path, "embedding_field"), *ARGV,
+                  "--sharded-table", "arange", "--table-field-size", "2")
+    assert run.exit_codes() == {"embedding_field": EXIT_USAGE}, run.logs
+    assert error_lines(run, "embedding_field") == [
+        "TrainerdCallback: cannot checkpoint this parallel layout: parameter 'table': embedding fields "
+        "(field_size 2) cannot be represented"]
+    assert run.steps(0) == []
 
 
 def test_outside_trainerd_the_callback_only_says_so(processes: Processes, tmp_path: Path) -> None:

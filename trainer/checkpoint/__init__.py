@@ -24,7 +24,9 @@ Worker runtime (every rank of a data-parallel job)::
     load_numpy_into(tensors, net, optimizer)                         # trainer.checkpoint.mindspore_io
 
 `save_async` blocks only while this rank's share is copied to host buffers. Every rank must pass the same
-tensor names, shapes and dtypes; rank 0 commits once every rank's file is on disk. Errors surface from
+tensor names, shapes and dtypes; rank 0 commits once every rank's file is on disk. Under tensor or optimizer
+parallel, ranks pass their own slices of the cut tensors and `sharded={name: ShardedTensor}` (from
+`parallel_layout`, which translates MindSpore's layouts), and load them back with `regions=`. Errors surface from
 `wait()` or the next `save_async` as CheckpointError. Loads return each tensor whole; pass
 `shard_dims={name: dim}` to get only this rank's `numpy.array_split` part of that dimension. Everything
 loaded is verified. `load_checkpoint` raises CorruptCheckpoint rather than fall back, so ranks launched

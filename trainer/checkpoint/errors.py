@@ -13,3 +13,7 @@ class CorruptCheckpoint(CheckpointError):
 
 class NoCheckpoint(CheckpointError):
     """No complete checkpoint that verifies exists under the root."""
+
+
+class UnsupportedLayout(CheckpointError):
+    """A parallel layout the layout model cannot represent exactly (uneven splits, pipeline stages, ...)."""

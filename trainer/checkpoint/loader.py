@@ -87,14 +87,21 @@ def read_region(
 
 
 def _wanted_regions(
-    manifest: Manifest, rank: int, world_size: int, shard_dims: Mapping[str, int] | None
+    manifest: Manifest,
+    rank: int,
+    world_size: int,
+    shard_dims: Mapping[str, int] | None,
+    regions: Mapping[str, Region] | None,
 ) -> dict[str, Region]:
-    shard_dims = shard_dims or {}
-    unknown = sorted(set(shard_dims) - set(manifest.tensors))
+    shard_dims, regions = shard_dims or {}, regions or {}
+    unknown = sorted((set(shard_dims) | set(regions)) - set(manifest.tensors))
     if unknown:
         raise CheckpointError(f"cannot shard tensors the checkpoint does not hold: {unknown[:5]}")
+    both = sorted(set(shard_dims) & set(regions))
+    if both:
+        raise CheckpointError(f"tensors given both a shard dimension and a region: {both[:5]}")
     return {
-        name: local_region(layout.shape, rank, world_size, shard_dims.get(name))
+        name: regions[name] if name in regions else local_region(layout.shape, rank, world_size, shard_dims.get(name))
         for name, layout in manifest.tensors.items()
     }
 
@@ -115,17 +122,20 @@ def load_checkpoint(
     world_size: int,
     shard_dims: Mapping[str, int] | None = None,
     *,
+    regions: Mapping[str, Region] | None = None,
     verify_all: bool = False,
 ) -> tuple[dict[str, np.ndarray], Manifest]:
     """This rank's tensors from one checkpoint, whatever world size wrote it.
 
     Every tensor comes whole, except those named in `shard_dims`, which come as this rank's part of the
-    given dimension. Everything read is verified; `verify_all` also verifies what this rank does not need,
-    so that all ranks judge the checkpoint alike. Raises CorruptCheckpoint, never returns unverified data.
+    given dimension, and those named in `regions`, which come as that region (the part a parallel layout
+    gives this rank, see `parallel_layout`). Everything read is verified; `verify_all` also verifies what this
+    rank does not need, so that all ranks judge the checkpoint alike. Raises CorruptCheckpoint, never returns
+    unverified data.
     """
     step_dir = Path(step_dir)
     manifest = check_complete(step_dir)
-    wanted = _wanted_regions(manifest, rank, world_size, shard_dims)
+    wanted = _wanted_regions(manifest, rank, world_size, shard_dims, regions)
     items = plan_reads(manifest.tensors, wanted)
     assembly = Assembly(manifest.tensors, wanted)
     files = {entry.name: entry for entry in manifest.files}

@@ -3,20 +3,19 @@
 The input is what a (tensor-)parallel MindSpore job saves: `rank_{i}/` directories holding each rank's
 safetensors file (the lexicographically last `*.safetensors` of each, as `mindspore.transform_checkpoints`
 picks), and the strategy file (`ParallelStrategyMap`, protobuf, or JSON with the same fields). For every
-parameter the strategy gives a device matrix and a tensor map; the file of rank i holds the slice whose
-index along each tensor dimension follows from rank i's coordinates in the device matrix. Parameters the
+parameter the strategy gives a device matrix, a tensor map and the optimizer sharding saved apart
+(`opt_weight_shard_*`); the file of rank i holds the region `parallel_layout` gives rank i. Parameters the
 strategy does not name are whole on every rank and taken from rank 0. Only headers are read here; the data
 stays where it is and is read through the usual read plan.
 
-Not supported, and refused with a clear error: optimizer-parallel sharding (`opt_weight_shard_*`), uneven
-splits (`param_split_shape`), embedding fields and pipeline stages.
+Not supported, and refused with a clear error (`parallel_layout.UnsupportedLayout`): uneven splits
+(`param_split_shape`), embedding fields and pipeline stages.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,9 +24,10 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 from safetensors import SafetensorError, safe_open
 
-from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint
+from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint, UnsupportedLayout
 from trainer.checkpoint.json_fields import MAX_JSON_BYTES, MAX_NDIM
 from trainer.checkpoint.layout import Chunk, Region, TensorLayout
+from trainer.checkpoint.parallel_layout import ParallelLayout, from_strategy
 
 _F = descriptor_pb2.FieldDescriptorProto
 _REPEATED, _OPTIONAL = _F.LABEL_REPEATED, _F.LABEL_OPTIONAL
@@ -73,42 +73,6 @@ def _strategy_map_class() -> Any:
     return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.ParallelStrategyMap"))
 
 
-@dataclass(frozen=True)
-class ParameterStrategy:
-    """How one parameter is split: the device matrix, and per tensor dimension the device-matrix axes
-    (counted from the right, as MindSpore does) it is split over, () when it is not split.
-    """
-
-    dev_matrix: tuple[int, ...]
-    tensor_map: tuple[tuple[int, ...], ...]
-
-    @property
-    def device_num(self) -> int:
-        return math.prod(self.dev_matrix)
-
-    def _axis_size(self, axis: int) -> int:
-        return self.dev_matrix[len(self.dev_matrix) - 1 - axis]
-
-    def splits(self) -> tuple[int, ...]:
-        """Into how many slices each tensor dimension is cut."""
-        return tuple(math.prod(self._axis_size(a) for a in axes) for axes in self.tensor_map)
-
-    def slice_index(self, rank: int) -> tuple[int, ...]:
-        """The index of rank `rank`'s slice along each tensor dimension."""
-        coordinate = []
-        for size in reversed(self.dev_matrix):
-            coordinate.append(rank % size)
-            rank //= size
-        coordinate.reverse()
-        index = []
-        for axes in self.tensor_map:
-            position = 0
-            for axis in axes:
-                position = position * self._axis_size(axis) + coordinate[len(self.dev_matrix) - 1 - axis]
-            index.append(position)
-        return tuple(index)
-
-
 def _strategy(
     name: str,
     dev_matrix: list[int],
@@ -117,24 +81,13 @@ def _strategy(
     field: int,
     opt_step: int,
     opt_size: int,
-) -> ParameterStrategy:
+) -> ParallelLayout:
     where = f"strategy for '{name}'"
     if not dev_matrix or len(dev_matrix) > MAX_NDIM or not all(1 <= d <= _MAX_DEVICES for d in dev_matrix):
         raise CorruptCheckpoint(f"{where}: device matrix {dev_matrix[:MAX_NDIM]} is not valid")
     if len(tensor_map) > MAX_NDIM or not all(-1 <= a < len(dev_matrix) for axes in tensor_map for a in axes):
         raise CorruptCheckpoint(f"{where}: tensor map {tensor_map[:MAX_NDIM]} does not fit device matrix {dev_matrix}")
-    if split_shape:
-        raise CheckpointError(f"{where}: uneven splits (param_split_shape) are not supported")
-    if field:
-        raise CheckpointError(f"{where}: embedding fields (field {field}) are not supported")
-    strategy = ParameterStrategy(tuple(dev_matrix), tuple(tuple(a for a in axes if a != -1) for axes in tensor_map))
-    if opt_size == -1:
-        opt_size = strategy.device_num // math.prod(strategy.splits())
-    if opt_step and opt_size > 1:
-        raise CheckpointError(
-            f"{where}: optimizer-parallel sharding (opt_weight_shard_size {opt_size}) is not supported"
-        )
-    return strategy
+    return from_strategy(name, dev_matrix, tensor_map, split_shape, field, opt_step, opt_size)
 
 
 def _int_list(value: Any, where: str) -> list[int]:
@@ -143,7 +96,7 @@ def _int_list(value: Any, where: str) -> list[int]:
     return value
 
 
-def _read_json_strategy(raw: bytes, where: str) -> dict[str, ParameterStrategy]:
+def _read_json_strategy(raw: bytes, where: str) -> dict[str, ParallelLayout]:
     try:
         content = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -169,7 +122,7 @@ def _read_json_strategy(raw: bytes, where: str) -> dict[str, ParameterStrategy]:
     return strategies
 
 
-def _read_protobuf_strategy(raw: bytes, where: str) -> dict[str, ParameterStrategy]:
+def _read_protobuf_strategy(raw: bytes, where: str) -> dict[str, ParallelLayout]:
     strategy_map = _strategy_map_class()()
     try:
         strategy_map.ParseFromString(raw)
@@ -200,7 +153,7 @@ def _read_protobuf_strategy(raw: bytes, where: str) -> dict[str, ParameterStrate
     return strategies
 
 
-def read_strategy_file(path: Path) -> dict[str, ParameterStrategy]:
+def read_strategy_file(path: Path) -> dict[str, ParallelLayout]:
     """Parameter name -> strategy, from a `ParallelStrategyMap` file: JSON when named `*.json`, else protobuf."""
     try:
         size = path.stat().st_size
@@ -260,22 +213,18 @@ def import_native(directory: Path, strategy_file: Path) -> NativeCheckpoint:
         if strategy is None:
             tensors[name] = TensorLayout(dtype, slice_shape, (Chunk(Region.full(slice_shape), files[0], name),))
             continue
-        if len(strategy.tensor_map) != len(slice_shape):
-            raise CheckpointError(
-                f"parameter '{name}' has {len(slice_shape)} dimensions, its tensor map {len(strategy.tensor_map)}"
-            )
-        shape = tuple(size * split for size, split in zip(slice_shape, strategy.splits()))
-        chunks: dict[tuple[int, ...], Chunk] = {}
-        for rank, header in enumerate(headers):
+        try:
+            sharded = strategy.sharded(strategy.global_shape(slice_shape), device_num)
+        except UnsupportedLayout as exc:
+            raise UnsupportedLayout(f"parameter '{name}': {exc}") from None
+        chunks: dict[Region, Chunk] = {}
+        for rank, (header, region) in enumerate(zip(headers, sharded.regions)):
             if header.get(name) != (dtype, slice_shape):
                 raise CheckpointError(
                     f"{files[rank]} does not hold '{name}' as {dtype} {list(slice_shape)} like rank 0"
                 )
-            index = strategy.slice_index(rank)
-            if index not in chunks:
-                offsets = tuple(i * size for i, size in zip(index, slice_shape))
-                chunks[index] = Chunk(Region(offsets, slice_shape), files[rank], name)
-        tensors[name] = TensorLayout(dtype, shape, tuple(chunks.values()))
+            chunks.setdefault(region, Chunk(region, files[rank], name))
+        tensors[name] = TensorLayout(dtype, sharded.shape, tuple(chunks.values()))
     for name, layout in tensors.items():
         layout.validate(name)
     return NativeCheckpoint(directory, device_num, tensors)

@@ -1,9 +1,11 @@
 """How a world size divides the tensors: which rank writes which piece, and which region each rank loads.
 
-Writing: every tensor is held by every data-parallel rank, so it is written once, cut along dimension 0 into
-pieces of at least MIN_PIECE_BYTES (at most one per rank) and each piece given to the rank that has the
-fewest bytes so far, largest tensors first. All ranks compute the same assignment from the names, shapes
-and dtypes alone, and every rank writes about 1/world_size of the bytes, in parallel.
+Writing: a tensor is held whole by every data-parallel rank, or, when it is sharded (`ShardedTensor`, from a
+tensor- or optimizer-parallel layout), each rank holds one region of it and several ranks may hold the same
+region. Every distinct region is written once: cut along dimension 0 into pieces of at least MIN_PIECE_BYTES
+(at most one per rank holding it) and each piece given to the rank holding it that has the fewest bytes so
+far, largest tensors first. All ranks compute the same assignment from the names, shapes, dtypes and regions
+alone, and every rank writes about 1/world_size of the bytes, in parallel.
 
 Loading: a rank gets each tensor whole, or, for the tensors the caller names with a dimension, the part of
 that dimension `numpy.array_split` would give it.
@@ -42,35 +44,71 @@ class Piece:
     region: Region
 
 
+@dataclass(frozen=True)
+class ShardedTensor:
+    """A tensor no rank holds whole: its global `shape`, and `regions[r]`, the part rank r holds."""
+
+    shape: tuple[int, ...]
+    regions: tuple[Region, ...]
+
+
 def split_extent(length: int, parts: int, index: int) -> tuple[int, int]:
     """(start, size) of part `index` when `length` is cut into `parts` nearly equal parts, larger parts first."""
     base, extra = divmod(length, parts)
     return index * base + min(index, extra), base + (1 if index < extra else 0)
 
 
-def _cut_dim0(spec: TensorSpec, world_size: int) -> list[Region]:
-    if not spec.shape:
-        return [Region.full(spec.shape)]
-    parts = max(1, min(world_size, spec.shape[0], spec.nbytes // MIN_PIECE_BYTES))
-    regions = []
+def _cut_dim0(region: Region, dtype: str, holders: int) -> list[Region]:
+    if not region.sizes:
+        return [region]
+    nbytes = region.volume * itemsize(dtype)
+    parts = max(1, min(holders, region.sizes[0], nbytes // MIN_PIECE_BYTES))
+    pieces = []
     for index in range(parts):
-        start, size = split_extent(spec.shape[0], parts, index)
-        regions.append(Region((start,) + (0,) * (len(spec.shape) - 1), (size,) + spec.shape[1:]))
-    return regions
+        start, size = split_extent(region.sizes[0], parts, index)
+        pieces.append(Region((region.offsets[0] + start, *region.offsets[1:]), (size, *region.sizes[1:])))
+    return pieces
 
 
-def write_assignment(specs: Mapping[str, TensorSpec], world_size: int) -> tuple[tuple[Piece, ...], ...]:
-    """For each rank, the pieces it writes. Deterministic: the same inputs give the same answer on every rank."""
+def _holders(
+    name: str, spec: TensorSpec, sharded: ShardedTensor | None, world_size: int
+) -> list[tuple[Region, list[int]]]:
+    """Each distinct region of the tensor with the ranks holding it (in rank order), by offsets."""
+    if sharded is None:
+        return [(Region.full(spec.shape), list(range(world_size)))]
+    if len(sharded.regions) != world_size or sharded.shape != spec.shape:
+        raise CheckpointError(
+            f"tensor '{name}' of shape {list(spec.shape)} is sharded as shape {list(sharded.shape)} "
+            f"over {len(sharded.regions)} ranks, not {world_size}"
+        )
+    holders: dict[Region, list[int]] = {}
+    for rank, region in enumerate(sharded.regions):
+        holders.setdefault(region, []).append(rank)
+    return sorted(holders.items(), key=lambda item: item[0].offsets)
+
+
+def write_assignment(
+    specs: Mapping[str, TensorSpec], world_size: int, sharded: Mapping[str, ShardedTensor] | None = None
+) -> tuple[tuple[Piece, ...], ...]:
+    """For each rank, the pieces it writes: regions of the global tensors. A tensor named in `sharded` is
+    written from the regions the ranks hold (`specs` gives its global shape), every other one is held whole
+    by every rank. Deterministic: the same inputs give the same answer on every rank.
+    """
     if world_size < 1:
         raise CheckpointError(f"world size must be at least 1, got {world_size}")
+    sharded = sharded or {}
     per_rank: list[list[Piece]] = [[] for _ in range(world_size)]
-    loads = [(0, rank) for rank in range(world_size)]
+    loads = [0] * world_size
     for name in sorted(specs, key=lambda n: (-specs[n].nbytes, n)):
         spec = specs[name]
-        for region in _cut_dim0(spec, world_size):
-            load, rank = heapq.heappop(loads)
-            per_rank[rank].append(Piece(name, region))
-            heapq.heappush(loads, (load + region.volume * itemsize(spec.dtype), rank))
+        for region, ranks in _holders(name, spec, sharded.get(name), world_size):
+            least_loaded = [(loads[r], r) for r in ranks]
+            heapq.heapify(least_loaded)
+            for piece in _cut_dim0(region, spec.dtype, len(ranks)):
+                _, rank = heapq.heappop(least_loaded)
+                per_rank[rank].append(Piece(name, piece))
+                loads[rank] += piece.volume * itemsize(spec.dtype)
+                heapq.heappush(least_loaded, (loads[rank], rank))
     return tuple(tuple(pieces) for pieces in per_rank)
 
 

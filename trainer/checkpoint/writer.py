@@ -1,6 +1,7 @@
 """Asynchronous save: the training step waits only while the tensors are copied to host buffers.
 
-`save_async` copies the pieces this rank owns (see `sharding.write_assignment`) into host buffers that are
+`save_async` copies the pieces this rank owns (see `sharding.write_assignment`; of a sharded tensor, parts of
+the region this rank holds) into host buffers that are
 reused from one save to the next (same shapes every time, so no page faults after the first save), then a
 background thread writes and fsyncs `rank_{r}.safetensors` and the rank's report; on rank 0 it then waits
 for every rank's report and commits the manifest (see `commit`), then applies retention. At most one save
@@ -31,14 +32,16 @@ from trainer.checkpoint.layout import Region, TensorLayout, dtype_name
 from trainer.checkpoint.manifest import MANIFEST_NAME, CheckpointMeta, Manifest, step_dir_name
 from trainer.checkpoint.rank_file import write_rank_file
 from trainer.checkpoint.retention import prune
-from trainer.checkpoint.sharding import Piece, TensorSpec, write_assignment
+from trainer.checkpoint.sharding import Piece, ShardedTensor, TensorSpec, write_assignment
 
 log = logging.getLogger(__name__)
 
 
-def _view(array: np.ndarray, region: Region) -> np.ndarray:
+def _view(array: np.ndarray, region: Region, origin: Region) -> np.ndarray:
+    """The part `region` (global coordinates) of `array`, which holds the region `origin` of its tensor."""
+    local = Region(region.relative_to(origin.offsets), region.sizes)
     # The leading Ellipsis keeps a 0-d array a view (indexing it with `()` would give a scalar).
-    index: tuple[EllipsisType | slice, ...] = (Ellipsis, *region.slices())
+    index: tuple[EllipsisType | slice, ...] = (Ellipsis, *local.slices())
     return array[index]
 
 
@@ -79,20 +82,32 @@ class CheckpointWriter:
         self._pending: Future[Path] | None = None
         self._staging: dict[Piece, np.ndarray] = {}
 
-    def save_async(self, meta: CheckpointMeta, tensors: Mapping[str, np.ndarray]) -> None:
-        """Copies this rank's share of `tensors` (the full tensors, identical on every rank) and returns;
-        writing continues in the background. Raises the previous save's error, if it failed.
+    def save_async(
+        self,
+        meta: CheckpointMeta,
+        tensors: Mapping[str, np.ndarray],
+        sharded: Mapping[str, ShardedTensor] | None = None,
+    ) -> None:
+        """Copies this rank's share of `tensors` and returns; writing continues in the background. Raises the
+        previous save's error, if it failed. Every rank passes the same names: the full tensors, identical on
+        every rank, except those named in `sharded`, for which it passes the region of them it holds
+        (`sharded[name].regions[rank]`; every rank passes the same `sharded`).
         """
-        self._pending = self._submit(meta, tensors)
+        self._pending = self._submit(meta, tensors, sharded or {})
 
     def wait(self) -> Path | None:
         """Waits for the save in flight; returns its directory (committed, on rank 0), None when idle."""
         pending, self._pending = self._pending, None
         return None if pending is None else pending.result()
 
-    def save(self, meta: CheckpointMeta, tensors: Mapping[str, np.ndarray]) -> Path:
-        """A synchronous save; returns the step directory (committed, on rank 0)."""
-        return self._submit(meta, tensors).result()
+    def save(
+        self,
+        meta: CheckpointMeta,
+        tensors: Mapping[str, np.ndarray],
+        sharded: Mapping[str, ShardedTensor] | None = None,
+    ) -> Path:
+        """A synchronous `save_async`; returns the step directory (committed, on rank 0)."""
+        return self._submit(meta, tensors, sharded or {}).result()
 
     def close(self) -> None:
         try:
@@ -106,24 +121,39 @@ class CheckpointWriter:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _submit(self, meta: CheckpointMeta, tensors: Mapping[str, np.ndarray]) -> Future[Path]:
+    def _submit(
+        self, meta: CheckpointMeta, tensors: Mapping[str, np.ndarray], sharded: Mapping[str, ShardedTensor]
+    ) -> Future[Path]:
         self.wait()
         meta.check()
+        unknown = sorted(set(sharded) - set(tensors))
+        if unknown:
+            raise CheckpointError(f"sharded tensors missing from the save: {unknown[:5]}")
         specs = {}
         for name, array in tensors.items():
             if not isinstance(array, np.ndarray):
                 raise CheckpointError(f"tensor '{name}' is a {type(array).__name__}, not a numpy array")
-            specs[name] = TensorSpec(dtype_name(array.dtype), array.shape)
-        pieces = write_assignment(specs, self.world_size)[self.rank]
-        staged = self._stage(tensors, pieces)
+            specs[name] = TensorSpec(dtype_name(array.dtype), sharded[name].shape if name in sharded else array.shape)
+        pieces = write_assignment(specs, self.world_size, sharded)[self.rank]
+        held = {name: Region.full(array.shape) for name, array in tensors.items()}
+        for name, layout in sharded.items():
+            held[name] = layout.regions[self.rank]
+            if tensors[name].shape != held[name].sizes:
+                raise CheckpointError(
+                    f"tensor '{name}': rank {self.rank} holds {list(tensors[name].shape)}, but its layout gives it "
+                    f"{list(held[name].sizes)} of {list(layout.shape)}"
+                )
+        staged = self._stage(tensors, held, pieces)
         step_dir = self._prepare(meta.step)
         return self._pool.submit(self._write, step_dir, meta, specs, pieces, staged)
 
-    def _stage(self, tensors: Mapping[str, np.ndarray], pieces: tuple[Piece, ...]) -> list[np.ndarray]:
+    def _stage(
+        self, tensors: Mapping[str, np.ndarray], held: Mapping[str, Region], pieces: tuple[Piece, ...]
+    ) -> list[np.ndarray]:
         previous, self._staging = self._staging, {}
         staged = []
         for piece in pieces:
-            source = _view(tensors[piece.tensor], piece.region)
+            source = _view(tensors[piece.tensor], piece.region, held[piece.tensor])
             buffer = previous.get(piece)
             if buffer is not None and buffer.dtype == source.dtype:
                 np.copyto(buffer, source)

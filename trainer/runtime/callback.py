@@ -15,7 +15,10 @@ What each gives:
   Model's train network (network, optimizer, guard) after every TRAINERD_CHECKPOINT_EVERY-th step and at
   the step the coordinator asks for, each reported once committed; resume from TRAINERD_RESUME_FROM at any
   world size, loaded into the parameters before the first step; a bad-batch report, and the range in later
-  checkpoints' skip ledger, for each step the guarded cell skipped.
+  checkpoints' skip ledger, for each step the guarded cell skipped. Under semi-auto or auto parallel
+  (tensor and optimizer parallel) each rank saves and resumes its own slices of the parameters MindSpore
+  cuts (`trainer.runtime.parameter_layouts`); a layout the checkpoint cannot represent exactly (uneven
+  splits, pipeline stages, ...) is refused before the first step.
 - trainerd_dataset (`trainer.runtime.elastic_dataset`): the seeded sample stream, split by rank, without
   the skip ledger's ranges, positioned at the checkpoint's consumed samples; resume_epoch(dataset) tells
   Model.train the epoch to continue in (MindSpore offers no other way in).
@@ -52,12 +55,15 @@ from mindspore.train import Callback, RunContext
 
 from proto.exit_codes import EXIT_USAGE
 from proto.progress_datagram import BadBatchReason, WorkerEvent
+from trainer.checkpoint.errors import UnsupportedLayout
+from trainer.checkpoint.sharding import ShardedTensor
 from trainer.data.sampler import SampleStream
 from trainer.data.skip_ranges import SkipRanges
 from trainer.runtime.checkpointing import ResumeError, TrainingCheckpoints
 from trainer.runtime.elastic_dataset import SKIPS_FILE_ENV, find_epoch_sampler, resume_epoch, trainerd_dataset
 from trainer.runtime.guard_policy import skip_reason
 from trainer.runtime.guarded_cell import GuardedTrainOneStepCell
+from trainer.runtime.parameter_layouts import parameter_layouts
 from trainer.runtime.progress import ProgressReporter
 from trainer.runtime.rank_context import RankContext, trainerd_launch
 
@@ -153,10 +159,11 @@ class _Run:
             log.warning("Job %s generation %d rank %s: the dataset was not built by trainerd_dataset, so a resume "
                         "restores the weights and the step but not the data position.", ctx.job, ctx.generation,
                         ctx.rank)
+        sharded = _sharded_parameters(ctx, cb_params)
         try:
             checkpoints = TrainingCheckpoints(ctx, ctx.checkpoints, reporter, (cb_params.train_network,),
                                               data_seed=stream.seed, grad_accumulation=grad_accum,
-                                              skip_ledger=stream.ledger.ranges)
+                                              skip_ledger=stream.ledger.ranges, sharded=sharded)
             start = checkpoints.resume()
         except ValueError as exc:
             _exit(str(exc), EXIT_USAGE)
@@ -200,6 +207,21 @@ class _Run:
                 self.reporter.bad_batch(self.step, start, self.consumed, BadBatchReason(reason), loss, grad_norm)
         self.reporter.step(self.step, loss, grad_norm, self.global_batch / max(elapsed, 1e-9), self.consumed)
         self.checkpoints.after_step(self.step, self.consumed)
+
+
+def _sharded_parameters(ctx: RankContext, cb_params: Any) -> dict[str, ShardedTensor]:
+    """The parameters tensor or optimizer parallel cuts, when checkpoints are kept; exits (usage) when their
+    layout cannot be saved exactly."""
+    if ctx.checkpoints.directory is None or ctx.rank is None:
+        return {}
+    try:
+        sharded = parameter_layouts(cb_params.train_network, cb_params.train_dataset, ctx.rank, ctx.world_size)
+    except UnsupportedLayout as exc:
+        _exit(f"cannot checkpoint this parallel layout: {exc}", EXIT_USAGE)
+    if sharded:
+        log.info("Job %s generation %d rank %s: %d parameters are cut by tensor or optimizer parallel; this rank "
+                 "saves its own slices of them.", ctx.job, ctx.generation, ctx.rank, len(sharded))
+    return sharded
 
 
 def _read_outputs(outputs: Any, guarded: bool) -> tuple[float, float, bool]:

@@ -22,7 +22,7 @@ training goes on: the coordinator learns only of committed checkpoints.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +34,7 @@ from proto.progress_datagram import CheckpointReport, MalformedProgress, encode
 from trainer.checkpoint import CheckpointError, CheckpointMeta, CheckpointWriter, load_checkpoint
 from trainer.checkpoint.step_dirs import check_inside_root
 from trainer.checkpoint.manifest import read_manifest, step_dir_name
+from trainer.checkpoint.sharding import ShardedTensor
 from trainer.data.skip_ranges import SkipRanges
 from trainer.runtime.checkpoint_schedule import CheckpointSchedule, ControlFile
 from trainer.runtime.progress import ProgressReporter
@@ -96,11 +97,13 @@ def resume_point(settings: CheckpointSettings, data_seed: int) -> ResumePoint | 
 
 
 class TrainingCheckpoints:
-    """Resume, periodic and requested saves, and commit reports for one worker of a data-parallel job.
+    """Resume, periodic and requested saves, and commit reports for one worker of a job.
 
-    `cells` (the network and its optimizer) hold everything saved and restored; every rank passes the
-    same full tensors. `data_seed` and `grad_accumulation` go into every checkpoint's meta, as do the
-    skip ledger ranges in force. Raises ValueError when the checkpoint directory could not be reported.
+    `cells` (the network and its optimizer) hold everything saved and restored: parameters every rank holds
+    whole, and the parameters named in `sharded` (tensor or optimizer parallel, see
+    `trainer.runtime.parameter_layouts`), of which every rank holds, saves and restores its region.
+    `data_seed` and `grad_accumulation` go into every checkpoint's meta, as do the skip ledger ranges in
+    force. Raises ValueError when the checkpoint directory could not be reported.
     """
 
     def __init__(
@@ -113,6 +116,7 @@ class TrainingCheckpoints:
         data_seed: int,
         grad_accumulation: int,
         skip_ledger: Sequence[tuple[int, int]] = (),
+        sharded: Mapping[str, ShardedTensor] | None = None,
     ) -> None:
         if ctx.rank is None:
             raise ValueError("the scheduler process has no rank and keeps no checkpoints")
@@ -124,6 +128,7 @@ class TrainingCheckpoints:
         self._data_seed = data_seed
         self._grad_accumulation = grad_accumulation
         self._skip_ledger = tuple(skip_ledger)
+        self._sharded = dict(sharded or {})
         self._where = f"job {ctx.job} generation {ctx.generation} rank {ctx.rank}/{ctx.world_size}"
         self._completed = 0
         self._in_flight: tuple[CheckpointMeta, Future[Path | None]] | None = None
@@ -155,7 +160,8 @@ class TrainingCheckpoints:
             return ResumePoint(0, 0)
         resume_point(self._settings, self._data_seed)  # where it lies, a readable manifest, the seed
         try:
-            tensors, manifest = load_checkpoint(path, self._rank, self._ctx.world_size)
+            regions = {name: layout.regions[self._rank] for name, layout in self._sharded.items()}
+            tensors, manifest = load_checkpoint(path, self._rank, self._ctx.world_size, regions=regions)
         except (CheckpointError, OSError) as exc:
             raise CheckpointUnreadable(f"cannot resume from checkpoint {path}: {exc}") from exc
         from trainer.checkpoint.mindspore_io import load_numpy_into
@@ -207,7 +213,7 @@ class TrainingCheckpoints:
         meta = CheckpointMeta(step=step, consumed_samples=consumed_samples, data_seed=self._data_seed,
                               grad_accumulation=self._grad_accumulation, skip_ledger=self._skip_ledger)
         try:
-            self._writer.save_async(meta, parameters_to_numpy(*self._cells))
+            self._writer.save_async(meta, parameters_to_numpy(*self._cells), self._sharded)
         except (CheckpointError, OSError) as exc:
             log.error("%s: could not start the checkpoint of step %d: %s", self._where, step, exc)
             return
