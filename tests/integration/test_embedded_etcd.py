@@ -86,3 +86,20 @@ def test_trainerd_exits_non_zero_with_one_line_when_its_etcd_cannot_be_restarted
     last = trainerd.log().strip().splitlines()[-1]
     assert last.startswith("trainerd: etcd exited with code 1 while starting: ") and "address already in use" in last
     assert status(address) is None  # the coordinator is gone with it
+
+
+def test_a_job_completes_when_its_embedded_etcd_is_killed_mid_run(tmp_path: Path, procs: Processes) -> None:
+    """The MLP example on two local agents; SIGKILL the embedded etcd while it trains: trainerd
+    restarts it and the job completes (the generation is not torn down: liveness lives in memory)."""
+    from tests.integration.test_job_launch import mlp_job, start_cluster, wait_for_state
+
+    address = start_cluster(tmp_path, procs, mlp_job(tmp_path, steps=1500))
+    wait_for_state(address, {"RUNNING"}, 180, procs)
+    trainerd = procs.by_name("trainerd")
+    etcd = etcd_of(trainerd.pid)
+    assert etcd is not None
+    etcd.send_signal(signal.SIGKILL)
+    job = wait_for_state(address, {"COMPLETED", "FAILED"}, 240, procs)
+    assert job["state"] == "COMPLETED" and job["step"] == 1500, job
+    assert trainerd.alive()
+    assert "was killed by signal 9; restarting it with the same data" in trainerd.log()

@@ -123,8 +123,10 @@ def test_unmodified_script_runs_on_output_progress_and_resumes_from_its_own_chec
     workdir = Path(victim.cwd())
     victim.send_signal(signal.SIGKILL)
 
-    job = wait_for_job(address, "generation 2 reporting progress",
-                       lambda j: j["state"] in ENDED or (j["generation"] == 2 and j["epoch"] is not None), 180, procs)
+    # RUNNING once every rank of generation 2 reported a step (one rank's first line is not enough).
+    job = wait_for_job(address, "generation 2 RUNNING on progress",
+                       lambda j: j["state"] in ENDED or (j["generation"] == 2 and j["state"] == "RUNNING"), 180, procs)
+    assert job["epoch"] is not None, job
     assert job["state"] == "RUNNING", job
     assert Path(worker_of_rank(tmp_path, 1).cwd()) == workdir, "rank 1 runs in another directory after the restart"
     job = wait_for_job(address, "the end", lambda j: j["state"] in ENDED, 240, procs)
