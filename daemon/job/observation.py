@@ -11,6 +11,7 @@ progress is ordered by (epoch, step)).
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field, replace
 
 from proto.vocabulary import FROZEN_OS_STATES, ProcessRole
@@ -27,6 +28,13 @@ class RootCause:
     @property
     def line(self) -> str:
         return f"{self.message} ({self.location})" if self.location else self.message
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return f" ({signal.Signals(number).name})"
+    except ValueError:
+        return ""
 
 
 @dataclass(frozen=True)
@@ -55,12 +63,15 @@ class ProcessReport:
         return not self.running and self.exit_code == 0 and self.signal == 0
 
     def describe(self) -> str:
-        """One line: who, how, and why (the root cause, else the last line of its log)."""
+        """One line: who, how, and why (the root cause, else the last line of its log). A process killed
+        by a signal says nothing about why in its last line (it was cut off mid-sentence): only an
+        error it printed (an exception, a MindSpore error) is shown then."""
         who = "scheduler" if self.role is ProcessRole.SCHEDULER else f"rank {self.rank}"
-        how = f"was killed by signal {self.signal}" if self.signal else f"exited with code {self.exit_code}"
-        if self.cause is not None and self.cause.message:
+        how = f"was killed by signal {self.signal}{_signal_name(self.signal)}" if self.signal else \
+            f"exited with code {self.exit_code}"
+        if self.cause is not None and self.cause.message and not (self.signal and self.cause.kind == "last_line"):
             return f"{who} on node {self.node} {how}: {self.cause.line}"
-        tail = self.log_tail.strip().splitlines()[-1:] if self.log_tail.strip() else []
+        tail = self.log_tail.strip().splitlines()[-1:] if self.log_tail.strip() and not self.signal else []
         return f"{who} on node {self.node} {how}" + (f": {tail[0]}" if tail else "")
 
     @property

@@ -540,3 +540,14 @@ def test_a_paused_job_stops_what_still_runs_once() -> None:
     assert decide(job_world(state=JobState.PAUSED, stopped=True, seen=unsent)) == [StopGeneration("job is PAUSED")]
     told = {**unsent, "stop_sent": {n: NOW for n in NODES}}
     assert decide(job_world(state=JobState.PAUSED, stopped=True, seen=told)) == []
+
+
+def test_a_killed_process_is_not_explained_by_the_line_it_was_cut_off_at() -> None:
+    info_line = RootCause("INFO trainer: step 1 loss 2.26", "", "last_line")
+    exception = RootCause("ValueError: bad value at step 7", "train.py:95", "python_exception")
+    killed = replace(exited("b", 1, signal=9), cause=info_line)
+    assert killed.describe() == "rank 1 on node b was killed by signal 9 (SIGKILL)"
+    assert replace(killed, cause=exception).describe() == ("rank 1 on node b was killed by signal 9 (SIGKILL): "
+                                                           "ValueError: bad value at step 7 (train.py:95)")
+    assert replace(exited("b", 1, exit_code=3), cause=info_line).describe() == \
+        "rank 1 on node b exited with code 3: INFO trainer: step 1 loss 2.26"
