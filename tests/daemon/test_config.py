@@ -88,6 +88,10 @@ JOB = "job:\n  entrypoint: ['{python}', 'train.py']\n"
         (JOB + "  progress_pattern: '(?P<step>\\d+'\n", "job: progress_pattern: not a valid regular expression"),
         (JOB + "  progress_pattern: '(?P<step>\\d+) (?P<lr>\\S+)'\n", "job: progress_pattern: unknown named group 'lr'"),
         (JOB + "  graceful_exit_file: ''\n", "job: graceful_exit_file must not be empty"),
+        (JOB + "  data_skip:\n    spike_zscore: .inf\n", "job.data_skip.spike_zscore: Input should be a finite number"),
+        (JOB + "  data_skip:\n    spike_ceiling: 1\n", "job.data_skip.spike_ceiling: Input should be greater than 1"),
+        (JOB + "  data_skip:\n    warmup_steps: 0\n",
+         "job.data_skip.warmup_steps: Input should be greater than or equal to 1"),
     ],
 )
 def test_job_mistakes_name_the_key(tmp_path: Path, text: str, expected: str) -> None:

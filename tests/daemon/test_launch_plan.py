@@ -11,7 +11,8 @@ from daemon.job.launch_plan import node_processes, scheduler_port
 from daemon.job.placement import NodeOffer, place
 from daemon.job.rank_table import build_rank_table, rank_table_json
 from daemon.membership import DeviceInfo
-from proto.vocabulary import ProcessRole
+from proto.vocabulary import RESERVED_ENV, ProcessRole
+from trainer.runtime.guard_policy import GuardSettings
 
 
 def spec(**overrides) -> JobSettings:
@@ -136,3 +137,17 @@ def test_a_job_without_a_batch_split_gets_no_batch_variables() -> None:
     _, worker = node_processes(plain, placement, generation=1, node="n0")
     assert placement.grad_accum == 1
     assert not {"TRAINERD_GLOBAL_BATCH", "TRAINERD_MICRO_BATCH", "TRAINERD_GRAD_ACCUM"} & worker.env.keys()
+
+
+@pytest.mark.parametrize("data_skip", [{}, {"spike_factor": 4.5, "spike_zscore": 7.25, "spike_ceiling": 16.0,
+                                           "warmup_steps": 50}, {"spike_factor": float("inf")}])
+def test_the_workers_read_the_guard_settings_the_job_asked_for(data_skip: dict) -> None:
+    """The cluster file's job.data_skip reaches the worker's guard through the launch environment unchanged."""
+    job = spec(data_skip=data_skip)
+    placement = place(job, [NodeOffer("n0", "10.0.0.1", (DeviceInfo(0, "", "cpu"),))])
+    _, worker = node_processes(job, placement, generation=1, node="n0")
+    settings = GuardSettings.from_environ(worker.env)
+    skip = job.data_skip
+    assert (settings.spike_factor, settings.spike_zscore, settings.spike_ceiling, settings.warmup_steps) == (
+        skip.spike_factor, skip.spike_zscore, skip.spike_ceiling, skip.warmup_steps)
+    assert {name for name in worker.env if name.startswith("TRAINERD_SPIKE_")} <= RESERVED_ENV
