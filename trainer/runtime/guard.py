@@ -41,10 +41,12 @@ class StepGuard(nn.Cell):
     names a skip's reason.
 
     Few kernels by design (each costs microseconds on a CPU): the checks are one comparison,
-    `(loss - loss) + (norm - norm) + (x - mean) <= limit`, false for a NaN or infinite loss or norm (y - y is
-    NaN for those, and NaN compares false) and for a spike; the limit's logarithms are taken here. (No
-    clamping with `minimum(x, float32 max)`: in GRAPH mode MindSpore 2.10 simplifies that to x, also when x
-    is infinite. And `maximum(NaN, y)` is y on its CPU: the NaN check must look at the norm, not at x.)
+    `(loss - loss) + (log(norm) - mean) <= limit`, false for a NaN or infinite loss (loss - loss is NaN, and
+    NaN compares false), a NaN norm (its log is NaN), an infinite one (the limit is finite: the largest
+    float32 in the warm-up) and a spike; the limit's logarithms are taken here. The clamp of the rule comes
+    after the check: `maximum(NaN, y)` is y on MindSpore's CPU, and would hide a NaN norm. (No clamping with
+    `minimum(x, float32 max)` either: in GRAPH mode MindSpore 2.10 simplifies that to x, also when x is
+    infinite.)
     """
 
     def __init__(self, settings: GuardSettings | None = None) -> None:
@@ -60,22 +62,24 @@ class StepGuard(nn.Cell):
         self._zscore = ms.Tensor(settings.spike_zscore, ms.float32)
         self._warmup_steps = ms.Tensor(settings.warmup_steps, ms.int32)
         self._mean_horizon = ms.Tensor(settings.mean_horizon, ms.int32)
-        self._infinity = ms.Tensor(np.inf, ms.float32)
+        self._lowest_delta = ms.Tensor(-math.log(settings.spike_ceiling), ms.float32)
+        self._no_limit = ms.Tensor(np.finfo(np.float32).max, ms.float32)
 
     def construct(self, loss: ms.Tensor, norm: ms.Tensor) -> ms.Tensor:
         mean = self.log_norm_mean
         var = self.log_norm_var
         count = self.accepted_steps
-        x = ops.maximum(ops.log(norm), mean - self._log_ceiling)
-        delta = x - mean
-        limit = self._infinity
+        excess = ops.log(norm) - mean
+        limit = self._no_limit
         if self._spike_check:
             spread = ops.minimum(self._zscore * ops.sqrt(var), self._log_ceiling)
-            limit = ops.select(count >= self._warmup_steps, ops.maximum(self._log_floor, spread), self._infinity)
-        accepted = (loss - loss) + (norm - norm) + delta <= limit
+            limit = ops.select(count >= self._warmup_steps, ops.maximum(self._log_floor, spread), self._no_limit)
+        accepted = (loss - loss) + excess <= limit
+        delta = ops.maximum(excess, self._lowest_delta)
         weight = ops.cast(ops.minimum(count + 1, self._mean_horizon), ms.float32)
-        new_mean = mean + delta / weight
-        new_var = var + (delta * (x - new_mean) - var) / weight
+        mean_step = delta / weight
+        new_mean = mean + mean_step
+        new_var = var + (delta * (delta - mean_step) - var) / weight
         ops.assign(self.log_norm_mean, ops.select(accepted, new_mean, mean))
         ops.assign(self.log_norm_var, ops.select(accepted, new_var, var))
         ops.assign_add(self.accepted_steps, ops.cast(accepted, ms.int32))

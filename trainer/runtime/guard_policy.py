@@ -3,12 +3,12 @@ reason a skip is reported with. `trainer.runtime.guard` runs the same rule insid
 twin documents it and serves the tests. Pure: no MindSpore.
 
 The rule, for a step's global mean loss and the global norm of its all-reduced gradients (before clipping),
-with the guard's state (mean, var, accepted_steps) and x = max(log(norm), mean - log(spike_ceiling)):
+with the guard's state (mean, var, accepted_steps) and delta = max(log(norm) - mean, -log(spike_ceiling)):
 1. the loss is not finite                                    -> skipped, "nonfinite_loss"
 2. else the norm is not finite                               -> skipped, "nonfinite_grad_norm"
-3. else after `warmup_steps` accepted steps, x - mean > limit -> skipped, "grad_norm_spike", where
+3. else after `warmup_steps` accepted steps, delta > limit   -> skipped, "grad_norm_spike", where
        limit = max(log(spike_factor), min(spike_zscore × sqrt(var), log(spike_ceiling)))
-4. else accepted: the optimizer updates, accepted_steps += 1, and mean and var move towards x.
+4. else accepted: the optimizer updates, accepted_steps += 1, and mean and var move by delta.
 A skipped step changes nothing: no weights, no optimizer state, no guard state.
 
 In words: with the running geometric mean of the accepted norms g = exp(mean) and the running standard
@@ -19,15 +19,16 @@ adapts the limit to how much the norm fluctuates in this job at this point of tr
 the norm is small and its relative fluctuation large, and a fixed factor of the mean (the rule before,
 with 3) skipped healthy batches there. The floor keeps a wobble of 2x from ever counting when the norm
 has been unusually steady; the ceiling keeps a 20x spike caught when it has not. spike_factor = inf
-turns spike detection off; a non-finite loss or norm is always skipped. x is held to at most
-log(spike_ceiling) below the mean so that no accepted step moves the statistics much further down than a
-spike could move them up: a zero norm (log -inf), which is no bad batch, would otherwise drag the mean so
-low that every later step looked like a spike, and a skipped step never moves it back.
+turns spike detection off; a non-finite loss or norm is always skipped. delta is held to at least
+-log(spike_ceiling) so that no accepted step moves the statistics much further down than a spike could
+move them up: a zero norm (log -inf), which is no bad batch, would otherwise drag the mean so low that
+every later step looked like a spike, and a skipped step never moves it back.
 
-mean and var are the true mean and (population) variance of x over the accepted steps for the first
-`mean_horizon` of them, then exponential moving averages with weight 1 / mean_horizon (Welford's update
-with the weight w = min(accepted_steps + 1, mean_horizon)):
-    delta = x - mean;  mean += delta / w;  var += (delta × (x - mean) - var) / w
+mean and var are the true mean and (population) variance of log(norm) (as clamped: mean + delta) over
+the accepted steps for the first `mean_horizon` of them, then exponential moving averages with weight
+1 / mean_horizon (Welford's update with the weight w = min(accepted_steps + 1, mean_horizon); delta - step
+is the new distance to the mean):
+    step = delta / w;  mean += step;  var += (delta × (delta - step) - var) / w
 An average over all of history would go stale as training moves the norm; a plain EMA started at zero
 would need a bias correction during warm-up; this form needs neither. All arithmetic is float32, in this
 order, in both twins. The logarithm is the one thing they do not share bit for bit: here it is the
@@ -135,16 +136,16 @@ class GuardState:
     accepted_steps: int = 0
 
 
-def log_norm(settings: GuardSettings, log_norm_mean: float, norm: float) -> np.float32:
-    """x of the rule for a finite norm: the float32 rounding of log(norm), at least mean - log(spike_ceiling)."""
+def log_norm_excess(settings: GuardSettings, log_norm_mean: float, norm: float) -> np.float32:
+    """delta of the rule for a finite norm: log(norm) (rounded to float32) - mean, at least -log(spike_ceiling)."""
     f32 = np.float32
-    lowest = f32(log_norm_mean) - f32(math.log(settings.spike_ceiling))
-    norm64 = float(f32(norm))
-    return max(f32(math.log(norm64)) if norm64 > 0 else f32(-np.inf), lowest)
+    norm32 = float(f32(norm))
+    log32 = f32(math.log(norm32)) if norm32 > 0 else f32(-np.inf)
+    return max(log32 - f32(log_norm_mean), f32(-math.log(settings.spike_ceiling)))
 
 
 def spike_limit(settings: GuardSettings, log_norm_var: float | np.floating) -> np.float32:
-    """The rule's limit for x - mean once the warm-up is over (inf when spike detection is off)."""
+    """The rule's limit for delta once the warm-up is over (inf when spike detection is off)."""
     f32 = np.float32
     floor, ceiling = f32(math.log(settings.spike_factor)), f32(math.log(settings.spike_ceiling))
     return max(floor, min(f32(settings.spike_zscore) * np.sqrt(f32(log_norm_var)), ceiling))
@@ -158,11 +159,12 @@ def decide(settings: GuardSettings, state: GuardState, loss: float,
         return NONFINITE_LOSS, state
     if not np.isfinite(f32(norm)):
         return NONFINITE_GRAD_NORM, state
-    x, mean, var = log_norm(settings, state.log_norm_mean, norm), f32(state.log_norm_mean), f32(state.log_norm_var)
-    delta = x - mean
+    mean, var = f32(state.log_norm_mean), f32(state.log_norm_var)
+    delta = log_norm_excess(settings, state.log_norm_mean, norm)
     if state.accepted_steps >= settings.warmup_steps and delta > spike_limit(settings, var):
         return GRAD_NORM_SPIKE, state
     weight = f32(min(state.accepted_steps + 1, settings.mean_horizon))
-    new_mean = mean + delta / weight
-    new_var = var + (delta * (x - new_mean) - var) / weight
+    step = delta / weight
+    new_mean = mean + step
+    new_var = var + (delta * (delta - step) - var) / weight
     return None, GuardState(float(new_mean), float(new_var), state.accepted_steps + 1)
