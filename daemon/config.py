@@ -129,7 +129,7 @@ class DataSkipSettings(StrictModel):
 
     spike_factor: float = Field(default=3.0, gt=1)  # .inf turns spike detection off
     spike_zscore: float = Field(default=6.0, gt=0, allow_inf_nan=False)
-    spike_ceiling: float = Field(default=10.0, gt=1, allow_inf_nan=False)
+    spike_ceiling: float = Field(default=12.0, gt=1, allow_inf_nan=False)
     # Accepted steps before spikes are looked for (the workers need at least one to have a mean).
     warmup_steps: int = Field(default=10, ge=1)
     max_consecutive_spikes: int = Field(default=10, ge=1)

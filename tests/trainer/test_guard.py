@@ -315,7 +315,7 @@ def test_the_cell_follows_the_pure_rule_at_the_edges() -> None:
     steady = GuardSettings(warmup_steps=3)
     assert follow(steady, [2.0, 2.0, 2.0, 5.8]) == [None] * 4
     assert follow(steady, [2.0, 2.0, 2.0, 6.2]) == [None] * 3 + ["grad_norm_spike"]
-    noisy = GuardSettings(warmup_steps=4, mean_horizon=4)  # log-norm mean 0, standard deviation 1.6
+    noisy = GuardSettings(spike_ceiling=10.0, warmup_steps=4, mean_horizon=4)  # log-norm mean 0, deviation 1.6
     assert follow(noisy, [1.0, 0.1, 10.0, 1.0, 9.0]) == [None] * 5
     assert follow(noisy, [1.0, 0.1, 10.0, 1.0, 11.0]) == [None] * 4 + ["grad_norm_spike"]
     off = GuardSettings(spike_factor=INF, warmup_steps=1)
@@ -397,7 +397,7 @@ def test_reasons_and_settings() -> None:
     assert skip_reason(False, INF, NAN) == "nonfinite_loss"
     assert skip_reason(False, 1.0, NAN) == "nonfinite_grad_norm"
     assert skip_reason(False, 1.0, 7.0) == "grad_norm_spike"
-    assert GuardSettings.from_environ({}) == GuardSettings(3.0, 6.0, 10.0, 10, 100)
+    assert GuardSettings.from_environ({}) == GuardSettings(3.0, 6.0, 12.0, 10, 100)
     assert GuardSettings.from_environ({"TRAINERD_SPIKE_FACTOR": "4.5", "TRAINERD_SPIKE_WARMUP_STEPS": "20",
                                        "TRAINERD_SPIKE_ZSCORE": "8", "TRAINERD_SPIKE_CEILING": "25.5",
                                        "TRAINERD_SPIKE_OTHER": "x"}) \
