@@ -19,12 +19,13 @@ adapts the limit to how much the norm fluctuates in this job at this point of tr
 the norm is small and its relative fluctuation large, and a fixed factor of the mean (the rule before,
 with 3) skipped healthy batches there. The floor keeps a wobble of 2x from ever counting when the norm
 has been unusually steady; the ceiling keeps a 20x spike caught when it has not. The default ceiling, 12,
-is what `bench/guard.py`'s 20,000 steps of the example job leave room for: in a phase where sigma is 0.86
-a clean norm reaches 10.5 × g, and 20 times the median of the last 100 norms is still 14 × g. spike_factor = inf
-turns spike detection off; a non-finite loss or norm is always skipped. delta is held to at least
--log(spike_ceiling) so that no accepted step moves the statistics much further down than a spike could
-move them up: a zero norm (log -inf), which is no bad batch, would otherwise drag the mean so low that
-every later step looked like a spike, and a skipped step never moves it back.
+is what `bench/guard.py`'s 20,000 steps of the example job leave room for: in one such run, in a phase
+where sigma was 0.86, a clean norm reached 10.5 × g, and 20 times the median of the last 100 norms was
+never below 14 × g. spike_factor = inf turns spike detection off; a non-finite loss or norm is always
+skipped. delta is held to at least -log(spike_ceiling) so that no accepted step moves the statistics much
+further down than a spike could move them up: a zero norm (log -inf), which is no bad batch, would
+otherwise drag the mean so low that every later step looked like a spike, and a skipped step never moves
+it back.
 
 mean and var are the true mean and (population) variance of log(norm) (as clamped: mean + delta) over
 the accepted steps for the first `mean_horizon` of them, then exponential moving averages with weight
@@ -34,8 +35,8 @@ is the new distance to the mean):
 An average over all of history would go stale as training moves the norm; a plain EMA started at zero
 would need a bias correction during warm-up; this form needs neither. All arithmetic is float32, in this
 order, in both twins. The logarithm is the one thing they do not share bit for bit: here it is the
-float32 rounding of the exact logarithm, in the step MindSpore's CPU kernel, which is a last bit off for
-a few arguments in a thousand; so the twins' states agree to a few ulps, and their decisions agree but
+float32 rounding of the exact logarithm, in the step it is MindSpore's CPU kernel, a last bit off for a
+few arguments in a thousand; so the twins' states agree to a few ulps, and their decisions agree but
 for a norm within a few ulps of the limit. Every rank runs the same kernel on the same all-reduced loss
 and norm, so the ranks always agree with each other.
 
