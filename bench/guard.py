@@ -1,7 +1,9 @@
-"""What the bad-batch guard costs a training step: the example job's step with the guard on and off.
+"""What the bad-batch guard costs a training step, and what it skips on a long run: the example job's step
+with the guard on and off, then 20,000 steps of the example's data with the guard on.
 
-    /work/main/.venv/bin/python bench/guard.py                      # 40 rounds × 50 steps of each
+    /work/main/.venv/bin/python bench/guard.py                      # 40 rounds × 50 steps of each, then the long run
     /work/main/.venv/bin/python bench/guard.py --micro-batch 32     # 2 micro batches per step
+    /work/main/.venv/bin/python bench/guard.py --long-steps 0       # the overhead alone
 
 Both steps train the example job's model (`trainer.examples.mlp.MLP`, 64→256→10, Adam) in GRAPH mode on
 one CPU process, on the same global batch (64 samples of the example's synthetic data, every step), with
@@ -9,8 +11,9 @@ the example's forward/backward (`AccumulateGradients`) and `trainer.runtime.guar
 clipping at 5.0:
 
     off   guard=None: skips only a non-finite gradient norm, as the example job's step did before issue 6
-    on    StepGuard with the defaults (spike factor 3.0, warm-up 10 steps): also checks the global mean
-          loss and norm spikes and keeps the running mean in Parameters
+    on    StepGuard with the defaults (`GuardSettings()`: spike factor 3, z-score 6, ceiling 12, warm-up 10
+          steps): also checks the global mean loss and norm spikes and keeps the running mean and variance
+          of log(norm) in Parameters
 
 A step is timed from its first micro batch to the host holding its loss, norm and reason (as the job's
 loop needs them for its report). The two run in the same process, interleaved: rounds of N steps of one,
@@ -20,19 +23,37 @@ times, of the apply phase alone, and how many steps the guard skipped (a skipped
 with this batch there should be none after the warm-up); then the overhead of `on` over `off` in percent,
 from the overall medians and round by round (the median over rounds of the two adjacent blocks' medians,
 which load drifting between rounds does not bias).
+
+The long run trains a fresh model with the guard on as the example job does: each step reads the next
+global batch of the example's sample stream (seed 0; 256 steps an epoch, so 20,000 steps are 78 epochs,
+and the gradient norm falls by four orders of magnitude as the model fits the data). At known steps,
+spread from the first tenth of the run to its end, a bad batch is injected, the kinds in turn: one
+sample's features NaN or infinite (the example's --bad-samples), the gradients scaled to 20 times the
+norm's current level (the median of the last 100 clean steps' norms, measured apart from the guard), or
+every sample's features 20 times too large (the example's --spike-samples; late in training the model is
+so sure of such inputs that their gradient vanishes, so nothing is required of the guard there). Printed:
+the clean steps that were skipped (target 0), beside what the rule before this one (3 times the running
+mean of the norm) would have skipped judging the same norms; the largest ratio of a clean step's norm to
+the running geometric mean and its largest z-score, the margin to the limits; and for each kind of
+injected batch how many were skipped (target: all of the first three kinds) and the ratio of their norms.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import time
+from collections import deque
 
 import mindspore as ms
+import numpy as np
 from mindspore import nn
 
-from trainer.examples.mlp import MLP, AccumulateGradients, synthetic_dataset
+from proto.progress_datagram import BadBatchReason
+from trainer.data.sampler import SampleStream
+from trainer.examples.mlp import DATASET_SIZE, MLP, AccumulateGradients, synthetic_dataset
 from trainer.runtime.guard import GuardedApplyGradients, StepGuard, mean_over_ranks
 from trainer.runtime.guard_policy import GuardSettings, skip_reason
 
@@ -47,18 +68,27 @@ class Step:
         ms.set_seed(0)
         self.network = MLP()
         self.optimizer = nn.Adam(self.network.trainable_params(), learning_rate=LEARNING_RATE)
-        grad_sums = self.optimizer.parameters.clone(prefix="grad_sum", init="zeros")
-        self.accumulate = AccumulateGradients(self.network, self.optimizer.parameters, grad_sums)
-        self.apply = GuardedApplyGradients(self.optimizer, grad_sums, nn.Identity(), mean_over_ranks(1),
-                                           StepGuard(GuardSettings()) if guarded else None, MAX_GRAD_NORM)
+        self.grad_sums = self.optimizer.parameters.clone(prefix="grad_sum", init="zeros")
+        self.accumulate = AccumulateGradients(self.network, self.optimizer.parameters, self.grad_sums)
+        self.guard = StepGuard(GuardSettings()) if guarded else None
+        self.apply = GuardedApplyGradients(self.optimizer, self.grad_sums, nn.Identity(), mean_over_ranks(1),
+                                           self.guard, MAX_GRAD_NORM)
         self.micro_batches = ms.Tensor(grad_accum, ms.float32)
         self.step_s: list[float] = []
         self.apply_s: list[float] = []
         self.skipped = 0
 
-    def __call__(self, features: list[ms.Tensor], labels: list[ms.Tensor], record: bool = True) -> None:
+    def __call__(self, features: list[ms.Tensor], labels: list[ms.Tensor], record: bool = True,
+                 grad_norm: float | None = None) -> tuple[float, BadBatchReason | None]:
+        """One step: its global gradient norm and skip reason. With `grad_norm` (not timed), the summed
+        gradients are scaled so that the step's global norm is that."""
         started = time.perf_counter()
         losses = [self.accumulate(x, y) for x, y in zip(features, labels)]
+        if grad_norm is not None:
+            sums = [grad_sum.asnumpy().astype(np.float64) for grad_sum in self.grad_sums]
+            scale = grad_norm * len(features) / math.sqrt(sum(float(np.sum(np.square(g))) for g in sums))
+            for grad_sum, values in zip(self.grad_sums, sums):
+                grad_sum.set_data(ms.Tensor((values * scale).astype(np.float32)))
         applying = time.perf_counter()
         loss, norm, accepted = self.apply(self.micro_batches, *losses)
         loss, norm = float(loss.asnumpy()), float(norm.asnumpy())
@@ -68,11 +98,118 @@ class Step:
             self.step_s.append(done - started)
             self.apply_s.append(done - applying)
             self.skipped += reason is not None
+        return norm, reason
 
 
 def quartiles(samples: list[float]) -> tuple[float, float, float]:
     q1, median, q3 = statistics.quantiles(samples, n=4)
     return q1 * 1e3, median * 1e3, q3 * 1e3
+
+
+INJECTED = {  # what the long run injects, in turn, and whether the guard must skip it
+    "nan": ("one sample's features NaN", True),
+    "inf": ("one sample's features infinite", True),
+    "x20": ("gradients scaled to 20 x the median norm of the last 100 clean steps", True),
+    "x20 inputs": ("every sample's features x 20, the example's --spike-samples", False),
+}
+
+
+def injected_steps(steps: int, count: int) -> dict[int, str]:
+    """`count` steps spread evenly from the first tenth of the run to its last step, the kinds in turn."""
+    at = np.linspace(max(steps // 10, 1), steps, count).astype(int)
+    return {int(step): list(INJECTED)[i % len(INJECTED)] for i, step in enumerate(at)}
+
+
+def rule_before_skips(norms: dict[int, float]) -> list[int]:
+    """The steps the rule before this one would have skipped judging these norms (in float64): after 10
+    accepted steps, a norm above 3 times the running mean (the true mean of the first 100 accepted norms,
+    then an exponential moving average with weight 1/100)."""
+    mean, accepted, skipped = 0.0, 0, []
+    for step, norm in norms.items():
+        if not math.isfinite(norm) or (accepted >= 10 and norm > 3.0 * mean):
+            skipped.append(step)
+            continue
+        accepted += 1
+        mean += (norm - mean) / min(accepted, 100)
+    return skipped
+
+
+def steps_text(steps: list[int], limit: int = 20) -> str:
+    return ", ".join(map(str, steps[:limit])) + (", ..." if len(steps) > limit else "")
+
+
+def long_run(steps: int, injections: int, global_batch: int, micro_batch: int) -> None:
+    grad_accum = global_batch // micro_batch
+    data, targets = synthetic_dataset(0)
+    stream = SampleStream(DATASET_SIZE, 0)
+    step = Step(True, grad_accum)
+    guard = step.guard
+    assert guard is not None
+    settings = guard.settings
+    injected = injected_steps(steps, injections)
+    print(f"\nlong run: {steps} steps of the example's data (seed 0, global batch {global_batch}) with the guard "
+          f"on ({settings}); {len(injected)} of them injected", flush=True)
+    norms: dict[int, float] = {}
+    skipped: dict[int, BadBatchReason] = {}
+    ratios: dict[int, float] = {}  # step -> its norm / the running geometric mean, after the warm-up
+    zscores: dict[int, float] = {}  # step -> the z-score of log(norm), after the warm-up
+    recent: deque[float] = deque(maxlen=100)  # the last clean steps' norms
+    started = time.perf_counter()
+    consumed = 0
+    for n in range(1, steps + 1):
+        positions, consumed = stream.step_positions(consumed, global_batch)
+        indices = stream.indices(positions)
+        x, y = data[indices], targets[indices]
+        kind = injected.get(n)
+        if kind == "nan":
+            x[0] = np.nan
+        elif kind == "inf":
+            x[0] = np.inf
+        elif kind == "x20 inputs":
+            x = x * 20.0
+        grad_norm = 20.0 * statistics.median(recent) if kind == "x20" else None
+        mean, var = float(guard.log_norm_mean.asnumpy()), float(guard.log_norm_var.asnumpy())
+        warm = int(guard.accepted_steps.asnumpy()) >= settings.warmup_steps
+        norm, reason = step([ms.Tensor(part) for part in x.reshape(grad_accum, micro_batch, -1)],
+                            [ms.Tensor(part) for part in y.reshape(grad_accum, micro_batch)], False, grad_norm)
+        norms[n] = norm
+        if reason is not None:
+            skipped[n] = reason
+        if kind is None:
+            recent.append(norm)
+        if warm and math.isfinite(norm):
+            ratios[n] = norm / math.exp(mean)
+            if norm > 0 and var > 0:
+                zscores[n] = (math.log(norm) - mean) / math.sqrt(var)
+    elapsed = time.perf_counter() - started
+
+    clean = [n for n in norms if n not in injected]
+    false_skips = sorted(n for n in skipped if n not in injected)
+    before = [n for n in rule_before_skips(norms) if n not in injected]
+    print(f"  {elapsed:.0f} s; clean steps' gradient norm " + ", ".join(
+        f"{norms[n]:.3g} at step {n}" for n in (clean[0], clean[len(clean) // 2], clean[-1])))
+    print(f"  clean steps skipped: {len(false_skips)} of {len(clean)} (target 0)"
+          f"{': steps ' + steps_text(false_skips) if false_skips else ''}; the rule before (3 x the running mean) "
+          f"would have skipped {len(before)}{': steps ' + steps_text(before) if before else ''}")
+    clean_ratios = {n: ratio for n, ratio in ratios.items() if n not in injected}
+    clean_zscores = {n: z for n, z in zscores.items() if n not in injected}
+    if clean_ratios and clean_zscores:
+        top_ratio = max(clean_ratios, key=clean_ratios.__getitem__)
+        top_z = max(clean_zscores, key=clean_zscores.__getitem__)
+        print(f"  clean steps' largest norm / running geometric mean: {clean_ratios[top_ratio]:.2f} (step "
+              f"{top_ratio}; never a spike up to {settings.spike_factor:g}, always above "
+              f"{settings.spike_ceiling:g}); largest z-score of log(norm): {clean_zscores[top_z]:.2f} (step "
+              f"{top_z}; a spike above {settings.spike_zscore:g} between those)")
+    for kind, (what, must_skip) in INJECTED.items():
+        at = [n for n, k in injected.items() if k == kind]
+        if not at:
+            continue
+        caught = [n for n in at if n in skipped]
+        reasons = ", ".join(sorted({str(skipped[n]) for n in caught})) or "none"
+        verdict = ("" if len(caught) == len(at) else "; MISSED") if must_skip else "; nothing required"
+        found = ", ".join(f"{ratios[n]:.3g}" if n in ratios else f"{norms[n]:.3g}" for n in at)
+        print(f"  injected {kind} ({what}) at steps {steps_text(at)}: {len(caught)} of {len(at)} skipped "
+              f"({reasons}){verdict}; norm / running geometric mean: {found}")
 
 
 def main() -> None:
@@ -81,6 +218,8 @@ def main() -> None:
     parser.add_argument("--steps-per-round", type=int, default=50)
     parser.add_argument("--global-batch", type=int, default=64)
     parser.add_argument("--micro-batch", type=int, default=64)
+    parser.add_argument("--long-steps", type=int, default=20_000, help="steps of the long run (0: none)")
+    parser.add_argument("--injections", type=int, default=16, help="bad batches injected into the long run")
     args = parser.parse_args()
     if args.global_batch % args.micro_batch:
         parser.error("the global batch must be a multiple of the micro batch")
@@ -120,7 +259,9 @@ def main() -> None:
     p_q1, p_med, p_q3 = (100 * q for q in statistics.quantiles(paired, n=4))
     print(f"\noverhead of the guard: {100 * (on - off) / off:+.2f}% of the step median "
           f"({(on - off) * 1e6:+.0f} µs; apply phase {(on_apply - off_apply) * 1e6:+.0f} µs); "
-          f"round by round {p_med:+.2f}% (quartiles {p_q1:+.2f}% … {p_q3:+.2f}%); target < 2%")
+          f"round by round {p_med:+.2f}% (quartiles {p_q1:+.2f}% … {p_q3:+.2f}%); target < 2%", flush=True)
+    if args.long_steps:
+        long_run(args.long_steps, args.injections, args.global_batch, args.micro_batch)
 
 
 if __name__ == "__main__":

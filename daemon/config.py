@@ -154,10 +154,16 @@ class RestartSettings(StrictModel):
 
 
 class DataSkipSettings(StrictModel):
-    """Bad batches (defaults follow MindFormers)."""
+    """Bad batches. The spike rule is trainer/runtime/guard_policy.py's: with g
+    the running geometric mean of the gradient norm, a norm above spike_ceiling x g is a spike, one at most
+    spike_factor x g is not, and in between it is one when its log is over spike_zscore standard deviations
+    above the mean of log(norm)."""
 
-    spike_factor: float = Field(default=3.0, gt=1)
-    warmup_steps: int = Field(default=10, ge=0)
+    spike_factor: float = Field(default=3.0, gt=1)  # .inf turns spike detection off
+    spike_zscore: float = Field(default=6.0, gt=0, allow_inf_nan=False)
+    spike_ceiling: float = Field(default=12.0, gt=1, allow_inf_nan=False)
+    # Accepted steps before spikes are looked for (the workers need at least one to have a mean).
+    warmup_steps: int = Field(default=10, ge=1)
     max_consecutive_spikes: int = Field(default=10, ge=1)
     # The same step crashing a worker this many times makes its samples skipped.
     crash_repeats: int = Field(default=2, ge=1)

@@ -59,6 +59,8 @@ def _common_env(spec: JobSettings, placement: Placement, generation: int,
         "TRAINERD_CHECKPOINT_KEEP": str(spec.checkpoint.keep),
         "TRAINERD_RESUME_FROM": "" if resume is None else resume.path,
         "TRAINERD_SPIKE_FACTOR": repr(spec.data_skip.spike_factor),
+        "TRAINERD_SPIKE_ZSCORE": repr(spec.data_skip.spike_zscore),
+        "TRAINERD_SPIKE_CEILING": repr(spec.data_skip.spike_ceiling),
         "TRAINERD_SPIKE_WARMUP_STEPS": str(spec.data_skip.warmup_steps),
     }
     if spec.global_batch is not None and spec.micro_batch is not None:

@@ -91,6 +91,10 @@ JOB = "job:\n  entrypoint: ['{python}', 'train.py']\n"
         (JOB + "  env: {LD_PRELOAD: /tmp/x.so}\n", "job: env may not set LD_PRELOAD: the dynamic loader"),
         (JOB + "  env: {PYTHONPATH: /tmp}\n", "job: env may not set PYTHONPATH: it changes which code"),
         (JOB + "  env: {TRAINERD_DEBUG: '1'}\n", "job: env may not set TRAINERD_DEBUG: TRAINERD_ names are trainerd's"),
+        (JOB + "  data_skip:\n    spike_zscore: .inf\n", "job.data_skip.spike_zscore: Input should be a finite number"),
+        (JOB + "  data_skip:\n    spike_ceiling: 1\n", "job.data_skip.spike_ceiling: Input should be greater than 1"),
+        (JOB + "  data_skip:\n    warmup_steps: 0\n",
+         "job.data_skip.warmup_steps: Input should be greater than or equal to 1"),
     ],
 )
 def test_job_mistakes_name_the_key(tmp_path: Path, text: str, expected: str) -> None:

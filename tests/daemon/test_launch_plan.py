@@ -11,7 +11,8 @@ from daemon.job.launch_plan import node_processes, scheduler_port
 from daemon.job.placement import NodeOffer, place
 from daemon.job.rank_table import build_rank_table, rank_table_json
 from daemon.membership import DeviceInfo
-from proto.vocabulary import AGENT_ENV, ProcessRole, forbidden_job_env
+from proto.vocabulary import AGENT_ENV, RESERVED_ENV, ProcessRole, forbidden_job_env
+from trainer.runtime.guard_policy import GuardSettings
 
 
 def spec(**overrides) -> JobSettings:
@@ -144,3 +145,17 @@ def test_an_agent_refuses_none_of_the_variables_the_coordinator_sets() -> None:
     names = {name for process in node_processes(spec(), placement, generation=1, node="n0") for name in process.env}
     assert {name: forbidden_job_env(name) for name in names | AGENT_ENV} == dict.fromkeys(names | AGENT_ENV)
     assert forbidden_job_env("LD_PRELOAD") and forbidden_job_env("PYTHONPATH") and forbidden_job_env("TRAINERD_X")
+
+
+@pytest.mark.parametrize("data_skip", [{}, {"spike_factor": 4.5, "spike_zscore": 7.25, "spike_ceiling": 16.0,
+                                           "warmup_steps": 50}, {"spike_factor": float("inf")}])
+def test_the_workers_read_the_guard_settings_the_job_asked_for(data_skip: dict) -> None:
+    """The cluster file's job.data_skip reaches the worker's guard through the launch environment unchanged."""
+    job = spec(data_skip=data_skip)
+    placement = place(job, [NodeOffer("n0", "10.0.0.1", (DeviceInfo(0, "", "cpu"),))])
+    _, worker = node_processes(job, placement, generation=1, node="n0")
+    settings = GuardSettings.from_environ(worker.env)
+    skip = job.data_skip
+    assert (settings.spike_factor, settings.spike_zscore, settings.spike_ceiling, settings.warmup_steps) == (
+        skip.spike_factor, skip.spike_zscore, skip.spike_ceiling, skip.warmup_steps)
+    assert {name for name in worker.env if name.startswith("TRAINERD_SPIKE_")} <= RESERVED_ENV

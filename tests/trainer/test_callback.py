@@ -132,7 +132,8 @@ def test_checkpoints_follow_the_schedule_and_the_request_and_verify(reference: t
         assert (manifest.world_size, meta.step, meta.consumed_samples, meta.data_seed, meta.grad_accumulation,
                 meta.skip_ledger) == (1, step, step * GLOBAL_BATCH, 0, 2, ((64, 96),))
     tensors, _ = load_checkpoint(step_dir(root, 10), 0, 1)
-    assert set(WEIGHTS) | {"moments.fc1.weight", "global_step", "guard.norm_mean", "guard.accepted_steps"} <= set(tensors)
+    assert set(WEIGHTS) | {"moments.fc1.weight", "global_step", "guard.log_norm_mean", "guard.log_norm_var",
+                           "guard.accepted_steps"} <= set(tensors)
     assert int(tensors["guard.accepted_steps"]) == 9  # ten steps, one skipped
     assert same({name: tensors[name] for name in WEIGHTS}, traced(root, 0, 10))
 

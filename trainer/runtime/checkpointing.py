@@ -165,9 +165,11 @@ class TrainingCheckpoints:
         except (CheckpointError, OSError) as exc:
             raise CheckpointUnreadable(f"cannot resume from checkpoint {path}: {exc}") from exc
         from trainer.checkpoint.mindspore_io import load_numpy_into
+        from trainer.runtime.guard import check_guard_state
 
         meta = manifest.meta
         try:
+            check_guard_state(tensors.keys(), *self._cells)
             load_numpy_into(tensors, *self._cells)
         except CheckpointError as exc:
             raise CheckpointUnreadable(f"cannot resume from checkpoint {path}: {exc}") from exc

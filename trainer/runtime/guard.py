@@ -9,60 +9,94 @@ would come too late (the weights are spoiled by then). The rule is `trainer.runt
     reason = skip_reason(bool(accepted.asnumpy()), loss, norm)  # None, or the bad-batch report's reason
 
 Every rank decides alike: the loss is the all-reduced mean and the norm is that of the all-reduced
-gradients. The guard's state is two Parameters, `guard.norm_mean` (float32) and `guard.accepted_steps`
-(int32): checkpoint them with the network and the optimizer (`parameters_to_numpy(network, optimizer,
-guard)`) so a resumed job judges spikes exactly as the uninterrupted one would.
+gradients. The guard's state is three Parameters, `guard.log_norm_mean`, `guard.log_norm_var` (float32)
+and `guard.accepted_steps` (int32): checkpoint them with the network and the optimizer
+(`parameters_to_numpy(network, optimizer, guard)`) so a resumed job judges spikes as the uninterrupted one
+would. A checkpoint of the guard before it (whose state was `guard.norm_mean`, a running mean of the norm
+itself) cannot be resumed with it: `check_guard_state` refuses it in one line.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 
 import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
+from trainer.checkpoint.errors import CheckpointError
 from trainer.runtime.guard_policy import GuardSettings
 
-NORM_MEAN = "guard.norm_mean"
+LOG_NORM_MEAN = "guard.log_norm_mean"
+LOG_NORM_VAR = "guard.log_norm_var"
 ACCEPTED_STEPS = "guard.accepted_steps"
+RETIRED_NORM_MEAN = "guard.norm_mean"  # the state of the guard before the z-score rule
 
 
 class StepGuard(nn.Cell):
     """`guard(loss, norm) -> accepted` (a bool scalar Tensor): judges one step and, when it is accepted,
-    updates the running mean and the count. Call it once per step inside the step's graph and apply the
-    update only when it accepts; `guard_policy.skip_reason(accepted, loss, norm)` names a skip's reason.
+    updates the running mean and variance of log(norm) and the count. Call it once per step inside the
+    step's graph and apply the update only when it accepts; `guard_policy.skip_reason(accepted, loss, norm)`
+    names a skip's reason.
 
     Few kernels by design (each costs microseconds on a CPU): the checks are one comparison,
-    `(loss - loss) + (norm - norm) + norm <= limit`, false for a NaN or infinite loss or norm (x - x is NaN
-    for those, and NaN compares false) and for a spike. (No clamping with `minimum(x, float32 max)`: in
-    GRAPH mode MindSpore 2.10 simplifies that to x, also when x is infinite.)
+    `(loss - loss) + (log(norm) - mean) <= limit`, false for a NaN or infinite loss (loss - loss is NaN, and
+    NaN compares false), a NaN norm (its log is NaN), an infinite one (the limit is finite: the largest
+    float32 in the warm-up) and a spike; the limit's logarithms are taken here. The clamp of the rule comes
+    after the check: `maximum(NaN, y)` is y on MindSpore's CPU, and would hide a NaN norm. (No clamping with
+    `minimum(x, float32 max)` either: in GRAPH mode MindSpore 2.10 simplifies that to x, also when x is
+    infinite.)
     """
 
     def __init__(self, settings: GuardSettings | None = None) -> None:
         super().__init__(auto_prefix=False)
         settings = settings or GuardSettings()
         self.settings = settings
-        self.norm_mean = ms.Parameter(ms.Tensor(0.0, ms.float32), name=NORM_MEAN, requires_grad=False)
+        self.log_norm_mean = ms.Parameter(ms.Tensor(0.0, ms.float32), name=LOG_NORM_MEAN, requires_grad=False)
+        self.log_norm_var = ms.Parameter(ms.Tensor(0.0, ms.float32), name=LOG_NORM_VAR, requires_grad=False)
         self.accepted_steps = ms.Parameter(ms.Tensor(0, ms.int32), name=ACCEPTED_STEPS, requires_grad=False)
-        self._spike_check = math.isfinite(settings.spike_factor)  # inf turns it off (and inf × 0 would be NaN)
-        self._spike_factor = ms.Tensor(settings.spike_factor if self._spike_check else 0.0, ms.float32)
+        self._spike_check = settings.spike_check
+        self._log_floor = ms.Tensor(math.log(settings.spike_factor) if self._spike_check else 0.0, ms.float32)
+        self._log_ceiling = ms.Tensor(math.log(settings.spike_ceiling), ms.float32)
+        self._zscore = ms.Tensor(settings.spike_zscore, ms.float32)
         self._warmup_steps = ms.Tensor(settings.warmup_steps, ms.int32)
         self._mean_horizon = ms.Tensor(settings.mean_horizon, ms.int32)
-        self._infinity = ms.Tensor(np.inf, ms.float32)
-        self._zero = ms.Tensor(0.0, ms.float32)
+        self._lowest_delta = ms.Tensor(-math.log(settings.spike_ceiling), ms.float32)
+        self._no_limit = ms.Tensor(np.finfo(np.float32).max, ms.float32)
 
     def construct(self, loss: ms.Tensor, norm: ms.Tensor) -> ms.Tensor:
-        mean = self.norm_mean
+        mean = self.log_norm_mean
+        var = self.log_norm_var
         count = self.accepted_steps
-        limit = self._infinity
+        excess = ops.log(norm) - mean
+        limit = self._no_limit
         if self._spike_check:
-            limit = ops.select(count >= self._warmup_steps, self._spike_factor * mean, self._infinity)
-        accepted = (loss - loss) + (norm - norm) + norm <= limit
+            spread = ops.minimum(self._zscore * ops.sqrt(var), self._log_ceiling)
+            limit = ops.select(count >= self._warmup_steps, ops.maximum(self._log_floor, spread), self._no_limit)
+        accepted = (loss - loss) + excess <= limit
+        delta = ops.maximum(excess, self._lowest_delta)
         weight = ops.cast(ops.minimum(count + 1, self._mean_horizon), ms.float32)
-        ops.assign_add(self.norm_mean, ops.select(accepted, (norm - mean) / weight, self._zero))
+        mean_step = delta / weight
+        new_mean = mean + mean_step
+        new_var = var + (delta * (delta - mean_step) - var) / weight
+        ops.assign(self.log_norm_mean, ops.select(accepted, new_mean, mean))
+        ops.assign(self.log_norm_var, ops.select(accepted, new_var, var))
         ops.assign_add(self.accepted_steps, ops.cast(accepted, ms.int32))
         return accepted
+
+
+def check_guard_state(state: Collection[str], *cells: nn.Cell) -> None:
+    """Raises CheckpointError when a checkpoint holding the parameter names `state` is to be loaded into
+    cells that include a StepGuard but holds the state of the guard before it (`guard.norm_mean`): a running
+    mean of the norm gives neither the mean nor the spread of its logarithm, so the resumed run would judge
+    spikes against made-up figures."""
+    if LOG_NORM_MEAN in state or RETIRED_NORM_MEAN not in state:
+        return
+    if any(param.name == LOG_NORM_MEAN for cell in cells for param in cell.get_parameters()):
+        raise CheckpointError(f"it holds the bad-batch guard state of an older trainerd ({RETIRED_NORM_MEAN}), "
+                              f"which the z-score guard ({LOG_NORM_MEAN}, {LOG_NORM_VAR}) cannot judge spikes "
+                              "with: resume it with the trainerd that wrote it, or start the job afresh")
 
 
 class GuardedApplyGradients(nn.Cell):

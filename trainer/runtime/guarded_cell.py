@@ -20,8 +20,8 @@ trainerd), each input's leading dimension is split into n equal micro batches, r
 loss and the gradients are their means. `trainerd_dataset` makes each row the n micro batches of one step,
 so the global batch stays what the job asked for at any world size.
 
-The guard's state (`guard.norm_mean`, `guard.accepted_steps`) is a pair of Parameters of this cell, so
-TrainerdCallback's checkpoints, which hold every parameter of the train network, carry it across a resume.
+The guard's state (`guard.log_norm_mean`, `guard.log_norm_var`, `guard.accepted_steps`) is Parameters of this
+cell, so TrainerdCallback's checkpoints, which hold every parameter of the train network, carry it across a resume.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class GuardedTrainOneStepCell(nn.Cell):
     norm before clipping (float32), and whether the optimizer updated (a bool scalar).
 
     `network` is the network with its loss (e.g. `nn.WithLossCell`), `sens` as for `nn.TrainOneStepCell`;
-    `guard_settings` default to the launch's (TRAINERD_SPIKE_FACTOR, TRAINERD_SPIKE_WARMUP_STEPS);
+    `guard_settings` default to the launch's (`GuardSettings.from_environ`: TRAINERD_SPIKE_FACTOR, ...);
     `max_grad_norm`, when given, clips accepted gradients to that global norm.
     """
 
