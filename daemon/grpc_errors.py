@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,7 @@ from daemon.job.controller import CommandRefused
 from daemon.job.skip_ledger import BadRange
 from daemon.job.state import IllegalTransition
 from daemon.leader import LeadershipLost
-from daemon.method_handlers import wrapped
+from daemon.method_handlers import WrappingInterceptor
 from daemon.peer_auth import PermissionDenied
 from daemon.store.codec import BadValue
 from daemon.store.interface import StoreError, StoreUnavailable
@@ -124,17 +124,9 @@ def _mapped(behavior: Callable[[Any, grpc.aio.ServicerContext], Any], method: st
     return call
 
 
-class ErrorStatusInterceptor(grpc.aio.ServerInterceptor):
+class ErrorStatusInterceptor(WrappingInterceptor):
     """Applies STATUS_TABLE to every method of every service on the server (all are coroutines or
     async generators, as grpc.aio servicers are)."""
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
-        method = handler_call_details.method
-        return wrapped(handler, lambda behavior: _mapped(behavior, method))
+    def __init__(self) -> None:
+        super().__init__(_mapped)

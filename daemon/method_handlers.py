@@ -4,7 +4,7 @@ serializers, its behavior wrapped. The error table (daemon/grpc_errors.py) and t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -23,3 +23,21 @@ def wrapped(handler: grpc.RpcMethodHandler, wrap: Callable[[Behavior], Behavior]
     if handler.stream_unary is not None:
         return grpc.stream_unary_rpc_method_handler(wrap(handler.stream_unary), **serializers)
     return grpc.stream_stream_rpc_method_handler(wrap(handler.stream_stream), **serializers)
+
+
+class WrappingInterceptor(grpc.aio.ServerInterceptor):
+    """Wraps the behavior of every method on the server with `wrap(behavior, method name)`."""
+
+    def __init__(self, wrap: Callable[[Behavior, str], Behavior]) -> None:
+        self._wrap = wrap
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        return wrapped(handler, lambda behavior: self._wrap(behavior, method))

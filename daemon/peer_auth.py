@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import enum
 import inspect
-from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any
 
@@ -23,7 +22,7 @@ import grpc
 
 from daemon.certs import CertificateError, PeerIdentity, PeerKind, peer_identity
 from daemon.errors import PermanentError
-from daemon.method_handlers import Behavior, wrapped
+from daemon.method_handlers import Behavior, WrappingInterceptor
 
 
 class PermissionDenied(PermanentError):
@@ -106,18 +105,10 @@ def _checked(behavior: Behavior, method: str) -> Behavior:
     return call
 
 
-class PeerAuthorizationInterceptor(grpc.aio.ServerInterceptor):
+class PeerAuthorizationInterceptor(WrappingInterceptor):
     """Checks every call's client certificate against METHOD_ACCESS before the servicer runs. Install it
     after ErrorStatusInterceptor (which then answers its PermissionDenied) and only on a TLS server that
     requires client certificates."""
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
-        method = handler_call_details.method
-        return wrapped(handler, lambda behavior: _checked(behavior, method))
+    def __init__(self) -> None:
+        super().__init__(_checked)
