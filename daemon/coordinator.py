@@ -227,6 +227,8 @@ class Coordinator:
 
     def _leave_office(self) -> None:
         self.leadership = None
+        if self.job is not None:
+            self.job.forget_metrics()
         self._on_leadership_change(False)
         for session in list(self._sessions.values()):
             session.closed.set()

@@ -36,6 +36,7 @@ from daemon.job.commands import (
 )
 from daemon.events import EVENTS_PAGE
 from daemon.log_relay import MAX_LOG_READ_BYTES, LogChunk
+from daemon.job.goodput import Phase
 from daemon.job.observation import SkippedBatch, ProcessReport, ProgressReport, RootCause
 from daemon.membership import DeviceInfo
 from daemon.message_checks import MAX_RANK, MalformedMessage
@@ -119,6 +120,10 @@ def job_to_proto(job: JobView) -> pb.JobStatus:
         if recovery.resumed_from_step is not None:
             phases.resumed_from_step = recovery.resumed_from_step
         status.last_recovery.CopyFrom(phases)
+    if job.goodput is not None:
+        goodput = job.goodput
+        status.goodput.CopyFrom(pb.Goodput(ratio=goodput.ratio, wall_s=goodput.wall_s, **{
+            f"{phase.value}_s": goodput.seconds.get(phase, 0.0) for phase in Phase}))
     if job.last_failure is not None:
         f = job.last_failure
         status.last_failure.CopyFrom(pb.Failure(cause=f.cause.value, node=f.node, rank=f.rank, exit_code=f.exit_code,
@@ -162,7 +167,8 @@ def progress_report(p: pb.Progress) -> ProgressReport:
         check.rank(p.rank), check.step(p.step), p.loss, p.grad_norm,
         check.finite(p.samples_per_s, "samples_per_s", 0.0, check.MAX_SAMPLES_PER_S),
         check.sample_position(p.consumed_samples, "consumed_samples"),
-        epoch=check.step(p.epoch, "epoch") if p.HasField("epoch") else None, from_output=p.from_output)
+        epoch=check.step(p.epoch, "epoch") if p.HasField("epoch") else None, from_output=p.from_output,
+        checkpoint_stall_s=check.finite(p.checkpoint_stall_s, "checkpoint_stall_s", 0.0, check.MAX_STALL_S))
 
 
 def skipped_batch(b: pb.BadBatch) -> tuple[int, SkippedBatch]:

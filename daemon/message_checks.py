@@ -17,6 +17,8 @@ MAX_GENERATION = 1 << 40
 MAX_STEP = 1 << 62  # steps, epochs, sample positions: with room for the sums the decisions make
 MAX_SAMPLE_POSITION = 10**15  # consumed samples and skipped ranges (the skip ledger's bound)
 MAX_SAMPLES_PER_S = 1e12
+# A year: a rank's checkpoint stall in one generation is far less.
+MAX_STALL_S = 365 * 86400.0
 MAX_PROCESSES_PER_HEARTBEAT = 256
 MAX_DEVICE_ID = 1 << 16
 MAX_HELLO_TEXT_CHARS = 255

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import Counter, Gauge, Histogram
 
 HEARTBEATS = Counter("trainerd_heartbeats_total", "Heartbeats received from agents.")
@@ -27,3 +29,39 @@ AGENT_MESSAGES_DROPPED = Counter(
     "trainerd_agent_messages_dropped_total",
     "Agent messages dropped: malformed, about a rank not placed on the sending node, or failing.", ["reason"])
 SESSIONS_REFUSED = Counter("trainerd_sessions_refused_total", "Session streams refused: too many open at once.")
+
+# Per job, labelled `job_name` (a plain `job` label would clash with the scrape job's, which
+# Prometheus keeps, renaming ours to exported_job). Set by the leader on every pass; a coordinator
+# that stands down removes its series.
+JOB_GOODPUT_RATIO = Gauge("trainerd_job_goodput_ratio",
+                          "Productive seconds over wall seconds of the job (daemon/job/goodput.py).", ["job_name"])
+JOB_PHASE_SECONDS = Gauge(
+    "trainerd_job_phase_seconds_total",
+    "Seconds of the job's wall time in each phase. A gauge: a fault detected late moves seconds from "
+    "productive, lost_work or startup to detection, a reported checkpoint stall from productive or lost_work.",
+    ["job_name", "phase"])
+JOB_STEP = Gauge("trainerd_job_step", "The newest step a rank of the job's generation reported.", ["job_name"])
+JOB_STEP_SECONDS = Gauge("trainerd_job_step_seconds",
+                         "Seconds per optimizer step: global_batch over the reported samples/s, else the "
+                         "generation's step rate.", ["job_name"])
+JOB_LOSS = Gauge("trainerd_job_loss", "The job's loss: the mean over ranks of the last one each reported.",
+                 ["job_name"])
+JOB_SAMPLES_PER_SECOND = Gauge("trainerd_job_samples_per_second", "Global samples per second the job trains.",
+                               ["job_name"])
+JOB_GAUGES = (JOB_GOODPUT_RATIO, JOB_STEP, JOB_STEP_SECONDS, JOB_LOSS, JOB_SAMPLES_PER_SECOND)
+
+
+def set_job_gauge(gauge: Gauge, job: str, value: float | None) -> None:
+    """Set the job's series, or remove it while the value is unknown (a gap, not a stale number)."""
+    if value is None:
+        gauge.remove(job)
+    else:
+        gauge.labels(job).set(value)
+
+
+def forget_job(job: str, phases: Iterable[str]) -> None:
+    """Remove every series of `job` (this coordinator no longer leads it)."""
+    for gauge in JOB_GAUGES:
+        gauge.remove(job)
+    for phase in phases:
+        JOB_PHASE_SECONDS.remove(job, phase)

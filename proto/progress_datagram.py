@@ -7,7 +7,8 @@ datagram, so a dropped report costs that report only and can never leave the str
 Wire format (strict JSON, UTF-8, at most MAX_DATAGRAM_BYTES):
 
     {"schema": 1, "kind": "step", "job": "mnist", "generation": 3, "rank": 0, "step": 120,
-     "loss": 0.31, "grad_norm": 1.7, "samples_per_s": 5400.0, "consumed_samples": 7680}
+     "loss": 0.31, "grad_norm": 1.7, "samples_per_s": 5400.0, "consumed_samples": 7680,
+     "checkpoint_stall_s": 0.42}
     {"schema": 1, "kind": "event", "job": "mnist", "generation": 3, "rank": 0, "event": "finished", "step": 500}
     {"schema": 1, "kind": "checkpoint", "job": "mnist", "generation": 3, "rank": 0, "step": 400,
      "consumed_samples": 25600, "path": "/ckpt/mnist/step_00000400"}
@@ -16,7 +17,9 @@ Wire format (strict JSON, UTF-8, at most MAX_DATAGRAM_BYTES):
 
 `loss` and `grad_norm` may be non-finite (that is how a bad batch shows); strict JSON has no NaN,
 so they travel as the strings "NaN", "Infinity" and "-Infinity". Readers ignore fields they do not
-know, so adding a field does not need a new schema number; changing one does.
+know, so adding a field does not need a new schema number; changing one does. A field added later is
+optional, with a default, so that a reader still takes a writer that predates it
+(`checkpoint_stall_s`, default 0).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class StepReport:
     grad_norm: float        # global norm of the all-reduced gradients, before clipping
     samples_per_s: float    # global samples per second over this step
     consumed_samples: int   # global samples consumed by the job after this step
+    checkpoint_stall_s: float = 0.0  # seconds this rank's step loop blocked on checkpoint saves, in all
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,7 @@ def encode(message: ProgressMessage) -> bytes:
             "kind": "step", "step": message.step, "loss": _float_to_wire(message.loss),
             "grad_norm": _float_to_wire(message.grad_norm), "samples_per_s": _float_to_wire(message.samples_per_s),
             "consumed_samples": message.consumed_samples,
+            "checkpoint_stall_s": _float_to_wire(message.checkpoint_stall_s),
         }
     elif isinstance(message, EventReport):
         body |= {"kind": "event", "event": str(message.event), "step": message.step}
@@ -162,6 +167,7 @@ def decode(data: bytes) -> ProgressMessage:
             **common, loss=_float(body, "loss"), grad_norm=_float(body, "grad_norm"),
             samples_per_s=_float(body, "samples_per_s", finite=True),
             consumed_samples=_int(body, "consumed_samples", _MAX_INT64),
+            checkpoint_stall_s=_float(body, "checkpoint_stall_s", finite=True) if "checkpoint_stall_s" in body else 0.0,
         )
     if kind == "event":
         event = _field(body, "event", str)

@@ -121,7 +121,7 @@ class ProcessStarted(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., role: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class Progress(_message.Message):
-    __slots__ = ("generation", "rank", "step", "loss", "grad_norm", "samples_per_s", "consumed_samples", "epoch", "from_output")
+    __slots__ = ("generation", "rank", "step", "loss", "grad_norm", "samples_per_s", "consumed_samples", "epoch", "from_output", "checkpoint_stall_s")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +131,7 @@ class Progress(_message.Message):
     CONSUMED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     FROM_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_STALL_S_FIELD_NUMBER: _ClassVar[int]
     generation: int
     rank: int
     step: int
@@ -140,7 +141,8 @@ class Progress(_message.Message):
     consumed_samples: int
     epoch: int
     from_output: bool
-    def __init__(self, generation: _Optional[int] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., grad_norm: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., consumed_samples: _Optional[int] = ..., epoch: _Optional[int] = ..., from_output: _Optional[bool] = ...) -> None: ...
+    checkpoint_stall_s: float
+    def __init__(self, generation: _Optional[int] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., grad_norm: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., consumed_samples: _Optional[int] = ..., epoch: _Optional[int] = ..., from_output: _Optional[bool] = ..., checkpoint_stall_s: _Optional[float] = ...) -> None: ...
 
 class BadBatch(_message.Message):
     __slots__ = ("generation", "rank", "step", "sample_start", "sample_end", "reason", "loss", "grad_norm")
@@ -545,8 +547,32 @@ class RecoveryPhases(_message.Message):
     resumed_from_step: int
     def __init__(self, cause: _Optional[str] = ..., stop_s: _Optional[float] = ..., relaunch_s: _Optional[float] = ..., first_step_s: _Optional[float] = ..., total_s: _Optional[float] = ..., resumed_from_step: _Optional[int] = ...) -> None: ...
 
+class Goodput(_message.Message):
+    __slots__ = ("ratio", "wall_s", "productive_s", "lost_work_s", "detection_s", "relaunch_s", "startup_s", "checkpoint_stall_s", "waiting_s", "paused_s")
+    RATIO_FIELD_NUMBER: _ClassVar[int]
+    WALL_S_FIELD_NUMBER: _ClassVar[int]
+    PRODUCTIVE_S_FIELD_NUMBER: _ClassVar[int]
+    LOST_WORK_S_FIELD_NUMBER: _ClassVar[int]
+    DETECTION_S_FIELD_NUMBER: _ClassVar[int]
+    RELAUNCH_S_FIELD_NUMBER: _ClassVar[int]
+    STARTUP_S_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_STALL_S_FIELD_NUMBER: _ClassVar[int]
+    WAITING_S_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_S_FIELD_NUMBER: _ClassVar[int]
+    ratio: float
+    wall_s: float
+    productive_s: float
+    lost_work_s: float
+    detection_s: float
+    relaunch_s: float
+    startup_s: float
+    checkpoint_stall_s: float
+    waiting_s: float
+    paused_s: float
+    def __init__(self, ratio: _Optional[float] = ..., wall_s: _Optional[float] = ..., productive_s: _Optional[float] = ..., lost_work_s: _Optional[float] = ..., detection_s: _Optional[float] = ..., relaunch_s: _Optional[float] = ..., startup_s: _Optional[float] = ..., checkpoint_stall_s: _Optional[float] = ..., waiting_s: _Optional[float] = ..., paused_s: _Optional[float] = ...) -> None: ...
+
 class JobStatus(_message.Message):
-    __slots__ = ("name", "state", "generation", "world_size", "step", "restarts", "last_checkpoint_step", "skipped_batches", "loss", "samples_per_s", "ranks", "last_failure", "crash_restarts", "restart_budget", "last_recovery", "waiting_for", "epoch", "hang_detection")
+    __slots__ = ("name", "state", "generation", "world_size", "step", "restarts", "last_checkpoint_step", "skipped_batches", "loss", "samples_per_s", "ranks", "last_failure", "crash_restarts", "restart_budget", "last_recovery", "waiting_for", "epoch", "hang_detection", "goodput")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -565,6 +591,7 @@ class JobStatus(_message.Message):
     WAITING_FOR_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     HANG_DETECTION_FIELD_NUMBER: _ClassVar[int]
+    GOODPUT_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: str
     generation: int
@@ -583,7 +610,8 @@ class JobStatus(_message.Message):
     waiting_for: str
     epoch: int
     hang_detection: bool
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., restarts: _Optional[int] = ..., last_checkpoint_step: _Optional[int] = ..., skipped_batches: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankStatus, _Mapping]]] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., crash_restarts: _Optional[int] = ..., restart_budget: _Optional[int] = ..., last_recovery: _Optional[_Union[RecoveryPhases, _Mapping]] = ..., waiting_for: _Optional[str] = ..., epoch: _Optional[int] = ..., hang_detection: _Optional[bool] = ...) -> None: ...
+    goodput: Goodput
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., restarts: _Optional[int] = ..., last_checkpoint_step: _Optional[int] = ..., skipped_batches: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankStatus, _Mapping]]] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., crash_restarts: _Optional[int] = ..., restart_budget: _Optional[int] = ..., last_recovery: _Optional[_Union[RecoveryPhases, _Mapping]] = ..., waiting_for: _Optional[str] = ..., epoch: _Optional[int] = ..., hang_detection: _Optional[bool] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("coordinator", "nodes", "job")

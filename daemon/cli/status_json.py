@@ -43,6 +43,16 @@ def _recovery_to_json(recovery: pb.RecoveryPhases) -> dict:
             **{f"{phase}_s": _optional(recovery, f"{phase}_s") for phase in RECOVERY_PHASES}}
 
 
+# The phases of the job's wall time, in the order status prints them (daemon/job/goodput.py).
+GOODPUT_PHASES = ("productive", "lost_work", "detection", "relaunch", "startup", "checkpoint_stall", "waiting",
+                  "paused")
+
+
+def _goodput_to_json(goodput: pb.Goodput) -> dict:
+    return {"ratio": goodput.ratio, "wall_s": goodput.wall_s,
+            "phases": {f"{phase}_s": getattr(goodput, f"{phase}_s") for phase in GOODPUT_PHASES}}
+
+
 def _job_to_json(job: pb.JobStatus) -> dict:
     failure = job.last_failure if job.HasField("last_failure") else None
     return {
@@ -68,4 +78,5 @@ def _job_to_json(job: pb.JobStatus) -> dict:
             "location": failure.location or None,
         },
         "last_recovery": _recovery_to_json(job.last_recovery) if job.HasField("last_recovery") else None,
+        "goodput": _goodput_to_json(job.goodput) if job.HasField("goodput") else None,
     }

@@ -22,7 +22,7 @@ from rich.table import Table
 
 from common.config_file import ConfigError, parse_host_port
 from common.tls_files import TLS_ENV, TLS_OPTION_NAMES, TlsFiles, read_tls_files, tls_settings_from_options
-from daemon.cli.status_json import RECOVERY_PHASES, status_to_json
+from daemon.cli.status_json import GOODPUT_PHASES, RECOVERY_PHASES, status_to_json
 from daemon.events import EVENTS_PAGE
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
@@ -415,6 +415,11 @@ def print_status(data: dict) -> None:
                            if recovery[phase + "_s"] is not None)
         console.print(f"last recovery ({recovery['cause']}, from step {_or_dash(recovery['resumed_from_step'])}): "
                       f"{phases or 'in progress'}")
+    goodput = job["goodput"]
+    if goodput is not None:
+        spent = "  ".join(f"{phase.replace('_', ' ')} {goodput['phases'][phase + '_s']:.1f}s"
+                          for phase in GOODPUT_PHASES if goodput["phases"][phase + "_s"] >= 0.05)
+        console.print(f"goodput {goodput['ratio']:.1%} of {goodput['wall_s']:.1f}s: {spent or 'nothing yet'}")
 
 
 def _or_dash(value, spec: str = "") -> str:

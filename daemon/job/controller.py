@@ -27,6 +27,7 @@ from daemon.errors import PermanentError
 from daemon.events import EventLog
 from daemon.job.catalog import CheckpointCatalog, CheckpointEntry, inside_root
 from daemon.job.commands import CheckpointNowCommand, LaunchCommand, RequestExitCommand, StopCommand
+from daemon.job.goodput import GoodputAccountant, GoodputSnapshot, JobMoment, Phase, fault_time
 from daemon.job.decide import (
     AddSkip,
     CheckpointRequest,
@@ -58,6 +59,10 @@ from daemon.store.interface import Fence, Store
 from proto.vocabulary import JobState, ProcessRole
 
 log = logging.getLogger(__name__)
+
+# The leader saves the goodput totals this often, and whenever the phase changes: a leader that
+# dies takes at most this much of the current phase's accounting detail with it (see GoodputAccountant).
+GOODPUT_SAVE_INTERVAL_S = 5.0
 
 
 class CommandRefused(PermanentError):
@@ -101,6 +106,7 @@ class JobView:
     skipped_batches: int
     epoch: int | None = None  # the lowest epoch a rank reported from its output
     hang_detection: bool = False  # a rank of the live generation showed progress: hangs are judged
+    goodput: GoodputSnapshot | None = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +139,9 @@ class JobController:
         self._unrecorded_checkpoints: list[CheckpointEntry] = []
         self.recovery: RecoveryTimeline | None = None
         self._dropped = RateLimitedLog(log, clock)
+        self._goodput_store = FencedCache(store, keys.job_goodput(spec.name), _saved_goodput)
+        self.goodput = GoodputAccountant(clock)
+        self._goodput_saved: tuple[float, Phase | None] | None = None  # when, and in which phase
 
     # ------------------------------------------------------------ durable state
 
@@ -156,6 +165,9 @@ class JobController:
             await self._write_record(JobRecord(JobState.PENDING), fence)
         await self.catalog.load()
         await self.ledger.load()
+        await self._goodput_store.load()
+        self.goodput = GoodputAccountant(self._clock, self._goodput_store.get(keys.job_goodput(name)))
+        self._goodput_saved = None
         self._unrecorded_skips = []
         self.generation = None
         self.observation = None
@@ -175,6 +187,7 @@ class JobController:
             self.recovery = RecoveryTimeline("takeover", now)
         if self.record.exit_requested_generation == self.record.generation and not self.record.between_generations:
             self._exit_request = ExitRequest("a graceful exit was asked for before this coordinator took over", now)
+        self._account()
         log.info("job %s: %s, generation %d", name, self.record.state.value, self.record.generation)
 
     async def _write_record(self, record: JobRecord, fence: Fence) -> None:
@@ -221,12 +234,15 @@ class JobController:
         observation = self.observation
         if observation is not None:
             observation.agent_generation[node] = generation
+            observation.heard_at[node] = self._clock.now()
             self._note_idle(observation)
 
     def progress_report(self, generation: int, node: str, report: ProgressReport) -> None:
         observation = self._placed(generation, node, report.rank, "progress")
         if observation is not None:
             observation.record_progress(report, self._clock.now())
+            self.goodput.checkpoint_stall(generation, report.checkpoint_stall_s)
+            self._account()
 
     def stopped_report(self, generation: int, node: str) -> None:
         observation = self._current(generation)
@@ -312,6 +328,9 @@ class JobController:
                 case _:
                     assert_never(action)
         self._resend_launches()
+        self._account()
+        await self._save_goodput(fence)
+        self._export_metrics()
 
     async def _record_checkpoints(self, fence: Fence) -> None:
         while self._unrecorded_checkpoints:
@@ -345,6 +364,9 @@ class JobController:
         now = self._clock.now()
         after = self.record
         observation = self.observation
+        if after.last_failure is not None and after.last_failure is not before.last_failure:
+            self.goodput.fault_detected(fault_time(after.last_failure, observation, now))
+        self._account()
         if after.stopped_generation > before.stopped_generation and observation is not None:
             observation.stop_decided_at = now
             self._note_idle(observation)
@@ -393,6 +415,7 @@ class JobController:
         self.observation = GenerationObservation(number, started_at=now)
         self._checkpoint_request = None
         self._exit_request = None
+        self._account()
         where = "from scratch" if resume is None else f"from the checkpoint at step {resume.step}"
         await self._events.append(
             "generation_started",
@@ -495,6 +518,47 @@ class JobController:
             failures = {n: c for n, c in self.record.node_failures.items() if n != node}
             await self._write_record(self.record.moved_to(self.record.state, node_failures=failures), fence)
 
+    # ------------------------------------------------------------ goodput
+
+    def _account(self) -> None:
+        """Let the goodput accountant see the job as it is now (daemon/job/goodput.py)."""
+        record, generation, observation = self.record, self.generation, self.observation
+        live = generation is not None and observation is not None and not record.between_generations
+        progressing = live and observation is not None and (observation.progress_seen
+                                                             or record.state is JobState.RUNNING)
+        position = observation.newest_position if live and observation is not None else None
+        self.goodput.observe(JobMoment(record.state, record.generation > 0, live, progressing, position))
+
+    async def _save_goodput(self, fence: Fence) -> None:
+        """Save the totals every GOODPUT_SAVE_INTERVAL_S and on every change of phase."""
+        now, phase = self._clock.now(), self.goodput.phase
+        saved = self._goodput_saved
+        if saved is not None and saved[1] is phase and (phase is None or now - saved[0] < GOODPUT_SAVE_INTERVAL_S):
+            return
+        await self._goodput_store.put(keys.job_goodput(self.spec.name), self.goodput.snapshot(), fence)
+        self._goodput_saved = (now, phase)
+
+    def _export_metrics(self) -> None:
+        view, name = self.view(), self.spec.name
+        assert view.goodput is not None
+        metrics.JOB_GOODPUT_RATIO.labels(name).set(view.goodput.ratio)
+        for phase in Phase:
+            metrics.JOB_PHASE_SECONDS.labels(name, phase.value).set(view.goodput.seconds.get(phase, 0.0))
+        metrics.set_job_gauge(metrics.JOB_STEP, name, view.step)
+        metrics.set_job_gauge(metrics.JOB_LOSS, name, view.loss)
+        metrics.set_job_gauge(metrics.JOB_SAMPLES_PER_SECOND, name, view.samples_per_s)
+        metrics.set_job_gauge(metrics.JOB_STEP_SECONDS, name, self._step_seconds(view))
+
+    def _step_seconds(self, view: JobView) -> float | None:
+        if self.spec.global_batch is not None and view.samples_per_s:
+            return self.spec.global_batch / view.samples_per_s
+        steps_per_s = None if self.observation is None else self.observation.steps_per_s()
+        return 1 / steps_per_s if steps_per_s else None
+
+    def forget_metrics(self) -> None:
+        """This coordinator stands down: the new leader exports the job's series."""
+        metrics.forget_job(self.spec.name, [phase.value for phase in Phase])
+
     # ------------------------------------------------------------ status
 
     def view(self) -> JobView:
@@ -510,7 +574,9 @@ class JobController:
             step = observation.min_step(self.generation.placement.world_size)
             if ranks:
                 loss = sum(r.loss for r in ranks) / len(ranks)
-                samples_per_s = sum(r.samples_per_s for r in ranks)
+                # The runtime reports the global rate on every rank; a rate read from output is the rank's.
+                runtime = [r.samples_per_s for r in ranks if not r.from_output]
+                samples_per_s = max(runtime) if runtime else sum(r.samples_per_s for r in ranks)
             epoch = min((r.epoch for r in ranks if r.epoch is not None), default=None)
             hang_detection = observation.progress_seen and not self.record.between_generations
         good = [c.step for c in self.catalog.entries() if c.good]
@@ -518,4 +584,14 @@ class JobController:
                        self.record.restarts, self.record.crash_restarts, self.spec.restart.max, step,
                        good[-1] if good else None, loss, samples_per_s, ranks, self.record.last_failure,
                        self.recovery, self.record.quarantined(self.spec.restart.quarantine_after),
-                       len(self.ledger.entries()), epoch, hang_detection)
+                       len(self.ledger.entries()), epoch, hang_detection, self.goodput.snapshot())
+
+
+def _saved_goodput(data: dict) -> GoodputSnapshot:
+    """The saved totals; ones this trainerd cannot read are started over (a warning), never a reason
+    for a leader not to lead."""
+    try:
+        return GoodputSnapshot.from_json(data)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        log.warning("the saved goodput totals cannot be read (%s); counting starts over", exc)
+        return GoodputSnapshot(phase=None)

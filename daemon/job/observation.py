@@ -92,6 +92,7 @@ class ProgressReport:
     consumed_samples: int
     epoch: int | None = None  # from output such as LossMonitor's "epoch: E step: S"
     from_output: bool = False  # read from the rank's output, not sent by the trainer runtime
+    checkpoint_stall_s: float = 0.0  # the rank's step loop blocked on checkpoint saves, in all this generation
 
     @property
     def position(self) -> tuple[int, int]:
@@ -124,10 +125,12 @@ class GenerationObservation:
     stop_sent: dict[str, float] = field(default_factory=dict)  # node -> when its Stop was sent
     stopped: set[str] = field(default_factory=set)
     agent_generation: dict[str, int] = field(default_factory=dict)  # from each node's last heartbeat
+    heard_at: dict[str, float] = field(default_factory=dict)  # when each node's last heartbeat arrived
     checkpoints: set[int] = field(default_factory=set)  # steps this generation committed
     bad_batches: dict[int, SkippedBatch] = field(default_factory=dict)  # by step
     last_progress_at: float | None = None  # the newest step of any rank; None: no progress yet
     runtime_progress: bool = False  # a rank reported progress through the trainer runtime
+    newest_position: tuple[int, int] | None = None  # the furthest any rank got (ProgressReport.position)
     stop_decided_at: float | None = None
     all_stopped_at: float | None = None
     # Keys of the running processes per node: node_idle is asked for every node on every report.
@@ -145,6 +148,10 @@ class GenerationObservation:
         switched = known is not None and known.from_output != report.from_output
         if known is None or switched or report.position > known.position:
             self.last_progress_at = now
+        if not report.from_output and not self.runtime_progress:
+            self.newest_position = None  # the runtime's global steps replace the steps read from output
+        if self.newest_position is None or report.position > self.newest_position:
+            self.newest_position = report.position
         if known is None or switched:
             self._first_progress[report.rank] = (now, report.step)
         self.runtime_progress = self.runtime_progress or not report.from_output

@@ -55,3 +55,7 @@ def events(job_name: str) -> str:
 
 def event(job_name: str, seq: int) -> str:
     return events(job_name) + f"{seq:012d}"
+
+
+def job_goodput(job_name: str) -> str:
+    return job(job_name) + "goodput"

@@ -120,14 +120,16 @@ class SimCluster:
                 self._report(agent, ProcessReport(name, ProcessRole.WORKER, rank, 200 + rank, True))
 
     def step(self, step: int, samples_per_s: float = 120.0, *, epoch: int | None = None, from_output: bool = False,
-             ranks: tuple[int, ...] | None = None) -> None:
-        """Every rank (or `ranks`) reports `step`: from the trainer runtime, or read from its output."""
+             ranks: tuple[int, ...] | None = None, checkpoint_stall_s: float = 0.0) -> None:
+        """Every rank (or `ranks`) reports `step`: from the trainer runtime, or read from its output;
+        `checkpoint_stall_s`: how long in all its step loop blocked on checkpoint saves."""
         generation = self.job.generation
         for name in generation.placement.nodes:
             for rank in self._ranks_of(name):
                 if ranks is None or rank in ranks:
                     self.coordinator.progress_report(self.agents[name].session, generation.number, ProgressReport(
-                        rank, step, 0.5, 1.0, samples_per_s, step * GLOBAL_BATCH, epoch, from_output))
+                        rank, step, 0.5, 1.0, samples_per_s, step * GLOBAL_BATCH, epoch, from_output,
+                        checkpoint_stall_s))
 
     def crash(self, name: str, rank: int, exit_code: int = 1, signal: int = 0, cause: RootCause | None = None) -> None:
         self._report(self.agents[name], ProcessReport(name, ProcessRole.WORKER, rank, 200 + rank, False,
@@ -171,6 +173,18 @@ class SimCluster:
 
     async def event_kinds(self) -> list[str]:
         return [e.kind for e in await self.coordinator.events(0)]
+
+
+async def take_over(sim: SimCluster) -> SimCluster:
+    """The leader dies; a standby on the same etcd takes over and every agent reconnects to it."""
+    standby = SimCluster(sim.spec, store=sim.store, clock=sim.clock, name="c2")
+    sim.store.stop_keepalive(sim.coordinator.leadership.lease)
+    sim.clock.advance(3.5)
+    sim.store.expire_leases()
+    await standby.lead()
+    for name in sim.agents:
+        await standby.connect(name)
+    return standby
 
 
 async def launched_cluster(nodes=("a", "b", "c"), **overrides) -> SimCluster:

@@ -19,6 +19,7 @@ from tests.daemon.job_sim import (
     job_settings,
     launched_cluster,
     running_cluster,
+    take_over,
 )
 
 SEEN_TRANSITIONS: set[tuple[JobState, JobState]] = set()
@@ -38,18 +39,6 @@ async def waiting_cluster(**overrides) -> SimCluster:
     await sim.tick(0.1)
     assert sim.state is JobState.WAITING
     return sim
-
-
-async def take_over(sim: SimCluster) -> SimCluster:
-    """The leader dies; a standby on the same etcd takes over and every agent reconnects to it."""
-    standby = SimCluster(sim.spec, store=sim.store, clock=sim.clock, name="c2")
-    sim.store.stop_keepalive(sim.coordinator.leadership.lease)
-    sim.clock.advance(3.5)
-    sim.store.expire_leases()
-    await standby.lead()
-    for name in sim.agents:
-        await standby.connect(name)
-    return standby
 
 
 async def transitions(sim: SimCluster) -> list[tuple[str, str]]:

@@ -12,8 +12,7 @@ from daemon.job.observation import ProcessReport, ProgressReport, SkippedBatch
 from daemon.store import codec, keys
 from proto.exit_codes import EXIT_USAGE
 from proto.vocabulary import JobState, ProcessRole
-from tests.daemon.job_sim import GLOBAL_BATCH, SimCluster, running_cluster
-from tests.daemon.test_recovery_decisions import take_over
+from tests.daemon.job_sim import GLOBAL_BATCH, SimCluster, running_cluster, take_over
 
 
 def run(coro):

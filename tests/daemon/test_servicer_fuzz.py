@@ -149,15 +149,21 @@ def agent_messages(generation: int) -> st.SearchStrategy[pb.AgentMessage]:
 
 @st.composite
 def mutated(draw, original: st.SearchStrategy[pb.AgentMessage]) -> pb.AgentMessage | None:
-    """A message whose bytes were flipped, cut or extended; None when they no longer parse."""
+    """A message whose bytes were flipped, cut or extended; None when they no longer parse.
+
+    The draws never depend on the message's length: it follows the coordinator's generation, which a
+    fuzzed Pause and Resume move, and a draw that did would make hypothesis's replays inconsistent."""
     data = bytearray(draw(original).SerializeToString())
     for _ in range(draw(st.integers(1, 4))):
-        if data and draw(st.booleans()):
-            data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
+        flip, where = draw(st.booleans()), draw(st.integers(0, 1 << 16))
+        value, inserted = draw(st.integers(0, 255)), draw(st.binary(min_size=1, max_size=8))
+        if data and flip:
+            data[where % len(data)] = value
         else:
-            data[draw(st.integers(0, len(data))):0] = draw(st.binary(min_size=1, max_size=8))
-    if data and draw(st.booleans()):
-        del data[draw(st.integers(0, len(data) - 1)):]
+            data[where % (len(data) + 1):0] = inserted
+    cut, where = draw(st.booleans()), draw(st.integers(0, 1 << 16))
+    if data and cut:
+        del data[where % len(data):]
     message = pb.AgentMessage()
     try:
         message.ParseFromString(bytes(data))

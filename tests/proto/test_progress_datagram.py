@@ -25,7 +25,7 @@ from proto.progress_datagram import (
 )
 
 STEP = StepReport(job="llm", generation=3, rank=1, step=120, loss=0.31, grad_norm=1.7,
-                  samples_per_s=5400.0, consumed_samples=7680)
+                  samples_per_s=5400.0, consumed_samples=7680, checkpoint_stall_s=0.42)
 EVENT = EventReport(job="llm", generation=3, rank=1, event=WorkerEvent.FINISHED, step=500)
 CHECKPOINT = CheckpointReport(job="llm", generation=3, rank=0, step=400, consumed_samples=25600,
                               path="/ckpt/llm/step_00000400")
@@ -98,6 +98,8 @@ def test_garbage_is_refused(data: bytes, reason: str) -> None:
     ({"samples_per_s": "Infinity"}, "'samples_per_s' must be a finite number"),
     ({"samples_per_s": -1.0}, "'samples_per_s' must be a finite number"),
     ({"consumed_samples": [1]}, "'consumed_samples' must be of type int"),
+    ({"checkpoint_stall_s": -0.5}, "'checkpoint_stall_s' must be a finite number"),
+    ({"checkpoint_stall_s": "NaN"}, "'checkpoint_stall_s' must be a finite number"),
 ])
 def test_bad_fields_are_refused_by_name(change: dict[str, Any], reason: str) -> None:
     with pytest.raises(MalformedProgress, match=reason):
@@ -111,6 +113,14 @@ def test_a_missing_field_is_named(field: str) -> None:
     del body[field]
     with pytest.raises(MalformedProgress, match=f"'{field}' is missing"):
         decode(json.dumps(body).encode())
+
+
+def test_a_step_report_from_a_writer_without_the_checkpoint_stall_reads_as_none_stalled() -> None:
+    """checkpoint_stall_s came later: a worker of an older trainerd still reports its steps."""
+    body = valid_body()
+    del body["checkpoint_stall_s"]
+    message = decode(json.dumps(body).encode())
+    assert isinstance(message, StepReport) and message.checkpoint_stall_s == 0.0 and message.step == STEP.step
 
 
 def test_number_overflow_is_refused() -> None:

@@ -28,6 +28,10 @@ class Reporter:
 
     def __init__(self) -> None:
         self.reports: list[tuple[int, int, str, bool]] = []
+        self.stalls: list[float] = []
+
+    def add_checkpoint_stall(self, seconds: float) -> None:
+        self.stalls.append(seconds)
 
     def checkpoint(self, step: int, consumed_samples: int, path: str) -> None:
         self.reports.append((step, consumed_samples, path, (Path(path) / "manifest.json").is_file()))
@@ -68,6 +72,8 @@ def test_each_save_is_reported_after_its_commit_and_the_last_one_on_close(tmp_pa
     meta = verify_checkpoint(ckpt / "step_00000006").meta
     assert (meta.step, meta.consumed_samples, meta.data_seed, meta.grad_accumulation, meta.skip_ledger) == (
         6, 96, SEED, 2, ())
+    # Each save blocked the step loop for its copy to host memory: the goodput's checkpoint stall.
+    assert len(reporter.stalls) == 3 and all(seconds > 0 for seconds in reporter.stalls)
 
 
 def test_a_resume_restores_every_parameter_bit_for_bit(tmp_path: Path) -> None:

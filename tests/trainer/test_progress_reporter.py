@@ -44,13 +44,14 @@ def test_reports_arrive_in_order(tmp_path: Path) -> None:
         reporter.event(WorkerEvent.STARTED, step=0)
         for step in range(1, 4):
             reporter.step(step, loss=1.0 / step, grad_norm=0.5, samples_per_s=100.0, consumed_samples=64 * step)
+            reporter.add_checkpoint_stall(0.25 if step == 1 else 0.0)  # a save after step 1 blocked 0.25 s
         reporter.event(WorkerEvent.FINISHED, step=3)
 
     with ProgressReporter(str(path), job="llm", generation=2, rank=1) as reporter:
         messages, receiver = asyncio.run(receive(path, send, expected=5))
     assert messages == [
         EventReport("llm", 2, 1, WorkerEvent.STARTED, 0),
-        *(StepReport("llm", 2, 1, s, 1.0 / s, 0.5, 100.0, 64 * s) for s in range(1, 4)),
+        *(StepReport("llm", 2, 1, s, 1.0 / s, 0.5, 100.0, 64 * s, 0.0 if s == 1 else 0.25) for s in range(1, 4)),
         EventReport("llm", 2, 1, WorkerEvent.FINISHED, 3),
     ]
     assert (reporter.sent, reporter.dropped, receiver.received, receiver.malformed) == (5, 0, 5, 0)

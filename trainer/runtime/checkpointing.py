@@ -16,7 +16,9 @@ needed, so importing this module does not load it.
 A save blocks the step only while the parameters are copied to host memory (`CheckpointWriter.save_async`);
 a helper thread waits for the writer, and the step after the save has committed (rank 0) reports it, so the
 report follows the manifest's rename and training never waits on the disk. A save that fails is logged and
-training goes on: the coordinator learns only of committed checkpoints.
+training goes on: the coordinator learns only of committed checkpoints. The time each save blocks the step
+loop (waiting for the previous save, the copy to host memory) is added to the reporter's checkpoint stall,
+which every step report carries to the coordinator's goodput accounting.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from common.clock import Clock, SystemClock
 from proto.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
 from proto.progress_datagram import CheckpointReport, MalformedProgress, encode
 from trainer.checkpoint import CheckpointError, CheckpointMeta, CheckpointWriter, load_checkpoint
@@ -117,6 +120,7 @@ class TrainingCheckpoints:
         grad_accumulation: int,
         skip_ledger: Sequence[tuple[int, int]] = (),
         sharded: Mapping[str, ShardedTensor] | None = None,
+        clock: Clock = SystemClock(),  # stateless, so one shared default is safe
     ) -> None:
         if ctx.rank is None:
             raise ValueError("the scheduler process has no rank and keeps no checkpoints")
@@ -129,6 +133,7 @@ class TrainingCheckpoints:
         self._grad_accumulation = grad_accumulation
         self._skip_ledger = tuple(skip_ledger)
         self._sharded = dict(sharded or {})
+        self._clock = clock
         self._where = f"job {ctx.job} generation {ctx.generation} rank {ctx.rank}/{ctx.world_size}"
         self._completed = 0
         self._in_flight: tuple[CheckpointMeta, Future[Path | None]] | None = None
@@ -208,6 +213,14 @@ class TrainingCheckpoints:
         self.close()
 
     def _save(self, step: int, consumed_samples: int) -> None:
+        """Start the save of `step`; the time it blocks the step loop is reported as checkpoint stall."""
+        started = self._clock.now()
+        try:
+            self._start_save(step, consumed_samples)
+        finally:
+            self._reporter.add_checkpoint_stall(self._clock.now() - started)
+
+    def _start_save(self, step: int, consumed_samples: int) -> None:
         from trainer.checkpoint.mindspore_io import parameters_to_numpy
 
         assert self._writer is not None  # a schedule exists only with a writer

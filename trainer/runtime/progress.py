@@ -49,6 +49,8 @@ class ProgressReporter:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) if socket_path else None
         self.sent = 0
         self.dropped = 0
+        # Seconds this rank's step loop was blocked on checkpoint saves: every step report carries the sum.
+        self.checkpoint_stall_s = 0.0
 
     @classmethod
     def for_rank(cls, ctx: RankContext) -> ProgressReporter:
@@ -60,7 +62,12 @@ class ProgressReporter:
         self._send(StepReport(
             job=self._job, generation=self._generation, rank=self._rank, step=step, loss=loss,
             grad_norm=grad_norm, samples_per_s=samples_per_s, consumed_samples=consumed_samples,
+            checkpoint_stall_s=self.checkpoint_stall_s,
         ))
+
+    def add_checkpoint_stall(self, seconds: float) -> None:
+        """The step loop was blocked `seconds` on a checkpoint save (TrainingCheckpoints tells)."""
+        self.checkpoint_stall_s += max(0.0, seconds)
 
     def event(self, event: WorkerEvent, step: int) -> None:
         """Report an event; send it outside the step loop, as it may wait up to `event_wait_s`."""
