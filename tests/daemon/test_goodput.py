@@ -9,6 +9,7 @@ random event sequences.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -17,6 +18,9 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
 from common.clock import FakeClock
+from daemon.cli.status_json import status_to_json
+from daemon.cli.trainerctl import print_status
+from daemon.grpc_services import status_to_proto
 from daemon.job.goodput import GoodputAccountant, GoodputSnapshot, JobMoment, Phase
 from daemon.store import keys
 from proto.vocabulary import JobState
@@ -185,6 +189,23 @@ def test_every_second_of_the_job_goes_to_its_phase(scenario, overrides: dict, ex
         assert REGISTRY.get_sample_value("trainerd_job_phase_seconds_total",
                                          {"job_name": "job", "phase": "productive"}) == goodput.seconds[P.PRODUCTIVE]
     run(go())
+
+
+def test_status_shows_the_ratio_and_every_phase(capsys: pytest.CaptureFixture[str]) -> None:
+    """What `trainerctl status` prints and `-o json` holds, from the coordinator's own view."""
+    async def go() -> dict:
+        sim = SimCluster(job_settings())
+        await crash_with_lost_work(sim)
+        return status_to_json(status_to_proto(await sim.coordinator.view()))
+    data = run(go())
+    goodput = data["job"]["goodput"]
+    assert goodput["phases"] == {"productive_s": 29.0, "lost_work_s": 6.0, "detection_s": 0.0, "relaunch_s": 1.0,
+                                 "startup_s": 4.0, "checkpoint_stall_s": 0.0, "waiting_s": 0.0, "paused_s": 0.0}
+    assert goodput["wall_s"] == 40.0 and goodput["ratio"] == pytest.approx(29 / 40)
+    json.dumps(data)  # plain JSON
+    print_status(data)
+    assert "goodput 72.5% of 40.0s: productive 29.0s  lost work 6.0s  relaunch 1.0s  startup 4.0s" in \
+        capsys.readouterr().out
 
 
 def test_a_new_leader_carries_the_totals_on_and_counts_the_takeover_in_the_phase_saved() -> None:

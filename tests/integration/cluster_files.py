@@ -13,8 +13,10 @@ HEARTBEAT_TIMEOUT_S = 2.0
 
 
 def cluster_file(tmp_path: Path, name: str, *, listen: str, etcd_endpoints: list[str] | None = None,
-                 local_agents: int = 0, job: dict | None = None, security: dict | None = None) -> Path:
-    """`security`: cluster.tls and cluster.insecure, e.g. {"tls": {"ca_file": ..., ...}}."""
+                 local_agents: int = 0, job: dict | None = None, security: dict | None = None,
+                 metrics_listen: str | None = None) -> Path:
+    """`security`: cluster.tls and cluster.insecure, e.g. {"tls": {"ca_file": ..., ...}}; `metrics_listen`:
+    where the coordinator serves Prometheus metrics."""
     etcd: dict = {"endpoints": etcd_endpoints or [], "data_dir": str(tmp_path / f"{name}-etcd")}
     if not etcd_endpoints:
         etcd["client_listen"] = f"127.0.0.1:{free_port()}"
@@ -22,7 +24,8 @@ def cluster_file(tmp_path: Path, name: str, *, listen: str, etcd_endpoints: list
     data = {
         "cluster": {
             "name": "itest",
-            "coordinator": {"listen": listen, "leader_lease_s": 2},
+            "coordinator": {"listen": listen, "leader_lease_s": 2,
+                            **({"metrics_listen": metrics_listen} if metrics_listen else {})},
             "etcd": etcd,
             "heartbeat": {"interval_s": HEARTBEAT_INTERVAL_S, "timeout_s": HEARTBEAT_TIMEOUT_S},
             "local_agents": local_agents,

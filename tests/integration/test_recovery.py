@@ -2,19 +2,25 @@
 
 A node lost mid-run (the job shrinks 3 -> 2 from a checkpoint, then grows back to 3 at a
 checkpoint when the node returns), a killed worker (the final weights equal a run without the
-fault, bit for bit), the leader killed with a standby running, a job waiting below min_nodes, and a
-crash loop that ends FAILED until `trainerctl resume`.
+fault, bit for bit; its goodput in status and in /metrics: the phases sum to the wall time and the
+steps redone count as lost work), the leader killed with a standby running, a job waiting below
+min_nodes, and a crash loop that ends FAILED until `trainerctl resume`.
 """
 
 from __future__ import annotations
 
 import json
 import signal
+import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
 import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from tests.daemon.test_grafana_dashboard import dashboard, dashboard_metric_names
 from tests.harness import Processes, processes_mentioning, status, trainerctl
 from tests.integration.cluster_files import cluster_file
 from tests.ports import free_port
@@ -37,9 +43,10 @@ def recovery_job(tmp_path: Path, *, steps: int, nodes: tuple[int, int], global_b
 
 
 def start_trainerd(tmp_path: Path, procs: Processes, job: dict, name: str = "trainerd",
-                   etcd_endpoints: list[str] | None = None) -> str:
+                   etcd_endpoints: list[str] | None = None, metrics_listen: str | None = None) -> str:
     address = f"127.0.0.1:{free_port()}"
-    procs.trainerd(name, cluster_file(tmp_path, name, listen=address, etcd_endpoints=etcd_endpoints, job=job))
+    procs.trainerd(name, cluster_file(tmp_path, name, listen=address, etcd_endpoints=etcd_endpoints, job=job,
+                                      metrics_listen=metrics_listen))
     return address
 
 
@@ -120,15 +127,38 @@ def test_node_loss_shrinks_the_job_to_two_and_the_returning_node_grows_it_back(
     assert all(np.isfinite(w).all() for w in weights.values())
 
 
+def check_goodput(goodput: dict, elapsed_s: float) -> None:
+    """Every second from the coordinator's first lead to COMPLETED is in one phase; the test saw them all,
+    and a little more (the coordinator starting, the polls)."""
+    phases = goodput["phases"]
+    assert set(phases) == {f"{p}_s" for p in ("productive", "lost_work", "detection", "relaunch", "startup",
+                                               "checkpoint_stall", "waiting", "paused")}
+    assert sum(phases.values()) == pytest.approx(goodput["wall_s"], abs=0.01)
+    assert elapsed_s - 30 < goodput["wall_s"] <= elapsed_s
+    assert 0 < goodput["ratio"] <= 1 and goodput["ratio"] == pytest.approx(phases["productive_s"] / goodput["wall_s"])
+    assert phases["startup_s"] > 0 and phases["paused_s"] == 0
+
+
+def scrape(address: str) -> dict[tuple[str, tuple], float]:
+    """The coordinator's /metrics: (series name, sorted labels) -> value."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
 def test_killed_worker_recovers_to_the_same_weights_as_a_run_without_the_fault(
         tmp_path: Path, procs: Processes) -> None:
     steps = 1500
     reference_dir, faulty_dir = tmp_path / "reference", tmp_path / "faulty"
     results = {}
+    metrics_address = f"127.0.0.1:{free_port()}"
     for run_dir in (reference_dir, faulty_dir):
         run_dir.mkdir()
         job = recovery_job(run_dir, steps=steps, nodes=(2, 2), global_batch=64, micro_batch=16)
-        address = start_trainerd(run_dir, procs, job, name=f"trainerd-{run_dir.name}")
+        started_at = time.monotonic()
+        address = start_trainerd(run_dir, procs, job, name=f"trainerd-{run_dir.name}",
+                                 metrics_listen=metrics_address if run_dir is faulty_dir else None)
         for i in range(2):
             procs.agent(f"{run_dir.name}-{i}", address)
         if run_dir is faulty_dir:
@@ -138,9 +168,23 @@ def test_killed_worker_recovers_to_the_same_weights_as_a_run_without_the_fault(
             rank1.send_signal(signal.SIGKILL)
         job = wait_for_job(address, "the end", lambda j: j["state"] in ("COMPLETED", "FAILED"), 300, procs)
         assert job["state"] == "COMPLETED", job
+        check_goodput(job["goodput"], time.monotonic() - started_at)
         results[run_dir.name] = (job, final_weights(run_dir / "out", 2))
 
+    reference_phases = results["reference"][0]["goodput"]["phases"]
+    assert reference_phases["lost_work_s"] == reference_phases["relaunch_s"] == reference_phases["detection_s"] == 0
     job, weights = results["faulty"]
+    phases = job["goodput"]["phases"]
+    # Steps from the checkpoint to the crash were trained again, after a stop and a relaunch.
+    assert phases["lost_work_s"] > 0 and phases["relaunch_s"] > 0
+    scraped = scrape(metrics_address)
+    assert scraped[("trainerd_job_goodput_ratio", (("job_name", "mlp"),))] == pytest.approx(job["goodput"]["ratio"])
+    assert scraped[("trainerd_job_phase_seconds_total", (("job_name", "mlp"), ("phase", "lost_work")))] == \
+        pytest.approx(phases["lost_work_s"], abs=0.01)
+    missing = dashboard_metric_names(dashboard()) - {name for name, _ in scraped}
+    assert not missing, f"the dashboard reads series the coordinator does not export: {missing}"
+    text = trainerctl("status", coordinator=address)
+    assert text.returncode == 0 and "goodput " in text.stdout, text.stdout
     assert job["generation"] == 2 and job["restarts"] == 1 and job["crash_restarts"] == 1
     assert job["last_failure"]["cause"] == "process_exited" and job["last_failure"]["signal"] == signal.SIGKILL
     recovery = job["last_recovery"]
