@@ -508,7 +508,7 @@ class Supervisor:
         self._forward(pb.Progress(
             generation=message.generation, rank=message.rank, step=message.step, loss=message.loss,
             grad_norm=message.grad_norm, samples_per_s=message.samples_per_s,
-            consumed_samples=message.consumed_samples))
+            consumed_samples=message.consumed_samples, checkpoint_stall_s=message.checkpoint_stall_s))
 
     def _drop_foreign_progress(self, message: ProgressMessage, managed: ManagedProcess, sender_pid: int) -> None:
         self.foreign_progress += 1

@@ -167,6 +167,19 @@ def test_progress_is_forwarded_at_most_every_half_second_per_rank(tmp_path: Path
     run(scenario())
 
 
+def test_a_forwarded_step_carries_every_field_the_worker_reported(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        host = Host(tmp_path)
+        await host.supervisor.launch(launch(1))
+        host.progress(StepReport("job", 1, 0, 7, loss=2.5, grad_norm=0.75, samples_per_s=96.0, consumed_samples=56,
+                                 checkpoint_stall_s=1.25))
+        [sent] = host.sent("progress")
+        assert (sent.step, sent.loss, sent.grad_norm, sent.samples_per_s, sent.consumed_samples,
+                sent.checkpoint_stall_s) == (7, 2.5, 0.75, 96.0, 56, 1.25)
+
+    run(scenario())
+
+
 def test_the_heartbeat_is_stamped_with_the_clock_wall_time(tmp_path: Path) -> None:
     async def scenario() -> None:
         host = Host(tmp_path)
