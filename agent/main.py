@@ -27,6 +27,7 @@ from common.tls_files import TLS_ENV, TLS_OPTION_NAMES, TlsFiles, read_tls_files
 from proto import trainerd_pb2 as pb
 
 AGENT_VERSION = "0.1.0"
+FENCE_CHECK_INTERVAL_S = 0.2
 log = logging.getLogger("agent")
 
 
@@ -94,6 +95,17 @@ class Agent:
             self._notifier.watchdog()
             await self._clock.asleep(interval)
 
+    async def _fence_watch(self) -> None:
+        """Stop the running generation once no coordinator has answered for the heartbeat timeout: by
+        then the coordinator has declared this node LOST and the job goes on without it."""
+        contact = self.link.contact
+        while True:
+            await self._clock.asleep(FENCE_CHECK_INTERVAL_S)
+            if contact.overdue() and contact.terms is not None:
+                reason = f"no coordinator answered for {contact.silent_for():.1f}s (heartbeat timeout " \
+                         f"{contact.terms.timeout_s:.1f}s)"
+                await self.supervisor.fence(contact.terms.stop_grace_s, reason)
+
     async def run(self, stop: asyncio.Event) -> None:
         self._work_dir.mkdir(parents=True, exist_ok=True)
         self.supervisor.reap_orphans()
@@ -108,6 +120,7 @@ class Agent:
         progress = await open_progress_receiver(self.supervisor.progress_socket, self.supervisor.on_progress,
                                                 group=None if worker_user is None else worker_user.gid)
         tasks = [asyncio.create_task(self.link.run(self)), asyncio.create_task(self._watchdog()),
+                 asyncio.create_task(self._fence_watch()),
                  asyncio.create_task(self.supervisor.watch_output())]
         try:
             await stop.wait()

@@ -16,6 +16,7 @@ from typing import Protocol
 
 import grpc
 
+from agent.fence import ContactWatch, FenceTerms
 from common.clock import Clock
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
@@ -104,6 +105,8 @@ class CoordinatorLink:
         self._backoff_cap_s = BACKOFF_CAP_S
         self.connected = asyncio.Event()
         self.welcome: pb.Welcome | None = None
+        # When a coordinator last answered: the agent fences itself when that is too long ago.
+        self.contact = ContactWatch(clock)
 
     def send(self, message: pb.AgentMessage) -> None:
         """Queue a report; it goes out on the current session, or the next one."""
@@ -137,6 +140,8 @@ class CoordinatorLink:
 
     def _note_refusal(self, address: str, exc: grpc.aio.AioRpcError) -> None:
         metadata = dict(exc.trailing_metadata() or ())
+        if LEADER_ADDRESS_METADATA in metadata:
+            self.contact.heard()  # a coordinator answered (a standby, or one mid-election): not cut off
         leader = metadata.get(LEADER_ADDRESS_METADATA)
         if leader and leader != address and self._credentials is not None and leader not in self._addresses:
             # Over TLS the agent dials only coordinators it was configured with, whoever names another.
@@ -169,6 +174,8 @@ class CoordinatorLink:
                 log.warning("coordinator %s did not start with Welcome; reconnecting", address)
                 return False
             self.welcome = first.welcome
+            self.contact.welcomed(FenceTerms(first.welcome.heartbeat_timeout_s, first.welcome.stop_grace_s)
+                                  if first.welcome.heartbeat_timeout_s > 0 else None)
             self._backoff_cap_s = max(BACKOFF_BASE_S, min(BACKOFF_CAP_S, first.welcome.heartbeat_interval_s))
             self._identity.save_token(hello.node_name, first.welcome.resume_token)
             log.info("registered as %s with coordinator %s at %s", hello.node_name,
@@ -207,6 +214,10 @@ class CoordinatorLink:
             async with write_lock:
                 await call.write(pb.AgentMessage(heartbeat=body))
             await self._clock.asleep(interval_s)
+            if self.contact.silent_too_long():
+                # Heartbeats go unacknowledged (a cut link breaks no connection): dial again.
+                log.warning("no answer from the coordinator for %.1fs; reconnecting", self.contact.silent_for())
+                return
 
     async def _forward_outbox(self, call, write_lock: asyncio.Lock) -> None:
         while True:
@@ -219,4 +230,7 @@ class CoordinatorLink:
             message = await call.read()
             if message is grpc.aio.EOF:
                 return
-            handler.on_command(message)
+            if message.WhichOneof("body") == "heartbeat_ack":
+                self.contact.heard()
+            else:
+                handler.on_command(message)

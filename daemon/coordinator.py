@@ -39,6 +39,7 @@ STORE_RETRY_S = 1.0
 # The leader deletes old events this often (and at once when it takes office).
 EVENT_COMPACTION_INTERVAL_S = 60.0
 DEFAULT_FORGET_LOST_AFTER_S = 86400.0
+DEFAULT_STOP_GRACE_S = 5.0  # what a self-fencing agent gives its processes when no job is configured
 DEFAULT_EVENTS_KEEP = 10000
 DEFAULT_EVENTS_MAX_AGE_S = 7 * 86400.0
 
@@ -73,6 +74,9 @@ class Welcome:
     resume_token: str
     heartbeat_interval_s: float
     coordinator_id: str
+    # The agent fences itself (stops its processes within stop_grace_s) after timeout_s unheard.
+    heartbeat_timeout_s: float = 0.0
+    stop_grace_s: float = 0.0
 
 
 class AgentSession:
@@ -270,7 +274,8 @@ class Coordinator:
             kind = "node_joined" if record is None else "node_ready"
             await self._events.append(kind, f"node {name} is READY with {len(hello.devices)} device(s) "
                                       f"at {hello.host}", leadership.fence, node=name)
-        welcome = Welcome(name, token, self.heartbeat_interval_s, self.me.id)
+        stop_grace_s = DEFAULT_STOP_GRACE_S if self.job is None else self.job.spec.stop_grace_s
+        welcome = Welcome(name, token, self.heartbeat_interval_s, self.me.id, self._liveness.timeout_s, stop_grace_s)
         return session, welcome
 
     @property

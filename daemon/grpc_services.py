@@ -240,6 +240,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         await context.write(pb.CoordinatorMessage(welcome=pb.Welcome(
             node_name=welcome.node_name, resume_token=welcome.resume_token,
             heartbeat_interval_s=welcome.heartbeat_interval_s, coordinator_id=welcome.coordinator_id,
+            heartbeat_timeout_s=welcome.heartbeat_timeout_s, stop_grace_s=welcome.stop_grace_s,
         )))
         reader = asyncio.create_task(self._read(context, session))
         writer = asyncio.create_task(self._write(context, outbox))
@@ -288,6 +289,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             reports = [process_status_report(node, status) for status in heartbeat.processes]
             coordinator.heartbeat(session, generation)
             metrics.HEARTBEATS.inc()
+            if not session.closed.is_set():  # the agent's proof it still belongs (agent/fence.py)
+                session.send(pb.CoordinatorMessage(heartbeat_ack=pb.HeartbeatAck(sequence=heartbeat.sequence)))
             if sent_at > 0:
                 metrics.HEARTBEAT_LAG.observe(max(0.0, time.time() - sent_at))
             for report in reports:
@@ -329,7 +332,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     async def _write(self, context: grpc.aio.ServicerContext, outbox: asyncio.Queue) -> None:
         while True:
-            await context.write(command_to_proto(await outbox.get()))
+            message = await outbox.get()  # a command of the job, or a ready wire message (HeartbeatAck)
+            await context.write(message if isinstance(message, pb.CoordinatorMessage) else command_to_proto(message))
 
 
 class ControlService(pb_grpc.ControlServicer):

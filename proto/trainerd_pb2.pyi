@@ -219,16 +219,26 @@ class LogData(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., data: _Optional[bytes] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., running: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("node_name", "resume_token", "heartbeat_interval_s", "coordinator_id")
+    __slots__ = ("node_name", "resume_token", "heartbeat_interval_s", "coordinator_id", "heartbeat_timeout_s", "stop_grace_s")
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     RESUME_TOKEN_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    STOP_GRACE_S_FIELD_NUMBER: _ClassVar[int]
     node_name: str
     resume_token: str
     heartbeat_interval_s: float
     coordinator_id: str
-    def __init__(self, node_name: _Optional[str] = ..., resume_token: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., coordinator_id: _Optional[str] = ...) -> None: ...
+    heartbeat_timeout_s: float
+    stop_grace_s: float
+    def __init__(self, node_name: _Optional[str] = ..., resume_token: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., coordinator_id: _Optional[str] = ..., heartbeat_timeout_s: _Optional[float] = ..., stop_grace_s: _Optional[float] = ...) -> None: ...
+
+class HeartbeatAck(_message.Message):
+    __slots__ = ("sequence",)
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    def __init__(self, sequence: _Optional[int] = ...) -> None: ...
 
 class ProcessSpec(_message.Message):
     __slots__ = ("role", "rank", "local_rank", "device_id", "argv", "env")
@@ -326,20 +336,22 @@ class CheckpointNow(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("welcome", "launch", "stop", "checkpoint_now", "request_exit", "read_log")
+    __slots__ = ("welcome", "launch", "stop", "checkpoint_now", "request_exit", "read_log", "heartbeat_ack")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     LAUNCH_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_NOW_FIELD_NUMBER: _ClassVar[int]
     REQUEST_EXIT_FIELD_NUMBER: _ClassVar[int]
     READ_LOG_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_ACK_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     launch: Launch
     stop: Stop
     checkpoint_now: CheckpointNow
     request_exit: RequestExit
     read_log: ReadLog
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., launch: _Optional[_Union[Launch, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., checkpoint_now: _Optional[_Union[CheckpointNow, _Mapping]] = ..., request_exit: _Optional[_Union[RequestExit, _Mapping]] = ..., read_log: _Optional[_Union[ReadLog, _Mapping]] = ...) -> None: ...
+    heartbeat_ack: HeartbeatAck
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., launch: _Optional[_Union[Launch, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., checkpoint_now: _Optional[_Union[CheckpointNow, _Mapping]] = ..., request_exit: _Optional[_Union[RequestExit, _Mapping]] = ..., read_log: _Optional[_Union[ReadLog, _Mapping]] = ..., heartbeat_ack: _Optional[_Union[HeartbeatAck, _Mapping]] = ...) -> None: ...
 
 class LogRequest(_message.Message):
     __slots__ = ("rank", "generation", "offset", "max_bytes")
