@@ -14,7 +14,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from agent.config import AgentConfig, load_agent_config
 from agent.devices import Device, NoDevicesError, discover_devices
-from agent.launcher import SubprocessLauncher
+from agent.launcher import ProcessLauncher, SubprocessLauncher
+from agent.node_check import run_node_check
 from agent.progress_receiver import open_progress_receiver
 from agent.session import CoordinatorLink, IdentityFile
 from agent.stack_dump import PySpyDumper
@@ -36,8 +37,9 @@ class Agent:
     worker progress; it is the link's `SessionHandler`."""
 
     def __init__(self, config: AgentConfig, *, link: CoordinatorLink, supervisor: Supervisor,
-                 notifier: SystemdNotifier, clock: Clock) -> None:
+                 notifier: SystemdNotifier, clock: Clock, launcher: ProcessLauncher) -> None:
         self._config = config
+        self._launcher = launcher
         self._work_dir = Path(config.work_dir)
         self.link = link
         self.supervisor = supervisor
@@ -61,11 +63,23 @@ class Agent:
             self._spawn(self.supervisor.request_exit(message.request_exit))
         elif kind == "read_log":
             self._spawn(self._answer_read_log(message.read_log))
+        elif kind == "node_check":
+            self._spawn(self._answer_node_check(message.node_check))
         else:
             log.warning("ignoring unexpected %s from the coordinator", kind)
 
     async def _answer_read_log(self, request: pb.ReadLog) -> None:
         self.link.send(pb.AgentMessage(log_data=await self.supervisor.read_log(request)))
+
+    async def _answer_node_check(self, check: pb.NodeCheck) -> None:
+        log.info("running the node check %s", list(check.argv))
+        result = await run_node_check(check, launcher=self._launcher, work_dir=self._work_dir,
+                                      allowed_entrypoints=self._config.allowed_entrypoints)
+        if result.passed:
+            log.info("the node check passed")
+        else:
+            log.error("the node check failed: %s", result.detail)
+        self.link.send(pb.AgentMessage(node_check_result=result))
 
     def _spawn(self, coroutine) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -150,10 +164,11 @@ def build_agent(config: AgentConfig, devices: list[Device], notifier: SystemdNot
                            identity=IdentityFile(work_dir / "identity.json"), clock=clock,
                            credentials=None if tls is None else tls.channel_credentials())
     worker_user = None if config.run_as is None else WorkerUser.from_settings(config.run_as)
+    launcher = SubprocessLauncher(worker_user)
     supervisor = Supervisor(work_dir=work_dir, progress_socket=work_dir / "progress.sock", report=link.send,
-                            launcher=SubprocessLauncher(worker_user), stack_dumper=PySpyDumper(), clock=clock,
+                            launcher=launcher, stack_dumper=PySpyDumper(), clock=clock,
                             allowed_entrypoints=config.allowed_entrypoints, worker_user=worker_user)
-    return Agent(config, link=link, supervisor=supervisor, notifier=notifier, clock=clock)
+    return Agent(config, link=link, supervisor=supervisor, notifier=notifier, clock=clock, launcher=launcher)
 
 
 class StartRefused(click.ClickException):

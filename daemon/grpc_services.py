@@ -36,6 +36,7 @@ from daemon.job.commands import (
 )
 from daemon.events import EVENTS_PAGE
 from daemon.log_relay import MAX_LOG_READ_BYTES, LogChunk
+from daemon.node_checks import NodeCheckCommand
 from daemon.job.observation import SkippedBatch, ProcessReport, ProgressReport, RootCause
 from daemon.membership import DeviceInfo
 from daemon.message_checks import MAX_RANK, MalformedMessage
@@ -197,6 +198,9 @@ def command_to_proto(command: object) -> pb.CoordinatorMessage:
         return pb.CoordinatorMessage(read_log=pb.ReadLog(
             request_id=command.request_id, generation=command.generation, role=command.role, rank=command.rank,
             offset=command.offset, max_bytes=command.max_bytes))
+    if isinstance(command, NodeCheckCommand):
+        return pb.CoordinatorMessage(node_check=pb.NodeCheck(check_id=command.check_id, argv=list(command.argv),
+                                                             timeout_s=command.timeout_s))
     if isinstance(command, CheckpointNowCommand):
         return pb.CoordinatorMessage(checkpoint_now=pb.CheckpointNow(generation=command.generation,
                                                                      step=command.step))
@@ -325,6 +329,10 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             coordinator.log_data(session, data.request_id, LogChunk(
                 bytes(data.data), check.bounded_int(data.offset, 0, check.MAX_STEP, "offset"),
                 check.bounded_int(data.size, 0, check.MAX_STEP, "size"), data.running, data.error))
+        elif kind == "node_check_result":
+            result = message.node_check_result
+            coordinator.node_check_result(session, result.check_id, result.passed,
+                                          check.text(result.detail, 1000, "detail"))
         elif kind == "hello":
             raise MalformedMessage("a second Hello")
         else:
