@@ -28,7 +28,8 @@ def _last_line(text: str) -> str:
 
 
 async def run_node_check(check: pb.NodeCheck, *, launcher: ProcessLauncher, work_dir: Path,
-                         allowed_entrypoints: Sequence[Sequence[str]], python: str = sys.executable) -> pb.NodeCheckResult:
+                         allowed_entrypoints: Sequence[Sequence[str]],
+                         python: str = sys.executable) -> pb.NodeCheckResult:
     def answer(passed: bool, detail: str = "") -> pb.NodeCheckResult:
         return pb.NodeCheckResult(check_id=check.check_id, passed=passed, detail=detail)
 
