@@ -45,18 +45,35 @@ def mlp_job(box: ClusterBox, *, steps: int) -> dict:
                        "--output", str(box.root / "out")],
         "min_nodes": 2, "max_nodes": 3, "global_batch": 96, "micro_batch": 16,
         "scheduler_port": free_port(), "stop_grace_s": STOP_GRACE_S, "start_wait_s": 60,
-        "checkpoint": {"dir": str(box.checkpoint_dir), "every_steps": 100, "keep": 3},
+        "checkpoint": {"dir": str(box.checkpoint_dir), "every_steps": 50, "keep": 3},
         "node_check": ["{python}", "-c", "print('devices healthy')"],
     }
 
 
+class Timeline:
+    """When each phase was reached, printed at the end (pytest -s) to see where a run's time goes."""
+
+    def __init__(self) -> None:
+        self._start = time.monotonic()
+        self.marks: list[tuple[str, float]] = []
+
+    def mark(self, what: str) -> None:
+        self.marks.append((what, time.monotonic() - self._start))
+
+    def __str__(self) -> str:
+        return ", ".join(f"{what} {at:.1f}s" for what, at in self.marks)
+
+
 def test_a_cut_host_is_lost_fences_itself_and_regrows_into_the_job_after_healing(cluster_box) -> None:
-    steps = 2000
+    steps = 1200
+    timeline = Timeline()
     box = cluster_box(hosts=3, job=lambda b: mlp_job(b, steps=steps))
+    timeline.mark("box up")
     timeout_s = box.heartbeat_timeout_s
     job = wait_until(lambda: (j := box.job()) and j.world_size == 3 and j.state == "RUNNING"
-                     and j.last_checkpoint_step >= 100 and j, 180, "3 ranks past the first checkpoint",
+                     and j.last_checkpoint_step >= 50 and j, 180, "3 ranks past the first checkpoint",
                      interval=0.5, on_timeout=box.procs.logs)
+    timeline.mark("3 ranks running")
     victim = box.host(next(r.node for r in job.ranks if r.rank == 2))  # not the scheduler's host
     assert victim.workers(), f"no training process on {victim.name}"
 
@@ -69,20 +86,26 @@ def test_a_cut_host_is_lost_fences_itself_and_regrows_into_the_job_after_healing
                interval=0.05, on_timeout=box.procs.logs)
     fenced_s = time.monotonic() - cut_at
     print(f"cut {victim.name}: LOST after {lost_s:.2f}s, its processes gone after {fenced_s:.2f}s")
+    timeline.mark("cut host fenced")
     assert "fencing generation 1" in victim.agent.log()
 
     job = wait_until(lambda: (j := box.job()) and j.generation == 2 and j.world_size == 2 and j.state == "RUNNING"
                      and j, 120, "generation 2 on the other 2 hosts", interval=0.5, on_timeout=box.procs.logs)
     assert job.last_failure.cause == "node_lost" and job.last_failure.node == victim.name
     assert job.crash_restarts == 0
+    timeline.mark("2 ranks running")
 
     box.heal(victim)
     wait_until(lambda: box.node_states().get(victim.name) == "READY", 30, f"{victim.name} READY again",
                on_timeout=box.procs.logs)
+    timeline.mark("healed host READY")
     wait_until(lambda: (j := box.job()) and j.generation == 3 and j.world_size == 3, 180,
                "generation 3 on 3 hosts", interval=0.5, on_timeout=box.procs.logs)
+    timeline.mark("3 ranks again")
     job = wait_until(lambda: (j := box.job()) and j.state in ("COMPLETED", "FAILED") and j, 300, "the end",
                      interval=0.5, on_timeout=box.procs.logs)
+    timeline.mark("the end")
+    print(timeline)
     assert job.state == "COMPLETED", job
     assert job.step == steps and job.generation == 3
     events = box.events()
