@@ -57,15 +57,15 @@ class Timeline:
         self._start = time.monotonic()
         self.marks: list[tuple[str, float]] = []
 
-    def mark(self, what: str) -> None:
-        self.marks.append((what, time.monotonic() - self._start))
+    def mark(self, what: str, step: int | None = None) -> None:
+        self.marks.append((what if step is None else f"{what} (step {step})", time.monotonic() - self._start))
 
     def __str__(self) -> str:
-        return ", ".join(f"{what} {at:.1f}s" for what, at in self.marks)
+        return ", ".join(f"{what} at {at:.1f}s" for what, at in self.marks)
 
 
 def test_a_cut_host_is_lost_fences_itself_and_regrows_into_the_job_after_healing(cluster_box) -> None:
-    steps = 1200
+    steps = 800
     timeline = Timeline()
     box = cluster_box(hosts=3, job=lambda b: mlp_job(b, steps=steps))
     timeline.mark("box up")
@@ -73,7 +73,7 @@ def test_a_cut_host_is_lost_fences_itself_and_regrows_into_the_job_after_healing
     job = wait_until(lambda: (j := box.job()) and j.world_size == 3 and j.state == "RUNNING"
                      and j.last_checkpoint_step >= 50 and j, 180, "3 ranks past the first checkpoint",
                      interval=0.5, on_timeout=box.procs.logs)
-    timeline.mark("3 ranks running")
+    timeline.mark("3 ranks running", job.step)
     victim = box.host(next(r.node for r in job.ranks if r.rank == 2))  # not the scheduler's host
     assert victim.workers(), f"no training process on {victim.name}"
 
@@ -93,15 +93,15 @@ def test_a_cut_host_is_lost_fences_itself_and_regrows_into_the_job_after_healing
                      and j, 120, "generation 2 on the other 2 hosts", interval=0.5, on_timeout=box.procs.logs)
     assert job.last_failure.cause == "node_lost" and job.last_failure.node == victim.name
     assert job.crash_restarts == 0
-    timeline.mark("2 ranks running")
+    timeline.mark("2 ranks running", job.step)
 
     box.heal(victim)
     wait_until(lambda: box.node_states().get(victim.name) == "READY", 30, f"{victim.name} READY again",
                on_timeout=box.procs.logs)
     timeline.mark("healed host READY")
-    wait_until(lambda: (j := box.job()) and j.generation == 3 and j.world_size == 3, 180,
-               "generation 3 on 3 hosts", interval=0.5, on_timeout=box.procs.logs)
-    timeline.mark("3 ranks again")
+    job = wait_until(lambda: (j := box.job()) and j.generation == 3 and j.world_size == 3 and j, 180,
+                     "generation 3 on 3 hosts", interval=0.5, on_timeout=box.procs.logs)
+    timeline.mark("3 ranks again", job.step)
     job = wait_until(lambda: (j := box.job()) and j.state in ("COMPLETED", "FAILED") and j, 300, "the end",
                      interval=0.5, on_timeout=box.procs.logs)
     timeline.mark("the end")
@@ -112,3 +112,22 @@ def test_a_cut_host_is_lost_fences_itself_and_regrows_into_the_job_after_healing
     assert [victim.name in e.message for e in events if e.kind == "node_lost"] == [True]
     kinds = [e.kind for e in events if victim.name in e.message]
     assert kinds.index("node_check_started") < kinds.index("node_check_passed"), kinds  # before it got work
+
+
+def test_the_etcd_leader_killed_mid_run_costs_at_most_one_restart(cluster_box) -> None:
+    steps = 600
+    box = cluster_box(hosts=2, job=lambda b: {**mlp_job(b, steps=steps), "min_nodes": 2, "max_nodes": 2})
+    assert box.etcd is not None
+    wait_until(lambda: (j := box.job()) and j.state == "RUNNING" and j.last_checkpoint_step >= 50, 180,
+               "running past the first checkpoint", interval=0.5, on_timeout=box.procs.logs)
+    leader = box.etcd.leader()
+    assert leader is not None
+    box.etcd.kill(leader)
+    wait_until(lambda: (new := box.etcd.leader()) is not None and new is not leader, 30, "a new etcd leader")
+    job = wait_until(lambda: (j := box.job()) and j.state in ("COMPLETED", "FAILED") and j, 300, "the end",
+                     interval=0.5, on_timeout=box.procs.logs)
+    assert job.state == "COMPLETED", job
+    assert job.step == steps and job.restarts <= 1, job
+    box.etcd.restart(leader)  # the member comes back and rejoins: three agree on a leader again
+    wait_until(lambda: box.etcd.leader() is not None and all(m.alive for m in box.etcd.members), 30,
+               "three etcd members again")
