@@ -2,7 +2,9 @@
 
 The agent dials out, finds the leader among the configured coordinators (a standby refuses
 with the leader's address), and reconnects with jittered exponential backoff, presenting its
-resume token so it keeps its identity across a coordinator failover or its own restart.
+resume token so it keeps its identity across a coordinator failover or its own restart. The leader
+acknowledges every heartbeat; the link notes each answer in `contact` (agent/fence.py), and gives up a
+session that goes unanswered for the heartbeat timeout (a cut link breaks no connection).
 """
 
 from __future__ import annotations
