@@ -23,7 +23,7 @@ class Echo(socketserver.BaseRequestHandler):
 def relay() -> Iterator[TcpRelay]:
     server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Echo)
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     with TcpRelay(("127.0.0.1", server.server_address[1])) as started:
         yield started
     server.shutdown()
