@@ -128,6 +128,7 @@ def test_the_etcd_leader_killed_mid_run_costs_at_most_one_restart(cluster_box) -
                      interval=0.5, on_timeout=box.procs.logs)
     assert job.state == "COMPLETED", job
     assert job.step == steps and job.restarts <= 1, job
+    print(f"etcd leader {leader.name} killed: {job.restarts} restart(s)")
     box.etcd.restart(leader)  # the member comes back and rejoins: three agree on a leader again
     wait_until(lambda: box.etcd.leader() is not None and all(m.alive for m in box.etcd.members), 30,
                "three etcd members again")
