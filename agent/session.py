@@ -191,14 +191,18 @@ class CoordinatorLink:
                                                      handler)),
                 asyncio.create_task(self._forward_outbox(call, write_lock)),
                 asyncio.create_task(self._read_commands(call, handler)),
+                asyncio.create_task(self._until_silent(first.welcome.heartbeat_interval_s)),
             ]
             try:
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     error = task.exception()
-                    if error is not None and not isinstance(error, grpc.aio.AioRpcError):
+                    if isinstance(error, asyncio.InvalidStateError):
+                        # A write into an RPC that has just ended (its status arrives on the reader).
+                        log.warning("session with %s broke: %s", address, error)
+                    elif error is not None and not isinstance(error, grpc.aio.AioRpcError):
                         raise error
-                    if error is not None:
+                    elif error is not None:
                         log.warning("session with %s broke: %s %s", address, error.code().name, error.details())
             finally:
                 for task in tasks:
@@ -216,10 +220,13 @@ class CoordinatorLink:
             async with write_lock:
                 await call.write(pb.AgentMessage(heartbeat=body))
             await self._clock.asleep(interval_s)
-            if self.contact.silent_too_long():
-                # Heartbeats go unacknowledged (a cut link breaks no connection): dial again.
-                log.warning("no answer from the coordinator for %.1fs; reconnecting", self.contact.silent_for())
-                return
+
+    async def _until_silent(self, interval_s: float) -> None:
+        """Returns once heartbeats have gone unacknowledged for the heartbeat timeout (a cut link breaks
+        no connection, and a write into it may block): the session is then given up and dialled again."""
+        while not self.contact.silent_too_long():
+            await self._clock.asleep(interval_s)
+        log.warning("no answer from the coordinator for %.1fs; reconnecting", self.contact.silent_for())
 
     async def _forward_outbox(self, call, write_lock: asyncio.Lock) -> None:
         while True:

@@ -85,11 +85,22 @@ def test_acks_keep_contact_and_a_silent_session_is_given_up(tmp_path: Path) -> N
     asyncio.run(asyncio.wait_for(scenario(), 20))
 
 
-class StandbyWithoutLeader(pb_grpc.CoordinatorServicer):
-    """A standby during an election: the dead leader's lease has not run out, or no leader is known."""
+class LeaderThenStandby(pb_grpc.CoordinatorServicer):
+    """Welcomes the first session and aborts it (the leader stepped down); from then on it refuses like
+    a standby waiting out the dead leader's lease: it names no leader yet. (The abort also makes the
+    link's next write fail with "RPC already finished", which once ended the link for good.)"""
+
+    def __init__(self) -> None:
+        self.sessions = 0
 
     async def Session(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
-        await context.read()
+        first = await context.read()
+        self.sessions += 1
+        if self.sessions == 1:
+            await context.write(pb.CoordinatorMessage(welcome=pb.Welcome(
+                node_name=first.hello.node_name, resume_token="t", heartbeat_interval_s=0.1, coordinator_id="c",
+                heartbeat_timeout_s=0.5, stop_grace_s=1.0)))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "this coordinator just lost leadership; retry")
         context.set_trailing_metadata(((LEADER_ADDRESS_METADATA, ""),))
         await context.abort(grpc.StatusCode.UNAVAILABLE, "not the leader")
 
@@ -97,17 +108,19 @@ class StandbyWithoutLeader(pb_grpc.CoordinatorServicer):
 def test_a_standby_answering_during_a_failover_counts_as_contact_and_a_dead_address_does_not(
         tmp_path: Path) -> None:
     async def scenario() -> None:
-        async with serving(StandbyWithoutLeader()) as standby:
-            link = make_link([standby], tmp_path)
-            link.contact.welcomed(FenceTerms(timeout_s=1.0, stop_grace_s=1.0))
+        coordinator = LeaderThenStandby()
+        async with serving(coordinator) as address:
+            link = make_link([address], tmp_path)
             async with running(link, RecordingHandler()):
-                await asyncio.sleep(2.0)
+                await asyncio.wait_for(link.connected.wait(), WAIT_S)
+                await asyncio.sleep(1.5)  # three timeouts of refusals: the link redials every interval
+                assert coordinator.sessions > 3
                 assert not link.contact.overdue()
 
         dead = make_link([f"127.0.0.1:{free_port()}"], tmp_path)
-        dead.contact.welcomed(FenceTerms(timeout_s=1.0, stop_grace_s=1.0))
+        dead.contact.welcomed(FenceTerms(timeout_s=0.5, stop_grace_s=1.0))
         async with running(dead, RecordingHandler()):
-            await asyncio.sleep(1.5)
+            await asyncio.sleep(1.0)
             assert dead.contact.overdue()
 
     asyncio.run(asyncio.wait_for(scenario(), 20))
