@@ -157,8 +157,9 @@ class ClusterBox:
                 relay.close()
         # Agents and workers first (what runs in the namespaces), then the namespaces, links and bridge.
         self.network.close()
-        for coordinator in self.coordinators:  # no graceful stop to wait for: the box goes as a whole
-            coordinator.proc.kill_group()
+        # No graceful stop to wait for (etcd hands its leadership over first): the box goes as a whole.
+        for proc in [c.proc for c in self.coordinators] + ([] if self.etcd is None else self.etcd.procs()):
+            proc.kill_group()
         self.procs.cleanup()
         for channel in self._channels.values():
             channel.close()

@@ -39,6 +39,9 @@ class EtcdCluster:
         self._etcdctl = str(Path(self._binary).with_name("etcdctl"))
         self.members = [EtcdMember(f"e{i}", root / f"etcd-e{i}", free_port(), free_port()) for i in range(size)]
 
+    def procs(self) -> list[Proc]:
+        return [m.proc for m in self.members if m.proc is not None]
+
     @property
     def endpoints(self) -> list[str]:
         return [m.endpoint for m in self.members]

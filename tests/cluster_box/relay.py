@@ -8,6 +8,8 @@ both its listening socket and its upstream connections are the host's (a cut lin
 Modes, each applying to both directions and to every connection, from the moment it is set:
 - `pass_through()`: bytes flow as they come;
 - `drop()`: bytes read are thrown away (a black hole: the connections stay open, nothing arrives);
+  when it ends, the connections that lost bytes are closed (a TCP stream with a hole in it cannot go
+  on), so their ends dial again;
 - `delay(s)`: each chunk is delivered `s` seconds after it was read, in order;
 - `stall(s)`: nothing is delivered for `s` seconds from now, then everything held flows again.
 """
@@ -34,6 +36,7 @@ class TcpRelay:
         self._thread: threading.Thread | None = None
         self._server: asyncio.AbstractServer | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._damaged: set[asyncio.StreamWriter] = set()  # written to by a connection that lost bytes
         # Read by the pumps on the relay's thread; written from any thread (single assignments).
         self._dropping = False
         self._delay_s = 0.0
@@ -46,13 +49,25 @@ class TcpRelay:
     # ------------------------------------------------------------ commands (any thread)
 
     def pass_through(self) -> None:
-        self._dropping, self._delay_s, self._stalled_until = False, 0.0, 0.0
+        self._end_drop()
+        self._delay_s, self._stalled_until = 0.0, 0.0
 
     def drop(self) -> None:
         self._dropping = True
 
     def delay(self, seconds: float) -> None:
-        self._dropping, self._delay_s = False, seconds
+        self._end_drop()
+        self._delay_s = seconds
+
+    def _end_drop(self) -> None:
+        self._dropping = False
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._close_damaged)
+
+    def _close_damaged(self) -> None:
+        for writer in self._damaged:
+            writer.close()
+        self._damaged.clear()
 
     def stall(self, seconds: float) -> None:
         self._stalled_until = time.monotonic() + seconds
@@ -128,6 +143,7 @@ class TcpRelay:
         finally:
             for writer in (client_writer, upstream_writer):
                 self._writers.discard(writer)
+                self._damaged.discard(writer)
                 writer.close()
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -136,7 +152,9 @@ class TcpRelay:
         deliver = asyncio.ensure_future(self._deliver(held, writer))
         try:
             while data := await reader.read(CHUNK):
-                if not self._dropping:
+                if self._dropping:
+                    self._damaged.add(writer)
+                else:
                     held.put_nowait((time.monotonic() + self._delay_s, data))
         except OSError:
             pass

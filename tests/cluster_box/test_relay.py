@@ -66,12 +66,16 @@ def test_stall_delivers_nothing_until_it_is_over_then_everything(relay: TcpRelay
         assert round_trip(client, b"after") < 0.3
 
 
-def test_drop_is_a_black_hole_that_keeps_the_connection_open(relay: TcpRelay) -> None:
-    with connect(relay) as client:
+def test_drop_is_a_black_hole_that_closes_the_connections_it_damaged_when_it_ends(relay: TcpRelay) -> None:
+    with connect(relay) as damaged, connect(relay) as idle:
         relay.drop()
-        client.sendall(b"lost")
-        client.settimeout(0.5)
+        damaged.sendall(b"lost")
+        damaged.settimeout(0.5)
         with pytest.raises(socket.timeout):
-            client.recv(10)
+            damaged.recv(10)  # the connection is open, and nothing comes back
         relay.pass_through()
-        assert round_trip(client, b"found") < 0.5  # "lost" never arrives: only what was sent since
+        damaged.settimeout(5)
+        assert damaged.recv(10) == b""  # closed: a stream with a hole in it cannot go on
+        assert round_trip(idle, b"found") < 0.5  # it lost nothing: it goes on
+        with connect(relay) as fresh:
+            assert round_trip(fresh, b"again") < 0.5

@@ -132,3 +132,20 @@ def test_the_etcd_leader_killed_mid_run_costs_at_most_one_restart(cluster_box) -
     box.etcd.restart(leader)  # the member comes back and rejoins: three agree on a leader again
     wait_until(lambda: box.etcd.leader() is not None and all(m.alive for m in box.etcd.members), 30,
                "three etcd members again")
+
+
+def test_a_slow_and_stalling_link_is_no_loss_at_the_default_timeouts(cluster_box) -> None:
+    """300 ms each way and a 1.5 s stall every 3 s, for 15 s, on the agent's path: the node stays READY,
+    and the agent keeps its session (no acknowledgement waits out the 5 s timeout: nothing is fenced)."""
+    box = cluster_box(hosts=1, heartbeat_interval_s=1.0, heartbeat_timeout_s=5.0)
+    host = box.hosts[0]
+    host.delay(0.3)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        host.stall(1.5)
+        for _ in range(6):
+            assert box.node_states().get(host.name) == "READY"
+            time.sleep(0.5)
+    host.pass_through()
+    assert "no answer from the coordinator" not in host.agent.log()
+    assert [e.kind for e in box.events() if e.kind == "node_lost"] == []
