@@ -478,10 +478,13 @@ class Coordinator:
                                           f"node {node} is {'drained' if drained else 'back in service'}",
                                           leadership.fence, node=node)
             if not drained and self.job is not None:
+                quarantined = node in self.job.record.quarantined(self.job.spec.restart.quarantine_after)
                 await self.job.forget_node_failures(node, leadership.fence)
                 session = self._sessions.get(node)
-                if session is not None and not session.closed.is_set():
-                    await self._check_node(session, "it was undrained", leadership)
+                failed_check = node in self._node_checks.failed
+                if (quarantined or failed_check) and session is not None and not session.closed.is_set():
+                    why = "its quarantine was lifted" if quarantined else "it was undrained after a failed check"
+                    await self._check_node(session, why, leadership)
         self.request_reconcile()
         return f"node {node} is {'drained' if drained else 'in service'}"
 
