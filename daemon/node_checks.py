@@ -3,8 +3,8 @@
 The leader sends the node a NodeCheck when its session opens after it was LOST, or when an operator
 undrains it while it is quarantined (undrain lifts the quarantine) or after it failed a check; until
 the agent answers that check, and after it failed, the node takes no part in a generation. A failure
-keeps it out, with the reason in the events, until it comes back again or is undrained. Pending checks live in the leader's memory only: a new leader
-offers a connected READY node without checking it.
+keeps it out, with the reason in the events, until it comes back again or is undrained. Pending
+checks live in the leader's memory only: a new leader offers a connected READY node without checking it.
 """
 
 from __future__ import annotations
