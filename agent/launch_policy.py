@@ -15,14 +15,23 @@ from proto import trainerd_pb2 as pb
 from proto.vocabulary import forbidden_job_env
 
 
+def entrypoint_refusal(argv: Sequence[str], allowed_entrypoints: Sequence[Sequence[str]],
+                       verb: str = "run") -> str | None:
+    """Why `argv` may not run (it starts with none of the allowed prefixes), or None when it may."""
+    allowed = [list(prefix) for prefix in allowed_entrypoints]
+    if any(list(argv[:len(prefix)]) == prefix for prefix in allowed):
+        return None
+    return (f"refused to {verb} {list(argv)!r:.300}: it starts with none of allowed_entrypoints {allowed!r:.300} "
+            f"in the agent file")
+
+
 def launch_refusal(launch: pb.Launch, allowed_entrypoints: Sequence[Sequence[str]]) -> str | None:
     """Why none of `launch`'s processes may start, in one line, or None when they all may."""
-    allowed = [list(prefix) for prefix in allowed_entrypoints]
     for spec in launch.processes:
         argv = list(spec.argv)
-        if not any(argv[:len(prefix)] == prefix for prefix in allowed):
-            return (f"refused to launch {argv!r:.300}: it starts with none of allowed_entrypoints "
-                    f"{allowed!r:.300} in the agent file")
+        refusal = entrypoint_refusal(argv, allowed_entrypoints, "launch")
+        if refusal is not None:
+            return refusal
         for name in sorted(spec.env):
             reason = forbidden_job_env(name)
             if reason is not None:

@@ -14,7 +14,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from agent.config import AgentConfig, load_agent_config
 from agent.devices import Device, NoDevicesError, discover_devices
-from agent.launcher import SubprocessLauncher
+from agent.launcher import ProcessLauncher, SubprocessLauncher
+from agent.node_check import run_node_check
 from agent.progress_receiver import open_progress_receiver
 from agent.session import CoordinatorLink, IdentityFile
 from agent.stack_dump import PySpyDumper
@@ -27,6 +28,7 @@ from common.tls_files import TLS_ENV, TLS_OPTION_NAMES, TlsFiles, read_tls_files
 from proto import trainerd_pb2 as pb
 
 AGENT_VERSION = "0.1.0"
+FENCE_CHECK_INTERVAL_S = 0.2
 log = logging.getLogger("agent")
 
 
@@ -35,8 +37,9 @@ class Agent:
     worker progress; it is the link's `SessionHandler`."""
 
     def __init__(self, config: AgentConfig, *, link: CoordinatorLink, supervisor: Supervisor,
-                 notifier: SystemdNotifier, clock: Clock) -> None:
+                 notifier: SystemdNotifier, clock: Clock, launcher: ProcessLauncher) -> None:
         self._config = config
+        self._launcher = launcher
         self._work_dir = Path(config.work_dir)
         self.link = link
         self.supervisor = supervisor
@@ -60,11 +63,23 @@ class Agent:
             self._spawn(self.supervisor.request_exit(message.request_exit))
         elif kind == "read_log":
             self._spawn(self._answer_read_log(message.read_log))
+        elif kind == "node_check":
+            self._spawn(self._answer_node_check(message.node_check))
         else:
             log.warning("ignoring unexpected %s from the coordinator", kind)
 
     async def _answer_read_log(self, request: pb.ReadLog) -> None:
         self.link.send(pb.AgentMessage(log_data=await self.supervisor.read_log(request)))
+
+    async def _answer_node_check(self, check: pb.NodeCheck) -> None:
+        log.info("running the node check %s", list(check.argv))
+        result = await run_node_check(check, launcher=self._launcher, work_dir=self._work_dir,
+                                      allowed_entrypoints=self._config.allowed_entrypoints)
+        if result.passed:
+            log.info("the node check passed")
+        else:
+            log.error("the node check failed: %s", result.detail)
+        self.link.send(pb.AgentMessage(node_check_result=result))
 
     def _spawn(self, coroutine) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -94,6 +109,17 @@ class Agent:
             self._notifier.watchdog()
             await self._clock.asleep(interval)
 
+    async def _fence_watch(self) -> None:
+        """Stop the running generation once no coordinator has answered for the heartbeat timeout: by
+        then the coordinator has declared this node LOST and the job goes on without it."""
+        contact = self.link.contact
+        while True:
+            await self._clock.asleep(FENCE_CHECK_INTERVAL_S)
+            if contact.overdue() and contact.terms is not None:
+                reason = f"no coordinator answered for {contact.silent_for():.1f}s (heartbeat timeout " \
+                         f"{contact.terms.timeout_s:.1f}s)"
+                await self.supervisor.fence(contact.terms.stop_grace_s, reason)
+
     async def run(self, stop: asyncio.Event) -> None:
         self._work_dir.mkdir(parents=True, exist_ok=True)
         self.supervisor.reap_orphans()
@@ -108,6 +134,7 @@ class Agent:
         progress = await open_progress_receiver(self.supervisor.progress_socket, self.supervisor.on_progress,
                                                 group=None if worker_user is None else worker_user.gid)
         tasks = [asyncio.create_task(self.link.run(self)), asyncio.create_task(self._watchdog()),
+                 asyncio.create_task(self._fence_watch()),
                  asyncio.create_task(self.supervisor.watch_output())]
         try:
             await stop.wait()
@@ -137,10 +164,11 @@ def build_agent(config: AgentConfig, devices: list[Device], notifier: SystemdNot
                            identity=IdentityFile(work_dir / "identity.json"), clock=clock,
                            credentials=None if tls is None else tls.channel_credentials())
     worker_user = None if config.run_as is None else WorkerUser.from_settings(config.run_as)
+    launcher = SubprocessLauncher(worker_user)
     supervisor = Supervisor(work_dir=work_dir, progress_socket=work_dir / "progress.sock", report=link.send,
-                            launcher=SubprocessLauncher(worker_user), stack_dumper=PySpyDumper(), clock=clock,
+                            launcher=launcher, stack_dumper=PySpyDumper(), clock=clock,
                             allowed_entrypoints=config.allowed_entrypoints, worker_user=worker_user)
-    return Agent(config, link=link, supervisor=supervisor, notifier=notifier, clock=clock)
+    return Agent(config, link=link, supervisor=supervisor, notifier=notifier, clock=clock, launcher=launcher)
 
 
 class StartRefused(click.ClickException):

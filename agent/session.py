@@ -2,7 +2,9 @@
 
 The agent dials out, finds the leader among the configured coordinators (a standby refuses
 with the leader's address), and reconnects with jittered exponential backoff, presenting its
-resume token so it keeps its identity across a coordinator failover or its own restart.
+resume token so it keeps its identity across a coordinator failover or its own restart. The leader
+acknowledges every heartbeat; the link notes each answer in `contact` (agent/fence.py), and gives up a
+session that goes unanswered for the heartbeat timeout (a cut link breaks no connection).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Protocol
 
 import grpc
 
+from agent.fence import ContactWatch, FenceTerms
 from common.clock import Clock
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
@@ -104,6 +107,8 @@ class CoordinatorLink:
         self._backoff_cap_s = BACKOFF_CAP_S
         self.connected = asyncio.Event()
         self.welcome: pb.Welcome | None = None
+        # When a coordinator last answered: the agent fences itself when that is too long ago.
+        self.contact = ContactWatch(clock)
 
     def send(self, message: pb.AgentMessage) -> None:
         """Queue a report; it goes out on the current session, or the next one."""
@@ -137,6 +142,8 @@ class CoordinatorLink:
 
     def _note_refusal(self, address: str, exc: grpc.aio.AioRpcError) -> None:
         metadata = dict(exc.trailing_metadata() or ())
+        if LEADER_ADDRESS_METADATA in metadata:
+            self.contact.heard()  # a coordinator answered (a standby, or one mid-election): not cut off
         leader = metadata.get(LEADER_ADDRESS_METADATA)
         if leader and leader != address and self._credentials is not None and leader not in self._addresses:
             # Over TLS the agent dials only coordinators it was configured with, whoever names another.
@@ -169,6 +176,8 @@ class CoordinatorLink:
                 log.warning("coordinator %s did not start with Welcome; reconnecting", address)
                 return False
             self.welcome = first.welcome
+            self.contact.welcomed(FenceTerms(first.welcome.heartbeat_timeout_s, first.welcome.stop_grace_s)
+                                  if first.welcome.heartbeat_timeout_s > 0 else None)
             self._backoff_cap_s = max(BACKOFF_BASE_S, min(BACKOFF_CAP_S, first.welcome.heartbeat_interval_s))
             self._identity.save_token(hello.node_name, first.welcome.resume_token)
             log.info("registered as %s with coordinator %s at %s", hello.node_name,
@@ -182,14 +191,18 @@ class CoordinatorLink:
                                                      handler)),
                 asyncio.create_task(self._forward_outbox(call, write_lock)),
                 asyncio.create_task(self._read_commands(call, handler)),
+                asyncio.create_task(self._until_silent(first.welcome.heartbeat_interval_s)),
             ]
             try:
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     error = task.exception()
-                    if error is not None and not isinstance(error, grpc.aio.AioRpcError):
+                    if isinstance(error, asyncio.InvalidStateError):
+                        # A write into an RPC that has just ended (its status arrives on the reader).
+                        log.warning("session with %s broke: %s", address, error)
+                    elif error is not None and not isinstance(error, grpc.aio.AioRpcError):
                         raise error
-                    if error is not None:
+                    elif error is not None:
                         log.warning("session with %s broke: %s %s", address, error.code().name, error.details())
             finally:
                 for task in tasks:
@@ -208,6 +221,13 @@ class CoordinatorLink:
                 await call.write(pb.AgentMessage(heartbeat=body))
             await self._clock.asleep(interval_s)
 
+    async def _until_silent(self, interval_s: float) -> None:
+        """Returns once heartbeats have gone unacknowledged for the heartbeat timeout (a cut link breaks
+        no connection, and a write into it may block): the session is then given up and dialled again."""
+        while not self.contact.silent_too_long():
+            await self._clock.asleep(interval_s)
+        log.warning("no answer from the coordinator for %.1fs; reconnecting", self.contact.silent_for())
+
     async def _forward_outbox(self, call, write_lock: asyncio.Lock) -> None:
         while True:
             message = await self._outbox.get()
@@ -219,4 +239,7 @@ class CoordinatorLink:
             message = await call.read()
             if message is grpc.aio.EOF:
                 return
-            handler.on_command(message)
+            if message.WhichOneof("body") == "heartbeat_ack":
+                self.contact.heard()
+            else:
+                handler.on_command(message)

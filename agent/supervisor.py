@@ -346,11 +346,24 @@ class Supervisor:
             log.warning("generation %d %s %d: cannot write its stacks: %s", self.generation, managed.role,
                         managed.rank, exc)
 
-    async def _stop_all(self, grace_s: float) -> None:
-        """SIGTERM every process group, SIGKILL what is left after the grace, wait for every exit."""
+    async def fence(self, grace_s: float, reason: str) -> bool:
+        """Stop this generation's processes on the agent's own decision (agent/fence.py): SIGTERM, SIGKILL
+        after `grace_s`. Their exits are reported as unexpected: no coordinator asked for them. True when
+        there was something to stop."""
+        async with self._lock:
+            if not any(m.running for m in self.processes.values()):
+                return False
+            log.warning("fencing generation %d: %s; stopping its processes (SIGKILL after %.1fs)", self.generation,
+                        reason, grace_s)
+            await self._stop_all(grace_s, expected=False)
+            return True
+
+    async def _stop_all(self, grace_s: float, *, expected: bool = True) -> None:
+        """SIGTERM every process group, SIGKILL what is left after the grace, wait for every exit.
+        `expected`: the exits follow a Stop (or the agent's own shutdown), they are no failure."""
         live = [(m, m.handle) for m in self.processes.values() if m.running and m.handle is not None]
         for managed, handle in live:
-            managed.expected = True
+            managed.expected = expected
             handle.signal_group(signal.SIGTERM)
         waiters = [m.waiter for m, _ in live if m.waiter is not None]
         if not waiters:

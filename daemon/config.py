@@ -195,6 +195,12 @@ class JobSettings(StrictModel):
     # scripts that use MindSpore's graceful exit: a drain or growth then stops every rank at the
     # same step boundary instead of killing it mid-step.
     graceful_exit_file: str | None = None
+    # argv run by the agent on a host that returns from LOST or a quarantine, before it is offered work
+    # (on Ascend e.g. MindSpore's stress_detect); exit 0 passes. "{python}": the agent's interpreter.
+    # It must start with one of the agent's allowed_entrypoints. None: no check.
+    node_check: list[str] | None = Field(default=None, min_length=1)
+    # A node check still running after this long is killed and counts as failed.
+    node_check_timeout_s: float = Field(default=300.0, gt=0, le=3600)
     # Port of the MindSpore scheduler on the first node of each generation.
     scheduler_port: int = Field(default=8118, ge=1024, le=65535)
     # Once min_nodes are READY, wait this long for more before the first launch.

@@ -26,6 +26,7 @@ from daemon.job.placement import NodeOffer
 from daemon.leader import LeaderElection, LeaderRecord, Leadership, LeadershipLost
 from daemon.liveness import LivenessTracker
 from daemon.log_relay import LogChunk, LogRelay
+from daemon.node_checks import NodeChecks
 from daemon.membership import DeviceInfo, Membership, NodeRecord
 from daemon.pass_guard import PassGuard
 from daemon.store import codec, keys
@@ -39,6 +40,7 @@ STORE_RETRY_S = 1.0
 # The leader deletes old events this often (and at once when it takes office).
 EVENT_COMPACTION_INTERVAL_S = 60.0
 DEFAULT_FORGET_LOST_AFTER_S = 86400.0
+DEFAULT_STOP_GRACE_S = 5.0  # what a self-fencing agent gives its processes when no job is configured
 DEFAULT_EVENTS_KEEP = 10000
 DEFAULT_EVENTS_MAX_AGE_S = 7 * 86400.0
 
@@ -73,6 +75,9 @@ class Welcome:
     resume_token: str
     heartbeat_interval_s: float
     coordinator_id: str
+    # The agent fences itself (stops its processes within stop_grace_s) after timeout_s unheard.
+    heartbeat_timeout_s: float = 0.0
+    stop_grace_s: float = 0.0
 
 
 class AgentSession:
@@ -156,6 +161,8 @@ class Coordinator:
         self._job_name = job_name
         self.job = None if job is None else JobController(
             store=store, spec=job, events=self._events, clock=clock, send=self._send_to_node)
+        self._node_checks = NodeChecks(None if job is None else job.node_check,
+                                       0.0 if job is None else job.node_check_timeout_s)
         self._forget_lost_after_s = forget_lost_after_s
         self._events_keep = events_keep
         self._events_max_age_s = events_max_age_s
@@ -272,8 +279,41 @@ class Coordinator:
             kind = "node_joined" if record is None else "node_ready"
             await self._events.append(kind, f"node {name} is READY with {len(hello.devices)} device(s) "
                                       f"at {hello.host}", leadership.fence, node=name)
-        welcome = Welcome(name, token, self.heartbeat_interval_s, self.me.id)
+        stop_grace_s = DEFAULT_STOP_GRACE_S if self.job is None else self.job.spec.stop_grace_s
+        welcome = Welcome(name, token, self.heartbeat_interval_s, self.me.id, self._liveness.timeout_s, stop_grace_s)
+        if record is not None and record.state is NodeState.LOST:
+            await self._check_node(session, "it returned from LOST", leadership)
         return session, welcome
+
+    async def _check_node(self, session: AgentSession, why: str, leadership: Leadership) -> None:
+        """Send the node job.node_check (when the job names one); it is offered no work until it passes."""
+        command = self._node_checks.start(session.node)
+        if command is None:
+            return
+        session.send(command)  # queued: it goes out after the Welcome
+        await self._events.append("node_check_started", f"node {session.node} runs the node check before it is "
+                                  f"offered work: {why}", leadership.fence, node=session.node)
+
+    def node_check_result(self, session: AgentSession, check_id: int, passed: bool, detail: str) -> None:
+        """The agent's answer to a NodeCheck: a pass puts the node back in the offers, a failure keeps it
+        out (until it returns again or is undrained), with the reason in the events."""
+        if session.closed.is_set() or self.leadership is None:
+            return
+        outcome = self._node_checks.result(session.node, check_id, passed, detail)
+        if outcome is None:
+            return
+        leadership, node = self.leadership, session.node
+        if outcome:
+            recorded = self._events.append("node_check_passed", f"node {node} passed the node check",
+                                           leadership.fence, node=node)
+        else:
+            recorded = self._events.append("node_check_failed", f"node {node} failed the node check and is offered "
+                                           f"no work until it returns or is undrained: {detail}",
+                                           leadership.fence, node=node, reason=detail)
+        task = asyncio.get_running_loop().create_task(recorded)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        self.request_reconcile()
 
     @property
     def session_count(self) -> int:
@@ -340,10 +380,11 @@ class Coordinator:
 
     def _cluster_facts(self) -> ClusterFacts:
         records = self._membership.all()
+        checking = self._node_checks.excluded()
         ready = [r for r in records if r.state is NodeState.READY]
         return ClusterFacts(
             offers=[NodeOffer(r.name, r.host, r.devices) for r in ready
-                    if self._liveness.is_connected(r.name) and not r.drained],
+                    if self._liveness.is_connected(r.name) and not r.drained and r.name not in checking],
             disconnected={r.name for r in ready if not self._liveness.is_connected(r.name)},
             lost={r.name for r in records if r.state is NodeState.LOST},
             drained={r.name for r in records if r.drained},
@@ -439,7 +480,13 @@ class Coordinator:
                                           f"node {node} is {'drained' if drained else 'back in service'}",
                                           leadership.fence, node=node)
             if not drained and self.job is not None:
+                quarantined = node in self.job.record.quarantined(self.job.spec.restart.quarantine_after)
                 await self.job.forget_node_failures(node, leadership.fence)
+                session = self._sessions.get(node)
+                failed_check = node in self._node_checks.failed
+                if (quarantined or failed_check) and session is not None and not session.closed.is_set():
+                    why = "its quarantine was lifted" if quarantined else "it was undrained after a failed check"
+                    await self._check_node(session, why, leadership)
         self.request_reconcile()
         return f"node {node} is {'drained' if drained else 'in service'}"
 

@@ -39,6 +39,7 @@ from daemon.log_relay import MAX_LOG_READ_BYTES, LogChunk
 from daemon.job.goodput import Phase
 from daemon.job.observation import SkippedBatch, ProcessReport, ProgressReport, RootCause
 from daemon.membership import DeviceInfo
+from daemon.node_checks import NodeCheckCommand
 from daemon.message_checks import MAX_RANK, MalformedMessage
 from daemon.peer_auth import require_node
 from daemon.rate_limited_log import RateLimitedLog
@@ -203,6 +204,9 @@ def command_to_proto(command: object) -> pb.CoordinatorMessage:
         return pb.CoordinatorMessage(read_log=pb.ReadLog(
             request_id=command.request_id, generation=command.generation, role=command.role, rank=command.rank,
             offset=command.offset, max_bytes=command.max_bytes))
+    if isinstance(command, NodeCheckCommand):
+        return pb.CoordinatorMessage(node_check=pb.NodeCheck(check_id=command.check_id, argv=list(command.argv),
+                                                             timeout_s=command.timeout_s))
     if isinstance(command, CheckpointNowCommand):
         return pb.CoordinatorMessage(checkpoint_now=pb.CheckpointNow(generation=command.generation,
                                                                      step=command.step))
@@ -246,6 +250,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         await context.write(pb.CoordinatorMessage(welcome=pb.Welcome(
             node_name=welcome.node_name, resume_token=welcome.resume_token,
             heartbeat_interval_s=welcome.heartbeat_interval_s, coordinator_id=welcome.coordinator_id,
+            heartbeat_timeout_s=welcome.heartbeat_timeout_s, stop_grace_s=welcome.stop_grace_s,
         )))
         reader = asyncio.create_task(self._read(context, session))
         writer = asyncio.create_task(self._write(context, outbox))
@@ -294,6 +299,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             reports = [process_status_report(node, status) for status in heartbeat.processes]
             coordinator.heartbeat(session, generation)
             metrics.HEARTBEATS.inc()
+            if not session.closed.is_set():  # the agent's proof it still belongs (agent/fence.py)
+                session.send(pb.CoordinatorMessage(heartbeat_ack=pb.HeartbeatAck(sequence=heartbeat.sequence)))
             if sent_at > 0:
                 metrics.HEARTBEAT_LAG.observe(max(0.0, time.time() - sent_at))
             for report in reports:
@@ -328,6 +335,10 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             coordinator.log_data(session, data.request_id, LogChunk(
                 bytes(data.data), check.bounded_int(data.offset, 0, check.MAX_STEP, "offset"),
                 check.bounded_int(data.size, 0, check.MAX_STEP, "size"), data.running, data.error))
+        elif kind == "node_check_result":
+            result = message.node_check_result
+            coordinator.node_check_result(session, result.check_id, result.passed,
+                                          check.text(result.detail, 1000, "detail"))
         elif kind == "hello":
             raise MalformedMessage("a second Hello")
         else:
@@ -335,7 +346,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     async def _write(self, context: grpc.aio.ServicerContext, outbox: asyncio.Queue) -> None:
         while True:
-            await context.write(command_to_proto(await outbox.get()))
+            message = await outbox.get()  # a command of the job, or a ready wire message (HeartbeatAck)
+            await context.write(message if isinstance(message, pb.CoordinatorMessage) else command_to_proto(message))
 
 
 class ControlService(pb_grpc.ControlServicer):

@@ -183,7 +183,7 @@ class CheckpointSaved(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., step: _Optional[int] = ..., consumed_samples: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "heartbeat", "process_started", "process_exited", "progress", "bad_batch", "stopped", "checkpoint_saved", "log_data")
+    __slots__ = ("hello", "heartbeat", "process_started", "process_exited", "progress", "bad_batch", "stopped", "checkpoint_saved", "log_data", "node_check_result")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     PROCESS_STARTED_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +193,7 @@ class AgentMessage(_message.Message):
     STOPPED_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_SAVED_FIELD_NUMBER: _ClassVar[int]
     LOG_DATA_FIELD_NUMBER: _ClassVar[int]
+    NODE_CHECK_RESULT_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     heartbeat: Heartbeat
     process_started: ProcessStarted
@@ -202,7 +203,18 @@ class AgentMessage(_message.Message):
     stopped: Stopped
     checkpoint_saved: CheckpointSaved
     log_data: LogData
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., process_started: _Optional[_Union[ProcessStarted, _Mapping]] = ..., process_exited: _Optional[_Union[ProcessExited, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., bad_batch: _Optional[_Union[BadBatch, _Mapping]] = ..., stopped: _Optional[_Union[Stopped, _Mapping]] = ..., checkpoint_saved: _Optional[_Union[CheckpointSaved, _Mapping]] = ..., log_data: _Optional[_Union[LogData, _Mapping]] = ...) -> None: ...
+    node_check_result: NodeCheckResult
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., process_started: _Optional[_Union[ProcessStarted, _Mapping]] = ..., process_exited: _Optional[_Union[ProcessExited, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., bad_batch: _Optional[_Union[BadBatch, _Mapping]] = ..., stopped: _Optional[_Union[Stopped, _Mapping]] = ..., checkpoint_saved: _Optional[_Union[CheckpointSaved, _Mapping]] = ..., log_data: _Optional[_Union[LogData, _Mapping]] = ..., node_check_result: _Optional[_Union[NodeCheckResult, _Mapping]] = ...) -> None: ...
+
+class NodeCheckResult(_message.Message):
+    __slots__ = ("check_id", "passed", "detail")
+    CHECK_ID_FIELD_NUMBER: _ClassVar[int]
+    PASSED_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    check_id: int
+    passed: bool
+    detail: str
+    def __init__(self, check_id: _Optional[int] = ..., passed: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class LogData(_message.Message):
     __slots__ = ("request_id", "data", "offset", "size", "running", "error")
@@ -221,16 +233,36 @@ class LogData(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., data: _Optional[bytes] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., running: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("node_name", "resume_token", "heartbeat_interval_s", "coordinator_id")
+    __slots__ = ("node_name", "resume_token", "heartbeat_interval_s", "coordinator_id", "heartbeat_timeout_s", "stop_grace_s")
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     RESUME_TOKEN_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    STOP_GRACE_S_FIELD_NUMBER: _ClassVar[int]
     node_name: str
     resume_token: str
     heartbeat_interval_s: float
     coordinator_id: str
-    def __init__(self, node_name: _Optional[str] = ..., resume_token: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., coordinator_id: _Optional[str] = ...) -> None: ...
+    heartbeat_timeout_s: float
+    stop_grace_s: float
+    def __init__(self, node_name: _Optional[str] = ..., resume_token: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., coordinator_id: _Optional[str] = ..., heartbeat_timeout_s: _Optional[float] = ..., stop_grace_s: _Optional[float] = ...) -> None: ...
+
+class NodeCheck(_message.Message):
+    __slots__ = ("check_id", "argv", "timeout_s")
+    CHECK_ID_FIELD_NUMBER: _ClassVar[int]
+    ARGV_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    check_id: int
+    argv: _containers.RepeatedScalarFieldContainer[str]
+    timeout_s: float
+    def __init__(self, check_id: _Optional[int] = ..., argv: _Optional[_Iterable[str]] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class HeartbeatAck(_message.Message):
+    __slots__ = ("sequence",)
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    def __init__(self, sequence: _Optional[int] = ...) -> None: ...
 
 class ProcessSpec(_message.Message):
     __slots__ = ("role", "rank", "local_rank", "device_id", "argv", "env")
@@ -328,20 +360,24 @@ class CheckpointNow(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("welcome", "launch", "stop", "checkpoint_now", "request_exit", "read_log")
+    __slots__ = ("welcome", "launch", "stop", "checkpoint_now", "request_exit", "read_log", "heartbeat_ack", "node_check")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     LAUNCH_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_NOW_FIELD_NUMBER: _ClassVar[int]
     REQUEST_EXIT_FIELD_NUMBER: _ClassVar[int]
     READ_LOG_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_ACK_FIELD_NUMBER: _ClassVar[int]
+    NODE_CHECK_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     launch: Launch
     stop: Stop
     checkpoint_now: CheckpointNow
     request_exit: RequestExit
     read_log: ReadLog
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., launch: _Optional[_Union[Launch, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., checkpoint_now: _Optional[_Union[CheckpointNow, _Mapping]] = ..., request_exit: _Optional[_Union[RequestExit, _Mapping]] = ..., read_log: _Optional[_Union[ReadLog, _Mapping]] = ...) -> None: ...
+    heartbeat_ack: HeartbeatAck
+    node_check: NodeCheck
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., launch: _Optional[_Union[Launch, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., checkpoint_now: _Optional[_Union[CheckpointNow, _Mapping]] = ..., request_exit: _Optional[_Union[RequestExit, _Mapping]] = ..., read_log: _Optional[_Union[ReadLog, _Mapping]] = ..., heartbeat_ack: _Optional[_Union[HeartbeatAck, _Mapping]] = ..., node_check: _Optional[_Union[NodeCheck, _Mapping]] = ...) -> None: ...
 
 class LogRequest(_message.Message):
     __slots__ = ("rank", "generation", "offset", "max_bytes")

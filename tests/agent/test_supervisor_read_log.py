@@ -121,7 +121,7 @@ def test_the_agent_answers_read_log_and_request_exit_commands(tmp_path: Path) ->
         host = Host(tmp_path)
         link = RecordingLink()
         agent = Agent(AgentConfig(coordinator=["127.0.0.1:1"], work_dir=str(tmp_path)), link=link,  # type: ignore[arg-type]
-                      supervisor=host.supervisor, notifier=SystemdNotifier(), clock=host.clock)
+                      supervisor=host.supervisor, notifier=SystemdNotifier(), clock=host.clock, launcher=host.launcher)
         workdir = tmp_path / "user-job"
         await host.supervisor.launch(launch(1, workdir=str(workdir), graceful_exit_file="exit.json"))
         host.launcher.started["rank0"].write("epoch: 1 step: 1, loss is 0.5\n")

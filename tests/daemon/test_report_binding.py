@@ -139,3 +139,22 @@ def test_forged_reports_are_warned_about_once_a_minute_per_node(caplog) -> None:
         assert "node b sent a process report of rank 0 in generation 1, which runs on node a" in warnings[0]
         assert "99 more about b held back" in warnings[1]
     run(scenario())
+
+
+def test_a_generation_that_moved_on_takes_no_commit_progress_or_exit_from_the_one_before() -> None:
+    """A fenced-off host's last reports (it was cut off while generation 1 ran) arrive after the job
+    moved on to generation 2: none of them is recorded or acted on."""
+    async def scenario() -> None:
+        sim = await running_cluster(nodes=("a", "b", "c"))
+        sim.step(15)
+        await crash_and_relaunch(sim)
+        a = sim.agents["a"].session
+        sim.coordinator.checkpoint_saved(a, 1, 30, 30 * GLOBAL_BATCH, "/ckpt/step_00000030")
+        sim.coordinator.progress_report(a, 1, ProgressReport(0, 99, 0.1, 1.0, 1.0, 99 * GLOBAL_BATCH))
+        sim.coordinator.process_report(a, 1, ProcessReport("a", ProcessRole.WORKER, 0, 200, False, exit_code=1))
+        await sim.tick()
+        assert [c.step for c in sim.job.catalog.entries()] == [10]
+        assert sim.state is not JobState.FAILED and sim.job.record.generation == 2
+        assert all(r.step != 99 for r in sim.job.view().ranks)
+        assert sim.job.record.last_failure is None or sim.job.record.last_failure.rank == 1
+    run(scenario())
