@@ -4,7 +4,7 @@ The agent dials out, finds the leader among the configured coordinators (a stand
 with the leader's address), and reconnects with jittered exponential backoff, presenting its
 resume token so it keeps its identity across a coordinator failover or its own restart. The leader
 acknowledges every heartbeat; the link notes each answer in `contact` (agent/fence.py), and gives up a
-session that goes unanswered for the heartbeat timeout (a cut link breaks no connection).
+session that goes unanswered for about half the heartbeat timeout (a cut link breaks no connection).
 """
 
 from __future__ import annotations
@@ -40,6 +40,14 @@ WELCOME_TIMEOUT_S = 10.0
 def backoff_delay(attempt: int, rng: random.Random, cap_s: float = BACKOFF_CAP_S) -> float:
     """Jittered exponential backoff, so a restarted coordinator is not hit by every agent at once."""
     return rng.uniform(0.5, 1.0) * min(cap_s, BACKOFF_BASE_S * (2 ** attempt))
+
+
+def redial_after_s(interval_s: float, timeout_s: float) -> float:
+    """How long a session may go unanswered before the agent dials again: well before it fences itself
+    and before the leader declares it LOST (both after `timeout_s`), so a stream that died without an
+    error costs a redial, not the generation. (Seen once in CI: after the leader's SIGKILL one agent's
+    stream never failed, and the new leader declared that node LOST.)"""
+    return min(timeout_s, max(3 * interval_s, timeout_s / 2))
 
 
 class IdentityFile:
@@ -222,10 +230,13 @@ class CoordinatorLink:
             await self._clock.asleep(interval_s)
 
     async def _until_silent(self, interval_s: float) -> None:
-        """Returns once heartbeats have gone unacknowledged for the heartbeat timeout (a cut link breaks
-        no connection, and a write into it may block): the session is then given up and dialled again."""
-        while not self.contact.silent_too_long():
-            await self._clock.asleep(interval_s)
+        """Returns once heartbeats have gone unacknowledged for `redial_after_s` (a cut link breaks no
+        connection, and a write into it may block): the session is then given up and dialled again."""
+        while True:
+            terms = self.contact.terms
+            if terms is not None and self.contact.silent_for() > redial_after_s(interval_s, terms.timeout_s):
+                break
+            await self._clock.asleep(interval_s / 2)
         log.warning("no answer from the coordinator for %.1fs; reconnecting", self.contact.silent_for())
 
     async def _forward_outbox(self, call, write_lock: asyncio.Lock) -> None:

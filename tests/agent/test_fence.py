@@ -144,3 +144,11 @@ def test_fence_terms_then_kills_after_the_grace_and_reports_the_exits_as_unexpec
         assert not await host.supervisor.fence(2.0, "cut off")
 
     run(scenario())
+
+
+def test_a_silent_session_is_redialled_well_before_the_agent_fences_or_the_leader_declares_it_lost() -> None:
+    from agent.session import redial_after_s
+
+    assert redial_after_s(1.0, 5.0) == 3.0   # the defaults: redial at 3 s, fence and LOST at 5 s
+    assert redial_after_s(0.5, 2.0) == 1.5   # the tests' timing
+    assert redial_after_s(1.0, 2.0) == 2.0   # never later than the timeout
