@@ -27,3 +27,7 @@ AGENT_MESSAGES_DROPPED = Counter(
     "trainerd_agent_messages_dropped_total",
     "Agent messages dropped: malformed, about a rank not placed on the sending node, or failing.", ["reason"])
 SESSIONS_REFUSED = Counter("trainerd_sessions_refused_total", "Session streams refused: too many open at once.")
+HELLOS_DEFERRED = Counter("trainerd_hellos_deferred_total",
+                          "Hellos deferred (RESOURCE_EXHAUSTED, a retry-after hint): too many waiting to be admitted.")
+COORDINATOR_STALL = Counter("trainerd_coordinator_stall_seconds_total",
+                            "Seconds the coordinator's event loop ran late; liveness deadlines moved by them.")
