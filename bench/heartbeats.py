@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextvars
 import logging
 import multiprocessing
 import os
@@ -55,7 +56,6 @@ from proto import trainerd_pb2_grpc as pb_grpc  # noqa: E402
 INTERVAL_S = 1.0
 TIMEOUT_S = 5.0
 REPORT_EVERY_S = 0.25
-FILES_NEEDED_PER_AGENT = 2  # a socket at each end; trainerd and the clients raise their own limits
 
 
 def free_port() -> int:
@@ -174,19 +174,37 @@ class CountFailures(logging.Handler):
             self._tally.refused[(msg % args)[:80]] += 1
 
 
-def client_process(addresses: list[str], names: list[str], ramp_per_s: float, report, stop) -> None:
-    raise_file_limit(FILES_NEEDED_PER_AGENT * len(names) + 1000)
+CONNECTION = contextvars.ContextVar("CONNECTION", default=0)
+
+
+def one_connection_per_group() -> None:
+    """gRPC shares one TCP connection between channels of the same process with the same arguments;
+    real agents are separate hosts. A channel argument naming the agent's group (each agent its own,
+    unless --agents-per-connection) gives each group its own connection."""
+    plain = grpc.aio.insecure_channel
+
+    def insecure_channel(target, options=None, *args, **kwargs):
+        return plain(target, [*(options or []), ("trainerd.bench.connection", CONNECTION.get())], *args, **kwargs)
+
+    grpc.aio.insecure_channel = insecure_channel  # type: ignore[assignment]
+
+
+def client_process(addresses: list[str], names: list[str], ramp_per_s: float, per_connection: int, report,
+                   stop) -> None:
+    raise_file_limit(len(names) // per_connection + 1000)
+    one_connection_per_group()
     tally = Tally()
     session_log = logging.getLogger("agent.session")
     session_log.setLevel(logging.INFO)
     session_log.propagate = False
     session_log.addHandler(CountFailures(tally))
-    asyncio.run(_run_agents(addresses, names, ramp_per_s, tally, report, stop))
+    asyncio.run(_run_agents(addresses, names, ramp_per_s, per_connection, tally, report, stop))
 
 
-async def _run_agents(addresses, names, ramp_per_s, tally: Tally, report, stop) -> None:
+async def _run_agents(addresses, names, ramp_per_s, per_connection: int, tally: Tally, report, stop) -> None:
     clock, tasks = SystemClock(), []
     for i, name in enumerate(names):
+        CONNECTION.set(i // per_connection)  # the task made next copies it
         link = CoordinatorLink(addresses=addresses, identity=MemoryIdentity(), clock=clock,  # type: ignore[arg-type]
                                rng=random.Random(name), hello=pb.Hello(
                                    node_name=name, host="127.0.0.1", agent_version="bench",
@@ -206,7 +224,8 @@ async def _run_agents(addresses, names, ramp_per_s, tally: Tally, report, stop) 
 class Clients:
     """The simulated agents, spread over processes; `totals()` sums what they last reported."""
 
-    def __init__(self, addresses: list[str], count: int, processes: int, ramp_per_s: float) -> None:
+    def __init__(self, addresses: list[str], count: int, processes: int, ramp_per_s: float,
+                 per_connection: int) -> None:
         context = multiprocessing.get_context("spawn")
         self._stop = context.Event()
         self._pipes, self._procs, self._last = [], [], []
@@ -214,7 +233,7 @@ class Clients:
         for p in range(processes):
             mine, theirs = context.Pipe(duplex=False)
             proc = context.Process(target=client_process, daemon=True, args=(
-                addresses, names[p::processes], ramp_per_s / processes, theirs, self._stop))
+                addresses, names[p::processes], ramp_per_s / processes, per_connection, theirs, self._stop))
             proc.start()
             self._pipes.append(mine)
             self._procs.append(proc)
@@ -322,7 +341,8 @@ async def measure(count: int, args, workdir: Path) -> dict:
             coordinators.append(Trainerd(workdir, f"{count}-b", etcd.endpoint, max_sessions))
             await asyncio.sleep(2)  # standing by
         leader = coordinators[0]
-        clients = Clients([c.address for c in coordinators], count, args.client_processes, args.ramp)
+        clients = Clients([c.address for c in coordinators], count, args.client_processes, args.ramp,
+                          args.agents_per_connection)
         started = time.monotonic()
         connect_s = await wait_until(lambda: clients.totals()["welcomed"] >= count, args.connect_limit)
         await asyncio.sleep(2 * INTERVAL_S)  # settle into steady state
@@ -438,6 +458,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0, help="measurement window per N")
     parser.add_argument("--client-processes", type=int, default=2,
                         help="processes the simulated agents are spread over")
+    parser.add_argument("--agents-per-connection", type=int, default=1,
+                        help="simulated agents sharing one TCP connection (1: one each, like real hosts; "
+                             "2 for 20,000 agents when trainerd may open only 20,000 files)")
     parser.add_argument("--ramp", type=float, default=1e9,
                         help="agents started per second (default: all at once)")
     parser.add_argument("--connect-limit", type=float, default=180.0, help="seconds to wait for every Welcome")
@@ -445,9 +468,10 @@ def main() -> None:
                         help="run a standby, kill the leader after the window, time the agents' return")
     parser.add_argument("--baseline", action="store_true", help="also measure one etcd lease per agent")
     args = parser.parse_args()
-    raise_file_limit(FILES_NEEDED_PER_AGENT * max(args.agents) + 1000)
+    raise_file_limit(max(args.agents) // args.agents_per_connection + 1000)
     print(f"heartbeat interval {INTERVAL_S}s, LOST after {TIMEOUT_S}s; window {args.seconds:.0f}s per row; "
-          f"{args.client_processes} client processes; {os.cpu_count()} cores, load average "
+          f"{args.client_processes} client processes, {args.agents_per_connection} agent(s) per TCP connection; "
+          f"{os.cpu_count()} cores, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     header = (f"{'agents':>7} {'connect':>8} {'offered/s':>10} {'handled/s':>10} {'ratio':>6} {'lag p50':>8} "
               f"{'lag p99':>8} {'trainerd cpu':>12} {'clients cpu':>11} {'false LOST':>10} {'broken':>7} "
