@@ -235,6 +235,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             first = await asyncio.wait_for(context.read(), HELLO_TIMEOUT_S)
         except asyncio.TimeoutError:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no Hello within 10 s")
+        if first is grpc.aio.EOF and context.cancelled():
+            return  # the agent gave up waiting before its Hello was read: nobody to answer
         if first is grpc.aio.EOF or first.WhichOneof("body") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a session must start with Hello")
         hello = hello_from_proto(first.hello)
