@@ -502,8 +502,9 @@ async def run_all(args) -> None:
                 print(f"        {n} attempt(s) failed before a Welcome: {reason}", flush=True)
             if "failover" in r:
                 f = r["failover"]
-                print(f"        failover: leader killed; the standby led after {f['leads_s']:.1f}s, all "
-                      f"{r['agents']} agents were connected to it after {f['all_back_s']:.1f}s "
+                back = (f"all {r['agents']} agents were connected to it after {f['all_back_s']:.1f}s"
+                        if f["all_back_s"] != float("inf") else "not every agent was back within 120 s")
+                print(f"        failover: leader killed; the standby led after {f['leads_s']:.1f}s, {back} "
                       f"({f['connected']} now); false LOST {f['false_lost']}", flush=True)
             if args.baseline:
                 b = await etcd_lease_baseline(r["agents"], args.seconds, Path(tmp))
