@@ -22,7 +22,7 @@ from agent.fence import ContactWatch, FenceTerms
 from common.clock import Clock
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
-from proto.vocabulary import LEADER_ADDRESS_METADATA
+from proto.vocabulary import LEADER_ADDRESS_METADATA, RETRY_AFTER_MS_METADATA
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +37,24 @@ BACKOFF_CAP_S = 5.0
 WELCOME_TIMEOUT_S = 10.0
 
 
-def backoff_delay(attempt: int, rng: random.Random, cap_s: float = BACKOFF_CAP_S) -> float:
-    """Jittered exponential backoff, so a restarted coordinator is not hit by every agent at once."""
-    return rng.uniform(0.5, 1.0) * min(cap_s, BACKOFF_BASE_S * (2 ** attempt))
+def backoff_delay(attempt: int, rng: random.Random, cap_s: float = BACKOFF_CAP_S,
+                  retry_after_s: float = 0.0) -> float:
+    """Jittered exponential backoff, so a restarted coordinator is not hit by every agent at once.
+    A coordinator that deferred our Hello named when to come back (`retry_after_s`): no earlier than
+    that, spread over half as long again so the deferred agents do not return together."""
+    delay = rng.uniform(0.5, 1.0) * min(cap_s, BACKOFF_BASE_S * (2 ** attempt))
+    if retry_after_s > 0:
+        delay = max(delay, retry_after_s * rng.uniform(1.0, 1.5))
+    return delay
+
+
+def retry_after_s(exc: grpc.aio.AioRpcError) -> float:
+    """The coordinator's hint of when to try again (0: none)."""
+    hint = dict(exc.trailing_metadata() or ()).get(RETRY_AFTER_MS_METADATA)
+    try:
+        return min(60.0, max(0.0, float(hint) / 1000)) if hint else 0.0
+    except ValueError:
+        return 0.0
 
 
 def redial_after_s(interval_s: float, timeout_s: float) -> float:
@@ -133,10 +148,12 @@ class CoordinatorLink:
         attempt = 0
         while True:
             address = self._next_address(attempt)
+            retry_after = 0.0
             try:
                 established = await self._session(address, handler)
             except grpc.aio.AioRpcError as exc:
                 established = False
+                retry_after = retry_after_s(exc)
                 self._note_refusal(address, exc)
             except asyncio.TimeoutError:
                 established = False
@@ -146,7 +163,7 @@ class CoordinatorLink:
                     self.connected.clear()
                     handler.on_connected(False)
             attempt = 0 if established else attempt + 1
-            await self._clock.asleep(backoff_delay(attempt, self._rng, self._backoff_cap_s))
+            await self._clock.asleep(backoff_delay(attempt, self._rng, self._backoff_cap_s, retry_after))
 
     def _note_refusal(self, address: str, exc: grpc.aio.AioRpcError) -> None:
         metadata = dict(exc.trailing_metadata() or ())

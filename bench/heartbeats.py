@@ -1,12 +1,23 @@
-"""How many agents one trainerd holds: N simulated agents (asyncio clients in this process) keep
-sessions open against a real trainerd (embedded etcd) and heartbeat at 1 Hz.
+"""How many agents one trainerd holds: N simulated agents keep sessions open against a real trainerd
+(and a real etcd) and heartbeat at 1 Hz, all connecting at once.
 
-Prints, per N: heartbeats handled per second beside the offered rate, the coordinator's heartbeat
-lag p50/p99 (sent → handled, from its Prometheus histogram), trainerd's CPU, and the nodes falsely
-declared LOST. Baseline, measured in the same run: the design trainerd rejected, where every agent
-keeps an etcd lease alive at 1 Hz on its own keepalive stream (etcd's CPU and keepalive round trip).
+Each simulated agent is the real agent's session code (agent/session.py CoordinatorLink: its own TCP
+connection, Welcome timeout, jittered backoff, resume token, the coordinator's retry-after hint); only
+the processes it would supervise are missing. They run in --client-processes processes so the client
+side is not one Python thread. trainerd has to share the machine's cores with them: its CPU share is
+printed.
 
-    .venv/bin/python bench/heartbeats.py --agents 1000 2000 5000 --seconds 30
+Prints, per N: time until every agent was welcomed, heartbeats handled per second beside the offered
+rate, the coordinator's heartbeat lag p50/p99 (sent → handled, from its Prometheus histogram),
+trainerd's CPU, the nodes falsely declared LOST, sessions that broke after their Welcome, and Hellos
+the coordinator deferred (RESOURCE_EXHAUSTED with a retry-after hint: not a broken session, the agent
+had none yet). With --failover, a standby trainerd runs beside the leader; after the window the leader
+is killed and the bench measures how long until every agent is connected again (to the new leader),
+and the false LOST. Baseline (--baseline), measured in the same run: the design trainerd rejected,
+where every agent keeps an etcd lease alive at 1 Hz on its own keepalive stream.
+
+    .venv/bin/python bench/heartbeats.py --agents 2000 5000 --seconds 15
+    .venv/bin/python bench/heartbeats.py --agents 10000 --seconds 15 --failover
 """
 
 from __future__ import annotations
@@ -14,7 +25,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextvars
+import logging
+import multiprocessing
+import os
 import random
+import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -30,17 +47,30 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from agent.session import CoordinatorLink  # noqa: E402
+from common.clock import SystemClock  # noqa: E402
+from daemon.etcd_process import EmbeddedEtcd  # noqa: E402
 from proto import trainerd_pb2 as pb  # noqa: E402
 from proto import trainerd_pb2_grpc as pb_grpc  # noqa: E402
 
 INTERVAL_S = 1.0
 TIMEOUT_S = 5.0
+REPORT_EVERY_S = 0.25
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def raise_file_limit(wanted: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted), max(hard, wanted)))
+    except (ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        print(f"note: could not raise the open-file limit to {wanted} (stays {hard})", file=sys.stderr)
 
 
 def scrape(metrics_port: int) -> dict[str, float]:
@@ -68,136 +98,307 @@ def lag_percentile(before: dict, after: dict, q: float) -> float:
     return float("nan")
 
 
-class SimulatedAgents:
-    def __init__(self, address: str, count: int, per_channel: int) -> None:
-        self._address = address
-        self._count = count
-        self._per_channel = per_channel
-        self.welcomed = 0
-        self.failed = 0
-        self.failure_codes: collections.Counter[str] = collections.Counter()
-        self.sent = 0
-        self._tasks: list[asyncio.Task] = []
-        self._channels: list[grpc.aio.Channel] = []
+# ------------------------------------------------------------------ client processes
 
-    async def start(self, ramp_per_s: float) -> None:
-        for i in range(self._count):
-            if i % self._per_channel == 0:
-                self._channels.append(grpc.aio.insecure_channel(self._address))
-            stub = pb_grpc.CoordinatorStub(self._channels[-1])
-            self._tasks.append(asyncio.create_task(self._agent(stub, f"sim-{i:05d}")))
-            if (i + 1) % 100 == 0:
-                await asyncio.sleep(100 / ramp_per_s)
 
-    async def _agent(self, stub, name: str) -> None:
-        """Like a real agent: on a broken session, back off briefly and open a new one."""
-        welcomed = False
-        while True:
-            call = stub.Session()
+class MemoryIdentity:
+    """The resume token, kept in memory (a real agent keeps it in a file)."""
+
+    def __init__(self) -> None:
+        self._token = ""
+
+    def load_token(self, node_name: str) -> str:
+        return self._token
+
+    def save_token(self, node_name: str, token: str) -> None:
+        self._token = token
+
+
+class Tally:
+    """What one client process saw; sent to the bench as a dict."""
+
+    def __init__(self) -> None:
+        self.welcomed = 0  # agents welcomed at least once
+        self.connected = 0  # agents with a session now
+        self.broken = 0  # sessions that ended after their Welcome
+        self.reasons: collections.Counter[str] = collections.Counter()  # why sessions broke
+        self.deferred = 0  # Hellos answered RESOURCE_EXHAUSTED (no session yet)
+        self.refused: collections.Counter[str] = collections.Counter()  # other failed attempts
+
+
+class SimulatedAgent:
+    """The agent's SessionHandler with nothing to supervise: its heartbeat carries only `sent_at`."""
+
+    def __init__(self, tally: Tally) -> None:
+        self._tally = tally
+        self._welcomed = False
+
+    def on_command(self, message: pb.CoordinatorMessage) -> None:
+        pass
+
+    def heartbeat_body(self) -> pb.Heartbeat:
+        return pb.Heartbeat(sent_at=time.time())
+
+    def on_connected(self, connected: bool) -> None:
+        if connected:
+            self._tally.connected += 1
+            if not self._welcomed:
+                self._welcomed = True
+                self._tally.welcomed += 1
+        else:
+            self._tally.connected -= 1
+            self._tally.broken += 1
+
+
+class CountFailures(logging.Handler):
+    """Reads the link's own warnings: why a session broke, or why an attempt failed."""
+
+    def __init__(self, tally: Tally) -> None:
+        super().__init__(logging.INFO)
+        self._tally = tally
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg, args = record.msg, record.args or ()
+        if msg.startswith("session with %s broke"):
+            self._tally.reasons[f"{args[1]}: {args[2]}"[:80]] += 1
+        elif msg.startswith("session with %s failed"):
+            if args[1] == "RESOURCE_EXHAUSTED":
+                self._tally.deferred += 1
+            else:
+                self._tally.refused[f"{args[1]}: {args[2]}"[:80]] += 1
+        elif msg.startswith("session with %s ended") or msg.startswith("registered as"):
+            pass
+        elif msg.startswith("%s is a standby"):
+            self._tally.refused["UNAVAILABLE: a standby named the leader"] += 1
+        else:
+            self._tally.refused[(msg % args)[:80]] += 1
+
+
+CONNECTION = contextvars.ContextVar("CONNECTION", default=0)
+
+
+def one_connection_per_group() -> None:
+    """gRPC shares one TCP connection between channels of the same process with the same arguments;
+    real agents are separate hosts. A channel argument naming the agent's group (each agent its own,
+    unless --agents-per-connection) gives each group its own connection."""
+    plain = grpc.aio.insecure_channel
+
+    def insecure_channel(target, options=None, *args, **kwargs):
+        return plain(target, [*(options or []), ("trainerd.bench.connection", CONNECTION.get())], *args, **kwargs)
+
+    grpc.aio.insecure_channel = insecure_channel  # type: ignore[assignment]
+
+
+def client_process(addresses: list[str], names: list[str], ramp_per_s: float, per_connection: int, report,
+                   stop) -> None:
+    raise_file_limit(len(names) // per_connection + 1000)
+    one_connection_per_group()
+    tally = Tally()
+    session_log = logging.getLogger("agent.session")
+    session_log.setLevel(logging.INFO)
+    session_log.propagate = False
+    session_log.addHandler(CountFailures(tally))
+    asyncio.run(_run_agents(addresses, names, ramp_per_s, per_connection, tally, report, stop))
+
+
+async def _run_agents(addresses, names, ramp_per_s, per_connection: int, tally: Tally, report, stop) -> None:
+    clock, tasks = SystemClock(), []
+    for i, name in enumerate(names):
+        CONNECTION.set(i // per_connection)  # the task made next copies it
+        link = CoordinatorLink(addresses=addresses, identity=MemoryIdentity(), clock=clock,  # type: ignore[arg-type]
+                               rng=random.Random(name), hello=pb.Hello(
+                                   node_name=name, host="127.0.0.1", agent_version="bench",
+                                   devices=[pb.Device(device_id=0, kind="cpu")]))
+        tasks.append(asyncio.create_task(link.run(SimulatedAgent(tally))))
+        if (i + 1) % 100 == 0:
+            await asyncio.sleep(100 / ramp_per_s)
+    while not stop.is_set():
+        report.send({"welcomed": tally.welcomed, "connected": tally.connected, "broken": tally.broken,
+                     "reasons": dict(tally.reasons), "deferred": tally.deferred, "refused": dict(tally.refused)})
+        await asyncio.sleep(REPORT_EVERY_S)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class Clients:
+    """The simulated agents, spread over processes; `totals()` sums what they last reported."""
+
+    def __init__(self, addresses: list[str], count: int, processes: int, ramp_per_s: float,
+                 per_connection: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._stop = context.Event()
+        self._pipes, self._procs, self._last = [], [], []
+        names = [f"sim-{i:05d}" for i in range(count)]
+        for p in range(processes):
+            mine, theirs = context.Pipe(duplex=False)
+            proc = context.Process(target=client_process, daemon=True, args=(
+                addresses, names[p::processes], ramp_per_s / processes, per_connection, theirs, self._stop))
+            proc.start()
+            self._pipes.append(mine)
+            self._procs.append(proc)
+            self._last.append({})
+
+    def totals(self) -> dict:
+        for i, pipe in enumerate(self._pipes):
+            while pipe.poll():
+                self._last[i] = pipe.recv()
+        total: dict = {"welcomed": 0, "connected": 0, "broken": 0, "deferred": 0,
+                       "reasons": collections.Counter(), "refused": collections.Counter()}
+        for last in self._last:
+            for key in ("welcomed", "connected", "broken", "deferred"):
+                total[key] += last.get(key, 0)
+            total["reasons"].update(last.get("reasons", {}))
+            total["refused"].update(last.get("refused", {}))
+        return total
+
+    def cpu_seconds(self) -> float:
+        used = 0.0
+        for proc in self._procs:
             try:
-                await call.write(pb.AgentMessage(hello=pb.Hello(
-                    node_name=name, host="127.0.0.1", agent_version="bench",
-                    devices=[pb.Device(device_id=0, kind="cpu")])))
-                if await call.read() is grpc.aio.EOF:
-                    raise ConnectionError("session closed before Welcome")
-                if not welcomed:
-                    welcomed = True
-                    self.welcomed += 1
-                await asyncio.sleep(random.uniform(0, INTERVAL_S))  # agents are not in phase
-                sequence = 0
-                next_at = time.monotonic()
-                while True:
-                    sequence += 1
-                    await call.write(pb.AgentMessage(heartbeat=pb.Heartbeat(sequence=sequence, sent_at=time.time())))
-                    self.sent += 1
-                    next_at += INTERVAL_S
-                    await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-            except (grpc.aio.AioRpcError, ConnectionError) as exc:
-                self.failed += 1
-                reason = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
-                self.failure_codes[reason[:80]] += 1
-                call.cancel()
-                await asyncio.sleep(random.uniform(0.1, 0.2))
-
-    async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        for channel in self._channels:
-            await channel.close()
-
-
-async def measure(count: int, seconds: float, per_channel: int, workdir: Path) -> dict:
-    address = f"127.0.0.1:{free_port()}"
-    metrics_port = free_port()
-    cluster = {
-        "cluster": {
-            "name": "bench",
-            "coordinator": {"listen": address, "metrics_listen": f"127.0.0.1:{metrics_port}"},
-            "etcd": {"data_dir": str(workdir / f"etcd-{count}"), "client_listen": f"127.0.0.1:{free_port()}",
-                     "peer_listen": f"127.0.0.1:{free_port()}"},
-            "heartbeat": {"interval_s": INTERVAL_S, "timeout_s": TIMEOUT_S},
-        }
-    }
-    cluster_file = workdir / f"cluster-{count}.yaml"
-    cluster_file.write_text(yaml.safe_dump(cluster))
-    log = open(workdir / f"trainerd-{count}.log", "wb")
-    trainerd = subprocess.Popen([str(Path(sys.executable).parent / "trainerd"), "start", "--cluster",
-                                 str(cluster_file), "--log-level", "WARNING"], stdout=log, stderr=log)
-    try:
-        for _ in range(100):
-            try:
-                if scrape(metrics_port).get("trainerd_is_leader") == 1:
-                    break
-            except OSError:
+                times = psutil.Process(proc.pid).cpu_times()
+                used += times.user + times.system
+            except psutil.NoSuchProcess:
                 pass
-            await asyncio.sleep(0.2)
-        agents = SimulatedAgents(address, count, per_channel)
+        return used
+
+    def stop(self) -> None:
+        self._stop.set()
+        for proc in self._procs:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+
+
+# ------------------------------------------------------------------ trainerd
+
+
+class Trainerd:
+    def __init__(self, workdir: Path, name: str, etcd_endpoint: str, max_sessions: int) -> None:
+        self.address = f"127.0.0.1:{free_port()}"
+        self.metrics_port = free_port()
+        cluster = {"cluster": {
+            "name": "bench",
+            "coordinator": {"listen": self.address, "metrics_listen": f"127.0.0.1:{self.metrics_port}",
+                            "max_sessions": max_sessions},
+            "etcd": {"endpoints": [etcd_endpoint]},
+            "heartbeat": {"interval_s": INTERVAL_S, "timeout_s": TIMEOUT_S},
+        }}
+        cluster_file = workdir / f"cluster-{name}.yaml"
+        cluster_file.write_text(yaml.safe_dump(cluster))
+        self._log = open(workdir / f"trainerd-{name}.log", "wb")
+        self.process = subprocess.Popen(
+            [str(Path(sys.executable).parent / "trainerd"), "start", "--cluster", str(cluster_file),
+             "--log-level", "WARNING"], stdout=self._log, stderr=self._log)
+
+    def metrics(self) -> dict[str, float]:
+        return scrape(self.metrics_port)
+
+    def leads(self) -> bool:
+        try:
+            return self.metrics().get("trainerd_is_leader") == 1
+        except OSError:
+            return False
+
+    def false_lost(self) -> int:
+        """Every simulated agent stayed alive, so every LOST is a false one."""
+        with grpc.insecure_channel(self.address) as channel:
+            status = pb_grpc.ControlStub(channel).GetStatus(pb.StatusRequest(), timeout=60)
+        return max(sum(1 for n in status.nodes if n.state == "LOST"),
+                   int(self.metrics().get("trainerd_nodes_lost_total", 0)))
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+
+async def wait_until(predicate, limit_s: float, step_s: float = 0.1) -> float:
+    """Seconds until `predicate()` held (limit_s when it never did)."""
+    started = time.monotonic()
+    while time.monotonic() - started < limit_s:
+        if predicate():
+            return time.monotonic() - started
+        await asyncio.sleep(step_s)
+    return limit_s
+
+
+async def measure(count: int, args, workdir: Path) -> dict:
+    etcd = EmbeddedEtcd(workdir / f"etcd-{count}", free_port(), free_port())
+    await etcd.start()
+    coordinators: list[Trainerd] = []
+    clients = None
+    try:
+        max_sessions = count + 1000
+        coordinators.append(Trainerd(workdir, f"{count}-a", etcd.endpoint, max_sessions))
+        await wait_until(coordinators[0].leads, 30, 0.2)
+        if args.failover:
+            coordinators.append(Trainerd(workdir, f"{count}-b", etcd.endpoint, max_sessions))
+            await asyncio.sleep(2)  # standing by
+        leader = coordinators[0]
+        clients = Clients([c.address for c in coordinators], count, args.client_processes, args.ramp,
+                          args.agents_per_connection)
         started = time.monotonic()
-        await agents.start(ramp_per_s=1000)
-        while agents.welcomed < count and time.monotonic() - started < 120:
-            await asyncio.sleep(0.2)
-        connect_s = time.monotonic() - started
+        connect_s = await wait_until(lambda: clients.totals()["welcomed"] >= count, args.connect_limit)
         await asyncio.sleep(2 * INTERVAL_S)  # settle into steady state
-        proc = psutil.Process(trainerd.pid)
-        before, cpu_before, t0 = scrape(metrics_port), proc.cpu_times(), time.monotonic()
-        await asyncio.sleep(seconds)
-        after, cpu_after, t1 = scrape(metrics_port), proc.cpu_times(), time.monotonic()
+        proc = psutil.Process(leader.process.pid)
+        before, cpu_before, client_cpu_before, t0 = leader.metrics(), proc.cpu_times(), clients.cpu_seconds(), \
+            time.monotonic()
+        await asyncio.sleep(args.seconds)
+        after, cpu_after, client_cpu_after, t1 = leader.metrics(), proc.cpu_times(), clients.cpu_seconds(), \
+            time.monotonic()
         window = t1 - t0
-        cpu = (cpu_after.user + cpu_after.system - cpu_before.user - cpu_before.system) / window
-        with grpc.insecure_channel(address) as channel:
-            status = pb_grpc.ControlStub(channel).GetStatus(pb.StatusRequest(), timeout=30)
-        # Every simulated agent stayed alive, so every LOST is a false one.
-        lost = max(sum(1 for n in status.nodes if n.state == "LOST"),
-                   int(after.get("trainerd_nodes_lost_total", 0)))
-        await agents.stop()
-        return {
+        result = {
             "agents": count,
-            "welcomed": agents.welcomed,
             "connect_s": connect_s,
             "offered_per_s": count / INTERVAL_S,
             "handled_per_s": (after["trainerd_heartbeats_total"] - before["trainerd_heartbeats_total"]) / window,
             "lag_p50_s": lag_percentile(before, after, 0.50),
             "lag_p99_s": lag_percentile(before, after, 0.99),
-            "cpu_cores": cpu,
-            "false_lost": lost,
-            "session_failures": agents.failed,
-            "failure_codes": dict(agents.failure_codes),
+            "cpu_cores": (cpu_after.user + cpu_after.system - cpu_before.user - cpu_before.system) / window,
+            "client_cpu_cores": (client_cpu_after - client_cpu_before) / window,
+            "false_lost": leader.false_lost(),
+            "lost_leadership": int(after.get("trainerd_is_leader", 0) != 1),
+            "stall_s": after.get("trainerd_coordinator_stall_seconds_total", 0.0),
+            "elapsed_s": time.monotonic() - started,
         }
+        result.update(clients.totals())
+        if args.failover:
+            result["failover"] = await failover(coordinators, clients, count)
+        return result
     finally:
-        trainerd.terminate()
-        try:
-            trainerd.wait(30)
-        except subprocess.TimeoutExpired:
-            trainerd.kill()
-        log.close()
+        if clients is not None:
+            clients.stop()
+        for coordinator in coordinators:
+            coordinator.stop()
+        await etcd.stop()
+
+
+async def failover(coordinators: list[Trainerd], clients: Clients, count: int) -> dict:
+    """Kill the leader; time until the standby leads and until every agent has a session with it."""
+    leader, standby = coordinators
+    broken_before = clients.totals()["broken"]
+    leader.process.send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    await wait_until(standby.leads, 60, 0.1)
+    leads_s = time.monotonic() - killed
+    everyone_back = await wait_until(lambda: clients.totals()["connected"] >= count, 120, 0.1) < 120
+    all_back_s = time.monotonic() - killed if everyone_back else float("inf")
+    await asyncio.sleep(TIMEOUT_S + 1)  # long enough for any LOST to be declared
+    totals = clients.totals()
+    return {"leads_s": leads_s, "all_back_s": all_back_s,
+            "false_lost": standby.false_lost(), "broken": totals["broken"] - broken_before,
+            "connected": totals["connected"]}
 
 
 async def etcd_lease_baseline(count: int, seconds: float, workdir: Path) -> dict:
     """N leases, each refreshed once a second on its own LeaseKeepAlive stream, against a fresh etcd."""
     from aetcd import rpc
-
-    from daemon.etcd_process import EmbeddedEtcd
 
     etcd = EmbeddedEtcd(workdir / f"baseline-etcd-{count}", free_port(), free_port())
     await etcd.start()
@@ -255,12 +456,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, nargs="+", default=[1000, 2000, 5000])
     parser.add_argument("--seconds", type=float, default=30.0, help="measurement window per N")
-    parser.add_argument("--agents-per-channel", type=int, default=1,
-                        help="simulated agents sharing one TCP connection (1: one each, like real hosts)")
+    parser.add_argument("--client-processes", type=int, default=2,
+                        help="processes the simulated agents are spread over")
+    parser.add_argument("--agents-per-connection", type=int, default=1,
+                        help="simulated agents sharing one TCP connection (1: one each, like real hosts; "
+                             "2 for 20,000 agents when trainerd may open only 20,000 files)")
+    parser.add_argument("--ramp", type=float, default=1e9,
+                        help="agents started per second (default: all at once)")
+    parser.add_argument("--connect-limit", type=float, default=180.0, help="seconds to wait for every Welcome")
+    parser.add_argument("--failover", action="store_true",
+                        help="run a standby, kill the leader after the window, time the agents' return")
+    parser.add_argument("--baseline", action="store_true", help="also measure one etcd lease per agent")
     args = parser.parse_args()
-    print(f"heartbeat interval {INTERVAL_S}s, LOST after {TIMEOUT_S}s; window {args.seconds:.0f}s per row")
-    header = (f"{'agents':>7} {'welcomed':>8} {'connect':>8} {'offered/s':>10} {'handled/s':>10} "
-              f"{'ratio':>6} {'lag p50':>8} {'lag p99':>8} {'trainerd cpu':>12} {'false LOST':>10} {'reconnects':>10}")
+    raise_file_limit(max(args.agents) // args.agents_per_connection + 1000)
+    print(f"heartbeat interval {INTERVAL_S}s, LOST after {TIMEOUT_S}s; window {args.seconds:.0f}s per row; "
+          f"{args.client_processes} client processes, {args.agents_per_connection} agent(s) per TCP connection; "
+          f"{os.cpu_count()} cores, load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    header = (f"{'agents':>7} {'connect':>8} {'offered/s':>10} {'handled/s':>10} {'ratio':>6} {'lag p50':>8} "
+              f"{'lag p99':>8} {'trainerd cpu':>12} {'clients cpu':>11} {'false LOST':>10} {'broken':>7} "
+              f"{'deferred':>8}")
     print(header)
     asyncio.run(run_all(args))
 
@@ -269,17 +484,33 @@ async def run_all(args) -> None:
     """One event loop for every row: gRPC's poller must not outlive the loop it was started on."""
     with tempfile.TemporaryDirectory(prefix="trainerd-bench-") as tmp:
         for count in args.agents:
-            r = await measure(count, args.seconds, args.agents_per_channel, Path(tmp))
-            print(f"{r['agents']:>7} {r['welcomed']:>8} {r['connect_s']:>7.1f}s {r['offered_per_s']:>10.0f} "
+            r = await measure(count, args, Path(tmp))
+            print(f"{r['agents']:>7} {r['connect_s']:>7.1f}s {r['offered_per_s']:>10.0f} "
                   f"{r['handled_per_s']:>10.0f} {r['handled_per_s'] / r['offered_per_s']:>6.3f} "
                   f"{r['lag_p50_s'] * 1000:>6.1f}ms {r['lag_p99_s'] * 1000:>6.1f}ms "
-                  f"{r['cpu_cores'] * 100:>10.0f}% {r['false_lost']:>10} {r['session_failures']:>10}", flush=True)
-            for reason, n in r["failure_codes"].items():
-                print(f"        {n} session(s) broke and were re-opened: {reason}", flush=True)
-            b = await etcd_lease_baseline(count, args.seconds, Path(tmp))
-            print(f"{'  baseline, etcd leases at 1 Hz (round trip, etcd cpu, leases lost):':<44} "
-                  f"{b['per_s']:>10.0f} {b['per_s'] / count:>6.3f} {b['p50'] * 1000:>6.1f}ms {b['p99'] * 1000:>6.1f}ms "
-                  f"{b['cpu'] * 100:>10.0f}% {b['lost']:>10}", flush=True)
+                  f"{r['cpu_cores'] * 100:>11.0f}% {r['client_cpu_cores'] * 100:>10.0f}% {r['false_lost']:>10} "
+                  f"{r['broken']:>7} {r['deferred']:>8}", flush=True)
+            if r["welcomed"] < r["agents"]:
+                print(f"        only {r['welcomed']} of {r['agents']} agents were welcomed", flush=True)
+            if r["lost_leadership"]:
+                print("        the coordinator lost its leadership", flush=True)
+            if r["stall_s"]:
+                print(f"        the coordinator's event loop ran {r['stall_s']:.1f}s late in all (excused)", flush=True)
+            for reason, n in r["reasons"].most_common():
+                print(f"        {n} session(s) broke after their Welcome: {reason}", flush=True)
+            for reason, n in r["refused"].most_common():
+                print(f"        {n} attempt(s) failed before a Welcome: {reason}", flush=True)
+            if "failover" in r:
+                f = r["failover"]
+                back = (f"all {r['agents']} agents were connected to it after {f['all_back_s']:.1f}s"
+                        if f["all_back_s"] != float("inf") else "not every agent was back within 120 s")
+                print(f"        failover: leader killed; the standby led after {f['leads_s']:.1f}s, {back} "
+                      f"({f['connected']} now); false LOST {f['false_lost']}", flush=True)
+            if args.baseline:
+                b = await etcd_lease_baseline(r["agents"], args.seconds, Path(tmp))
+                print(f"{'  baseline, etcd leases at 1 Hz (round trip, etcd cpu, leases lost):':<44} "
+                      f"{b['per_s']:>10.0f} {b['per_s'] / r['agents']:>6.3f} {b['p50'] * 1000:>6.1f}ms "
+                      f"{b['p99'] * 1000:>6.1f}ms {b['cpu'] * 100:>11.0f}% {'':>11} {b['lost']:>10}", flush=True)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 MAX_DEVICES_PER_NODE = 64
 STORE_RETRY_S = 1.0
+# A pass woken later than this is taken as the coordinator's own stall (scheduling jitter is milliseconds).
+OWN_STALL_EXCUSED_FROM_S = 0.25
 # The leader deletes old events this often (and at once when it takes office).
 EVENT_COMPACTION_INTERVAL_S = 60.0
 DEFAULT_FORGET_LOST_AFTER_S = 86400.0
@@ -88,6 +90,8 @@ class AgentSession:
         self.token = token
         self.send = send
         self.closed = asyncio.Event()
+        # True until its Welcome is ready: the time etcd takes to record the node is not its silence.
+        self.opening = True
 
 
 @dataclass(frozen=True)
@@ -202,10 +206,13 @@ class Coordinator:
         leadership = await self._election.campaign()
         try:
             await self._take_office(leadership)
+            loop = asyncio.get_running_loop()
             while leadership.lease.alive:
+                waited_from = loop.time()
                 try:
                     await asyncio.wait_for(leadership.lease.wait_lost(), timeout=tick_s)
                 except asyncio.TimeoutError:
+                    self._excuse_own_stall(loop.time() - waited_from - tick_s)
                     await self._tick_guard.run(self.tick)
             log.warning("%s lost its leader lease; standing down", self.me.id)
         except (asyncio.CancelledError, StoreError, LeadershipLost):
@@ -219,6 +226,15 @@ class Coordinator:
             raise
         finally:
             self._leave_office()
+
+    def _excuse_own_stall(self, late_s: float) -> None:
+        """The pass woke `late_s` (real seconds) after it was due: the event loop was that far behind,
+        so heartbeats waiting to be read were not the nodes' fault. Liveness deadlines move by it."""
+        if late_s > OWN_STALL_EXCUSED_FROM_S:
+            self._liveness.excuse(late_s)
+            metrics.COORDINATOR_STALL.inc(late_s)
+            log.warning("%s's event loop ran %.2fs late; liveness deadlines moved by as much", self.me.id,
+                        late_s)
 
     async def _take_office(self, leadership: Leadership) -> None:
         await self._membership.load()
@@ -268,22 +284,38 @@ class Coordinator:
         session = AgentSession(name, token, send)
         self._sessions[name] = session
         self._liveness.connected(name)
+        returned_from_lost = (record := self._membership.get(name)) is not None and record.state is NodeState.LOST
+        try:
+            await self._record_ready(hello, leadership)
+        except BaseException:
+            self.close_session(session)
+            raise
+        session.opening = False
+        self._liveness.heard_from(name)  # its heartbeats start with the Welcome
+        stop_grace_s = DEFAULT_STOP_GRACE_S if self.job is None else self.job.spec.stop_grace_s
+        welcome = Welcome(name, token, self.heartbeat_interval_s, self.me.id, self._liveness.timeout_s, stop_grace_s)
+        if returned_from_lost:
+            await self._check_node(session, "it returned from LOST", leadership)
+        return session, welcome
 
+    async def _record_ready(self, hello: AgentHello, leadership: Leadership) -> None:
+        if not self.needs_recording(hello):
+            return
+        name = hello.node_name
         record = self._membership.get(name)
         wanted = NodeRecord(name, hello.host, hello.devices, NodeState.READY, self._clock.wall(),
                             drained=record is not None and record.drained)
-        if record is None or record.state is not NodeState.READY or (record.host, record.devices) != (
-            hello.host, hello.devices
-        ):
-            await self._membership.put(wanted, leadership.fence)
-            kind = "node_joined" if record is None else "node_ready"
-            await self._events.append(kind, f"node {name} is READY with {len(hello.devices)} device(s) "
-                                      f"at {hello.host}", leadership.fence, node=name)
-        stop_grace_s = DEFAULT_STOP_GRACE_S if self.job is None else self.job.spec.stop_grace_s
-        welcome = Welcome(name, token, self.heartbeat_interval_s, self.me.id, self._liveness.timeout_s, stop_grace_s)
-        if record is not None and record.state is NodeState.LOST:
-            await self._check_node(session, "it returned from LOST", leadership)
-        return session, welcome
+        await self._membership.put(wanted, leadership.fence)
+        kind = "node_joined" if record is None else "node_ready"
+        await self._events.append(kind, f"node {name} is READY with {len(hello.devices)} device(s) "
+                                  f"at {hello.host}", leadership.fence, node=name)
+
+    def needs_recording(self, hello: AgentHello) -> bool:
+        """Whether opening this session writes to etcd: a new node, or one coming back from LOST or
+        with other devices (a READY node reconnecting as it was costs nothing)."""
+        record = self._membership.get(hello.node_name)
+        return record is None or record.state is not NodeState.READY or (record.host, record.devices) != (
+            hello.host, hello.devices)
 
     async def _check_node(self, session: AgentSession, why: str, leadership: Leadership) -> None:
         """Send the node job.node_check (when the job names one); it is offered no work until it passes."""
@@ -506,6 +538,9 @@ class Coordinator:
             record = self._membership.get(name)
             if record is None or record.state is not NodeState.READY:
                 continue
+            opening = self._sessions.get(name)
+            if opening is not None and opening.opening and not opening.closed.is_set():
+                continue  # waiting for etcd to record it, not silent
             age = self._liveness.age(name)
             await self._membership.set_state(name, NodeState.LOST, self._clock.wall(), leadership.fence)
             metrics.NODES_LOST.inc()

@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 
+from daemon.admission import HelloDeferred
 from daemon.coordinator import NotLeader, SessionRefused
 from daemon.errors import PermanentError, RetryableError
 from daemon.job.controller import CommandRefused
@@ -27,7 +28,7 @@ from daemon.method_handlers import WrappingInterceptor
 from daemon.peer_auth import PermissionDenied
 from daemon.store.codec import BadValue
 from daemon.store.interface import StoreError, StoreUnavailable
-from proto.vocabulary import LEADER_ADDRESS_METADATA
+from proto.vocabulary import LEADER_ADDRESS_METADATA, RETRY_AFTER_MS_METADATA
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,12 @@ def _leader_address(exc: NotLeader) -> Metadata:
     return ((LEADER_ADDRESS_METADATA, exc.leader_address or ""),)
 
 
+def _retry_after(exc: HelloDeferred) -> Metadata:
+    return ((RETRY_AFTER_MS_METADATA, str(round(exc.retry_after_s * 1000))),)
+
+
 STATUS_TABLE: dict[type[Exception], StatusRule] = {
+    HelloDeferred: StatusRule(grpc.StatusCode.RESOURCE_EXHAUSTED, str, _retry_after),
     NotLeader: StatusRule(grpc.StatusCode.UNAVAILABLE, str, _leader_address),
     LeadershipLost: StatusRule(grpc.StatusCode.UNAVAILABLE,
                                lambda exc: "this coordinator just lost leadership; retry"),

@@ -16,6 +16,8 @@ import time
 
 import grpc
 
+from common.clock import Clock, SystemClock
+from daemon.admission import HelloAdmission, HelloDeferred
 from daemon.job.controller import JobView
 from daemon.coordinator import (
     MAX_DEVICES_PER_NODE,
@@ -214,9 +216,11 @@ def command_to_proto(command: object) -> pb.CoordinatorMessage:
 
 
 class CoordinatorService(pb_grpc.CoordinatorServicer):
-    def __init__(self, coordinator: Coordinator, max_sessions: int = DEFAULT_MAX_SESSIONS) -> None:
+    def __init__(self, coordinator: Coordinator, max_sessions: int = DEFAULT_MAX_SESSIONS,
+                 admission: HelloAdmission | None = None, clock: Clock | None = None) -> None:
         self._coordinator = coordinator
         self._max_sessions = max_sessions
+        self._admission = admission or HelloAdmission(clock or SystemClock())
         self._open_streams = 0
         self._warnings = RateLimitedLog(log)
 
@@ -241,12 +245,22 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             first = await asyncio.wait_for(context.read(), HELLO_TIMEOUT_S)
         except asyncio.TimeoutError:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no Hello within 10 s")
+        if first is grpc.aio.EOF and context.cancelled():
+            return  # the agent gave up waiting before its Hello was read: nobody to answer
         if first is grpc.aio.EOF or first.WhichOneof("body") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a session must start with Hello")
         hello = hello_from_proto(first.hello)
         require_node(hello.node_name)
         outbox: asyncio.Queue = asyncio.Queue()
-        session, welcome = await self._coordinator.open_session(hello, outbox.put_nowait)
+        if self._coordinator.needs_recording(hello):  # etcd writes: one at a time of `concurrent`
+            try:
+                async with self._admission.admit():
+                    session, welcome = await self._coordinator.open_session(hello, outbox.put_nowait)
+            except HelloDeferred:
+                metrics.HELLOS_DEFERRED.inc()
+                raise
+        else:
+            session, welcome = await self._coordinator.open_session(hello, outbox.put_nowait)
         await context.write(pb.CoordinatorMessage(welcome=pb.Welcome(
             node_name=welcome.node_name, resume_token=welcome.resume_token,
             heartbeat_interval_s=welcome.heartbeat_interval_s, coordinator_id=welcome.coordinator_id,

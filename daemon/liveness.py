@@ -26,7 +26,9 @@ class LivenessTracker:
     A broken session does not make a node lost at once: the agent gets `grace_s` to reconnect (it
     may only have lost its TCP connection). A dead agent's session breaks at once, so the grace,
     shorter than the timeout, is what makes a killed agent's loss quick to detect. Nodes a new
-    leader adopts from etcd get the full timeout: the coordinator failed over, not they.
+    leader adopts from etcd get the full timeout: the coordinator failed over, not they. Time the
+    coordinator's own event loop was stalled is excused (`excuse`): a saturated coordinator must not
+    declare nodes LOST for messages it had not yet got round to reading.
     """
 
     def __init__(self, clock: Clock, timeout_s: float, grace_s: float | None = None) -> None:
@@ -65,6 +67,17 @@ class LivenessTracker:
         now = self._clock.now()
         for node in nodes:
             self._nodes.setdefault(node, _Seen(now, False))
+
+    def excuse(self, stall_s: float) -> None:
+        """The coordinator itself stalled for `stall_s` (its event loop ran late): whatever it did not
+        hear in that time is its own lag, not the nodes' silence, so every deadline moves by it."""
+        if stall_s <= 0:
+            return
+        now = self._clock.now()
+        for seen in self._nodes.values():
+            seen.last_seen = min(now, seen.last_seen + stall_s)
+            if seen.disconnected_at is not None:
+                seen.disconnected_at = min(now, seen.disconnected_at + stall_s)
 
     def forget(self, node: str) -> None:
         """The node left the cluster's records: it is no longer tracked."""

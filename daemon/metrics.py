@@ -14,6 +14,10 @@ HEARTBEAT_LAG = Histogram(
 )
 SESSIONS = Gauge("trainerd_agent_sessions", "Open agent sessions.")
 NODES_LOST = Counter("trainerd_nodes_lost_total", "Nodes declared LOST.")
+HELLOS_DEFERRED = Counter("trainerd_hellos_deferred_total",
+                          "Hellos deferred (RESOURCE_EXHAUSTED, a retry-after hint): too many waiting to be admitted.")
+COORDINATOR_STALL = Counter("trainerd_coordinator_stall_seconds_total",
+                            "Seconds the coordinator's event loop ran late; liveness deadlines moved by them.")
 IS_LEADER = Gauge("trainerd_is_leader", "1 while this coordinator leads.")
 RECOVERY_PHASE = Histogram(
     "trainerd_recovery_phase_seconds",

@@ -32,6 +32,9 @@ FROZEN_OS_STATES = frozenset({"T", "t", "D"})
 
 # Trailing metadata a standby coordinator attaches when it refuses a session.
 LEADER_ADDRESS_METADATA = "trainerd-leader-address"
+# Trailing metadata of a Hello deferred at admission (RESOURCE_EXHAUSTED): milliseconds to wait before
+# trying again; the agent adds jitter so the deferred ones do not come back together.
+RETRY_AFTER_MS_METADATA = "trainerd-retry-after-ms"
 
 # Match with re.fullmatch: with re.match the `$` also accepts a trailing newline ("n1\n"). The anchors stay
 # for pydantic's `pattern=` (agent/config.py), which searches rather than matches the whole string.

@@ -277,3 +277,38 @@ def test_a_node_lost_for_longer_than_forget_lost_after_s_leaves_the_records_but_
         assert (await coordinator.events(0))[-1].kind == "node_joined"
 
     run(scenario())
+
+
+def test_a_node_is_not_lost_while_etcd_is_still_recording_its_hello() -> None:
+    async def scenario() -> None:
+        clock = FakeClock()
+        store = InMemoryStore(clock)
+        coordinator = make_coordinator(store, clock, "a")
+        await lead(coordinator)
+        first, _ = await coordinator.open_session(hello("n1"), lambda m: None)
+        coordinator.close_session(first)  # it comes back with another device: etcd must record that
+        etcd_answers = asyncio.Event()
+        write = store.compare_and_swap
+
+        async def slow_write(*args, **kwargs):
+            await etcd_answers.wait()
+            return await write(*args, **kwargs)
+
+        store.compare_and_swap = slow_write  # type: ignore[method-assign]
+        opening = asyncio.create_task(coordinator.open_session(hello("n1", devices=2), lambda m: None))
+        await asyncio.sleep(0.01)
+        clock.advance(TIMEOUT_S + 1)  # etcd is slow (a connect burst): longer than the timeout
+        await coordinator.tick()
+        etcd_answers.set()
+        session, _ = await opening
+        await coordinator.tick()
+        assert await stored_node_state(store, "n1") == "READY"
+        assert not session.closed.is_set()
+        clock.advance(TIMEOUT_S - 0.1)  # its heartbeats are due from its Welcome on
+        await coordinator.tick()
+        assert await stored_node_state(store, "n1") == "READY"
+        clock.advance(0.2)
+        await coordinator.tick()
+        assert await stored_node_state(store, "n1") == "LOST"
+
+    run(scenario())

@@ -75,6 +75,9 @@ class StandInCoordinator:
             raise self.error
         return value
 
+    def needs_recording(self, hello) -> bool:
+        return True
+
     async def open_session(self, hello, send):
         return self._answer((AgentSession(hello.node_name, "token", send),
                              Welcome(hello.node_name, "token", 1.0, "stand-in")))

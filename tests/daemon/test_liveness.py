@@ -96,3 +96,27 @@ def test_adopted_nodes_get_the_timeout_not_the_grace() -> None:
     assert tracker.overdue() == []
     clock.advance(0.2)
     assert tracker.overdue() == ["a"]
+
+
+def test_the_coordinators_own_stall_is_excused() -> None:
+    clock, tracker = make(timeout_s=5.0)
+    tracker.connected("a")
+    tracker.connected("b")
+    tracker.disconnected("b")  # 5 s to come back
+    clock.advance(4.0)
+    clock.advance(3.0)  # the coordinator's loop ran 3 s late: nothing was read in that time
+    tracker.excuse(3.0)
+    assert tracker.overdue() == []
+    assert tracker.age("a") == 4.0
+    clock.advance(1.01)  # the deadlines moved by the stall, no further
+    assert tracker.overdue() == ["a", "b"]
+
+
+def test_an_excuse_never_puts_last_seen_in_the_future() -> None:
+    clock, tracker = make(timeout_s=5.0)
+    tracker.connected("a")
+    clock.advance(1.0)
+    tracker.excuse(30.0)
+    assert tracker.age("a") == 0.0
+    clock.advance(5.01)
+    assert tracker.overdue() == ["a"]

@@ -11,6 +11,9 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
+from agent.session import retry_after_s
+from common.clock import FakeClock
+from daemon.admission import MIN_RETRY_AFTER_S, HelloAdmission
 from daemon.app import grpc_server
 from daemon.coordinator import SessionRefused
 from daemon.grpc_services import ControlService, CoordinatorService, hello_from_proto
@@ -173,6 +176,49 @@ def test_sessions_beyond_max_sessions_are_refused_resource_exhausted() -> None:
                 await asyncio.sleep(0.02)
             await open_session("n3")
         finally:
+            await channel.close()
+            await server.stop(None)
+    run(scenario())
+
+
+def test_a_new_node_beyond_the_admission_queue_is_deferred_with_a_hint_and_a_known_one_is_not() -> None:
+    async def scenario() -> None:
+        sim = SimCluster(job_settings())
+        await sim.lead()
+        admission = HelloAdmission(FakeClock(), concurrent=1, max_wait_s=0.001)
+        server = grpc_server()
+        port = server.add_insecure_port("127.0.0.1:0")
+        pb_grpc.add_CoordinatorServicer_to_server(CoordinatorService(sim.coordinator, admission=admission), server)
+        await server.start()
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        busy = asyncio.Event()
+
+        async def recording_elsewhere() -> None:  # another Hello holds the one place, one more waits
+            async with admission.admit():
+                await busy.wait()
+
+        holders: list[asyncio.Task] = []
+        try:
+            stub = pb_grpc.CoordinatorStub(channel)
+            first = stub.Session()
+            await first.write(pb.AgentMessage(hello=hello(node_name="n0")))
+            token = (await first.read()).welcome.resume_token
+            holders += [asyncio.create_task(recording_elsewhere()) for _ in range(2)]
+            await asyncio.sleep(0.01)
+            known = stub.Session()  # n0 is READY as it was: no etcd write, no queue
+            await known.write(pb.AgentMessage(hello=hello(node_name="n0", resume_token=token)))
+            assert (await known.read()).WhichOneof("body") == "welcome"
+            new = stub.Session()
+            await new.write(pb.AgentMessage(hello=hello(node_name="newcomer")))
+            with pytest.raises(grpc.aio.AioRpcError) as deferred:
+                await new.read()
+            assert deferred.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert retry_after_s(deferred.value) == MIN_RETRY_AFTER_S  # what the agent waits, plus jitter
+            first.cancel()
+            known.cancel()
+        finally:
+            busy.set()
+            await asyncio.gather(*holders)
             await channel.close()
             await server.stop(None)
     run(scenario())
