@@ -19,30 +19,32 @@ PLACES = ("near the river", "in the house", "at the market", "under the tree", "
 NUMBERS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
 
 
-def _noun_phrase(rng: np.random.Generator) -> str:
-    words = [str(rng.choice(DETERMINERS))]
-    if rng.random() < 0.5:
-        words.append(str(rng.choice(ADJECTIVES)))
-    words.append(str(rng.choice(NOUNS)))
-    return " ".join(words)
-
-
-def _sentence(rng: np.random.Generator) -> str:
-    if rng.random() < 0.25:
-        a, b = (int(n) for n in rng.integers(0, 6, size=2))
-        return f"{NUMBERS[a]} plus {NUMBERS[b]} is {NUMBERS[a + b]}."
-    place = f" {rng.choice(PLACES)}" if rng.random() < 0.5 else ""
-    return f"{_noun_phrase(rng)} {rng.choice(VERBS)} {_noun_phrase(rng)}{place}."
-
-
 def corpus_text(characters: int = 200_000, seed: int = 0) -> str:
-    """At least `characters` characters of sentences separated by spaces, the same for the same arguments."""
+    """At least `characters` characters of sentences separated by spaces, the same for the same arguments.
+
+    Every random choice of a batch of sentences is drawn at once (a choice per sentence and slot): a
+    generator call per word would take a second for the default length, on every rank's start."""
     rng = np.random.default_rng(seed)
     sentences: list[str] = []
     length = 0
     while length < characters:
-        sentences.append(_sentence(rng))
-        length += len(sentences[-1]) + 1
+        kind, adjective1, adjective2, place = rng.random((4, 1024))
+        d1, d2, a1, a2, n1, n2, verb, where = (rng.integers(0, len(words), 1024) for words in (
+            DETERMINERS, DETERMINERS, ADJECTIVES, ADJECTIVES, NOUNS, NOUNS, VERBS, PLACES))
+        x, y = rng.integers(0, 6, (2, 1024))
+        for i in range(1024):
+            if kind[i] < 0.25:
+                sentence = f"{NUMBERS[x[i]]} plus {NUMBERS[y[i]]} is {NUMBERS[x[i] + y[i]]}."
+            else:
+                subject = " ".join([DETERMINERS[d1[i]], *([ADJECTIVES[a1[i]]] if adjective1[i] < 0.5 else []),
+                                    NOUNS[n1[i]]])
+                obj = " ".join([DETERMINERS[d2[i]], *([ADJECTIVES[a2[i]]] if adjective2[i] < 0.5 else []),
+                                NOUNS[n2[i]]])
+                sentence = f"{subject} {VERBS[verb[i]]} {obj}{' ' + PLACES[where[i]] if place[i] < 0.5 else ''}."
+            sentences.append(sentence)
+            length += len(sentence) + 1
+            if length >= characters:
+                break
     return " ".join(sentences)
 
 
