@@ -1,9 +1,11 @@
 """What the bad-batch guard costs a training step, and what it skips on a long run: the example job's step
-with the guard on and off, then 20,000 steps of the example's data with the guard on.
+with the guard on and off, then 20,000 steps of the example's data with the guard on; the same for the
+Transformer example (`--example transformer`).
 
     /work/main/.venv/bin/python bench/guard.py                      # 40 rounds × 50 steps of each, then the long run
     /work/main/.venv/bin/python bench/guard.py --micro-batch 32     # 2 micro batches per step
     /work/main/.venv/bin/python bench/guard.py --long-steps 0       # the overhead alone
+    /work/main/.venv/bin/python bench/guard.py --example transformer --rounds 20 --long-steps 20000
 
 Both steps train the example job's model (`trainer.examples.mlp.MLP`, 64→256→10, Adam) in GRAPH mode on
 one CPU process, on the same global batch (64 samples of the example's synthetic data, every step), with
@@ -53,12 +55,16 @@ from mindspore import nn
 
 from proto.progress_datagram import BadBatchReason
 from trainer.data.sampler import SampleStream
+from trainer.examples import tiny_corpus, transformer_lm
 from trainer.examples.mlp import DATASET_SIZE, MLP, AccumulateGradients, synthetic_dataset
 from trainer.runtime.guard import GuardedApplyGradients, StepGuard, mean_over_ranks
 from trainer.runtime.guard_policy import GuardSettings, skip_reason
+from trainer.runtime.guarded_cell import GuardedTrainOneStepCell
 
 MAX_GRAD_NORM = 5.0
 LEARNING_RATE = 3e-3
+TRANSFORMER_TEXT = tiny_corpus.corpus_text(transformer_lm.CORPUS_CHARACTERS)
+TRANSFORMER_VOCAB = tiny_corpus.vocabulary(TRANSFORMER_TEXT)
 
 
 class Step:
@@ -104,6 +110,99 @@ class Step:
 def quartiles(samples: list[float]) -> tuple[float, float, float]:
     q1, median, q3 = statistics.quantiles(samples, n=4)
     return q1 * 1e3, median * 1e3, q3 * 1e3
+
+
+TRANSFORMER_BATCH = 16  # a rank's share of the demo's global batch of 48 on 3 ranks
+
+
+class TransformerStep:
+    """The Transformer example's train cell, `nn.TrainOneStepCell` (off) or `GuardedTrainOneStepCell` (on, the
+    example's, default settings), each with its own copy of the model (same initial weights)."""
+
+    def __init__(self, guarded: bool, total_steps: int) -> None:
+        ms.set_seed(0)
+        self.network = transformer_lm.TransformerLM(len(TRANSFORMER_VOCAB))
+        loss = transformer_lm.MaskedLMLoss(self.network)
+        optimizer = transformer_lm.adamw(self.network, transformer_lm.parse_args(["--steps", str(total_steps)]))
+        self.cell = GuardedTrainOneStepCell(loss, optimizer, grad_accum=1) if guarded else \
+            nn.TrainOneStepCell(loss, optimizer)
+        self.guarded = guarded
+        self.step_s: list[float] = []
+        self.skipped = 0
+
+    def __call__(self, batch: tuple[ms.Tensor, ...], record: bool = True) -> tuple[float, BadBatchReason | None]:
+        """One step: its loss and skip reason, timed until the host holds what the callback reads."""
+        started = time.perf_counter()
+        outputs = self.cell(*batch)
+        if self.guarded:
+            loss, norm, accepted = (float(t.asnumpy()) for t in outputs)
+            reason = skip_reason(bool(accepted), loss, norm)
+        else:
+            loss, reason = float(outputs.asnumpy()), None
+        if record:
+            self.step_s.append(time.perf_counter() - started)
+            self.skipped += reason is not None
+        return loss, reason
+
+
+def transformer_data() -> tuple[transformer_lm.CorpusWindows, SampleStream]:
+    windows = transformer_lm.CorpusWindows(tiny_corpus.encode(TRANSFORMER_TEXT, TRANSFORMER_VOCAB),
+                                           transformer_lm.SEQ_LEN)
+    return windows, SampleStream(len(windows), 0)
+
+
+def transformer_batch(windows: transformer_lm.CorpusWindows, indices: np.ndarray) -> tuple[ms.Tensor, ...]:
+    samples = [windows[int(i)] for i in indices]
+    return tuple(ms.Tensor(np.stack(column)) for column in zip(*samples))
+
+
+def transformer_overhead(rounds: int, steps_per_round: int) -> None:
+    windows, stream = transformer_data()
+    batch = transformer_batch(windows, stream.indices(np.arange(TRANSFORMER_BATCH)))
+    steps = {"off": TransformerStep(False, 1000), "on": TransformerStep(True, 1000)}
+    for step in steps.values():  # compile, and pass the guard's warm-up
+        for _ in range(20):
+            step(batch, record=False)
+    print(f"Transformer example (trainer.examples.transformer_lm: {transformer_lm.LAYERS} layers, d_model "
+          f"{transformer_lm.D_MODEL}, sequence {transformer_lm.SEQ_LEN}), batch {TRANSFORMER_BATCH}; off = "
+          f"nn.TrainOneStepCell, on = GuardedTrainOneStepCell; {rounds} rounds × {steps_per_round} steps of each, "
+          f"interleaved", flush=True)
+    paired = []
+    for round_ in range(rounds):
+        for name in (("off", "on") if round_ % 2 == 0 else ("on", "off")):
+            for _ in range(steps_per_round):
+                steps[name](batch)
+        off_round, on_round = (statistics.median(steps[name].step_s[-steps_per_round:]) for name in ("off", "on"))
+        paired.append((on_round - off_round) / off_round)
+    print(f"\n{'guard':<6} {'step median':>12} {'q1':>8} {'q3':>8} {'steps':>6} {'skipped':>8}")
+    for name, step in steps.items():
+        q1, median, q3 = quartiles(step.step_s)
+        print(f"{name:<6} {median:>9.3f} ms {q1:>8.3f} {q3:>8.3f} {len(step.step_s):>6} {step.skipped:>8}")
+    off, on = (statistics.median(steps[name].step_s) for name in ("off", "on"))
+    p_q1, p_med, p_q3 = (100 * q for q in statistics.quantiles(paired, n=4))
+    print(f"\noverhead of the guard on the Transformer step: {100 * (on - off) / off:+.2f}% of the step median "
+          f"({(on - off) * 1e6:+.0f} µs); round by round {p_med:+.2f}% (quartiles {p_q1:+.2f}% … {p_q3:+.2f}%)",
+          flush=True)
+
+
+def transformer_long_run(steps: int, global_batch: int) -> None:
+    """A fresh Transformer trained as the example does by hand (its sample stream, seed 0, its global batch in
+    one process, warm-up then cosine over `steps`), guard on, nothing injected: every skip is a false positive."""
+    windows, stream = transformer_data()
+    step = TransformerStep(True, steps)
+    print(f"\nTransformer long run: {steps} clean steps of the example's stream (seed 0, global batch "
+          f"{global_batch}, one process) with the guard on ({step.cell.guard.settings})", flush=True)
+    started = time.perf_counter()
+    consumed, losses, skipped = 0, {}, []
+    for n in range(1, steps + 1):
+        positions, consumed = stream.step_positions(consumed, global_batch)
+        losses[n], reason = step(transformer_batch(windows, stream.indices(positions)), record=False)
+        if reason is not None:
+            skipped.append(n)
+    shown = sorted({1, steps // 10, steps // 2, steps} - {0})
+    print(f"  {time.perf_counter() - started:.0f} s; loss " + ", ".join(f"{losses[n]:.3f} at step {n}" for n in shown))
+    listed = f": steps {steps_text(skipped)}" if skipped else ""
+    print(f"  clean steps skipped: {len(skipped)} of {steps} (target 0){listed}", flush=True)
 
 
 INJECTED = {  # what the long run injects, in turn, and whether the guard must skip it
@@ -220,6 +319,8 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=64)
     parser.add_argument("--long-steps", type=int, default=20_000, help="steps of the long run (0: none)")
     parser.add_argument("--injections", type=int, default=16, help="bad batches injected into the long run")
+    parser.add_argument("--example", choices=("mlp", "transformer"), default="mlp",
+                        help="whose step: the MLP's (trainer.examples.mlp) or the Transformer's (Model.train's cell)")
     args = parser.parse_args()
     if args.global_batch % args.micro_batch:
         parser.error("the global batch must be a multiple of the micro batch")
@@ -227,6 +328,12 @@ def main() -> None:
 
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
+    if args.example == "transformer":
+        print(f"MindSpore {ms.__version__}, GRAPH mode, CPU; {os.cpu_count()} cores (shared)", flush=True)
+        transformer_overhead(args.rounds, args.steps_per_round)
+        if args.long_steps:
+            transformer_long_run(args.long_steps, transformer_lm.DEFAULT_GLOBAL_BATCH)
+        return
     data, targets = synthetic_dataset(0)
     features = [ms.Tensor(x) for x in data[:args.global_batch].reshape(grad_accum, args.micro_batch, -1)]
     labels = [ms.Tensor(y) for y in targets[:args.global_batch].reshape(grad_accum, args.micro_batch)]
