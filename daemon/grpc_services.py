@@ -108,10 +108,11 @@ def job_to_proto(job: JobView) -> pb.JobStatus:
                           restart_budget=job.restart_budget,
                           ranks=[pb.RankStatus(rank=r.rank, node=r.node, step=r.step, loss=r.loss,
                                                samples_per_s=r.samples_per_s, epoch=r.epoch,
-                                               from_output=r.from_output) for r in job.ranks],
+                                               from_output=r.from_output, grad_norm=r.grad_norm)
+                                  for r in job.ranks],
                           hang_detection=job.hang_detection)
     status.skipped_batches = job.skipped_batches
-    for field in ("step", "loss", "samples_per_s", "last_checkpoint_step", "epoch"):
+    for field in ("step", "loss", "grad_norm", "samples_per_s", "last_checkpoint_step", "epoch"):
         value = getattr(job, field)
         if value is not None:
             setattr(status, field, value)

@@ -532,7 +532,7 @@ class NodeStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., host: _Optional[str] = ..., state: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., last_heartbeat_age_s: _Optional[float] = ..., drained: _Optional[bool] = ..., quarantined: _Optional[bool] = ...) -> None: ...
 
 class RankStatus(_message.Message):
-    __slots__ = ("rank", "node", "step", "loss", "samples_per_s", "epoch", "from_output")
+    __slots__ = ("rank", "node", "step", "loss", "samples_per_s", "epoch", "from_output", "grad_norm")
     RANK_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -540,6 +540,7 @@ class RankStatus(_message.Message):
     SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     FROM_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    GRAD_NORM_FIELD_NUMBER: _ClassVar[int]
     rank: int
     node: str
     step: int
@@ -547,7 +548,8 @@ class RankStatus(_message.Message):
     samples_per_s: float
     epoch: int
     from_output: bool
-    def __init__(self, rank: _Optional[int] = ..., node: _Optional[str] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., epoch: _Optional[int] = ..., from_output: _Optional[bool] = ...) -> None: ...
+    grad_norm: float
+    def __init__(self, rank: _Optional[int] = ..., node: _Optional[str] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., epoch: _Optional[int] = ..., from_output: _Optional[bool] = ..., grad_norm: _Optional[float] = ...) -> None: ...
 
 class Failure(_message.Message):
     __slots__ = ("cause", "node", "rank", "exit_code", "signal", "message", "location")
@@ -608,7 +610,7 @@ class Goodput(_message.Message):
     def __init__(self, ratio: _Optional[float] = ..., wall_s: _Optional[float] = ..., productive_s: _Optional[float] = ..., lost_work_s: _Optional[float] = ..., detection_s: _Optional[float] = ..., relaunch_s: _Optional[float] = ..., startup_s: _Optional[float] = ..., checkpoint_stall_s: _Optional[float] = ..., waiting_s: _Optional[float] = ..., paused_s: _Optional[float] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("name", "state", "generation", "world_size", "step", "restarts", "last_checkpoint_step", "skipped_batches", "loss", "samples_per_s", "ranks", "last_failure", "crash_restarts", "restart_budget", "last_recovery", "waiting_for", "epoch", "hang_detection", "goodput")
+    __slots__ = ("name", "state", "generation", "world_size", "step", "restarts", "last_checkpoint_step", "skipped_batches", "loss", "samples_per_s", "ranks", "last_failure", "crash_restarts", "restart_budget", "last_recovery", "waiting_for", "epoch", "hang_detection", "goodput", "grad_norm")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -628,6 +630,7 @@ class JobStatus(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     HANG_DETECTION_FIELD_NUMBER: _ClassVar[int]
     GOODPUT_FIELD_NUMBER: _ClassVar[int]
+    GRAD_NORM_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: str
     generation: int
@@ -647,7 +650,8 @@ class JobStatus(_message.Message):
     epoch: int
     hang_detection: bool
     goodput: Goodput
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., restarts: _Optional[int] = ..., last_checkpoint_step: _Optional[int] = ..., skipped_batches: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankStatus, _Mapping]]] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., crash_restarts: _Optional[int] = ..., restart_budget: _Optional[int] = ..., last_recovery: _Optional[_Union[RecoveryPhases, _Mapping]] = ..., waiting_for: _Optional[str] = ..., epoch: _Optional[int] = ..., hang_detection: _Optional[bool] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ...) -> None: ...
+    grad_norm: float
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., restarts: _Optional[int] = ..., last_checkpoint_step: _Optional[int] = ..., skipped_batches: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankStatus, _Mapping]]] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., crash_restarts: _Optional[int] = ..., restart_budget: _Optional[int] = ..., last_recovery: _Optional[_Union[RecoveryPhases, _Mapping]] = ..., waiting_for: _Optional[str] = ..., epoch: _Optional[int] = ..., hang_detection: _Optional[bool] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., grad_norm: _Optional[float] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("coordinator", "nodes", "job")

@@ -69,9 +69,11 @@ def _job_to_json(job: pb.JobStatus) -> dict:
         "last_checkpoint_step": _optional(job, "last_checkpoint_step"),
         "skipped_batches": job.skipped_batches,
         "loss": _optional(job, "loss"),
+        "grad_norm": _optional(job, "grad_norm"),
         "samples_per_s": _optional(job, "samples_per_s"),
         "ranks": [{"rank": r.rank, "node": r.node, "step": r.step, "epoch": _optional(r, "epoch"), "loss": r.loss,
-                   "samples_per_s": r.samples_per_s, "from_output": r.from_output} for r in job.ranks],
+                   "grad_norm": None if r.from_output else r.grad_norm, "samples_per_s": r.samples_per_s,
+                   "from_output": r.from_output} for r in job.ranks],
         "last_failure": None if failure is None else {
             "cause": failure.cause, "node": failure.node or None, "rank": failure.rank,
             "exit_code": failure.exit_code, "signal": failure.signal, "message": failure.message,

@@ -386,7 +386,7 @@ def print_status(data: dict) -> None:
     console.print(
         f"job {job['name']}: {job['state']}  generation {job['generation']}  "
         f"world size {job['world_size']}  epoch {_or_dash(job['epoch'])}  step {_or_dash(job['step'])}  "
-        f"loss {_or_dash(job['loss'], '.4f')}  "
+        f"loss {_or_dash(job['loss'], '.4f')}  grad norm {_or_dash(job['grad_norm'], '.3g')}  "
         f"samples/s {_or_dash(job['samples_per_s'] or None, '.0f')}  "
         f"checkpoint {_or_dash(job['last_checkpoint_step'])}  "
         f"skipped ranges {job['skipped_batches']}"
@@ -398,12 +398,12 @@ def print_status(data: dict) -> None:
                       "job.progress_pattern, or the trainer runtime)")
     if job["ranks"]:
         ranks = Table(title="ranks")
-        for column in ("rank", "node", "epoch", "step", "loss", "samples/s"):
+        for column in ("rank", "node", "epoch", "step", "loss", "grad norm", "samples/s"):
             ranks.add_column(column)
         for rank in job["ranks"]:
             rate = "-" if rank["from_output"] and not rank["samples_per_s"] else f"{rank['samples_per_s']:.0f}"
             ranks.add_row(str(rank["rank"]), rank["node"], _or_dash(rank["epoch"]), str(rank["step"]),
-                          f"{rank['loss']:.4f}", rate)
+                          f"{rank['loss']:.4f}", _or_dash(rank["grad_norm"], ".3g"), rate)
         console.print(ranks)
     failure = job["last_failure"]
     if failure is not None:

@@ -84,6 +84,7 @@ class RankView:
     samples_per_s: float
     epoch: int | None = None
     from_output: bool = False  # read from the rank's output, not sent by the trainer runtime
+    grad_norm: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,7 @@ class JobView:
     epoch: int | None = None  # the lowest epoch a rank reported from its output
     hang_detection: bool = False  # a rank of the live generation showed progress: hangs are judged
     goodput: GoodputSnapshot | None = None
+    grad_norm: float | None = None  # the global norm: every rank of the runtime reports the same one
 
 
 @dataclass(frozen=True)
@@ -564,12 +566,12 @@ class JobController:
     def view(self) -> JobView:
         observation = self.observation
         ranks: tuple[RankView, ...] = ()
-        step = loss = samples_per_s = epoch = None
+        step = loss = samples_per_s = epoch = grad_norm = None
         hang_detection = False
         if observation is not None and self.generation is not None:
             node_of = {slot.rank: slot.node for slot in self.generation.placement.ranks}
             ranks = tuple(RankView(p.rank, node_of.get(p.rank, ""), p.step, p.loss, p.samples_per_s, p.epoch,
-                                   p.from_output)
+                                   p.from_output, p.grad_norm)
                           for p in sorted(observation.progress.values(), key=lambda p: p.rank))
             step = observation.min_step(self.generation.placement.world_size)
             if ranks:
@@ -577,6 +579,7 @@ class JobController:
                 # The runtime reports the global rate on every rank; a rate read from output is the rank's.
                 runtime = [r.samples_per_s for r in ranks if not r.from_output]
                 samples_per_s = max(runtime) if runtime else sum(r.samples_per_s for r in ranks)
+                grad_norm = max((r.grad_norm for r in ranks if not r.from_output), default=None)
             epoch = min((r.epoch for r in ranks if r.epoch is not None), default=None)
             hang_detection = observation.progress_seen and not self.record.between_generations
         good = [c.step for c in self.catalog.entries() if c.good]
@@ -584,7 +587,7 @@ class JobController:
                        self.record.restarts, self.record.crash_restarts, self.spec.restart.max, step,
                        good[-1] if good else None, loss, samples_per_s, ranks, self.record.last_failure,
                        self.recovery, self.record.quarantined(self.spec.restart.quarantine_after),
-                       len(self.ledger.entries()), epoch, hang_detection, self.goodput.snapshot())
+                       len(self.ledger.entries()), epoch, hang_detection, self.goodput.snapshot(), grad_norm)
 
 
 def _saved_goodput(data: dict) -> GoodputSnapshot:

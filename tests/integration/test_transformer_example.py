@@ -1,6 +1,7 @@
 """The Transformer example (trainer/examples/transformer_lm.py: Model.train, TrainerdCallback, the guarded cell,
 the elastic dataset) under real trainerd, agents and MindSpore workers: a killed worker recovers to the final
-weights of a run without the fault, bit for bit; and in one run on three nodes, status shows step and loss while
+weights of a run without the fault, bit for bit; and in one run on three nodes, status shows step, loss and
+gradient norm while
 it runs, an injected NaN batch is skipped on every rank and lands in the ledger, and a lost node shrinks the job
 to two ranks, resumed resharded from a checkpoint, which then completes."""
 
@@ -91,9 +92,10 @@ def test_nan_batch_skipped_on_every_rank_and_a_lost_node_shrinks_the_job_to_a_re
     started = [e for e in events(address) if e["kind"] == "generation_started"]
     assert [e["fields"]["nodes"] for e in started] == [["n0", "n1", "n2"], ["n0", "n1"]]
     assert started[1]["fields"]["resume_step"] >= 2 * EVERY  # resharded 3 -> 2 from a checkpoint
-    for generation in (1, 2):  # status showed the step and a finite loss while each generation ran
+    for generation in (1, 2):  # status showed the step, a finite loss and gradient norm while each generation ran
         assert shown.get(generation), f"status never showed generation {generation} running"
-        assert all(j["step"] > 0 and math.isfinite(j["loss"]) for j in shown[generation])
+        assert all(j["step"] > 0 and math.isfinite(j["loss"]) and j["grad_norm"] is not None
+                   and math.isfinite(j["grad_norm"]) and j["grad_norm"] > 0 for j in shown[generation])
     assert [(e["start"], e["end"], e["step"], e["generation"]) for e in ledger(address)] == [(*nan, nan_step, 1)]
     assert ledger(address)[0]["reason"].startswith("nonfinite")
     for rank in range(3):  # every rank skipped the update itself, inside its step

@@ -1,0 +1,35 @@
+"""`trainerctl status` shows the training figures a user watches: step, loss and the gradient norm, for
+the job and per rank (`-o json` holds the same), from the coordinator's own view."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from daemon.cli.status_json import status_to_json
+from daemon.cli.trainerctl import print_status
+from daemon.grpc_services import status_to_proto
+from tests.daemon.job_sim import SimCluster, job_settings
+
+
+def test_status_shows_step_loss_and_gradient_norm(capsys: pytest.CaptureFixture[str]) -> None:
+    async def go() -> dict:
+        sim = SimCluster(job_settings())
+        await sim.lead()
+        for name in ("a", "b", "c"):
+            await sim.connect(name)
+        await sim.tick()
+        sim.started()
+        await sim.tick(1.0)
+        sim.step(42)  # every rank: loss 0.5, global gradient norm 1.0
+        await sim.tick()
+        return status_to_json(status_to_proto(await sim.coordinator.view()))
+
+    data = asyncio.run(go())
+    job = data["job"]
+    assert (job["step"], job["loss"], job["grad_norm"]) == (42, 0.5, 1.0)
+    assert {(r["step"], r["grad_norm"]) for r in job["ranks"]} == {(42, 1.0)}
+    print_status(data)
+    out = capsys.readouterr().out
+    assert "step 42" in out and "loss 0.5000" in out and "grad norm 1" in out
