@@ -1,9 +1,8 @@
 """The Transformer example (trainer/examples/transformer_lm.py: Model.train, TrainerdCallback, the guarded cell,
 the elastic dataset) under real trainerd, agents and MindSpore workers: a killed worker recovers to the final
 weights of a run without the fault, bit for bit; and in one run on three nodes, status shows step, loss and
-gradient norm while
-it runs, an injected NaN batch is skipped on every rank and lands in the ledger, and a lost node shrinks the job
-to two ranks, resumed resharded from a checkpoint, which then completes."""
+gradient norm while it runs, an injected NaN batch is skipped on every rank and lands in the ledger, and a lost
+node shrinks the job to two ranks, resumed resharded from a checkpoint, which then completes."""
 
 from __future__ import annotations
 
