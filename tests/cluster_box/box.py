@@ -288,6 +288,11 @@ class ClusterBox:
     def kill_coordinator(self, coordinator: BoxCoordinator) -> None:
         coordinator.proc.kill_group()
 
+    def restart_coordinator(self, coordinator: BoxCoordinator) -> None:
+        """Start a killed coordinator again on its address, from its cluster file (it comes back a standby
+        while the other leads)."""
+        coordinator.proc = self.procs.trainerd(coordinator.name, self.root / f"{coordinator.name}.yaml")
+
     def freeze_coordinator(self, coordinator: BoxCoordinator) -> None:
         os.kill(coordinator.proc.pid, signal.SIGSTOP)
 
