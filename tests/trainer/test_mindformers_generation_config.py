@@ -123,6 +123,7 @@ def test_resume_from_a_checkpoint_2_0_iteration_at_another_world_size() -> None:
     assert config["resume_training"] is True
     assert config["load_ckpt_format"] == "safetensors"
     assert config["data_skip_steps"] == 400
+    assert trainerd_callback(config)["initial_step"] == 400, "the callback counts on from the resumed step"
     assert config["ignore_data_skip"] is False
     assert "auto_trans_ckpt" not in config, "MindFormers reshards Checkpoint 2.0 from its metadata.json"
 
@@ -152,7 +153,7 @@ def test_consumed_samples_that_are_not_whole_global_batches_are_refused() -> Non
 def test_the_callback_is_added_or_updated_with_the_batch_and_mindformers_skip_threshold() -> None:
     config = generation_config(user_config(), GenerationSettings(world_size=2))
     assert trainerd_callback(config) == {"type": CALLBACK_TYPE, "auto_register": CALLBACK_AUTO_REGISTER,
-                                         "global_batch_size": 16, "skip_norm_threshold": None}
+                                         "global_batch_size": 16, "skip_norm_threshold": None, "initial_step": 0}
     assert config["callbacks"][0] == {"type": "MFLossMonitor"}
     user = user_config()
     user["runner_wrapper"] = {"type": "MFTrainOneStepCell", "use_skip_data_by_global_norm": True,
@@ -160,7 +161,7 @@ def test_the_callback_is_added_or_updated_with_the_batch_and_mindformers_skip_th
     user["callbacks"].insert(0, {"type": CALLBACK_TYPE})
     config = generation_config(user, GenerationSettings(world_size=2))
     assert config["callbacks"][0] == {"type": CALLBACK_TYPE, "auto_register": CALLBACK_AUTO_REGISTER,
-                                      "global_batch_size": 16, "skip_norm_threshold": 3.5}
+                                      "global_batch_size": 16, "skip_norm_threshold": 3.5, "initial_step": 0}
     assert len(config["callbacks"]) == 2
 
 

@@ -70,7 +70,7 @@ def test_a_resumed_generation_at_a_smaller_world_size(tmp_path: Path, user_yaml:
                                     "load_path": str(iteration), "no_load_optim": False}
     assert config["data_skip_steps"] == 30
     assert config["callbacks"][-1] == {"type": CALLBACK_TYPE, "auto_register": CALLBACK_AUTO_REGISTER,
-                                       "global_batch_size": 4, "skip_norm_threshold": None}
+                                       "global_batch_size": 4, "skip_norm_threshold": None, "initial_step": 30}
 
 
 def test_without_trainerds_sample_count_the_checkpoint_says_how_far_it_got(tmp_path: Path, user_yaml: Path) -> None:

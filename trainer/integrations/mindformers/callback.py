@@ -48,14 +48,17 @@ log = logging.getLogger(__name__)
 @MindFormerRegister.register(MindFormerModuleType.CALLBACK)
 class TrainerdMindFormersCallback(Callback):
     """`global_batch_size`: samples per optimizer step across all ranks. `skip_norm_threshold`: MindFormers'
-    global_norm_spike_threshold when use_skip_data_by_global_norm is on, else None. `checkpoint_dir`: where
+    global_norm_spike_threshold when use_skip_data_by_global_norm is on, else None. `initial_step`: the step
+    resumed from (the launcher sets both from the generation's YAML and resume point). `checkpoint_dir`: where
     MindFormers commits checkpoints (default TRAINERD_CHECKPOINT_DIR)."""
 
-    def __init__(self, global_batch_size: int, skip_norm_threshold: float | None = None,
+    def __init__(self, global_batch_size: int, skip_norm_threshold: float | None = None, initial_step: int = 0,
                  checkpoint_dir: str | None = None, environ: Mapping[str, str] | None = None) -> None:
         super().__init__()
         env = os.environ if environ is None else environ
         self.global_batch = int(global_batch_size)
+        self.initial_step = int(initial_step)
+        self._offset = 0
         self.skip_norm_threshold = skip_norm_threshold
         ctx = trainerd_launch(env)
         self._ctx: RankContext | None = None if ctx is None or ctx.is_scheduler else ctx
@@ -71,9 +74,15 @@ class TrainerdMindFormersCallback(Callback):
     def on_train_begin(self, run_context: RunContext) -> None:
         if self._reporter is None:
             return
-        self._step = int(run_context.original_args().cur_step_num)
+        # MindFormers 2.0.0 resumes without handing its initial step to Model.train, whose step count then
+        # starts at 0 (its MFLossMonitor adds the step itself); count on from the resumed step either way.
+        started = int(run_context.original_args().cur_step_num)
+        self._offset = self.initial_step if started < self.initial_step else 0
+        self._step = started + self._offset
         if self._tracker is not None:
-            self._tracker.seen = self._tracker.committed()  # the one resumed from, or none
+            # Report iterations after the resumed one, even where the tracker named a later one (a resume
+            # from an older checkpoint): MindFormers rewrites the tracker at its next save.
+            self._tracker.seen = self._step
         self._reporter.event(WorkerEvent.STARTED, step=self._step)
 
     def on_train_step_begin(self, run_context: RunContext) -> None:
@@ -84,7 +93,7 @@ class TrainerdMindFormersCallback(Callback):
             return
         cb_params = run_context.original_args()
         elapsed = time.perf_counter() - self._step_started
-        self._step = int(cb_params.cur_step_num)
+        self._step = int(cb_params.cur_step_num) + self._offset
         loss, overflow, global_norm = read_outputs(cb_params.net_outputs)
         consumed = self._step * self.global_batch
         skipped = overflow or (self.skip_norm_threshold is not None and global_norm >= self.skip_norm_threshold)

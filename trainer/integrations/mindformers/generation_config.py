@@ -19,8 +19,8 @@ generation (`GenerationSettings`), `generation_config` returns the config to run
   consumed samples / global batch, so the dataset (`set_init_step`) starts where the checkpoint's samples
   end, and `ignore_data_skip: False`.
 - **The callback** (`trainer.integrations.mindformers.callback`) is appended to `callbacks`, or updated
-  where the YAML lists it, with the global batch and MindFormers' skip threshold so it can tell a skipped
-  step and its samples.
+  where the YAML lists it, with the global batch, MindFormers' skip threshold and the resumed step, so it can
+  count steps and tell a skipped step and its samples.
 """
 
 from __future__ import annotations
@@ -192,7 +192,7 @@ def _skip_threshold(config: dict[str, Any]) -> float | None:
     return None
 
 
-def _set_callback(config: dict[str, Any], batch: int) -> None:
+def _set_callback(config: dict[str, Any], batch: int, initial_step: int) -> None:
     callbacks = _callbacks(config)
     entry = next((c for c in callbacks if isinstance(c, dict) and c.get("type") == CALLBACK_TYPE), None)
     if entry is None:
@@ -201,6 +201,7 @@ def _set_callback(config: dict[str, Any], batch: int) -> None:
     entry["auto_register"] = CALLBACK_AUTO_REGISTER
     entry["global_batch_size"] = batch
     entry["skip_norm_threshold"] = _skip_threshold(config)
+    entry["initial_step"] = initial_step
 
 
 def generation_config(user_config: dict[str, Any], settings: GenerationSettings) -> dict[str, Any]:
@@ -212,7 +213,7 @@ def generation_config(user_config: dict[str, Any], settings: GenerationSettings)
     _set_checkpoints(config, settings)
     if settings.resume is not None:
         _set_resume(config, settings.resume, batch, settings.world_size)
-    _set_callback(config, batch)
+    _set_callback(config, batch, config.get("data_skip_steps", 0) if settings.resume is not None else 0)
     return config
 
 
