@@ -84,7 +84,7 @@ class CheckpointReport:
     rank: int
     step: int
     consumed_samples: int  # the stream position training resumes at from this checkpoint
-    path: str              # the step directory: absolute, normalised, ending in step_{step:08d}
+    path: str              # absolute, normalised, ending in step_{step:08d} (MindFormers: iteration_{step:08d})
 
 
 class BadBatchReason(StrEnum):
@@ -229,7 +229,8 @@ def _checkpoint_path(body: dict[str, Any], step: int) -> str:
     root, *parts = path.split("/")
     if root or not parts or any(part in ("", ".", "..") for part in parts):
         raise MalformedProgress(f"field 'path' must be an absolute normalised path, got {path!r:.80}")
-    if parts[-1] != f"step_{step:08d}":  # trainer.checkpoint.manifest.step_dir_name
+    # trainer.checkpoint.manifest.step_dir_name, or a MindFormers Checkpoint 2.0 iteration (trainer.integrations)
+    if parts[-1] not in (f"step_{step:08d}", f"iteration_{step:08d}"):
         raise MalformedProgress(f"field 'path' must name the directory of step {step}, got {parts[-1]!r:.40}")
     return path
 

@@ -28,6 +28,7 @@ from trainer.checkpoint import (
 )
 from trainer.checkpoint.layout import TensorLayout
 from trainer.checkpoint.manifest import read_manifest, step_dir_name
+from trainer.checkpoint.mindformers_import import import_mindformers, is_mindformers_checkpoint
 
 _P = ParamSpec("_P")
 
@@ -139,16 +140,35 @@ def export(step_dir: Path, out: Path) -> None:
 
 @checkpoint.command("import")
 @click.argument("source", type=_DIR)
-@click.option("--strategy", required=True, type=click.Path(path_type=Path, dir_okay=False, exists=True),
-              help="ParallelStrategyMap file: protobuf, or JSON when named *.json.")
+@click.option("--strategy", type=click.Path(path_type=Path, dir_okay=False, exists=True),
+              help="ParallelStrategyMap file (protobuf, or JSON when named *.json) of a rank_N/ checkpoint.")
 @click.option("--world-size", required=True, type=_WORLD_SIZE, help="Ranks of the new checkpoint.")
-@click.option("--step", default=0, show_default=True, type=click.IntRange(min=0), help="Step to record.")
+@click.option("--step", type=click.IntRange(min=0),
+              help="Step to record [default: a MindFormers checkpoint's global step, else 0].")
 @click.option("--out", required=True, type=_DIR, help="Root under which step_N is written.")
 @_reported
-def import_command(source: Path, strategy: Path, world_size: int, step: int, out: Path) -> None:
-    """Convert a MindSpore distributed checkpoint (SOURCE/rank_N/*.safetensors) into OUT/step_N."""
-    native = import_native(_existing_dir(source), strategy)
-    _prepare_dtypes(native.tensors)
-    _absent(out / step_dir_name(step))
-    meta = CheckpointMeta(step=step, consumed_samples=0, data_seed=0)
-    click.echo(str(write_resharded(native.directory, native.tensors, meta, out, world_size)))
+def import_command(source: Path, strategy: Path | None, world_size: int, step: int | None, out: Path) -> None:
+    """Convert a MindSpore or MindFormers checkpoint into OUT/step_N.
+
+    SOURCE is a MindFormers Checkpoint 2.0 directory (the one holding latest_checkpointed_iteration.txt, or a
+    committed iteration_NNNNNNNN/ in it), or a MindSpore distributed checkpoint (SOURCE/rank_N/*.safetensors, as
+    MindFormers' legacy format also writes) with its --strategy file."""
+    _existing_dir(source)
+    if is_mindformers_checkpoint(source):
+        if strategy is not None:
+            raise UsageProblem(f"{source} is a MindFormers Checkpoint 2.0 (its metadata.json is the strategy): "
+                               "drop --strategy")
+        imported = import_mindformers(source)
+        directory, tensors = imported.directory, imported.tensors
+        meta = CheckpointMeta(step=imported.step if step is None else step,
+                              consumed_samples=imported.consumed_samples, data_seed=0)
+    else:
+        if strategy is None:
+            raise UsageProblem(f"{source} is not a MindFormers Checkpoint 2.0 (no latest_checkpointed_iteration.txt):"
+                               " a rank_N/ checkpoint needs --strategy")
+        native = import_native(source, strategy)
+        directory, tensors = native.directory, native.tensors
+        meta = CheckpointMeta(step=0 if step is None else step, consumed_samples=0, data_seed=0)
+    _prepare_dtypes(tensors)
+    _absent(out / step_dir_name(meta.step))
+    click.echo(str(write_resharded(directory, tensors, meta, out, world_size)))

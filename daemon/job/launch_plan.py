@@ -58,6 +58,10 @@ def _common_env(spec: JobSettings, placement: Placement, generation: int,
         "TRAINERD_CHECKPOINT_EVERY": str(spec.checkpoint.every_steps),
         "TRAINERD_CHECKPOINT_KEEP": str(spec.checkpoint.keep),
         "TRAINERD_RESUME_FROM": "" if resume is None else resume.path,
+        # What the checkpoint stands for, for runners that resume by their own settings (MindFormers'
+        # data_skip_steps); trainerd's own checkpoints carry both in their manifest.
+        "TRAINERD_RESUME_STEP": "" if resume is None else str(resume.step),
+        "TRAINERD_RESUME_SAMPLES": "" if resume is None else str(resume.consumed_samples),
         "TRAINERD_SPIKE_FACTOR": repr(spec.data_skip.spike_factor),
         "TRAINERD_SPIKE_ZSCORE": repr(spec.data_skip.spike_zscore),
         "TRAINERD_SPIKE_CEILING": repr(spec.data_skip.spike_ceiling),

@@ -235,3 +235,11 @@ def test_any_value_in_any_field_is_decoded_or_refused(message_and_field: tuple[A
     except MalformedProgress:
         return
     assert type(decoded) is type(message) or field == "kind"
+
+
+def test_a_mindformers_iteration_directory_is_a_checkpoint_path() -> None:
+    """MindFormers Checkpoint 2.0 commits iteration_NNNNNNNN directories (trainer.integrations.mindformers)."""
+    report = CheckpointReport(**{**CHECKPOINT.__dict__, "path": "/ckpt/llm/iteration_00000400"})
+    assert decode(encode(report)) == report
+    with pytest.raises(MalformedProgress, match="must name the directory of step 400"):
+        encode(CheckpointReport(**{**CHECKPOINT.__dict__, "path": "/ckpt/llm/iteration_00000399"}))

@@ -1,0 +1,169 @@
+"""The entrypoint of a MindFormers job under trainerd: write this generation's YAML, then exec the runner.
+
+    entrypoint: [python, -m, trainer.integrations.mindformers.launch, --config, llama.yaml, --,
+                 python, run_mindformer.py, --run_mode, train, --use_parallel, "True"]
+
+Every process of a generation (the scheduler too) runs it. It reads what trainerd decided from the
+environment the agent gives (world size, TRAINERD_CHECKPOINT_DIR/EVERY/KEEP, TRAINERD_RESUME_FROM and the
+samples that checkpoint consumed, TRAINERD_GLOBAL_BATCH/MICRO_BATCH), writes the generation's YAML
+(`generation_config`), and execs the command after `--` with `--config <that YAML> --register_path
+<REGISTER_DIR>` appended: run_mindformer.py then builds the trainerd callback from the YAML's `callbacks`.
+
+Run outside trainerd (TRAINERD_JOB unset) it execs the command with the user's YAML and the register path
+only, so the same entrypoint runs by hand. A problem is one line on stderr and exit code 2 (65 when the
+checkpoint to resume from cannot be read, so that trainerd resumes from another).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import yaml
+
+from proto.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
+from trainer.checkpoint.errors import CheckpointError
+from trainer.checkpoint.mindformers_import import committed_iteration_dir, is_mindformers_checkpoint, read_common
+from trainer.integrations.mindformers.generation_config import (
+    GenerationConfigError,
+    GenerationSettings,
+    ResumeSource,
+    absolute_base_configs,
+    generation_config,
+)
+from trainer.runtime.rank_context import RankContextError, trainerd_launch
+
+REGISTER_DIR = Path(__file__).resolve().parent / "register"
+RESUME_SAMPLES_ENV = "TRAINERD_RESUME_SAMPLES"
+
+
+class LaunchError(Exception):
+    def __init__(self, message: str, exit_code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def resume_source(path: Path, environ: Mapping[str, str]) -> ResumeSource:
+    """What TRAINERD_RESUME_FROM points at: a committed Checkpoint 2.0 iteration, or a legacy rank_N/ directory."""
+    try:
+        if is_mindformers_checkpoint(path):
+            directory = committed_iteration_dir(path)
+            _, consumed = read_common(directory)
+            return ResumeSource(directory, "iteration", _consumed(environ, consumed))
+    except CheckpointError as exc:
+        raise LaunchError(f"cannot resume from {path}: {exc}", EXIT_CHECKPOINT_UNREADABLE) from None
+    ranks = [p for p in path.glob("rank_*") if p.is_dir()] if path.is_dir() else []
+    if not ranks:
+        raise LaunchError(f"TRAINERD_RESUME_FROM={path} is neither a MindFormers Checkpoint 2.0 iteration nor a "
+                          "directory of rank_N/", EXIT_CHECKPOINT_UNREADABLE)
+    if not environ.get(RESUME_SAMPLES_ENV):
+        raise LaunchError(f"{RESUME_SAMPLES_ENV} is not set: the samples {path} consumed are unknown")
+    return ResumeSource(path, "ranks", _consumed(environ, None), world_size=len(ranks))
+
+
+def _consumed(environ: Mapping[str, str], recorded: int | None) -> int:
+    """The samples trainerd recorded for the checkpoint (its catalog), else what the checkpoint says."""
+    raw = environ.get(RESUME_SAMPLES_ENV)
+    if not raw:
+        assert recorded is not None
+        return recorded
+    if not raw.isdigit():
+        raise LaunchError(f"{RESUME_SAMPLES_ENV}={raw[:40]!r} is not a number of samples")
+    return int(raw)
+
+
+def settings_from_environ(environ: Mapping[str, str]) -> GenerationSettings | None:
+    """This generation's settings, or None when trainerd did not launch the process."""
+    try:
+        ctx = trainerd_launch(environ)
+    except RankContextError as exc:
+        raise LaunchError(str(exc)) from None
+    if ctx is None:
+        return None
+    resume = ctx.checkpoints.resume_from
+    return GenerationSettings(
+        world_size=ctx.world_size,
+        checkpoint_dir=ctx.checkpoints.directory,
+        checkpoint_every=ctx.checkpoints.every,
+        checkpoint_keep=ctx.checkpoints.keep,
+        resume=None if resume is None else resume_source(resume, environ),
+        global_batch=None if ctx.batch is None else ctx.batch.global_batch,
+        micro_batch=None if ctx.batch is None else ctx.batch.micro_batch,
+    )
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise LaunchError(f"cannot read {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise LaunchError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(config, dict):
+        raise LaunchError(f"{path} is not a MindFormers config (a YAML mapping)")
+    return config
+
+
+def write_generation_yaml(config: dict[str, Any], environ: Mapping[str, str]) -> Path:
+    """A private file (mode 0600) named after the job, generation and rank, in the temporary directory."""
+    role = "scheduler" if environ.get("MS_ROLE") == "MS_SCHED" else f"rank{environ.get('RANK_ID', '0')}"
+    prefix = f"trainerd-{environ.get('TRAINERD_JOB', 'job')}-g{environ.get('TRAINERD_GENERATION', '0')}-{role}-"
+    fd, name = tempfile.mkstemp(prefix=prefix, suffix=".yaml")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        yaml.safe_dump(config, f, sort_keys=False)
+    return Path(name)
+
+
+def runner_argv(command: Sequence[str], config_path: Path) -> list[str]:
+    if not command:
+        raise LaunchError("give the MindFormers command after --, e.g. -- python run_mindformer.py --run_mode train")
+    if any(arg in ("--config", "--register_path") or arg.startswith(("--config=", "--register_path="))
+           for arg in command):
+        raise LaunchError("the command after -- must not set --config or --register_path: the launcher does")
+    return [*command, "--config", str(config_path), "--register_path", str(REGISTER_DIR)]
+
+
+def prepare(user_yaml: Path, command: Sequence[str], environ: Mapping[str, str]) -> list[str]:
+    """The argv to exec; writes the generation's YAML when trainerd launched this process."""
+    settings = settings_from_environ(environ)
+    if settings is None:
+        return runner_argv(command, user_yaml.resolve())
+    config = _read_yaml(user_yaml)
+    try:
+        generated = generation_config(config, settings)
+    except GenerationConfigError as exc:
+        raise LaunchError(f"{user_yaml}: {exc}") from None
+    absolute_base_configs(generated, user_yaml.resolve())
+    return runner_argv(command, write_generation_yaml(generated, environ))
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    print(f"trainerd MindFormers launcher: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    args = list(sys.argv[1:] if argv is None else argv)
+    split = args.index("--") if "--" in args else len(args)
+    parser = argparse.ArgumentParser(prog="python -m trainer.integrations.mindformers.launch",
+                                     description="Run a MindFormers job under trainerd: write the generation's "
+                                                 "YAML, then exec the command after --.")
+    parser.add_argument("--config", required=True, type=Path, help="the job's MindFormers YAML")
+    options = parser.parse_args(args[:split])
+    try:
+        argv_out = prepare(options.config, args[split + 1:], os.environ)
+    except LaunchError as exc:
+        _fail(str(exc), exc.exit_code)
+    try:
+        os.execvp(argv_out[0], argv_out)
+    except OSError as exc:
+        _fail(f"cannot run {argv_out[0]}: {exc.strerror}", EXIT_USAGE)
+
+
+if __name__ == "__main__":
+    main()
