@@ -10,6 +10,8 @@ job completes.
 
 from __future__ import annotations
 
+import json
+
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -112,6 +114,10 @@ def test_a_cut_host_is_lost_fences_itself_and_regrows_into_the_job_after_healing
     assert [victim.name in e.message for e in events if e.kind == "node_lost"] == [True]
     kinds = [e.kind for e in events if victim.name in e.message]
     assert kinds.index("node_check_started") < kinds.index("node_check_passed"), kinds  # before it got work
+    all_kinds = [e.kind for e in events]
+    assert "checkpoint_requested" in all_kinds and "reshape_started" in all_kinds  # grown back at a checkpoint
+    resumed = [json.loads(e.fields_json)["resume_step"] for e in events if e.kind == "generation_started"]
+    assert resumed[0] == 0 and 50 <= resumed[1] < resumed[2], resumed  # 3 -> 2 resharded from a checkpoint, 2 -> 3
 
 
 def test_the_etcd_leader_killed_mid_run_costs_at_most_one_restart(cluster_box) -> None:
