@@ -10,8 +10,9 @@ Two runs of the same job (same steps, seed and world size) on 3 hosts in network
   killed (restarted later), and an etcd member killed (restarted later).
 
 It prints each run's goodput and its phases (trainerctl status -o json, `job.goodput`), every fault
-with the steps it cost and its recovery phases, and whether both runs' final weights are equal (they
-must be where the faulted run ended at the world size it began with). Needs root and iproute2.
+with the generations it caused (resumed step, steps lost, recovery phases), and how far the final
+weights are from the fault-free run's: bit-identical when the world size never changed; a run that
+shrank trained some steps with its micro-batches summed in another order. Needs root and iproute2.
 
     .venv/bin/python bench/goodput.py --steps 6000 --every-s 300     # the reported figure (~2 × 10 min)
     .venv/bin/python bench/goodput.py --steps 600 --every-s 40       # a quick look
@@ -50,9 +51,12 @@ class Fault:
     at_s: float
     target: str
     step_before: int
-    resumed_from_step: int | None = None
-    lost_steps: int = 0
-    recovery: dict = field(default_factory=dict)
+    generation_before: int
+    relaunches: list[dict] = field(default_factory=list)  # the generations it caused: resumed step, phases
+
+    @property
+    def lost_steps(self) -> int:
+        return sum(r["lost_steps"] for r in self.relaunches)
 
 
 def transformer_job(steps: int, out: Path):
@@ -83,6 +87,9 @@ def run(steps: int, faulted: bool, args, root: Path) -> dict:
     out.mkdir(parents=True)
     rng = random.Random(args.seed)
     faults: list[Fault] = []
+    furthest: dict[int, int] = {}  # generation -> the furthest step status showed it at
+    recovery: dict[int, dict] = {}  # generation -> the recovery that started it, as status showed it
+    worlds: set[int] = set()
     with ClusterBox(root / ("faulted" if faulted else "clean"), hosts=HOSTS, job=transformer_job(steps, out)) as box:
         started = time.monotonic()
         wait_until(lambda: (j := job_json(box)) and j["state"] == "RUNNING", 300, "RUNNING",
@@ -92,69 +99,75 @@ def run(steps: int, faulted: bool, args, root: Path) -> dict:
         rng.shuffle(kinds)
         while True:
             job = job_json(box)
-            if job is not None and job["state"] in ("COMPLETED", "FAILED"):
-                break
-            if faulted and time.monotonic() >= next_fault and job is not None and job["state"] == "RUNNING":
-                kind = kinds[len(faults) % len(kinds)]
-                faults.append(inject(box, kind, job, rng, args, started))
-                next_fault = time.monotonic() + args.every_s
-            if faults:
-                account(faults[-1], job)
+            if job is not None:
+                generation = job["generation"]
+                if job["step"] is not None and job["state"] == "RUNNING":
+                    furthest[generation] = max(furthest.get(generation, 0), job["step"])
+                    worlds.add(job["world_size"])
+                if job["last_recovery"] is not None:
+                    recovery[generation] = job["last_recovery"]
+                if job["state"] in ("COMPLETED", "FAILED"):
+                    break
+                if faulted and time.monotonic() >= next_fault and job["state"] == "RUNNING":
+                    kind = kinds[len(faults) % len(kinds)]
+                    faults.append(inject(box, kind, job, rng, args, started))
+                    next_fault = time.monotonic() + args.every_s
             time.sleep(1.0)
         wall_s = time.monotonic() - started
         job = job_json(box)
         assert job is not None
-        if faults:
-            account(faults[-1], job)
-        return {"job": job, "wall_s": wall_s, "faults": faults, "out": out, "world_size": job.get("world_size")}
+        attribute(faults, furthest, recovery)
+        return {"job": job, "wall_s": wall_s, "faults": faults, "out": out, "worlds": worlds}
+
+
+def attribute(faults: list[Fault], furthest: dict[int, int], recovery: dict[int, dict]) -> None:
+    """Each generation after the first was started by the last fault injected before it: its cost is the
+    steps from where it resumed to the furthest step the generation before it reached."""
+    for generation in sorted(g for g in recovery if g > 1):
+        cause = [f for f in faults if f.generation_before < generation]
+        if not cause:
+            continue
+        phases = recovery[generation]
+        resumed = phases.get("resumed_from_step") or 0
+        lost = max(0, furthest.get(generation - 1, resumed) - resumed)
+        cause[-1].relaunches.append({"generation": generation, "cause": phases.get("cause"), "resumed": resumed,
+                                     "lost_steps": lost, **{k: v for k, v in phases.items()
+                                                             if k.endswith("_s") and v is not None}})
 
 
 def inject(box: ClusterBox, kind: str, job: dict, rng: random.Random, args, started: float) -> Fault:
-    step = job.get("step") or 0
+    step, generation = job.get("step") or 0, job["generation"]
     at = time.monotonic() - started
     if kind == "worker_crash":
         host = rng.choice([h for h in box.hosts if h.workers()])
         box.kill_worker(host.workers()[0])
-        return Fault(kind, at, host.name, step)
+        return Fault(kind, at, host.name, step, generation)
     if kind == "hang":
         host = rng.choice([h for h in box.hosts if h.workers()])
         worker = host.workers()[0]
         box.freeze_worker(worker)  # the coordinator's hang detection stops and relaunches the generation
-        return Fault(kind, at, host.name, step)
+        return Fault(kind, at, host.name, step, generation)
     if kind == "host_cut":
         host = rng.choice(box.hosts)
         box.cut(host)
         time.sleep(args.heal_after_s)
         box.heal(host)
-        return Fault(kind, at, host.name, step)
+        return Fault(kind, at, host.name, step, generation)
     if kind == "coordinator_kill":
         leader = box.leader()
         assert leader is not None
         box.kill_coordinator(leader)
         wait_until(box.leader, 60, "a new leader")
         box.restart_coordinator(leader)
-        return Fault(kind, at, leader.name, step)
+        return Fault(kind, at, leader.name, step, generation)
     if kind == "etcd_member_loss":
         assert box.etcd is not None
         member = box.etcd.leader() or box.etcd.members[0]
         box.etcd.kill(member)
         time.sleep(args.heal_after_s)
         box.etcd.restart(member)
-        return Fault(kind, at, member.name, step)
+        return Fault(kind, at, member.name, step, generation)
     raise ValueError(kind)
-
-
-def account(fault: Fault, job: dict | None) -> None:
-    """The fault's cost, once the job's last recovery is this fault's: steps redone and phase times."""
-    if job is None:
-        return
-    recovery = job.get("last_recovery") or {}
-    resumed = recovery.get("resumed_from_step")
-    if resumed is not None and recovery.get("first_step_s") is not None and resumed <= fault.step_before \
-            and fault.resumed_from_step is None:
-        fault.resumed_from_step = resumed
-        fault.lost_steps = fault.step_before - resumed
-        fault.recovery = {k: v for k, v in recovery.items() if k.endswith("_s") and v is not None}
 
 
 def weights(out: Path) -> dict[str, np.ndarray]:
@@ -162,9 +175,11 @@ def weights(out: Path) -> dict[str, np.ndarray]:
     return {name: rank0[name] for name in rank0.files}
 
 
-def same_weights(a: Path, b: Path) -> bool:
+def weight_difference(a: Path, b: Path) -> float:
+    """The largest absolute difference between the two runs' final weights (0.0: bit-identical)."""
     wa, wb = weights(a), weights(b)
-    return wa.keys() == wb.keys() and all(np.array_equal(wa[k], wb[k]) for k in wa)
+    assert wa.keys() == wb.keys(), "the runs saved different tensors"
+    return max(float(np.max(np.abs(wa[k].astype(np.float64) - wb[k].astype(np.float64)))) for k in wa)
 
 
 def print_run(name: str, result: dict) -> None:
@@ -191,15 +206,23 @@ def main() -> None:
               f"(seed {args.seed})")
         print_run("clean", clean)
         print_run("faulted", faulted)
-        print(f"{'fault':>18} {'at':>6} {'target':>7} {'step':>6} {'resumed':>7} {'lost':>5}  recovery phases")
+        print(f"{'fault':>18} {'at':>6} {'target':>7} {'step':>6}  generations it caused: cause, resumed step, "
+              f"steps lost, recovery phases")
         for f in faulted["faults"]:
-            phases = " ".join(f"{k[:-2]} {v:.2f}s" for k, v in f.recovery.items())
-            resumed = "-" if f.resumed_from_step is None else str(f.resumed_from_step)
-            print(f"{f.kind:>18} {f.at_s:>5.0f}s {f.target:>7} {f.step_before:>6} {resumed:>7} {f.lost_steps:>5}  "
-                  f"{phases or 'no restart'}")
-        equal = same_weights(clean["out"], faulted["out"])
-        print(f"final weights equal to the fault-free run's: {'yes' if equal else 'NO'} (world size at the end: "
-              f"{faulted['world_size']} of {HOSTS})")
+            caused = "; ".join(
+                f"g{r['generation']} {r['cause']} from {r['resumed']} lost {r['lost_steps']} ("
+                + " ".join(f"{k[:-2]} {r[k]:.1f}s" for k in ("stop_s", "relaunch_s", "first_step_s") if k in r) + ")"
+                for r in f.relaunches)
+            print(f"{f.kind:>18} {f.at_s:>5.0f}s {f.target:>7} {f.step_before:>6}  {caused or 'no restart'}")
+        lost = [f.lost_steps for f in faulted["faults"]]
+        print(f"lost steps per fault: mean {np.mean(lost) if lost else 0:.1f}, max {max(lost, default=0)}; "
+              f"world sizes seen: {sorted(faulted['worlds'])}")
+        difference = weight_difference(clean["out"], faulted["out"])
+        verdict = "bit-identical" if difference == 0.0 else f"max |difference| {difference:.3g}"
+        print(f"final weights against the fault-free run's: {verdict}"
+              + ("" if faulted["worlds"] == {HOSTS} else
+                 " (the world shrank on the way: steps at another world size sum their micro-batches in another "
+                 "order)"))
         print(json.dumps({"clean": clean["job"].get("goodput"), "faulted": faulted["job"].get("goodput")}))
 
 
