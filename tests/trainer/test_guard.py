@@ -215,6 +215,9 @@ class _Reporter:
     def checkpoint(self, step: int, consumed_samples: int, path: str) -> None:
         pass
 
+    def add_checkpoint_stall(self, seconds: float) -> None:
+        pass
+
 
 def test_a_checkpoint_of_the_old_guard_is_refused_in_one_line(tmp_path: Path) -> None:
     ctx = RankContext.from_environ({"TRAINERD_JOB": "unit"})
