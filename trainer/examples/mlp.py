@@ -51,6 +51,7 @@ from proto.exit_codes import EXIT_OK, EXIT_USAGE
 from proto.progress_datagram import WorkerEvent
 from trainer.data.sampler import SampleStream, rank_share
 from trainer.data.skip_ranges import SkipRanges
+from trainer.examples.final_weights import save_weights
 from trainer.runtime import communication
 from trainer.runtime.checkpointing import ResumeError, TrainingCheckpoints
 from trainer.runtime.communication import CommunicationError
@@ -220,15 +221,6 @@ class TrainStep:
         losses = [self._accumulate(ms.Tensor(x), ms.Tensor(y)) for x, y in zip(features, labels)]
         loss, norm, accepted = self._apply(self._micro_batches, *losses)
         return float(loss.asnumpy()), float(norm.asnumpy()), bool(accepted.asnumpy())
-
-
-def save_weights(network: nn.Cell, path: Path) -> None:
-    """Write every trainable parameter to an .npz file, atomically (a reader never sees half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    with open(partial, "wb") as f:
-        np.savez(f, **{param.name: param.asnumpy() for param in network.trainable_params()})
-    os.replace(partial, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -45,6 +44,7 @@ from proto.exit_codes import EXIT_OK, EXIT_USAGE
 from trainer.data.sampler import SampleStream
 from trainer.data.skip_ranges import SkipRanges
 from trainer.examples import tiny_corpus
+from trainer.examples.final_weights import save_weights
 from trainer.runtime import communication
 from trainer.runtime.callback import GuardedTrainOneStepCell, TrainerdCallback, resume_epoch, trainerd_dataset
 from trainer.runtime.communication import CommunicationError
@@ -238,15 +238,6 @@ class PrintLoss(Callback):
             print(f"step {cb.cur_step_num}: loss {loss:.4f} grad norm {norm:.3f}"
                   f"{'' if accepted else ' SKIPPED'} ({per_step:.1f} ms/step)", flush=True)
             self.started = time.perf_counter()
-
-
-def save_weights(network: nn.Cell, path: Path) -> None:
-    """Every trainable parameter to an .npz file, atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    with open(partial, "wb") as f:
-        np.savez(f, **{param.name: param.asnumpy() for param in network.trainable_params()})
-    os.replace(partial, path)
 
 
 def main(argv: list[str] | None = None) -> int:
