@@ -562,6 +562,7 @@ class Coordinator:
                 continue
             if await self._membership.forget(record.name, leadership.fence):
                 self._liveness.forget(record.name)
+                self._node_checks.forget(record.name)
                 await self._events.append(
                     "node_forgotten", f"node {record.name} is forgotten: LOST for {lost_for / 3600:.1f}h "
                     f"(forget_lost_after_s {self._forget_lost_after_s:g})", leadership.fence, node=record.name)

@@ -47,6 +47,11 @@ class NodeChecks:
             self.failed[node] = detail
         return passed
 
+    def forget(self, node: str) -> None:
+        """The node left the cluster's records: nothing of it is kept."""
+        self._pending.pop(node, None)
+        self.failed.pop(node, None)
+
     def excluded(self) -> set[str]:
         """Nodes not to offer: waiting for their check, or failed it."""
         return set(self._pending) | set(self.failed)

@@ -65,3 +65,15 @@ def test_a_node_back_from_lost_works_again_only_once_it_passes_the_check() -> No
 def test_no_node_check_no_command_and_nothing_excluded() -> None:
     checks = NodeChecks(None, 60.0)
     assert checks.start("a") is None and checks.excluded() == set()
+
+
+def test_a_forgotten_node_leaves_nothing_behind() -> None:
+    checks = NodeChecks(["{python}", "-c", "pass"], 10.0)
+    pending = checks.start("a")
+    assert pending is not None
+    checks.start("b")
+    checks.result("b", 2, False, "device 0 failed")
+    assert checks.excluded() == {"a", "b"}
+    checks.forget("a")
+    checks.forget("b")
+    assert checks.excluded() == set() and checks.failed == {}
