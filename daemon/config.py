@@ -160,7 +160,7 @@ class DataSkipSettings(StrictModel):
     above the mean of log(norm)."""
 
     spike_factor: float = Field(default=3.0, gt=1)  # .inf turns spike detection off
-    spike_zscore: float = Field(default=6.0, gt=0, allow_inf_nan=False)
+    spike_zscore: float = Field(default=8.0, gt=0, allow_inf_nan=False)
     spike_ceiling: float = Field(default=12.0, gt=1, allow_inf_nan=False)
     # Accepted steps before spikes are looked for (the workers need at least one to have a mean).
     warmup_steps: int = Field(default=10, ge=1)
