@@ -1,11 +1,14 @@
 """What the bad-batch guard costs a training step, and what it skips on a long run: the example job's step
 with the guard on and off, then 20,000 steps of the example's data with the guard on; the same for the
-Transformer example (`--example transformer`).
+Transformer example (`--example transformer`), whose overhead run also times a third cell, the plain one
+computing the global gradient norm as well (what a job that clips or logs its norm pays anyway), so that the
+guard's own share shows apart from the norm's.
 
     /work/main/.venv/bin/python bench/guard.py                      # 40 rounds × 50 steps of each, then the long run
     /work/main/.venv/bin/python bench/guard.py --micro-batch 32     # 2 micro batches per step
     /work/main/.venv/bin/python bench/guard.py --long-steps 0       # the overhead alone
     /work/main/.venv/bin/python bench/guard.py --example transformer --rounds 20 --long-steps 20000
+    /work/main/.venv/bin/python bench/guard.py --example transformer --rounds 0     # its long run alone
 
 Both steps train the example job's model (`trainer.examples.mlp.MLP`, 64→256→10, Adam) in GRAPH mode on
 one CPU process, on the same global batch (64 samples of the example's synthetic data, every step), with
@@ -51,7 +54,7 @@ from collections import deque
 
 import mindspore as ms
 import numpy as np
-from mindspore import nn
+from mindspore import nn, ops
 
 from proto.progress_datagram import BadBatchReason
 from trainer.data.sampler import SampleStream
@@ -115,18 +118,38 @@ def quartiles(samples: list[float]) -> tuple[float, float, float]:
 TRANSFORMER_BATCH = 16  # a rank's share of the demo's global batch of 48 on 3 ranks
 
 
-class TransformerStep:
-    """The Transformer example's train cell, `nn.TrainOneStepCell` (off) or `GuardedTrainOneStepCell` (on, the
-    example's, default settings), each with its own copy of the model (same initial weights)."""
+class NormedTrainOneStepCell(nn.TrainOneStepCell):
+    """`nn.TrainOneStepCell` that also computes the global gradient norm and returns it with the loss: what a
+    job that clips or logs its gradient norm pays anyway, so the guard's own share of the overhead shows."""
 
-    def __init__(self, guarded: bool, total_steps: int) -> None:
+    def construct(self, *inputs: ms.Tensor) -> tuple[ms.Tensor, ms.Tensor]:
+        loss = self.network(*inputs)
+        grads = self.grad(self.network, self.weights)(*inputs, ops.fill(loss.dtype, loss.shape, self.sens))
+        grads = self.grad_reducer(grads)
+        norm = ops.sqrt(ops.addn([ops.reduce_sum(ops.square(ops.cast(grad, ms.float32))) for grad in grads]))
+        return ops.depend(loss, self.optimizer(grads)), norm
+
+
+TRANSFORMER_CELLS = {  # the variants of the Transformer example's train cell the overhead run compares
+    "off": "nn.TrainOneStepCell",
+    "norm": "nn.TrainOneStepCell that also computes the global gradient norm",
+    "on": "GuardedTrainOneStepCell (the example's, default settings)",
+}
+
+
+class TransformerStep:
+    """The Transformer example's train cell in one of the TRANSFORMER_CELLS variants, each with its own copy of
+    the model (same initial weights)."""
+
+    def __init__(self, variant: str, total_steps: int) -> None:
         ms.set_seed(0)
         self.network = transformer_lm.TransformerLM(len(TRANSFORMER_VOCAB))
         loss = transformer_lm.MaskedLMLoss(self.network)
         optimizer = transformer_lm.adamw(self.network, transformer_lm.parse_args(["--steps", str(total_steps)]))
-        self.cell = GuardedTrainOneStepCell(loss, optimizer, grad_accum=1) if guarded else \
-            nn.TrainOneStepCell(loss, optimizer)
-        self.guarded = guarded
+        cells = {"off": nn.TrainOneStepCell, "norm": NormedTrainOneStepCell,
+                 "on": lambda loss, optimizer: GuardedTrainOneStepCell(loss, optimizer, grad_accum=1)}
+        self.cell = cells[variant](loss, optimizer)
+        self.guarded = variant == "on"
         self.step_s: list[float] = []
         self.skipped = 0
 
@@ -138,7 +161,8 @@ class TransformerStep:
             loss, norm, accepted = (float(t.asnumpy()) for t in outputs)
             reason = skip_reason(bool(accepted), loss, norm)
         else:
-            loss, reason = float(outputs.asnumpy()), None
+            values = [float(t.asnumpy()) for t in (outputs if isinstance(outputs, tuple) else (outputs,))]
+            loss, reason = values[0], None
         if record:
             self.step_s.append(time.perf_counter() - started)
             self.skipped += reason is not None
@@ -159,50 +183,83 @@ def transformer_batch(windows: transformer_lm.CorpusWindows, indices: np.ndarray
 def transformer_overhead(rounds: int, steps_per_round: int) -> None:
     windows, stream = transformer_data()
     batch = transformer_batch(windows, stream.indices(np.arange(TRANSFORMER_BATCH)))
-    steps = {"off": TransformerStep(False, 1000), "on": TransformerStep(True, 1000)}
+    steps = {name: TransformerStep(name, 1000) for name in TRANSFORMER_CELLS}
     for step in steps.values():  # compile, and pass the guard's warm-up
         for _ in range(20):
             step(batch, record=False)
     print(f"Transformer example (trainer.examples.transformer_lm: {transformer_lm.LAYERS} layers, d_model "
-          f"{transformer_lm.D_MODEL}, sequence {transformer_lm.SEQ_LEN}), batch {TRANSFORMER_BATCH}; off = "
-          f"nn.TrainOneStepCell, on = GuardedTrainOneStepCell; {rounds} rounds × {steps_per_round} steps of each, "
-          f"interleaved", flush=True)
-    paired = []
+          f"{transformer_lm.D_MODEL}, sequence {transformer_lm.SEQ_LEN}), batch {TRANSFORMER_BATCH}; {rounds} rounds "
+          f"× {steps_per_round} steps of each, interleaved (the order rotating round by round):", flush=True)
+    for name, what in TRANSFORMER_CELLS.items():
+        print(f"  {name:<5} {what}")
+    paired: dict[str, list[float]] = {"off": [], "norm": []}
+    names = list(steps)
     for round_ in range(rounds):
-        for name in (("off", "on") if round_ % 2 == 0 else ("on", "off")):
+        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
             for _ in range(steps_per_round):
                 steps[name](batch)
-        off_round, on_round = (statistics.median(steps[name].step_s[-steps_per_round:]) for name in ("off", "on"))
-        paired.append((on_round - off_round) / off_round)
-    print(f"\n{'guard':<6} {'step median':>12} {'q1':>8} {'q3':>8} {'steps':>6} {'skipped':>8}")
+        on_round = statistics.median(steps["on"].step_s[-steps_per_round:])
+        for base in paired:
+            base_round = statistics.median(steps[base].step_s[-steps_per_round:])
+            paired[base].append((on_round - base_round) / base_round)
+    print(f"\n{'cell':<6} {'step median':>12} {'q1':>8} {'q3':>8} {'steps':>6} {'skipped':>8}")
     for name, step in steps.items():
         q1, median, q3 = quartiles(step.step_s)
         print(f"{name:<6} {median:>9.3f} ms {q1:>8.3f} {q3:>8.3f} {len(step.step_s):>6} {step.skipped:>8}")
-    off, on = (statistics.median(steps[name].step_s) for name in ("off", "on"))
-    p_q1, p_med, p_q3 = (100 * q for q in statistics.quantiles(paired, n=4))
-    print(f"\noverhead of the guard on the Transformer step: {100 * (on - off) / off:+.2f}% of the step median "
-          f"({(on - off) * 1e6:+.0f} µs); round by round {p_med:+.2f}% (quartiles {p_q1:+.2f}% … {p_q3:+.2f}%)",
-          flush=True)
+    on = statistics.median(steps["on"].step_s)
+    for base in paired:
+        base_s = statistics.median(steps[base].step_s)
+        p_q1, p_med, p_q3 = (100 * q for q in statistics.quantiles(paired[base], n=4))
+        print(f"overhead of the guard over {base!r}: {100 * (on - base_s) / base_s:+.2f}% of the step median "
+              f"({(on - base_s) * 1e6:+.0f} µs); round by round {p_med:+.2f}% (quartiles {p_q1:+.2f}% … "
+              f"{p_q3:+.2f}%)", flush=True)
 
 
 def transformer_long_run(steps: int, global_batch: int) -> None:
     """A fresh Transformer trained as the example does by hand (its sample stream, seed 0, its global batch in
     one process, warm-up then cosine over `steps`), guard on, nothing injected: every skip is a false positive."""
     windows, stream = transformer_data()
-    step = TransformerStep(True, steps)
+    step = TransformerStep("on", steps)
+    guard = step.cell.guard
     print(f"\nTransformer long run: {steps} clean steps of the example's stream (seed 0, global batch "
-          f"{global_batch}, one process) with the guard on ({step.cell.guard.settings})", flush=True)
+          f"{global_batch}, one process) with the guard on ({guard.settings})", flush=True)
     started = time.perf_counter()
     consumed, losses, skipped = 0, {}, []
+    ratios: dict[int, float] = {}
+    zscores: dict[int, float] = {}
     for n in range(1, steps + 1):
         positions, consumed = stream.step_positions(consumed, global_batch)
-        losses[n], reason = step(transformer_batch(windows, stream.indices(positions)), record=False)
-        if reason is not None:
+        mean, var = float(guard.log_norm_mean.asnumpy()), float(guard.log_norm_var.asnumpy())
+        warm = int(guard.accepted_steps.asnumpy()) >= guard.settings.warmup_steps
+        outputs = step.cell(*transformer_batch(windows, stream.indices(positions)))
+        losses[n], norm, accepted = (float(t.asnumpy()) for t in outputs)
+        if not accepted:
             skipped.append(n)
+        if warm and math.isfinite(norm) and norm > 0:
+            ratios[n] = norm / math.exp(mean)
+            if var > 0:
+                zscores[n] = (math.log(norm) - mean) / math.sqrt(var)
+        if n % 2000 == 0:
+            print(f"  step {n}: loss {losses[n]:.3f}, {len(skipped)} skipped, {time.perf_counter() - started:.0f} s",
+                  flush=True)
     shown = sorted({1, steps // 10, steps // 2, steps} - {0})
     print(f"  {time.perf_counter() - started:.0f} s; loss " + ", ".join(f"{losses[n]:.3f} at step {n}" for n in shown))
     listed = f": steps {steps_text(skipped)}" if skipped else ""
     print(f"  clean steps skipped: {len(skipped)} of {steps} (target 0){listed}", flush=True)
+    print_margins(ratios, zscores, guard.settings)
+
+
+def print_margins(ratios: dict[int, float], zscores: dict[int, float], settings: GuardSettings) -> None:
+    """The clean steps' largest norm against the running geometric mean and largest z-score of log(norm),
+    beside the limits of the rule: how far from a false skip the run came."""
+    if not ratios or not zscores:
+        return
+    top_ratio = max(ratios, key=ratios.__getitem__)
+    top_z = max(zscores, key=zscores.__getitem__)
+    print(f"  clean steps' largest norm / running geometric mean: {ratios[top_ratio]:.2f} (step "
+          f"{top_ratio}; never a spike up to {settings.spike_factor:g}, always above "
+          f"{settings.spike_ceiling:g}); largest z-score of log(norm): {zscores[top_z]:.2f} (step "
+          f"{top_z}; a spike above {settings.spike_zscore:g} between those)", flush=True)
 
 
 INJECTED = {  # what the long run injects, in turn, and whether the guard must skip it
@@ -290,15 +347,8 @@ def long_run(steps: int, injections: int, global_batch: int, micro_batch: int) -
     print(f"  clean steps skipped: {len(false_skips)} of {len(clean)} (target 0)"
           f"{': steps ' + steps_text(false_skips) if false_skips else ''}; the rule before (3 x the running mean) "
           f"would have skipped {len(before)}{': steps ' + steps_text(before) if before else ''}")
-    clean_ratios = {n: ratio for n, ratio in ratios.items() if n not in injected}
-    clean_zscores = {n: z for n, z in zscores.items() if n not in injected}
-    if clean_ratios and clean_zscores:
-        top_ratio = max(clean_ratios, key=clean_ratios.__getitem__)
-        top_z = max(clean_zscores, key=clean_zscores.__getitem__)
-        print(f"  clean steps' largest norm / running geometric mean: {clean_ratios[top_ratio]:.2f} (step "
-              f"{top_ratio}; never a spike up to {settings.spike_factor:g}, always above "
-              f"{settings.spike_ceiling:g}); largest z-score of log(norm): {clean_zscores[top_z]:.2f} (step "
-              f"{top_z}; a spike above {settings.spike_zscore:g} between those)")
+    print_margins({n: r for n, r in ratios.items() if n not in injected},
+                  {n: z for n, z in zscores.items() if n not in injected}, settings)
     for kind, (what, must_skip) in INJECTED.items():
         at = [n for n, k in injected.items() if k == kind]
         if not at:
@@ -313,7 +363,7 @@ def long_run(steps: int, injections: int, global_batch: int, micro_batch: int) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=40, help="rounds of the overhead run (0: none)")
     parser.add_argument("--steps-per-round", type=int, default=50)
     parser.add_argument("--global-batch", type=int, default=64)
     parser.add_argument("--micro-batch", type=int, default=64)
@@ -330,7 +380,8 @@ def main() -> None:
     ms.set_device("CPU")
     if args.example == "transformer":
         print(f"MindSpore {ms.__version__}, GRAPH mode, CPU; {os.cpu_count()} cores (shared)", flush=True)
-        transformer_overhead(args.rounds, args.steps_per_round)
+        if args.rounds:
+            transformer_overhead(args.rounds, args.steps_per_round)
         if args.long_steps:
             transformer_long_run(args.long_steps, transformer_lm.DEFAULT_GLOBAL_BATCH)
         return
