@@ -361,48 +361,26 @@ def long_run(steps: int, injections: int, global_batch: int, micro_batch: int) -
               f"({reasons}){verdict}; norm / running geometric mean: {found}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=40, help="rounds of the overhead run (0: none)")
-    parser.add_argument("--steps-per-round", type=int, default=50)
-    parser.add_argument("--global-batch", type=int, default=64)
-    parser.add_argument("--micro-batch", type=int, default=64)
-    parser.add_argument("--long-steps", type=int, default=20_000, help="steps of the long run (0: none)")
-    parser.add_argument("--injections", type=int, default=16, help="bad batches injected into the long run")
-    parser.add_argument("--example", choices=("mlp", "transformer"), default="mlp",
-                        help="whose step: the MLP's (trainer.examples.mlp) or the Transformer's (Model.train's cell)")
-    args = parser.parse_args()
-    if args.global_batch % args.micro_batch:
-        parser.error("the global batch must be a multiple of the micro batch")
-    grad_accum = args.global_batch // args.micro_batch
-
-    ms.set_context(mode=ms.GRAPH_MODE)
-    ms.set_device("CPU")
-    if args.example == "transformer":
-        print(f"MindSpore {ms.__version__}, GRAPH mode, CPU; {os.cpu_count()} cores (shared)", flush=True)
-        if args.rounds:
-            transformer_overhead(args.rounds, args.steps_per_round)
-        if args.long_steps:
-            transformer_long_run(args.long_steps, transformer_lm.DEFAULT_GLOBAL_BATCH)
-        return
+def mlp_overhead(rounds: int, steps_per_round: int, global_batch: int, micro_batch: int) -> None:
+    grad_accum = global_batch // micro_batch
     data, targets = synthetic_dataset(0)
-    features = [ms.Tensor(x) for x in data[:args.global_batch].reshape(grad_accum, args.micro_batch, -1)]
-    labels = [ms.Tensor(y) for y in targets[:args.global_batch].reshape(grad_accum, args.micro_batch)]
+    features = [ms.Tensor(x) for x in data[:global_batch].reshape(grad_accum, micro_batch, -1)]
+    labels = [ms.Tensor(y) for y in targets[:global_batch].reshape(grad_accum, micro_batch)]
     steps = {"off": Step(False, grad_accum), "on": Step(True, grad_accum)}
     for step in steps.values():  # compile, and pass the guard's warm-up
         for _ in range(20):
             step(features, labels, record=False)
 
     print(f"MindSpore {ms.__version__}, GRAPH mode, CPU; {os.cpu_count()} cores (shared); "
-          f"global batch {args.global_batch} = {grad_accum} × micro batch {args.micro_batch}; "
-          f"{args.rounds} rounds × {args.steps_per_round} steps of each, interleaved", flush=True)
+          f"global batch {global_batch} = {grad_accum} × micro batch {micro_batch}; "
+          f"{rounds} rounds × {steps_per_round} steps of each, interleaved", flush=True)
     paired = []  # per round: (median step of `on` − median step of `off`) / the latter, both in that round
-    for round_ in range(args.rounds):
+    for round_ in range(rounds):
         order = ("off", "on") if round_ % 2 == 0 else ("on", "off")
         for name in order:
-            for _ in range(args.steps_per_round):
+            for _ in range(steps_per_round):
                 steps[name](features, labels)
-        off_round, on_round = (statistics.median(steps[name].step_s[-args.steps_per_round:]) for name in ("off", "on"))
+        off_round, on_round = (statistics.median(steps[name].step_s[-steps_per_round:]) for name in ("off", "on"))
         paired.append((on_round - off_round) / off_round)
 
     print(f"\n{'guard':<6} {'step median':>12} {'q1':>8} {'q3':>8} {'apply median':>13} {'q1':>8} {'q3':>8} "
@@ -418,6 +396,33 @@ def main() -> None:
     print(f"\noverhead of the guard: {100 * (on - off) / off:+.2f}% of the step median "
           f"({(on - off) * 1e6:+.0f} µs; apply phase {(on_apply - off_apply) * 1e6:+.0f} µs); "
           f"round by round {p_med:+.2f}% (quartiles {p_q1:+.2f}% … {p_q3:+.2f}%); target < 2%", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=40, help="rounds of the overhead run (0: none)")
+    parser.add_argument("--steps-per-round", type=int, default=50)
+    parser.add_argument("--global-batch", type=int, default=64)
+    parser.add_argument("--micro-batch", type=int, default=64)
+    parser.add_argument("--long-steps", type=int, default=20_000, help="steps of the long run (0: none)")
+    parser.add_argument("--injections", type=int, default=16, help="bad batches injected into the long run")
+    parser.add_argument("--example", choices=("mlp", "transformer"), default="mlp",
+                        help="whose step: the MLP's (trainer.examples.mlp) or the Transformer's (Model.train's cell)")
+    args = parser.parse_args()
+    if args.global_batch % args.micro_batch:
+        parser.error("the global batch must be a multiple of the micro batch")
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_device("CPU")
+    if args.example == "transformer":
+        print(f"MindSpore {ms.__version__}, GRAPH mode, CPU; {os.cpu_count()} cores (shared)", flush=True)
+        if args.rounds:
+            transformer_overhead(args.rounds, args.steps_per_round)
+        if args.long_steps:
+            transformer_long_run(args.long_steps, transformer_lm.DEFAULT_GLOBAL_BATCH)
+        return
+    if args.rounds:
+        mlp_overhead(args.rounds, args.steps_per_round, args.global_batch, args.micro_batch)
     if args.long_steps:
         long_run(args.long_steps, args.injections, args.global_batch, args.micro_batch)
 
