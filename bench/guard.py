@@ -51,6 +51,7 @@ import os
 import statistics
 import time
 from collections import deque
+from pathlib import Path
 
 import mindspore as ms
 import numpy as np
@@ -215,9 +216,11 @@ def transformer_overhead(rounds: int, steps_per_round: int) -> None:
               f"{p_q3:+.2f}%)", flush=True)
 
 
-def transformer_long_run(steps: int, global_batch: int) -> None:
+def transformer_long_run(steps: int, global_batch: int, record: Path | None) -> None:
     """A fresh Transformer trained as the example does by hand (its sample stream, seed 0, its global batch in
-    one process, warm-up then cosine over `steps`), guard on, nothing injected: every skip is a false positive."""
+    one process, warm-up then cosine over `steps`), guard on, nothing injected: every skip is a false positive.
+    With `record`, each step's loss, norm and verdict go to that file (the form of
+    tests/trainer/data/transformer_lm_3_ranks_norms.txt plus the verdict), to judge other rules offline."""
     windows, stream = transformer_data()
     step = TransformerStep("on", steps)
     guard = step.cell.guard
@@ -227,6 +230,7 @@ def transformer_long_run(steps: int, global_batch: int) -> None:
     consumed, losses, skipped = 0, {}, []
     ratios: dict[int, float] = {}
     zscores: dict[int, float] = {}
+    recorded = record.open("w", buffering=1) if record is not None else None
     for n in range(1, steps + 1):
         positions, consumed = stream.step_positions(consumed, global_batch)
         mean, var = float(guard.log_norm_mean.asnumpy()), float(guard.log_norm_var.asnumpy())
@@ -235,6 +239,8 @@ def transformer_long_run(steps: int, global_batch: int) -> None:
         losses[n], norm, accepted = (float(t.asnumpy()) for t in outputs)
         if not accepted:
             skipped.append(n)
+        if recorded is not None:
+            recorded.write(f"{n} {losses[n]:.6g} {norm:.6g} {int(accepted)}\n")
         if warm and math.isfinite(norm) and norm > 0:
             ratios[n] = norm / math.exp(mean)
             if var > 0:
@@ -246,6 +252,11 @@ def transformer_long_run(steps: int, global_batch: int) -> None:
     print(f"  {time.perf_counter() - started:.0f} s; loss " + ", ".join(f"{losses[n]:.3f} at step {n}" for n in shown))
     listed = f": steps {steps_text(skipped)}" if skipped else ""
     print(f"  clean steps skipped: {len(skipped)} of {steps} (target 0){listed}", flush=True)
+    for n in skipped:
+        print(f"    step {n}: loss {losses[n]:.4f}, norm / running geometric mean {ratios.get(n, math.nan):.2f}, "
+              f"z-score {zscores.get(n, math.nan):.2f}")
+    if recorded is not None:
+        recorded.close()
     print_margins(ratios, zscores, guard.settings)
 
 
@@ -405,6 +416,7 @@ def main() -> None:
     parser.add_argument("--global-batch", type=int, default=64)
     parser.add_argument("--micro-batch", type=int, default=64)
     parser.add_argument("--long-steps", type=int, default=20_000, help="steps of the long run (0: none)")
+    parser.add_argument("--record", type=Path, help="the Transformer long run's steps go to this file")
     parser.add_argument("--injections", type=int, default=16, help="bad batches injected into the long run")
     parser.add_argument("--example", choices=("mlp", "transformer"), default="mlp",
                         help="whose step: the MLP's (trainer.examples.mlp) or the Transformer's (Model.train's cell)")
@@ -419,7 +431,7 @@ def main() -> None:
         if args.rounds:
             transformer_overhead(args.rounds, args.steps_per_round)
         if args.long_steps:
-            transformer_long_run(args.long_steps, transformer_lm.DEFAULT_GLOBAL_BATCH)
+            transformer_long_run(args.long_steps, transformer_lm.DEFAULT_GLOBAL_BATCH, args.record)
         return
     if args.rounds:
         mlp_overhead(args.rounds, args.steps_per_round, args.global_batch, args.micro_batch)
