@@ -187,7 +187,8 @@ def print_run(name: str, result: dict) -> None:
     goodput = job.get("goodput") or {}
     phases = goodput.get("phases") or {}
     print(f"{name:>8}: {job['state']}, {job['step']} steps in {result['wall_s']:.0f}s, goodput "
-          f"{100 * (goodput.get('ratio') or 0):.1f}%, restarts {job.get('restarts')}, generation {job['generation']}")
+          f"{100 * (goodput.get('ratio') or 0):.1f}%, restarts {job.get('restarts')}, generation {job['generation']}, "
+          f"batches skipped {job.get('skipped_batches')} (nothing bad is injected: each is a false positive)")
     print("          " + "  ".join(f"{p[:-2]} {phases.get(p, 0):.1f}s" for p in PHASES))
 
 
