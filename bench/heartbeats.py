@@ -467,6 +467,8 @@ def main() -> None:
     parser.add_argument("--failover", action="store_true",
                         help="run a standby, kill the leader after the window, time the agents' return")
     parser.add_argument("--baseline", action="store_true", help="also measure one etcd lease per agent")
+    parser.add_argument("--keep-logs", type=Path, metavar="DIR",
+                        help="run in DIR and keep trainerd's logs there (default: a temporary folder)")
     args = parser.parse_args()
     raise_file_limit(max(args.agents) // args.agents_per_connection + 1000)
     print(f"heartbeat interval {INTERVAL_S}s, LOST after {TIMEOUT_S}s; window {args.seconds:.0f}s per row; "
@@ -483,6 +485,9 @@ def main() -> None:
 async def run_all(args) -> None:
     """One event loop for every row: gRPC's poller must not outlive the loop it was started on."""
     with tempfile.TemporaryDirectory(prefix="trainerd-bench-") as tmp:
+        if args.keep_logs is not None:
+            args.keep_logs.mkdir(parents=True, exist_ok=True)
+            tmp = str(args.keep_logs.resolve())
         for count in args.agents:
             r = await measure(count, args, Path(tmp))
             print(f"{r['agents']:>7} {r['connect_s']:>7.1f}s {r['offered_per_s']:>10.0f} "

@@ -246,9 +246,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             first = await asyncio.wait_for(context.read(), HELLO_TIMEOUT_S)
         except asyncio.TimeoutError:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no Hello within 10 s")
-        if first is grpc.aio.EOF and context.cancelled():
-            return  # the agent gave up waiting before its Hello was read: nobody to answer
-        if first is grpc.aio.EOF or first.WhichOneof("body") != "hello":
+        if first is grpc.aio.EOF:
+            # The agent gave up (or closed its side) before its Hello was read: nobody to answer. Its
+            # cancellation may not show in `context.cancelled()` yet, and an abort would then fail.
+            return
+        if first.WhichOneof("body") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a session must start with Hello")
         hello = hello_from_proto(first.hello)
         require_node(hello.node_name)
@@ -292,7 +294,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         """Check and hand on one message. Nothing it raises leaves: a malformed message is dropped and
         counted; a failure below is logged with its traceback, and the session goes on."""
         kind = message.WhichOneof("body") or "empty"
-        metrics.AGENT_MESSAGES.labels(kind).inc()
+        metrics.agent_message(kind).inc()
         try:
             self._handle(session, kind, message)
         except MalformedMessage as exc:
@@ -312,12 +314,13 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             check.count(heartbeat.processes, check.MAX_PROCESSES_PER_HEARTBEAT, "processes in a heartbeat")
             sent_at = check.finite(heartbeat.sent_at, "sent_at")
             reports = [process_status_report(node, status) for status in heartbeat.processes]
-            coordinator.heartbeat(session, generation)
+            lag = time.time() - sent_at if sent_at > 0 else None
+            coordinator.heartbeat(session, generation, lag)
             metrics.HEARTBEATS.inc()
             if not session.closed.is_set():  # the agent's proof it still belongs (agent/fence.py)
                 session.send(pb.CoordinatorMessage(heartbeat_ack=pb.HeartbeatAck(sequence=heartbeat.sequence)))
-            if sent_at > 0:
-                metrics.HEARTBEAT_LAG.observe(max(0.0, time.time() - sent_at))
+            if lag is not None:
+                metrics.HEARTBEAT_LAG.observe(max(0.0, lag))
             for report in reports:
                 coordinator.process_report(session, generation, report)
         elif kind == "process_exited":
