@@ -16,8 +16,21 @@ is killed and the bench measures how long until every agent is connected again (
 and the false LOST. Baseline (--baseline), measured in the same run: the design trainerd rejected,
 where every agent keeps an etcd lease alive at 1 Hz on its own keepalive stream.
 
-    .venv/bin/python bench/heartbeats.py --agents 2000 5000 --seconds 15
-    .venv/bin/python bench/heartbeats.py --agents 10000 --seconds 15 --failover
+What keeps a burst from breaking sessions (README, "How many agents one coordinator holds"): Hellos
+that write to etcd are admitted 64 at a time and deferred with a retry-after hint beyond 2 s of queue
+(daemon/admission.py); the leader lease is refreshed by a thread of its own (daemon/store/lease_keeper.py);
+liveness deadlines allow for the leader's own read lag (daemon/read_lag.py). An agent redials after
+max(3 intervals, timeout/2) without an ack, so a coordinator that falls that far behind shows up here as
+broken sessions.
+
+trainerd may open at most as many files as the machine allows (20,000 where the reference figures were
+taken, and it could not be raised): for 20,000 agents, two share each TCP connection
+(--agents-per-connection 2), as 10,000 hosts with two agents each would. Run it alone on the machine
+(`flock` the shared lock): the clients take cores from trainerd and the figures show the load average.
+
+    .venv/bin/python bench/heartbeats.py --agents 2000 5000 --seconds 15 --baseline
+    .venv/bin/python bench/heartbeats.py --agents 10000 --seconds 20 --failover --baseline
+    .venv/bin/python bench/heartbeats.py --agents 20000 --agents-per-connection 2 --seconds 20
 """
 
 from __future__ import annotations
