@@ -202,8 +202,9 @@ def one_connection_per_group() -> None:
     grpc.aio.insecure_channel = insecure_channel  # type: ignore[assignment]
 
 
-def client_process(addresses: list[str], names: list[str], ramp_per_s: float, per_connection: int, report,
-                   stop) -> None:
+def client_process(addresses: list[str], names: list[str], ramp_per_s: float, per_connection: int, nice: int,
+                   report, stop) -> None:
+    os.nice(nice)
     raise_file_limit(len(names) // per_connection + 1000)
     one_connection_per_group()
     tally = Tally()
@@ -238,7 +239,7 @@ class Clients:
     """The simulated agents, spread over processes; `totals()` sums what they last reported."""
 
     def __init__(self, addresses: list[str], count: int, processes: int, ramp_per_s: float,
-                 per_connection: int) -> None:
+                 per_connection: int, nice: int = 0) -> None:
         context = multiprocessing.get_context("spawn")
         self._stop = context.Event()
         self._pipes, self._procs, self._last = [], [], []
@@ -246,7 +247,7 @@ class Clients:
         for p in range(processes):
             mine, theirs = context.Pipe(duplex=False)
             proc = context.Process(target=client_process, daemon=True, args=(
-                addresses, names[p::processes], ramp_per_s / processes, per_connection, theirs, self._stop))
+                addresses, names[p::processes], ramp_per_s / processes, per_connection, nice, theirs, self._stop))
             proc.start()
             self._pipes.append(mine)
             self._procs.append(proc)
@@ -355,7 +356,7 @@ async def measure(count: int, args, workdir: Path) -> dict:
             await asyncio.sleep(2)  # standing by
         leader = coordinators[0]
         clients = Clients([c.address for c in coordinators], count, args.client_processes, args.ramp,
-                          args.agents_per_connection)
+                          args.agents_per_connection, args.client_nice)
         started = time.monotonic()
         connect_s = await wait_until(lambda: clients.totals()["welcomed"] >= count, args.connect_limit)
         await asyncio.sleep(2 * INTERVAL_S)  # settle into steady state
@@ -474,6 +475,9 @@ def main() -> None:
     parser.add_argument("--agents-per-connection", type=int, default=1,
                         help="simulated agents sharing one TCP connection (1: one each, like real hosts; "
                              "2 for 20,000 agents when trainerd may open only 20,000 files)")
+    parser.add_argument("--client-nice", type=int, default=0,
+                        help="niceness of the client processes: they stand in for other hosts, so with e.g. 10 "
+                             "trainerd gets the cores first, as on a host of its own")
     parser.add_argument("--ramp", type=float, default=1e9,
                         help="agents started per second (default: all at once)")
     parser.add_argument("--connect-limit", type=float, default=180.0, help="seconds to wait for every Welcome")
@@ -485,7 +489,8 @@ def main() -> None:
     args = parser.parse_args()
     raise_file_limit(max(args.agents) // args.agents_per_connection + 1000)
     print(f"heartbeat interval {INTERVAL_S}s, LOST after {TIMEOUT_S}s; window {args.seconds:.0f}s per row; "
-          f"{args.client_processes} client processes, {args.agents_per_connection} agent(s) per TCP connection; "
+          f"{args.client_processes} client processes (nice {args.client_nice}), {args.agents_per_connection} agent(s) "
+          f"per TCP connection; "
           f"{os.cpu_count()} cores, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     header = (f"{'agents':>7} {'connect':>8} {'offered/s':>10} {'handled/s':>10} {'ratio':>6} {'lag p50':>8} "
