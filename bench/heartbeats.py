@@ -16,8 +16,21 @@ is killed and the bench measures how long until every agent is connected again (
 and the false LOST. Baseline (--baseline), measured in the same run: the design trainerd rejected,
 where every agent keeps an etcd lease alive at 1 Hz on its own keepalive stream.
 
-    .venv/bin/python bench/heartbeats.py --agents 2000 5000 --seconds 15
-    .venv/bin/python bench/heartbeats.py --agents 10000 --seconds 15 --failover
+What keeps a burst from breaking sessions (README, "How many agents one coordinator holds"): Hellos
+that write to etcd are admitted 64 at a time and deferred with a retry-after hint beyond 2 s of queue
+(daemon/admission.py); the leader lease is refreshed by a thread of its own (daemon/store/lease_keeper.py);
+liveness deadlines allow for the leader's own read lag (daemon/read_lag.py). An agent redials after
+max(3 intervals, timeout/2) without an ack, so a coordinator that falls that far behind shows up here as
+broken sessions.
+
+trainerd may open at most as many files as the machine allows (20,000 where the reference figures were
+taken, and it could not be raised): for 20,000 agents, two share each TCP connection
+(--agents-per-connection 2), as 10,000 hosts with two agents each would. Run it alone on the machine
+(`flock` the shared lock): the clients take cores from trainerd and the figures show the load average.
+
+    .venv/bin/python bench/heartbeats.py --agents 2000 5000 --seconds 15 --baseline
+    .venv/bin/python bench/heartbeats.py --agents 10000 --seconds 20 --failover --baseline
+    .venv/bin/python bench/heartbeats.py --agents 20000 --agents-per-connection 2 --seconds 20
 """
 
 from __future__ import annotations
@@ -189,8 +202,9 @@ def one_connection_per_group() -> None:
     grpc.aio.insecure_channel = insecure_channel  # type: ignore[assignment]
 
 
-def client_process(addresses: list[str], names: list[str], ramp_per_s: float, per_connection: int, report,
-                   stop) -> None:
+def client_process(addresses: list[str], names: list[str], ramp_per_s: float, per_connection: int, nice: int,
+                   report, stop) -> None:
+    os.nice(nice)
     raise_file_limit(len(names) // per_connection + 1000)
     one_connection_per_group()
     tally = Tally()
@@ -225,7 +239,7 @@ class Clients:
     """The simulated agents, spread over processes; `totals()` sums what they last reported."""
 
     def __init__(self, addresses: list[str], count: int, processes: int, ramp_per_s: float,
-                 per_connection: int) -> None:
+                 per_connection: int, nice: int = 0) -> None:
         context = multiprocessing.get_context("spawn")
         self._stop = context.Event()
         self._pipes, self._procs, self._last = [], [], []
@@ -233,7 +247,7 @@ class Clients:
         for p in range(processes):
             mine, theirs = context.Pipe(duplex=False)
             proc = context.Process(target=client_process, daemon=True, args=(
-                addresses, names[p::processes], ramp_per_s / processes, per_connection, theirs, self._stop))
+                addresses, names[p::processes], ramp_per_s / processes, per_connection, nice, theirs, self._stop))
             proc.start()
             self._pipes.append(mine)
             self._procs.append(proc)
@@ -342,7 +356,7 @@ async def measure(count: int, args, workdir: Path) -> dict:
             await asyncio.sleep(2)  # standing by
         leader = coordinators[0]
         clients = Clients([c.address for c in coordinators], count, args.client_processes, args.ramp,
-                          args.agents_per_connection)
+                          args.agents_per_connection, args.client_nice)
         started = time.monotonic()
         connect_s = await wait_until(lambda: clients.totals()["welcomed"] >= count, args.connect_limit)
         await asyncio.sleep(2 * INTERVAL_S)  # settle into steady state
@@ -461,16 +475,22 @@ def main() -> None:
     parser.add_argument("--agents-per-connection", type=int, default=1,
                         help="simulated agents sharing one TCP connection (1: one each, like real hosts; "
                              "2 for 20,000 agents when trainerd may open only 20,000 files)")
+    parser.add_argument("--client-nice", type=int, default=0,
+                        help="niceness of the client processes: they stand in for other hosts, so with e.g. 10 "
+                             "trainerd gets the cores first, as on a host of its own")
     parser.add_argument("--ramp", type=float, default=1e9,
                         help="agents started per second (default: all at once)")
     parser.add_argument("--connect-limit", type=float, default=180.0, help="seconds to wait for every Welcome")
     parser.add_argument("--failover", action="store_true",
                         help="run a standby, kill the leader after the window, time the agents' return")
     parser.add_argument("--baseline", action="store_true", help="also measure one etcd lease per agent")
+    parser.add_argument("--keep-logs", type=Path, metavar="DIR",
+                        help="run in DIR and keep trainerd's logs there (default: a temporary folder)")
     args = parser.parse_args()
     raise_file_limit(max(args.agents) // args.agents_per_connection + 1000)
     print(f"heartbeat interval {INTERVAL_S}s, LOST after {TIMEOUT_S}s; window {args.seconds:.0f}s per row; "
-          f"{args.client_processes} client processes, {args.agents_per_connection} agent(s) per TCP connection; "
+          f"{args.client_processes} client processes (nice {args.client_nice}), {args.agents_per_connection} agent(s) "
+          f"per TCP connection; "
           f"{os.cpu_count()} cores, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     header = (f"{'agents':>7} {'connect':>8} {'offered/s':>10} {'handled/s':>10} {'ratio':>6} {'lag p50':>8} "
@@ -483,6 +503,9 @@ def main() -> None:
 async def run_all(args) -> None:
     """One event loop for every row: gRPC's poller must not outlive the loop it was started on."""
     with tempfile.TemporaryDirectory(prefix="trainerd-bench-") as tmp:
+        if args.keep_logs is not None:
+            args.keep_logs.mkdir(parents=True, exist_ok=True)
+            tmp = str(args.keep_logs.resolve())
         for count in args.agents:
             r = await measure(count, args, Path(tmp))
             print(f"{r['agents']:>7} {r['connect_s']:>7.1f}s {r['offered_per_s']:>10.0f} "

@@ -29,6 +29,7 @@ from daemon.log_relay import LogChunk, LogRelay
 from daemon.node_checks import NodeChecks
 from daemon.membership import DeviceInfo, Membership, NodeRecord
 from daemon.pass_guard import PassGuard
+from daemon.read_lag import ReadLag
 from daemon.store import codec, keys
 from daemon.store.interface import Store, StoreError
 from proto.vocabulary import NODE_NAME_PATTERN, NodeState, ProcessRole
@@ -92,6 +93,7 @@ class AgentSession:
         self.closed = asyncio.Event()
         # True until its Welcome is ready: the time etcd takes to record the node is not its silence.
         self.opening = True
+        self.clock_offset: float | None = None  # daemon/read_lag.py
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,7 @@ class Coordinator:
         self.heartbeat_interval_s = heartbeat_interval_s
         self._election = LeaderElection(store, me, leader_lease_s)
         self._liveness = LivenessTracker(clock, heartbeat_timeout_s, session_grace_s)
+        self._read_lag = ReadLag()
         self._membership = Membership(store)
         self._events = EventLog(store, job_name, clock)
         self._sessions: dict[str, AgentSession] = {}
@@ -351,9 +354,12 @@ class Coordinator:
     def session_count(self) -> int:
         return len(self._sessions)
 
-    def heartbeat(self, session: AgentSession, generation: int) -> None:
+    def heartbeat(self, session: AgentSession, generation: int, handled_minus_sent_s: float | None = None) -> None:
+        """`handled_minus_sent_s`: now by our wall clock minus the heartbeat's `sent_at` by the agent's."""
         if not session.closed.is_set():
             self._liveness.heard_from(session.node)
+            if handled_minus_sent_s is not None:
+                self._read_lag.observe(session, handled_minus_sent_s)
             if self.job is not None:
                 self.job.heartbeat(session.node, generation)
 
@@ -534,7 +540,9 @@ class Coordinator:
 
     async def tick(self) -> None:
         leadership = await self._require_leadership()
-        for name in self._liveness.overdue():
+        read_lag_s = self._read_lag.take()
+        metrics.READ_LAG.set(read_lag_s)
+        for name in self._liveness.overdue(read_lag_s):
             record = self._membership.get(name)
             if record is None or record.state is not NodeState.READY:
                 continue

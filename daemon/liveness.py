@@ -92,10 +92,14 @@ class LivenessTracker:
         seen = self._nodes.get(node)
         return None if seen is None else max(0.0, self._clock.now() - seen.last_seen)
 
-    def overdue(self) -> list[str]:
-        """Tracked nodes silent for longer than the timeout, or disconnected for longer than the grace."""
-        now = self._clock.now()
+    def overdue(self, read_lag_s: float = 0.0) -> list[str]:
+        """Tracked nodes silent for longer than the timeout, or disconnected for longer than the grace.
+
+        `read_lag_s`: how far behind the coordinator is reading its agents' messages now
+        (daemon/read_lag.py); both deadlines allow that much more."""
+        now = self._clock.now() - max(0.0, read_lag_s)
+        silent_since, broken_since = now - self._timeout_s, now - self._grace_s
         return sorted(name for name, seen in self._nodes.items()
-                      if seen.last_seen < now - self._timeout_s
+                      if seen.last_seen < silent_since
                       or (not seen.connected and seen.disconnected_at is not None
-                          and seen.disconnected_at < now - self._grace_s))
+                          and seen.disconnected_at < broken_since))

@@ -18,6 +18,9 @@ HELLOS_DEFERRED = Counter("trainerd_hellos_deferred_total",
                           "Hellos deferred (RESOURCE_EXHAUSTED, a retry-after hint): too many waiting to be admitted.")
 COORDINATOR_STALL = Counter("trainerd_coordinator_stall_seconds_total",
                             "Seconds the coordinator's event loop ran late; liveness deadlines moved by them.")
+READ_LAG = Gauge("trainerd_coordinator_read_lag_seconds",
+                 "How far behind the leader reads its agents' heartbeats (median, clock offsets removed); "
+                 "liveness deadlines allow as much more.")
 IS_LEADER = Gauge("trainerd_is_leader", "1 while this coordinator leads.")
 RECOVERY_PHASE = Histogram(
     "trainerd_recovery_phase_seconds",
@@ -29,6 +32,18 @@ RESTARTS = Counter("trainerd_job_restarts_total", "Generations relaunched, by ca
 PASS_FAILURES = Counter("trainerd_pass_failures_total",
                         "Coordinator passes that failed with an unexpected error (logged, retried).", ["pass"])
 AGENT_MESSAGES = Counter("trainerd_agent_messages_total", "Messages received on agent sessions, by kind.", ["kind"])
+_AGENT_MESSAGE_COUNTERS: dict[str, Counter] = {}
+
+
+def agent_message(kind: str) -> Counter:
+    """AGENT_MESSAGES' series for `kind`, looked up once (labels() validates and locks on every call, and
+    every heartbeat counts)."""
+    counter = _AGENT_MESSAGE_COUNTERS.get(kind)
+    if counter is None:
+        counter = _AGENT_MESSAGE_COUNTERS[kind] = AGENT_MESSAGES.labels(kind)
+    return counter
+
+
 AGENT_MESSAGES_DROPPED = Counter(
     "trainerd_agent_messages_dropped_total",
     "Agent messages dropped: malformed, about a rank not placed on the sending node, or failing.", ["reason"])

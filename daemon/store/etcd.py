@@ -6,16 +6,18 @@ current, and an unreachable member makes the store move on to the next one. Read
 on the other members at once; writes are not (an UNAVAILABLE write may still have been
 applied), so they raise StoreUnavailable and the caller re-reads and decides again.
 
-Leases are refreshed at TTL/3 on ONE long-lived LeaseKeepAlive stream per store. A lease is
-declared lost when etcd answers TTL <= 0, or when no refresh has been acknowledged for a whole
-TTL counted from the moment the last acknowledged request was sent, which is no later than
-etcd's own expiry of it.
+Leases are refreshed at TTL/3 by a thread of their own over channels of their own
+(daemon/store/lease_keeper.py), so a busy event loop cannot starve them. A lease is declared lost
+when etcd answers TTL <= 0, or when no refresh has been acknowledged for a whole TTL counted from
+the moment the last acknowledged request was sent, which is no later than etcd's own expiry of it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 from dataclasses import dataclass
 from typing import TypeVar, overload
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -23,6 +25,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 import grpc
 from aetcd import rpc
 
+from daemon.store.lease_keeper import LeaseKeeper
 from daemon.store.interface import (
     EventKind,
     Fence,
@@ -60,7 +63,7 @@ _CHANNEL_OPTIONS = [
 
 async def _pause_before_reopening(failures: int, stream: str, reason: str) -> None:
     """Log the first of a run of failures as a warning, then back off 0.1, 0.2, 0.4, ... capped
-    at 1 s: short enough to be back within a lease's TTL/3."""
+    at 1 s."""
     level = logging.WARNING if failures == 1 else logging.DEBUG
     log.log(level, "etcd %s broke (%s); re-opening it", stream, reason)
     await asyncio.sleep(min(0.1 * 2 ** (failures - 1), 1.0))
@@ -160,13 +163,12 @@ class EtcdLease:
         self.ttl_s = ttl_s
         self._store = store
         self._lost = asyncio.Event()
-        self._expiry: asyncio.TimerHandle | None = None
-        self.last_sent = 0.0  # loop time of the newest keepalive request written
-        self.next_send = 0.0  # loop time the next keepalive request is due
+        # Set by the keeper's thread the moment it gives the lease up, before the loop hears of it.
+        self._expired = threading.Event()
 
     @property
     def alive(self) -> bool:
-        return not self._lost.is_set()
+        return not (self._lost.is_set() or self._expired.is_set())
 
     async def wait_lost(self) -> None:
         await self._lost.wait()
@@ -174,18 +176,8 @@ class EtcdLease:
     async def revoke(self) -> None:
         await self._store._revoke_lease(self)
 
-    def refreshed(self, sent_at: float, ttl_s: int) -> None:
-        """etcd acknowledged a refresh requested at `sent_at`: lost `ttl_s` after it unless
-        acknowledged again."""
-        if self._expiry is not None:
-            self._expiry.cancel()
-        self._expiry = asyncio.get_running_loop().call_at(
-            sent_at + ttl_s, self._store._lose_lease, self, f"no keepalive acknowledged for {ttl_s} s")
-        self.next_send = sent_at + ttl_s / 3
-
     def mark_lost(self) -> None:
-        if self._expiry is not None:
-            self._expiry.cancel()
+        self._expired.set()
         self._lost.set()
 
 
@@ -193,15 +185,15 @@ class EtcdStore:
     """Use `await EtcdStore.connect(...)`; the constructor takes already-opened members."""
 
     def __init__(self, members: list[_Member], credentials: tuple[str, str] | None,
-                 timeout_s: float) -> None:
+                 timeout_s: float, channel_credentials: grpc.ChannelCredentials | None = None) -> None:
         self._members = members
         self._current = 0
         self._credentials = credentials
         self._metadata: tuple[tuple[str, str], ...] = ()
         self._timeout_s = timeout_s
         self._leases: dict[int, EtcdLease] = {}
-        self._keepalive_task: asyncio.Task | None = None
-        self._keepalive_wake = asyncio.Event()
+        self._keeper = LeaseKeeper([m.target for m in members], channel_credentials, _CHANNEL_OPTIONS, timeout_s,
+                                   lambda: self._metadata, credentials)
         self._watch_calls: set[grpc.aio.StreamStreamCall] = set()
         self._closed = False
 
@@ -224,7 +216,7 @@ class EtcdStore:
         targets, channel_credentials = _targets_and_credentials(endpoints, ca_file, cert_file, key_file)
         members = [_Member.open(target, channel_credentials) for target in targets]
         credentials = (username, password) if username is not None and password is not None else None
-        store = cls(members, credentials, timeout_s)
+        store = cls(members, credentials, timeout_s, channel_credentials)
         try:
             await store._pick_reachable_member()
             if store._credentials is not None:
@@ -384,20 +376,23 @@ class EtcdStore:
     # -- leases ------------------------------------------------------------------------------
 
     async def grant_lease(self, ttl_s: int) -> EtcdLease:
-        loop = asyncio.get_running_loop()
-        sent_at = loop.time()
+        sent_at = time.monotonic()
         response = await self._call(f"grant a {ttl_s} s lease", lambda m: m.lease.LeaseGrant,
                                     rpc.LeaseGrantRequest(TTL=ttl_s), idempotent=False)
         if response.error:
             raise StoreError(f"etcd refused a {ttl_s} s lease: {response.error}")
         lease = EtcdLease(self, response.ID, response.TTL)
-        lease.refreshed(sent_at, response.TTL)
         self._leases[lease.id] = lease
-        if self._keepalive_task is None:
-            self._keepalive_task = asyncio.create_task(self._keep_leases_alive(),
-                                                       name="etcd lease keepalive")
-            self._keepalive_task.add_done_callback(_log_crash)
-        self._keepalive_wake.set()
+        loop = asyncio.get_running_loop()
+
+        def lost(reason: str) -> None:  # in the keeper's thread
+            lease._expired.set()
+            try:
+                loop.call_soon_threadsafe(self._lose_lease, lease, reason)
+            except RuntimeError:  # the loop is closed: nobody is waiting
+                pass
+
+        self._keeper.keep(lease.id, response.TTL, sent_at, lost)
         return lease
 
     async def _revoke_lease(self, lease: EtcdLease) -> None:
@@ -409,75 +404,10 @@ class EtcdStore:
 
     def _lose_lease(self, lease: EtcdLease, reason: str | None = None) -> None:
         """Stop refreshing `lease` and wake its `wait_lost`; `reason` None: we gave it up."""
-        if self._leases.pop(lease.id, None) is None:
-            return
+        self._keeper.drop(lease.id)
         lease.mark_lost()
-        if reason is not None:
+        if self._leases.pop(lease.id, None) is not None and reason is not None:
             log.warning("etcd lease %x (TTL %d s) is lost: %s", lease.id, lease.ttl_s, reason)
-
-    async def _keep_leases_alive(self) -> None:
-        """Keep one keepalive stream open while there are leases; re-open it when it breaks."""
-        failures = 0
-        while True:
-            if not self._leases:
-                self._keepalive_wake.clear()
-                await self._keepalive_wake.wait()
-                continue
-            member = self._members[self._current]
-            try:
-                await self._keepalive_session(member)
-                failures = 0
-                continue
-            except grpc.aio.AioRpcError as exc:
-                reason = await self._prepare_to_reopen(member, exc)
-            except _StreamEnded as exc:
-                reason = str(exc)
-            failures += 1
-            await _pause_before_reopening(failures, f"lease keepalive stream to {member.target}", reason)
-
-    async def _keepalive_session(self, member: _Member) -> None:
-        """Refresh every lease at TTL/3 over one stream; returns when no lease is left."""
-        loop = asyncio.get_running_loop()
-        call = member.lease.LeaseKeepAlive(metadata=self._metadata)
-        reader = asyncio.create_task(self._read_keepalives(call))
-        reader.add_done_callback(lambda _: self._keepalive_wake.set())
-        for lease in self._leases.values():
-            lease.next_send = loop.time()  # after a reconnect, refresh everything at once
-        try:
-            while self._leases:
-                now = loop.time()
-                for lease in list(self._leases.values()):
-                    if lease.next_send <= now:
-                        lease.last_sent = now
-                        lease.next_send = now + lease.ttl_s / 3
-                        await call.write(rpc.LeaseKeepAliveRequest(ID=lease.id))
-                self._keepalive_wake.clear()
-                if reader.done():
-                    failure = None if reader.cancelled() else reader.exception()
-                    if failure is not None:
-                        raise failure
-                    raise _StreamEnded("etcd closed the keepalive stream")
-                if self._leases:
-                    due = min(lease.next_send for lease in self._leases.values())
-                    try:
-                        await asyncio.wait_for(self._keepalive_wake.wait(), max(due - loop.time(), 0))
-                    except TimeoutError:
-                        pass
-        except asyncio.InvalidStateError as exc:  # a write after the call finished
-            raise _StreamEnded("the keepalive stream finished") from exc
-        finally:
-            reader.cancel()
-            call.cancel()
-
-    async def _read_keepalives(self, call: grpc.aio.StreamStreamCall) -> None:
-        async for response in call:
-            lease = self._leases.get(response.ID)
-            if lease is None:
-                continue
-            if response.TTL <= 0:
-                self._lose_lease(lease, "etcd reports it expired")
-            else:
-                lease.refreshed(lease.last_sent, response.TTL)
 
     async def _prepare_to_reopen(self, member: _Member, exc: grpc.aio.AioRpcError) -> str:
         """A stream to `member` failed with `exc`: move on when the member is unreachable, get
@@ -552,24 +482,8 @@ class EtcdStore:
         """Stop the keepalive (the leases then expire in etcd after their TTL), end the watches
         and close the channels. Idempotent."""
         self._closed = True
-        if self._keepalive_task is not None:
-            self._keepalive_task.cancel()
-            try:
-                await self._keepalive_task
-            except asyncio.CancelledError:
-                pass
-            self._keepalive_task = None
+        await asyncio.to_thread(self._keeper.close)
         for lease in list(self._leases.values()):
             self._lose_lease(lease)
         for member in self._members:
             await member.channel.close()
-
-
-def _log_crash(task: asyncio.Task) -> None:
-    """Without this a bug in the keepalive would show only as every lease lost, unexplained."""
-    if not task.cancelled() and task.exception() is not None:
-        log.error("etcd lease keepalive stopped", exc_info=task.exception())
-
-
-class _StreamEnded(Exception):
-    """A keepalive stream ended without a gRPC error."""

@@ -120,3 +120,15 @@ def test_an_excuse_never_puts_last_seen_in_the_future() -> None:
     assert tracker.age("a") == 0.0
     clock.advance(5.01)
     assert tracker.overdue() == ["a"]
+
+
+def test_the_coordinators_read_lag_extends_the_timeout_and_the_grace_while_it_lasts() -> None:
+    clock = FakeClock(start=100.0)
+    tracker = LivenessTracker(clock, timeout_s=5.0, grace_s=2.0)
+    tracker.connected("silent")
+    tracker.connected("broken")
+    clock.advance(1.0)
+    tracker.disconnected("broken")
+    clock.advance(4.5)  # silent for 5.5 s, broken for 4.5 s
+    assert tracker.overdue(read_lag_s=3.0) == []  # their heartbeats and Hellos may be waiting unread
+    assert tracker.overdue(read_lag_s=0.0) == ["broken", "silent"]

@@ -90,7 +90,7 @@ def test_a_periodic_pass_that_raises_elsewhere_does_not_end_the_coordinator(capl
             await asyncio.sleep(0)
         term = sim.coordinator.leadership
 
-        def broken_overdue():
+        def broken_overdue(read_lag_s: float = 0.0):
             raise KeyError("a bug in the liveness bookkeeping")
 
         sim.coordinator._liveness.overdue = broken_overdue

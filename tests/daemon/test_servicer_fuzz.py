@@ -211,9 +211,9 @@ class LiveCoordinator:
         service = CoordinatorService(self.coordinator)
         dispatch = service._dispatch
 
-        def counted(session, message) -> None:
+        def counted(session, message):
             try:
-                dispatch(session, message)
+                return dispatch(session, message)
             except BaseException as exc:
                 self.escaped.append(exc)  # must never happen: it would end the session
                 raise

@@ -4,6 +4,7 @@ authentication. Always against a real etcd."""
 from __future__ import annotations
 
 import asyncio
+import time
 from contextlib import aclosing
 
 import grpc
@@ -149,5 +150,47 @@ def test_connect_refuses_half_given_credentials() -> None:
             await EtcdStore.connect(["127.0.0.1:1"], username="root")
         with pytest.raises(ValueError, match="both cert_file and key_file"):
             await EtcdStore.connect(["127.0.0.1:1"], cert_file="client.pem")
+
+    run(scenario())
+
+
+async def _lease_ttl_in_etcd(endpoint: str, lease_id: int) -> int:
+    """The TTL etcd itself has left on `lease_id` (-1 once it expired), asked over a channel of our own."""
+    async with grpc.aio.insecure_channel(endpoint) as channel:
+        reply = await rpc.LeaseStub(channel).LeaseTimeToLive(rpc.LeaseTimeToLiveRequest(ID=lease_id), timeout=5)
+    return reply.TTL
+
+
+def test_a_lease_outlives_an_event_loop_blocked_for_longer_than_its_ttl(etcd_server: EmbeddedEtcd) -> None:
+    """A coordinator whose loop is saturated (or stalled by a long pass) keeps its leader lease: the
+    keepalive runs in a thread of its own, not behind the loop's work."""
+    async def scenario() -> None:
+        store = await EtcdStore.connect([etcd_server.endpoint])
+        try:
+            lease = await store.grant_lease(2)
+            await store.compare_and_swap(k("leased"), b"1", 0, lease=lease)
+            time.sleep(5)  # noqa: ASYNC251 - the loop is blocked for 2.5 TTLs: nothing on it runs
+            await asyncio.sleep(0)
+            assert lease.alive
+            assert await _lease_ttl_in_etcd(etcd_server.endpoint, lease.id) > 0
+            assert await store.get(k("leased")) is not None  # its key was not deleted by an expiry
+        finally:
+            await store.close()
+
+    run(scenario())
+
+
+def test_a_lease_revoked_behind_the_stores_back_is_reported_lost_within_a_refresh(
+        etcd_server: EmbeddedEtcd) -> None:
+    async def scenario() -> None:
+        store = await EtcdStore.connect([etcd_server.endpoint])
+        try:
+            lease = await store.grant_lease(3)
+            async with grpc.aio.insecure_channel(etcd_server.endpoint) as channel:
+                await rpc.LeaseStub(channel).LeaseRevoke(rpc.LeaseRevokeRequest(ID=lease.id), timeout=5)
+            await asyncio.wait_for(lease.wait_lost(), 2)  # the next refresh (TTL/3) hears TTL <= 0
+            assert not lease.alive
+        finally:
+            await store.close()
 
     run(scenario())
