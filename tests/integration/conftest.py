@@ -10,7 +10,7 @@ import pytest
 
 from tests.harness import Processes
 
-REFERENCE_STEPS = 1000
+REFERENCE_STEPS = 600
 
 
 @pytest.fixture
