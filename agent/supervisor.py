@@ -48,7 +48,13 @@ from agent.worker_user import WorkerUser
 from common.clock import Clock
 from proto import trainerd_pb2 as pb
 from proto.exit_codes import EXIT_CANNOT_EXECUTE
-from proto.progress_datagram import BadBatchReport, CheckpointReport, EventReport, ProgressMessage
+from proto.progress_datagram import (
+    BadBatchReport,
+    CheckpointFailedReport,
+    CheckpointReport,
+    EventReport,
+    ProgressMessage,
+)
 from proto.progress_pattern import ProgressPatternError, compile_progress_pattern
 from proto.worker_files import CheckpointRequest, SkipList, encode_control, encode_skips, write_atomically
 
@@ -511,6 +517,10 @@ class Supervisor:
             self._report(pb.AgentMessage(checkpoint_saved=pb.CheckpointSaved(
                 generation=message.generation, step=message.step, consumed_samples=message.consumed_samples,
                 path=message.path)))
+            return
+        if isinstance(message, CheckpointFailedReport):
+            self._report(pb.AgentMessage(checkpoint_failed=pb.CheckpointFailed(
+                generation=message.generation, rank=message.rank, step=message.step, reason=message.reason)))
             return
         if isinstance(message, BadBatchReport):
             self._report(pb.AgentMessage(bad_batch=pb.BadBatch(

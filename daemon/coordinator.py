@@ -428,6 +428,10 @@ class Coordinator:
             drained={r.name for r in records if r.drained},
         )
 
+    def checkpoint_failed(self, session: AgentSession, generation: int, rank: int, step: int, reason: str) -> None:
+        if self.job is not None and self.job.checkpoint_failed(generation, session.node, rank, step, reason):
+            self.request_reconcile()
+
     def bad_batch(self, session: AgentSession, generation: int, rank: int, report: SkippedBatch) -> None:
         if self.job is not None:
             self.job.bad_batch(generation, session.node, rank, report)

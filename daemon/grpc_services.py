@@ -353,6 +353,13 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             coordinator.checkpoint_saved(session, check.generation(saved.generation), check.step(saved.step),
                                          check.sample_position(saved.consumed_samples, "consumed_samples"),
                                          check.text(saved.path, check.MAX_PATH_CHARS, "path"))
+        elif kind == "checkpoint_failed":
+            failed = message.checkpoint_failed
+            if failed.step < 1 or not failed.reason:
+                raise MalformedMessage(f"a failed checkpoint needs a step from 1 and a reason, got step {failed.step}")
+            reason = check.one_line(failed.reason, check.MAX_FAILURE_REASON_CHARS)
+            coordinator.checkpoint_failed(session, check.generation(failed.generation), check.rank(failed.rank),
+                                          check.step(failed.step), reason)
         elif kind == "log_data":
             data = message.log_data
             check.count(data.data, MAX_LOG_READ_BYTES, "bytes of log data")

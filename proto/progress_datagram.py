@@ -12,6 +12,8 @@ Wire format (strict JSON, UTF-8, at most MAX_DATAGRAM_BYTES):
     {"schema": 1, "kind": "event", "job": "mnist", "generation": 3, "rank": 0, "event": "finished", "step": 500}
     {"schema": 1, "kind": "checkpoint", "job": "mnist", "generation": 3, "rank": 0, "step": 400,
      "consumed_samples": 25600, "path": "/ckpt/mnist/step_00000400"}
+    {"schema": 1, "kind": "checkpoint_failed", "job": "mnist", "generation": 3, "rank": 1, "step": 400,
+     "reason": "[Errno 28] No space left on device"}
     {"schema": 1, "kind": "bad_batch", "job": "mnist", "generation": 3, "rank": 0, "step": 121,
      "sample_start": 7680, "sample_end": 7744, "reason": "nonfinite_loss", "loss": "NaN", "grad_norm": "NaN"}
 
@@ -38,6 +40,7 @@ _MAX_INT64 = (1 << 63) - 1
 _MAX_INT32 = (1 << 31) - 1
 _NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 MAX_CHECKPOINT_PATH = 1024
+MAX_FAILURE_REASON = 1000
 # Control characters (and DEL) in a path would let a hostile datagram forge lines in the agent's log.
 _CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -87,6 +90,23 @@ class CheckpointReport:
     path: str              # absolute, normalised, ending in step_{step:08d} (MindFormers: iteration_{step:08d})
 
 
+@dataclass(frozen=True)
+class CheckpointFailedReport:
+    """A rank's save of `step` failed: that step is not committed and training goes on without it."""
+
+    job: str
+    generation: int
+    rank: int
+    step: int
+    reason: str  # one line of printable characters, at most MAX_FAILURE_REASON (see `failure_reason`)
+
+
+def failure_reason(exc: BaseException) -> str:
+    """`exc` as a CheckpointFailedReport's reason: one line, control characters replaced, cut to length."""
+    text = _CONTROL_CHARACTER.sub(" ", str(exc) or type(exc).__name__)
+    return text if len(text) <= MAX_FAILURE_REASON else text[:MAX_FAILURE_REASON - 3] + "..."
+
+
 class BadBatchReason(StrEnum):
     NONFINITE_LOSS = "nonfinite_loss"
     NONFINITE_GRAD_NORM = "nonfinite_grad_norm"
@@ -108,7 +128,7 @@ class BadBatchReport:
     grad_norm: float  # likewise
 
 
-ProgressMessage = StepReport | EventReport | CheckpointReport | BadBatchReport
+ProgressMessage = StepReport | EventReport | CheckpointReport | CheckpointFailedReport | BadBatchReport
 
 
 def encode(message: ProgressMessage) -> bytes:
@@ -128,6 +148,8 @@ def encode(message: ProgressMessage) -> bytes:
     elif isinstance(message, CheckpointReport):
         body |= {"kind": "checkpoint", "step": message.step, "consumed_samples": message.consumed_samples,
                  "path": message.path}
+    elif isinstance(message, CheckpointFailedReport):
+        body |= {"kind": "checkpoint_failed", "step": message.step, "reason": message.reason}
     else:
         body |= {
             "kind": "bad_batch", "step": message.step, "sample_start": message.sample_start,
@@ -180,6 +202,11 @@ def decode(data: bytes) -> ProgressMessage:
             **common, consumed_samples=_int(body, "consumed_samples", _MAX_INT64),
             path=_checkpoint_path(body, common["step"]),
         )
+    if kind == "checkpoint_failed":
+        reason = _field(body, "reason", str)
+        if not 0 < len(reason) <= MAX_FAILURE_REASON or _CONTROL_CHARACTER.search(reason):
+            raise MalformedProgress(f"field 'reason' must have 1 to {MAX_FAILURE_REASON} printable characters")
+        return CheckpointFailedReport(**common, reason=reason)
     if kind == "bad_batch":
         start, end = _int(body, "sample_start", _MAX_INT64), _int(body, "sample_end", _MAX_INT64)
         if end <= start:

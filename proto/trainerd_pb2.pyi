@@ -182,8 +182,20 @@ class CheckpointSaved(_message.Message):
     path: str
     def __init__(self, generation: _Optional[int] = ..., step: _Optional[int] = ..., consumed_samples: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
 
+class CheckpointFailed(_message.Message):
+    __slots__ = ("generation", "rank", "step", "reason")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    rank: int
+    step: int
+    reason: str
+    def __init__(self, generation: _Optional[int] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "heartbeat", "process_started", "process_exited", "progress", "bad_batch", "stopped", "checkpoint_saved", "log_data", "node_check_result")
+    __slots__ = ("hello", "heartbeat", "process_started", "process_exited", "progress", "bad_batch", "stopped", "checkpoint_saved", "log_data", "node_check_result", "checkpoint_failed")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     PROCESS_STARTED_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +206,7 @@ class AgentMessage(_message.Message):
     CHECKPOINT_SAVED_FIELD_NUMBER: _ClassVar[int]
     LOG_DATA_FIELD_NUMBER: _ClassVar[int]
     NODE_CHECK_RESULT_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FAILED_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     heartbeat: Heartbeat
     process_started: ProcessStarted
@@ -204,7 +217,8 @@ class AgentMessage(_message.Message):
     checkpoint_saved: CheckpointSaved
     log_data: LogData
     node_check_result: NodeCheckResult
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., process_started: _Optional[_Union[ProcessStarted, _Mapping]] = ..., process_exited: _Optional[_Union[ProcessExited, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., bad_batch: _Optional[_Union[BadBatch, _Mapping]] = ..., stopped: _Optional[_Union[Stopped, _Mapping]] = ..., checkpoint_saved: _Optional[_Union[CheckpointSaved, _Mapping]] = ..., log_data: _Optional[_Union[LogData, _Mapping]] = ..., node_check_result: _Optional[_Union[NodeCheckResult, _Mapping]] = ...) -> None: ...
+    checkpoint_failed: CheckpointFailed
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., process_started: _Optional[_Union[ProcessStarted, _Mapping]] = ..., process_exited: _Optional[_Union[ProcessExited, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., bad_batch: _Optional[_Union[BadBatch, _Mapping]] = ..., stopped: _Optional[_Union[Stopped, _Mapping]] = ..., checkpoint_saved: _Optional[_Union[CheckpointSaved, _Mapping]] = ..., log_data: _Optional[_Union[LogData, _Mapping]] = ..., node_check_result: _Optional[_Union[NodeCheckResult, _Mapping]] = ..., checkpoint_failed: _Optional[_Union[CheckpointFailed, _Mapping]] = ...) -> None: ...
 
 class NodeCheckResult(_message.Message):
     __slots__ = ("check_id", "passed", "detail")

@@ -112,6 +112,17 @@ class JobView:
 
 
 @dataclass(frozen=True)
+class FailedSave:
+    """A rank's report that its save of `step` failed, waiting for its event."""
+
+    generation: int
+    step: int
+    rank: int
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class ClusterFacts:
     """What the coordinator knows of the nodes, for one reconcile pass."""
 
@@ -139,6 +150,7 @@ class JobController:
         self._checkpoint_request: CheckpointRequest | None = None
         self._exit_request: ExitRequest | None = None
         self._unrecorded_checkpoints: list[CheckpointEntry] = []
+        self._unrecorded_failed_saves: list[FailedSave] = []
         self.recovery: RecoveryTimeline | None = None
         self._dropped = RateLimitedLog(log, clock)
         self._goodput_store = FencedCache(store, keys.job_goodput(spec.name), _saved_goodput)
@@ -176,6 +188,7 @@ class JobController:
         self._checkpoint_request = None
         self._exit_request = None
         self._unrecorded_checkpoints = []
+        self._unrecorded_failed_saves = []
         now = self._clock.now()
         if self.record.generation:
             key = keys.generation(name, self.record.generation)
@@ -269,6 +282,16 @@ class JobController:
                                                             self.generation.placement.world_size))
         return True
 
+    def checkpoint_failed(self, generation: int, node: str, rank: int, step: int, reason: str) -> bool:
+        """A rank's save of `step` failed: recorded as an event by the next reconcile (the first report of
+        each step only: on a full disk every rank fails). True when new."""
+        observation = self._placed(generation, node, rank, "a failed checkpoint")
+        if observation is None or step in observation.failed_checkpoints:
+            return False
+        observation.failed_checkpoints.add(step)
+        self._unrecorded_failed_saves.append(FailedSave(generation, step, rank, node, reason))
+        return True
+
     def bad_batch(self, generation: int, node: str, rank: int, report: SkippedBatch) -> None:
         """A worker's guard skipped a step: its samples go into the ledger at the next reconcile."""
         observation = self._placed(generation, node, rank, "a bad batch")
@@ -296,6 +319,7 @@ class JobController:
         now = self._clock.now()
         await self._record_checkpoints(fence)
         await self._record_skips(fence)
+        await self._record_failed_saves(fence)
         world = JobWorld(self.spec, self.record, self.generation, self.observation, tuple(facts.offers),
                          frozenset(facts.disconnected), frozenset(facts.lost), frozenset(facts.drained),
                          self.catalog.entries(), self.ledger.ranges(), self._placeable_since,
@@ -345,6 +369,18 @@ class JobController:
             await self._events.append("checkpoint_saved", f"job {self.spec.name}: checkpoint at step {entry.step} "
                                       f"({entry.consumed_samples} samples) committed", fence,
                                       generation=entry.generation, step=entry.step, path=entry.path)
+
+    async def _record_failed_saves(self, fence: Fence) -> None:
+        while self._unrecorded_failed_saves:
+            failed = self._unrecorded_failed_saves[0]
+            newest = max((entry.step for entry in self.catalog.entries() if entry.good), default=None)
+            await self._events.append(
+                "checkpoint_failed", f"job {self.spec.name}: the checkpoint of step {failed.step} failed on rank "
+                f"{failed.rank} (node {failed.node}): {failed.reason}; training goes on, the last committed "
+                f"checkpoint is {'none' if newest is None else f'step {newest}'}", fence,
+                generation=failed.generation, step=failed.step, rank=failed.rank, node=failed.node,
+                reason=failed.reason)
+            self._unrecorded_failed_saves.pop(0)
 
     async def _record_skips(self, fence: Fence) -> None:
         while self._unrecorded_skips:

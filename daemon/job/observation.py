@@ -127,6 +127,7 @@ class GenerationObservation:
     agent_generation: dict[str, int] = field(default_factory=dict)  # from each node's last heartbeat
     heard_at: dict[str, float] = field(default_factory=dict)  # when each node's last heartbeat arrived
     checkpoints: set[int] = field(default_factory=set)  # steps this generation committed
+    failed_checkpoints: set[int] = field(default_factory=set)  # steps whose save a rank reported failed
     bad_batches: dict[int, SkippedBatch] = field(default_factory=dict)  # by step
     last_progress_at: float | None = None  # the newest step of any rank; None: no progress yet
     runtime_progress: bool = False  # a rank reported progress through the trainer runtime

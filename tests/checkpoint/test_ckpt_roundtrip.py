@@ -147,6 +147,31 @@ def test_rank_0_commits_only_when_every_rank_of_its_generation_has_written(
     assert sorted(p.name for p in step_dir.iterdir()) == [MANIFEST_NAME, "rank_0.safetensors", "rank_1.safetensors"]
 
 
+def test_a_rank_out_of_space_makes_rank_0_give_the_step_up_at_once_and_the_next_save_commits(
+    tmp_path: Path, tensors: dict[str, np.ndarray]
+) -> None:
+    """Rank 1's file cannot be written (its temporary file is /dev/full: ENOSPC): rank 0 does not wait out its
+    commit timeout (the clock never moves), the step is not committed, and the next save of both commits."""
+    step_dir = tmp_path / "step_00000002"
+    step_dir.mkdir()
+    (step_dir / ".rank_1.safetensors.tmp").symlink_to("/dev/full")
+    ranks = [CheckpointWriter(tmp_path, r, 2, generation=4, commit_timeout_s=30, clock=FakeClock()) for r in range(2)]
+    ranks[1].save_async(CheckpointMeta(2, 0, 0), tensors)
+    with pytest.raises(CheckpointError, match="No space left on device"):
+        ranks[1].wait()
+    ranks[0].save_async(CheckpointMeta(2, 0, 0), tensors)
+    with pytest.raises(CheckpointError, match=r"step_00000002: ranks \[1\] could not write their share; not committed"):
+        ranks[0].wait()
+    assert not (step_dir / MANIFEST_NAME).exists()
+    for writer in reversed(ranks):
+        writer.save_async(CheckpointMeta(4, 0, 0), tensors)
+    assert ranks[0].wait() == tmp_path / "step_00000004"
+    verify_checkpoint(tmp_path / "step_00000004")
+    assert not step_dir.exists()  # retention removed the failed save's leftovers
+    for writer in ranks:
+        writer.close()
+
+
 def test_ranks_that_disagree_on_a_tensor_are_not_committed(tmp_path: Path) -> None:
     ranks = [CheckpointWriter(tmp_path, r, 2, commit_timeout_s=10) for r in range(2)]
     ranks[1].save_async(CheckpointMeta(5, 0, 0), {"w": np.zeros((4, 3), np.float32)})

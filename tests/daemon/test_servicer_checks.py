@@ -93,6 +93,9 @@ def malformed_messages(generation: int) -> list[pb.AgentMessage]:
         pb.AgentMessage(checkpoint_saved=pb.CheckpointSaved(generation=generation, step=20, consumed_samples=-1,
                                                             path="/ckpt/step_00000020")),
         pb.AgentMessage(checkpoint_saved=pb.CheckpointSaved(generation=-3, step=20, path="/ckpt/step_00000020")),
+        pb.AgentMessage(checkpoint_failed=pb.CheckpointFailed(generation=generation, rank=0, step=0, reason="x")),
+        pb.AgentMessage(checkpoint_failed=pb.CheckpointFailed(generation=generation, rank=0, step=20, reason="")),
+        pb.AgentMessage(checkpoint_failed=pb.CheckpointFailed(generation=generation, rank=-1, step=20, reason="x")),
         pb.AgentMessage(stopped=pb.Stopped(generation=-1)),
         pb.AgentMessage(log_data=pb.LogData(request_id=1, offset=-1)),
         pb.AgentMessage(log_data=pb.LogData(request_id=1, error="e" * 1001)),
@@ -126,6 +129,27 @@ def test_a_nan_loss_is_what_a_bad_batch_shows_and_is_kept() -> None:
             consumed_samples=132)))
         view = sim.job.view()
         assert view.ranks[0].step == 11 and math.isnan(view.ranks[0].loss)
+    run(scenario())
+
+
+def test_a_failed_save_is_one_event_with_its_reason_and_the_job_runs_on() -> None:
+    """On a full disk every rank's save of the step fails: the first report becomes a `checkpoint_failed`
+    event (its reason made one line), the others add nothing, and the newest good checkpoint stays."""
+    async def scenario() -> None:
+        sim = await running_cluster(nodes=("a", "b"))
+        service = CoordinatorService(sim.coordinator)
+        reason = "rank 1 could not save /ckpt/step_00000020: [Errno 28] No space left on device\nforged line"
+        for node, rank in (("b", 1), ("a", 0), ("b", 1)):
+            service._dispatch(sim.agents[node].session, pb.AgentMessage(checkpoint_failed=pb.CheckpointFailed(
+                generation=1, rank=rank, step=20, reason=reason)))
+        await sim.tick()
+        failed = [e for e in await sim.coordinator.events(0) if e.kind == "checkpoint_failed"]
+        assert len(failed) == 1, failed
+        assert failed[0].fields == {"generation": 1, "step": 20, "rank": 1, "node": "b",
+                                    "reason": reason.replace("\n", " ")}
+        assert "No space left on device" in failed[0].message and "last committed checkpoint is step 10" in \
+            failed[0].message
+        assert sim.state is JobState.RUNNING and [c.step for c in sim.job.catalog.entries()] == [10]
     run(scenario())
 
 

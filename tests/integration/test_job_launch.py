@@ -10,6 +10,7 @@ import psutil
 
 from tests.harness import Processes, processes_mentioning, status, trainerctl
 from tests.integration.cluster_files import cluster_file
+from tests.integration.conftest import REFERENCE_STEPS, FaultFreeRun
 from tests.ports import free_port
 from tests.waiting import wait_until
 
@@ -46,22 +47,22 @@ def training_processes(tmp_path: Path) -> list[psutil.Process]:
     return [p for p in processes_mentioning(tmp_path) if "trainer.examples.mlp" in " ".join(p.cmdline())]
 
 
-def test_job_runs_to_completion_with_identical_weights(tmp_path: Path, procs: Processes) -> None:
-    address = start_cluster(tmp_path, procs, mlp_job(tmp_path))
-    job = wait_for_state(address, {"COMPLETED", "FAILED"}, 180, procs)
+def test_job_runs_to_completion_with_identical_weights(fault_free_mlp: FaultFreeRun) -> None:
+    """The session's fault-free run (conftest.py), which test_chaos also compares its faulty runs with."""
+    job, root = fault_free_mlp.job, fault_free_mlp.root
     assert job["state"] == "COMPLETED", job
     assert job["world_size"] == 2
     assert job["generation"] == 1
-    assert job["step"] == STEPS
+    assert job["step"] == REFERENCE_STEPS
     assert [r["rank"] for r in job["ranks"]] == [0, 1]
     assert {r["node"] for r in job["ranks"]} == {"itest-local-0", "itest-local-1"}
 
-    rank0 = np.load(tmp_path / "out" / "final_rank0.npz")
-    rank1 = np.load(tmp_path / "out" / "final_rank1.npz")
+    rank0 = np.load(root / "out" / "final_rank0.npz")
+    rank1 = np.load(root / "out" / "final_rank1.npz")
     assert sorted(rank0.files) == sorted(rank1.files) and rank0.files
     for name in rank0.files:
         assert np.array_equal(rank0[name], rank1[name]), f"{name} differs between ranks"
-    wait_until(lambda: training_processes(tmp_path) == [], 15, "no training process left")
+    assert fault_free_mlp.training_processes_left == []
 
 
 def test_an_entrypoint_the_agents_do_not_allow_fails_with_its_message(tmp_path: Path, procs: Processes) -> None:

@@ -13,8 +13,10 @@ from hypothesis import strategies as st
 from proto.progress_datagram import (
     MAX_CHECKPOINT_PATH,
     MAX_DATAGRAM_BYTES,
+    MAX_FAILURE_REASON,
     BadBatchReason,
     BadBatchReport,
+    CheckpointFailedReport,
     CheckpointReport,
     EventReport,
     MalformedProgress,
@@ -22,6 +24,7 @@ from proto.progress_datagram import (
     WorkerEvent,
     decode,
     encode,
+    failure_reason,
 )
 
 STEP = StepReport(job="llm", generation=3, rank=1, step=120, loss=0.31, grad_norm=1.7,
@@ -29,6 +32,8 @@ STEP = StepReport(job="llm", generation=3, rank=1, step=120, loss=0.31, grad_nor
 EVENT = EventReport(job="llm", generation=3, rank=1, event=WorkerEvent.FINISHED, step=500)
 CHECKPOINT = CheckpointReport(job="llm", generation=3, rank=0, step=400, consumed_samples=25600,
                               path="/ckpt/llm/step_00000400")
+CHECKPOINT_FAILED = CheckpointFailedReport(job="llm", generation=3, rank=1, step=400,
+                                           reason="[Errno 28] No space left on device")
 BAD_BATCH = BadBatchReport(job="llm", generation=3, rank=0, step=121, sample_start=7680, sample_end=7744,
                            reason=BadBatchReason.GRAD_NORM_SPIKE, loss=2.5, grad_norm=91.0)
 
@@ -38,7 +43,7 @@ def valid_body() -> dict[str, Any]:
 
 
 def test_messages_round_trip() -> None:
-    for message in (STEP, EVENT, CHECKPOINT, BAD_BATCH):
+    for message in (STEP, EVENT, CHECKPOINT, CHECKPOINT_FAILED, BAD_BATCH):
         assert decode(encode(message)) == message
 
 
@@ -149,6 +154,10 @@ def test_new_kinds_are_strict_versioned_json() -> None:
         "schema": 1, "kind": "checkpoint", "job": "llm", "generation": 3, "rank": 0, "step": 400,
         "consumed_samples": 25600, "path": "/ckpt/llm/step_00000400",
     }
+    assert json.loads(encode(CHECKPOINT_FAILED)) == {
+        "schema": 1, "kind": "checkpoint_failed", "job": "llm", "generation": 3, "rank": 1, "step": 400,
+        "reason": "[Errno 28] No space left on device",
+    }
     nan_batch = BadBatchReport(**{**BAD_BATCH.__dict__, "reason": BadBatchReason.NONFINITE_LOSS,
                                   "loss": math.nan, "grad_norm": math.inf})
     assert json.loads(encode(nan_batch)) == {
@@ -197,11 +206,33 @@ def test_bad_batch_reports_are_refused_by_name(change: dict[str, Any], reason: s
         decode(json.dumps(json.loads(encode(BAD_BATCH)) | change).encode())
 
 
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"reason": ""}, "'reason' must have 1 to"),
+    ({"reason": "r" * (MAX_FAILURE_REASON + 1)}, "'reason' must have 1 to"),
+    ({"reason": "full\n2026 INFO forged"}, "'reason' must have 1 to .* printable characters"),
+    ({"reason": 28}, "'reason' must be of type str"),
+])
+def test_bad_checkpoint_failures_are_refused_by_name(change: dict[str, Any], reason: str) -> None:
+    with pytest.raises(MalformedProgress, match=reason):
+        decode(json.dumps(json.loads(encode(CHECKPOINT_FAILED)) | change).encode())
+
+
+def test_a_failure_reason_is_one_line_no_longer_than_a_report_takes() -> None:
+    assert failure_reason(OSError(28, "No space left on device")) == "[Errno 28] No space left on device"
+    assert failure_reason(ValueError("two\nlines")) == "two lines"
+    assert failure_reason(KeyError()) == "KeyError"
+    long = failure_reason(OSError("x" * 5000))
+    assert len(long) == MAX_FAILURE_REASON and long.endswith("...")
+    encode(CheckpointFailedReport(**{**CHECKPOINT_FAILED.__dict__, "reason": long}))
+
+
 @pytest.mark.parametrize(("message", "field"), [
     *((CHECKPOINT, f) for f in ("step", "consumed_samples", "path")),
+    *((CHECKPOINT_FAILED, f) for f in ("step", "reason")),
     *((BAD_BATCH, f) for f in ("step", "sample_start", "sample_end", "reason", "loss", "grad_norm")),
 ])
-def test_a_missing_field_of_a_new_kind_is_named(message: CheckpointReport | BadBatchReport, field: str) -> None:
+def test_a_missing_field_of_a_new_kind_is_named(message: CheckpointReport | CheckpointFailedReport | BadBatchReport,
+                                                field: str) -> None:
     body = json.loads(encode(message))
     del body[field]
     with pytest.raises(MalformedProgress, match=f"'{field}' is missing"):
@@ -225,7 +256,7 @@ def test_arbitrary_bytes_never_crash_the_decoder(data: bytes) -> None:
 
 
 @settings(max_examples=600, deadline=None)
-@given(st.sampled_from([STEP, CHECKPOINT, BAD_BATCH]).flatmap(
+@given(st.sampled_from([STEP, CHECKPOINT, CHECKPOINT_FAILED, BAD_BATCH]).flatmap(
     lambda message: st.tuples(st.just(message), st.sampled_from(sorted(json.loads(encode(message)))))), json_values)
 def test_any_value_in_any_field_is_decoded_or_refused(message_and_field: tuple[Any, str], value: Any) -> None:
     message, field = message_and_field

@@ -28,6 +28,7 @@ class Reporter:
 
     def __init__(self) -> None:
         self.reports: list[tuple[int, int, str, bool]] = []
+        self.failures: list[tuple[int, str]] = []
         self.stalls: list[float] = []
 
     def add_checkpoint_stall(self, seconds: float) -> None:
@@ -35,6 +36,9 @@ class Reporter:
 
     def checkpoint(self, step: int, consumed_samples: int, path: str) -> None:
         self.reports.append((step, consumed_samples, path, (Path(path) / "manifest.json").is_file()))
+
+    def checkpoint_failed(self, step: int, reason: str) -> None:
+        self.failures.append((step, reason))
 
 
 def cells(out: int = 3) -> tuple[nn.Cell, nn.Optimizer]:
@@ -117,6 +121,24 @@ def test_a_failed_save_is_logged_and_training_goes_on(tmp_path: Path, caplog: py
         reporter, _ = train(tmp_path, every=1, steps=3)
     assert reporter.reports == []
     assert caplog.text.count("could not start the checkpoint of step") == 3
+    assert [step for step, _ in reporter.failures] == [1, 2, 3]
+    assert all("Not a directory" in reason or "File exists" in reason for _, reason in reporter.failures)
+
+
+def test_a_save_that_runs_out_of_space_is_reported_and_the_next_one_commits(tmp_path: Path) -> None:
+    """The disk fills while step 2's file is written (its temporary file is /dev/full, where every write
+    fails with ENOSPC): the step loop goes on, the failure is reported with its reason, step 2 is never
+    reported as committed nor left with a manifest, and step 4 commits (retention then removes step 2's
+    leftovers)."""
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "step_00000002").mkdir(parents=True)
+    (ckpt / "step_00000002" / ".rank_0.safetensors.tmp").symlink_to("/dev/full")
+    reporter, _ = train(tmp_path, every=2, steps=4)
+    assert reporter.failures == [(2, reporter.failures[0][1])]
+    assert "No space left on device" in reporter.failures[0][1], reporter.failures
+    assert [(step, committed) for step, _, _, committed in reporter.reports] == [(4, True)]
+    assert verify_checkpoint(ckpt / "step_00000004").meta.step == 4
+    assert not (ckpt / "step_00000002").exists()
 
 
 def test_a_checkpoint_directory_the_agent_could_not_be_told_about_is_refused(tmp_path: Path) -> None:

@@ -10,6 +10,10 @@
 
 A report from another generation (a launch that died mid-save at the same step) is never taken for this
 one's: rank 0 keeps waiting for the right one, up to its timeout, and the step stays uncommitted.
+
+A rank that cannot write its share (the disk is full) leaves an empty `rank_{r}.failed.{generation}` instead
+of its report, when it can (an empty file needs no data block): rank 0 then gives the step up at once
+rather than after its timeout, so the next save, which waits for this one, does not hold training up.
 """
 
 from __future__ import annotations
@@ -70,6 +74,18 @@ class RankReport:
         )
 
 
+def failure_name(rank: int, generation: int) -> str:
+    return f"rank_{rank}.failed.{generation}"
+
+
+def mark_failed(step_dir: Path, rank: int, generation: int) -> None:
+    """Tell rank 0 that this rank's share of the save will not come; best effort (the disk may be full)."""
+    try:
+        (step_dir / failure_name(rank, generation)).touch()
+    except OSError as exc:
+        log.warning("rank %d could not mark its save in %s as failed: %s", rank, step_dir, exc)
+
+
 def write_report(step_dir: Path, report: RankReport) -> None:
     write_json_atomic(step_dir / report_name(report.rank), report.to_json())
 
@@ -94,7 +110,8 @@ def collect_reports(
     poll_interval_s: float,
     clock: Clock,
 ) -> list[RankReport]:
-    """Waits until every rank's report for this save exists; CheckpointError after `timeout_s`."""
+    """Waits until every rank's report for this save exists; CheckpointError after `timeout_s`, or as soon
+    as a rank of this generation marked its share failed."""
     deadline = clock.now() + timeout_s
     reports: dict[int, RankReport] = {}
     while True:
@@ -105,6 +122,10 @@ def collect_reports(
                     reports[rank] = report
         if len(reports) == world_size:
             return [reports[r] for r in range(world_size)]
+        failed = [r for r in range(world_size)
+                  if r not in reports and (step_dir / failure_name(r, generation)).exists()]
+        if failed:
+            raise CheckpointError(f"{step_dir.name}: ranks {failed} could not write their share; not committed")
         if clock.now() >= deadline:
             missing = sorted(set(range(world_size)) - set(reports))
             raise CheckpointError(

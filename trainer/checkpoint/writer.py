@@ -23,6 +23,8 @@ from trainer.checkpoint.commit import (
     RankReport,
     collect_reports,
     commit_manifest,
+    failure_name,
+    mark_failed,
     merge_reports,
     report_name,
     write_report,
@@ -168,6 +170,7 @@ class CheckpointWriter:
         step_dir = self.root / step_dir_name(step)
         step_dir.mkdir(parents=True, exist_ok=True)
         (step_dir / report_name(self.rank)).unlink(missing_ok=True)
+        (step_dir / failure_name(self.rank, self.generation)).unlink(missing_ok=True)
         if self.rank == 0 and (step_dir / MANIFEST_NAME).exists():
             log.warning(
                 "Rank 0 replaces the existing checkpoint %s with generation %d's save.", step_dir, self.generation
@@ -197,5 +200,9 @@ class CheckpointWriter:
             commit_manifest(step_dir, Manifest(meta, self.world_size, self.generation, files, tensors))
             prune(self.root, self.keep, meta.step)
             return step_dir
-        except OSError as exc:
+        except (OSError, CheckpointError) as exc:
+            if self.rank != 0:  # rank 0 need not wait for this rank's report until its timeout
+                mark_failed(step_dir, self.rank, self.generation)
+            if isinstance(exc, CheckpointError):
+                raise
             raise CheckpointError(f"rank {self.rank} could not save {step_dir}: {exc}") from exc

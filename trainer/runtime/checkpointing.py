@@ -15,10 +15,11 @@ needed, so importing this module does not load it.
 
 A save blocks the step only while the parameters are copied to host memory (`CheckpointWriter.save_async`);
 a helper thread waits for the writer, and the step after the save has committed (rank 0) reports it, so the
-report follows the manifest's rename and training never waits on the disk. A save that fails is logged and
-training goes on: the coordinator learns only of committed checkpoints. The time each save blocks the step
-loop (waiting for the previous save, the copy to host memory) is added to the reporter's checkpoint stall,
-which every step report carries to the coordinator's goodput accounting.
+report follows the manifest's rename and training never waits on the disk. A save that fails (a full disk,
+an unwritable directory) is logged, reported to the coordinator with its reason (which records it as an
+event) and training goes on: the job resumes, if it must, from the last checkpoint that committed. The time
+each save blocks the step loop (waiting for the previous save, the copy to host memory) is added to the
+reporter's checkpoint stall, which every step report carries to the coordinator's goodput accounting.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from common.clock import Clock, SystemClock
 from proto.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
-from proto.progress_datagram import CheckpointReport, MalformedProgress, encode
+from proto.progress_datagram import CheckpointReport, MalformedProgress, encode, failure_reason
 from trainer.checkpoint import CheckpointError, CheckpointMeta, CheckpointWriter, load_checkpoint
 from trainer.checkpoint.step_dirs import check_inside_root
 from trainer.checkpoint.manifest import read_manifest, step_dir_name
@@ -231,6 +232,7 @@ class TrainingCheckpoints:
             self._writer.save_async(meta, parameters_to_numpy(*self._cells), self._sharded)
         except (CheckpointError, OSError) as exc:
             log.error("%s: could not start the checkpoint of step %d: %s", self._where, step, exc)
+            self._reporter.checkpoint_failed(step, failure_reason(exc))
             return
         # Only this thread waits on the writer, and the main thread touches the writer again only
         # after this wait is over (`_collect`), so the two never use it at once.
@@ -248,6 +250,7 @@ class TrainingCheckpoints:
             step_dir = done.result()
         except (CheckpointError, OSError) as exc:
             log.error("%s: the checkpoint of step %d failed: %s", self._where, meta.step, exc)
+            self._reporter.checkpoint_failed(meta.step, failure_reason(exc))
             return
         if self._rank != 0:
             return

@@ -3,8 +3,8 @@
 A step report is fire-and-forget: when the agent's receive queue is full (Linux queues only
 `net.unix.max_dgram_qlen` datagrams per socket, 10 by default) or no agent listens (it restarted,
 or the script runs by hand with a stale variable), the report is dropped and counted, and the next
-step's report supersedes it. Events (`started`, `finished`), committed checkpoints and bad batches are
-rare and superseded by nothing: each waits up to `event_wait_s` for room in a full queue, never for an
+step's report supersedes it. Events (`started`, `finished`), committed and failed checkpoints and bad batches
+are rare and superseded by nothing: each waits up to `event_wait_s` for room in a full queue, never for an
 agent that is not there.
 """
 
@@ -18,6 +18,7 @@ from types import TracebackType
 from proto.progress_datagram import (
     BadBatchReason,
     BadBatchReport,
+    CheckpointFailedReport,
     CheckpointReport,
     EventReport,
     ProgressMessage,
@@ -79,6 +80,13 @@ class ProgressReporter:
         up to `event_wait_s`)."""
         message = CheckpointReport(job=self._job, generation=self._generation, rank=self._rank, step=step,
                                    consumed_samples=consumed_samples, path=path)
+        self._send(message, wait_s=self._event_wait_s)
+
+    def checkpoint_failed(self, step: int, reason: str) -> None:
+        """Report that this rank's save of `step` failed and why (one line: see
+        `proto.progress_datagram.failure_reason`; may wait up to `event_wait_s`)."""
+        message = CheckpointFailedReport(job=self._job, generation=self._generation, rank=self._rank, step=step,
+                                         reason=reason)
         self._send(message, wait_s=self._event_wait_s)
 
     def bad_batch(self, step: int, sample_start: int, sample_end: int, reason: BadBatchReason,
