@@ -159,7 +159,7 @@ class DataSkipSettings(StrictModel):
     spike_factor x g is not, and in between it is one when its log is over spike_zscore standard deviations
     above the mean of log(norm)."""
 
-    spike_factor: float = Field(default=3.0, gt=1)  # .inf turns spike detection off
+    spike_factor: float = Field(default=12.0, gt=1)  # .inf turns spike detection off
     spike_zscore: float = Field(default=8.0, gt=0, allow_inf_nan=False)
     spike_ceiling: float = Field(default=12.0, gt=1, allow_inf_nan=False)
     # Accepted steps before spikes are looked for (the workers need at least one to have a mean).
