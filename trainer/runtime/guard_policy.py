@@ -17,19 +17,20 @@ at most spike_factor × g never is (spike_factor wins where it is the larger), a
 spike when its logarithm lies more than spike_zscore standard deviations above the mean.
 
 The defaults, spike_factor = spike_ceiling = 12, make the rule "a norm above 12 × g": the gradient norm
-alone cannot tell a bad batch from a healthy model's own excursions below that, and both examples make
-them on clean data. In `bench/guard.py`'s 20,000 clean steps the MLP example's norm reached 10.5 × g
-(sigma 0.86), and the Transformer example's 11.7 × g (step 12180, sigma 0.31, the loss unchanged); in a steady phase of the latter (sigma
-0.14) single steps jumped to 3-4.4 × g (z-scores up to 9.8) and straight back, the loss unchanged; at 3
-ranks it reached 3.95 × g at z 6.14 (`tests/trainer/data/transformer_lm_3_ranks_norms.txt`). Judged by
-a floor of 3 and a z-score of 6 (the defaults before), 27 of those 20,000 clean Transformer steps were
-spikes; with a z-score of 8, 9; with a floor of 5, 2. An injected 20x spike stays caught: 20 times the
-median of the last 100 norms was never below 14 × g. The margins are thin on both sides (11.7 against 12
-against 14): the norm alone can do no better, and the loss, which these excursions leave unchanged, is
-the signal a finer rule would add. A job whose norm is known to be steadier can lower
-spike_factor (to 3, say): the z-score then catches smaller spikes while the norm has been steady, and the
-limit still adapts to how much the norm fluctuates at this point of training (late in training the norm
-is small and its relative fluctuation large; a fixed 3 × the mean skipped healthy batches there).
+alone cannot tell a bad batch from a healthy model's own excursions below that, and both examples make them
+on clean data. In `bench/guard.py`'s 20,000 clean steps the MLP example's norm reached 10.5 × g (sigma
+0.86), and the Transformer example's 11.7 × g (step 12180, sigma 0.31, the loss unchanged); in a steady
+phase of the latter (sigma 0.14) single steps jumped to 3-4.4 × g (z-scores up to 9.8) and straight back,
+the loss unchanged; at 3 ranks it reached 3.95 × g at z 6.14
+(`tests/trainer/data/transformer_lm_3_ranks_norms.txt`). Judged by a floor of 3 and a z-score of 6 (the
+defaults before), 27 of those 20,000 clean Transformer steps were spikes; with a z-score of 8, 9; with a
+floor of 5, 2. An injected 20x spike stays caught: 20 times the median of the last 100 norms was never below
+14 × g. The margins are thin on both sides (11.7 against 12 against 14): the norm alone can do no better,
+and the loss, which these excursions leave unchanged, is the signal a finer rule would add. A job whose norm
+is known to be steadier can lower spike_factor (to 3, say): the z-score then catches smaller spikes while
+the norm has been steady, and the limit still adapts to how much the norm fluctuates at this point of
+training (late in training the norm is small and its relative fluctuation large; a fixed 3 × the mean
+skipped healthy batches there).
 spike_factor = inf turns spike detection off; a non-finite loss or norm is always
 skipped. delta is held to at least -log(spike_ceiling) so that no accepted step moves the statistics much
 further down than a spike could move them up: a zero norm (log -inf), which is no bad batch, would
