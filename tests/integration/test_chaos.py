@@ -91,11 +91,13 @@ def test_a_cut_host_is_lost_fences_itself_and_regrows_into_the_job_after_healing
                      and j.last_checkpoint_step >= 50 and j, 180, "3 ranks past the first checkpoint",
                      interval=0.5, on_timeout=box.procs.logs)
     timeline.mark("3 ranks running", job.step)
+    # Hosts join one by one, so the job may have started on two and grown (or restarted) before this.
+    first = job.generation
     victim = box.host(next(r.node for r in job.ranks if r.rank == 2))  # not the scheduler's host
     assert victim.workers(), f"no training process on {victim.name}"
 
     box.cut(victim)
-    cut_at = time.monotonic()
+    cut_at, cut_wall = time.monotonic(), time.time()
     wait_until(lambda: box.node_states().get(victim.name) == "LOST", timeout_s + 1, f"{victim.name} LOST",
                interval=0.05, on_timeout=box.procs.logs)
     lost_s = time.monotonic() - cut_at
@@ -104,10 +106,11 @@ def test_a_cut_host_is_lost_fences_itself_and_regrows_into_the_job_after_healing
     fenced_s = time.monotonic() - cut_at
     print(f"cut {victim.name}: LOST after {lost_s:.2f}s, its processes gone after {fenced_s:.2f}s")
     timeline.mark("cut host fenced")
-    assert "fencing generation 1" in victim.agent.log()
+    assert f"fencing generation {first}" in victim.agent.log()
 
-    job = wait_until(lambda: (j := box.job()) and j.generation == 2 and j.world_size == 2 and j.state == "RUNNING"
-                     and j, 120, "generation 2 on the other 2 hosts", interval=0.5, on_timeout=box.procs.logs)
+    job = wait_until(lambda: (j := box.job()) and j.generation == first + 1 and j.world_size == 2
+                     and j.state == "RUNNING" and j, 120, "a generation on the other 2 hosts", interval=0.5,
+                     on_timeout=box.procs.logs)
     assert job.last_failure.cause == "node_lost" and job.last_failure.node == victim.name
     assert job.crash_restarts == 0
     timeline.mark("2 ranks running", job.step)
@@ -116,23 +119,24 @@ def test_a_cut_host_is_lost_fences_itself_and_regrows_into_the_job_after_healing
     wait_until(lambda: box.node_states().get(victim.name) == "READY", 30, f"{victim.name} READY again",
                on_timeout=box.procs.logs)
     timeline.mark("healed host READY")
-    job = wait_until(lambda: (j := box.job()) and j.generation == 3 and j.world_size == 3 and j, 180,
-                     "generation 3 on 3 hosts", interval=0.5, on_timeout=box.procs.logs)
+    job = wait_until(lambda: (j := box.job()) and j.generation == first + 2 and j.world_size == 3 and j, 180,
+                     "a generation on 3 hosts again", interval=0.5, on_timeout=box.procs.logs)
     timeline.mark("3 ranks again", job.step)
     job = wait_until(lambda: (j := box.job()) and j.state in ("COMPLETED", "FAILED") and j, 300, "the end",
                      interval=0.5, on_timeout=box.procs.logs)
     timeline.mark("the end")
     print(timeline)
     assert job.state == "COMPLETED", job
-    assert job.step == steps and job.generation == 3
+    assert job.step == steps and job.generation == first + 2
     events = box.events()
-    assert [victim.name in e.message for e in events if e.kind == "node_lost"] == [True]
+    assert [victim.name in e.message for e in events if e.kind == "node_lost" and e.at >= cut_wall] == [True]
     kinds = [e.kind for e in events if victim.name in e.message]
     assert kinds.index("node_check_started") < kinds.index("node_check_passed"), kinds  # before it got work
     all_kinds = [e.kind for e in events]
     assert "checkpoint_requested" in all_kinds and "reshape_started" in all_kinds  # grown back at a checkpoint
     resumed = [json.loads(e.fields_json)["resume_step"] for e in events if e.kind == "generation_started"]
-    assert resumed[0] == 0 and 50 <= resumed[1] < resumed[2], resumed  # 3 -> 2 resharded from a checkpoint, 2 -> 3
+    assert resumed[0] == 0, resumed
+    assert 50 <= resumed[first] < resumed[first + 1], resumed  # 3 -> 2 resharded from a checkpoint, 2 -> 3
 
 
 def test_the_etcd_leader_killed_mid_run_costs_at_most_one_restart_and_ends_bit_identical(
@@ -145,8 +149,8 @@ def test_the_etcd_leader_killed_mid_run_costs_at_most_one_restart_and_ends_bit_i
                "running past the first checkpoint", interval=0.5, on_timeout=box.procs.logs)
     leader = box.etcd.leader()
     assert leader is not None
+    killed_at = box.job()  # before the kill: while etcd elects, the coordinators may not answer for a moment
     box.etcd.kill(leader)
-    killed_at = box.job()
     wait_until(lambda: (new := box.etcd.leader()) is not None and new is not leader, 30, "a new etcd leader")
     job = wait_until(lambda: (j := box.job()) and j.state in ("COMPLETED", "FAILED") and j, 300, "the end",
                      interval=0.5, on_timeout=box.procs.logs)
@@ -204,7 +208,10 @@ def test_a_full_disk_then_the_leader_lost_with_its_etcd_member_then_a_bad_link(c
                             "training on a full disk", interval=0.5, on_timeout=box.procs.logs)
     timeline.mark("trained on", trained_on.step)
     assert trained_on.state == "RUNNING" and trained_on.generation == 1 and trained_on.restarts == 0, trained_on
-    assert trained_on.last_checkpoint_step <= full.step, trained_on  # nothing committed on the full disk
+    # Nothing committed on the full disk. (The status's step may trail a commit by a report, so compare
+    # with the steps that failed rather than with `full.step`.)
+    first_failed = min(json.loads(e.fields_json)["step"] for e in failed)
+    assert trained_on.last_checkpoint_step < first_failed, (trained_on, first_failed)
     box.free_checkpoint_fs()
     job = wait_until(lambda: (j := box.job()) and j.last_checkpoint_step > trained_on.step and j, 60,
                      "a checkpoint once there is room", interval=0.5, on_timeout=box.procs.logs)
