@@ -16,6 +16,7 @@ job.checkpoint.dir, when it is recorded and again before a worker is told to res
 from __future__ import annotations
 
 import logging
+from collections import deque
 from dataclasses import dataclass, replace
 from typing import assert_never
 from collections.abc import Callable
@@ -150,7 +151,7 @@ class JobController:
         self._checkpoint_request: CheckpointRequest | None = None
         self._exit_request: ExitRequest | None = None
         self._unrecorded_checkpoints: list[CheckpointEntry] = []
-        self._unrecorded_failed_saves: list[FailedSave] = []
+        self._unrecorded_failed_saves: deque[FailedSave] = deque()
         self.recovery: RecoveryTimeline | None = None
         self._dropped = RateLimitedLog(log, clock)
         self._goodput_store = FencedCache(store, keys.job_goodput(spec.name), _saved_goodput)
@@ -188,7 +189,7 @@ class JobController:
         self._checkpoint_request = None
         self._exit_request = None
         self._unrecorded_checkpoints = []
-        self._unrecorded_failed_saves = []
+        self._unrecorded_failed_saves = deque()
         now = self._clock.now()
         if self.record.generation:
             key = keys.generation(name, self.record.generation)
@@ -277,7 +278,7 @@ class JobController:
                                   "job.checkpoint.dir %s; dropped", self.spec.name, node, step, path[:200],
                                   self.spec.checkpoint.dir)
             return False
-        observation.checkpoints.add(step)
+        observation.add_checkpoint(step)
         self._unrecorded_checkpoints.append(CheckpointEntry(step, consumed_samples, path, generation,
                                                             self.generation.placement.world_size))
         return True
@@ -286,18 +287,16 @@ class JobController:
         """A rank's save of `step` failed: recorded as an event by the next reconcile (the first report of
         each step only: on a full disk every rank fails). True when new."""
         observation = self._placed(generation, node, rank, "a failed checkpoint")
-        if observation is None or step in observation.failed_checkpoints:
+        if observation is None or not observation.add_failed_checkpoint(step):
             return False
-        observation.failed_checkpoints.add(step)
         self._unrecorded_failed_saves.append(FailedSave(generation, step, rank, node, reason))
         return True
 
     def bad_batch(self, generation: int, node: str, rank: int, report: SkippedBatch) -> None:
         """A worker's guard skipped a step: its samples go into the ledger at the next reconcile."""
         observation = self._placed(generation, node, rank, "a bad batch")
-        if observation is None or report.step in observation.bad_batches:
+        if observation is None or not observation.add_bad_batch(report):
             return
-        observation.bad_batches[report.step] = report
         try:
             entry = checked(report.sample_start, report.sample_end, f"{report.reason} (loss {report.loss:.4g}, "
                             f"grad norm {report.grad_norm:.4g})", report.step, generation)
@@ -380,7 +379,7 @@ class JobController:
                 f"checkpoint is {'none' if newest is None else f'step {newest}'}", fence,
                 generation=failed.generation, step=failed.step, rank=failed.rank, node=failed.node,
                 reason=failed.reason)
-            self._unrecorded_failed_saves.pop(0)
+            self._unrecorded_failed_saves.popleft()
 
     async def _record_skips(self, fence: Fence) -> None:
         while self._unrecorded_skips:

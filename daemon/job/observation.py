@@ -115,6 +115,21 @@ class SkippedBatch:
     grad_norm: float
 
 
+REMEMBERED_STEPS = 1024
+"""Per generation, how many committed, failed and skipped steps the leader remembers, to tell a report told
+again from a new one. Beyond this the oldest are forgotten, so an agent that reports step after step cannot
+grow the leader's memory; a job commits, fails or skips far fewer steps than this in one generation."""
+
+
+def _remember(steps: set[int] | dict[int, SkippedBatch]) -> None:
+    while len(steps) > REMEMBERED_STEPS:
+        oldest = min(steps)
+        if isinstance(steps, set):
+            steps.discard(oldest)
+        else:
+            del steps[oldest]
+
+
 @dataclass
 class GenerationObservation:
     number: int
@@ -225,6 +240,30 @@ class GenerationObservation:
 
     def max_step(self) -> int | None:
         return max((p.step for p in self.progress.values()), default=None)
+
+    def add_checkpoint(self, step: int) -> bool:
+        """Rank 0 committed `step`; False when that was told already."""
+        if step in self.checkpoints:
+            return False
+        self.checkpoints.add(step)
+        _remember(self.checkpoints)
+        return True
+
+    def add_failed_checkpoint(self, step: int) -> bool:
+        """A rank's save of `step` failed; False when a failure of that step was told already."""
+        if step in self.failed_checkpoints:
+            return False
+        self.failed_checkpoints.add(step)
+        _remember(self.failed_checkpoints)
+        return True
+
+    def add_bad_batch(self, report: SkippedBatch) -> bool:
+        """A rank's guard skipped `report.step`; False when that step was told already."""
+        if report.step in self.bad_batches:
+            return False
+        self.bad_batches[report.step] = report
+        _remember(self.bad_batches)
+        return True
 
     def record_process(self, report: ProcessReport) -> None:
         key = (report.node, report.role, report.rank)

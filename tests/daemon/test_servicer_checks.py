@@ -16,6 +16,7 @@ from common.clock import FakeClock
 from daemon.admission import MIN_RETRY_AFTER_S, HelloAdmission
 from daemon.app import grpc_server
 from daemon.coordinator import SessionRefused
+from daemon.job.observation import REMEMBERED_STEPS
 from daemon.grpc_services import ControlService, CoordinatorService, hello_from_proto
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
@@ -150,6 +151,28 @@ def test_a_failed_save_is_one_event_with_its_reason_and_the_job_runs_on() -> Non
         assert "No space left on device" in failed[0].message and "last committed checkpoint is step 10" in \
             failed[0].message
         assert sim.state is JobState.RUNNING and [c.step for c in sim.job.catalog.entries()] == [10]
+    run(scenario())
+
+
+def test_an_agent_reporting_step_after_step_cannot_grow_the_leaders_memory() -> None:
+    """Failed saves, commits and skipped batches are remembered per generation to drop repeats, but only
+    the newest REMEMBERED_STEPS of each: the oldest are forgotten, the newest still deduplicated."""
+    async def scenario() -> None:
+        sim = await running_cluster(nodes=("a",))
+        service = CoordinatorService(sim.coordinator)
+        session = sim.agents["a"].session
+        steps = range(100, 100 + 2 * REMEMBERED_STEPS)
+        for step in steps:
+            service._dispatch(session, pb.AgentMessage(checkpoint_failed=pb.CheckpointFailed(
+                generation=1, rank=0, step=step, reason="disk full")))
+            service._dispatch(session, pb.AgentMessage(bad_batch=pb.BadBatch(
+                generation=1, rank=0, step=step, sample_start=step * 12, sample_end=step * 12 + 12,
+                reason="non-finite loss", loss=math.nan, grad_norm=1.0)))
+        observation = sim.job.observation
+        assert observation is not None
+        newest = set(steps[-REMEMBERED_STEPS:])
+        assert observation.failed_checkpoints == newest and set(observation.bad_batches) == newest
+        assert not sim.job.checkpoint_failed(1, "a", 0, steps[-1], "told again")  # still a repeat
     run(scenario())
 
 
