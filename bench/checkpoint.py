@@ -44,6 +44,7 @@ import warnings
 import zlib
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.queues import SimpleQueue
 from pathlib import Path
 
 import numpy as np
@@ -203,7 +204,11 @@ def dcp_save(root: Path, tensors: dict[str, np.ndarray], world_size: int) -> flo
     for process in ranks:
         process.start()
     for process in ranks:
-        process.join()
+        process.join(timeout=600)  # a rank that died leaves the others waiting in a collective
+    for process in ranks:
+        if process.is_alive():
+            process.kill()
+            process.join()
     if any(process.exitcode for process in ranks):
         raise RuntimeError(f"a DCP save rank failed: exit codes {[process.exitcode for process in ranks]}")
     seconds: float = results.get()
@@ -211,7 +216,7 @@ def dcp_save(root: Path, tensors: dict[str, np.ndarray], world_size: int) -> flo
 
 
 def _dcp_save_rank(
-    root: Path, tensors: dict[str, np.ndarray], rank: int, world_size: int, port: int, results: object
+    root: Path, tensors: dict[str, np.ndarray], rank: int, world_size: int, port: int, results: SimpleQueue[float]
 ) -> None:
     # As DataLoader workers do: the parent's OpenMP threads did not survive the fork, and a parallel region in the
     # child would wait for them forever.
@@ -230,7 +235,7 @@ def _dcp_save_rank(
     dcp.save(state, storage_writer=dcp.FileSystemWriter(root))
     dist.barrier()
     if rank == 0:
-        results.put(time.perf_counter() - started)  # type: ignore[attr-defined]
+        results.put(time.perf_counter() - started)
     dist.destroy_process_group()
 
 
