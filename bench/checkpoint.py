@@ -15,6 +15,15 @@ training step is blocked by an asynchronous save (first save, then later ones), 
 resharded loads 2->3 and 4->2: rank 0 loading the whole model (data parallel), and every rank loading its
 dim-0 shards (summed).
 
+Beside ours, when torch is installed (the `bench` extra, CPU torch): PyTorch Distributed Checkpoint (DCP) on
+the same tensors (torch.from_numpy, no copy), with its default FileSystemWriter/Reader, evicted from the page
+cache like ours before every load. Saves: 1 rank in DCP's single-process mode; 2 (and, for the loads, 2 and
+4) ranks as forked processes in a real gloo group, each holding its dim-0 shard of every tensor as a DTensor,
+which DCP stores as one chunk per rank and tensor, as ours cuts them. Loads, as ours, new tensors, one rank
+after another, in one process: rank 0's whole model by DCP's single-process mode; a rank's dim-0 shards by the
+reads DCP plans for a DTensor rank holding them (its own resharding; only the exchange of plans between ranks
+is left out). Without torch the bench says so in one line and prints no DCP column.
+
     .venv/bin/python bench/checkpoint.py [--gib 1] [--repeat 5] [--dir /tmp]
 """
 
@@ -23,15 +32,19 @@ from __future__ import annotations
 import argparse
 import hashlib
 import mmap
+import multiprocessing
 import os
 import shutil
+import socket
 import statistics
 import sys
 import tempfile
 import time
+import warnings
 import zlib
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.queues import SimpleQueue
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +53,22 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from trainer.checkpoint import CheckpointMeta, CheckpointWriter, load_checkpoint  # noqa: E402
+from trainer.checkpoint.sharding import split_extent  # noqa: E402
+
+try:  # the `bench` extra (pyproject.toml): CPU torch, for the DCP baseline only
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+    from torch.distributed.checkpoint.planner import LoadPlan
+    from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    # DCP's single-process mode is meant here (rank 0's whole-model load, the planner below); it warns on every call.
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+except ImportError:
+    torch = None
 
 BLOCK = 16 << 20
 GB = 1e9
@@ -147,6 +176,120 @@ def timed_load(step_dir: Path, rank: int, world_size: int, shard_dims: dict[str,
     return time.perf_counter() - started, sum(a.nbytes for a in tensors.values())
 
 
+def dcp_files(root: Path) -> list[Path]:
+    return sorted(root.iterdir())  # the ranks' .distcp files and the coordinator's .metadata
+
+
+def dcp_save(root: Path, tensors: dict[str, np.ndarray], world_size: int) -> float:
+    """A DCP save of the same tensors (torch.from_numpy, no copy); seconds until every rank has returned.
+
+    One rank: DCP's single-process mode (no process group), every tensor whole. More ranks: that many forked
+    processes in a real gloo group, each holding its dim-0 shard of every tensor as a DTensor (Shard(0); the
+    world size must divide dim 0), timed by rank 0 from a barrier to a barrier after the save.
+    """
+    if world_size == 1:
+        state = {name: torch.from_numpy(array) for name, array in tensors.items()}
+        started = time.perf_counter()
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(root))
+        return time.perf_counter() - started
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    context = multiprocessing.get_context("fork")  # the children share the tensors' anonymous mapping
+    results = context.SimpleQueue()
+    ranks = [
+        context.Process(target=_dcp_save_rank, args=(root, tensors, rank, world_size, port, results))
+        for rank in range(world_size)
+    ]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(timeout=600)  # a rank that died leaves the others waiting in a collective
+    for process in ranks:
+        if process.is_alive():
+            process.kill()
+            process.join()
+    if any(process.exitcode for process in ranks):
+        raise RuntimeError(f"a DCP save rank failed: exit codes {[process.exitcode for process in ranks]}")
+    seconds: float = results.get()
+    return seconds
+
+
+def _dcp_save_rank(
+    root: Path, tensors: dict[str, np.ndarray], rank: int, world_size: int, port: int, results: SimpleQueue[float]
+) -> None:
+    # As DataLoader workers do: the parent's OpenMP threads did not survive the fork, and a parallel region in the
+    # child would wait for them forever.
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    mesh = init_device_mesh("cpu", (world_size,))
+    state = {}
+    for name, array in tensors.items():
+        start, size = split_extent(array.shape[0], world_size, rank)
+        whole = torch.from_numpy(array)
+        state[name] = DTensor.from_local(
+            whole[start : start + size], mesh, [Shard(0)], shape=whole.shape, stride=whole.stride()
+        )
+    dist.barrier()
+    started = time.perf_counter()
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(root))
+    dist.barrier()
+    if rank == 0:
+        results.put(time.perf_counter() - started)
+    dist.destroy_process_group()
+
+
+if torch is not None:
+
+    class Dim0ShardPlanner(DefaultLoadPlanner):
+        """The reads a rank holding dim-0 shards as DTensors gets from DCP, planned in one process (DCP's
+        single-process mode, no process group): DCP's own resharding (create_read_items_for_chunk_list) for the
+        chunk of each tensor that starts at row `starts[name]`. Only the exchange of plans between ranks is left
+        out; what is read, and how, is DCP's.
+        """
+
+        def __init__(self, starts: dict[str, int]) -> None:
+            super().__init__()
+            self.starts = starts
+
+        def create_local_plan(self) -> LoadPlan:
+            items = []
+            for name, shard in self.state_dict.items():
+                offsets = torch.Size((self.starts[name],) + (0,) * (shard.dim() - 1))
+                chunk = ChunkStorageMetadata(offsets=offsets, sizes=shard.size())
+                items += create_read_items_for_chunk_list(name, self.metadata.state_dict_metadata[name], [chunk])
+            return LoadPlan(items)
+
+        def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
+            return self.state_dict[index.fqn]
+
+
+def dcp_timed_load(
+    root: Path, tensors: dict[str, np.ndarray], rank: int, world_size: int, sharded: bool
+) -> tuple[float, dict[str, np.ndarray]]:
+    """Like timed_load, through DCP: new tensors, whole or this rank's dim-0 part, filled by dcp.load."""
+    evict(dcp_files(root))
+    started = time.perf_counter()
+    state, starts = {}, {}
+    for name, array in tensors.items():
+        start, size = split_extent(array.shape[0], world_size, rank) if sharded else (0, array.shape[0])
+        starts[name] = start
+        state[name] = torch.empty((size, *array.shape[1:]), dtype=torch.from_numpy(array[:0]).dtype)
+    planner = Dim0ShardPlanner(starts) if sharded else None
+    dcp.load(state, storage_reader=dcp.FileSystemReader(root), planner=planner)
+    seconds = time.perf_counter() - started
+    return seconds, {name: tensor.numpy() for name, tensor in state.items()}
+
+
+def same_bytes(loaded: dict[str, np.ndarray], tensors: dict[str, np.ndarray], rank: int, world_size: int) -> bool:
+    """Whether `loaded` is bit for bit rank `rank`'s dim-0 part of `tensors` (world_size 1: the whole)."""
+    for name, array in tensors.items():
+        start, size = split_extent(array.shape[0], world_size, rank)
+        if loaded[name].view(np.uint32).tobytes() != array[start : start + size].view(np.uint32).tobytes():
+            return False
+    return True
+
+
 def checksum_rates() -> str:
     data = memoryview(np.random.default_rng(1).bytes(256 << 20))
     functions = {
@@ -173,15 +316,20 @@ def faster(rates: dict[str, float]) -> tuple[float, str]:
 
 
 class Report:
-    def __init__(self) -> None:
+    def __init__(self, with_dcp: bool) -> None:
+        self.with_dcp = with_dcp
         self.rows: list[str] = []
 
-    def add(self, what: str, ours: float, raw: tuple[float, str], new_arrays: float | None = None) -> None:
+    def add(
+        self, what: str, ours: float, raw: tuple[float, str], new_arrays: float | None = None, dcp: float | None = None
+    ) -> None:
+        versus_dcp = f"{dcp:6.2f} {ours / dcp:6.2f} " if self.with_dcp and dcp is not None else ""
         extra = "" if new_arrays is None else f"{new_arrays:8.2f} {ours / new_arrays:6.2f}"
-        self.rows.append(f"{what:36} {ours:6.2f} {raw[0]:7.2f} {ours / raw[0]:6.2f} {extra:15}  {raw[1]}")
+        self.rows.append(f"{what:36} {ours:6.2f} {versus_dcp}{raw[0]:7.2f} {ours / raw[0]:6.2f} {extra:15}  {raw[1]}")
 
     def print(self) -> None:
-        columns = f"{'ours':>6} {'dd-raw':>7} {'ratio':>6} {'new-arr':>8} {'ratio':>6}"
+        versus_dcp = f"{'dcp':>6} {'ratio':>6} " if self.with_dcp else ""
+        columns = f"{'ours':>6} {versus_dcp}{'dd-raw':>7} {'ratio':>6} {'new-arr':>8} {'ratio':>6}"
         print(f"{'GB/s (medians)':36} {columns}  dd-raw = faster of")
         for row in self.rows:
             print(row)
@@ -194,24 +342,37 @@ def measure_saves(work: Path, tensors: dict[str, np.ndarray], repeat: int, repor
     raw_file = work / "raw.bin"
     raw: dict[str, list[float]] = {"buffered+fsync": [], "O_DIRECT": []}
     ours: dict[int, list[float]] = {1: [], 2: []}
+    theirs: dict[int, list[float]] = {1: [], 2: []}
     # keep: no retention inside the timed saves (it runs after the commit, in the background, anyway).
     jobs = {n: [CheckpointWriter(work / f"save{n}", r, n, keep=repeat + 2) for r in range(n)] for n in ours}
     for n, writers in jobs.items():
         save_job(work / f"save{n}", tensors, writers, step=1)
+        if report.with_dcp:
+            timed_dcp_save(work / f"dcp-save{n}", tensors, n)
     for i in range(repeat):
         raw["buffered+fsync"].append(raw_write(raw_file, arrays, direct=False))
         raw["O_DIRECT"].append(raw_write(raw_file, arrays, direct=True))
         for n, writers in jobs.items():
             ours[n].append(save_job(work / f"save{n}", tensors, writers, step=i + 2))
+            if report.with_dcp:
+                theirs[n].append(timed_dcp_save(work / f"dcp-save{n}", tensors, n))
     baseline = faster({k: rate(payload, v) for k, v in raw.items()})
     for n in ours:
-        report.add(f"save, {n} rank{'s' if n > 1 else ''} writing", rate(payload, ours[n]), baseline)
+        dcp_rate = rate(payload, theirs[n]) if report.with_dcp else None
+        report.add(f"save, {n} rank{'s' if n > 1 else ''} writing", rate(payload, ours[n]), baseline, dcp=dcp_rate)
     for n, writers in jobs.items():
         for writer in writers:
             writer.close()
         shutil.rmtree(work / f"save{n}")
     raw_file.unlink()
     return statistics.median(ours[1])
+
+
+def timed_dcp_save(root: Path, tensors: dict[str, np.ndarray], world_size: int) -> float:
+    """One DCP save into a new directory (as each of ours goes to a new step directory), removed afterwards."""
+    seconds = dcp_save(root, tensors, world_size)
+    shutil.rmtree(root)
+    return seconds
 
 
 def measure_async(work: Path, tensors: dict[str, np.ndarray], repeat: int) -> tuple[float, float]:
@@ -243,9 +404,17 @@ def measure_load(
     new_arrays: list[float] = []
     whole: list[float] = []
     sharded: list[float] = []
+    dcp_whole: list[float] = []
+    dcp_sharded: list[float] = []
     check, _ = load_checkpoint(step_dir, target - 1, target)
     assert all(check[k].view(np.uint32).tobytes() == v.view(np.uint32).tobytes() for k, v in tensors.items())
     del check
+    dcp_root = work / f"dcp-load{source}"
+    if report.with_dcp:
+        dcp_save(dcp_root, tensors, source)
+        last = target - 1
+        assert same_bytes(dcp_timed_load(dcp_root, tensors, 0, target, sharded=False)[1], tensors, 0, 1)
+        assert same_bytes(dcp_timed_load(dcp_root, tensors, last, target, sharded=True)[1], tensors, last, target)
     for _ in range(repeat):
         raw["buffered"].append(raw_read(files, direct=False))
         raw["O_DIRECT"].append(raw_read(files, direct=True))
@@ -256,11 +425,17 @@ def measure_load(
         per_rank = [timed_load(step_dir, r, target, shard_dims) for r in range(target)]
         assert sum(n for _, n in per_rank) == payload
         sharded.append(sum(s for s, _ in per_rank))
+        if report.with_dcp:
+            dcp_whole.append(dcp_timed_load(dcp_root, tensors, 0, target, sharded=False)[0])
+            per_rank_dcp = [dcp_timed_load(dcp_root, tensors, r, target, sharded=True)[0] for r in range(target)]
+            dcp_sharded.append(sum(per_rank_dcp))
     baseline = faster({k: rate(payload, v) for k, v in raw.items()})
     fresh = rate(payload, new_arrays)
-    report.add(f"load {source}->{target}, rank 0 whole model", rate(payload, whole), baseline, fresh)
-    report.add(f"load {source}->{target}, dim-0 shards, all ranks", rate(payload, sharded), baseline, fresh)
+    theirs = (rate(payload, dcp_whole), rate(payload, dcp_sharded)) if report.with_dcp else (None, None)
+    report.add(f"load {source}->{target}, rank 0 whole model", rate(payload, whole), baseline, fresh, theirs[0])
+    report.add(f"load {source}->{target}, dim-0 shards, all ranks", rate(payload, sharded), baseline, fresh, theirs[1])
     shutil.rmtree(root)
+    shutil.rmtree(dcp_root, ignore_errors=True)
 
 
 def main() -> None:
@@ -278,7 +453,11 @@ def main() -> None:
     touched = warm_up_memory(4 * payload)
     print(f"warm-up: first touch of {4 * payload / (1 << 30):.0f} GiB of memory at {touched:.2f} GB/s")
     print(f"checksum speed, one core: {checksum_rates()} -> segments use crc32, files sha256 of header + crc32s")
-    report = Report()
+    report = Report(with_dcp=torch is not None)
+    if torch is None:
+        print("DCP baseline: torch is not installed (pip install -e '.[bench]'), so no DCP column")
+    else:
+        print(f"DCP baseline: torch {torch.__version__} torch.distributed.checkpoint, default FileSystemWriter/Reader")
     try:
         sync_save = measure_saves(work, tensors, args.repeat, report)
         first, steady = measure_async(work, tensors, args.repeat)
