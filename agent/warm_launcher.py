@@ -40,6 +40,9 @@ from agent.worker_user import WorkerUser
 log = logging.getLogger(__name__)
 
 PREPARE_NICENESS = 19
+# Room for the job's command line, which the warm worker writes over its own so that `ps` shows the
+# job (agent/warm_worker.py).
+TITLE_ROOM = 4096
 
 
 def warm_entrypoint(argv: Sequence[str], python: str) -> list[str] | None:
@@ -173,6 +176,7 @@ class WarmLauncher:
             argv += ["--nice", str(PREPARE_NICENESS)]
         if self._preload is not None:
             argv += ["--preload", ",".join(self._preload)]
+        argv += ["--room", " " * TITLE_ROOM]
         options: dict[str, Any] = {} if self._user is None else self._user.process_options()
         try:
             with open(self._log_path, "ab") as log_file:  # noqa: ASYNC230 (local, append: no real wait)

@@ -16,6 +16,12 @@ the log on stdout and stderr, the job's environment and directory, `sys.argv` an
 `python -m MODULE` or `python SCRIPT` would set them, and the module or script run as `__main__`.
 Its exit status is what the same command would give: SystemExit's code, or 1 with the traceback in
 the log. When the socket closes without a job (the agent stopped or dropped this worker), it exits 0.
+
+Its command line (what `ps` and psutil show) is rewritten in place to the job's, in the room the
+agent left for it (a blank `--room` argument; a longer command line is cut). Its /proc/PID/environ
+is not: that memory may still be pointed to by what read the environment at import, so it keeps
+showing the environment the worker was prepared with (the previous generation's on that device);
+the job's own environment is in `os.environ` and the C library's, as for a cold start.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import os
 import runpy
 import socket
 import sys
+import ctypes
 import traceback
 from collections.abc import Sequence
 
@@ -34,6 +41,8 @@ PRELOAD = (
     "numpy", "mindspore", "mindspore.nn", "mindspore.ops", "mindspore.communication", "mindspore.dataset",
     "trainer.runtime.communication", "trainer.runtime.checkpointing", "trainer.runtime.guard",
     "trainer.runtime.progress", "trainer.runtime.elastic_dataset", "trainer.runtime.callback",
+    "trainer.runtime.rank_context", "trainer.checkpoint.mindspore_io", "trainer.data.sampler",
+    "trainer.data.skip_ranges",
 )
 MAX_JOB_BYTES = 16 * 1024 * 1024
 
@@ -100,6 +109,23 @@ def option(name: str) -> str | None:
     return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else None
 
 
+def rewrite_command_line(argv: Sequence[str]) -> None:
+    """Overwrite the memory /proc/self/cmdline shows (the exec-time argv strings, which Python copied
+    at start) with `argv`, cut to fit, NUL-padded; argv[0], which the C library's
+    program_invocation_name points into, stays as it is."""
+    with open("/proc/self/stat", "rb") as stat:
+        fields = stat.read().rsplit(b")", 1)[1].split()
+    # After the ")" field 3 (state) has index 0: fields 48 and 49 (arg_start, arg_end) are 45 and 46.
+    arg_start, arg_end = int(fields[45]), int(fields[46])
+    with open("/proc/self/cmdline", "rb") as cmdline:
+        first = cmdline.read().split(b"\0", 1)[0] + b"\0"
+    size = arg_end - arg_start - len(first)
+    if size <= 0:
+        return
+    data = b"".join(a.encode(errors="surrogateescape") + b"\0" for a in argv[1:])[:size - 1]
+    ctypes.memmove(arg_start + len(first), data.ljust(size, b"\0"), size)
+
+
 def main() -> None:
     fd = int(sys.argv[1])
     niceness, modules = option("--nice"), option("--preload")
@@ -112,6 +138,7 @@ def main() -> None:
         return
     job, log_fd = received
     become(job, log_fd)
+    rewrite_command_line([sys.executable, *job["argv"]])
     if failed_preload:
         print(f"trainerd: the warm worker's imports failed before this job:\n{failed_preload}", file=sys.stderr)
     run(job["argv"])
