@@ -56,7 +56,7 @@ Prints every recovery as it happens (for trainerd with where the first-step phas
 of the new generation, from its log: Python + import mindspore, communication init + model +
 checkpoint resume, first compile + step), then the medians over the repeats and the targets: node
 loss detected within 2 x heartbeat interval + 1 s (3 s), coordinator part under 1 s. Takes about
-6 minutes with 3 repeats on 2 cores.
+7 minutes with 3 repeats on 2 cores.
 
     /work/main/.venv/bin/python bench/recovery.py --repeats 3
     /work/main/.venv/bin/python bench/recovery.py --repeats 3 --faults crash --no-msrun   # warm vs cold only
