@@ -149,7 +149,7 @@ class WarmLauncher:
             sent = socket.send_fds(warm.channel, [message], [log_file.fileno()])
             warm.channel.sendall(message[sent:])
         if self._nice:
-            restore_priority(warm.process.pid, os.getpriority(os.PRIO_PROCESS, 0))
+            set_priority(warm.process.pid, os.getpriority(os.PRIO_PROCESS, 0))
         warm.channel.close()  # the end of the message: the job starts now
         return SubprocessHandle(warm.process)
 
@@ -172,8 +172,6 @@ class WarmLauncher:
     async def _spawn(self, env: dict[str, str], cwd: Path) -> WarmWorker:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         argv = [self._python, "-m", "agent.warm_worker", str(theirs.fileno())]
-        if self._nice:
-            argv += ["--nice", str(PREPARE_NICENESS)]
         if self._preload is not None:
             argv += ["--preload", ",".join(self._preload)]
         argv += ["--room", " " * TITLE_ROOM]
@@ -189,6 +187,9 @@ class WarmLauncher:
             raise
         finally:
             theirs.close()
+        if self._nice:
+            # Still one thread (the interpreter is starting): the threads its imports start inherit this.
+            set_priority(process.pid, PREPARE_NICENESS)
         return WarmWorker(process, ours, dict(env), cwd)
 
     def _drop_dead(self) -> None:
@@ -207,7 +208,7 @@ class WarmLauncher:
         self._idle.clear()
 
 
-def restore_priority(pid: int, niceness: int) -> None:
+def set_priority(pid: int, niceness: int) -> None:
     """Set every thread of `pid` to `niceness` (on Linux each thread has its own)."""
     try:
         tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]

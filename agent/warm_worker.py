@@ -1,13 +1,11 @@
 """A pre-started training interpreter: imports MindSpore and the trainer runtime, then waits for one job.
 
-    {python} -m agent.warm_worker FD [--nice N] [--preload MODULE,...]
+    {python} -m agent.warm_worker FD [--preload MODULE,...] [--room BLANKS]
 
 The agent (agent/warm_launcher.py) starts it in a new session, like any training process, with the
 environment and working directory of the job it expects next, and keeps the other end of the Unix
 socket FD. Start-up (the interpreter, `import mindspore`: about 3 s) then happens while nothing
-waits for it. With --nice the imports run at that niceness, so that preparing the next warm worker
-does not slow the generation that is starting; the agent puts the process back to normal priority
-before it lets the job run.
+waits for it (at the lowest priority when the agent can restore it: see agent/warm_launcher.py).
 
 The job arrives as one JSON message, `{"argv": [...], "env": {...}, "cwd": "..."}` (argv without the
 interpreter: `["-m", MODULE, ...]` or `[SCRIPT, ...]`), with the job's log file descriptor attached
@@ -128,9 +126,7 @@ def rewrite_command_line(argv: Sequence[str]) -> None:
 
 def main() -> None:
     fd = int(sys.argv[1])
-    niceness, modules = option("--nice"), option("--preload")
-    if niceness is not None:
-        os.nice(int(niceness))
+    modules = option("--preload")
     failed_preload = preload(PRELOAD if modules is None else [m for m in modules.split(",") if m])
     with socket.socket(fileno=fd) as channel:
         received = receive_job(channel)

@@ -34,6 +34,7 @@ print("path0", sys.path[0])
 print("greeting", os.environ.get("GREETING"))
 print("generation", os.environ.get("TRAINERD_GENERATION"))
 print("pid", os.getpid(), os.getpgid(0), os.getsid(0))
+print("nice", os.getpriority(os.PRIO_PROCESS, 0))
 print("cmdline", open("/proc/self/cmdline", "rb").read().rstrip(b"\\0").decode().split("\\0"))
 sys.stdout.flush()
 print("oops", file=sys.stderr)
@@ -136,6 +137,8 @@ def test_a_warm_start_runs_the_script_like_a_cold_one(job: dict, caplog: pytest.
     assert (warm["greeting"], warm["generation"]) == ("again", "2")  # the job's env, not the warm worker's
     assert warm["pid"] == f"{pid} {pid} {pid}"  # the tracked pid leads its own session and group
     assert warm["cmdline"] == repr([PY, job["script"], "a", "b c"])  # what ps shows
+    # prepared at the lowest priority (when the agent may restore it: root), run at the agent's
+    assert warm["nice"] == cold["nice"] == str(os.getpriority(os.PRIO_PROCESS, 0))
     messages = [r.getMessage() for r in caplog.records]
     assert any("cold (no warm worker" in m for m in messages)
     assert any(f"started pid {pid} warm" in m for m in messages)
