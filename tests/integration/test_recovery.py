@@ -2,10 +2,10 @@
 
 (A node lost mid-run, the job shrinking 3 -> 2 and growing back, and the leader killed with its etcd member
 while a standby runs: tests/integration/test_chaos.py.)
-A killed worker (the final weights equal a run without the
-fault, bit for bit, with the relaunch in the agents' warm workers and MindSpore's compile cache; its goodput in status and in /metrics: the phases sum to the wall time and the
-steps redone count as lost work), a job waiting below min_nodes, and a crash loop that ends FAILED until
-`trainerctl resume`.
+A killed worker (the final weights equal a run without the fault, bit for bit, with the relaunch
+in the agents' warm workers and MindSpore's compile cache; its goodput in status and in /metrics:
+the phases sum to the wall time and the steps redone count as lost work), a job waiting below
+min_nodes, and a crash loop that ends FAILED until `trainerctl resume`.
 """
 
 from __future__ import annotations
