@@ -15,7 +15,9 @@ OPENBLAS_*: one warm worker per device, started with that device's environment. 
 MS_SCHED_PORT, MS_ROLE, MS_NODE_ID, MS_WORKER_NUM, RANK_ID and every TRAINERD_* variable are read
 only later (at `init()` or by the script), so a new generation's ports and ranks do not prevent
 the reuse. The prefixes cover whole families (the interpreter's PYTHON*, the loader's LD_*) so that
-a flag of the family that the run above did not happen to ask for is compared too.
+a flag of the family that the run above did not happen to ask for is compared too. On Ascend hosts
+the backend plug-in loads at import as well; the test has only been run on the CPU build, so
+ASCEND_* and HCCL_* are compared as a precaution (run the test there to complete the list).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from collections.abc import Mapping
 IMPORT_TIME_PREFIXES = (
     "PYTHON", "LD_", "GLOG_", "GOOGLE_", "OMP_", "GOMP_", "KMP_", "OPENBLAS_", "GOTO", "MKL_", "NPY_",
     "NUMPY_", "MS_DEV_", "OPENCV_", "GFORTRAN_", "ACC_", "PILLOW_", "SCIPY_", "OMPI_", "LC_",
+    # not seen on this CPU build; the Ascend plug-in and CANN libraries load at import there
+    "ASCEND_", "HCCL_",
 )
 
 IMPORT_TIME_VARIABLES = frozenset({
