@@ -64,6 +64,11 @@ class AgentConfig(StrictModel):
     # The cluster's CA, this node's certificate (`trainerd certs node NAME`) and its key: the agent then
     # talks TLS, trusts only coordinators of that CA, and follows leader hints only to `coordinator`.
     tls: TlsSettings | None = None
+    # Start `{python} -m MODULE` and `{python} SCRIPT` entrypoints in pre-started interpreters that have
+    # imported MindSpore already (agent/warm_launcher.py); false: every process starts a new interpreter.
+    warm_workers: bool = True
+    # MindSpore's compile cache, in a directory per job configuration under work_dir (agent/compile_cache.py).
+    compile_cache: bool = True
 
 
 def load_agent_config(path: str | None, overrides: dict[str, Any]) -> AgentConfig:

@@ -12,6 +12,7 @@ import click
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from agent.compile_cache import CompileCacheLauncher
 from agent.config import AgentConfig, load_agent_config
 from agent.devices import Device, NoDevicesError, discover_devices
 from agent.launcher import ProcessLauncher, SubprocessLauncher
@@ -21,6 +22,7 @@ from agent.session import CoordinatorLink, IdentityFile
 from agent.stack_dump import PySpyDumper
 from agent.supervisor import Supervisor
 from agent.systemd import SystemdNotifier
+from agent.warm_launcher import WarmLauncher
 from agent.worker_user import WorkerUser
 from common.clock import Clock, SystemClock
 from common.config_file import ConfigError
@@ -165,8 +167,13 @@ def build_agent(config: AgentConfig, devices: list[Device], notifier: SystemdNot
                            credentials=None if tls is None else tls.channel_credentials())
     worker_user = None if config.run_as is None else WorkerUser.from_settings(config.run_as)
     launcher = SubprocessLauncher(worker_user)
+    training_launcher: ProcessLauncher = WarmLauncher(
+        launcher, python=sys.executable, log_path=work_dir / "warm_workers.log", capacity=len(devices) + 1,
+        user=worker_user, enabled=config.warm_workers)
+    if config.compile_cache:
+        training_launcher = CompileCacheLauncher(training_launcher, work_dir / "compile_cache", worker_user)
     supervisor = Supervisor(work_dir=work_dir, progress_socket=work_dir / "progress.sock", report=link.send,
-                            launcher=launcher, stack_dumper=PySpyDumper(), clock=clock,
+                            launcher=training_launcher, stack_dumper=PySpyDumper(), clock=clock,
                             allowed_entrypoints=config.allowed_entrypoints, worker_user=worker_user)
     return Agent(config, link=link, supervisor=supervisor, notifier=notifier, clock=clock, launcher=launcher)
 
@@ -188,15 +195,20 @@ class StartRefused(click.ClickException):
               help="The cluster's CA certificate: talk TLS (with --cert and --key; overrides tls in the file).")
 @click.option("--cert", envvar=TLS_ENV["cert"], metavar="FILE", help="This node's certificate (trainerd certs node).")
 @click.option("--key", envvar=TLS_ENV["key"], metavar="FILE", help="Its key.")
+@click.option("--warm-workers/--no-warm-workers", default=None,
+              help="Start Python entrypoints in pre-started interpreters (default: on).")
+@click.option("--compile-cache/--no-compile-cache", default=None, help="MindSpore's compile cache (default: on).")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-def cli(config_file, coordinator, node_name, host, cpu_devices, work_dir, cacert, cert, key, log_level) -> None:
+def cli(config_file, coordinator, node_name, host, cpu_devices, work_dir, cacert, cert, key, warm_workers,
+        compile_cache, log_level) -> None:
     """Register this host's devices with trainerd and run its training processes."""
     try:
         tls_options = tls_settings_from_options(cacert, cert, key)
         config = load_agent_config(config_file, {
             "coordinator": coordinator, "node_name": node_name, "host": host,
-            "cpu_devices": cpu_devices, "work_dir": work_dir,
+            "cpu_devices": cpu_devices, "work_dir": work_dir, "warm_workers": warm_workers,
+            "compile_cache": compile_cache,
             "tls": None if tls_options is None else tls_options.model_dump(),
         })
         tls = None

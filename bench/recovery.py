@@ -44,13 +44,22 @@ msrun 2.10 does not recover: its CLI has no restart option (its restart path exi
 MindX DL taskd plug-in), so relaunch issued, first step and coordinator part are n/a. The node
 losses have no msrun row: msrun on one host cannot survive its own host.
 
+Warm workers: the worker crash runs twice, in two jobs, once with the agents' defaults (warm workers
+and MindSpore's compile cache on: the relaunch runs in interpreters that imported MindSpore already
+and loads the graph compiled by the previous generation) and once with both off
+(`--no-warm-workers --no-compile-cache`: every process a new interpreter that compiles, the
+baseline), rows "worker crash" and "worker crash, cold". Target: worker crash -> first step within
+3 s, or MindSpore's communication set-up (the breakdown's "comm init" part) + 0.5 s where that
+alone takes longer. The node losses run with the defaults.
+
 Prints every recovery as it happens (for trainerd with where the first-step phase went, per rank
 of the new generation, from its log: Python + import mindspore, communication init + model +
 checkpoint resume, first compile + step), then the medians over the repeats and the targets: node
 loss detected within 2 x heartbeat interval + 1 s (3 s), coordinator part under 1 s. Takes about
-6 minutes with 3 repeats on 2 cores.
+7 minutes with 3 repeats on 2 cores.
 
     /work/main/.venv/bin/python bench/recovery.py --repeats 3
+    /work/main/.venv/bin/python bench/recovery.py --repeats 3 --faults crash --no-msrun   # warm vs cold only
 """
 
 from __future__ import annotations
@@ -88,6 +97,9 @@ COORDINATOR_TARGET_S = 1.0
 DEFAULT_STEPS = 1_000_000  # the job must outlast every fault; the bench stops it at the end
 
 FAULTS = {"crash": "worker crash", "node_loss": "node loss", "silent_node_loss": "silent node loss"}
+COLD = ", cold"  # the row suffix of the runs with warm workers and the compile cache off
+WARM_TARGET_S = 3.0
+WARM_COMM_MARGIN_S = 0.5
 NODE_FAULTS = ("node_loss", "silent_node_loss")
 COLUMNS = (("detect", "detect"), ("stopped", "stopped"), ("relaunch", "relaunch issued"),
            ("first_step", "first step"), ("coordinator", "coordinator part"))
@@ -102,6 +114,7 @@ class Recovery:
 
     launcher: str
     fault: str
+    warm: bool = True
     detect: float | None = None
     stopped: float | None = None
     relaunch: float | None = None
@@ -109,10 +122,11 @@ class Recovery:
     coordinator: float | None = None
     disturbed: bool = False  # a relaunch failed too: left out of the medians
     notes: list[str] = field(default_factory=list)
+    comm_s: float | None = None  # the longest rank's communication set-up in the new generation
 
     @property
     def row(self) -> str:
-        return f"{self.launcher} {FAULTS[self.fault]}"
+        return f"{self.launcher} {FAULTS[self.fault]}" + ("" if self.warm else COLD)
 
 
 # ---------------------------------------------------------------- helpers
@@ -204,8 +218,9 @@ def log_tails(*paths: Path) -> str:
 class TrainerdCluster:
     """trainerd with an embedded etcd and separate agents, all on this machine, under `root`."""
 
-    def __init__(self, procs: Processes, root: Path, nodes: int, steps: int, timeout_s: float) -> None:
-        self.procs, self.root, self.timeout_s = procs, root, timeout_s
+    def __init__(self, procs: Processes, root: Path, nodes: int, steps: int, timeout_s: float,
+                 warm: bool = True) -> None:
+        self.procs, self.root, self.timeout_s, self.warm = procs, root, timeout_s, warm
         coordinator_port, etcd_client, etcd_peer = free_ports(3)
         self.coordinator = f"127.0.0.1:{coordinator_port}"
         self.env = {**clean_env(), **SPEED_UP_ENV}
@@ -245,7 +260,8 @@ class TrainerdCluster:
         self.agent_dir(node).mkdir(parents=True, exist_ok=True)
         self.agents[node] = self.procs.start(
             [str(BIN / "trainerd-agent"), "--coordinator", self.coordinator, "--node-name", node,
-             "--cpu-devices", "1", "--work-dir", str(self.agent_dir(node))],
+             "--cpu-devices", "1", "--work-dir", str(self.agent_dir(node)),
+             *(() if self.warm else ("--no-warm-workers", "--no-compile-cache"))],
             self.root / f"agent-{node}.log", self.env, self.root)
 
     def stop(self) -> None:
@@ -379,7 +395,7 @@ class TrainerdCluster:
             raise BenchError(f"no recovery_started event between the fault and generation {first}")
         last = [e for e in evs if e["kind"] == "generation_started" and e["seq"] < done["seq"]][-1]
         phases = done["fields"].get("recovery") or {}
-        rec = Recovery("trainerd", fault)
+        rec = Recovery("trainerd", fault, warm=self.warm)
         rec.detect = detected["at"] - t0
         rec.relaunch = started["at"] - t0
         rec.first_step = done["at"] - t0
@@ -407,13 +423,16 @@ class TrainerdCluster:
                                  f"{again['fields'].get('generation')} failed too: {again['message'][:300]}")
             rec.notes.append(f"running again at generation {last['fields'].get('generation')}, relaunched at "
                              f"{last['at'] - t0:.2f} s")
-        rec.notes.append(first_step_breakdown(self.root, last["fields"].get("generation"), last["at"]))
+        breakdown, rec.comm_s = first_step_breakdown(self.root, last["fields"].get("generation"), last["at"])
+        rec.notes.append(breakdown)
+        rec.notes.append(started_how(self.root, sorted(self.agents)))
         return rec
 
 
-def first_step_breakdown(root: Path, generation: int, launched_at: float) -> str:
-    """Where the first-step phase went, per rank of `generation`, from its log (see bench/launch.py)."""
-    parts = []
+def first_step_breakdown(root: Path, generation: int, launched_at: float) -> tuple[str, float | None]:
+    """Where the first-step phase went, per rank of `generation`, from its log (see bench/launch.py),
+    and the longest communication set-up (comm init + model + resume) of its ranks."""
+    parts, comm = [], []
     for log_path in sorted(root.glob(f"agents/*/generations/{generation:06d}/rank*.log")):
         marks = rank_marks(log_path)
         previous, cells = launched_at, []
@@ -421,16 +440,30 @@ def first_step_breakdown(root: Path, generation: int, launched_at: float) -> str
                            ("first_step", "compile + step")):
             if key in marks:
                 cells.append(f"{label} {marks[key] - previous:.2f}")
+                if key == "comm_done" and "import_done" in marks:
+                    comm.append(marks[key] - marks["import_done"])
                 previous = marks[key]
         parts.append(f"{log_path.stem} " + ", ".join(cells))
-    return "first step, from generation_started: " + "; ".join(parts) + " (s)"
+    return ("first step, from generation_started: " + "; ".join(parts) + " (s)",
+            max(comm) if comm else None)
+
+
+def started_how(root: Path, nodes: list[str]) -> str:
+    """How each agent started its processes the last time (the words of its log)."""
+    cells = []
+    for node in nodes:
+        log_path = root / f"agent-{node}.log"
+        text = log_path.read_text(errors="replace") if log_path.exists() else ""
+        hows = re.findall(r"started pid \d+ (warm|cold(?: \([^)]*\))?)", text)
+        cells.append(f"{node} {hows[-1] if hows else 'not logged'}")
+    return "last process started by each agent: " + "; ".join(cells)
 
 
 def run_trainerd(procs: Processes, root: Path, fault: str, repeats: int, steps: int, timeout_s: float,
-                 report) -> None:
+                 report, warm: bool = True) -> None:
     """Inject `fault` `repeats` times into one job; `report(recovery, index)` after each recovery."""
     nodes = WORLD_SIZE + (1 if fault in NODE_FAULTS else 0)
-    cluster = TrainerdCluster(procs, root, nodes, steps, timeout_s)
+    cluster = TrainerdCluster(procs, root, nodes, steps, timeout_s, warm)
     try:
         for index in range(1, repeats + 1):
             cluster.wait_ready_for_fault()
@@ -538,6 +571,20 @@ def verdict(values: list[float | None], target: float) -> str:
             f" (in {met} of {len(values)} runs)")
 
 
+def warm_verdict(recs: list[Recovery]) -> str:
+    """The crash target per run: first step <= max(3 s, the slowest rank's comm init + 0.5 s)."""
+    if not recs:
+        return "not measured"
+    cells, met = [], 0
+    for rec in recs:
+        if rec.first_step is None:
+            continue
+        target = max(WARM_TARGET_S, (rec.comm_s or 0.0) + WARM_COMM_MARGIN_S)
+        met += rec.first_step <= target
+        cells.append(f"{rec.first_step:.2f} s of {target:.2f} s")
+    return f"{', '.join(cells)} -> met in {met} of {len(cells)} runs"
+
+
 def print_summary(results: dict[str, list[Recovery]], failures: dict[str, str], loads: dict[str, float]) -> None:
     width = max(len(row) for row in results) + 2
     print("\nMedian over the repeats, seconds from the fault (t0 = the kill):")
@@ -562,9 +609,12 @@ def print_summary(results: dict[str, list[Recovery]], failures: dict[str, str], 
         row = f"trainerd {FAULTS[fault]}"
         print(f"  {row} detected within 2 x interval + 1 s = {DETECT_TARGET_S:.1f} s: "
               + verdict([r.detect for r in results.get(row, [])], DETECT_TARGET_S))
-    for row in (f"trainerd {name}" for name in FAULTS.values()):
+    for row in (r for r in results if r.startswith("trainerd")):
         print(f"  {row}: coordinator part (detect -> relaunch issued) under {COORDINATOR_TARGET_S:.1f} s: "
               + verdict([r.coordinator for r in results.get(row, [])], COORDINATOR_TARGET_S))
+    for row in (r for r in results if r.startswith(f"trainerd {FAULTS['crash']}")):
+        print(f"  {row}: first step within {WARM_TARGET_S:.0f} s, or comm init + {WARM_COMM_MARGIN_S} s where "
+              f"that alone is longer: " + warm_verdict([r for r in results[row] if not r.disturbed]))
     if loads:
         print("\nOther processes kept busy on average (cores of " + str(os.cpu_count()) + "): "
               + ", ".join(f"{row} {load:.2f}" for row, load in loads.items()))
@@ -581,17 +631,26 @@ def main() -> int:
                         help=f"the example job's --steps; it must outlast every fault (default {DEFAULT_STEPS})")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds any one wait may take (default 120)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory with every log")
+    parser.add_argument("--faults", default=",".join(FAULTS),
+                        help=f"the faults to inject, comma-separated (default {','.join(FAULTS)})")
+    parser.add_argument("--no-msrun", action="store_true", help="leave out the msrun baseline")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    faults = [f.strip() for f in args.faults.split(",") if f.strip()]
+    if not faults or any(f not in FAULTS for f in faults):
+        parser.error(f"--faults takes some of {', '.join(FAULTS)}")
+    # the worker crash with warm workers on (the default) and off (the baseline); node losses on
+    variants = [(f, warm) for f in faults for warm in ((True, False) if f == "crash" else (True,))]
 
     interrupt_on_signals()
 
     become_subreaper()
     root = Path(tempfile.mkdtemp(prefix="trainerd-bench-recovery-"))
     procs = Processes()
-    results: dict[str, list[Recovery]] = {f"trainerd {name}": [] for name in FAULTS.values()}
-    results["msrun worker crash"] = []
+    results: dict[str, list[Recovery]] = {Recovery("trainerd", f, warm=w).row: [] for f, w in variants}
+    if not args.no_msrun:
+        results["msrun worker crash"] = []
     failures: dict[str, str] = {}
     loads: dict[str, float] = {}
     print(f"example job: {WORLD_SIZE} workers x 1 CPU device, global batch {GLOBAL_BATCH}, micro batch {MICRO_BATCH}, "
@@ -599,21 +658,21 @@ def main() -> int:
           f"load average {os.getloadavg()[0]:.2f} at start", flush=True)
     started = time.monotonic()
     try:
-        for fault in FAULTS:
-            row = f"trainerd {FAULTS[fault]}"
-            work = root / f"trainerd-{fault}"
+        for fault, warm in variants:
+            row = Recovery("trainerd", fault, warm=warm).row
+            work = root / f"trainerd-{fault}{'' if warm else '-cold'}"
             work.mkdir()
             meter = CpuMeter()
             try:
                 run_trainerd(procs, work, fault, args.repeats, args.steps, args.timeout,
-                             lambda rec, i, row=row: (results[row].append(rec), print_recovery(rec, i)))
+                             lambda rec, i, row=row: (results[row].append(rec), print_recovery(rec, i)), warm)
             except (BenchError, subprocess.TimeoutExpired, OSError, psutil.Error) as exc:
                 failures[row] = str(exc)
                 print(f"\n{row} failed: {exc}", flush=True)
             loads[row] = meter.foreign_cores()
         row = "msrun worker crash"
         meter = CpuMeter()
-        for index in range(1, args.repeats + 1):
+        for index in range(1, 0 if args.no_msrun else args.repeats + 1):
             work = root / f"msrun-{index}"
             work.mkdir()
             try:
@@ -624,7 +683,8 @@ def main() -> int:
                 continue
             results[row].append(rec)
             print_recovery(rec, index)
-        loads[row] = meter.foreign_cores()
+        if not args.no_msrun:
+            loads[row] = meter.foreign_cores()
         print_summary(results, failures, loads)
         print(f"\n(bench took {time.monotonic() - started:.0f} s)")
     except KeyboardInterrupt:

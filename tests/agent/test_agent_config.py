@@ -22,6 +22,14 @@ def test_example_file_loads_and_flags_override_it() -> None:
     assert config.allowed_entrypoints == [["{python}"]]
 
 
+def test_warm_workers_and_the_compile_cache_are_on_unless_turned_off() -> None:
+    assert load_agent_config(str(REPO / "configs" / "agent.example.yaml"), {}).warm_workers is True
+    default = load_agent_config(None, {"coordinator": "h:1"})
+    assert default.warm_workers is True and default.compile_cache is True
+    off = load_agent_config(None, {"coordinator": "h:1", "warm_workers": False, "compile_cache": False})
+    assert off.warm_workers is False and off.compile_cache is False
+
+
 def test_by_default_only_the_agents_own_interpreter_may_be_run() -> None:
     assert load_agent_config(None, {"coordinator": "h:1"}).allowed_entrypoints == [["{python}"]]
 

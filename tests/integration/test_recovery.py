@@ -2,10 +2,10 @@
 
 (A node lost mid-run, the job shrinking 3 -> 2 and growing back, and the leader killed with its etcd member
 while a standby runs: tests/integration/test_chaos.py.)
-A killed worker (the final weights equal a run without the
-fault, bit for bit; its goodput in status and in /metrics: the phases sum to the wall time and the
-steps redone count as lost work), a job waiting below min_nodes, and a crash loop that ends FAILED until
-`trainerctl resume`.
+A killed worker (the final weights equal a run without the fault, bit for bit, with the relaunch
+in the agents' warm workers and MindSpore's compile cache; its goodput in status and in /metrics:
+the phases sum to the wall time and the steps redone count as lost work), a job waiting below
+min_nodes, and a crash loop that ends FAILED until `trainerctl resume`.
 """
 
 from __future__ import annotations
@@ -137,6 +137,11 @@ def test_killed_worker_recovers_to_the_same_weights_as_a_run_without_the_fault(
     recovery = job["last_recovery"]
     assert recovery["cause"] == "process_exited" and recovery["resumed_from_step"] >= 200
     assert all(recovery[f"{phase}_s"] is not None for phase in ("stop", "relaunch", "first_step", "total"))
+    # The relaunch ran in the agents' warm workers (scheduler and both ranks), with the compile cache of
+    # generation 1; neither changes a bit of the result.
+    warm_starts = sum(procs.by_name(f"faulty-{i}").log().count("warm (a pre-started interpreter)") for i in range(2))
+    assert warm_starts == 3
+    assert list((tmp_path / "agents").glob("faulty-*/compile_cache/*/rank_1/graph_cache/*"))
     reference = results["reference"][1]
     assert sorted(weights) == sorted(reference)
     for name in reference:

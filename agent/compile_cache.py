@@ -1,0 +1,63 @@
+"""MindSpore's compile cache for every training process, in a directory per job configuration.
+
+The first step of a generation compiles the training graph (about 1 s for the example MLP, much
+more for real models). With MS_COMPILER_CACHE_ENABLE=1 and MS_COMPILER_CACHE_PATH, MindSpore saves
+the compiled graph (under rank_<RANK_ID>/) and a later start loads it instead. MindSpore 2.10
+reuses a cached graph without checking shapes or constants, only the Python sources, so the
+directory must change whenever the graph may: it is keyed on the argv, the working directory and
+the process's whole environment except what changes every generation without touching the graph
+(the scheduler's address, the generation number and its files, the resume point). That covers the
+world size (MS_WORKER_NUM, RANK_SIZE), the batch split (TRAINERD_GLOBAL_BATCH, _MICRO_BATCH,
+_GRAD_ACCUM), the rank and any variable the job itself sets. A job that sets either variable itself
+keeps its own setting.
+
+A script whose graph depends on the resume point (a constant built from the resume step) must not
+use the cache: turn it off with `compile_cache: false` in the agent file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from agent.launcher import ProcessHandle, ProcessLauncher
+from agent.worker_user import WorkerUser
+
+# Set anew for every generation; none of them shapes the graph of trainerd's runtime or examples.
+PER_GENERATION = frozenset({
+    "MS_SCHED_HOST", "MS_SCHED_PORT", "TRAINERD_GENERATION", "TRAINERD_RESUME_FROM", "TRAINERD_RESUME_STEP",
+    "TRAINERD_RESUME_SAMPLES", "RANK_TABLE_FILE", "TRAINERD_CONTROL_FILE", "TRAINERD_SKIPS_FILE",
+})
+CACHE_VARIABLES = ("MS_COMPILER_CACHE_ENABLE", "MS_COMPILER_CACHE_PATH")
+
+
+def cache_key(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> str:
+    kept = {k: v for k, v in env.items() if k not in PER_GENERATION}
+    text = json.dumps({"argv": list(argv), "cwd": str(cwd), "env": kept}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+class CompileCacheLauncher:
+    """A `ProcessLauncher` that starts every process through `inner` with the compile cache on, in
+    `root / cache_key(...)` (created for `user`, who runs the processes)."""
+
+    def __init__(self, inner: ProcessLauncher, root: Path, user: WorkerUser | None = None) -> None:
+        self._inner = inner
+        self._root = root
+        self._user = user
+
+    async def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> ProcessHandle:
+        if not any(name in env for name in CACHE_VARIABLES):
+            directory = self._root / cache_key(argv, env, cwd)
+            self._make(directory)
+            env = {**env, "MS_COMPILER_CACHE_ENABLE": "1", "MS_COMPILER_CACHE_PATH": str(directory)}
+        return await self._inner.start(argv, env, cwd, log_path)
+
+    def _make(self, directory: Path) -> None:
+        for path in (self._root, directory):
+            path.mkdir(mode=0o700, exist_ok=True)
+            if self._user is not None:
+                os.chown(path, self._user.uid, self._user.gid)

@@ -1,0 +1,144 @@
+"""A pre-started training interpreter: imports MindSpore and the trainer runtime, then waits for one job.
+
+    {python} -m agent.warm_worker FD [--preload MODULE,...] [--room BLANKS]
+
+The agent (agent/warm_launcher.py) starts it in a new session, like any training process, with the
+environment and working directory of the job it expects next, and keeps the other end of the Unix
+socket FD. Start-up (the interpreter, `import mindspore`: about 3 s) then happens while nothing
+waits for it (at the lowest priority when the agent can restore it: see agent/warm_launcher.py).
+
+The job arrives as one JSON message, `{"argv": [...], "env": {...}, "cwd": "..."}` (argv without the
+interpreter: `["-m", MODULE, ...]` or `[SCRIPT, ...]`), with the job's log file descriptor attached
+(SCM_RIGHTS); the agent closes its end once the process may start. The worker then becomes that job:
+the log on stdout and stderr, the job's environment and directory, `sys.argv` and `sys.path[0]` as
+`python -m MODULE` or `python SCRIPT` would set them, and the module or script run as `__main__`.
+Its exit status is what the same command would give: SystemExit's code, or 1 with the traceback in
+the log. When the socket closes without a job (the agent stopped or dropped this worker), it exits 0.
+
+Its command line (what `ps` and psutil show) is rewritten in place to the job's, in the room the
+agent left for it (a blank `--room` argument; a longer command line is cut). Its /proc/PID/environ
+is not: that memory may still be pointed to by what read the environment at import, so it keeps
+showing the environment the worker was prepared with (the previous generation's on that device);
+the job's own environment is in `os.environ` and the C library's, as for a cold start.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import runpy
+import socket
+import sys
+import ctypes
+import traceback
+from collections.abc import Sequence
+
+# What every trainerd job imports first; a job that needs more imports it itself, as usual.
+PRELOAD = (
+    "numpy", "mindspore", "mindspore.nn", "mindspore.ops", "mindspore.communication", "mindspore.dataset",
+    "trainer.runtime.communication", "trainer.runtime.checkpointing", "trainer.runtime.guard",
+    "trainer.runtime.progress", "trainer.runtime.elastic_dataset", "trainer.runtime.callback",
+    "trainer.runtime.rank_context", "trainer.checkpoint.mindspore_io", "trainer.data.sampler",
+    "trainer.data.skip_ranges",
+)
+MAX_JOB_BYTES = 16 * 1024 * 1024
+
+
+def preload(modules: Sequence[str]) -> str:
+    """Import `modules`; a failure is not fatal (the job imports again and fails in its own log): its
+    traceback is returned for the job's log, else ""."""
+    try:
+        for name in modules:
+            importlib.import_module(name)
+    except BaseException:  # noqa: BLE001 (anything the imports raise: the job will see it again)
+        return traceback.format_exc()
+    return ""
+
+
+def receive_job(channel: socket.socket) -> tuple[dict, int] | None:
+    """The job and its log's file descriptor, once the agent has closed its end; None without a job."""
+    data, fds, _, _ = socket.recv_fds(channel, 65536, 1)
+    chunks = [data]
+    while True:
+        chunk = channel.recv(65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        if sum(map(len, chunks)) > MAX_JOB_BYTES:
+            raise ValueError("the job message is too large")
+    if not fds:
+        return None
+    return json.loads(b"".join(chunks)), fds[0]
+
+
+def become(job: dict, log_fd: int) -> None:
+    """Take on the job's output, environment, directory, argv and import path."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    os.environ.clear()
+    os.environ.update(job["env"])
+    os.chdir(job["cwd"])
+
+
+def run(argv: list[str]) -> None:
+    """Run `argv` (without the interpreter) as `python -m MODULE ...` or `python SCRIPT ...` would."""
+    if argv[0] == "-m":
+        sys.argv = [argv[1], *argv[2:]]  # run_module puts the module's file in [0]
+        if not sys.flags.safe_path:
+            sys.path[0] = os.getcwd()
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        return
+    script = argv[0]
+    if not os.path.isfile(script):
+        print(f"{sys.executable}: can't open file {os.path.abspath(script)!r}: [Errno 2] No such file or directory",
+              file=sys.stderr)
+        raise SystemExit(2)
+    sys.argv = list(argv)
+    if not sys.flags.safe_path:
+        sys.path[0] = os.path.dirname(os.path.realpath(script))
+    runpy.run_path(script, run_name="__main__")
+
+
+def option(name: str) -> str | None:
+    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else None
+
+
+def rewrite_command_line(argv: Sequence[str]) -> None:
+    """Overwrite the memory /proc/self/cmdline shows (the exec-time argv strings, which Python copied
+    at start) with `argv`, cut to fit, NUL-padded; argv[0], which the C library's
+    program_invocation_name points into, stays as it is."""
+    with open("/proc/self/stat", "rb") as stat:
+        fields = stat.read().rsplit(b")", 1)[1].split()
+    # After the ")" field 3 (state) has index 0: fields 48 and 49 (arg_start, arg_end) are 45 and 46.
+    arg_start, arg_end = int(fields[45]), int(fields[46])
+    with open("/proc/self/cmdline", "rb") as cmdline:
+        first = cmdline.read().split(b"\0", 1)[0] + b"\0"
+    size = arg_end - arg_start - len(first)
+    if size <= 0:
+        return
+    data = b"".join(a.encode(errors="surrogateescape") + b"\0" for a in argv[1:])[:size - 1]
+    ctypes.memmove(arg_start + len(first), data.ljust(size, b"\0"), size)
+
+
+def main() -> None:
+    fd = int(sys.argv[1])
+    modules = option("--preload")
+    failed_preload = preload(PRELOAD if modules is None else [m for m in modules.split(",") if m])
+    with socket.socket(fileno=fd) as channel:
+        received = receive_job(channel)
+    if received is None:
+        return
+    job, log_fd = received
+    become(job, log_fd)
+    rewrite_command_line([sys.executable, *job["argv"]])
+    if failed_preload:
+        print(f"trainerd: the warm worker's imports failed before this job:\n{failed_preload}", file=sys.stderr)
+    run(job["argv"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,301 @@
+"""Warm workers with real processes: which entrypoints qualify, what a warm-started process sees (argv,
+env, cwd, log, exit status, its own session), and the cold fallback when the import-time environment
+differs. The warm workers here preload a small marker module instead of MindSpore, so that a script
+can tell whether it was started warm; tests/agent/test_import_env.py covers what MindSpore reads."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from agent.compile_cache import CompileCacheLauncher, cache_key
+from agent.import_env import import_env_mismatch
+from agent.launcher import SubprocessLauncher
+from agent.warm_launcher import WarmLauncher, warm_entrypoint
+from tests.agent.test_launcher import alive
+
+PY = sys.executable
+REPO = Path(__file__).resolve().parents[2]
+
+REPORT = """
+import os, sys
+print("warm" if "warmmark" in sys.modules else "cold")
+print("argv", sys.argv)
+print("name", __name__)
+print("cwd", os.getcwd())
+print("path0", sys.path[0])
+print("greeting", os.environ.get("GREETING"))
+print("generation", os.environ.get("TRAINERD_GENERATION"))
+print("pid", os.getpid(), os.getpgid(0), os.getsid(0))
+print("nice", os.getpriority(os.PRIO_PROCESS, 0))
+print("cmdline", open("/proc/self/cmdline", "rb").read().rstrip(b"\\0").decode().split("\\0"))
+sys.stdout.flush()
+print("oops", file=sys.stderr)
+sys.exit(int(os.environ.get("EXIT_CODE", "0")))
+"""
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> dict:
+    """A script, a module, a marker module for the warm workers to preload and a base environment."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "warmmark.py").write_text("")
+    (tmp_path / "lib" / "reporter.py").write_text(REPORT)
+    (tmp_path / "work").mkdir()
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "report.py").write_text(REPORT)
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": f"{tmp_path / 'lib'}{os.pathsep}{REPO}",
+           "GREETING": "hello", "TRAINERD_GENERATION": "1", "DEVICE_ID": "0"}
+    return {"root": tmp_path, "cwd": tmp_path / "work", "script": str(tmp_path / "scripts" / "report.py"),
+            "env": env}
+
+
+def launcher_for(tmp_path: Path, **kwargs) -> WarmLauncher:
+    return WarmLauncher(SubprocessLauncher(), python=PY, log_path=tmp_path / "warm_workers.log", capacity=2,
+                        preload=["warmmark"], **kwargs)
+
+
+async def start_and_wait(launcher, argv: Sequence[str], env: Mapping[str, str], cwd: Path,
+                         log_path: Path) -> tuple[int, int, dict[str, str]]:
+    handle = await launcher.start(argv, env, cwd, log_path)
+    code = await handle.wait()
+    lines = log_path.read_text().splitlines()
+    report = {line.split(" ", 1)[0]: line.split(" ", 1)[1] if " " in line else "" for line in lines}
+    report["first"] = lines[0] if lines else ""
+    report["mode"] = "warm" if "warm" in report else "cold" if "cold" in report else "?"
+    return handle.pid, code, report
+
+
+async def prepared(launcher: WarmLauncher) -> None:
+    """Wait until the warm workers being prepared have been started."""
+    while launcher._preparing:
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    ([PY, "-m", "pkg.mod", "--steps", "3"], ["-m", "pkg.mod", "--steps", "3"]),
+    ([PY, "train.py", "-x"], ["train.py", "-x"]),
+    ([PY, "-u", "-m", "pkg.mod"], None),  # interpreter options: cold
+    ([PY, "-c", "print(1)"], None),
+    ([PY, "-m"], None),
+    ([PY, "-m", "-x"], None),
+    ([PY], None),
+    (["/usr/bin/python3", "train.py"], None),  # not the agent's interpreter
+    (["/bin/sh", "run.sh"], None),
+    (["msrun", "--worker_num=2", "train.py"], None),
+])
+def test_only_the_agents_python_running_a_module_or_script_qualifies(argv, expected) -> None:
+    assert warm_entrypoint(argv, PY) == expected
+
+
+def test_only_variables_read_at_import_must_match() -> None:
+    warm = {"DEVICE_ID": "0", "GLOG_v": "3", "MS_SCHED_PORT": "8118", "RANK_ID": "0", "PYTHONPATH": "/a"}
+    assert import_env_mismatch(warm, {**warm, "MS_SCHED_PORT": "8119", "RANK_ID": "1", "TRAINERD_X": "1"}) == []
+    assert import_env_mismatch(warm, {**warm, "DEVICE_ID": "1"}) == ["DEVICE_ID"]
+    assert import_env_mismatch(warm, {k: v for k, v in warm.items() if k != "GLOG_v"}) == ["GLOG_v"]
+    assert import_env_mismatch(warm, {**warm, "PYTHONPATH": "/b", "MS_DEV_X": "1"}) == ["MS_DEV_X", "PYTHONPATH"]
+
+
+def test_a_warm_start_runs_the_script_like_a_cold_one(job: dict, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "agent.warm_launcher")
+    root, cwd = job["root"], job["cwd"]
+    argv = [PY, job["script"], "a", "b c"]
+
+    async def scenario():
+        launcher = launcher_for(root)
+        try:
+            first = await start_and_wait(launcher, argv, {**job["env"], "EXIT_CODE": "3"}, cwd, root / "g1.log")
+            await prepared(launcher)
+            second_env = {**job["env"], "TRAINERD_GENERATION": "2", "GREETING": "again", "EXIT_CODE": "7"}
+            (root / "g2.log").write_text("from before\n")
+            second = await start_and_wait(launcher, argv, second_env, cwd, root / "g2.log")
+            return first, second
+        finally:
+            await launcher.close()
+
+    (_, code1, cold), (pid, code2, warm) = run(scenario())
+    assert (cold["mode"], code1) == ("cold", 3)
+    assert warm["first"] == "from before"  # the log is appended to
+    assert warm["mode"] == "warm" and code2 == 7
+    for report in (cold, warm):
+        assert report["argv"] == repr([job["script"], "a", "b c"])
+        assert report["name"] == "__main__"
+        assert report["cwd"] == str(cwd)
+        assert report["path0"] == str(Path(job["script"]).parent)
+        assert "oops" in report
+    assert (warm["greeting"], warm["generation"]) == ("again", "2")  # the job's env, not the warm worker's
+    assert warm["pid"] == f"{pid} {pid} {pid}"  # the tracked pid leads its own session and group
+    assert warm["cmdline"] == repr([PY, job["script"], "a", "b c"])  # what ps shows
+    # prepared at the lowest priority (when the agent may restore it: root), run at the agent's
+    assert warm["nice"] == cold["nice"] == str(os.getpriority(os.PRIO_PROCESS, 0))
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("cold (no warm worker" in m for m in messages)
+    assert any(f"started pid {pid} warm" in m for m in messages)
+
+
+def test_a_module_runs_as_main_and_an_exception_exits_1_with_its_traceback(job: dict) -> None:
+    root, cwd = job["root"], job["cwd"]
+    (root / "lib" / "failing.py").write_text("raise RuntimeError('broken on purpose')\n")
+
+    async def scenario():
+        launcher = launcher_for(root)
+        try:
+            await start_and_wait(launcher, [PY, "-m", "reporter"], job["env"], cwd, root / "g1.log")
+            await prepared(launcher)
+            module = await start_and_wait(launcher, [PY, "-m", "reporter", "--x"], job["env"], cwd, root / "g2.log")
+            await prepared(launcher)
+            failing = await start_and_wait(launcher, [PY, "-m", "failing"], job["env"], cwd, root / "g3.log")
+            return module, failing
+        finally:
+            await launcher.close()
+
+    (_, code, report), (_, failed_code, _) = run(scenario())
+    assert report["mode"] == "warm" and code == 0
+    assert report["argv"] == repr([str(root / "lib" / "reporter.py"), "--x"])
+    assert report["name"] == "__main__" and report["path0"] == str(cwd)
+    assert failed_code == 1
+    text = (root / "g3.log").read_text()
+    assert "Traceback" in text and "RuntimeError: broken on purpose" in text
+
+
+def test_a_different_import_time_variable_or_directory_starts_cold_and_says_why(
+        job: dict, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "agent.warm_launcher")
+    root, cwd = job["root"], job["cwd"]
+    argv = [PY, job["script"]]
+    (root / "elsewhere").mkdir()
+
+    async def scenario():
+        launcher = launcher_for(root)
+        try:
+            await start_and_wait(launcher, argv, job["env"], cwd, root / "g1.log")
+            await prepared(launcher)
+            new_port = await start_and_wait(launcher, argv, {**job["env"], "MS_SCHED_PORT": "9"}, cwd, root / "g2.log")
+            await prepared(launcher)
+            other_device = await start_and_wait(launcher, argv, {**job["env"], "DEVICE_ID": "1"}, cwd, root / "g3.log")
+            await prepared(launcher)
+            other_dir = await start_and_wait(launcher, argv, job["env"], root / "elsewhere", root / "g4.log")
+            return other_device, other_dir, new_port
+        finally:
+            await launcher.close()
+
+    other_device, other_dir, new_port = run(scenario())
+    assert other_device[2]["mode"] == "cold" and other_dir[2]["mode"] == "cold"
+    assert new_port[2]["mode"] == "warm"  # read only at init(): no reason to start cold
+    messages = "\n".join(r.getMessage() for r in caplog.records)
+    assert "imported with other DEVICE_ID" in messages
+    assert f"is in {cwd}" in messages
+
+
+def test_a_signal_to_the_group_of_a_warm_started_process_reaches_its_children(job: dict) -> None:
+    root, cwd = job["root"], job["cwd"]
+    script = root / "scripts" / "spawner.py"
+    script.write_text("import subprocess, sys, time\n"
+                      "child = subprocess.Popen(['sleep', '60'])\n"
+                      "print('child', child.pid, flush=True)\n"
+                      "time.sleep(60)\n")
+
+    async def warm_scenario():
+        launcher = launcher_for(root)
+        try:
+            await start_and_wait(launcher, [PY, job["script"]], job["env"], cwd, root / "g1.log")
+            await prepared(launcher)
+            handle = await launcher.start([PY, str(script)], job["env"], cwd, root / "g2.log")
+            for _ in range(500):
+                if "child" in (root / "g2.log").read_text():
+                    break
+                await asyncio.sleep(0.02)
+            child = int((root / "g2.log").read_text().split("child ")[1].split()[0])
+            assert alive(child)
+            handle.signal_group(signal.SIGTERM)
+            code = await handle.wait()
+            for _ in range(100):
+                if not alive(child):
+                    break
+                await asyncio.sleep(0.02)
+            return code, alive(child)
+        finally:
+            await launcher.close()
+
+    code, child_alive = run(warm_scenario())
+    assert code == -signal.SIGTERM
+    assert not child_alive
+
+
+def test_with_warm_workers_off_everything_starts_cold(job: dict, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "agent.warm_launcher")
+    root, cwd = job["root"], job["cwd"]
+
+    async def scenario():
+        launcher = launcher_for(root, enabled=False)
+        try:
+            first = await start_and_wait(launcher, [PY, job["script"]], job["env"], cwd, root / "g1.log")
+            await prepared(launcher)
+            second = await start_and_wait(launcher, [PY, job["script"]], job["env"], cwd, root / "g2.log")
+            return first, second, list(launcher._idle)
+        finally:
+            await launcher.close()
+
+    first, second, idle = run(scenario())
+    assert first[2]["mode"] == second[2]["mode"] == "cold"
+    assert idle == []
+    assert "cold (warm workers are off)" in caplog.text
+
+
+def test_an_idle_warm_worker_exits_when_the_agent_drops_it(job: dict) -> None:
+    root, cwd = job["root"], job["cwd"]
+
+    async def scenario():
+        launcher = launcher_for(root)
+        await start_and_wait(launcher, [PY, job["script"]], job["env"], cwd, root / "g1.log")
+        await prepared(launcher)
+        (warm,) = launcher._idle
+        warm.channel.close()  # what the agent's exit does too
+        return await asyncio.wait_for(warm.process.wait(), 10)
+
+    assert run(scenario()) == 0
+
+
+class RecordingLauncher:
+    def __init__(self) -> None:
+        self.envs: list[dict[str, str]] = []
+
+    async def start(self, argv, env, cwd, log_path):
+        self.envs.append(dict(env))
+        return None
+
+
+def test_the_compile_cache_directory_follows_the_job_configuration_not_the_generation(tmp_path: Path) -> None:
+    argv = [PY, "-m", "trainer.examples.mlp", "--steps", "10"]
+    env = {"MS_WORKER_NUM": "2", "RANK_SIZE": "2", "RANK_ID": "1", "TRAINERD_GLOBAL_BATCH": "64",
+           "TRAINERD_MICRO_BATCH": "32", "TRAINERD_GRAD_ACCUM": "1", "MS_SCHED_PORT": "8118",
+           "TRAINERD_GENERATION": "1", "TRAINERD_RESUME_STEP": "", "RANK_TABLE_FILE": "/g/000001/rank_table.json"}
+    key = cache_key(argv, env, tmp_path)
+    next_generation = {**env, "MS_SCHED_PORT": "8119", "TRAINERD_GENERATION": "2", "TRAINERD_RESUME_STEP": "100",
+                       "RANK_TABLE_FILE": "/g/000002/rank_table.json"}
+    assert cache_key(argv, next_generation, tmp_path) == key
+    for changed in ({"MS_WORKER_NUM": "3", "RANK_SIZE": "3"}, {"TRAINERD_MICRO_BATCH": "16"},
+                    {"TRAINERD_GRAD_ACCUM": "2"}, {"RANK_ID": "0"}, {"MY_MODEL_WIDTH": "512"}):
+        assert cache_key(argv, {**env, **changed}, tmp_path) != key, changed
+    assert cache_key([*argv, "--seed", "1"], env, tmp_path) != key
+
+    inner = RecordingLauncher()
+    launcher = CompileCacheLauncher(inner, tmp_path / "cache")
+    run(launcher.start(argv, env, tmp_path, tmp_path / "log"))
+    run(launcher.start(argv, {**env, "MS_COMPILER_CACHE_ENABLE": "0"}, tmp_path, tmp_path / "log"))
+    enabled, own = inner.envs
+    assert enabled["MS_COMPILER_CACHE_ENABLE"] == "1"
+    assert enabled["MS_COMPILER_CACHE_PATH"] == str(tmp_path / "cache" / key)
+    assert (tmp_path / "cache" / key).is_dir()
+    assert own["MS_COMPILER_CACHE_ENABLE"] == "0" and "MS_COMPILER_CACHE_PATH" not in own  # the job's own choice
