@@ -11,8 +11,9 @@ manifest is there. The agent:
   one the new generation's timeline passes through;
 - names the snapshot to resume from for the workers (TRAINERD_RESUME_FROM = its step directory here);
 - reports the newest complete snapshot in its heartbeats (`newest`);
-- removes everything when it starts (what a crashed agent left) and when it exits, and another
-  job's directory when it launches a job.
+- removes the job's directory when the coordinator's Stop says the job completed, everything when
+  it starts (what a crashed agent left) and when it exits, and another job's directory when it
+  launches a job. A FAILED or PAUSED job's snapshots stay until then (`trainerctl resume` may use them).
 With `run_as`, the job's directory belongs to the worker user, and the agent, which runs as root,
 only removes in it (rmtree does not follow symbolic links).
 """
@@ -70,6 +71,10 @@ class MemorySnapshotDir:
         self._known.clear()
         if not self.root.is_symlink() and self.root.is_dir():
             shutil.rmtree(self.root, ignore_errors=True)
+
+    def drop(self, job: str) -> None:
+        """Remove the job's snapshots (it completed)."""
+        _remove(self.job_dir(job))
 
     def prepare(self, job: str, resume_step: int | None) -> Path:
         """The job's directory, created, without other jobs' directories and without snapshots newer
@@ -148,8 +153,10 @@ def _read_manifest(step_dir: Path, step: int) -> Snapshot | None:
 def _remove(path: Path) -> None:
     """Remove a snapshot or a job's directory, the manifest first so a half-removed one never counts."""
     try:
-        if path.is_symlink() or not path.is_dir():
+        if path.is_symlink() or path.is_file():
             path.unlink()
+            return
+        if not path.is_dir():
             return
         (path / MANIFEST_NAME).unlink(missing_ok=True)
         shutil.rmtree(path)

@@ -341,6 +341,8 @@ class Supervisor:
             if stop.dump_stacks:
                 await self._dump_stacks()
             await self._stop_all(stop.grace_s)
+            if stop.job_completed and self.memory is not None:
+                self.memory.drop(self._job_name)
             self._report(pb.AgentMessage(stopped=pb.Stopped(generation=stop.generation)))
 
     async def _dump_stacks(self) -> None:

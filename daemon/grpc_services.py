@@ -203,7 +203,8 @@ def command_to_proto(command: object) -> pb.CoordinatorMessage:
         ))
     if isinstance(command, StopCommand):
         return pb.CoordinatorMessage(stop=pb.Stop(generation=command.generation, grace_s=command.grace_s,
-                                                  reason=command.reason, dump_stacks=command.dump_stacks))
+                                                  reason=command.reason, dump_stacks=command.dump_stacks,
+                                                  job_completed=command.job_completed))
     if isinstance(command, RequestExitCommand):
         return pb.CoordinatorMessage(request_exit=pb.RequestExit(generation=command.generation))
     if isinstance(command, ReadLogCommand):

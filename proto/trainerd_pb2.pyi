@@ -342,16 +342,18 @@ class Launch(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., job_name: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[ProcessSpec, _Mapping]]] = ..., rank_table_json: _Optional[str] = ..., checkpoint_path: _Optional[str] = ..., skips: _Optional[_Iterable[_Union[SampleRange, _Mapping]]] = ..., workdir: _Optional[str] = ..., graceful_exit_file: _Optional[str] = ..., progress_pattern: _Optional[str] = ...) -> None: ...
 
 class Stop(_message.Message):
-    __slots__ = ("generation", "grace_s", "reason", "dump_stacks")
+    __slots__ = ("generation", "grace_s", "reason", "dump_stacks", "job_completed")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     GRACE_S_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     DUMP_STACKS_FIELD_NUMBER: _ClassVar[int]
+    JOB_COMPLETED_FIELD_NUMBER: _ClassVar[int]
     generation: int
     grace_s: float
     reason: str
     dump_stacks: bool
-    def __init__(self, generation: _Optional[int] = ..., grace_s: _Optional[float] = ..., reason: _Optional[str] = ..., dump_stacks: _Optional[bool] = ...) -> None: ...
+    job_completed: bool
+    def __init__(self, generation: _Optional[int] = ..., grace_s: _Optional[float] = ..., reason: _Optional[str] = ..., dump_stacks: _Optional[bool] = ..., job_completed: _Optional[bool] = ...) -> None: ...
 
 class RequestExit(_message.Message):
     __slots__ = ("generation",)

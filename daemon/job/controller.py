@@ -348,7 +348,7 @@ class JobController:
                 case CommitRecord():
                     await self._commit(action, fence)
                 case StopGeneration():
-                    self._stop(action.reason, action.dump_stacks)
+                    self._stop(action.reason, action.dump_stacks, action.job_completed)
                 case LaunchGeneration():
                     await self._launch(action, fence)
                 case RequestCheckpoint():
@@ -519,7 +519,7 @@ class JobController:
             if self._send(node, command):
                 observation.launched.add(node)
 
-    def _stop(self, reason: str, dump_stacks: bool = False) -> None:
+    def _stop(self, reason: str, dump_stacks: bool = False, job_completed: bool = False) -> None:
         generation, observation = self.generation, self.observation
         if generation is None or observation is None:
             return
@@ -527,7 +527,8 @@ class JobController:
             observation.stop_decided_at = self._clock.now()
         nodes = [n for n in generation.placement.nodes if n not in observation.stop_sent]
         for node in nodes:
-            if self._send(node, StopCommand(generation.number, self.spec.stop_grace_s, reason, dump_stacks)):
+            if self._send(node, StopCommand(generation.number, self.spec.stop_grace_s, reason, dump_stacks,
+                                            job_completed)):
                 observation.stop_sent[node] = self._clock.now()
         if nodes:
             log.info("job %s: stopping generation %d on %s%s: %s", self.spec.name, generation.number,

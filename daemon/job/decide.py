@@ -69,6 +69,7 @@ class StopGeneration:
 
     reason: str
     dump_stacks: bool = False  # a hang: every process's Python stack goes into its log before the kill
+    job_completed: bool = False  # the job is COMPLETED: the agents drop its in-memory snapshots
 
 
 @dataclass(frozen=True)
@@ -296,7 +297,7 @@ def _watch_generation(world: JobWorld) -> list[Action]:
     if every_rank_finished:
         done = record.moved_to(JobState.COMPLETED, stopped_generation=generation.number)
         return [CommitRecord(done, "job_completed", f"job {world.spec.name} is COMPLETED"),
-                StopGeneration("every rank finished")]
+                StopGeneration("every rank finished", job_completed=True)]
     failure = _failure(world)
     if failure is not None:
         return _end_generation(world, failure)

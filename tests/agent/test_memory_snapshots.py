@@ -106,6 +106,9 @@ def test_the_supervisor_gives_its_workers_the_memory_and_reports_the_newest_snap
         env = host.launcher.started["rank1"].env
         assert "TRAINERD_MEMORY_DIR" not in env and env["TRAINERD_MEMORY_EVERY"] == "0"
         assert not host.supervisor.heartbeat().HasField("memory_snapshot")
-        await host.supervisor.shutdown()
+        await host.supervisor.stop(pb.Stop(generation=3, grace_s=1.0))
+        assert job_dir.is_dir()  # a failed job may be resumed from memory
+        await host.supervisor.stop(pb.Stop(generation=3, grace_s=1.0, job_completed=True))
+        assert not job_dir.exists()
 
     run(scenario())

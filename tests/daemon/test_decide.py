@@ -160,7 +160,7 @@ def test_every_rank_reporting_a_step_makes_the_job_running() -> None:
 def test_completion_commits_then_stops_the_scheduler() -> None:
     actions = decide(job_world(reports=tuple(exited(n, r) for r, n in enumerate(NODES))))
     assert actions == [CommitRecord(JobRecord(JobState.COMPLETED, 1, 3, stopped_generation=1), "job_completed",
-                                    "job job is COMPLETED"), StopGeneration("every rank finished")]
+                                    "job job is COMPLETED"), StopGeneration("every rank finished", job_completed=True)]
 
 
 def test_a_lost_node_ends_the_generation_without_spending_the_budget() -> None:
