@@ -175,9 +175,9 @@ class TrainingCheckpoints:
         CheckpointUnreadable or SeedMismatch.
         """
         path = self._settings.resume_from
-        if path is None:
+        # Where it lies, a readable manifest, the seed; a snapshot chosen but not named here is refused.
+        if resume_point(self._settings, self._data_seed) is None or path is None:
             return ResumePoint(0, 0)
-        resume_point(self._settings, self._data_seed)  # where it lies, a readable manifest, the seed
         try:
             regions = {name: layout.regions[self._rank] for name, layout in self._sharded.items()}
             tensors, manifest = load_checkpoint(path, self._rank, self._ctx.world_size, regions=regions)

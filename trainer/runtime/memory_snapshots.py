@@ -5,7 +5,8 @@ A snapshot is a checkpoint in every respect but where it lives: the same writer 
 the same shard ownership, the same commit (rank 0 writes the manifest last, once every rank's report
 is there, so a snapshot torn by a crash is never complete), the same meta (data position, skip ledger)
 and the same cells (the guard's state among them). tmpfs makes the writer's fsyncs free. Retention
-keeps the newest MEMORY_KEEP. The agent reports the newest complete one in its heartbeats; the
+keeps MEMORY_KEEP complete snapshots, so the memory holds at most two of a rank's state: the newest
+complete snapshot and the one being written. The agent reports the newest complete one in its heartbeats; the
 coordinator resumes from it when it is newer than the newest disk checkpoint (daemon/job/decide.py).
 
 All ranks of a generation must share the directory: the coordinator asks for snapshots only when the
@@ -27,7 +28,7 @@ from trainer.checkpoint.sharding import ShardedTensor
 
 log = logging.getLogger(__name__)
 
-MEMORY_KEEP = 2
+MEMORY_KEEP = 1
 # Every rank writes into the same local memory: a rank that has not written its share this long after
 # rank 0 has died (and the generation with it).
 MEMORY_COMMIT_TIMEOUT_S = 60.0
