@@ -136,9 +136,14 @@ class MemorySnapshotDir:
 
 
 def _read_manifest(step_dir: Path, step: int) -> Snapshot | None:
-    """The snapshot when its manifest is there and names this step, else None (still being written)."""
+    """The snapshot when its manifest is there and names this step, else None (still being written).
+    The workers own the directory: only a regular file is read (no link followed, no FIFO waited on)."""
     try:
-        with open(step_dir / MANIFEST_NAME, "rb") as f:
+        fd = os.open(step_dir / MANIFEST_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_MANIFEST_BYTES:
+                return None
             data = json.loads(f.read(MAX_MANIFEST_BYTES + 1))
         if data.get("step") != step:
             return None

@@ -42,6 +42,10 @@ def test_the_newest_snapshot_is_the_newest_with_its_manifest(tmp_path: Path) -> 
     assert memory.newest("job") == Snapshot(20, 160)
     (torn / MANIFEST_NAME).write_text("{not json")  # still being written, or damaged
     assert memory.newest("job") == Snapshot(20, 160)
+    (torn / MANIFEST_NAME).unlink()
+    os.mkfifo(torn / MANIFEST_NAME)  # a worker's trap: the agent must not wait on it
+    assert memory.newest("job") == Snapshot(20, 160)
+    (torn / MANIFEST_NAME).unlink()
     (torn / MANIFEST_NAME).write_text(json.dumps({"step": 30, "consumed_samples": 240}))
     assert memory.newest("job") == Snapshot(30, 240)
     assert memory.newest("other") is None
