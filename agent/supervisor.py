@@ -13,6 +13,10 @@ Per generation directory: rank_table.json, skips.json (the skip ledger at launch
 (rewritten when the coordinator asks for a checkpoint), one log per process and, after a hang, one
 <name>.stacks.txt per process.
 
+With a memory directory (agent/memory_snapshots.py) the workers snapshot their state into shared
+memory the agent owns: a Launch prepares it and names it to them (and the snapshot to resume from),
+heartbeats report the newest complete snapshot, a Stop for a completed job drops it.
+
 Progress comes from two sources. A rank that runs the trainer runtime sends datagrams
 (agent/progress_receiver.py); an unmodified script only prints, so `watch_output` reads what each
 worker appends to its log (agent/output_follower.py). Once a datagram arrived for a rank, its output
