@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import grp
+import hashlib
 import os
 import pwd
 import socket
@@ -55,6 +56,10 @@ class AgentConfig(StrictModel):
     # Hosts without NPUs train on this many CPU "devices" (0: discover NPUs, fail when none).
     cpu_devices: int = Field(default=0, ge=0, le=64)
     work_dir: str = "/var/lib/trainerd-agent"
+    # Where the workers' in-memory snapshots go (agent/memory_snapshots.py): a directory this agent
+    # owns on tmpfs. Default: /dev/shm/trainerd-agent-<12 hex digits of the work dir's path>, so that
+    # agents with different work dirs on one host never share it.
+    memory_dir: str | None = None
     discovery: DiscoverySettings = DiscoverySettings()
     # The argv prefixes this agent runs, compared word by word with a Launch's argv before "{python}"
     # (the agent's own interpreter) is expanded; a Launch that starts with none is refused. [] runs nothing.
@@ -69,6 +74,13 @@ class AgentConfig(StrictModel):
     warm_workers: bool = True
     # MindSpore's compile cache, in a directory per job configuration under work_dir (agent/compile_cache.py).
     compile_cache: bool = True
+
+
+def memory_root(config: AgentConfig) -> Path:
+    if config.memory_dir is not None:
+        return Path(config.memory_dir)
+    digest = hashlib.sha256(os.path.realpath(config.work_dir).encode()).hexdigest()[:12]
+    return Path(f"/dev/shm/trainerd-agent-{digest}")
 
 
 def load_agent_config(path: str | None, overrides: dict[str, Any]) -> AgentConfig:

@@ -13,9 +13,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from agent.compile_cache import CompileCacheLauncher
-from agent.config import AgentConfig, load_agent_config
+from agent.config import AgentConfig, load_agent_config, memory_root
 from agent.devices import Device, NoDevicesError, discover_devices
 from agent.launcher import ProcessLauncher, SubprocessLauncher
+from agent.memory_snapshots import MemorySnapshotDir
 from agent.node_check import run_node_check
 from agent.progress_receiver import open_progress_receiver
 from agent.session import CoordinatorLink, IdentityFile
@@ -125,6 +126,9 @@ class Agent:
     async def run(self, stop: asyncio.Event) -> None:
         self._work_dir.mkdir(parents=True, exist_ok=True)
         self.supervisor.reap_orphans()
+        memory = self.supervisor.memory
+        if memory is not None:
+            memory.clear()  # what a crashed predecessor left: its workers are gone, nobody resumes from it
         server = grpc.aio.server()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         health_socket = self._work_dir / "agent.sock"
@@ -143,6 +147,8 @@ class Agent:
         finally:
             self._notifier.stopping()
             await self.supervisor.shutdown()
+            if memory is not None:
+                memory.clear()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -174,7 +180,8 @@ def build_agent(config: AgentConfig, devices: list[Device], notifier: SystemdNot
         training_launcher = CompileCacheLauncher(training_launcher, work_dir / "compile_cache", worker_user)
     supervisor = Supervisor(work_dir=work_dir, progress_socket=work_dir / "progress.sock", report=link.send,
                             launcher=training_launcher, stack_dumper=PySpyDumper(), clock=clock,
-                            allowed_entrypoints=config.allowed_entrypoints, worker_user=worker_user)
+                            allowed_entrypoints=config.allowed_entrypoints, worker_user=worker_user,
+                            memory=MemorySnapshotDir(memory_root(config), worker_user))
     return Agent(config, link=link, supervisor=supervisor, notifier=notifier, clock=clock, launcher=launcher)
 
 
@@ -191,6 +198,8 @@ class StartRefused(click.ClickException):
 @click.option("--host", help="Address other nodes reach this host at.")
 @click.option("--cpu-devices", type=int, help="Train on N CPU devices (hosts without NPUs).")
 @click.option("--work-dir", type=click.Path(file_okay=False), help="Logs, rank tables and state.")
+@click.option("--memory-dir", type=click.Path(file_okay=False),
+              help="Where the workers' in-memory snapshots go (tmpfs; default /dev/shm/trainerd-agent-HASH).")
 @click.option("--cacert", envvar=TLS_ENV["cacert"], metavar="FILE",
               help="The cluster's CA certificate: talk TLS (with --cert and --key; overrides tls in the file).")
 @click.option("--cert", envvar=TLS_ENV["cert"], metavar="FILE", help="This node's certificate (trainerd certs node).")
@@ -200,15 +209,15 @@ class StartRefused(click.ClickException):
 @click.option("--compile-cache/--no-compile-cache", default=None, help="MindSpore's compile cache (default: on).")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-def cli(config_file, coordinator, node_name, host, cpu_devices, work_dir, cacert, cert, key, warm_workers,
-        compile_cache, log_level) -> None:
+def cli(config_file, coordinator, node_name, host, cpu_devices, work_dir, memory_dir, cacert, cert, key,
+        warm_workers, compile_cache, log_level) -> None:
     """Register this host's devices with trainerd and run its training processes."""
     try:
         tls_options = tls_settings_from_options(cacert, cert, key)
         config = load_agent_config(config_file, {
             "coordinator": coordinator, "node_name": node_name, "host": host,
-            "cpu_devices": cpu_devices, "work_dir": work_dir, "warm_workers": warm_workers,
-            "compile_cache": compile_cache,
+            "cpu_devices": cpu_devices, "work_dir": work_dir, "memory_dir": memory_dir,
+            "warm_workers": warm_workers, "compile_cache": compile_cache,
             "tls": None if tls_options is None else tls_options.model_dump(),
         })
         tls = None

@@ -13,6 +13,10 @@ Per generation directory: rank_table.json, skips.json (the skip ledger at launch
 (rewritten when the coordinator asks for a checkpoint), one log per process and, after a hang, one
 <name>.stacks.txt per process.
 
+With a memory directory (agent/memory_snapshots.py) the workers snapshot their state into shared
+memory the agent owns: a Launch prepares it and names it to them (and the snapshot to resume from),
+heartbeats report the newest complete snapshot, a Stop for a completed job drops it.
+
 Progress comes from two sources. A rank that runs the trainer runtime sends datagrams
 (agent/progress_receiver.py); an unmodified script only prints, so `watch_output` reads what each
 worker appends to its log (agent/output_follower.py). Once a datagram arrived for a rank, its output
@@ -38,6 +42,7 @@ from agent.job_workdir import UnsafeJobPath, graceful_exit_path, job_workdir
 from agent.launch_policy import launch_refusal
 from agent.launcher import ProcessHandle, ProcessLauncher
 from agent.log_reader import describe_process, generation_dir, log_name, log_path, read_log_range
+from agent.memory_snapshots import MemoryDirError, MemorySnapshotDir, step_dir_name
 from agent.orphans import ProcessRegistry
 from agent.process_state import descends_from, os_state
 from agent.output_follower import OutputFollower
@@ -133,7 +138,7 @@ class Supervisor:
     def __init__(self, *, work_dir: Path, progress_socket: Path, report: Callable[[pb.AgentMessage], None],
                  launcher: ProcessLauncher, stack_dumper: StackDumper, clock: Clock,
                  allowed_entrypoints: Sequence[Sequence[str]], worker_user: WorkerUser | None = None,
-                 python: str = sys.executable) -> None:
+                 python: str = sys.executable, memory: MemorySnapshotDir | None = None) -> None:
         self._work_dir = work_dir
         self.progress_socket = progress_socket
         self._report = report
@@ -157,6 +162,7 @@ class Supervisor:
         self._graceful_exit_file = ""
         self._lock = asyncio.Lock()
         self._registry = ProcessRegistry(work_dir / "processes.json")
+        self.memory = memory  # where the workers' in-memory snapshots go (agent/memory_snapshots.py)
 
     def reap_orphans(self) -> int:
         """Kill processes a previous agent on this work dir left running (call before the first launch)."""
@@ -194,6 +200,7 @@ class Supervisor:
                 log.error("generation %d of job %s not launched: %s", launch.generation, launch.job_name, refusal)
             else:
                 pattern = self._progress_pattern(launch)
+                memory_env = self._memory_env(launch)
                 log.info("launching generation %d of job %s in %s: %d process(es)", launch.generation,
                          launch.job_name, workdir, len(launch.processes))
             for spec in launch.processes:
@@ -204,8 +211,30 @@ class Supervisor:
                     continue
                 env = {**os.environ, **dict(spec.env), "RANK_TABLE_FILE": str(rank_table),
                        "TRAINERD_PROGRESS_SOCKET": str(self.progress_socket),
-                       "TRAINERD_CONTROL_FILE": str(control), "TRAINERD_SKIPS_FILE": str(skips)}
+                       "TRAINERD_CONTROL_FILE": str(control), "TRAINERD_SKIPS_FILE": str(skips), **memory_env}
                 await self._start(managed, expand_argv(spec.argv, self._python), env, workdir, pattern)
+
+    def _memory_env(self, launch: pb.Launch) -> dict[str, str]:
+        """The in-memory snapshot variables for the workers: where snapshots go (TRAINERD_MEMORY_DIR,
+        prepared here) and, for a generation that resumes from one, its step directory here
+        (TRAINERD_RESUME_FROM). Without a usable memory directory the workers take no snapshots."""
+        env = dict(launch.processes[0].env) if launch.processes else {}
+        every, memory_step = env.get("TRAINERD_MEMORY_EVERY", ""), env.get("TRAINERD_RESUME_MEMORY_STEP", "")
+        if self.memory is None:
+            return {"TRAINERD_MEMORY_EVERY": "0"}
+        resume = env.get("TRAINERD_RESUME_STEP", "")
+        try:  # also without snapshots: those of an abandoned future must not be reported later
+            directory = self.memory.prepare(launch.job_name, int(resume) if resume.isdigit() else None)
+        except MemoryDirError as exc:
+            log.error("generation %d of job %s takes no in-memory snapshots: %s", launch.generation,
+                      launch.job_name, exc)
+            return {"TRAINERD_MEMORY_EVERY": "0"}
+        if every in ("", "0") and not memory_step:
+            return {"TRAINERD_MEMORY_EVERY": "0"}
+        memory_env = {"TRAINERD_MEMORY_DIR": str(directory)}
+        if memory_step.isdigit():
+            memory_env["TRAINERD_RESUME_FROM"] = str(directory / step_dir_name(int(memory_step)))
+        return memory_env
 
     async def _prepare_workdir(self, launch: pb.Launch) -> Path:
         """The generation's working directory, created, with no graceful-exit request left in it (a
@@ -316,6 +345,8 @@ class Supervisor:
             if stop.dump_stacks:
                 await self._dump_stacks()
             await self._stop_all(stop.grace_s)
+            if stop.job_completed and self.memory is not None:
+                self.memory.drop(self._job_name)
             self._report(pb.AgentMessage(stopped=pb.Stopped(generation=stop.generation)))
 
     async def _dump_stacks(self) -> None:
@@ -461,8 +492,13 @@ class Supervisor:
     def heartbeat(self) -> pb.Heartbeat:
         for rank in list(self._forwarding):
             self._flush_progress(rank)
-        return pb.Heartbeat(generation=self.generation, sent_at=self._clock.wall(),
-                            processes=[m.status() for m in self.processes.values()])
+        heartbeat = pb.Heartbeat(generation=self.generation, sent_at=self._clock.wall(),
+                                 processes=[m.status() for m in self.processes.values()])
+        snapshot = None if self.memory is None or not self._job_name else self.memory.newest(self._job_name)
+        if snapshot is not None:
+            heartbeat.memory_snapshot.CopyFrom(pb.MemorySnapshot(step=snapshot.step,
+                                                                 consumed_samples=snapshot.consumed_samples))
+        return heartbeat
 
     async def watch_output(self) -> None:
         """Read what the running workers append to their logs every OUTPUT_POLL_INTERVAL_S, until cancelled."""

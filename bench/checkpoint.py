@@ -11,9 +11,10 @@ Measurements are interleaved and repeated; each figure is a median. Every writer
 first runs once untimed: training saves every few hundred steps, the first save allocates host buffers.
 
 Printed: checksum speed (why crc32), save throughput (1 and 2 ranks writing at once), the time a
-training step is blocked by an asynchronous save (first save, then later ones), and the throughput of
-resharded loads 2->3 and 4->2: rank 0 loading the whole model (data parallel), and every rank loading its
-dim-0 shards (summed).
+training step is blocked by an asynchronous save (first save, then later ones) and by an in-memory
+snapshot (the same writer into tmpfs, --memory-dir; trainer/runtime/memory_snapshots.py), and the
+throughput of resharded loads 2->3 and 4->2: rank 0 loading the whole model (data parallel), and every
+rank loading its dim-0 shards (summed).
 
 Beside ours, when torch is installed (the `bench` extra, CPU torch): PyTorch Distributed Checkpoint (DCP) on
 the same tensors (torch.from_numpy, no copy), with its default FileSystemWriter/Reader, evicted from the page
@@ -24,7 +25,7 @@ after another, in one process: rank 0's whole model by DCP's single-process mode
 reads DCP plans for a DTensor rank holding them (its own resharding; only the exchange of plans between ranks
 is left out). Without torch the bench says so in one line and prints no DCP column.
 
-    .venv/bin/python bench/checkpoint.py [--gib 1] [--repeat 5] [--dir /tmp]
+    .venv/bin/python bench/checkpoint.py [--gib 1] [--repeat 5] [--dir /tmp] [--memory-dir /dev/shm]
 """
 
 from __future__ import annotations
@@ -375,17 +376,20 @@ def timed_dcp_save(root: Path, tensors: dict[str, np.ndarray], world_size: int) 
     return seconds
 
 
-def measure_async(work: Path, tensors: dict[str, np.ndarray], repeat: int) -> tuple[float, float]:
-    """How long save_async blocks: the first save (new host buffers), then the median of later ones."""
-    blocked = []
-    with CheckpointWriter(work / "async", 0, 1, keep=repeat + 2) as writer:
+def measure_async(root: Path, tensors: dict[str, np.ndarray], repeat: int,
+                  keep: int | None = None) -> tuple[float, float, float]:
+    """How long save_async blocks: the first save (new host buffers), then the median of later ones; and
+    the median time until the save committed (in the background). `keep`: retention (default: none)."""
+    blocked, committed = [], []
+    with CheckpointWriter(root, 0, 1, keep=keep or repeat + 2) as writer:
         for step in range(1, repeat + 2):
             started = time.perf_counter()
             writer.save_async(CheckpointMeta(step, step, 0), tensors)
             blocked.append(time.perf_counter() - started)
             writer.wait()
-    shutil.rmtree(work / "async")
-    return blocked[0], statistics.median(blocked[1:])
+            committed.append(time.perf_counter() - started)
+    shutil.rmtree(root)
+    return blocked[0], statistics.median(blocked[1:]), statistics.median(committed[1:])
 
 
 def measure_load(
@@ -443,11 +447,13 @@ def main() -> None:
     parser.add_argument("--gib", type=float, default=1.0, help="model size")
     parser.add_argument("--repeat", type=int, default=5, help="timed repetitions of each measurement")
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()), help="where to write")
+    parser.add_argument("--memory-dir", type=Path, default=Path("/dev/shm"), help="tmpfs for the snapshots")
     args = parser.parse_args()
 
     tensors, _arena = make_model(args.gib)
     payload = sum(a.nbytes for a in tensors.values())
     work = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir))
+    memory = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.memory_dir))
     print(f"payload {payload / (1 << 30):.2f} GiB in {len(tensors)} tensors, under {work}, "
           f"{os.cpu_count()} cores, medians of {args.repeat}")
     touched = warm_up_memory(4 * payload)
@@ -460,7 +466,9 @@ def main() -> None:
         print(f"DCP baseline: torch {torch.__version__} torch.distributed.checkpoint, default FileSystemWriter/Reader")
     try:
         sync_save = measure_saves(work, tensors, args.repeat, report)
-        first, steady = measure_async(work, tensors, args.repeat)
+        first, steady, _ = measure_async(work / "async", tensors, args.repeat)
+        # As the workers take them: retention keeps 1 (MEMORY_KEEP), the tmpfs holds at most 2 copies.
+        memory_first, memory_steady, memory_committed = measure_async(memory / "snapshots", tensors, args.repeat, 1)
         for source, target in ((2, 3), (4, 2)):
             measure_load(work, tensors, source, target, args.repeat, report)
         report.print()
@@ -468,8 +476,14 @@ def main() -> None:
             f"async save blocks the step: first save {first * 1e3:.0f} ms (allocates its host buffers), then "
             f"{steady * 1e3:.0f} ms = {steady / sync_save:.1%} of a synchronous save ({sync_save * 1e3:.0f} ms)"
         )
+        print(
+            f"in-memory snapshot ({memory}) blocks the step: first {memory_first * 1e3:.0f} ms, then "
+            f"{memory_steady * 1e3:.0f} ms = {memory_steady / sync_save:.1%} of a synchronous save; "
+            f"committed in the background {memory_committed * 1e3:.0f} ms after it began"
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(memory, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from daemon.config import JobSettings
 from daemon.errors import PermanentError, RetryableError
 from daemon.events import EVENTS_PAGE, Event, EventLog
 from daemon.job.controller import ClusterFacts, CommandRefused, JobController, JobView
-from daemon.job.observation import SkippedBatch, ProcessReport, ProgressReport
+from daemon.job.observation import MemorySnapshot, SkippedBatch, ProcessReport, ProgressReport
 from daemon.job.skip_ledger import SkipEntry, checked
 from daemon.job.state import GenerationRecord
 from daemon.job.placement import NodeOffer
@@ -354,14 +354,16 @@ class Coordinator:
     def session_count(self) -> int:
         return len(self._sessions)
 
-    def heartbeat(self, session: AgentSession, generation: int, handled_minus_sent_s: float | None = None) -> None:
-        """`handled_minus_sent_s`: now by our wall clock minus the heartbeat's `sent_at` by the agent's."""
+    def heartbeat(self, session: AgentSession, generation: int, handled_minus_sent_s: float | None = None,
+                  memory: MemorySnapshot | None = None) -> None:
+        """`handled_minus_sent_s`: now by our wall clock minus the heartbeat's `sent_at` by the agent's;
+        `memory`: the newest in-memory snapshot the agent holds."""
         if not session.closed.is_set():
             self._liveness.heard_from(session.node)
             if handled_minus_sent_s is not None:
                 self._read_lag.observe(session, handled_minus_sent_s)
             if self.job is not None:
-                self.job.heartbeat(session.node, generation)
+                self.job.heartbeat(session.node, generation, memory)
 
     def _send_to_node(self, node: str, command: object) -> bool:
         session = self._sessions.get(node)

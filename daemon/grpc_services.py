@@ -39,7 +39,7 @@ from daemon.job.commands import (
 from daemon.events import EVENTS_PAGE
 from daemon.log_relay import MAX_LOG_READ_BYTES, LogChunk
 from daemon.job.goodput import Phase
-from daemon.job.observation import SkippedBatch, ProcessReport, ProgressReport, RootCause
+from daemon.job.observation import MemorySnapshot, SkippedBatch, ProcessReport, ProgressReport, RootCause
 from daemon.membership import DeviceInfo
 from daemon.node_checks import NodeCheckCommand
 from daemon.message_checks import MAX_RANK, MalformedMessage
@@ -123,6 +123,9 @@ def job_to_proto(job: JobView) -> pb.JobStatus:
             setattr(phases, f"{phase}_s", seconds)
         if recovery.resumed_from_step is not None:
             phases.resumed_from_step = recovery.resumed_from_step
+        phases.resumed_from = recovery.resumed_from
+        if recovery.lost_steps is not None:
+            phases.lost_steps = recovery.lost_steps
         status.last_recovery.CopyFrom(phases)
     if job.goodput is not None:
         goodput = job.goodput
@@ -200,7 +203,8 @@ def command_to_proto(command: object) -> pb.CoordinatorMessage:
         ))
     if isinstance(command, StopCommand):
         return pb.CoordinatorMessage(stop=pb.Stop(generation=command.generation, grace_s=command.grace_s,
-                                                  reason=command.reason, dump_stacks=command.dump_stacks))
+                                                  reason=command.reason, dump_stacks=command.dump_stacks,
+                                                  job_completed=command.job_completed))
     if isinstance(command, RequestExitCommand):
         return pb.CoordinatorMessage(request_exit=pb.RequestExit(generation=command.generation))
     if isinstance(command, ReadLogCommand):
@@ -323,7 +327,12 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             sent_at = check.finite(heartbeat.sent_at, "sent_at")
             reports = [process_status_report(node, status) for status in heartbeat.processes]
             lag = time.time() - sent_at if sent_at > 0 else None
-            coordinator.heartbeat(session, generation, lag)
+            memory = None
+            if heartbeat.HasField("memory_snapshot"):
+                snapshot = heartbeat.memory_snapshot
+                memory = MemorySnapshot(check.step(snapshot.step, "memory snapshot step"),
+                                        check.sample_position(snapshot.consumed_samples, "consumed_samples"))
+            coordinator.heartbeat(session, generation, lag, memory)
             metrics.HEARTBEATS.inc()
             if lag is not None:
                 metrics.HEARTBEAT_LAG.observe(max(0.0, lag))

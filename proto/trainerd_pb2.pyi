@@ -65,16 +65,26 @@ class ProcessStatus(_message.Message):
     def __init__(self, role: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[ProcessState, str]] = ..., step: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., expected: _Optional[bool] = ..., os_state: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("sequence", "generation", "processes", "sent_at")
+    __slots__ = ("sequence", "generation", "processes", "sent_at", "memory_snapshot")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     generation: int
     processes: _containers.RepeatedCompositeFieldContainer[ProcessStatus]
     sent_at: float
-    def __init__(self, sequence: _Optional[int] = ..., generation: _Optional[int] = ..., processes: _Optional[_Iterable[_Union[ProcessStatus, _Mapping]]] = ..., sent_at: _Optional[float] = ...) -> None: ...
+    memory_snapshot: MemorySnapshot
+    def __init__(self, sequence: _Optional[int] = ..., generation: _Optional[int] = ..., processes: _Optional[_Iterable[_Union[ProcessStatus, _Mapping]]] = ..., sent_at: _Optional[float] = ..., memory_snapshot: _Optional[_Union[MemorySnapshot, _Mapping]] = ...) -> None: ...
+
+class MemorySnapshot(_message.Message):
+    __slots__ = ("step", "consumed_samples")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    CONSUMED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    consumed_samples: int
+    def __init__(self, step: _Optional[int] = ..., consumed_samples: _Optional[int] = ...) -> None: ...
 
 class ProcessExited(_message.Message):
     __slots__ = ("generation", "role", "rank", "pid", "exit_code", "signal", "log_tail", "expected", "cause")
@@ -332,16 +342,18 @@ class Launch(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., job_name: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[ProcessSpec, _Mapping]]] = ..., rank_table_json: _Optional[str] = ..., checkpoint_path: _Optional[str] = ..., skips: _Optional[_Iterable[_Union[SampleRange, _Mapping]]] = ..., workdir: _Optional[str] = ..., graceful_exit_file: _Optional[str] = ..., progress_pattern: _Optional[str] = ...) -> None: ...
 
 class Stop(_message.Message):
-    __slots__ = ("generation", "grace_s", "reason", "dump_stacks")
+    __slots__ = ("generation", "grace_s", "reason", "dump_stacks", "job_completed")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     GRACE_S_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     DUMP_STACKS_FIELD_NUMBER: _ClassVar[int]
+    JOB_COMPLETED_FIELD_NUMBER: _ClassVar[int]
     generation: int
     grace_s: float
     reason: str
     dump_stacks: bool
-    def __init__(self, generation: _Optional[int] = ..., grace_s: _Optional[float] = ..., reason: _Optional[str] = ..., dump_stacks: _Optional[bool] = ...) -> None: ...
+    job_completed: bool
+    def __init__(self, generation: _Optional[int] = ..., grace_s: _Optional[float] = ..., reason: _Optional[str] = ..., dump_stacks: _Optional[bool] = ..., job_completed: _Optional[bool] = ...) -> None: ...
 
 class RequestExit(_message.Message):
     __slots__ = ("generation",)
@@ -584,20 +596,24 @@ class Failure(_message.Message):
     def __init__(self, cause: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., message: _Optional[str] = ..., location: _Optional[str] = ...) -> None: ...
 
 class RecoveryPhases(_message.Message):
-    __slots__ = ("cause", "stop_s", "relaunch_s", "first_step_s", "total_s", "resumed_from_step")
+    __slots__ = ("cause", "stop_s", "relaunch_s", "first_step_s", "total_s", "resumed_from_step", "resumed_from", "lost_steps")
     CAUSE_FIELD_NUMBER: _ClassVar[int]
     STOP_S_FIELD_NUMBER: _ClassVar[int]
     RELAUNCH_S_FIELD_NUMBER: _ClassVar[int]
     FIRST_STEP_S_FIELD_NUMBER: _ClassVar[int]
     TOTAL_S_FIELD_NUMBER: _ClassVar[int]
     RESUMED_FROM_STEP_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FROM_FIELD_NUMBER: _ClassVar[int]
+    LOST_STEPS_FIELD_NUMBER: _ClassVar[int]
     cause: str
     stop_s: float
     relaunch_s: float
     first_step_s: float
     total_s: float
     resumed_from_step: int
-    def __init__(self, cause: _Optional[str] = ..., stop_s: _Optional[float] = ..., relaunch_s: _Optional[float] = ..., first_step_s: _Optional[float] = ..., total_s: _Optional[float] = ..., resumed_from_step: _Optional[int] = ...) -> None: ...
+    resumed_from: str
+    lost_steps: int
+    def __init__(self, cause: _Optional[str] = ..., stop_s: _Optional[float] = ..., relaunch_s: _Optional[float] = ..., first_step_s: _Optional[float] = ..., total_s: _Optional[float] = ..., resumed_from_step: _Optional[int] = ..., resumed_from: _Optional[str] = ..., lost_steps: _Optional[int] = ...) -> None: ...
 
 class Goodput(_message.Message):
     __slots__ = ("ratio", "wall_s", "productive_s", "lost_work_s", "detection_s", "relaunch_s", "startup_s", "checkpoint_stall_s", "waiting_s", "paused_s")

@@ -3,8 +3,10 @@ its own process group and a hard kill at teardown."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -60,6 +62,8 @@ class Processes:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._all: list[Proc] = []
+        # The agents' in-memory snapshots: on tmpfs, one directory per agent, removed at teardown.
+        self.memory_root = Path("/dev/shm") / f"trainerd-test-{hashlib.sha256(str(root).encode()).hexdigest()[:12]}"
 
     def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
         proc = Proc(argv, self.root / "logs" / f"{name}.log", env)
@@ -79,7 +83,7 @@ class Processes:
         return self.start(node_name, [
             str(BIN / "trainerd-agent"), "--coordinator", coordinator, "--node-name", node_name,
             "--cpu-devices", str(cpu_devices), "--work-dir", str(self.root / "agents" / node_name),
-            "--log-level", "DEBUG",
+            "--memory-dir", str(self.memory_root / node_name), "--log-level", "DEBUG",
         ], env)
 
     def cleanup(self) -> None:
@@ -100,6 +104,7 @@ class Processes:
                 os.killpg(leftover.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 leftover.kill()
+        shutil.rmtree(self.memory_root, ignore_errors=True)
 
     def logs(self) -> str:
         return "\n".join(f"===== {p.log_path.name}\n{p.log()[-4000:]}" for p in self._all)

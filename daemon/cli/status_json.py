@@ -40,6 +40,7 @@ RECOVERY_PHASES = ("stop", "relaunch", "first_step", "total")
 
 def _recovery_to_json(recovery: pb.RecoveryPhases) -> dict:
     return {"cause": recovery.cause, "resumed_from_step": _optional(recovery, "resumed_from_step"),
+            "resumed_from": recovery.resumed_from or None, "lost_steps": _optional(recovery, "lost_steps"),
             **{f"{phase}_s": _optional(recovery, f"{phase}_s") for phase in RECOVERY_PHASES}}
 
 

@@ -413,8 +413,10 @@ def print_status(data: dict) -> None:
     if recovery is not None:
         phases = "  ".join(f"{phase} {recovery[phase + '_s']:.2f}s" for phase in RECOVERY_PHASES
                            if recovery[phase + "_s"] is not None)
-        console.print(f"last recovery ({recovery['cause']}, from step {_or_dash(recovery['resumed_from_step'])}): "
-                      f"{phases or 'in progress'}")
+        source = f" ({recovery['resumed_from']})" if recovery["resumed_from"] else ""
+        lost = "" if recovery["lost_steps"] is None else f", {recovery['lost_steps']} steps lost"
+        console.print(f"last recovery ({recovery['cause']}, from step {_or_dash(recovery['resumed_from_step'])}"
+                      f"{source}{lost}): {phases or 'in progress'}")
     goodput = job["goodput"]
     if goodput is not None:
         spent = "  ".join(f"{phase.replace('_', ' ')} {goodput['phases'][phase + '_s']:.1f}s"

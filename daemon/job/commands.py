@@ -26,6 +26,7 @@ class StopCommand:
     grace_s: float
     reason: str
     dump_stacks: bool = False  # a hang: every process's Python stack goes into its log before the kill
+    job_completed: bool = False  # the agents drop the job's in-memory snapshots
 
 
 @dataclass(frozen=True)

@@ -46,11 +46,17 @@ from daemon.job.decide import (
     record_after_checkpoint,
 )
 from daemon.job.launch_plan import node_processes, scheduler_port
-from daemon.job.observation import SkippedBatch, GenerationObservation, ProcessReport, ProgressReport
+from daemon.job.observation import (
+    GenerationObservation,
+    MemorySnapshot,
+    ProcessReport,
+    ProgressReport,
+    SkippedBatch,
+)
 from daemon.job.placement import NodeOffer
 from daemon.job.rank_table import rank_table_json
 from daemon.job.skip_ledger import BadRange, SkipEntry, SkipLedger, checked
-from daemon.job.state import Failure, GenerationRecord, JobRecord, ResumePoint
+from daemon.job.state import Failure, GenerationRecord, JobRecord, ResumePoint, ResumeSource
 from daemon.job.timeline import RecoveryTimeline
 from daemon.leader import LeadershipLost
 from daemon.rate_limited_log import RateLimitedLog
@@ -153,6 +159,7 @@ class JobController:
         self._unrecorded_checkpoints: list[CheckpointEntry] = []
         self._unrecorded_failed_saves: deque[FailedSave] = deque()
         self.recovery: RecoveryTimeline | None = None
+        self._bad_memory_steps: set[int] = set()  # in-memory snapshots a generation could not load
         self._dropped = RateLimitedLog(log, clock)
         self._goodput_store = FencedCache(store, keys.job_goodput(spec.name), _saved_goodput)
         self.goodput = GoodputAccountant(clock)
@@ -246,11 +253,18 @@ class JobController:
         self._note_idle(observation)
         return before is None or before.running != report.running
 
-    def heartbeat(self, node: str, generation: int) -> None:
+    def heartbeat(self, node: str, generation: int, memory: MemorySnapshot | None = None) -> None:
+        """`memory`: the newest in-memory snapshot the node's agent holds; counted only once the agent
+        runs the current generation (at its Launch it dropped those of an abandoned future)."""
         observation = self.observation
         if observation is not None:
             observation.agent_generation[node] = generation
             observation.heard_at[node] = self._clock.now()
+            if generation == observation.number:
+                if memory is None:
+                    observation.memory_snapshots.pop(node, None)
+                else:
+                    observation.memory_snapshots[node] = memory
             self._note_idle(observation)
 
     def progress_report(self, generation: int, node: str, report: ProgressReport) -> None:
@@ -322,7 +336,7 @@ class JobController:
         world = JobWorld(self.spec, self.record, self.generation, self.observation, tuple(facts.offers),
                          frozenset(facts.disconnected), frozenset(facts.lost), frozenset(facts.drained),
                          self.catalog.entries(), self.ledger.ranges(), self._placeable_since,
-                         self._checkpoint_request, now, self._exit_request)
+                         self._checkpoint_request, now, self._exit_request, frozenset(self._bad_memory_steps))
         for action in decide(world):
             match action:
                 case NotePlaceableSince():
@@ -333,7 +347,7 @@ class JobController:
                 case CommitRecord():
                     await self._commit(action, fence)
                 case StopGeneration():
-                    self._stop(action.reason, action.dump_stacks)
+                    self._stop(action.reason, action.dump_stacks, action.job_completed)
                 case LaunchGeneration():
                     await self._launch(action, fence)
                 case RequestCheckpoint():
@@ -341,7 +355,13 @@ class JobController:
                 case RequestExit():
                     self._request_exit(action)
                 case MarkCheckpointBad():
-                    await self.catalog.mark_bad(action.step, action.problem, fence)
+                    resume = None if self.generation is None else self.generation.resume
+                    if resume is not None and resume.source is ResumeSource.MEMORY and resume.step == action.step:
+                        log.error("job %s: the in-memory snapshot of step %d could not be loaded; it is not "
+                                  "used again: %s", self.spec.name, action.step, action.problem)
+                        self._bad_memory_steps.add(action.step)
+                    else:
+                        await self.catalog.mark_bad(action.step, action.problem, fence)
                 case AddSkip():
                     try:
                         entry = checked(action.start, action.end, action.reason, action.step, self.record.generation)
@@ -423,7 +443,7 @@ class JobController:
 
     async def _launch(self, action: LaunchGeneration, fence: Fence) -> None:
         placement, checkpoint, number = action.placement, action.checkpoint, action.record.generation
-        if checkpoint is not None and not inside_root(self.spec.checkpoint.dir, checkpoint.path):
+        if isinstance(checkpoint, CheckpointEntry) and not inside_root(self.spec.checkpoint.dir, checkpoint.path):
             # Recorded before job.checkpoint.dir moved, or written into etcd by hand: the next pass
             # chooses another.
             problem = f"{checkpoint.path} is not inside job.checkpoint.dir {self.spec.checkpoint.dir}"
@@ -431,8 +451,12 @@ class JobController:
                       checkpoint.step, problem)
             await self.catalog.mark_bad(checkpoint.step, problem, fence)
             return
-        resume = None if checkpoint is None else ResumePoint(checkpoint.step, checkpoint.consumed_samples,
-                                                             checkpoint.path)
+        if checkpoint is None:
+            resume = None
+        elif isinstance(checkpoint, MemorySnapshot):
+            resume = ResumePoint(checkpoint.step, checkpoint.consumed_samples, "", ResumeSource.MEMORY)
+        else:
+            resume = ResumePoint(checkpoint.step, checkpoint.consumed_samples, checkpoint.path)
         generation = GenerationRecord(number, placement, scheduler_port(self.spec, number),
                                       rank_table_json(placement), resume)
         key = keys.generation(self.spec.name, number)
@@ -448,18 +472,26 @@ class JobController:
             self.recovery.stopped_at = stopped_at if stopped_at is not None else now
             self.recovery.launched_at = now
             self.recovery.resumed_from_step = generation.start_step
+            self.recovery.resumed_from = "" if resume is None else resume.source.value
+            reached = None if previous is None else previous.max_step()
+            self.recovery.lost_steps = None if reached is None else max(0, reached - generation.start_step)
         self.generation = generation
         self.observation = GenerationObservation(number, started_at=now)
         self._checkpoint_request = None
         self._exit_request = None
         self._account()
-        where = "from scratch" if resume is None else f"from the checkpoint at step {resume.step}"
+        if resume is None:
+            where = "from scratch"
+        elif resume.source is ResumeSource.MEMORY:
+            where = f"from the in-memory snapshot at step {resume.step} held by {', '.join(placement.nodes)}"
+        else:
+            where = f"from the checkpoint at step {resume.step}"
         await self._events.append(
             "generation_started",
             f"job {self.spec.name}: generation {number} on {len(placement.nodes)} node(s), world size "
             f"{placement.world_size}, gradient accumulation {placement.grad_accum}, {where}", fence,
             generation=number, nodes=placement.nodes, world_size=placement.world_size,
-            resume_step=generation.start_step)
+            resume_step=generation.start_step, resumed_from="" if resume is None else resume.source.value)
         self._resend_launches()
 
     def _resend_launches(self) -> None:
@@ -467,7 +499,8 @@ class JobController:
         generation, observation = self.generation, self.observation
         if generation is None or observation is None or self.record.between_generations:
             return
-        if generation.resume is not None and not inside_root(self.spec.checkpoint.dir, generation.resume.path):
+        if (generation.resume is not None and generation.resume.source is ResumeSource.DISK
+                and not inside_root(self.spec.checkpoint.dir, generation.resume.path)):
             raise CheckpointOutsideRoot(
                 f"job {self.spec.name}: generation {generation.number} resumes from {generation.resume.path}, "
                 f"outside job.checkpoint.dir {self.spec.checkpoint.dir}; it is not launched")
@@ -485,7 +518,7 @@ class JobController:
             if self._send(node, command):
                 observation.launched.add(node)
 
-    def _stop(self, reason: str, dump_stacks: bool = False) -> None:
+    def _stop(self, reason: str, dump_stacks: bool = False, job_completed: bool = False) -> None:
         generation, observation = self.generation, self.observation
         if generation is None or observation is None:
             return
@@ -493,7 +526,8 @@ class JobController:
             observation.stop_decided_at = self._clock.now()
         nodes = [n for n in generation.placement.nodes if n not in observation.stop_sent]
         for node in nodes:
-            if self._send(node, StopCommand(generation.number, self.spec.stop_grace_s, reason, dump_stacks)):
+            if self._send(node, StopCommand(generation.number, self.spec.stop_grace_s, reason, dump_stacks,
+                                            job_completed)):
                 observation.stop_sent[node] = self._clock.now()
         if nodes:
             log.info("job %s: stopping generation %d on %s%s: %s", self.spec.name, generation.number,

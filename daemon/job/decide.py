@@ -17,7 +17,8 @@ A job's life, in the terms of the durable record (daemon/job/state.py):
   script's graceful exit, else at once. The stop is committed first (`stopped_generation`), then sent;
 - between generations: wait until every node confirmed the stop (or the stop grace passed: the
   silent ones are left out), wait out the crash backoff, then launch the next generation on the
-  largest valid world, from the newest good checkpoint; WAITING while no valid world exists.
+  largest valid world, from the newest good checkpoint (or a newer in-memory snapshot every node of
+  the new placement holds); WAITING while no valid world exists.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 
 from daemon.config import JobSettings
 from daemon.job.catalog import CheckpointEntry
-from daemon.job.observation import GenerationObservation, ProcessReport
+from daemon.job.observation import GenerationObservation, MemorySnapshot, ProcessReport
 from daemon.job.placement import NodeOffer, Placement, place
 from daemon.job.state import Failure, FailureCause, GenerationRecord, JobRecord
 from proto.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
@@ -68,6 +69,7 @@ class StopGeneration:
 
     reason: str
     dump_stacks: bool = False  # a hang: every process's Python stack goes into its log before the kill
+    job_completed: bool = False  # the job is COMPLETED: the agents drop its in-memory snapshots
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,7 @@ class LaunchGeneration:
     """Write the generation, then `record` (which names it), then send Launch to its nodes."""
 
     placement: Placement
-    checkpoint: CheckpointEntry | None  # None: from scratch
+    checkpoint: CheckpointEntry | MemorySnapshot | None  # None: from scratch
     record: JobRecord
 
 
@@ -168,6 +170,8 @@ class JobWorld:
     checkpoint_request: CheckpointRequest | None
     now: float
     exit_request: ExitRequest | None = None
+    # In-memory snapshots a generation failed to resume from: never chosen again.
+    bad_memory_steps: frozenset[int] = frozenset()
 
 
 def decide(world: JobWorld) -> list[Action]:
@@ -272,7 +276,8 @@ def _first_launch(world: JobWorld) -> list[Action]:
     return [_launch(world, placement, checkpoint if isinstance(checkpoint, CheckpointEntry) else None)]
 
 
-def _launch(world: JobWorld, placement: Placement, checkpoint: CheckpointEntry | None) -> LaunchGeneration:
+def _launch(world: JobWorld, placement: Placement,
+            checkpoint: CheckpointEntry | MemorySnapshot | None) -> LaunchGeneration:
     """The next generation; the job stays PENDING until the first one runs, a relaunch is RECOVERING."""
     record = world.record
     state = JobState.PENDING if record.state is JobState.PENDING else JobState.RECOVERING
@@ -292,7 +297,7 @@ def _watch_generation(world: JobWorld) -> list[Action]:
     if every_rank_finished:
         done = record.moved_to(JobState.COMPLETED, stopped_generation=generation.number)
         return [CommitRecord(done, "job_completed", f"job {world.spec.name} is COMPLETED"),
-                StopGeneration("every rank finished")]
+                StopGeneration("every rank finished", job_completed=True)]
     failure = _failure(world)
     if failure is not None:
         return _end_generation(world, failure)
@@ -591,11 +596,31 @@ def _relaunch(world: JobWorld) -> list[Action]:
             actions.append(CommitRecord(record.moved_to(JobState.WAITING), "job_waiting",
                                         f"job {spec.name} is WAITING: {_shortage(world)}"))
         return actions
-    checkpoint = _choose_checkpoint(world)
+    checkpoint = _choose_checkpoint(world, placement)
     if isinstance(checkpoint, str):
         failed = record.moved_to(JobState.FAILED, last_failure=Failure(FailureCause.CHECKPOINT_UNREADABLE, checkpoint))
         return actions + [CommitRecord(failed, "job_failed", f"job {spec.name} is FAILED: {checkpoint}")]
     return actions + [_launch(world, placement, checkpoint)]
+
+
+def _memory_snapshot(world: JobWorld, placement: Placement | None) -> MemorySnapshot | None:
+    """The in-memory snapshot every node of `placement` reports holding, when they all report the same
+    one: each worker then reads it from its own host's memory. In this slice a snapshot is complete only
+    in the memory of a one-host generation (every rank's files and the manifest in one place), so the
+    relaunch must be on that host; copies between agents (issue 15 item 2) would lift that. None after a
+    rollback for bad batches (a snapshot may hold the steps being rolled back), or for a snapshot that
+    failed to load."""
+    observation = world.observation
+    failure = world.record.last_failure
+    if placement is None or observation is None or (failure is not None and failure.cause is FailureCause.BAD_BATCHES):
+        return None
+    held = {observation.memory_snapshots.get(node) for node in placement.nodes}
+    if len(held) != 1:
+        return None
+    snapshot = held.pop()
+    if snapshot is None or snapshot.step in world.bad_memory_steps:
+        return None
+    return snapshot
 
 
 def _shortage(world: JobWorld) -> str:
@@ -606,8 +631,10 @@ def _shortage(world: JobWorld) -> str:
             f"node(s) and a world size in {spec.allowed_world_sizes()}")
 
 
-def _choose_checkpoint(world: JobWorld) -> CheckpointEntry | None | str:
-    """The checkpoint to start from: the operator's choice, else the newest good one; None: from
+def _choose_checkpoint(world: JobWorld,
+                       placement: Placement | None = None) -> CheckpointEntry | MemorySnapshot | None | str:
+    """The checkpoint to start from: the operator's choice, else an in-memory snapshot newer than the
+    newest good checkpoint that the nodes of `placement` hold, else the newest good one; None: from
     scratch; a string: why there is none although the job has saved some (never silently restart
     a long job from step 0 because its checkpoints cannot be read)."""
     good = [c for c in world.catalog if c.good]
@@ -616,6 +643,10 @@ def _choose_checkpoint(world: JobWorld) -> CheckpointEntry | None | str:
         chosen = [c for c in good if c.step == wanted]
         if chosen:
             return chosen[0]
+    else:
+        snapshot = _memory_snapshot(world, placement)
+        if snapshot is not None and (not good or snapshot.step > good[-1].step):
+            return snapshot
     if good:
         return good[-1]
     unreadable = [c for c in world.catalog if c.problem]

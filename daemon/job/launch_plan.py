@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from daemon.config import JobSettings
 from daemon.job.placement import Placement
-from daemon.job.state import ResumePoint
+from daemon.job.state import ResumePoint, ResumeSource
 from proto.vocabulary import ProcessRole
 
 SCHEDULER_RANK = -1
@@ -45,6 +45,7 @@ def scheduler_port(spec: JobSettings, generation: int) -> int:
 
 def _common_env(spec: JobSettings, placement: Placement, generation: int,
                 resume: ResumePoint | None) -> dict[str, str]:
+    memory_step = str(resume.step) if resume is not None and resume.source is ResumeSource.MEMORY else ""
     env = {
         **DEFAULT_ENV,
         **spec.env,
@@ -57,7 +58,11 @@ def _common_env(spec: JobSettings, placement: Placement, generation: int,
         "TRAINERD_CHECKPOINT_DIR": spec.checkpoint.dir or "",
         "TRAINERD_CHECKPOINT_EVERY": str(spec.checkpoint.every_steps),
         "TRAINERD_CHECKPOINT_KEEP": str(spec.checkpoint.keep),
+        # An in-memory snapshot has no path here: each agent names its own copy (agent/memory_snapshots.py).
         "TRAINERD_RESUME_FROM": "" if resume is None else resume.path,
+        "TRAINERD_RESUME_MEMORY_STEP": memory_step,
+        # Snapshots need every rank's files in one shared memory: only a one-host generation takes them.
+        "TRAINERD_MEMORY_EVERY": str(spec.checkpoint.memory_every_steps if len(placement.nodes) == 1 else 0),
         # What the checkpoint stands for, for runners that resume by their own settings (MindFormers'
         # data_skip_steps); trainerd's own checkpoints carry both in their manifest.
         "TRAINERD_RESUME_STEP": "" if resume is None else str(resume.step),

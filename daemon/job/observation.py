@@ -130,6 +130,14 @@ def _remember(steps: set[int] | dict[int, SkippedBatch]) -> None:
             del steps[oldest]
 
 
+@dataclass(frozen=True)
+class MemorySnapshot:
+    """A complete in-memory snapshot an agent holds of the job (agent/memory_snapshots.py)."""
+
+    step: int
+    consumed_samples: int
+
+
 @dataclass
 class GenerationObservation:
     number: int
@@ -142,6 +150,8 @@ class GenerationObservation:
     agent_generation: dict[str, int] = field(default_factory=dict)  # from each node's last heartbeat
     heard_at: dict[str, float] = field(default_factory=dict)  # when each node's last heartbeat arrived
     checkpoints: set[int] = field(default_factory=set)  # steps this generation committed
+    # The newest complete in-memory snapshot each node's agent reports holding (from its heartbeats).
+    memory_snapshots: dict[str, MemorySnapshot] = field(default_factory=dict)
     failed_checkpoints: set[int] = field(default_factory=set)  # steps whose save a rank reported failed
     bad_batches: dict[int, SkippedBatch] = field(default_factory=dict)  # by step
     last_progress_at: float | None = None  # the newest step of any rank; None: no progress yet

@@ -135,6 +135,11 @@ class JobRecord:
                    None if resume_from is None else int(resume_from), int(data.get("exit_requested_generation", 0)))
 
 
+class ResumeSource(StrEnum):
+    DISK = "disk"  # a checkpoint of the catalog, at `path`
+    MEMORY = "memory"  # an in-memory snapshot the generation's agents hold (no path: each agent knows its own)
+
+
 @dataclass(frozen=True)
 class ResumePoint:
     """The checkpoint a generation starts from (None in GenerationRecord: from scratch)."""
@@ -142,13 +147,16 @@ class ResumePoint:
     step: int
     consumed_samples: int
     path: str
+    source: ResumeSource = ResumeSource.DISK
 
     def to_json(self) -> dict:
-        return {"step": self.step, "consumed_samples": self.consumed_samples, "path": self.path}
+        return {"step": self.step, "consumed_samples": self.consumed_samples, "path": self.path,
+                "source": self.source.value}
 
     @classmethod
     def from_json(cls, data: dict) -> "ResumePoint":
-        return cls(int(data["step"]), int(data["consumed_samples"]), str(data["path"]))
+        return cls(int(data["step"]), int(data["consumed_samples"]), str(data["path"]),
+                   ResumeSource(data.get("source", ResumeSource.DISK.value)))
 
 
 @dataclass(frozen=True)

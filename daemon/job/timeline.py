@@ -2,6 +2,7 @@
 
 stop: the stop decided -> every node idle (or left out after the grace); relaunch: -> the Launch
 sent (includes the crash backoff and any WAITING); first_step: -> every rank reported a step.
+Beside the phases: what the relaunch resumed from, and how many steps that threw away.
 Kept in memory: a recovery that spans a leader change is timed from the takeover.
 """
 
@@ -18,6 +19,8 @@ class RecoveryTimeline:
     launched_at: float | None = None
     running_at: float | None = None
     resumed_from_step: int | None = None
+    resumed_from: str = ""  # "memory" or "disk" (daemon.job.state.ResumeSource); "": from scratch
+    lost_steps: int | None = None  # the failed generation's furthest step minus resumed_from_step
 
     def phases(self) -> dict[str, float]:
         """Seconds per finished phase."""

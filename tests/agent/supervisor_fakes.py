@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.memory_snapshots import MemorySnapshotDir
 from agent.supervisor import Supervisor
 from agent.worker_user import WorkerUser
 from common.clock import FakeClock
@@ -124,7 +125,7 @@ class Host:
     """One supervisor with its fakes and every report it sent."""
 
     def __init__(self, work_dir: Path, allowed_entrypoints: Sequence[Sequence[str]] = (("{python}",),),
-                 worker_user: WorkerUser | None = None) -> None:
+                 worker_user: WorkerUser | None = None, memory: MemorySnapshotDir | None = None) -> None:
         self.work_dir = work_dir
         self.clock = FakeClock(start=START)
         self.launcher = FakeLauncher(self.clock)
@@ -133,7 +134,8 @@ class Host:
         self.supervisor = Supervisor(work_dir=work_dir, progress_socket=work_dir / "progress.sock",
                                      report=self.reports.append, launcher=self.launcher,
                                      stack_dumper=self.dumper, clock=self.clock,
-                                     allowed_entrypoints=allowed_entrypoints, worker_user=worker_user, python=PYTHON)
+                                     allowed_entrypoints=allowed_entrypoints, worker_user=worker_user, python=PYTHON,
+                                     memory=memory)
 
     def progress(self, message: ProgressMessage) -> None:
         """A progress datagram from the process of its rank."""

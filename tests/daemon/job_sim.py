@@ -11,7 +11,7 @@ from common.clock import FakeClock
 from daemon.config import JobSettings
 from daemon.coordinator import AgentHello, AgentSession, Coordinator
 from daemon.job.commands import CheckpointNowCommand, LaunchCommand, RequestExitCommand, StopCommand
-from daemon.job.observation import SkippedBatch, ProcessReport, ProgressReport, RootCause
+from daemon.job.observation import MemorySnapshot, SkippedBatch, ProcessReport, ProgressReport, RootCause
 from daemon.leader import LeaderRecord
 from daemon.membership import DeviceInfo
 from daemon.store.memory import InMemoryStore
@@ -38,6 +38,7 @@ class SimAgent:
     token: str = ""
     commands: list[object] = field(default_factory=list)
     generation: int = 0
+    memory: MemorySnapshot | None = None  # the in-memory snapshot its heartbeats report
 
     def launches(self) -> list[LaunchCommand]:
         return [c for c in self.commands if isinstance(c, LaunchCommand)]
@@ -99,7 +100,7 @@ class SimCluster:
         self.clock.advance(seconds)
         for agent in self.agents.values():
             if agent.session is not None and not agent.session.closed.is_set():
-                self.coordinator.heartbeat(agent.session, agent.generation)
+                self.coordinator.heartbeat(agent.session, agent.generation, memory=agent.memory)
         await self.coordinator.tick()
         await asyncio.sleep(0)
 

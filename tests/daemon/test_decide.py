@@ -27,9 +27,16 @@ from daemon.job.decide import (
     decide,
     record_after_checkpoint,
 )
-from daemon.job.observation import SkippedBatch, GenerationObservation, ProcessReport, ProgressReport, RootCause
+from daemon.job.observation import (
+    GenerationObservation,
+    MemorySnapshot,
+    ProcessReport,
+    ProgressReport,
+    RootCause,
+    SkippedBatch,
+)
 from daemon.job.placement import NodeOffer, place
-from daemon.job.state import FailureCause, GenerationRecord, JobRecord, ResumePoint
+from daemon.job.state import Failure, FailureCause, GenerationRecord, JobRecord, ResumePoint
 from daemon.membership import DeviceInfo
 from proto.vocabulary import JobState, ProcessRole
 from proto.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
@@ -153,7 +160,7 @@ def test_every_rank_reporting_a_step_makes_the_job_running() -> None:
 def test_completion_commits_then_stops_the_scheduler() -> None:
     actions = decide(job_world(reports=tuple(exited(n, r) for r, n in enumerate(NODES))))
     assert actions == [CommitRecord(JobRecord(JobState.COMPLETED, 1, 3, stopped_generation=1), "job_completed",
-                                    "job job is COMPLETED"), StopGeneration("every rank finished")]
+                                    "job job is COMPLETED"), StopGeneration("every rank finished", job_completed=True)]
 
 
 def test_a_lost_node_ends_the_generation_without_spending_the_budget() -> None:
@@ -531,6 +538,39 @@ def test_the_relaunch_starts_from_the_newest_good_checkpoint(catalog, resume_fro
         return
     assert (None if action.checkpoint is None else action.checkpoint.step) == outcome
     assert action.record.resume_from_step is None
+
+
+def _held(step: int) -> MemorySnapshot:
+    return MemorySnapshot(step, step * GLOBAL_BATCH)
+
+
+@pytest.mark.parametrize("held, changes, outcome", [
+    ({n: _held(25) for n in NODES}, {}, "memory"),  # newer than the newest checkpoint, on every node
+    ({n: _held(15) for n in NODES}, {}, 20),  # older than the newest checkpoint
+    ({"a": _held(25), "b": _held(25)}, {}, 20),  # node c holds none: its ranks would find nothing
+    ({"a": _held(25), "b": _held(25), "c": _held(30)}, {}, 20),  # the nodes disagree
+    ({n: _held(25) for n in NODES}, {"record": {"resume_from_step": 10}}, 10),  # the operator's choice
+    ({n: _held(25) for n in NODES}, {"bad_memory_steps": frozenset({25})}, 20),  # it failed to load before
+    ({n: _held(25) for n in NODES}, {"record": {"last_failure": Failure(FailureCause.BAD_BATCHES, "spikes")}},
+     20),  # a rollback must go back before the bad steps
+])
+def test_the_relaunch_prefers_a_newer_in_memory_snapshot_every_node_holds(held, changes, outcome) -> None:
+    changes = dict(changes)
+    record = changes.pop("record", {})
+    [action] = decide(job_world(state=JobState.RECOVERING, stopped=True, catalog=(10, 20), seen={
+        "memory_snapshots": held}, record=record, **changes))
+    assert isinstance(action, LaunchGeneration)
+    if outcome == "memory":
+        assert action.checkpoint == _held(25)
+    else:
+        assert isinstance(action.checkpoint, CheckpointEntry) and action.checkpoint.step == outcome
+
+
+def test_a_snapshot_on_a_lost_host_is_not_chosen() -> None:
+    """Node a, which held the snapshot, is gone: the relaunch on b starts from the newest checkpoint."""
+    [action] = decide(job_world(spec={"max_nodes": 1}, state=JobState.RECOVERING, stopped=True, on=("a",),
+                                offers=("b",), catalog=(10,), seen={"memory_snapshots": {"a": _held(17)}}))
+    assert action.placement.nodes == ["b"] and action.checkpoint == _checkpoint(10)
 
 
 # ---------------------------------------------------------------- a job that is not active

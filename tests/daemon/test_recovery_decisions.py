@@ -8,9 +8,14 @@ import asyncio
 
 import pytest
 
+from daemon.cli.status_json import status_to_json
+from daemon.grpc_services import job_to_proto
 from daemon.job.controller import CommandRefused
-from daemon.job.state import ALLOWED_TRANSITIONS, FailureCause
+from daemon.job.observation import MemorySnapshot
+from daemon.job.state import ALLOWED_TRANSITIONS, FailureCause, ResumeSource
 from daemon.store import codec, keys
+from proto import trainerd_pb2 as pb
+from proto.exit_codes import EXIT_CHECKPOINT_UNREADABLE
 from proto.vocabulary import JobState
 from tests.daemon.job_sim import (
     GLOBAL_BATCH,
@@ -107,6 +112,52 @@ def test_worker_crash_stops_everything_and_relaunches_from_the_newest_checkpoint
         assert await transitions(sim) == [(JobState.PENDING, JobState.RUNNING),
                                           (JobState.RUNNING, JobState.RECOVERING),
                                           (JobState.RECOVERING, JobState.RUNNING)]
+    run(scenario())
+
+
+def test_a_crash_resumes_from_the_agents_in_memory_snapshot_and_falls_back_to_disk_when_it_cannot_load() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster(nodes=("a",), max_nodes=1)
+        launch = sim.agents["a"].launches()[-1]
+        assert launch.processes[0].env["TRAINERD_MEMORY_EVERY"] == "10"  # one host: snapshots are taken
+        sim.agents["a"].memory = MemorySnapshot(20, 20 * GLOBAL_BATCH)
+        sim.step(23)
+        await sim.tick()
+        sim.crash("a", 0, signal=9)
+        await sim.tick()
+        sim.confirm_stop()
+        await sim.tick(1.0)
+        launch = sim.agents["a"].launches()[-1]
+        env = launch.processes[-1].env
+        assert launch.generation == 2 and launch.checkpoint_path == ""
+        assert (env["TRAINERD_RESUME_MEMORY_STEP"], env["TRAINERD_RESUME_FROM"], env["TRAINERD_RESUME_STEP"],
+                env["TRAINERD_RESUME_SAMPLES"]) == ("20", "", "20", str(20 * GLOBAL_BATCH))
+        assert sim.job.generation.resume.source is ResumeSource.MEMORY
+        sim.started()
+        sim.step(21)
+        await sim.tick(1.0)
+        recovery = sim.job.view().last_recovery
+        assert (recovery.resumed_from, recovery.resumed_from_step, recovery.lost_steps) == ("memory", 20, 3)
+        shown = status_to_json(pb.StatusReply(job=job_to_proto(sim.job.view())))["job"]["last_recovery"]
+        assert (shown["resumed_from"], shown["resumed_from_step"], shown["lost_steps"]) == ("memory", 20, 3)
+        started = [e for e in await sim.coordinator.events(0) if e.kind == "generation_started"][-1]
+        assert "from the in-memory snapshot at step 20 held by a" in started.message
+
+        # Generation 3 cannot load the snapshot: it is never chosen again, the disk checkpoint is.
+        sim.crash("a", 0, exit_code=EXIT_CHECKPOINT_UNREADABLE)
+        await sim.tick()
+        sim.confirm_stop()
+        await sim.tick(8.0)
+        launch = sim.agents["a"].launches()[-1]
+        assert launch.generation == 3 and launch.processes[-1].env["TRAINERD_RESUME_MEMORY_STEP"] == ""
+        assert launch.checkpoint_path == "/ckpt/step_00000010" and sim.job.catalog.get(10).good
+    run(scenario())
+
+
+def test_a_generation_on_several_hosts_takes_no_snapshots() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster(nodes=("a", "b"))
+        assert {p.env["TRAINERD_MEMORY_EVERY"] for n in "ab" for p in sim.agents[n].launches()[-1].processes} == {"0"}
     run(scenario())
 
 

@@ -2,9 +2,9 @@
 
 (A node lost mid-run, the job shrinking 3 -> 2 and growing back, and the leader killed with its etcd member
 while a standby runs: tests/integration/test_chaos.py.)
-A killed worker (the final weights equal a run without the fault, bit for bit, with the relaunch
-in the agents' warm workers and MindSpore's compile cache; its goodput in status and in /metrics:
-the phases sum to the wall time and the steps redone count as lost work), a job waiting below
+A killed worker (it resumes from the newest in-memory snapshot, not the older disk checkpoint, in the
+agent's warm workers with MindSpore's compile cache, and the final weights equal a run without the fault,
+bit for bit; its goodput in status and in /metrics: the phases sum to the wall time), a job waiting below
 min_nodes, and a crash loop that ends FAILED until `trainerctl resume`.
 """
 
@@ -30,14 +30,16 @@ FLAKY_TRAINER = Path(__file__).with_name("flaky_trainer.py")
 
 
 def recovery_job(tmp_path: Path, *, steps: int, nodes: tuple[int, int], global_batch: int = 96,
-                 micro_batch: int = 16, every: int = 100, entrypoint: list[str] | None = None, **extra) -> dict:
+                 micro_batch: int = 16, every: int = 100, memory_every: int = 10,
+                 entrypoint: list[str] | None = None, **extra) -> dict:
     return {
         "name": "mlp",
         "entrypoint": entrypoint or ["{python}", "-m", "trainer.examples.mlp", "--steps", str(steps),
                                      "--output", str(tmp_path / "out")],
         "min_nodes": nodes[0], "max_nodes": nodes[1], "global_batch": global_batch, "micro_batch": micro_batch,
         "scheduler_port": free_port(), "stop_grace_s": 3, "start_wait_s": 0,
-        "checkpoint": {"dir": str(tmp_path / "checkpoints"), "every_steps": every, "keep": 3},
+        "checkpoint": {"dir": str(tmp_path / "checkpoints"), "every_steps": every, "keep": 3,
+                       "memory_every_steps": memory_every},
         **extra,
     }
 
@@ -94,25 +96,31 @@ def scrape(address: str) -> dict[tuple[str, tuple], float]:
             for family in text_string_to_metric_families(text) for sample in family.samples}
 
 
-def test_killed_worker_recovers_to_the_same_weights_as_a_run_without_the_fault(
+def test_killed_worker_resumes_from_memory_to_the_same_weights_as_a_run_without_the_fault(
         tmp_path: Path, procs: Processes) -> None:
+    """One host with two ranks: its agent holds the in-memory snapshots (every MEMORY_EVERY steps)."""
     steps = 1500
+    memory_every = 10
     reference_dir, faulty_dir = tmp_path / "reference", tmp_path / "faulty"
     results = {}
     metrics_address = f"127.0.0.1:{free_port()}"
     for run_dir in (reference_dir, faulty_dir):
         run_dir.mkdir()
-        job = recovery_job(run_dir, steps=steps, nodes=(2, 2), global_batch=64, micro_batch=16)
+        job = recovery_job(run_dir, steps=steps, nodes=(1, 1), global_batch=64, micro_batch=16, devices_per_node=2,
+                           memory_every=memory_every)
         started_at = time.monotonic()
         address = start_trainerd(run_dir, procs, job, name=f"trainerd-{run_dir.name}",
                                  metrics_listen=metrics_address if run_dir is faulty_dir else None)
-        for i in range(2):
-            procs.agent(f"{run_dir.name}-{i}", address)
+        procs.agent(f"{run_dir.name}-0", address, cpu_devices=2)
         if run_dir is faulty_dir:
-            wait_for_job(address, "a checkpoint", lambda j: (j["last_checkpoint_step"] or 0) >= 200, 240, procs)
+            # Between disk checkpoints (every 100 steps): the newest snapshot is newer than the newest checkpoint.
+            before = wait_for_job(address, "a checkpoint and some steps after it", lambda j: (
+                j["last_checkpoint_step"] or 0) >= 200 and 30 <= (j["step"] or 0) % 100 <= 70, 240, procs)
             rank1 = next(p for p in processes_mentioning(run_dir / "out")
                          if p.environ().get("RANK_ID") == "1" and p.environ().get("MS_ROLE") == "MS_WORKER")
             rank1.send_signal(signal.SIGKILL)
+            memory_dir = procs.memory_root / f"{run_dir.name}-0" / "mlp"
+            assert memory_dir.is_dir()
         job = wait_for_job(address, "the end", lambda j: j["state"] in ("COMPLETED", "FAILED"), 300, procs)
         assert job["state"] == "COMPLETED", job
         check_goodput(job["goodput"], time.monotonic() - started_at)
@@ -122,8 +130,8 @@ def test_killed_worker_recovers_to_the_same_weights_as_a_run_without_the_fault(
     assert reference_phases["lost_work_s"] == reference_phases["relaunch_s"] == reference_phases["detection_s"] == 0
     job, weights = results["faulty"]
     phases = job["goodput"]["phases"]
-    # Steps from the checkpoint to the crash were trained again, after a stop and a relaunch.
-    assert phases["lost_work_s"] > 0 and phases["relaunch_s"] > 0
+    # After a stop and a relaunch, the steps from the snapshot to the crash (if any) were trained again.
+    assert phases["lost_work_s"] >= 0 and phases["relaunch_s"] > 0
     scraped = scrape(metrics_address)
     assert scraped[("trainerd_job_goodput_ratio", (("job_name", "mlp"),))] == pytest.approx(job["goodput"]["ratio"])
     assert scraped[("trainerd_job_phase_seconds_total", (("job_name", "mlp"), ("phase", "lost_work")))] == \
@@ -135,12 +143,19 @@ def test_killed_worker_recovers_to_the_same_weights_as_a_run_without_the_fault(
     assert job["generation"] == 2 and job["restarts"] == 1 and job["crash_restarts"] == 1
     assert job["last_failure"]["cause"] == "process_exited" and job["last_failure"]["signal"] == signal.SIGKILL
     recovery = job["last_recovery"]
-    assert recovery["cause"] == "process_exited" and recovery["resumed_from_step"] >= 200
+    assert recovery["cause"] == "process_exited" and recovery["resumed_from"] == "memory"
+    # Not the disk checkpoint of the hundred: the snapshot at most memory_every steps before the fault
+    # (the step status showed before the kill is at or before it).
+    resumed = recovery["resumed_from_step"]
+    assert resumed % memory_every == 0 and resumed > before["last_checkpoint_step"]
+    assert resumed >= before["step"] - memory_every and 0 <= recovery["lost_steps"] <= memory_every, recovery
+    started = [e for e in events(address) if e["kind"] == "generation_started"][-1]
+    assert f"from the in-memory snapshot at step {resumed}" in started["message"]
+    wait_until(lambda: not memory_dir.exists(), 10, "the agent dropping the completed job's snapshots")
     assert all(recovery[f"{phase}_s"] is not None for phase in ("stop", "relaunch", "first_step", "total"))
-    # The relaunch ran in the agents' warm workers (scheduler and both ranks), with the compile cache of
+    # The relaunch ran in the agent's warm workers (scheduler and both ranks), with the compile cache of
     # generation 1; neither changes a bit of the result.
-    warm_starts = sum(procs.by_name(f"faulty-{i}").log().count("warm (a pre-started interpreter)") for i in range(2))
-    assert warm_starts == 3
+    assert procs.by_name("faulty-0").log().count("warm (a pre-started interpreter)") == 3
     assert list((tmp_path / "agents").glob("faulty-*/compile_cache/*/rank_1/graph_cache/*"))
     reference = results["reference"][1]
     assert sorted(weights) == sorted(reference)

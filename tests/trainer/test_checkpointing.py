@@ -94,6 +94,36 @@ def test_a_resume_restores_every_parameter_bit_for_bit(tmp_path: Path) -> None:
         assert np.array_equal(restored[name], array), name
 
 
+def test_in_memory_snapshots_are_checkpoints_in_the_agents_memory_and_resume_bit_for_bit(tmp_path: Path) -> None:
+    """Every memory_every steps beside the disk saves, not reported (the agent sees the manifest), at most one
+    complete one kept; a resume from the one the agent names restores every parameter."""
+    memory, reporter, pair = tmp_path / "shm" / "job", Reporter(), cells()
+    settings = CheckpointSettings(directory=tmp_path / "ckpt", every=4, memory_directory=memory, memory_every=3)
+    with checkpoints(settings, pair, reporter) as ckpt:
+        for step in range(1, 8):
+            perturb(pair[0], float(step))
+            ckpt.after_step(step, step * 16)
+            if step == 6:
+                saved = {name: array.copy() for name, array in parameters_to_numpy(*pair).items()}
+    assert [r[0] for r in reporter.reports] == [4] and len(reporter.stalls) == 3  # 3, 4 (disk) and 6
+    assert sorted(p.name for p in memory.iterdir()) == ["step_00000006"]  # retention removed step 3
+    meta = verify_checkpoint(memory / "step_00000006").meta
+    assert (meta.step, meta.consumed_samples, meta.data_seed, meta.grad_accumulation) == (6, 96, SEED, 2)
+
+    fresh = cells()
+    settings = CheckpointSettings(directory=tmp_path / "ckpt", memory_directory=memory, memory_every=3,
+                                  resume_from=memory / "step_00000006", memory_step=6)
+    with checkpoints(settings, fresh, Reporter()) as ckpt:
+        assert ckpt.resume() == ResumePoint(6, 96)
+    restored = parameters_to_numpy(*fresh)
+    for name, array in saved.items():
+        assert np.array_equal(restored[name], array), name
+    # The coordinator chose a snapshot the agent did not name (it has none on this host): never start fresh.
+    with pytest.raises(CheckpointUnreadable, match="in-memory snapshot of step 6: the agent named none") as none:
+        checkpoints(replace(settings, resume_from=None), cells(), Reporter()).resume()
+    assert none.value.exit_code == EXIT_CHECKPOINT_UNREADABLE
+
+
 def test_resume_failures_carry_their_exit_status(tmp_path: Path) -> None:
     train(tmp_path, every=4, steps=4)
     step_4 = tmp_path / "ckpt" / "step_00000004"

@@ -13,6 +13,10 @@ schedule names, and tell the agent once a save is committed.
 Worker side only: MindSpore comes in through `trainer.checkpoint.mindspore_io`, imported where it is
 needed, so importing this module does not load it.
 
+In-memory snapshots (`trainer.runtime.memory_snapshots`, TRAINERD_MEMORY_DIR and TRAINERD_MEMORY_EVERY) are
+taken beside the disk saves, in the same format, into the agent's shared memory; a resume from one reads
+it like a disk checkpoint (TRAINERD_RESUME_FROM names it, inside TRAINERD_MEMORY_DIR).
+
 A save blocks the step only while the parameters are copied to host memory (`CheckpointWriter.save_async`);
 a helper thread waits for the writer, and the step after the save has committed (rank 0) reports it, so the
 report follows the manifest's rename and training never waits on the disk. A save that fails (a full disk,
@@ -41,6 +45,7 @@ from trainer.checkpoint.manifest import read_manifest, step_dir_name
 from trainer.checkpoint.sharding import ShardedTensor
 from trainer.data.skip_ranges import SkipRanges
 from trainer.runtime.checkpoint_schedule import CheckpointSchedule, ControlFile
+from trainer.runtime.memory_snapshots import MemorySnapshots
 from trainer.runtime.progress import ProgressReporter
 from trainer.runtime.rank_context import CheckpointSettings, RankContext
 
@@ -83,7 +88,11 @@ def resume_point(settings: CheckpointSettings, data_seed: int) -> ResumePoint | 
     CheckpointUnreadable when it lies outside the checkpoint directory or its manifest is missing or
     invalid, SeedMismatch when it was trained on another data seed.
     """
-    path, root = settings.resume_from, settings.directory
+    path, root = settings.resume_from, settings.resume_root()
+    if settings.memory_step is not None and (path is None or root != settings.memory_directory):
+        # The agent names the snapshot it holds; without one here, starting fresh would lose the job's work.
+        raise CheckpointUnreadable(f"cannot resume from the in-memory snapshot of step {settings.memory_step}: "
+                                   "the agent named none on this host")
     if path is None:
         return None
     if root is None:
@@ -140,6 +149,10 @@ class TrainingCheckpoints:
         self._in_flight: tuple[CheckpointMeta, Future[Path | None]] | None = None
         self._writer: CheckpointWriter | None = None
         self._schedule: CheckpointSchedule | None = None
+        self._memory: MemorySnapshots | None = None
+        if settings.memory_directory is not None and settings.memory_every > 0:
+            self._memory = MemorySnapshots(settings.memory_directory, settings.memory_every, self._rank,
+                                           ctx.world_size, ctx.generation, self._where)
         if settings.directory is None:
             if settings.control_file is not None:
                 log.warning("%s: there is no checkpoint directory, so checkpoint requests will be ignored.",
@@ -162,9 +175,9 @@ class TrainingCheckpoints:
         CheckpointUnreadable or SeedMismatch.
         """
         path = self._settings.resume_from
-        if path is None:
+        # Where it lies, a readable manifest, the seed; a snapshot chosen but not named here is refused.
+        if resume_point(self._settings, self._data_seed) is None or path is None:
             return ResumePoint(0, 0)
-        resume_point(self._settings, self._data_seed)  # where it lies, a readable manifest, the seed
         try:
             regions = {name: layout.regions[self._rank] for name, layout in self._sharded.items()}
             tensors, manifest = load_checkpoint(path, self._rank, self._ctx.world_size, regions=regions)
@@ -191,9 +204,14 @@ class TrainingCheckpoints:
         self._collect(block=False)
         if self._schedule is not None and self._schedule.due(step):
             self._save(step, consumed_samples)
+        if self._memory is not None and self._memory.due(step):
+            self._snapshot(step, consumed_samples)
 
     def close(self) -> None:
         """Wait for the save in flight and report it; a requested step never reached is logged."""
+        if self._memory is not None:
+            self._memory.close()
+            self._memory = None
         if self._writer is None:
             return
         try:
@@ -221,13 +239,27 @@ class TrainingCheckpoints:
         finally:
             self._reporter.add_checkpoint_stall(self._clock.now() - started)
 
+    def _snapshot(self, step: int, consumed_samples: int) -> None:
+        """Snapshot `step` into the agent's memory; the time it blocks the step loop is checkpoint stall."""
+        from trainer.checkpoint.mindspore_io import parameters_to_numpy
+
+        assert self._memory is not None
+        started = self._clock.now()
+        try:
+            self._memory.save(self._meta(step, consumed_samples), parameters_to_numpy(*self._cells), self._sharded)
+        finally:
+            self._reporter.add_checkpoint_stall(self._clock.now() - started)
+
+    def _meta(self, step: int, consumed_samples: int) -> CheckpointMeta:
+        return CheckpointMeta(step=step, consumed_samples=consumed_samples, data_seed=self._data_seed,
+                              grad_accumulation=self._grad_accumulation, skip_ledger=self._skip_ledger)
+
     def _start_save(self, step: int, consumed_samples: int) -> None:
         from trainer.checkpoint.mindspore_io import parameters_to_numpy
 
         assert self._writer is not None  # a schedule exists only with a writer
         self._collect(block=True)  # one save at a time: the writer reuses its host buffers
-        meta = CheckpointMeta(step=step, consumed_samples=consumed_samples, data_seed=self._data_seed,
-                              grad_accumulation=self._grad_accumulation, skip_ledger=self._skip_ledger)
+        meta = self._meta(step, consumed_samples)
         try:
             self._writer.save_async(meta, parameters_to_numpy(*self._cells), self._sharded)
         except (CheckpointError, OSError) as exc:

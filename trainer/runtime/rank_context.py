@@ -69,12 +69,22 @@ class CheckpointSettings:
     keep: int = DEFAULT_CHECKPOINT_KEEP  # TRAINERD_CHECKPOINT_KEEP: complete checkpoints retention keeps
     resume_from: Path | None = None   # TRAINERD_RESUME_FROM: a step directory; None: start fresh
     control_file: Path | None = None  # TRAINERD_CONTROL_FILE: where the agent asks for a checkpoint
+    # TRAINERD_MEMORY_DIR: the agent's shared-memory directory for this job's in-memory snapshots
+    # (trainer.runtime.memory_snapshots); None: no snapshots.
+    memory_directory: Path | None = None
+    memory_every: int = 0             # TRAINERD_MEMORY_EVERY: snapshot after every N-th step, 0: never
+    # TRAINERD_RESUME_MEMORY_STEP: the coordinator chose this step's in-memory snapshot, which the agent
+    # names in resume_from; None: resume_from (if any) is a disk checkpoint.
+    memory_step: int | None = None
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str]) -> CheckpointSettings:
         directory = env.get("TRAINERD_CHECKPOINT_DIR") or None
         if directory is not None and not os.path.isabs(directory):
             raise RankContextError(f"TRAINERD_CHECKPOINT_DIR={directory!r:.80} is not an absolute path")
+        memory = env.get("TRAINERD_MEMORY_DIR") or None
+        if memory is not None and not os.path.isabs(memory):
+            raise RankContextError(f"TRAINERD_MEMORY_DIR={memory!r:.80} is not an absolute path")
         keep = _optional_int(env, "TRAINERD_CHECKPOINT_KEEP", minimum=1)
         return cls(
             directory=None if directory is None else Path(directory),
@@ -82,7 +92,19 @@ class CheckpointSettings:
             keep=DEFAULT_CHECKPOINT_KEEP if keep is None else keep,
             resume_from=_optional_path(env, "TRAINERD_RESUME_FROM"),
             control_file=_optional_path(env, "TRAINERD_CONTROL_FILE"),
+            memory_directory=None if memory is None else Path(memory),
+            memory_every=_optional_int(env, "TRAINERD_MEMORY_EVERY", minimum=0) or 0,
+            memory_step=_optional_int(env, "TRAINERD_RESUME_MEMORY_STEP", minimum=1),
         )
+
+    def resume_root(self) -> Path | None:
+        """The directory the checkpoint to resume from must lie in: the memory directory for an in-memory
+        snapshot (the agent names one there), else the checkpoint directory."""
+        memory, path = self.memory_directory, self.resume_from
+        if memory is not None and path is not None and os.path.normpath(path).startswith(
+                os.path.normpath(memory).rstrip("/") + "/"):
+            return memory
+        return self.directory
 
 
 @dataclass(frozen=True)
