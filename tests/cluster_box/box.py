@@ -53,14 +53,22 @@ class BoxHost:
         return self.net.address
 
     def processes(self) -> list[psutil.Process]:
-        """What the agent started (scheduler and workers, and their children), alive now."""
+        """What the agent started for a job (scheduler and workers, and their children), alive now: not
+        its idle warm workers (`python -m agent.warm_worker`, until one takes a job and shows its command)."""
         if self.agent is None or not self.agent.alive():
             return []
+        found = []
         try:
-            return [p for p in psutil.Process(self.agent.pid).children(recursive=True) if p.is_running()
-                    and p.status() != psutil.STATUS_ZOMBIE]
+            children = psutil.Process(self.agent.pid).children(recursive=True)
         except psutil.Error:
             return []
+        for proc in children:
+            try:
+                if proc.status() != psutil.STATUS_ZOMBIE and "agent.warm_worker" not in proc.cmdline():
+                    found.append(proc)
+            except psutil.Error:
+                continue
+        return found
 
     def workers(self) -> list[psutil.Process]:
         """The training processes (MS_ROLE MS_WORKER; the MindSpore scheduler's is MS_SCHED)."""

@@ -89,12 +89,12 @@ class EtcdCluster:
     def leader(self) -> EtcdMember | None:
         """The member the live members agree leads, or None during an election."""
         statuses = self._statuses()
-        leaders = {s["Status"]["leader"] for s in statuses}
+        leaders = {s["Status"].get("leader", 0) for s in statuses}  # JSON leaves out a zero (no leader yet)
         if len(leaders) != 1 or 0 in leaders:
             return None
         (leader_id,) = leaders
         for status in statuses:
-            if status["Status"]["header"]["member_id"] == leader_id:
+            if status["Status"].get("header", {}).get("member_id") == leader_id:
                 return next(m for m in self.members if m.endpoint in status["Endpoint"])
         return None
 
