@@ -115,6 +115,9 @@ NODE_FAULTS = ("node_loss", "silent_node_loss")
 COLUMNS = (("detect", "detect"), ("stopped", "stopped"), ("relaunch", "relaunch issued"),
            ("first_step", "first step"), ("coordinator", "coordinator part"))
 STEP_LINE = re.compile(r" rank \d+/\d+: step \d+ loss ")
+# Rank 0's choice of the automatic snapshot interval (trainer/runtime/memory_snapshots.py)
+SNAPSHOT_PLAN = re.compile(r"snapshot of step (\d+) stalled ([\d.]+) s, steps take (\S+(?: s)?): "
+                           r"the next is in (\d+) steps")
 # MindSpore's Python logger: "[ERROR] ME(123:456,MainProcess):2025-01-02-03:04:05.678.901 [file:line] message"
 MS_LOG_TIME = r"(\d{4}-\d\d-\d\d-\d\d:\d\d:\d\d\.\d{3})"
 
@@ -443,6 +446,7 @@ class TrainerdCluster:
         recovery = (self.job() or {}).get("last_recovery") or {}
         rec.resumed_from, rec.resumed_step = recovery.get("resumed_from"), recovery.get("resumed_from_step")
         rec.lost_steps = recovery.get("lost_steps")
+        rec.notes.extend(snapshot_intervals(self.root, generation))
         breakdown, rec.comm_s = first_step_breakdown(self.root, last["fields"].get("generation"), last["at"])
         rec.notes.append(breakdown)
         rec.notes.append(started_how(self.root, sorted(self.agents)))
@@ -466,6 +470,18 @@ def first_step_breakdown(root: Path, generation: int, launched_at: float) -> tup
         parts.append(f"{log_path.stem} " + ", ".join(cells))
     return ("first step, from generation_started: " + "; ".join(parts) + " (s)",
             max(comm) if comm else None)
+
+
+def snapshot_intervals(root: Path, generation: int) -> list[str]:
+    """The automatic snapshot interval rank 0 of `generation` chose last, from its log (none: no snapshots)."""
+    found = []
+    for log_path in root.glob(f"agents/*/generations/{generation:06d}/rank0.log"):
+        found += SNAPSHOT_PLAN.findall(log_path.read_text(errors="replace"))
+    if not found:
+        return []
+    step, stall, step_s, interval = found[-1]
+    return [f"auto snapshots in generation {generation}: {len(found)} taken; the last (step {step}) stalled {stall} s, "
+            f"steps took {step_s} -> every {interval} steps"]
 
 
 def started_how(root: Path, nodes: list[str]) -> str:
