@@ -236,7 +236,7 @@ class TrainerdCluster:
     """trainerd with an embedded etcd and separate agents, all on this machine, under `root`."""
 
     def __init__(self, procs: Processes, root: Path, nodes: int, steps: int, timeout_s: float,
-                 warm: bool = True, one_host: bool = False) -> None:
+                 warm: bool = True, one_host: bool = False, memory_every: str = "auto") -> None:
         """`one_host`: one agent holds both ranks (`nodes` must be 1), else an agent per rank."""
         self.procs, self.root, self.timeout_s, self.warm = procs, root, timeout_s, warm
         self.devices = WORLD_SIZE if one_host else 1
@@ -260,7 +260,8 @@ class TrainerdCluster:
                 "global_batch": GLOBAL_BATCH, "micro_batch": MICRO_BATCH,
                 "scheduler_port": free_port_run(17), "start_wait_s": 0,
                 "restart": {"backoff_s": 0},
-                "checkpoint": {"dir": str(root / "checkpoints"), "every_steps": CHECKPOINT_EVERY, "keep": 3},
+                "checkpoint": {"dir": str(root / "checkpoints"), "every_steps": CHECKPOINT_EVERY, "keep": 3,
+                               "memory_every_steps": memory_every if memory_every == "auto" else int(memory_every)},
             },
         }
         cluster_file = root / "cluster.yaml"
@@ -496,11 +497,11 @@ def started_how(root: Path, nodes: list[str]) -> str:
 
 
 def run_trainerd(procs: Processes, root: Path, fault: str, repeats: int, steps: int, timeout_s: float,
-                 report, warm: bool = True) -> None:
+                 report, warm: bool = True, memory_every: str = "auto") -> None:
     """Inject `fault` `repeats` times into one job; `report(recovery, index)` after each recovery."""
     one_host = fault == "crash_one_host"
     nodes = 1 if one_host else WORLD_SIZE + (1 if fault in NODE_FAULTS else 0)
-    cluster = TrainerdCluster(procs, root, nodes, steps, timeout_s, warm, one_host)
+    cluster = TrainerdCluster(procs, root, nodes, steps, timeout_s, warm, one_host, memory_every)
     try:
         for index in range(1, repeats + 1):
             cluster.wait_ready_for_fault()
@@ -690,9 +691,13 @@ def main() -> int:
     parser.add_argument("--faults", default=",".join(FAULTS),
                         help=f"the faults to inject, comma-separated (default {','.join(FAULTS)})")
     parser.add_argument("--no-msrun", action="store_true", help="leave out the msrun baseline")
+    parser.add_argument("--memory-every", default="auto",
+                        help="the job's checkpoint.memory_every_steps: auto (the default) or a number of steps")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if args.memory_every != "auto" and not args.memory_every.isdigit():
+        parser.error("--memory-every takes auto or a number of steps")
     faults = [f.strip() for f in args.faults.split(",") if f.strip()]
     if not faults or any(f not in FAULTS for f in faults):
         parser.error(f"--faults takes some of {', '.join(FAULTS)}")
@@ -721,7 +726,8 @@ def main() -> int:
             meter = CpuMeter()
             try:
                 run_trainerd(procs, work, fault, args.repeats, args.steps, args.timeout,
-                             lambda rec, i, row=row: (results[row].append(rec), print_recovery(rec, i)), warm)
+                             lambda rec, i, row=row: (results[row].append(rec), print_recovery(rec, i)), warm,
+                             args.memory_every)
             except (BenchError, subprocess.TimeoutExpired, OSError, psutil.Error) as exc:
                 failures[row] = str(exc)
                 print(f"\n{row} failed: {exc}", flush=True)
