@@ -7,6 +7,9 @@ injected --repeats times, always once the job is RUNNING and has committed a che
 last (re)start, so that every recovery resumes from a checkpoint:
 
 - worker crash: SIGKILL of rank 1's worker process;
+- worker crash, one host: the same on a job whose 2 ranks run on one agent (`--cpu-devices 2`,
+  min_nodes = max_nodes = 1), the case where in-memory snapshots apply (checkpoint.memory_every_steps
+  "auto", the default): the relaunch resumes from the newest snapshot rather than the disk checkpoint;
 - node loss: SIGKILL of the agent of rank 1's node and of every training process it had started
   (the host is gone). The kernel closes the killed processes' connections, so the coordinator sees
   the agent's session break and declares the node LOST after the session grace (2 x the heartbeat
@@ -52,6 +55,11 @@ baseline), rows "worker crash" and "worker crash, cold". Target: worker crash ->
 3 s, or MindSpore's communication set-up (the breakdown's "comm init" part) + 0.5 s where that
 alone takes longer. The node losses run with the defaults.
 
+Every trainerd recovery also shows what it resumed from (`last_recovery.resumed_from` of
+`trainerctl status -o json`: "memory" or "disk", and the step) and the steps it lost (`lost_steps`: the
+furthest step the failed generation reported minus the step resumed from). Only a one-host generation
+takes snapshots, so the 2-agent rows resume from disk (up to CHECKPOINT_EVERY steps lost).
+
 Prints every recovery as it happens (for trainerd with where the first-step phase went, per rank
 of the new generation, from its log: Python + import mindspore, communication init + model +
 checkpoint resume, first compile + step), then the medians over the repeats and the targets: node
@@ -60,6 +68,7 @@ loss detected within 2 x heartbeat interval + 1 s (3 s), coordinator part under 
 
     /work/main/.venv/bin/python bench/recovery.py --repeats 3
     /work/main/.venv/bin/python bench/recovery.py --repeats 3 --faults crash --no-msrun   # warm vs cold only
+    /work/main/.venv/bin/python bench/recovery.py --repeats 2 --faults crash,crash_one_host --no-msrun  # lost steps
 """
 
 from __future__ import annotations
@@ -96,7 +105,9 @@ DETECT_TARGET_S = 2 * HEARTBEAT_INTERVAL_S + 1.0
 COORDINATOR_TARGET_S = 1.0
 DEFAULT_STEPS = 1_000_000  # the job must outlast every fault; the bench stops it at the end
 
-FAULTS = {"crash": "worker crash", "node_loss": "node loss", "silent_node_loss": "silent node loss"}
+FAULTS = {"crash": "worker crash", "crash_one_host": "worker crash, one host", "node_loss": "node loss",
+          "silent_node_loss": "silent node loss"}
+CRASH_FAULTS = ("crash", "crash_one_host")
 COLD = ", cold"  # the row suffix of the runs with warm workers and the compile cache off
 WARM_TARGET_S = 3.0
 WARM_COMM_MARGIN_S = 0.5
@@ -104,6 +115,9 @@ NODE_FAULTS = ("node_loss", "silent_node_loss")
 COLUMNS = (("detect", "detect"), ("stopped", "stopped"), ("relaunch", "relaunch issued"),
            ("first_step", "first step"), ("coordinator", "coordinator part"))
 STEP_LINE = re.compile(r" rank \d+/\d+: step \d+ loss ")
+# Rank 0's choice of the automatic snapshot interval (trainer/runtime/memory_snapshots.py)
+SNAPSHOT_PLAN = re.compile(r"snapshot of step (\d+) stalled ([\d.]+) s, steps take (\S+(?: s)?): "
+                           r"the next is in (\d+) steps")
 # MindSpore's Python logger: "[ERROR] ME(123:456,MainProcess):2025-01-02-03:04:05.678.901 [file:line] message"
 MS_LOG_TIME = r"(\d{4}-\d\d-\d\d-\d\d:\d\d:\d\d\.\d{3})"
 
@@ -123,6 +137,9 @@ class Recovery:
     disturbed: bool = False  # a relaunch failed too: left out of the medians
     notes: list[str] = field(default_factory=list)
     comm_s: float | None = None  # the longest rank's communication set-up in the new generation
+    resumed_from: str | None = None  # status last_recovery: "memory", "disk", None (from scratch)
+    resumed_step: int | None = None
+    lost_steps: int | None = None
 
     @property
     def row(self) -> str:
@@ -219,8 +236,11 @@ class TrainerdCluster:
     """trainerd with an embedded etcd and separate agents, all on this machine, under `root`."""
 
     def __init__(self, procs: Processes, root: Path, nodes: int, steps: int, timeout_s: float,
-                 warm: bool = True) -> None:
+                 warm: bool = True, one_host: bool = False, memory_every: str = "auto") -> None:
+        """`one_host`: one agent holds both ranks (`nodes` must be 1), else an agent per rank."""
         self.procs, self.root, self.timeout_s, self.warm = procs, root, timeout_s, warm
+        self.devices = WORLD_SIZE if one_host else 1
+        hosts = WORLD_SIZE // self.devices
         coordinator_port, etcd_client, etcd_peer = free_ports(3)
         self.coordinator = f"127.0.0.1:{coordinator_port}"
         self.env = {**clean_env(), **SPEED_UP_ENV}
@@ -236,11 +256,12 @@ class TrainerdCluster:
                 "name": "mlp-recovery",
                 "entrypoint": ["{python}", "-m", "trainer.examples.mlp", "--steps", str(steps),
                                "--output", str(root / "out")],
-                "devices_per_node": 1, "min_nodes": WORLD_SIZE, "max_nodes": WORLD_SIZE,
+                "devices_per_node": self.devices, "min_nodes": hosts, "max_nodes": hosts,
                 "global_batch": GLOBAL_BATCH, "micro_batch": MICRO_BATCH,
                 "scheduler_port": free_port_run(17), "start_wait_s": 0,
                 "restart": {"backoff_s": 0},
-                "checkpoint": {"dir": str(root / "checkpoints"), "every_steps": CHECKPOINT_EVERY, "keep": 3},
+                "checkpoint": {"dir": str(root / "checkpoints"), "every_steps": CHECKPOINT_EVERY, "keep": 3,
+                               "memory_every_steps": memory_every if memory_every == "auto" else int(memory_every)},
             },
         }
         cluster_file = root / "cluster.yaml"
@@ -260,7 +281,7 @@ class TrainerdCluster:
         self.agent_dir(node).mkdir(parents=True, exist_ok=True)
         self.agents[node] = self.procs.start(
             [str(BIN / "trainerd-agent"), "--coordinator", self.coordinator, "--node-name", node,
-             "--cpu-devices", "1", "--work-dir", str(self.agent_dir(node)),
+             "--cpu-devices", str(self.devices), "--work-dir", str(self.agent_dir(node)),
              *(() if self.warm else ("--no-warm-workers", "--no-compile-cache"))],
             self.root / f"agent-{node}.log", self.env, self.root)
 
@@ -324,7 +345,7 @@ class TrainerdCluster:
         job = self.job()
         victim = worker_of_rank(self.procs.marker, 1)
         node = Path(victim.cwd()).relative_to(self.root / "agents").parts[0]
-        if fault == "crash":
+        if fault in CRASH_FAULTS:
             t0 = time.time()
             victim.kill()
             return t0, job["generation"], node
@@ -401,7 +422,7 @@ class TrainerdCluster:
         rec.first_step = done["at"] - t0
         rec.coordinator = started["at"] - detected["at"]
         failure = detected["fields"].get("failure", {})
-        expected = "process_exited" if fault == "crash" else "node_lost"
+        expected = "process_exited" if fault in CRASH_FAULTS else "node_lost"
         if failure.get("cause") != expected:
             rec.notes.append(f"the recovery's cause is {failure.get('cause')}, expected {expected}")
         lost = next((e for e in evs if e["kind"] == "node_lost" and e["at"] > t0 - 0.05), None)
@@ -423,6 +444,10 @@ class TrainerdCluster:
                                  f"{again['fields'].get('generation')} failed too: {again['message'][:300]}")
             rec.notes.append(f"running again at generation {last['fields'].get('generation')}, relaunched at "
                              f"{last['at'] - t0:.2f} s")
+        recovery = (self.job() or {}).get("last_recovery") or {}
+        rec.resumed_from, rec.resumed_step = recovery.get("resumed_from"), recovery.get("resumed_from_step")
+        rec.lost_steps = recovery.get("lost_steps")
+        rec.notes.extend(snapshot_intervals(self.root, generation))
         breakdown, rec.comm_s = first_step_breakdown(self.root, last["fields"].get("generation"), last["at"])
         rec.notes.append(breakdown)
         rec.notes.append(started_how(self.root, sorted(self.agents)))
@@ -448,6 +473,18 @@ def first_step_breakdown(root: Path, generation: int, launched_at: float) -> tup
             max(comm) if comm else None)
 
 
+def snapshot_intervals(root: Path, generation: int) -> list[str]:
+    """The automatic snapshot interval rank 0 of `generation` chose last, from its log (none: no snapshots)."""
+    found = []
+    for log_path in root.glob(f"agents/*/generations/{generation:06d}/rank0.log"):
+        found += SNAPSHOT_PLAN.findall(log_path.read_text(errors="replace"))
+    if not found:
+        return []
+    step, stall, step_s, interval = found[-1]
+    return [f"auto snapshots in generation {generation}: {len(found)} taken; the last (step {step}) stalled {stall} s, "
+            f"steps took {step_s} -> every {interval} steps"]
+
+
 def started_how(root: Path, nodes: list[str]) -> str:
     """How each agent started its processes the last time (the words of its log)."""
     cells = []
@@ -460,10 +497,11 @@ def started_how(root: Path, nodes: list[str]) -> str:
 
 
 def run_trainerd(procs: Processes, root: Path, fault: str, repeats: int, steps: int, timeout_s: float,
-                 report, warm: bool = True) -> None:
+                 report, warm: bool = True, memory_every: str = "auto") -> None:
     """Inject `fault` `repeats` times into one job; `report(recovery, index)` after each recovery."""
-    nodes = WORLD_SIZE + (1 if fault in NODE_FAULTS else 0)
-    cluster = TrainerdCluster(procs, root, nodes, steps, timeout_s, warm)
+    one_host = fault == "crash_one_host"
+    nodes = 1 if one_host else WORLD_SIZE + (1 if fault in NODE_FAULTS else 0)
+    cluster = TrainerdCluster(procs, root, nodes, steps, timeout_s, warm, one_host, memory_every)
     try:
         for index in range(1, repeats + 1):
             cluster.wait_ready_for_fault()
@@ -554,8 +592,17 @@ def cell(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f} s"
 
 
+def resumed(rec: Recovery) -> str:
+    """What the relaunch resumed from and the steps that cost, e.g. "12 (memory @340)"."""
+    if rec.launcher != "trainerd":
+        return "n/a"
+    lost = "?" if rec.lost_steps is None else str(rec.lost_steps)
+    return f"{lost} ({rec.resumed_from or 'scratch'} @{rec.resumed_step if rec.resumed_step is not None else 0})"
+
+
 def print_recovery(rec: Recovery, index: int) -> None:
-    print(f"\n{rec.row} #{index}: " + ", ".join(f"{label} {cell(getattr(rec, key))}" for key, label in COLUMNS))
+    print(f"\n{rec.row} #{index}: " + ", ".join(f"{label} {cell(getattr(rec, key))}" for key, label in COLUMNS)
+          + f", lost steps {resumed(rec)}")
     for note in rec.notes:
         print(f"  {note}")
     sys.stdout.flush()
@@ -585,10 +632,20 @@ def warm_verdict(recs: list[Recovery]) -> str:
     return f"{', '.join(cells)} -> met in {met} of {len(cells)} runs"
 
 
+def lost_cell(recs: list[Recovery]) -> str:
+    """Median lost steps and where the relaunches resumed from, e.g. "8 (memory 3)"."""
+    if recs[0].launcher != "trainerd":
+        return "n/a"
+    lost = [r.lost_steps for r in recs if r.lost_steps is not None]
+    sources = sorted({r.resumed_from or "scratch" for r in recs})
+    counts = ", ".join(f"{s} {sum((r.resumed_from or 'scratch') == s for r in recs)}" for s in sources)
+    return f"{median([float(n) for n in lost]):.0f} ({counts})" if lost else f"? ({counts})"
+
+
 def print_summary(results: dict[str, list[Recovery]], failures: dict[str, str], loads: dict[str, float]) -> None:
     width = max(len(row) for row in results) + 2
     print("\nMedian over the repeats, seconds from the fault (t0 = the kill):")
-    print(f"{'':{width}}{'runs':>5}" + "".join(f"{label:>18}" for _, label in COLUMNS))
+    print(f"{'':{width}}{'runs':>5}" + "".join(f"{label:>18}" for _, label in COLUMNS) + "   lost steps (from)")
     for row, recs in results.items():
         clean = [r for r in recs if not r.disturbed]
         if not clean:
@@ -596,7 +653,7 @@ def print_summary(results: dict[str, list[Recovery]], failures: dict[str, str], 
             print(f"{row:{width}}{0:>5}" + f"{what:>18}")
             continue
         cells = [cell(median([getattr(r, key) for r in clean])) for key, _ in COLUMNS]
-        print(f"{row:{width}}{len(clean):>5}" + "".join(f"{c:>18}" for c in cells))
+        print(f"{row:{width}}{len(clean):>5}" + "".join(f"{c:>18}" for c in cells) + "   " + lost_cell(clean))
     print("msrun has no relaunch: after a worker crash it kills the other workers, waits for its scheduler "
           "and exits; the job is over.")
     for row, recs in results.items():
@@ -612,7 +669,7 @@ def print_summary(results: dict[str, list[Recovery]], failures: dict[str, str], 
     for row in (r for r in results if r.startswith("trainerd")):
         print(f"  {row}: coordinator part (detect -> relaunch issued) under {COORDINATOR_TARGET_S:.1f} s: "
               + verdict([r.coordinator for r in results.get(row, [])], COORDINATOR_TARGET_S))
-    for row in (r for r in results if r.startswith(f"trainerd {FAULTS['crash']}")):
+    for row in (r for r in results if r in (f"trainerd {FAULTS['crash']}", f"trainerd {FAULTS['crash']}{COLD}")):
         print(f"  {row}: first step within {WARM_TARGET_S:.0f} s, or comm init + {WARM_COMM_MARGIN_S} s where "
               f"that alone is longer: " + warm_verdict([r for r in results[row] if not r.disturbed]))
     if loads:
@@ -634,9 +691,13 @@ def main() -> int:
     parser.add_argument("--faults", default=",".join(FAULTS),
                         help=f"the faults to inject, comma-separated (default {','.join(FAULTS)})")
     parser.add_argument("--no-msrun", action="store_true", help="leave out the msrun baseline")
+    parser.add_argument("--memory-every", default="auto",
+                        help="the job's checkpoint.memory_every_steps: auto (the default) or a number of steps")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if args.memory_every != "auto" and not args.memory_every.isdigit():
+        parser.error("--memory-every takes auto or a number of steps")
     faults = [f.strip() for f in args.faults.split(",") if f.strip()]
     if not faults or any(f not in FAULTS for f in faults):
         parser.error(f"--faults takes some of {', '.join(FAULTS)}")
@@ -665,7 +726,8 @@ def main() -> int:
             meter = CpuMeter()
             try:
                 run_trainerd(procs, work, fault, args.repeats, args.steps, args.timeout,
-                             lambda rec, i, row=row: (results[row].append(rec), print_recovery(rec, i)), warm)
+                             lambda rec, i, row=row: (results[row].append(rec), print_recovery(rec, i)), warm,
+                             args.memory_every)
             except (BenchError, subprocess.TimeoutExpired, OSError, psutil.Error) as exc:
                 failures[row] = str(exc)
                 print(f"\n{row} failed: {exc}", flush=True)

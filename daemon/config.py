@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from common.config_file import Address, ConfigError, StrictModel, is_loopback, load_yaml_mapping, validate
 from common.tls_files import TlsSettings
@@ -141,12 +142,19 @@ class CheckpointSettings(StrictModel):
     every_steps: int = Field(default=100, ge=0)
     keep: int = Field(default=3, ge=1, le=1000)
     # Workers also snapshot their state into their agent's shared memory every this many steps (0: never),
-    # so that a worker crash loses at most that many steps (README, "In-memory snapshots"). A fixed
-    # default, not tuned to the job: a snapshot blocks a step for the copy of the rank's state (the
-    # same as an asynchronous save), so for a large model with fast steps raise it until the
-    # checkpoint stall in `trainerctl status` stays under 2% of the time. Only generations that
-    # run on one host take snapshots, until agents copy them to each other.
-    memory_every_steps: int = Field(default=10, ge=0)
+    # so that a worker crash loses at most that many steps (README, "In-memory snapshots"). "auto": as
+    # often as keeps the snapshot's stall under 2% of the step time, as the workers measure it
+    # (trainer/runtime/snapshot_interval.py), at most every 1000 steps nor rarer than every_steps. Only
+    # generations that run on one host take snapshots, until agents copy them to each other.
+    memory_every_steps: int | Literal["auto"] = "auto"
+
+    @field_validator("memory_every_steps", mode="before")
+    @classmethod
+    def _steps_or_auto(cls, value: object) -> object:
+        """One error that says what is allowed (the union alone would report a problem per member)."""
+        if value == "auto" or (type(value) is int and value >= 0):
+            return value
+        raise ValueError(f'must be a number of steps (0: never) or "auto", got {value!r:.40}')
 
 
 class RestartSettings(StrictModel):

@@ -95,6 +95,10 @@ JOB = "job:\n  entrypoint: ['{python}', 'train.py']\n"
         (JOB + "  data_skip:\n    spike_ceiling: 1\n", "job.data_skip.spike_ceiling: Input should be greater than 1"),
         (JOB + "  data_skip:\n    warmup_steps: 0\n",
          "job.data_skip.warmup_steps: Input should be greater than or equal to 1"),
+        (JOB + "  checkpoint:\n    memory_every_steps: often\n",
+         'job.checkpoint.memory_every_steps: must be a number of steps (0: never) or "auto", got \'often\''),
+        (JOB + "  checkpoint:\n    memory_every_steps: -1\n",
+         'job.checkpoint.memory_every_steps: must be a number of steps (0: never) or "auto", got -1'),
     ],
 )
 def test_job_mistakes_name_the_key(tmp_path: Path, text: str, expected: str) -> None:
@@ -112,6 +116,13 @@ def test_a_script_that_does_its_own_batching_needs_no_batch_settings(tmp_path: P
     assert job.allowed_world_sizes() == [3, 2, 1]
     assert job.grad_accum(3) == 1
     assert job.workdir == str(tmp_path / "jobdir")  # resolved once, like checkpoint.dir
+
+
+@pytest.mark.parametrize(("text", "every"), [("", "auto"), ("auto", "auto"), ("0", 0), ("25", 25)])
+def test_memory_snapshots_are_automatic_unless_a_number_of_steps_is_given(
+        tmp_path: Path, text: str, every: int | str) -> None:
+    setting = f"  checkpoint:\n    memory_every_steps: {text}\n" if text else ""
+    assert load_cluster_config(write(tmp_path, JOB + setting)).job.checkpoint.memory_every_steps == every
 
 
 def test_a_progress_pattern_with_step_is_accepted(tmp_path: Path) -> None:

@@ -119,7 +119,7 @@ def test_a_crash_resumes_from_the_agents_in_memory_snapshot_and_falls_back_to_di
     async def scenario() -> None:
         sim = await running_cluster(nodes=("a",), max_nodes=1)
         launch = sim.agents["a"].launches()[-1]
-        assert launch.processes[0].env["TRAINERD_MEMORY_EVERY"] == "10"  # one host: snapshots are taken
+        assert launch.processes[0].env["TRAINERD_MEMORY_EVERY"] == "auto"  # one host: snapshots are taken (the default)
         sim.agents["a"].memory = MemorySnapshot(20, 20 * GLOBAL_BATCH)
         sim.step(23)
         await sim.tick()

@@ -4,6 +4,7 @@ and reported when, what a resume restores, and how each way a resume can fail is
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -17,8 +18,10 @@ from proto.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
 from trainer.checkpoint import verify_checkpoint
 from trainer.checkpoint.mindspore_io import parameters_to_numpy
 from trainer.examples.mlp import checkpoint_settings
+from trainer.runtime.memory_snapshots import PLAN_NAME
 from trainer.runtime.checkpointing import CheckpointUnreadable, ResumePoint, SeedMismatch, TrainingCheckpoints
 from trainer.runtime.rank_context import CheckpointSettings, RankContext
+from trainer.runtime.snapshot_interval import FIRST_SNAPSHOT_AFTER
 
 SEED = 7
 
@@ -122,6 +125,20 @@ def test_in_memory_snapshots_are_checkpoints_in_the_agents_memory_and_resume_bit
     with pytest.raises(CheckpointUnreadable, match="in-memory snapshot of step 6: the agent named none") as none:
         checkpoints(replace(settings, resume_from=None), cells(), Reporter()).resume()
     assert none.value.exit_code == EXIT_CHECKPOINT_UNREADABLE
+
+
+def test_auto_snapshots_start_a_few_steps_in_and_plan_the_next_within_the_disk_interval(tmp_path: Path) -> None:
+    """With "auto" a real snapshot is taken FIRST_SNAPSHOT_AFTER steps in, and rank 0 plans the next one from
+    what it measured, no later than the disk interval allows."""
+    memory, pair = tmp_path / "shm" / "job", cells()
+    settings = CheckpointSettings(directory=tmp_path / "ckpt", every=8, memory_directory=memory, memory_every="auto")
+    with checkpoints(settings, pair, Reporter()) as ckpt:
+        for step in range(1, FIRST_SNAPSHOT_AFTER + 1):
+            perturb(pair[0], float(step))
+            ckpt.after_step(step, step * 16)
+    assert verify_checkpoint(memory / f"step_{FIRST_SNAPSHOT_AFTER:08d}").meta.step == FIRST_SNAPSHOT_AFTER
+    plan = json.loads((memory / PLAN_NAME).read_text())
+    assert plan["after"] == FIRST_SNAPSHOT_AFTER and FIRST_SNAPSHOT_AFTER < plan["next"] <= FIRST_SNAPSHOT_AFTER + 8
 
 
 def test_resume_failures_carry_their_exit_status(tmp_path: Path) -> None:

@@ -111,6 +111,12 @@ def test_checkpoint_settings_come_from_the_launcher(base: dict[str, str]) -> Non
     )
 
 
+@pytest.mark.parametrize(("value", "every"), [("auto", "auto"), ("12", 12), ("0", 0), ("", 0)])
+def test_the_memory_snapshot_interval_is_a_number_of_steps_or_auto(value: str, every: int | str) -> None:
+    env = WORKER_ENV | {"TRAINERD_MEMORY_EVERY": value}
+    assert RankContext.from_environ(env).checkpoints.memory_every == every
+
+
 def test_unset_or_empty_checkpoint_variables_mean_none() -> None:
     """No checkpoints, no periodic interval chosen (the script's flag decides), start fresh, no requests."""
     nothing = CheckpointSettings(directory=None, every=None, keep=DEFAULT_CHECKPOINT_KEEP, resume_from=None,
@@ -124,6 +130,7 @@ def test_unset_or_empty_checkpoint_variables_mean_none() -> None:
     ("TRAINERD_CHECKPOINT_EVERY", "-1", "TRAINERD_CHECKPOINT_EVERY=-1 must be at least 0"),
     ("TRAINERD_CHECKPOINT_EVERY", "often", "TRAINERD_CHECKPOINT_EVERY='often' is not an integer"),
     ("TRAINERD_CHECKPOINT_KEEP", "0", "TRAINERD_CHECKPOINT_KEEP=0 must be at least 1"),
+    ("TRAINERD_MEMORY_EVERY", "often", "TRAINERD_MEMORY_EVERY='often' is not an integer"),
 ])
 def test_a_malformed_checkpoint_variable_is_named(name: str, value: str, message: str) -> None:
     with pytest.raises(RankContextError, match=f"^{message}"):
@@ -135,7 +142,7 @@ def test_pure_modules_do_not_import_mindspore() -> None:
     code = (
         "import sys, trainer, trainer.runtime, proto.progress_datagram, trainer.runtime.rank_context, "
         "trainer.runtime.progress, trainer.runtime.communication, proto.exit_codes, "
-        "trainer.runtime.checkpoint_schedule, trainer.runtime.checkpointing; "
+        "trainer.runtime.checkpoint_schedule, trainer.runtime.checkpointing, trainer.runtime.snapshot_interval; "
         "sys.exit('mindspore' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

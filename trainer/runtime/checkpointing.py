@@ -13,9 +13,9 @@ schedule names, and tell the agent once a save is committed.
 Worker side only: MindSpore comes in through `trainer.checkpoint.mindspore_io`, imported where it is
 needed, so importing this module does not load it.
 
-In-memory snapshots (`trainer.runtime.memory_snapshots`, TRAINERD_MEMORY_DIR and TRAINERD_MEMORY_EVERY) are
-taken beside the disk saves, in the same format, into the agent's shared memory; a resume from one reads
-it like a disk checkpoint (TRAINERD_RESUME_FROM names it, inside TRAINERD_MEMORY_DIR).
+In-memory snapshots (`trainer.runtime.memory_snapshots`, TRAINERD_MEMORY_DIR and TRAINERD_MEMORY_EVERY, a
+number of steps or "auto") are taken beside the disk saves, in the same format, into the agent's shared
+memory; a resume from one reads it like a disk checkpoint (TRAINERD_RESUME_FROM names it, inside TRAINERD_MEMORY_DIR).
 
 A save blocks the step only while the parameters are copied to host memory (`CheckpointWriter.save_async`);
 a helper thread waits for the writer, and the step after the save has committed (rank 0) reports it, so the
@@ -46,6 +46,7 @@ from trainer.checkpoint.sharding import ShardedTensor
 from trainer.data.skip_ranges import SkipRanges
 from trainer.runtime.checkpoint_schedule import CheckpointSchedule, ControlFile
 from trainer.runtime.memory_snapshots import MemorySnapshots
+from trainer.runtime.snapshot_interval import interval_cap
 from trainer.runtime.progress import ProgressReporter
 from trainer.runtime.rank_context import CheckpointSettings, RankContext
 
@@ -150,9 +151,10 @@ class TrainingCheckpoints:
         self._writer: CheckpointWriter | None = None
         self._schedule: CheckpointSchedule | None = None
         self._memory: MemorySnapshots | None = None
-        if settings.memory_directory is not None and settings.memory_every > 0:
+        if settings.memory_directory is not None and settings.memory_every != 0:
             self._memory = MemorySnapshots(settings.memory_directory, settings.memory_every, self._rank,
-                                           ctx.world_size, ctx.generation, self._where)
+                                           ctx.world_size, ctx.generation, self._where, clock,
+                                           interval_cap(settings.every))
         if settings.directory is None:
             if settings.control_file is not None:
                 log.warning("%s: there is no checkpoint directory, so checkpoint requests will be ignored.",
@@ -248,7 +250,9 @@ class TrainingCheckpoints:
         try:
             self._memory.save(self._meta(step, consumed_samples), parameters_to_numpy(*self._cells), self._sharded)
         finally:
-            self._reporter.add_checkpoint_stall(self._clock.now() - started)
+            stall = self._clock.now() - started
+            self._reporter.add_checkpoint_stall(stall)
+            self._memory.snapshotted(step, stall)
 
     def _meta(self, step: int, consumed_samples: int) -> CheckpointMeta:
         return CheckpointMeta(step=step, consumed_samples=consumed_samples, data_seed=self._data_seed,

@@ -13,18 +13,40 @@ All ranks of a generation must share the directory: the coordinator asks for sna
 generation runs on one host (until agents copy snapshots to each other, issue 15 item 2).
 
 A failed snapshot is logged and training goes on: the disk checkpoints remain the fallback.
+
+How often: every `every` steps (global step numbers, so every rank agrees), or, with "auto", as often as
+keeps the snapshot's stall under 2% of the step time (trainer/runtime/snapshot_interval.py). Every rank of
+a generation must snapshot the same steps, or rank 0's commit waits for a report that never comes. With
+"auto" the steps are agreed without a collective:
+- the first is the same function of the resume step on every rank (FIRST_SNAPSHOT_AFTER steps in);
+- after each snapshot, rank 0 alone measures (the stall of its snapshot, its mean step time since the
+  previous one without that stall), chooses the interval, and publishes the next snapshot step in
+  PLAN_NAME in the shared directory (written whole, renamed into place) before it starts its next step;
+- the other ranks, after each snapshot, read that file at each step until it names the snapshot they
+  just took as its predecessor, then take the step it names. The ranks run in lockstep (every step
+  has a collective), so no rank finishes step k + 1 before rank 0 has published what it decided at the
+  end of step k: the plan is always there in time. A rank that finds the plan names a step it has
+  already passed logs it: rank 0's commit of that snapshot then times out (MEMORY_COMMIT_TIMEOUT_S,
+  logged too), retention removes it, and the ranks follow the next plan. If rank 0 cannot publish, it
+  stops taking snapshots (logged), so none is left waiting for the others.
+The agent removes the plan at every launch (it is not a step directory); it also names its generation.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
+from common.clock import Clock
 from trainer.checkpoint import CheckpointError, CheckpointMeta, CheckpointWriter
 from trainer.checkpoint.sharding import ShardedTensor
+from trainer.runtime.snapshot_interval import FIRST_SNAPSHOT_AFTER, StepTimes, interval_for
 
 log = logging.getLogger(__name__)
 
@@ -32,22 +54,54 @@ MEMORY_KEEP = 1
 # Every rank writes into the same local memory: a rank that has not written its share this long after
 # rank 0 has died (and the generation with it).
 MEMORY_COMMIT_TIMEOUT_S = 60.0
+PLAN_NAME = "snapshot_plan.json"  # with "auto": the next snapshot step rank 0 chose
 
 
 class MemorySnapshots:
-    """One rank's snapshots into `directory`, after every `every`-th step (global step numbers)."""
+    """One rank's snapshots into `directory`: after every `every`-th step, or with "auto" at the steps
+    rank 0 plans, at most `cap` steps apart. Call `due` after every step, and `snapshotted` after each
+    snapshot with the time it blocked the step loop."""
 
-    def __init__(self, directory: Path, every: int, rank: int, world_size: int, generation: int,
-                 where: str) -> None:
-        if every < 1:
+    def __init__(self, directory: Path, every: int | Literal["auto"], rank: int, world_size: int,
+                 generation: int, where: str, clock: Clock, cap: int) -> None:
+        if every != "auto" and every < 1:
             raise ValueError(f"the snapshot interval must be at least 1, got {every}")
         self.every = every
+        self._directory = directory
+        self._rank = rank
+        self._generation = generation
         self._where = where
+        self._cap = cap
+        self._steps = StepTimes(clock)
+        self._next: int | None = None  # with "auto": the next snapshot step, None while unknown
+        self._last: int | None = None  # with "auto": the last step snapshotted (or resumed from)
+        self._stopped = False          # rank 0 could not publish its plan: no more snapshots
         self._writer = CheckpointWriter(directory, rank, world_size, generation=generation, keep=MEMORY_KEEP,
                                         commit_timeout_s=MEMORY_COMMIT_TIMEOUT_S)
 
     def due(self, step: int) -> bool:
-        return step % self.every == 0
+        if self.every != "auto":
+            return step % self.every == 0
+        self._steps.step_ended()
+        if self._last is None:  # this generation's first step: every rank resumed from the same one
+            self._last = step - 1
+            self._next = self._last + FIRST_SNAPSHOT_AFTER
+        if self._next is None and not self._stopped and self._rank != 0:
+            self._follow(step)
+        return step == self._next
+
+    def snapshotted(self, step: int, stall_s: float) -> None:
+        """The snapshot of `step` blocked the step loop `stall_s` seconds: with "auto", plan the next one
+        (rank 0) or wait for rank 0's plan (the others)."""
+        if self.every == "auto":
+            self._last, self._next = step, None
+            if self._rank == 0 and not self._stopped:
+                step_s = self._steps.mean()
+                interval = interval_for(stall_s, step_s, self._cap) if step_s is not None else self._cap
+                self._publish(step, step + interval)
+                log.info("%s: snapshot of step %d stalled %.3f s, steps take %s: the next is in %d steps",
+                         self._where, step, stall_s, "?" if step_s is None else f"{step_s:.3f} s", interval)
+            self._steps.reset()
 
     def save(self, meta: CheckpointMeta, tensors: Mapping[str, np.ndarray],
              sharded: Mapping[str, ShardedTensor]) -> None:
@@ -62,6 +116,38 @@ class MemorySnapshots:
     def close(self) -> None:
         self._settle()
         self._writer.close()
+
+    def _publish(self, after: int, next_step: int) -> None:
+        path = self._directory / PLAN_NAME
+        staging = path.with_name(f".{PLAN_NAME}.{os.getpid()}")
+        try:
+            staging.write_text(json.dumps({"generation": self._generation, "after": after, "next": next_step}))
+            os.replace(staging, path)
+        except OSError as exc:
+            log.error("%s: cannot publish the next snapshot step to the other ranks (%s): no more in-memory "
+                      "snapshots in this generation", self._where, exc)
+            self._stopped = True
+            return
+        self._next = next_step
+
+    def _follow(self, step: int) -> None:
+        """Take rank 0's plan once it follows the last snapshot (an older one is not published yet)."""
+        assert self._last is not None
+        try:
+            plan = json.loads((self._directory / PLAN_NAME).read_text())
+            generation, after, next_step = plan["generation"], plan["after"], plan["next"]
+        except (OSError, ValueError, TypeError, KeyError):
+            return
+        if generation != self._generation or not isinstance(after, int) or not isinstance(next_step, int):
+            return
+        if after < self._last:
+            return
+        if next_step >= step:
+            self._next = next_step
+            return
+        log.warning("%s: rank 0 planned an in-memory snapshot at step %d, which this rank had passed before "
+                    "it read the plan: that snapshot will not complete", self._where, next_step)
+        self._last = next_step  # the next plan follows that one
 
     def _settle(self) -> None:
         try:

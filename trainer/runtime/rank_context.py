@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from collections.abc import Mapping
+from typing import Literal
 
 
 class RankContextError(ValueError):
@@ -72,7 +73,9 @@ class CheckpointSettings:
     # TRAINERD_MEMORY_DIR: the agent's shared-memory directory for this job's in-memory snapshots
     # (trainer.runtime.memory_snapshots); None: no snapshots.
     memory_directory: Path | None = None
-    memory_every: int = 0             # TRAINERD_MEMORY_EVERY: snapshot after every N-th step, 0: never
+    # TRAINERD_MEMORY_EVERY: snapshot after every N-th step, 0: never, "auto": as often as keeps the stall
+    # under 2% (trainer.runtime.snapshot_interval)
+    memory_every: int | Literal["auto"] = 0
     # TRAINERD_RESUME_MEMORY_STEP: the coordinator chose this step's in-memory snapshot, which the agent
     # names in resume_from; None: resume_from (if any) is a disk checkpoint.
     memory_step: int | None = None
@@ -93,7 +96,8 @@ class CheckpointSettings:
             resume_from=_optional_path(env, "TRAINERD_RESUME_FROM"),
             control_file=_optional_path(env, "TRAINERD_CONTROL_FILE"),
             memory_directory=None if memory is None else Path(memory),
-            memory_every=_optional_int(env, "TRAINERD_MEMORY_EVERY", minimum=0) or 0,
+            memory_every="auto" if env.get("TRAINERD_MEMORY_EVERY") == "auto"
+            else _optional_int(env, "TRAINERD_MEMORY_EVERY", minimum=0) or 0,
             memory_step=_optional_int(env, "TRAINERD_RESUME_MEMORY_STEP", minimum=1),
         )
 
