@@ -10,7 +10,10 @@ manifest is there. The agent:
   when it starts from scratch): they belong to a future the job abandoned, so every snapshot left is
   one the new generation's timeline passes through;
 - names the snapshot to resume from for the workers (TRAINERD_RESUME_FROM = its step directory here);
-- reports the newest complete snapshot in its heartbeats (`newest`);
+- reports the newest complete snapshot in its heartbeats (`newest`), pinned first: its files
+  hard-linked under `.reported/` (no copy: tmpfs links share the pages). The workers keep only their
+  newest snapshot, and the coordinator may name the one reported up to a heartbeat ago; without the pin
+  the workers would often have removed it by the time the relaunch asks for it;
 - removes the job's directory when the coordinator's Stop says the job completed, everything when
   it starts (what a crashed agent left) and when it exits, and another job's directory when it
   launches a job. A FAILED or PAUSED job's snapshots stay until then (`trainerctl resume` may use them).
@@ -39,6 +42,9 @@ MANIFEST_NAME = "manifest.json"
 _STEP_DIR = re.compile(r"step_(\d{8,})")
 # A manifest larger than this is not read for its step (a real one is a few hundred bytes per tensor).
 MAX_MANIFEST_BYTES = 64 << 20
+# Under a job's directory: hard links to the snapshot last reported (not a `step_N` name, so the workers'
+# retention, which looks only at those, leaves it alone).
+REPORTED_DIR = ".reported"
 
 
 def step_dir_name(step: int) -> str:
@@ -62,6 +68,7 @@ class MemorySnapshotDir:
         self.root = root
         self._user = user
         self._known: dict[Path, Snapshot] = {}  # complete snapshots already read, by step directory
+        self._reported: dict[str, Snapshot] = {}  # by job: the snapshot pinned under REPORTED_DIR
 
     def job_dir(self, job: str) -> Path:
         return self.root / job
@@ -69,11 +76,13 @@ class MemorySnapshotDir:
     def clear(self) -> None:
         """Remove every snapshot of every job (at start and at exit)."""
         self._known.clear()
+        self._reported.clear()
         if not self.root.is_symlink() and self.root.is_dir():
             shutil.rmtree(self.root, ignore_errors=True)
 
     def drop(self, job: str) -> None:
         """Remove the job's snapshots (it completed)."""
+        self._reported.pop(job, None)
         _remove(self.job_dir(job))
 
     def prepare(self, job: str, resume_step: int | None) -> Path:
@@ -87,6 +96,7 @@ class MemorySnapshotDir:
         for child in self.root.iterdir():
             if child.name != job:
                 _remove(child)
+                self._reported.pop(child.name, None)
         directory = self.job_dir(job)
         try:
             directory.mkdir(mode=0o700, exist_ok=True)
@@ -97,15 +107,70 @@ class MemorySnapshotDir:
                 os.chown(directory, self._user.uid, self._user.gid, follow_symlinks=False)
         except OSError as exc:
             raise MemoryDirError(f"cannot create {directory}: {exc.strerror or exc}") from None
-        for child in directory.iterdir():
+        pins = directory / REPORTED_DIR
+        if resume_step is None or pins.is_symlink() or pins.exists() and not pins.is_dir():
+            _remove(pins)
+        stale = [child for child in directory.iterdir() if child != pins]
+        for child in stale + (list(pins.iterdir()) if pins.is_dir() else []):
             match = _STEP_DIR.fullmatch(child.name)
             if match is None or resume_step is None or int(match.group(1)) > resume_step:
                 _remove(child)
+        reported = self._reported.get(job)
+        if reported is not None and not (directory / REPORTED_DIR / step_dir_name(reported.step)).is_dir():
+            del self._reported[job]
         self._known = {path: snap for path, snap in self._known.items() if path.exists()}
         return directory
 
+    def resume_path(self, job: str, step: int) -> Path:
+        """Where the workers read the snapshot of `step`: the pinned copy when it is the one pinned,
+        else the workers' own directory of it."""
+        pinned = self.job_dir(job) / REPORTED_DIR / step_dir_name(step)
+        if (pinned / MANIFEST_NAME).is_file():
+            return pinned
+        return self.job_dir(job) / step_dir_name(step)
+
     def newest(self, job: str) -> Snapshot | None:
-        """The newest complete snapshot of `job` here (its manifest present and readable), or None."""
+        """The snapshot of `job` to report: the newest complete one here, once pinned under REPORTED_DIR
+        (the one pinned before, while a newer one cannot be: its files went before they were linked), or
+        None."""
+        found = self._newest_complete(job)
+        reported = self._reported.get(job)
+        if found is not None and found != reported and self._pin(job, found):
+            self._reported[job] = reported = found
+        return reported
+
+    def _pin(self, job: str, snapshot: Snapshot) -> bool:
+        """Hard-link the snapshot's files under REPORTED_DIR (the manifest last), replacing the pin
+        before. False when its files went first (the workers removed it: a newer one is complete)."""
+        name = step_dir_name(snapshot.step)
+        source, pins = self.job_dir(job) / name, self.job_dir(job) / REPORTED_DIR
+        partial = pins / (name + ".partial")
+        try:
+            pins.mkdir(mode=0o755, exist_ok=True)
+            if not stat.S_ISDIR(os.lstat(pins).st_mode):
+                raise NotADirectoryError(f"{pins} is not a directory")
+            _remove(partial)
+            partial.mkdir(mode=0o755)
+            if self._user is not None:
+                for made in (pins, partial):
+                    os.chown(made, self._user.uid, self._user.gid, follow_symlinks=False)
+            files = sorted((e for e in os.scandir(source) if e.is_file(follow_symlinks=False)),
+                           key=lambda e: e.name == MANIFEST_NAME)
+            if not files or files[-1].name != MANIFEST_NAME:
+                raise FileNotFoundError(f"{source / MANIFEST_NAME} is gone")
+            for entry in files:
+                os.link(entry.path, partial / entry.name, follow_symlinks=False)
+            partial.rename(pins / name)
+        except OSError as exc:
+            log.debug("cannot pin the snapshot of step %d: %s", snapshot.step, exc)
+            _remove(partial)
+            return False
+        for child in pins.iterdir():
+            if child.name != name:
+                _remove(child)
+        return True
+
+    def _newest_complete(self, job: str) -> Snapshot | None:
         directory = self.job_dir(job)
         try:
             names = [entry.name for entry in os.scandir(directory) if _STEP_DIR.fullmatch(entry.name)]

@@ -42,7 +42,7 @@ from agent.job_workdir import UnsafeJobPath, graceful_exit_path, job_workdir
 from agent.launch_policy import launch_refusal
 from agent.launcher import ProcessHandle, ProcessLauncher
 from agent.log_reader import describe_process, generation_dir, log_name, log_path, read_log_range
-from agent.memory_snapshots import MemoryDirError, MemorySnapshotDir, step_dir_name
+from agent.memory_snapshots import MemoryDirError, MemorySnapshotDir
 from agent.orphans import ProcessRegistry
 from agent.process_state import descends_from, os_state
 from agent.output_follower import OutputFollower
@@ -233,7 +233,7 @@ class Supervisor:
             return {"TRAINERD_MEMORY_EVERY": "0"}
         memory_env = {"TRAINERD_MEMORY_DIR": str(directory)}
         if memory_step.isdigit():
-            memory_env["TRAINERD_RESUME_FROM"] = str(directory / step_dir_name(int(memory_step)))
+            memory_env["TRAINERD_RESUME_FROM"] = str(self.memory.resume_path(launch.job_name, int(memory_step)))
         return memory_env
 
     async def _prepare_workdir(self, launch: pb.Launch) -> Path:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,28 @@ def test_a_launch_drops_other_jobs_and_the_snapshots_after_its_resume_step(tmp_p
     assert list(job_dir.iterdir()) == []
     memory.clear()
     assert not memory.root.exists()
+
+
+def test_the_snapshot_reported_outlives_the_workers_retention(tmp_path: Path) -> None:
+    """The workers keep only their newest snapshot, and the coordinator may name the one the last heartbeat
+    reported: the agent pins what it reports (hard links), so a relaunch named it still finds it whole."""
+    memory = MemorySnapshotDir(tmp_path / "shm")
+    job_dir = memory.prepare("job", None)
+    snapshot(job_dir, 10)
+    assert memory.newest("job") == Snapshot(10, 80)  # reported in a heartbeat
+    snapshot(job_dir, 20)
+    shutil.rmtree(job_dir / step_dir_name(10))  # the workers' retention, before the next heartbeat
+    snapshot(job_dir, 30, committed=False)  # and a crash in the middle of the next copy
+    assert memory.prepare("job", 10) == job_dir  # the coordinator relaunches from what it was told: 10
+    resume = memory.resume_path("job", 10)
+    assert resume != job_dir / step_dir_name(10) and resume.is_relative_to(job_dir)
+    assert json.loads((resume / MANIFEST_NAME).read_text())["step"] == 10
+    assert (resume / "rank_0.safetensors").read_bytes() == b"x" * 16
+    assert memory.newest("job") == Snapshot(10, 80)
+    snapshot(job_dir, 40)  # the relaunch snapshots again: the pin moves on, the old one goes
+    assert memory.newest("job") == Snapshot(40, 320)
+    assert memory.resume_path("job", 10) == job_dir / step_dir_name(10)
+    assert memory.resume_path("job", 40) != job_dir / step_dir_name(40)
 
 
 def test_a_root_that_is_not_the_agents_own_directory_is_refused(tmp_path: Path) -> None:
