@@ -11,9 +11,10 @@ manifest is there. The agent:
   one the new generation's timeline passes through;
 - names the snapshot to resume from for the workers (TRAINERD_RESUME_FROM = its step directory here);
 - reports the newest complete snapshot in its heartbeats (`newest`), pinned first: its files
-  hard-linked under `.reported/` (no copy: tmpfs links share the pages). The workers keep only their
-  newest snapshot, and the coordinator may name the one reported up to a heartbeat ago; without the pin
-  the workers would often have removed it by the time the relaunch asks for it;
+  hard-linked under `.reported/` (no copy: tmpfs links share the pages), the two last reported kept.
+  The workers keep only their newest snapshot, and the coordinator may name one reported a heartbeat
+  ago, or the one before when its choice crossed a newer report; without the pins the workers would
+  often have removed it by the time the relaunch asks for it;
 - removes the job's directory when the coordinator's Stop says the job completed, everything when
   it starts (what a crashed agent left) and when it exits, and another job's directory when it
   launches a job. A FAILED or PAUSED job's snapshots stay until then (`trainerctl resume` may use them).
@@ -140,8 +141,9 @@ class MemorySnapshotDir:
         return reported
 
     def _pin(self, job: str, snapshot: Snapshot) -> bool:
-        """Hard-link the snapshot's files under REPORTED_DIR (the manifest last), replacing the pin
-        before. False when its files went first (the workers removed it: a newer one is complete)."""
+        """Hard-link the snapshot's files under REPORTED_DIR (the manifest last), keeping only the pin
+        of the one reported before besides. False when its files went first (the workers removed it: a
+        newer one is complete)."""
         name = step_dir_name(snapshot.step)
         source, pins = self.job_dir(job) / name, self.job_dir(job) / REPORTED_DIR
         partial = pins / (name + ".partial")
@@ -149,6 +151,8 @@ class MemorySnapshotDir:
             pins.mkdir(mode=0o755, exist_ok=True)
             if not stat.S_ISDIR(os.lstat(pins).st_mode):
                 raise NotADirectoryError(f"{pins} is not a directory")
+            if (pins / name / MANIFEST_NAME).is_file():  # pinned before (the relaunch resumed from it)
+                return True
             _remove(partial)
             partial.mkdir(mode=0o755)
             if self._user is not None:
@@ -165,8 +169,10 @@ class MemorySnapshotDir:
             log.debug("cannot pin the snapshot of step %d: %s", snapshot.step, exc)
             _remove(partial)
             return False
+        before = self._reported.get(job)
+        keep = {name} | (set() if before is None else {step_dir_name(before.step)})
         for child in pins.iterdir():
-            if child.name != name:
+            if child.name not in keep:
                 _remove(child)
         return True
 

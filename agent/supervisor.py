@@ -347,7 +347,11 @@ class Supervisor:
             await self._stop_all(stop.grace_s)
             if stop.job_completed and self.memory is not None:
                 self.memory.drop(self._job_name)
-            self._report(pb.AgentMessage(stopped=pb.Stopped(generation=stop.generation)))
+            stopped = pb.Stopped(generation=stop.generation)
+            snapshot = self._memory_snapshot()
+            if snapshot is not None:
+                stopped.memory_snapshot.CopyFrom(snapshot)
+            self._report(pb.AgentMessage(stopped=stopped))
 
     async def _dump_stacks(self) -> None:
         """Append every running process's Python stacks to its log and to <name>.stacks.txt, all at
@@ -494,11 +498,16 @@ class Supervisor:
             self._flush_progress(rank)
         heartbeat = pb.Heartbeat(generation=self.generation, sent_at=self._clock.wall(),
                                  processes=[m.status() for m in self.processes.values()])
-        snapshot = None if self.memory is None or not self._job_name else self.memory.newest(self._job_name)
+        snapshot = self._memory_snapshot()
         if snapshot is not None:
-            heartbeat.memory_snapshot.CopyFrom(pb.MemorySnapshot(step=snapshot.step,
-                                                                 consumed_samples=snapshot.consumed_samples))
+            heartbeat.memory_snapshot.CopyFrom(snapshot)
         return heartbeat
+
+    def _memory_snapshot(self) -> pb.MemorySnapshot | None:
+        """The newest in-memory snapshot of the job held here (pinned: agent/memory_snapshots.py)."""
+        snapshot = None if self.memory is None or not self._job_name else self.memory.newest(self._job_name)
+        return None if snapshot is None else pb.MemorySnapshot(step=snapshot.step,
+                                                               consumed_samples=snapshot.consumed_samples)
 
     async def watch_output(self) -> None:
         """Read what the running workers append to their logs every OUTPUT_POLL_INTERVAL_S, until cancelled."""

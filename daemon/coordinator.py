@@ -382,9 +382,9 @@ class Coordinator:
         if self.job is not None:
             self.job.progress_report(generation, session.node, report)
 
-    def stopped_report(self, session: AgentSession, generation: int) -> None:
+    def stopped_report(self, session: AgentSession, generation: int, memory: MemorySnapshot | None = None) -> None:
         if self.job is not None:
-            self.job.stopped_report(generation, session.node)
+            self.job.stopped_report(generation, session.node, memory)
             self.request_reconcile()
 
     def checkpoint_saved(self, session: AgentSession, generation: int, step: int, consumed_samples: int,

@@ -178,6 +178,11 @@ def progress_report(p: pb.Progress) -> ProgressReport:
         checkpoint_stall_s=check.finite(p.checkpoint_stall_s, "checkpoint_stall_s", 0.0, check.MAX_STALL_S))
 
 
+def memory_snapshot(m: pb.MemorySnapshot) -> MemorySnapshot:
+    return MemorySnapshot(check.step(m.step, "memory snapshot step"),
+                          check.sample_position(m.consumed_samples, "consumed_samples"))
+
+
 def skipped_batch(b: pb.BadBatch) -> tuple[int, SkippedBatch]:
     """The reporting rank and what it skipped. Raises MalformedMessage."""
     start = check.sample_position(b.sample_start, "sample_start")
@@ -327,11 +332,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             sent_at = check.finite(heartbeat.sent_at, "sent_at")
             reports = [process_status_report(node, status) for status in heartbeat.processes]
             lag = time.time() - sent_at if sent_at > 0 else None
-            memory = None
-            if heartbeat.HasField("memory_snapshot"):
-                snapshot = heartbeat.memory_snapshot
-                memory = MemorySnapshot(check.step(snapshot.step, "memory snapshot step"),
-                                        check.sample_position(snapshot.consumed_samples, "consumed_samples"))
+            memory = memory_snapshot(heartbeat.memory_snapshot) if heartbeat.HasField("memory_snapshot") else None
             coordinator.heartbeat(session, generation, lag, memory)
             metrics.HEARTBEATS.inc()
             if lag is not None:
@@ -351,7 +352,10 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             coordinator.progress_report(session, check.generation(message.progress.generation),
                                         progress_report(message.progress))
         elif kind == "stopped":
-            coordinator.stopped_report(session, check.generation(message.stopped.generation))
+            stopped = message.stopped
+            coordinator.stopped_report(session, check.generation(stopped.generation),
+                                       memory_snapshot(stopped.memory_snapshot)
+                                       if stopped.HasField("memory_snapshot") else None)
         elif kind == "bad_batch":
             rank, batch = skipped_batch(message.bad_batch)
             coordinator.bad_batch(session, check.generation(message.bad_batch.generation), rank, batch)

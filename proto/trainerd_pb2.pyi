@@ -175,10 +175,12 @@ class BadBatch(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., sample_start: _Optional[int] = ..., sample_end: _Optional[int] = ..., reason: _Optional[str] = ..., loss: _Optional[float] = ..., grad_norm: _Optional[float] = ...) -> None: ...
 
 class Stopped(_message.Message):
-    __slots__ = ("generation",)
+    __slots__ = ("generation", "memory_snapshot")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     generation: int
-    def __init__(self, generation: _Optional[int] = ...) -> None: ...
+    memory_snapshot: MemorySnapshot
+    def __init__(self, generation: _Optional[int] = ..., memory_snapshot: _Optional[_Union[MemorySnapshot, _Mapping]] = ...) -> None: ...
 
 class CheckpointSaved(_message.Message):
     __slots__ = ("generation", "step", "consumed_samples", "path")

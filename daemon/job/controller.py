@@ -274,10 +274,14 @@ class JobController:
             self.goodput.checkpoint_stall(generation, report.checkpoint_stall_s)
             self._account()
 
-    def stopped_report(self, generation: int, node: str) -> None:
+    def stopped_report(self, generation: int, node: str, memory: MemorySnapshot | None = None) -> None:
+        """The node stopped the generation; `memory`: the newest in-memory snapshot its agent holds then
+        (fresher than its last heartbeat's, and what the relaunch, decided next, may resume from)."""
         observation = self._current(generation)
         if observation is not None:
             observation.stopped.add(node)
+            if memory is not None:
+                observation.memory_snapshots[node] = memory
             self._note_idle(observation)
 
     def checkpoint_saved(self, generation: int, node: str, step: int, consumed_samples: int, path: str) -> bool:

@@ -85,9 +85,13 @@ def test_the_snapshot_reported_outlives_the_workers_retention(tmp_path: Path) ->
     assert json.loads((resume / MANIFEST_NAME).read_text())["step"] == 10
     assert (resume / "rank_0.safetensors").read_bytes() == b"x" * 16
     assert memory.newest("job") == Snapshot(10, 80)
-    snapshot(job_dir, 40)  # the relaunch snapshots again: the pin moves on, the old one goes
+    snapshot(job_dir, 40)  # the relaunch snapshots again: the pin moves on, the one before kept
     assert memory.newest("job") == Snapshot(40, 320)
-    assert memory.resume_path("job", 10) == job_dir / step_dir_name(10)
+    assert memory.resume_path("job", 40) != job_dir / step_dir_name(40)
+    assert memory.resume_path("job", 10) == resume  # a choice made from the report before still holds
+    snapshot(job_dir, 50)
+    assert memory.newest("job") == Snapshot(50, 400)
+    assert memory.resume_path("job", 10) == job_dir / step_dir_name(10)  # two reports ago: gone
     assert memory.resume_path("job", 40) != job_dir / step_dir_name(40)
 
 
@@ -118,14 +122,17 @@ def test_the_supervisor_gives_its_workers_the_memory_and_reports_the_newest_snap
         assert env["TRAINERD_MEMORY_DIR"] == str(job_dir) and env["TRAINERD_RESUME_FROM"] == ""
         assert not host.supervisor.heartbeat().HasField("memory_snapshot")
         snapshot(job_dir, 15)
-        snapshot(job_dir, 20)
+        assert host.supervisor.heartbeat().memory_snapshot.step == 15
+        snapshot(job_dir, 20)  # after the heartbeat: the Stop's confirmation tells of it at once
+        await host.supervisor.stop(pb.Stop(generation=1, grace_s=1.0))
+        assert host.sent("stopped")[-1].memory_snapshot == pb.MemorySnapshot(step=20, consumed_samples=160)
         assert host.supervisor.heartbeat().memory_snapshot == pb.MemorySnapshot(step=20, consumed_samples=160)
 
         # The coordinator chose the snapshot of step 15 (say, 20 failed to load): the agent names its copy.
         await host.supervisor.launch(memory_launch(2, TRAINERD_MEMORY_EVERY="5", TRAINERD_RESUME_STEP="15",
                                                    TRAINERD_RESUME_MEMORY_STEP="15", TRAINERD_RESUME_FROM=""))
         env = host.launcher.started["rank1"].env
-        assert env["TRAINERD_RESUME_FROM"] == str(job_dir / step_dir_name(15))
+        assert env["TRAINERD_RESUME_FROM"] == str(job_dir / ".reported" / step_dir_name(15))  # reported before 20
         assert host.supervisor.heartbeat().memory_snapshot.step == 15  # 20 belongs to an abandoned future
 
         # A generation without snapshots (several hosts) still drops what is newer than its resume step.
