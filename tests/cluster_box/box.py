@@ -17,6 +17,7 @@ and opening one first sweeps what an earlier run that was killed left behind.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 from collections.abc import Callable
@@ -127,6 +128,9 @@ class ClusterBox:
         self._mounted = False
         self._channels: dict[str, grpc.Channel] = {}
         self._pki = self.root / "pki"
+        # The agents' in-memory snapshots (tmpfs, as in production), removed with the box: an agent killed
+        # with SIGKILL cannot remove its own.
+        self.memory_root = Path("/dev/shm") / self.network.tag
 
     # ------------------------------------------------------------ life
 
@@ -175,6 +179,7 @@ class ClusterBox:
         if self._mounted:
             subprocess.run(["umount", "-l", str(self.checkpoint_dir)], capture_output=True, timeout=30)
             self._mounted = False
+        shutil.rmtree(self.memory_root, ignore_errors=True)
 
     # ------------------------------------------------------------ parts
 
@@ -227,7 +232,8 @@ class ClusterBox:
         host.agent = self.procs.start(host.name, [
             "ip", "netns", "exec", host.net.namespace, str(BIN / "trainerd-agent"),
             "--coordinator", ",".join(r.address for r in host.relays), "--node-name", host.name,
-            "--host", host.address, "--cpu-devices", "1", "--work-dir", str(host.work_dir), "--log-level", "DEBUG",
+            "--host", host.address, "--cpu-devices", "1", "--work-dir", str(host.work_dir),
+            "--memory-dir", str(self.memory_root / host.name), "--log-level", "DEBUG",
         ], env)
         return host.agent
 

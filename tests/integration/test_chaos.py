@@ -156,8 +156,12 @@ def test_the_etcd_leader_killed_mid_run_costs_at_most_one_restart_and_ends_bit_i
                      interval=0.5, on_timeout=box.procs.logs)
     assert job.state == "COMPLETED", job
     assert killed_at is not None and killed_at.step < steps, "the job ended before the fault"
-    assert job.step == steps and job.restarts <= 1, job
-    print(f"etcd leader {leader.name} killed at step {killed_at.step}: {job.restarts} restart(s)")
+    # Not `job.step == steps`: the MLP runs its 600 steps in seconds, and when the coordinators' leadership
+    # moved during the etcd election (lease 2 s) it may finish before the new leader hears a step or a
+    # commit (their reports to the old one are not sent again). The final weights below show it ran to the end.
+    assert job.restarts <= 1, job
+    print(f"etcd leader {leader.name} killed at step {killed_at.step}: {job.restarts} restart(s), "
+          f"status at the end: step {job.step}, last checkpoint {job.last_checkpoint_step}")
     weights, reference = final_weights(box.root / "out", 2), final_weights(fault_free_mlp.root / "out", 2)
     assert sorted(weights) == sorted(reference)
     for name in reference:
@@ -186,7 +190,8 @@ def degrade_link_while_training(box: ClusterBox, host, seconds: float) -> tuple[
 
 
 def test_a_full_disk_then_the_leader_lost_with_its_etcd_member_then_a_bad_link(cluster_box) -> None:
-    steps = 2400  # long enough to train through the 20 s of the bad link after the other two faults
+    steps = 3600  # long enough to train through the 20 s of the bad link after the other two faults (2,400 ended
+    # only 35 steps after it on an idle machine)
     timeline = Timeline()
     box = cluster_box(hosts=2, heartbeat_interval_s=1.0, heartbeat_timeout_s=5.0,  # the defaults
                       job=lambda b: {**mlp_job(b, steps=steps), "min_nodes": 2, "max_nodes": 2})
