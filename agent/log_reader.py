@@ -12,6 +12,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.generation_dirs import generation_dir
+
 MAX_LOG_READ_BYTES = 1 << 20
 ROLES = ("scheduler", "worker")
 
@@ -21,10 +23,6 @@ class LogRange:
     data: bytes
     offset: int  # where `data` starts in the file
     size: int  # the file's size when it was read
-
-
-def generation_dir(agent_work_dir: Path, generation: int) -> Path:
-    return agent_work_dir / "generations" / f"{generation:06d}"
 
 
 def log_name(role: str, rank: int) -> str:

@@ -41,7 +41,8 @@ from agent.failure_cause import extract_failure_cause
 from agent.job_workdir import UnsafeJobPath, graceful_exit_path, job_workdir
 from agent.launch_policy import launch_refusal
 from agent.launcher import ProcessHandle, ProcessLauncher
-from agent.log_reader import describe_process, generation_dir, log_name, log_path, read_log_range
+from agent.generation_dirs import generation_dir, prune_generation_dirs
+from agent.log_reader import describe_process, log_name, log_path, read_log_range
 from agent.memory_snapshots import MemoryDirError, MemorySnapshotDir
 from agent.orphans import ProcessRegistry
 from agent.process_state import descends_from, os_state
@@ -183,6 +184,7 @@ class Supervisor:
             self._workdir, self._graceful_exit_file = None, ""
             gen_dir = generation_dir(self._work_dir, launch.generation)
             gen_dir.mkdir(parents=True, exist_ok=True)
+            await asyncio.to_thread(prune_generation_dirs, self._work_dir, launch.generation)
             rank_table = gen_dir / "rank_table.json"
             rank_table.write_text(launch.rank_table_json)
             skips = gen_dir / "skips.json"

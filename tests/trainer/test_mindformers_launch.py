@@ -26,12 +26,15 @@ RUNNER = ["python", "run_mindformer.py", "--run_mode", "train"]
 
 
 def worker_env(tmp_path: Path, world_size: int, rank: int = 0, **extra: str) -> dict[str, str]:
+    generation_dir = tmp_path / "generations" / "000003"  # the agent's, where it writes control.json
+    generation_dir.mkdir(parents=True, exist_ok=True)
     return {
         "MS_ROLE": "MS_WORKER", "MS_SCHED_HOST": "127.0.0.1", "MS_SCHED_PORT": "8118",
         "MS_WORKER_NUM": str(world_size), "RANK_SIZE": str(world_size), "RANK_ID": str(rank),
         "MS_NODE_ID": str(rank), "DEVICE_ID": "0", "TRAINERD_LOCAL_RANK": str(rank), "TRAINERD_JOB": "llm",
         "TRAINERD_GENERATION": "3", "TRAINERD_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
-        "TRAINERD_CHECKPOINT_EVERY": "50", "TRAINERD_CHECKPOINT_KEEP": "2", **extra,
+        "TRAINERD_CHECKPOINT_EVERY": "50", "TRAINERD_CHECKPOINT_KEEP": "2",
+        "TRAINERD_CONTROL_FILE": str(generation_dir / "control.json"), **extra,
     }
 
 
@@ -64,6 +67,7 @@ def test_a_resumed_generation_at_a_smaller_world_size(tmp_path: Path, user_yaml:
     env = worker_env(tmp_path, 1, TRAINERD_RESUME_FROM=str(iteration), TRAINERD_RESUME_SAMPLES="120")
     path, config = generated(prepare(user_yaml, RUNNER, env))
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.name.startswith("trainerd-llm-g3-rank0-")
+    assert path.parent == tmp_path / "generations" / "000003"  # removed with the generation, not left in /tmp
     assert config["parallel_config"]["data_parallel"] == 1
     assert config["runner_config"]["gradient_accumulation_steps"] == 2
     assert config["checkpoint"] == {"save_path": str(tmp_path / "ckpt"), "save_interleaved_steps": 50, "save_max": 2,

@@ -110,10 +110,18 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 
 def write_generation_yaml(config: dict[str, Any], environ: Mapping[str, str]) -> Path:
-    """A private file (mode 0600) named after the job, generation and rank, in the temporary directory."""
+    """A private file (mode 0600) named after the job, generation and rank, in the directory the agent keeps
+    for this generation (that of TRAINERD_CONTROL_FILE; the agent removes it with the generation's other
+    files), or in the temporary directory when no agent gave one."""
     role = "scheduler" if environ.get("MS_ROLE") == "MS_SCHED" else f"rank{environ.get('RANK_ID', '0')}"
     prefix = f"trainerd-{environ.get('TRAINERD_JOB', 'job')}-g{environ.get('TRAINERD_GENERATION', '0')}-{role}-"
-    fd, name = tempfile.mkstemp(prefix=prefix, suffix=".yaml")
+    control_file = environ.get("TRAINERD_CONTROL_FILE")
+    directory = str(Path(control_file).parent) if control_file else None
+    try:
+        fd, name = tempfile.mkstemp(prefix=prefix, suffix=".yaml", dir=directory)
+    except OSError as exc:
+        raise LaunchError(f"cannot write the generation's YAML in {directory or tempfile.gettempdir()}: "
+                          f"{exc.strerror}") from None
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         yaml.safe_dump(config, f, sort_keys=False)
     return Path(name)
