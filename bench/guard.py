@@ -9,6 +9,7 @@ guard's own share shows apart from the norm's.
     /work/main/.venv/bin/python bench/guard.py --long-steps 0       # the overhead alone
     /work/main/.venv/bin/python bench/guard.py --example transformer --rounds 20 --long-steps 20000
     /work/main/.venv/bin/python bench/guard.py --example transformer --rounds 0     # its long run alone
+    /work/main/.venv/bin/python bench/guard.py --judge RECORD       # other rules over a --record file, offline
 
 Both steps train the example job's model (`trainer.examples.mlp.MLP`, 64→256→10, Adam) in GRAPH mode on
 one CPU process, on the same global batch (64 samples of the example's synthetic data, every step), with
@@ -16,7 +17,7 @@ the example's forward/backward (`AccumulateGradients`) and `trainer.runtime.guar
 clipping at 5.0:
 
     off   guard=None: skips only a non-finite gradient norm, as the example job's step did before issue 6
-    on    StepGuard with the defaults (`GuardSettings()`: spike factor 3, z-score 8, ceiling 12, warm-up 10
+    on    StepGuard with the defaults (`GuardSettings()`: spike factor 12, z-score 8, ceiling 12, warm-up 10
           steps): also checks the global mean loss and norm spikes and keeps the running mean and variance
           of log(norm) in Parameters
 
@@ -62,7 +63,7 @@ from trainer.data.sampler import SampleStream
 from trainer.examples import tiny_corpus, transformer_lm
 from trainer.examples.mlp import DATASET_SIZE, MLP, AccumulateGradients, synthetic_dataset
 from trainer.runtime.guard import GuardedApplyGradients, StepGuard, mean_over_ranks
-from trainer.runtime.guard_policy import GuardSettings, skip_reason
+from trainer.runtime.guard_policy import GuardSettings, GuardState, decide, skip_reason
 from trainer.runtime.guarded_cell import GuardedTrainOneStepCell
 
 MAX_GRAD_NORM = 5.0
@@ -273,6 +274,28 @@ def print_margins(ratios: dict[int, float], zscores: dict[int, float], settings:
           f"{top_z}; a spike above {settings.spike_zscore:g} between those)", flush=True)
 
 
+JUDGED_SETTINGS = (GuardSettings(), GuardSettings(spike_factor=5.0), GuardSettings(spike_factor=3.0),
+                   GuardSettings(spike_factor=3.0, spike_zscore=6.0))
+
+
+def judge(record: Path) -> None:
+    """The pure rule (`guard_policy.decide`) under the default and more sensitive settings, over the steps of
+    a recorded run (`--record`'s lines or tests/trainer/data's: step, loss, norm[, verdict]): the clean
+    steps each would have skipped. A skipped step leaves the rule's state as it was, as in the step."""
+    rows = np.loadtxt(record, comments="#", ndmin=2)
+    print(f"{record}: {len(rows)} steps, loss {rows[0, 1]:.4g} at step {int(rows[0, 0])} to {rows[-1, 1]:.4g} "
+          f"at step {int(rows[-1, 0])}")
+    for settings in JUDGED_SETTINGS:
+        state, skipped = GuardState(), []
+        for step, loss, norm in rows[:, :3]:
+            reason, state = decide(settings, state, float(loss), float(norm))
+            if reason is not None:
+                skipped.append(int(step))
+        listed = f": steps {steps_text(skipped)}" if skipped else ""
+        print(f"  spike_factor {settings.spike_factor:g}, spike_zscore {settings.spike_zscore:g}, spike_ceiling "
+              f"{settings.spike_ceiling:g}: {len(skipped)} skipped{listed}")
+
+
 INJECTED = {  # what the long run injects, in turn, and whether the guard must skip it
     "nan": ("one sample's features NaN", True),
     "inf": ("one sample's features infinite", True),
@@ -420,7 +443,15 @@ def main() -> None:
     parser.add_argument("--injections", type=int, default=16, help="bad batches injected into the long run")
     parser.add_argument("--example", choices=("mlp", "transformer"), default="mlp",
                         help="whose step: the MLP's (trainer.examples.mlp) or the Transformer's (Model.train's cell)")
+    parser.add_argument("--judge", type=Path, metavar="RECORD",
+                        help="only judge a recorded run's steps by the rule under several settings (no training)")
     args = parser.parse_args()
+    if args.judge is not None:
+        try:
+            judge(args.judge)
+        except (OSError, ValueError, IndexError) as exc:
+            parser.error(f"cannot judge {args.judge}: {exc}")
+        return
     if args.global_batch % args.micro_batch:
         parser.error("the global batch must be a multiple of the micro batch")
 
