@@ -55,7 +55,7 @@ from daemon.job.observation import (
 )
 from daemon.job.placement import NodeOffer
 from daemon.job.rank_table import rank_table_json
-from daemon.job.skip_ledger import BadRange, SkipEntry, SkipLedger, checked
+from daemon.job.skip_ledger import BadRange, SkipEntry, SkipLedger, checked, samples_not_skipped
 from daemon.job.state import Failure, GenerationRecord, JobRecord, ResumePoint, ResumeSource
 from daemon.job.timeline import RecoveryTimeline
 from daemon.leader import LeadershipLost
@@ -313,7 +313,17 @@ class JobController:
     def bad_batch(self, generation: int, node: str, rank: int, report: SkippedBatch) -> None:
         """A worker's guard skipped a step: its samples go into the ledger at the next reconcile."""
         observation = self._placed(generation, node, rank, "a bad batch")
-        if observation is None or not observation.add_bad_batch(report):
+        if observation is None:
+            return
+        batch = self.spec.global_batch
+        if batch is not None and samples_not_skipped(report.sample_start, report.sample_end,
+                                                     self.ledger.ranges()) > batch:
+            # A worker skips one global batch at a time: a wider range would drop good data for good.
+            log.warning("node %s reported a bad batch at step %d of samples %d:%d, more than one global batch "
+                        "(%d) not already skipped: ignored", node, report.step, report.sample_start,
+                        report.sample_end, batch)
+            return
+        if not observation.add_bad_batch(report):
             return
         try:
             entry = checked(report.sample_start, report.sample_end, f"{report.reason} (loss {report.loss:.4g}, "

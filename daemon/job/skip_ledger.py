@@ -57,6 +57,17 @@ def checked(start: int, end: int, reason: str, step: int = 0, generation: int = 
     return SkipEntry(start, end, reason, step, generation)
 
 
+def samples_not_skipped(start: int, end: int, ranges: tuple[tuple[int, int], ...]) -> int:
+    """How many positions of [start, end) no range covers (ranges may overlap)."""
+    covered, position = 0, start
+    for skip_start, skip_end in sorted(ranges):
+        low, high = max(skip_start, position), min(skip_end, end)
+        if high > low:
+            covered += high - low
+            position = high
+    return (end - start) - covered
+
+
 class SkipLedger:
     """In-memory mirror of the ledger, written through with fenced create-only writes."""
 

@@ -9,7 +9,8 @@ import asyncio
 import pytest
 
 from daemon.job.decide import _batch_end
-from daemon.job.skip_ledger import BadRange, checked
+from daemon.job.observation import SkippedBatch
+from daemon.job.skip_ledger import BadRange, checked, samples_not_skipped
 from daemon.job.state import FailureCause
 from proto.vocabulary import JobState
 from tests.daemon.job_sim import GLOBAL_BATCH, running_cluster
@@ -109,6 +110,32 @@ def test_operator_skips_are_checked_and_recorded() -> None:
         [entry] = await sim.coordinator.skips()
         assert (entry.start, entry.end, entry.reason) == (100, 164, "operator: corrupt shard 7")
     run(scenario())
+
+
+def test_a_bad_batch_wider_than_one_global_batch_is_not_recorded() -> None:
+    """A buggy or hostile reporter could otherwise drop any amount of good data for good."""
+    async def scenario() -> None:
+        sim = await running_cluster()
+        await sim.coordinator.add_skip(0, GLOBAL_BATCH, "corrupt shard 0")
+        sim.step(3)
+        first = sim.agents[sim.job.generation.placement.nodes[0]]
+        # Everything from the job's start: one global batch not already in the ledger would pass; this is many.
+        sim.coordinator.bad_batch(first.session, sim.job.generation.number, 0, SkippedBatch(
+            3, 0, 10**9, "nonfinite_loss", 2.0, 99.0))
+        # A batch that runs over a ledger range holds one global batch of samples: recorded.
+        sim.coordinator.bad_batch(first.session, sim.job.generation.number, 0, SkippedBatch(
+            4, 0, 2 * GLOBAL_BATCH, "nonfinite_loss", 2.0, 99.0))
+        await sim.tick(0.1)
+        entries = await sim.coordinator.skips()
+        assert [(e.start, e.end) for e in entries] == [(0, GLOBAL_BATCH), (0, 2 * GLOBAL_BATCH)]
+    run(scenario())
+
+
+def test_samples_not_skipped_counts_what_no_range_covers() -> None:
+    assert samples_not_skipped(0, 10, ()) == 10
+    assert samples_not_skipped(0, 10, ((3, 5),)) == 8
+    assert samples_not_skipped(0, 10, ((3, 5), (4, 7), (9, 30))) == 5
+    assert samples_not_skipped(5, 10, ((0, 6), (20, 30))) == 4
 
 
 def test_batch_end_passes_over_ledger_ranges() -> None:
