@@ -299,6 +299,17 @@ class ClusterBox:
     def heal(self, host: BoxHost) -> None:
         self.network.heal(host.net)
 
+    def throttle(self, host: BoxHost, rate_kbit: int) -> None:
+        """All the host's traffic, MindSpore's between the hosts too, through a token bucket of `rate_kbit`
+        that drops what overflows its queue (`Network.throttle`)."""
+        self.network.throttle(host.net, rate_kbit)
+
+    def unthrottle(self, host: BoxHost) -> None:
+        self.network.unthrottle(host.net)
+
+    def bytes_carried(self, host: BoxHost) -> int:
+        return self.network.bytes_carried(host.net)
+
     def kill_coordinator(self, coordinator: BoxCoordinator) -> None:
         coordinator.proc.kill_group()
 

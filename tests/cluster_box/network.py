@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
@@ -48,6 +49,18 @@ def _owner_alive(name: str) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _link_ends(host: NetHost) -> list[tuple[tuple[str, ...], str]]:
+    """The host's veth at both ends (the bridge's side, then the host's eth0), with the command prefix that
+    reaches each: egress shaping on both shapes both directions."""
+    return [((), host.link), (("ip", "netns", "exec", host.namespace), "eth0")]
+
+
+def _tc(prefix: tuple[str, ...], *argv: str, check: bool = True) -> None:
+    result = subprocess.run([*prefix, "tc", *argv], capture_output=True, text=True, timeout=30)
+    if check and result.returncode != 0:
+        raise NetworkError(f"tc {' '.join(argv)}: {result.stderr.strip()}")
 
 
 def kill_namespace_processes(namespace: str) -> None:
@@ -153,6 +166,23 @@ class Network:
 
     def heal(self, host: NetHost) -> None:
         ip("link", "set", host.link, "up")
+
+    def throttle(self, host: NetHost, rate_kbit: int, queue_ms: int = 50) -> None:
+        """Every packet in and out of the host, trainerd's and MindSpore's alike, goes through a token bucket
+        of `rate_kbit` whose queue holds `queue_ms` of traffic: beyond it packets are dropped, so TCP between
+        the hosts slows and retransmits, as on a congested or lossy link. (This kernel has no netem; tbf it has.)"""
+        for prefix, link in _link_ends(host):
+            _tc(prefix, "qdisc", "replace", "dev", link, "root", "tbf", "rate", f"{rate_kbit}kbit", "burst",
+                "16kb", "latency", f"{queue_ms}ms")
+
+    def bytes_carried(self, host: NetHost) -> int:
+        """Bytes through the host's link so far, both ways (the bridge side's counters)."""
+        statistics = Path("/sys/class/net") / host.link / "statistics"
+        return sum(int((statistics / name).read_text()) for name in ("rx_bytes", "tx_bytes"))
+
+    def unthrottle(self, host: NetHost) -> None:
+        for prefix, link in _link_ends(host):
+            _tc(prefix, "qdisc", "del", "dev", link, "root", check=False)
 
     def close(self) -> None:
         for host in self.hosts:
