@@ -96,7 +96,9 @@ class SessionHandler(Protocol):
         """The next heartbeat (the link fills in its sequence number)."""
 
     def on_connected(self, connected: bool) -> None:
-        """The session was established (True) or has ended (False)."""
+        """The session was established (True) or has ended (False). What is sent from here on True goes
+        out on the new session before anything else the outbox gets (the agent re-sends its newest
+        reports: the coordinator that now leads may never have had them)."""
 
 
 class CoordinatorLink:
