@@ -148,6 +148,7 @@ def test_a_reconnected_agent_sends_its_newest_reports_on_the_new_session(tmp_pat
             await server.heartbeats(1, 3)
             assert summary(server.reports(1)) == [("checkpoint_saved", 1, 5, 40, "/ckpt/step_00000005"),
                                                   ("progress", 1, 0, 7)]
+            assert server.sessions[1][2].WhichOneof("body") == "heartbeat"  # they went first
         finally:
             session.cancel()
             await asyncio.gather(session, return_exceptions=True)
