@@ -99,6 +99,7 @@ class Agent:
         asyncio.get_running_loop().create_task(self._health.set("", status))
         if connected:
             self._notifier.ready(f"registered as {self._config.node_name}")
+            self.supervisor.resend_reports()  # queued before the session forwards anything
         else:
             self._notifier.status("reconnecting to the coordinator")
 

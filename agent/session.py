@@ -96,7 +96,9 @@ class SessionHandler(Protocol):
         """The next heartbeat (the link fills in its sequence number)."""
 
     def on_connected(self, connected: bool) -> None:
-        """The session was established (True) or has ended (False)."""
+        """The session was established (True) or has ended (False). What is sent from here on True goes
+        out on the new session before its first heartbeat (the agent re-sends its newest reports: the
+        coordinator that now leads may never have had them)."""
 
 
 class CoordinatorLink:
@@ -209,6 +211,16 @@ class CoordinatorLink:
                      first.welcome.coordinator_id, address)
             self.connected.set()
             handler.on_connected(True)
+            # What is queued by now (reports from while no session was open, and those the handler sends
+            # again for a leader that may not have them) goes out before the first heartbeat: a leader that
+            # reads a heartbeat showing the generation stopped has its newest commit by then.
+            try:
+                while not self._outbox.empty():
+                    await call.write(self._outbox.get_nowait())
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+                log.warning("session with %s broke before its first heartbeat: %s; reconnecting", address, exc)
+                call.cancel()
+                return True
             # grpc.aio allows one write in flight per stream: heartbeats and reports take turns.
             write_lock = asyncio.Lock()
             tasks = [

@@ -111,6 +111,7 @@ class ManagedProcess:
 class _Forwarding:
     last_sent: float | None = None
     pending: pb.Progress | None = None
+    sent: pb.Progress | None = None  # the newest progress sent for the rank: what a new session gets again
 
 
 def log_tail(path: Path, limit: int = LOG_TAIL_BYTES) -> str:
@@ -154,6 +155,8 @@ class Supervisor:
         self._job_name = ""
         self.processes: dict[tuple[str, int], ManagedProcess] = {}
         self._forwarding: dict[int, _Forwarding] = {}
+        # The generation's newest checkpoint commit reported: a new session sends it again.
+        self._newest_commit: pb.CheckpointSaved | None = None
         # Progress datagrams dropped because their sender was not their rank's process: in all, and
         # since the last warning (at FOREIGN_PROGRESS_WARNING_INTERVAL_S at most).
         self.foreign_progress = 0
@@ -181,6 +184,7 @@ class Supervisor:
             self.generation, self._job_name = launch.generation, launch.job_name
             self.processes = {}
             self._forwarding = {}
+            self._newest_commit = None
             self._workdir, self._graceful_exit_file = None, ""
             gen_dir = generation_dir(self._work_dir, launch.generation)
             gen_dir.mkdir(parents=True, exist_ok=True)
@@ -555,15 +559,20 @@ class Supervisor:
             managed.runtime_reports = True
             managed.step = 0
             forwarding = self._forwarding.get(message.rank)
-            if forwarding is not None and forwarding.pending is not None and forwarding.pending.from_output:
-                forwarding.pending = None
+            if forwarding is not None:
+                if forwarding.pending is not None and forwarding.pending.from_output:
+                    forwarding.pending = None
+                if forwarding.sent is not None and forwarding.sent.from_output:
+                    forwarding.sent = None
         managed.step = max(managed.step, message.step)
         if isinstance(message, EventReport):
             return
         if isinstance(message, CheckpointReport):
-            self._report(pb.AgentMessage(checkpoint_saved=pb.CheckpointSaved(
-                generation=message.generation, step=message.step, consumed_samples=message.consumed_samples,
-                path=message.path)))
+            saved = pb.CheckpointSaved(generation=message.generation, step=message.step,
+                                       consumed_samples=message.consumed_samples, path=message.path)
+            if self._newest_commit is None or saved.step >= self._newest_commit.step:
+                self._newest_commit = saved
+            self._report(pb.AgentMessage(checkpoint_saved=saved))
             return
         if isinstance(message, CheckpointFailedReport):
             self._report(pb.AgentMessage(checkpoint_failed=pb.CheckpointFailed(
@@ -607,4 +616,20 @@ class Supervisor:
         if forwarding is None or forwarding.pending is None:
             return
         progress, forwarding.pending = forwarding.pending, None
+        forwarding.sent = progress
         self._report(pb.AgentMessage(progress=progress))
+
+    def resend_reports(self) -> None:
+        """A new session began (a reconnect, maybe to a new leader): send the current generation's newest
+        checkpoint commit and each rank's newest progress again. Those sent before may have been lost
+        with the old session, or reached a leader that lost office before it recorded them: without
+        them a new leader's status shows no step until the next report, and its checkpoint catalog
+        misses a commit it would resume from. The coordinator takes a report it already has as a no-op.
+        What is held is one message per rank and one commit, replaced as newer ones come."""
+        if self._newest_commit is not None:
+            self._report(pb.AgentMessage(checkpoint_saved=self._newest_commit))
+        for rank, forwarding in list(self._forwarding.items()):
+            if forwarding.pending is not None:
+                self._flush_progress(rank)  # newer than what was sent
+            elif forwarding.sent is not None:
+                self._report(pb.AgentMessage(progress=forwarding.sent))

@@ -286,7 +286,11 @@ class JobController:
 
     def checkpoint_saved(self, generation: int, node: str, step: int, consumed_samples: int, path: str) -> bool:
         """Rank 0 committed a checkpoint; it is recorded in etcd by the next reconcile. True when new.
-        Only rank 0's node reports commits, and only of paths inside job.checkpoint.dir."""
+        Only rank 0's node reports commits, and only of paths inside job.checkpoint.dir.
+
+        An agent sends its newest commit again on every new session (a leader may have lost it): a
+        commit of this generation that this leader was told of, or that the catalog already holds
+        (recorded by the leader before), changes nothing; one it never heard of is recorded as new."""
         observation = self._placed(generation, node, 0, "a checkpoint commit")
         if observation is None or step in observation.checkpoints or self.generation is None:
             return False
@@ -297,6 +301,9 @@ class JobController:
                                   self.spec.checkpoint.dir)
             return False
         observation.add_checkpoint(step)
+        recorded = self.catalog.get(step)
+        if recorded is not None and recorded.generation == generation:
+            return False
         self._unrecorded_checkpoints.append(CheckpointEntry(step, consumed_samples, path, generation,
                                                             self.generation.placement.world_size))
         return True

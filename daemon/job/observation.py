@@ -161,7 +161,7 @@ class GenerationObservation:
     all_stopped_at: float | None = None
     # Keys of the running processes per node: node_idle is asked for every node on every report.
     _running: dict[str, set] = field(default_factory=dict, repr=False)
-    # Per rank: when and at which step its progress was first seen, and when last (for a step rate).
+    # Per rank: when and at which step its progress was first seen, and when it last advanced (a step rate).
     _first_progress: dict[int, tuple[float, int]] = field(default_factory=dict, repr=False)
     _progress_at: dict[int, float] = field(default_factory=dict, repr=False)
 
@@ -172,7 +172,8 @@ class GenerationObservation:
             return
         known = self.progress.get(report.rank)
         switched = known is not None and known.from_output != report.from_output
-        if known is None or switched or report.position > known.position:
+        advanced = known is None or switched or report.position > known.position
+        if advanced:
             self.last_progress_at = now
         if not report.from_output and not self.runtime_progress:
             self.newest_position = None  # the runtime's global steps replace the steps read from output
@@ -182,7 +183,8 @@ class GenerationObservation:
             self._first_progress[report.rank] = (now, report.step)
         self.runtime_progress = self.runtime_progress or not report.from_output
         self.progress[report.rank] = report
-        self._progress_at[report.rank] = now
+        if advanced:  # a report of a step already known (an agent sends its newest again on reconnecting) is no news
+            self._progress_at[report.rank] = now
 
     @property
     def progress_seen(self) -> bool:
@@ -206,8 +208,8 @@ class GenerationObservation:
 
     def behind(self) -> ProgressReport | None:
         """The rank furthest behind, among those that reported: a frozen one first (its peers wait for
-        it at the same step), then the lowest position, then the one heard from least recently, then
-        the lowest rank."""
+        it at the same step), then the lowest position, then the one that reached it first, then the
+        lowest rank."""
         frozen = self.frozen_ranks()
         return min(self.progress.values(), default=None,
                    key=lambda p: (p.rank not in frozen, p.position, self._progress_at.get(p.rank, 0.0), p.rank))
