@@ -288,7 +288,7 @@ class JobController:
         """Rank 0 committed a checkpoint; it is recorded in etcd by the next reconcile. True when new.
         Only rank 0's node reports commits, and only of paths inside job.checkpoint.dir."""
         observation = self._placed(generation, node, 0, "a checkpoint commit")
-        if observation is None or step in observation.checkpoints or self.generation is None:
+        if observation is None or self.generation is None:
             return False
         if not inside_root(self.spec.checkpoint.dir, path):
             metrics.AGENT_MESSAGES_DROPPED.labels("outside_checkpoint_dir").inc()
@@ -296,7 +296,8 @@ class JobController:
                                   "job.checkpoint.dir %s; dropped", self.spec.name, node, step, path[:200],
                                   self.spec.checkpoint.dir)
             return False
-        observation.add_checkpoint(step)
+        if not observation.add_checkpoint(step):
+            return False
         self._unrecorded_checkpoints.append(CheckpointEntry(step, consumed_samples, path, generation,
                                                             self.generation.placement.world_size))
         return True
