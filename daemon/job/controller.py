@@ -42,6 +42,7 @@ from daemon.job.decide import (
     RequestCheckpoint,
     RequestExit,
     StopGeneration,
+    bad_memory_steps_after,
     decide,
     record_after_checkpoint,
 )
@@ -159,7 +160,7 @@ class JobController:
         self._unrecorded_checkpoints: list[CheckpointEntry] = []
         self._unrecorded_failed_saves: deque[FailedSave] = deque()
         self.recovery: RecoveryTimeline | None = None
-        self._bad_memory_steps: set[int] = set()  # in-memory snapshots a generation could not load
+        self._bad_memory_steps: frozenset[int] = frozenset()  # in-memory snapshots a generation could not load
         self._dropped = RateLimitedLog(log, clock)
         self._goodput_store = FencedCache(store, keys.job_goodput(spec.name), _saved_goodput)
         self.goodput = GoodputAccountant(clock)
@@ -341,7 +342,7 @@ class JobController:
         world = JobWorld(self.spec, self.record, self.generation, self.observation, tuple(facts.offers),
                          frozenset(facts.disconnected), frozenset(facts.lost), frozenset(facts.drained),
                          self.catalog.entries(), self.ledger.ranges(), self._placeable_since,
-                         self._checkpoint_request, now, self._exit_request, frozenset(self._bad_memory_steps))
+                         self._checkpoint_request, now, self._exit_request, self._bad_memory_steps)
         for action in decide(world):
             match action:
                 case NotePlaceableSince():
@@ -364,7 +365,8 @@ class JobController:
                     if resume is not None and resume.source is ResumeSource.MEMORY and resume.step == action.step:
                         log.error("job %s: the in-memory snapshot of step %d could not be loaded; it is not "
                                   "used again: %s", self.spec.name, action.step, action.problem)
-                        self._bad_memory_steps.add(action.step)
+                        self._bad_memory_steps = bad_memory_steps_after(self._bad_memory_steps, action.step,
+                                                                        self.catalog.entries())
                     else:
                         await self.catalog.mark_bad(action.step, action.problem, fence)
                 case AddSkip():

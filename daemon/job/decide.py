@@ -50,6 +50,8 @@ RUNNING_WITHOUT_PROGRESS_S = 60.0
 STARTUP_FAILURE_SETTLE_S = 5.0
 # A graceful exit asked for a reshape that has not ended the generation after this long: stop it.
 GRACEFUL_EXIT_TIMEOUT_S = 30.0
+# In-memory snapshots that failed to load: at most this many are remembered (bad_memory_steps_after).
+REMEMBERED_BAD_MEMORY_STEPS = 8
 
 
 @dataclass(frozen=True)
@@ -183,6 +185,17 @@ def restart_backoff_s(spec: JobSettings, consecutive_crashes: int) -> float:
     if consecutive_crashes <= 0:
         return 0.0
     return min(spec.restart.max_backoff_s, spec.restart.backoff_s * 2 ** (consecutive_crashes - 1))
+
+
+def bad_memory_steps_after(known: frozenset[int], step: int,
+                           catalog: tuple[CheckpointEntry, ...]) -> frozenset[int]:
+    """The in-memory snapshot steps never to resume from again, once the one of `step` failed to load.
+    A step not newer than the newest good checkpoint is forgotten (only a newer snapshot is chosen),
+    and of the others only the newest REMEMBERED_BAD_MEMORY_STEPS are kept (an agent holds only its
+    newest few snapshots, and drops those newer than where a generation resumes from at its launch)."""
+    newest_good = max((c.step for c in catalog if c.good), default=-1)
+    older = sorted(s for s in known if s > newest_good and s != step)
+    return frozenset(older[len(older) - REMEMBERED_BAD_MEMORY_STEPS + 1:]) | {step}
 
 
 def record_after_checkpoint(record: JobRecord) -> JobRecord | None:

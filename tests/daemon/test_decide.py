@@ -12,6 +12,7 @@ from daemon.config import JobSettings
 from daemon.job.catalog import CheckpointEntry
 from daemon.job.decide import (
     MIN_CHECKPOINT_LEAD_STEPS,
+    REMEMBERED_BAD_MEMORY_STEPS,
     AddSkip,
     CheckpointRequest,
     CommitRecord,
@@ -24,6 +25,7 @@ from daemon.job.decide import (
     RequestCheckpoint,
     RequestExit,
     StopGeneration,
+    bad_memory_steps_after,
     decide,
     record_after_checkpoint,
 )
@@ -571,6 +573,18 @@ def test_a_snapshot_on_a_lost_host_is_not_chosen() -> None:
     [action] = decide(job_world(spec={"max_nodes": 1}, state=JobState.RECOVERING, stopped=True, on=("a",),
                                 offers=("b",), catalog=(10,), seen={"memory_snapshots": {"a": _held(17)}}))
     assert action.placement.nodes == ["b"] and action.checkpoint == _checkpoint(10)
+
+
+def test_a_snapshot_that_failed_to_load_is_remembered_while_it_could_be_chosen() -> None:
+    """Only a snapshot newer than the newest good checkpoint is ever chosen, and an agent holds only its
+    newest few: the controller keeps the newest REMEMBERED_BAD_MEMORY_STEPS failures above that checkpoint."""
+    catalog = (_checkpoint(10), _checkpoint(20), replace(_checkpoint(30), problem="digest mismatch"))
+    assert bad_memory_steps_after(frozenset({15, 20, 25}), 27, catalog) == {25, 27}
+    assert bad_memory_steps_after(frozenset(), 5, catalog) == {5}  # the one that failed, whatever its step
+    many = frozenset(range(21, 21 + 3 * REMEMBERED_BAD_MEMORY_STEPS))
+    kept = bad_memory_steps_after(many, 100, catalog)
+    assert len(kept) == REMEMBERED_BAD_MEMORY_STEPS and 100 in kept
+    assert kept - {100} == set(sorted(many)[-(REMEMBERED_BAD_MEMORY_STEPS - 1):])
 
 
 # ---------------------------------------------------------------- a job that is not active
