@@ -261,11 +261,11 @@ class JobController:
         if observation is not None:
             observation.agent_generation[node] = generation
             observation.heard_at[node] = self._clock.now()
-            if generation == observation.number:
-                if memory is None:
-                    observation.memory_snapshots.pop(node, None)
-                else:
-                    observation.memory_snapshots[node] = memory
+            if generation != observation.number or memory is None:
+                # An agent on another generation (a restarted one runs none) holds nothing of this one.
+                observation.memory_snapshots.pop(node, None)
+            else:
+                observation.memory_snapshots[node] = memory
             self._note_idle(observation)
 
     def progress_report(self, generation: int, node: str, report: ProgressReport) -> None:
