@@ -42,6 +42,7 @@ from daemon.job.decide import (
     RequestCheckpoint,
     RequestExit,
     StopGeneration,
+    bad_memory_steps_after,
     decide,
     record_after_checkpoint,
 )
@@ -159,7 +160,7 @@ class JobController:
         self._unrecorded_checkpoints: list[CheckpointEntry] = []
         self._unrecorded_failed_saves: deque[FailedSave] = deque()
         self.recovery: RecoveryTimeline | None = None
-        self._bad_memory_steps: set[int] = set()  # in-memory snapshots a generation could not load
+        self._bad_memory_steps: frozenset[int] = frozenset()  # in-memory snapshots a generation could not load
         self._dropped = RateLimitedLog(log, clock)
         self._goodput_store = FencedCache(store, keys.job_goodput(spec.name), _saved_goodput)
         self.goodput = GoodputAccountant(clock)
@@ -260,11 +261,11 @@ class JobController:
         if observation is not None:
             observation.agent_generation[node] = generation
             observation.heard_at[node] = self._clock.now()
-            if generation == observation.number:
-                if memory is None:
-                    observation.memory_snapshots.pop(node, None)
-                else:
-                    observation.memory_snapshots[node] = memory
+            if generation != observation.number or memory is None:
+                # An agent on another generation (a restarted one runs none) holds nothing of this one.
+                observation.memory_snapshots.pop(node, None)
+            else:
+                observation.memory_snapshots[node] = memory
             self._note_idle(observation)
 
     def progress_report(self, generation: int, node: str, report: ProgressReport) -> None:
@@ -292,7 +293,7 @@ class JobController:
         commit of this generation that this leader was told of, or that the catalog already holds
         (recorded by the leader before), changes nothing; one it never heard of is recorded as new."""
         observation = self._placed(generation, node, 0, "a checkpoint commit")
-        if observation is None or step in observation.checkpoints or self.generation is None:
+        if observation is None or self.generation is None:
             return False
         if not inside_root(self.spec.checkpoint.dir, path):
             metrics.AGENT_MESSAGES_DROPPED.labels("outside_checkpoint_dir").inc()
@@ -300,7 +301,8 @@ class JobController:
                                   "job.checkpoint.dir %s; dropped", self.spec.name, node, step, path[:200],
                                   self.spec.checkpoint.dir)
             return False
-        observation.add_checkpoint(step)
+        if not observation.add_checkpoint(step):
+            return False
         recorded = self.catalog.get(step)
         if recorded is not None and recorded.generation == generation:
             return False
@@ -357,7 +359,7 @@ class JobController:
         world = JobWorld(self.spec, self.record, self.generation, self.observation, tuple(facts.offers),
                          frozenset(facts.disconnected), frozenset(facts.lost), frozenset(facts.drained),
                          self.catalog.entries(), self.ledger.ranges(), self._placeable_since,
-                         self._checkpoint_request, now, self._exit_request, frozenset(self._bad_memory_steps))
+                         self._checkpoint_request, now, self._exit_request, self._bad_memory_steps)
         for action in decide(world):
             match action:
                 case NotePlaceableSince():
@@ -380,7 +382,8 @@ class JobController:
                     if resume is not None and resume.source is ResumeSource.MEMORY and resume.step == action.step:
                         log.error("job %s: the in-memory snapshot of step %d could not be loaded; it is not "
                                   "used again: %s", self.spec.name, action.step, action.problem)
-                        self._bad_memory_steps.add(action.step)
+                        self._bad_memory_steps = bad_memory_steps_after(self._bad_memory_steps, action.step,
+                                                                        self.catalog.entries())
                     else:
                         await self.catalog.mark_bad(action.step, action.problem, fence)
                 case AddSkip():

@@ -16,9 +16,11 @@ A job's life, in the terms of the durable record (daemon/job/state.py):
   go): at a checkpoint it asks for when the generation runs trainerd's runtime, else through the
   script's graceful exit, else at once. The stop is committed first (`stopped_generation`), then sent;
 - between generations: wait until every node confirmed the stop (or the stop grace passed: the
-  silent ones are left out), wait out the crash backoff, then launch the next generation on the
-  largest valid world, from the newest good checkpoint (or a newer in-memory snapshot every node of
-  the new placement holds); WAITING while no valid world exists.
+  silent ones are left out; a node whose processes all exited counts as stopped, but one holding an
+  in-memory snapshot is waited for as long, since its confirmation names its newest snapshot), wait
+  out the crash backoff, then launch the next generation on the largest valid world, from the
+  newest good checkpoint (or a newer in-memory snapshot every node of the new placement holds);
+  WAITING while no valid world exists.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ RUNNING_WITHOUT_PROGRESS_S = 60.0
 STARTUP_FAILURE_SETTLE_S = 5.0
 # A graceful exit asked for a reshape that has not ended the generation after this long: stop it.
 GRACEFUL_EXIT_TIMEOUT_S = 30.0
+# In-memory snapshots that failed to load: at most this many are remembered (bad_memory_steps_after).
+REMEMBERED_BAD_MEMORY_STEPS = 8
 
 
 @dataclass(frozen=True)
@@ -183,6 +187,17 @@ def restart_backoff_s(spec: JobSettings, consecutive_crashes: int) -> float:
     if consecutive_crashes <= 0:
         return 0.0
     return min(spec.restart.max_backoff_s, spec.restart.backoff_s * 2 ** (consecutive_crashes - 1))
+
+
+def bad_memory_steps_after(known: frozenset[int], step: int,
+                           catalog: tuple[CheckpointEntry, ...]) -> frozenset[int]:
+    """The in-memory snapshot steps never to resume from again, once the one of `step` failed to load.
+    A step not newer than the newest good checkpoint is forgotten (only a newer snapshot is chosen),
+    and of the others only the newest REMEMBERED_BAD_MEMORY_STEPS are kept (an agent holds only its
+    newest few snapshots, and drops those newer than where a generation resumes from at its launch)."""
+    newest_good = max((c.step for c in catalog if c.good), default=-1)
+    older = sorted(s for s in known if s > newest_good and s != step)
+    return frozenset(older[len(older) - REMEMBERED_BAD_MEMORY_STEPS + 1:]) | {step}
 
 
 def record_after_checkpoint(record: JobRecord) -> JobRecord | None:
@@ -579,11 +594,17 @@ def _relaunch(world: JobWorld) -> list[Action]:
     assert generation is not None and observation is not None
     actions: list[Action] = []
     busy = [n for n in generation.placement.nodes if not observation.node_idle(n) and n not in world.lost_nodes]
-    if any(n not in observation.stop_sent for n in busy):
+    unconfirmed = _unconfirmed_snapshot_holders(world, busy)
+    if any(n not in observation.stop_sent for n in busy + unconfirmed):
         actions.append(StopGeneration(f"generation {generation.number} is over"))
     # A node gets the stop patience (from when its Stop went out) to confirm; then it is left out.
     patience = _stop_patience_s(spec)
     if any(world.now - observation.stop_sent.get(n, world.now) < patience for n in busy):
+        return actions
+    # A snapshot holder's confirmation names its newest snapshot, fresher than its last heartbeat's (the
+    # exit reports that made it idle come first): wait for it as long, then go with the heartbeat's.
+    decided = observation.stop_decided_at if observation.stop_decided_at is not None else world.now - patience
+    if any(world.now - observation.stop_sent.get(n, decided) < patience for n in unconfirmed):
         return actions
     stopped_at = _stop_phase_end(world)
     if stopped_at is None:  # a lost node never confirms: the backoff counts from the stop decision
@@ -601,6 +622,17 @@ def _relaunch(world: JobWorld) -> list[Action]:
         failed = record.moved_to(JobState.FAILED, last_failure=Failure(FailureCause.CHECKPOINT_UNREADABLE, checkpoint))
         return actions + [CommitRecord(failed, "job_failed", f"job {spec.name} is FAILED: {checkpoint}")]
     return actions + [_launch(world, placement, checkpoint)]
+
+
+def _unconfirmed_snapshot_holders(world: JobWorld, busy: list[str]) -> list[str]:
+    """The nodes of the stopped generation that run nothing of it any more (their processes' exits
+    were reported) and that report holding an in-memory snapshot, but whose Stop confirmation has
+    not come. A lost node holds nothing; a disconnected one cannot be placed (nor confirm)."""
+    generation, observation = world.generation, world.observation
+    assert generation is not None and observation is not None
+    return [n for n in generation.placement.nodes
+            if n in observation.memory_snapshots and n not in observation.stopped and n not in busy
+            and n not in world.lost_nodes and n not in world.disconnected]
 
 
 def _memory_snapshot(world: JobWorld, placement: Placement | None) -> MemorySnapshot | None:

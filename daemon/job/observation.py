@@ -121,13 +121,23 @@ again from a new one. Beyond this the oldest are forgotten, so an agent that rep
 grow the leader's memory; a job commits, fails or skips far fewer steps than this in one generation."""
 
 
-def _remember(steps: set[int] | dict[int, SkippedBatch]) -> None:
-    while len(steps) > REMEMBERED_STEPS:
-        oldest = min(steps)
-        if isinstance(steps, set):
-            steps.discard(oldest)
+def _told_first(told: set[int] | dict[int, SkippedBatch], step: int, report: SkippedBatch | None = None) -> bool:
+    """Remember that `step` was told (in a dict, with its `report`); False when it was told already.
+    Beyond REMEMBERED_STEPS the oldest is forgotten."""
+    if step in told:
+        return False
+    if isinstance(told, set):
+        told.add(step)
+    else:
+        assert report is not None
+        told[step] = report
+    if len(told) > REMEMBERED_STEPS:
+        oldest = min(told)
+        if isinstance(told, set):
+            told.discard(oldest)
         else:
-            del steps[oldest]
+            del told[oldest]
+    return True
 
 
 @dataclass(frozen=True)
@@ -150,7 +160,8 @@ class GenerationObservation:
     agent_generation: dict[str, int] = field(default_factory=dict)  # from each node's last heartbeat
     heard_at: dict[str, float] = field(default_factory=dict)  # when each node's last heartbeat arrived
     checkpoints: set[int] = field(default_factory=set)  # steps this generation committed
-    # The newest complete in-memory snapshot each node's agent reports holding (from its heartbeats).
+    # The newest complete in-memory snapshot each node's agent reports holding (from its heartbeats while
+    # it runs this generation, and from its Stop confirmation).
     memory_snapshots: dict[str, MemorySnapshot] = field(default_factory=dict)
     failed_checkpoints: set[int] = field(default_factory=set)  # steps whose save a rank reported failed
     bad_batches: dict[int, SkippedBatch] = field(default_factory=dict)  # by step
@@ -255,27 +266,15 @@ class GenerationObservation:
 
     def add_checkpoint(self, step: int) -> bool:
         """Rank 0 committed `step`; False when that was told already."""
-        if step in self.checkpoints:
-            return False
-        self.checkpoints.add(step)
-        _remember(self.checkpoints)
-        return True
+        return _told_first(self.checkpoints, step)
 
     def add_failed_checkpoint(self, step: int) -> bool:
         """A rank's save of `step` failed; False when a failure of that step was told already."""
-        if step in self.failed_checkpoints:
-            return False
-        self.failed_checkpoints.add(step)
-        _remember(self.failed_checkpoints)
-        return True
+        return _told_first(self.failed_checkpoints, step)
 
     def add_bad_batch(self, report: SkippedBatch) -> bool:
         """A rank's guard skipped `report.step`; False when that step was told already."""
-        if report.step in self.bad_batches:
-            return False
-        self.bad_batches[report.step] = report
-        _remember(self.bad_batches)
-        return True
+        return _told_first(self.bad_batches, report.step, report)
 
     def record_process(self, report: ProcessReport) -> None:
         key = (report.node, report.role, report.rank)

@@ -5,7 +5,7 @@ the reports a test tells them to. No processes, no sleeps."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from common.clock import FakeClock
 from daemon.config import JobSettings
@@ -142,10 +142,17 @@ class SimCluster:
             for rank in self._ranks_of(name):
                 self._report(self.agents[name], ProcessReport(name, ProcessRole.WORKER, rank, 200 + rank, False))
 
-    def confirm_stop(self, *names: str) -> None:
+    def exit_on_stop(self, name: str) -> None:
+        """The node's processes that still ran exit on the Stop (their reports come before its confirmation)."""
+        for process in list(self.job.observation.processes.values()):
+            if process.node == name and process.running:
+                self._report(self.agents[name], replace(process, running=False, signal=15, expected=True))
+
+    def confirm_stop(self, *names: str, memory: MemorySnapshot | None = None) -> None:
+        """`memory`: the newest in-memory snapshot each confirmation names."""
         generation = self.job.generation
         for name in names or generation.placement.nodes:
-            self.coordinator.stopped_report(self.agents[name].session, generation.number)
+            self.coordinator.stopped_report(self.agents[name].session, generation.number, memory)
 
     def checkpoint(self, step: int) -> None:
         generation = self.job.generation

@@ -12,6 +12,7 @@ from daemon.config import JobSettings
 from daemon.job.catalog import CheckpointEntry
 from daemon.job.decide import (
     MIN_CHECKPOINT_LEAD_STEPS,
+    REMEMBERED_BAD_MEMORY_STEPS,
     AddSkip,
     CheckpointRequest,
     CommitRecord,
@@ -24,6 +25,7 @@ from daemon.job.decide import (
     RequestCheckpoint,
     RequestExit,
     StopGeneration,
+    bad_memory_steps_after,
     decide,
     record_after_checkpoint,
 )
@@ -571,6 +573,45 @@ def test_a_snapshot_on_a_lost_host_is_not_chosen() -> None:
     [action] = decide(job_world(spec={"max_nodes": 1}, state=JobState.RECOVERING, stopped=True, on=("a",),
                                 offers=("b",), catalog=(10,), seen={"memory_snapshots": {"a": _held(17)}}))
     assert action.placement.nodes == ["b"] and action.checkpoint == _checkpoint(10)
+
+
+@pytest.mark.parametrize("seen, facts, outcome", [
+    ({"stop_sent": {"a": NOW - 6.9}}, {}, "wait"),  # its processes exited; its confirmation may name a newer one
+    ({"stop_sent": {"a": NOW - 7}}, {}, 17),  # the stop patience passed: the heartbeat's snapshot
+    ({"stop_sent": {"a": NOW - 1}, "stopped": {"a"}, "memory_snapshots": {"a": _held(19)}}, {}, 19),  # confirmed
+    ({"stop_sent": {"a": NOW - 1}, "memory_snapshots": {}}, {}, 10),  # it holds none: nothing to wait for
+    ({"stop_sent": {}, "stop_decided_at": NOW - 1}, {}, "resend"),  # its Stop never went out: sent now,
+    # waited for from the stop's decision
+    ({"stop_sent": {}, "stop_decided_at": NOW - 7}, {}, 17),  # (sent again, and the relaunch goes on)
+    # Disconnected, it can neither confirm nor be placed: the relaunch goes on b, from the checkpoint.
+    ({"stop_sent": {"a": NOW - 1}}, {"disconnected": frozenset({"a"}), "offers": ("b",)}, 10),
+    ({"stop_sent": {"a": NOW - 1}}, {"lost_nodes": frozenset({"a"}), "offers": ("b",)}, 10),  # lost: holds nothing
+])
+def test_the_relaunch_waits_for_the_stop_confirmation_of_a_node_holding_a_snapshot(seen, facts, outcome) -> None:
+    """Node a's processes all exited (their reports came first), its last heartbeat named the snapshot of
+    step 17; its confirmation names its newest, which the relaunch waits for, for the stop patience
+    (stop_grace_s 5 + 2 s) from when its Stop went out."""
+    actions = decide(job_world(
+        spec={"max_nodes": 1}, state=JobState.RECOVERING, stopped=True, on=("a",), catalog=(10,),
+        reports=(exited("a", 0, signal=9),), seen={"stopped": set(), "memory_snapshots": {"a": _held(17)}, **seen},
+        **facts))
+    if outcome in ("wait", "resend"):
+        assert actions == ([StopGeneration("generation 1 is over")] if outcome == "resend" else [])
+        return
+    [launch] = [a for a in actions if isinstance(a, LaunchGeneration)]
+    assert launch.checkpoint is not None and launch.checkpoint.step == outcome
+
+
+def test_a_snapshot_that_failed_to_load_is_remembered_while_it_could_be_chosen() -> None:
+    """Only a snapshot newer than the newest good checkpoint is ever chosen, and an agent holds only its
+    newest few: the controller keeps the newest REMEMBERED_BAD_MEMORY_STEPS failures above that checkpoint."""
+    catalog = (_checkpoint(10), _checkpoint(20), replace(_checkpoint(30), problem="digest mismatch"))
+    assert bad_memory_steps_after(frozenset({15, 20, 25}), 27, catalog) == {25, 27}
+    assert bad_memory_steps_after(frozenset(), 5, catalog) == {5}  # the one that failed, whatever its step
+    many = frozenset(range(21, 21 + 3 * REMEMBERED_BAD_MEMORY_STEPS))
+    kept = bad_memory_steps_after(many, 100, catalog)
+    assert len(kept) == REMEMBERED_BAD_MEMORY_STEPS and 100 in kept
+    assert kept - {100} == set(sorted(many)[-(REMEMBERED_BAD_MEMORY_STEPS - 1):])
 
 
 # ---------------------------------------------------------------- a job that is not active

@@ -11,6 +11,7 @@ import pytest
 from daemon.cli.status_json import status_to_json
 from daemon.grpc_services import job_to_proto
 from daemon.job.controller import CommandRefused
+from daemon.job.decide import STOP_CONFIRM_MARGIN_S
 from daemon.job.observation import MemorySnapshot
 from daemon.job.state import ALLOWED_TRANSITIONS, FailureCause, ResumeSource
 from daemon.store import codec, keys
@@ -151,6 +152,59 @@ def test_a_crash_resumes_from_the_agents_in_memory_snapshot_and_falls_back_to_di
         launch = sim.agents["a"].launches()[-1]
         assert launch.generation == 3 and launch.processes[-1].env["TRAINERD_RESUME_MEMORY_STEP"] == ""
         assert launch.checkpoint_path == "/ckpt/step_00000010" and sim.job.catalog.get(10).good
+    run(scenario())
+
+
+def test_the_relaunch_waits_for_the_stop_confirmation_that_names_a_fresher_snapshot() -> None:
+    """The exits of a node's processes come before its agent's Stop confirmation, which names its newest
+    snapshot, newer than its last heartbeat's: the relaunch (no backoff here) waits for it, and goes
+    with the heartbeat's when no confirmation comes within the stop patience."""
+    async def scenario() -> None:
+        sim = await running_cluster(nodes=("a",), max_nodes=1, restart={"max": 3, "backoff_s": 0})
+        agent = sim.agents["a"]
+        agent.memory = MemorySnapshot(20, 20 * GLOBAL_BATCH)
+        sim.step(27)
+        await sim.tick()
+        sim.crash("a", 0, signal=9)
+        await sim.tick()
+        assert sim.state is JobState.RECOVERING and len(agent.stops()) == 1
+        sim.exit_on_stop("a")
+        await sim.tick()
+        assert sim.job.record.generation == 1  # nothing runs any more, but the confirmation is to come
+        sim.confirm_stop(memory=MemorySnapshot(25, 25 * GLOBAL_BATCH))
+        await sim.coordinator.tick()  # before the agent's next heartbeat
+        launch = agent.launches()[-1]
+        assert launch.generation == 2 and launch.processes[-1].env["TRAINERD_RESUME_MEMORY_STEP"] == "25"
+        assert sim.job.view().last_recovery.lost_steps == 2
+
+        sim.started()
+        agent.memory = MemorySnapshot(30, 30 * GLOBAL_BATCH)
+        sim.step(33)
+        await sim.tick()
+        sim.crash("a", 0, signal=9)
+        await sim.tick()
+        sim.exit_on_stop("a")
+        await sim.tick(sim.spec.stop_grace_s + STOP_CONFIRM_MARGIN_S - 0.5)
+        assert sim.job.record.generation == 2  # still waiting for the confirmation
+        await sim.tick(0.5)
+        launch = agent.launches()[-1]
+        assert launch.generation == 3 and launch.processes[-1].env["TRAINERD_RESUME_MEMORY_STEP"] == "30"
+    run(scenario())
+
+
+def test_a_restarted_agent_holds_no_snapshot_of_the_generation() -> None:
+    """An agent that restarts clears its memory: its earlier reports no longer count."""
+    async def scenario() -> None:
+        sim = await running_cluster(nodes=("a",), max_nodes=1)
+        sim.agents["a"].memory = MemorySnapshot(20, 20 * GLOBAL_BATCH)
+        sim.step(23)
+        await sim.tick()
+        assert sim.job.observation.memory_snapshots == {"a": MemorySnapshot(20, 20 * GLOBAL_BATCH)}
+        sim.disconnect("a")
+        await sim.connect("a")  # within the session grace: it runs no generation now
+        sim.agents["a"].memory = None
+        await sim.tick()
+        assert sim.job.observation.memory_snapshots == {}
     run(scenario())
 
 

@@ -106,8 +106,10 @@ def test_killed_worker_resumes_from_memory_to_the_same_weights_as_a_run_without_
     metrics_address = f"127.0.0.1:{free_port()}"
     for run_dir in (reference_dir, faulty_dir):
         run_dir.mkdir()
+        # No crash backoff: the relaunch is decided as soon as the processes' exits are reported, before
+        # the agent's Stop confirmation names its newest snapshot (up to a heartbeat fresher than the last).
         job = recovery_job(run_dir, steps=steps, nodes=(1, 1), global_batch=64, micro_batch=16, devices_per_node=2,
-                           memory_every=memory_every)
+                           memory_every=memory_every, restart={"backoff_s": 0})
         started_at = time.monotonic()
         address = start_trainerd(run_dir, procs, job, name=f"trainerd-{run_dir.name}",
                                  metrics_listen=metrics_address if run_dir is faulty_dir else None)
@@ -145,7 +147,8 @@ def test_killed_worker_resumes_from_memory_to_the_same_weights_as_a_run_without_
     recovery = job["last_recovery"]
     assert recovery["cause"] == "process_exited" and recovery["resumed_from"] == "memory"
     # Not the disk checkpoint of the hundred: the snapshot at most memory_every steps before the fault
-    # (the step status showed before the kill is at or before it).
+    # (lost_steps: the furthest step the killed generation reported minus the step resumed from; the
+    # step status showed before the kill is at or before it), not the one the last heartbeat named.
     resumed = recovery["resumed_from_step"]
     assert resumed % memory_every == 0 and resumed > before["last_checkpoint_step"]
     assert resumed >= before["step"] - memory_every and 0 <= recovery["lost_steps"] <= memory_every, recovery
