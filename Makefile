@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=30 tests
 
 # Opt-in, and not in CI's `make test`: MindFormers 2.0.0 cannot be resolved by pip (it requires hyper-parallel,
 # which is not on PyPI), so it goes into a venv of its own without its dependencies, after the extra that lists
