@@ -20,11 +20,20 @@ agent left for it (a blank `--room` argument; a longer command line is cut). Its
 is not: that memory may still be pointed to by what read the environment at import, so it keeps
 showing the environment the worker was prepared with (the previous generation's on that device);
 the job's own environment is in `os.environ` and the C library's, as for a cold start.
+
+MindSpore notes its entry script when it is imported (`mindspore.graph.api.entry_script_path`, from
+sys.argv[0], and `sys_path`, sys.path without the script's directory): the compile cache is valid
+only while that script and the local modules it imports are unchanged (compile_dependency.hash
+beside the cached graph). Imported here, that script would be this module, so a generation started
+warm would reject the graph a cold one cached (and cache its own under this module's sources, not
+the job's); the worker therefore sets both to what a cold start of the job would have noted
+(`note_entry_script`).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import runpy
@@ -84,12 +93,41 @@ def become(job: dict, log_fd: int) -> None:
     os.chdir(job["cwd"])
 
 
+def module_file(name: str) -> str | None:
+    """The file `python -m name` runs (a package's __main__), or None when it cannot be found (then
+    running it fails with the interpreter's own message)."""
+    try:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations is not None:
+            spec = importlib.util.find_spec(f"{name}.__main__")
+    except (ImportError, ValueError):
+        return None
+    return spec.origin if spec is not None and spec.has_location else None
+
+
+def note_entry_script(path: str) -> None:
+    """Give MindSpore's graph module, if the preload imported it, the entry script and module path it
+    would have noted had it been imported by the job at `path` (see the module docstring)."""
+    api = sys.modules.get("mindspore.graph.api")
+    if api is None:
+        return
+    script = os.path.realpath(path)
+    search = list(sys.path)
+    if os.path.dirname(script) in search:
+        search.remove(os.path.dirname(script))
+    api.entry_script_path = script  # type: ignore[attr-defined]
+    api.sys_path = search  # type: ignore[attr-defined]
+
+
 def run(argv: list[str]) -> None:
     """Run `argv` (without the interpreter) as `python -m MODULE ...` or `python SCRIPT ...` would."""
     if argv[0] == "-m":
         sys.argv = [argv[1], *argv[2:]]  # run_module puts the module's file in [0]
         if not sys.flags.safe_path:
             sys.path[0] = os.getcwd()
+        origin = module_file(argv[1])
+        if origin is not None:
+            note_entry_script(origin)
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
         return
     script = argv[0]
@@ -100,6 +138,7 @@ def run(argv: list[str]) -> None:
     sys.argv = list(argv)
     if not sys.flags.safe_path:
         sys.path[0] = os.path.dirname(os.path.realpath(script))
+    note_entry_script(script)
     runpy.run_path(script, run_name="__main__")
 
 

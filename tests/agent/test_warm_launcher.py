@@ -19,6 +19,7 @@ from agent.compile_cache import CompileCacheLauncher, cache_key
 from agent.import_env import import_env_mismatch
 from agent.launcher import SubprocessLauncher
 from agent.warm_launcher import WarmLauncher, warm_entrypoint
+from agent.warm_worker import module_file
 from tests.agent.test_launcher import alive
 
 PY = sys.executable
@@ -299,3 +300,15 @@ def test_the_compile_cache_directory_follows_the_job_configuration_not_the_gener
     assert enabled["MS_COMPILER_CACHE_PATH"] == str(tmp_path / "cache" / key)
     assert (tmp_path / "cache" / key).is_dir()
     assert own["MS_COMPILER_CACHE_ENABLE"] == "0" and "MS_COMPILER_CACHE_PATH" not in own  # the job's own choice
+
+
+def test_the_entry_script_of_a_module_is_the_file_python_m_runs(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "runme").mkdir()
+    (tmp_path / "runme" / "__init__.py").write_text("")
+    (tmp_path / "runme" / "__main__.py").write_text("")
+    (tmp_path / "runme" / "tool.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert module_file("runme.tool") == str(tmp_path / "runme" / "tool.py")
+    assert module_file("runme") == str(tmp_path / "runme" / "__main__.py")
+    assert module_file("no_such_module_here") is None
+    assert module_file("runme.missing.deeper") is None
