@@ -18,7 +18,7 @@ from daemon import metrics
 from daemon.config import JobSettings
 from daemon.errors import PermanentError, RetryableError
 from daemon.events import EVENTS_PAGE, Event, EventLog
-from daemon.job.controller import ClusterFacts, CommandRefused, JobController, JobView
+from daemon.job.controller import KEPT_GENERATION_RECORDS, ClusterFacts, CommandRefused, JobController, JobView
 from daemon.job.observation import MemorySnapshot, SkippedBatch, ProcessReport, ProgressReport
 from daemon.job.skip_ledger import SkipEntry, checked
 from daemon.job.state import GenerationRecord
@@ -475,7 +475,8 @@ class Coordinator:
         key = keys.generation(self._job_name, number)
         value = await self._store.get(key)
         if value is None:
-            raise CommandRefused(f"generation {number} is not in etcd")
+            raise CommandRefused(f"generation {number} is not in etcd any more (only the newest "
+                                 f"{KEPT_GENERATION_RECORDS} generations are kept)")
         return GenerationRecord.from_json(codec.decode(value.value, key=key))
 
 

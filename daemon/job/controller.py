@@ -68,6 +68,11 @@ from proto.vocabulary import JobState, ProcessRole
 
 log = logging.getLogger(__name__)
 
+# Generation records (placement and rank table, in etcd) kept besides the current one's: `trainerctl logs
+# --generation G` finds through them where a rank of G ran. As many as an agent keeps generations' files
+# (agent/generation_dirs.py); a job that restarts for weeks would otherwise fill etcd with rank tables.
+KEPT_GENERATION_RECORDS = 32
+
 # The leader saves the goodput totals this often, and whenever the phase changes: a leader that
 # dies takes at most this much of the current phase's accounting detail with it (see GoodputAccountant).
 GOODPUT_SAVE_INTERVAL_S = 5.0
@@ -486,6 +491,10 @@ class JobController:
         key = keys.generation(self.spec.name, number)
         if await self._store.compare_and_swap(key, codec.encode(generation.to_json()), 0, fence=fence) is None:
             raise LeadershipLost(f"{key} exists already: another coordinator launched it")
+        if number > KEPT_GENERATION_RECORDS:
+            await self._store.delete_range(keys.generation(self.spec.name, 0),
+                                           keys.generation(self.spec.name, number - KEPT_GENERATION_RECORDS + 1),
+                                           fence=fence)
         await self._write_record(action.record, fence)
         if checkpoint is not None:
             await self.catalog.supersede_after(checkpoint.step, fence)
