@@ -77,6 +77,15 @@ class CheckpointCatalog:
         """A committed checkpoint; one at the same step from an abandoned timeline is replaced."""
         await self._put(entry, fence)
 
+    async def forget_all_but_newest(self, count: int, fence: Fence) -> int:
+        """Delete the entries older than the newest `count` (returns how many): the workers keep only the
+        newest `checkpoint.keep` checkpoints on disk, so an older entry names files that are gone, and a
+        job that saves for weeks must not grow etcd without end."""
+        doomed = self.entries()[:max(0, len(self._entries.values()) - count)]
+        for entry in doomed:
+            await self._entries.delete(keys.checkpoint(self._job, entry.step), fence)
+        return len(doomed)
+
     async def mark_bad(self, step: int, problem: str, fence: Fence) -> None:
         entry = self.get(step)
         if entry is not None and entry.good:

@@ -73,6 +73,12 @@ log = logging.getLogger(__name__)
 # (agent/generation_dirs.py); a job that restarts for weeks would otherwise fill etcd with rank tables.
 KEPT_GENERATION_RECORDS = 32
 
+
+def kept_catalog_entries(keep: int) -> int:
+    """Checkpoint catalog entries kept in etcd: twice the checkpoints the workers keep on disk (room for
+    entries marked bad or superseded among them), at least 16."""
+    return max(2 * keep, 16)
+
 # The leader saves the goodput totals this often, and whenever the phase changes: a leader that
 # dies takes at most this much of the current phase's accounting detail with it (see GoodputAccountant).
 GOODPUT_SAVE_INTERVAL_S = 5.0
@@ -410,6 +416,7 @@ class JobController:
         while self._unrecorded_checkpoints:
             entry = self._unrecorded_checkpoints[0]
             await self.catalog.record(entry, fence)
+            await self.catalog.forget_all_but_newest(kept_catalog_entries(self.spec.checkpoint.keep), fence)
             self._unrecorded_checkpoints.pop(0)
             backoff_reset = record_after_checkpoint(self.record)
             if backoff_reset is not None:
