@@ -13,13 +13,20 @@ keeps its own setting.
 
 A script whose graph depends on the resume point (a constant built from the resume step) must not
 use the cache: turn it off with `compile_cache: false` in the agent file.
+
+Every start touches its directory; beyond KEPT_CACHES directories (new world sizes, batch splits, jobs),
+the least recently used are removed, so that weeks of elastic jobs do not fill the agent's disk with
+graphs (a large model's are large). KEPT_CACHES is well above the processes one host runs at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import logging
 import os
+import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -32,6 +39,9 @@ PER_GENERATION = frozenset({
     "TRAINERD_RESUME_SAMPLES", "RANK_TABLE_FILE", "TRAINERD_CONTROL_FILE", "TRAINERD_SKIPS_FILE",
 })
 CACHE_VARIABLES = ("MS_COMPILER_CACHE_ENABLE", "MS_COMPILER_CACHE_PATH")
+KEPT_CACHES = 64
+
+log = logging.getLogger(__name__)
 
 
 def cache_key(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> str:
@@ -53,6 +63,7 @@ class CompileCacheLauncher:
         if not any(name in env for name in CACHE_VARIABLES):
             directory = self._root / cache_key(argv, env, cwd)
             self._make(directory)
+            await asyncio.to_thread(remove_least_recently_used, self._root, KEPT_CACHES)
             env = {**env, "MS_COMPILER_CACHE_ENABLE": "1", "MS_COMPILER_CACHE_PATH": str(directory)}
         return await self._inner.start(argv, env, cwd, log_path)
 
@@ -61,3 +72,23 @@ class CompileCacheLauncher:
             path.mkdir(mode=0o700, exist_ok=True)
             if self._user is not None:
                 os.chown(path, self._user.uid, self._user.gid)
+        os.utime(directory)  # used now: the last to go
+
+
+def remove_least_recently_used(root: Path, keep: int) -> list[Path]:
+    """Remove all but the `keep` most recently used cache directories under `root` (by modification
+    time, which every start sets); returns what was removed. Symbolic links and files are left alone."""
+    try:
+        entries = [e for e in root.iterdir() if not e.is_symlink() and e.is_dir()]
+    except FileNotFoundError:
+        return []
+    entries.sort(key=lambda e: e.stat().st_mtime_ns, reverse=True)
+    removed = []
+    for entry in entries[keep:]:
+        try:
+            shutil.rmtree(entry)
+        except OSError as exc:
+            log.warning("could not remove the compile cache %s: %s", entry, exc)
+            continue
+        removed.append(entry)
+    return removed

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from agent import compile_cache
 from agent.compile_cache import CompileCacheLauncher, cache_key
 from agent.import_env import import_env_mismatch
 from agent.launcher import SubprocessLauncher
@@ -300,6 +301,29 @@ def test_the_compile_cache_directory_follows_the_job_configuration_not_the_gener
     assert enabled["MS_COMPILER_CACHE_PATH"] == str(tmp_path / "cache" / key)
     assert (tmp_path / "cache" / key).is_dir()
     assert own["MS_COMPILER_CACHE_ENABLE"] == "0" and "MS_COMPILER_CACHE_PATH" not in own  # the job's own choice
+
+
+def test_the_least_recently_used_compile_caches_go_beyond_the_kept_number(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(compile_cache, "KEPT_CACHES", 3)
+    root = tmp_path / "cache"
+    root.mkdir()
+    for age, name in enumerate(["d1", "d2", "d3", "d4"]):  # d1 used last
+        (root / name / "rank_0").mkdir(parents=True)
+        os.utime(root / name, (1_700_000_000 - age * 60,) * 2)
+    (root / "a-file").write_text("not a cache")
+    argv = [PY, "-m", "trainer.examples.mlp"]
+    a, b = {"RANK_ID": "0"}, {"RANK_ID": "1"}
+    launcher = CompileCacheLauncher(RecordingLauncher(), root)
+
+    def kept() -> set[str]:
+        return {p.name for p in root.iterdir()}
+
+    run(launcher.start(argv, a, tmp_path, tmp_path / "log"))
+    assert kept() == {cache_key(argv, a, tmp_path), "d1", "d2", "a-file"}
+    run(launcher.start(argv, b, tmp_path, tmp_path / "log"))
+    assert kept() == {cache_key(argv, a, tmp_path), cache_key(argv, b, tmp_path), "d1", "a-file"}
+    run(launcher.start(argv, a, tmp_path, tmp_path / "log"))  # in use again: nothing goes
+    assert kept() == {cache_key(argv, a, tmp_path), cache_key(argv, b, tmp_path), "d1", "a-file"}
 
 
 def test_the_entry_script_of_a_module_is_the_file_python_m_runs(tmp_path: Path, monkeypatch) -> None:
