@@ -52,8 +52,9 @@ and MindSpore's compile cache on: the relaunch runs in interpreters that importe
 and loads the graph compiled by the previous generation) and once with both off
 (`--no-warm-workers --no-compile-cache`: every process a new interpreter that compiles, the
 baseline), rows "worker crash" and "worker crash, cold". Target: worker crash -> first step within
-3 s, or MindSpore's communication set-up (the breakdown's "comm init" part) + 0.5 s where that
-alone takes longer. The node losses run with the defaults.
+3 s, or MindSpore's communication set-up (the breakdown's "comm set-up (init)" part: MindSpore's
+`init()`, cluster formation and the mccl address exchange) + 0.5 s where that alone takes longer.
+The node losses run with the defaults.
 
 Every trainerd recovery also shows what it resumed from (`last_recovery.resumed_from` of
 `trainerctl status -o json`: "memory" or "disk", and the step) and the steps it lost (`lost_steps`: the
@@ -61,8 +62,8 @@ furthest step the failed generation reported minus the step resumed from). Only 
 takes snapshots, so the 2-agent rows resume from disk (up to CHECKPOINT_EVERY steps lost).
 
 Prints every recovery as it happens (for trainerd with where the first-step phase went, per rank
-of the new generation, from its log: Python + import mindspore, communication init + model +
-checkpoint resume, first compile + step), then the medians over the repeats and the targets: node
+of the new generation, from its log: Python + import mindspore, communication set-up (MindSpore's
+`init()`), model + checkpoint resume, first compile + step), then the medians over the repeats and the targets: node
 loss detected within 2 x heartbeat interval + 1 s (3 s), coordinator part under 1 s. Takes about
 7 minutes with 3 repeats on 2 cores.
 
@@ -93,8 +94,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.launch import (  # noqa: E402
-    BIN, GLOBAL_BATCH, MARKER_VAR, MICRO_BATCH, SPEED_UP_ENV, WORLD_SIZE, BenchError, CpuMeter, Processes,
-    clean_env, clean_up, free_ports, interrupt_on_signals, median, msrun_argv, msrun_env, rank_marks, tail, trainerctl,
+    BIN, GLOBAL_BATCH, LOG_TIME, MARKER_VAR, MICRO_BATCH, SPEED_UP_ENV, WORLD_SIZE, BenchError, CpuMeter, Processes,
+    clean_env, clean_up, free_ports, interrupt_on_signals, log_time, median, msrun_argv, msrun_env, rank_marks, tail,
+    trainerctl,
 )
 from tests.waiting import wait_until  # noqa: E402
 
@@ -119,6 +121,8 @@ STEP_LINE = re.compile(r" rank \d+/\d+: step \d+ loss ")
 SNAPSHOT_PLAN = re.compile(r"snapshot of step (\d+) stalled ([\d.]+) s, steps take (\S+(?: s)?): "
                            r"the next is in (\d+) steps")
 # MindSpore's Python logger: "[ERROR] ME(123:456,MainProcess):2025-01-02-03:04:05.678.901 [file:line] message"
+# trainer/runtime/communication.py's line after MindSpore's init() returned.
+JOINED_LINE = re.compile(LOG_TIME + r" .*: rank \d+ of \d+ joined the cluster in ")
 MS_LOG_TIME = r"(\d{4}-\d\d-\d\d-\d\d:\d\d:\d\d\.\d{3})"
 
 
@@ -456,18 +460,22 @@ class TrainerdCluster:
 
 def first_step_breakdown(root: Path, generation: int, launched_at: float) -> tuple[str, float | None]:
     """Where the first-step phase went, per rank of `generation`, from its log (see bench/launch.py),
-    and the longest communication set-up (comm init + model + resume) of its ranks."""
+    and the longest communication set-up of its ranks: MindSpore's `init()` (cluster formation, mccl
+    set-up), from the rank's "joining the cluster" line to its "joined the cluster" line."""
     parts, comm = [], []
     for log_path in sorted(root.glob(f"agents/*/generations/{generation:06d}/rank*.log")):
         marks = rank_marks(log_path)
+        joined = JOINED_LINE.search(log_path.read_text(errors="replace"))
+        if joined:
+            marks["joined"] = log_time(joined.group(1))
         previous, cells = launched_at, []
-        for key, label in (("import_done", "python + import"), ("comm_done", "comm init + model + resume"),
-                           ("first_step", "compile + step")):
+        for key, label in (("import_done", "python + import"), ("joined", "comm set-up (init)"),
+                           ("comm_done", "model + resume"), ("first_step", "compile + step")):
             if key in marks:
                 cells.append(f"{label} {marks[key] - previous:.2f}")
-                if key == "comm_done" and "import_done" in marks:
-                    comm.append(marks[key] - marks["import_done"])
                 previous = marks[key]
+        if "joined" in marks and "import_done" in marks:
+            comm.append(marks["joined"] - marks["import_done"])
         parts.append(f"{log_path.stem} " + ", ".join(cells))
     return ("first step, from generation_started: " + "; ".join(parts) + " (s)",
             max(comm) if comm else None)
@@ -619,7 +627,7 @@ def verdict(values: list[float | None], target: float) -> str:
 
 
 def warm_verdict(recs: list[Recovery]) -> str:
-    """The crash target per run: first step <= max(3 s, the slowest rank's comm init + 0.5 s)."""
+    """The crash target per run: first step <= max(3 s, the slowest rank's comm set-up + 0.5 s)."""
     if not recs:
         return "not measured"
     cells, met = [], 0
@@ -670,7 +678,7 @@ def print_summary(results: dict[str, list[Recovery]], failures: dict[str, str], 
         print(f"  {row}: coordinator part (detect -> relaunch issued) under {COORDINATOR_TARGET_S:.1f} s: "
               + verdict([r.coordinator for r in results.get(row, [])], COORDINATOR_TARGET_S))
     for row in (r for r in results if r in (f"trainerd {FAULTS['crash']}", f"trainerd {FAULTS['crash']}{COLD}")):
-        print(f"  {row}: first step within {WARM_TARGET_S:.0f} s, or comm init + {WARM_COMM_MARGIN_S} s where "
+        print(f"  {row}: first step within {WARM_TARGET_S:.0f} s, or comm set-up (init) + {WARM_COMM_MARGIN_S} s where "
               f"that alone is longer: " + warm_verdict([r for r in results[row] if not r.disturbed]))
     if loads:
         print("\nOther processes kept busy on average (cores of " + str(os.cpu_count()) + "): "

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 from typing import TYPE_CHECKING
 
 from trainer.runtime.rank_context import RankContext, Role
+from trainer.runtime.scheduler_wait import wait_for_scheduler
 
 if TYPE_CHECKING:
     from mindspore import Parameter, nn
@@ -51,6 +53,9 @@ def initialize(ctx: RankContext, device_target: str) -> None:
         return
     log.info("Job %s generation %d: %s joining the cluster at %s",
              ctx.job, ctx.generation, _who(ctx), ctx.scheduler_address)
+    started = time.monotonic()
+    if not ctx.is_scheduler and ctx.scheduler_address:
+        wait_for_scheduler(ctx.scheduler_address)
     init()
     if ctx.is_scheduler:
         # Not reached with MindSpore 2.10 (init() serves the cluster and exits); should a version
@@ -62,6 +67,10 @@ def initialize(ctx: RankContext, device_target: str) -> None:
             f"MindSpore placed this process at rank {rank} of {size}, "
             f"but RANK_ID={ctx.rank} and RANK_SIZE={ctx.world_size}"
         )
+    # The wait and init() are the communication set-up: MindSpore's cluster formation and mccl
+    # address exchange. bench/recovery.py reads this line to show that part on its own.
+    log.info("Job %s generation %d: %s joined the cluster in %.3f s",
+             ctx.job, ctx.generation, _who(ctx), time.monotonic() - started)
     ms.set_auto_parallel_context(
         parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True, device_num=ctx.world_size
     )
