@@ -172,6 +172,8 @@ class JobController:
         self._unrecorded_failed_saves: deque[FailedSave] = deque()
         self.recovery: RecoveryTimeline | None = None
         self._bad_memory_steps: frozenset[int] = frozenset()  # in-memory snapshots a generation could not load
+        # The node order of the last generation at each world size (decide.JobWorld.orders_seen).
+        self._orders_seen: dict[int, tuple[str, ...]] = {}
         self._dropped = RateLimitedLog(log, clock)
         self._goodput_store = FencedCache(store, keys.job_goodput(spec.name), _saved_goodput)
         self.goodput = GoodputAccountant(clock)
@@ -215,6 +217,7 @@ class JobController:
             kv = await self._store.get(key)
             if kv is not None:
                 self.generation = GenerationRecord.from_json(codec.decode(kv.value, key=key))
+                self._orders_seen[self.generation.placement.world_size] = tuple(self.generation.placement.nodes)
                 self.observation = GenerationObservation(self.generation.number, started_at=now)
                 if self.record.between_generations:
                     self.observation.stop_decided_at = now
@@ -370,7 +373,8 @@ class JobController:
         world = JobWorld(self.spec, self.record, self.generation, self.observation, tuple(facts.offers),
                          frozenset(facts.disconnected), frozenset(facts.lost), frozenset(facts.drained),
                          self.catalog.entries(), self.ledger.ranges(), self._placeable_since,
-                         self._checkpoint_request, now, self._exit_request, self._bad_memory_steps)
+                         self._checkpoint_request, now, self._exit_request, self._bad_memory_steps,
+                         dict(self._orders_seen))
         for action in decide(world):
             match action:
                 case NotePlaceableSince():
@@ -516,6 +520,7 @@ class JobController:
             reached = None if previous is None else previous.max_step()
             self.recovery.lost_steps = None if reached is None else max(0, reached - generation.start_step)
         self.generation = generation
+        self._orders_seen[placement.world_size] = tuple(placement.nodes)
         self.observation = GenerationObservation(number, started_at=now)
         self._checkpoint_request = None
         self._exit_request = None

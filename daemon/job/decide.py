@@ -26,7 +26,8 @@ A job's life, in the terms of the durable record (daemon/job/state.py):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from daemon.config import JobSettings
 from daemon.job.catalog import CheckpointEntry
@@ -176,6 +177,9 @@ class JobWorld:
     exit_request: ExitRequest | None = None
     # In-memory snapshots a generation failed to resume from: never chosen again.
     bad_memory_steps: frozenset[int] = frozenset()
+    # The node order of the last generation at each world size (placement.place): a regrown world
+    # gives its nodes back their ranks. Kept in the leader's memory only; a new leader starts empty.
+    orders_seen: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
 
 
 def decide(world: JobWorld) -> list[Action]:
@@ -537,7 +541,7 @@ def _reshape(world: JobWorld) -> list[Action]:
     if world.exit_request is not None:
         return []  # the ranks are leaving (see _watch_generation)
     draining = [n for n in generation.placement.nodes if n in world.drained]
-    wanted = place(spec, _usable_offers(world), generation.placement.nodes)
+    wanted = place(spec, _usable_offers(world), generation.placement.nodes, world.orders_seen)
     growing = wanted is not None and wanted.world_size > generation.placement.world_size
     if not draining and not growing:
         return []
@@ -611,7 +615,7 @@ def _relaunch(world: JobWorld) -> list[Action]:
         stopped_at = observation.stop_decided_at if observation.stop_decided_at is not None else world.now
     if world.now < stopped_at + restart_backoff_s(spec, record.consecutive_crashes):
         return actions
-    placement = place(spec, _usable_offers(world, frozenset(busy)), generation.placement.nodes)
+    placement = place(spec, _usable_offers(world, frozenset(busy)), generation.placement.nodes, world.orders_seen)
     if placement is None:
         if record.state is not JobState.WAITING:
             actions.append(CommitRecord(record.moved_to(JobState.WAITING), "job_waiting",

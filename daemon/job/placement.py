@@ -6,7 +6,7 @@ Pure: from the nodes on offer and the previous generation's node order, choose t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -89,8 +89,24 @@ def node_order(offers: list[NodeOffer], previous_order: list[str]) -> list[NodeO
     return sorted(offers, key=lambda o: (0, position[o.name]) if o.name in position else (1, o.name))
 
 
-def place(spec: JobSettings, offers: list[NodeOffer], previous_order: Sequence[str] = ()) -> Placement | None:
-    """The largest valid placement on `offers`, or None when too few devices are on offer."""
+def place(spec: JobSettings, offers: list[NodeOffer], previous_order: Sequence[str] = (),
+          orders_seen: Mapping[int, Sequence[str]] | None = None) -> Placement | None:
+    """The largest valid placement on `offers`, or None when too few devices are on offer.
+
+    `orders_seen`: the node order of the last generation at each world size. When the placement comes
+    back to a world size on the very nodes it had then (a lost node regrown into the job), those nodes
+    take their ranks of then: each process then finds the compile cache (per rank and configuration)
+    and the warm worker it left, where a newcomer appended after the survivors would move ranks around
+    and recompile on every host whose rank changed."""
+    placement = _place(spec, offers, previous_order)
+    seen = (orders_seen or {}).get(placement.world_size) if placement is not None else None
+    if placement is None or seen is None or placement.nodes == list(seen) or set(placement.nodes) != set(seen):
+        return placement
+    restored = _place(spec, offers, seen)
+    return restored if restored is not None and restored.world_size == placement.world_size else placement
+
+
+def _place(spec: JobSettings, offers: list[NodeOffer], previous_order: Sequence[str]) -> Placement | None:
     ordered = node_order(offers, list(previous_order))
     usable = [(o, sorted(o.devices, key=lambda d: d.device_id)[: spec.devices_per_node]) for o in ordered]
     available = sum(len(devices) for _, devices in usable)

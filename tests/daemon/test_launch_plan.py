@@ -92,6 +92,20 @@ def test_survivors_keep_their_order_and_newcomers_follow() -> None:
     assert placement.nodes == ["c", "a", "b", "d"]
 
 
+def test_a_world_regrown_on_the_nodes_it_had_gives_them_back_their_ranks() -> None:
+    job = spec(max_nodes=3, global_batch=24, micro_batch=1)
+    a, b, c, d = (npu_node(n, f"10.0.0.{i + 1}", [0]) for i, n in enumerate("abcd"))
+    seen = {3: ("a", "b", "c"), 2: ("c", "a")}
+    # b was lost (the survivors kept their order: a, c) and came back: the ranks of generation 1 again.
+    assert place(job, [a, b, c], previous_order=["a", "c"]).nodes == ["a", "c", "b"]
+    assert place(job, [a, b, c], previous_order=["a", "c"], orders_seen=seen).nodes == ["a", "b", "c"]
+    # Other nodes than then at that size: the usual order (survivors, then newcomers by name).
+    assert place(job, [a, c, d], previous_order=["a", "c"], orders_seen=seen).nodes == ["a", "c", "d"]
+    # A size never seen: the usual order.
+    assert place(spec(max_nodes=4, global_batch=24, micro_batch=1), [a, b, c, d], previous_order=["a", "c"],
+                 orders_seen=seen).nodes == ["a", "c", "b", "d"]
+
+
 def test_too_few_nodes_or_devices_gives_no_placement() -> None:
     job = spec(min_nodes=2, max_nodes=3, global_batch=12, micro_batch=1)
     assert place(job, [npu_node("a", "10.0.0.1", [0])]) is None

@@ -256,6 +256,36 @@ def test_lost_node_shrinks_the_world_without_spending_the_budget_and_it_grows_ba
     run(scenario())
 
 
+def test_a_lost_node_regrown_into_the_job_gets_back_its_rank() -> None:
+    """Each rank's compile cache and warm worker are where it ran before: regrowing to the world size of
+    generation 1 on its nodes gives every node its rank of then (not b after the survivors a and c)."""
+    async def scenario() -> None:
+        sim = await running_cluster()
+        assert sim.world() == ["a", "b", "c"]
+        sim.disconnect("b")
+        await sim.tick(SESSION_GRACE_S + 0.5)
+        assert sim.state is JobState.RECOVERING
+        sim.confirm_stop("a", "c")
+        await sim.tick(0.1)
+        assert sim.world() == ["a", "c"]
+        sim.started()
+        sim.step(11)
+        await sim.tick(0.1)
+        assert sim.state is JobState.RUNNING
+        await sim.connect("b")
+        sim.step(12, samples_per_s=GLOBAL_BATCH * 10)
+        await sim.tick(0.1)
+        (request,) = sim.agents["a"].checkpoint_requests()
+        sim.checkpoint(request.step)
+        await sim.tick(0.1)
+        sim.confirm_stop()
+        await sim.tick(0.1)
+        assert sim.world() == ["a", "b", "c"]
+        ranks = {p.rank for p in sim.agents["b"].launches()[-1].processes if p.role == "worker"}
+        assert ranks == {1}
+    run(scenario())
+
+
 def test_below_min_nodes_waits_and_resumes_when_a_node_returns() -> None:
     async def scenario() -> None:
         sim = await waiting_cluster()
