@@ -101,6 +101,9 @@ def test_killed_worker_resumes_from_memory_to_the_same_weights_as_a_run_without_
     """One host with two ranks: its agent holds the in-memory snapshots (every MEMORY_EVERY steps)."""
     steps = 1500
     memory_every = 10
+    # Disk checkpoints far apart: the status trails the ranks by up to a progress report (0.5 s, ~40 steps of
+    # this job), and a kill that lands just after a disk checkpoint rightly resumes from disk.
+    every = 500
     reference_dir, faulty_dir = tmp_path / "reference", tmp_path / "faulty"
     results = {}
     metrics_address = f"127.0.0.1:{free_port()}"
@@ -109,15 +112,15 @@ def test_killed_worker_resumes_from_memory_to_the_same_weights_as_a_run_without_
         # No crash backoff: the relaunch is decided as soon as the processes' exits are reported, before
         # the agent's Stop confirmation names its newest snapshot (up to a heartbeat fresher than the last).
         job = recovery_job(run_dir, steps=steps, nodes=(1, 1), global_batch=64, micro_batch=16, devices_per_node=2,
-                           memory_every=memory_every, restart={"backoff_s": 0})
+                           every=every, memory_every=memory_every, restart={"backoff_s": 0})
         started_at = time.monotonic()
         address = start_trainerd(run_dir, procs, job, name=f"trainerd-{run_dir.name}",
                                  metrics_listen=metrics_address if run_dir is faulty_dir else None)
         procs.agent(f"{run_dir.name}-0", address, cpu_devices=2)
         if run_dir is faulty_dir:
-            # Between disk checkpoints (every 100 steps): the newest snapshot is newer than the newest checkpoint.
+            # Well between disk checkpoints: the newest snapshot is newer than the newest checkpoint.
             before = wait_for_job(address, "a checkpoint and some steps after it", lambda j: (
-                j["last_checkpoint_step"] or 0) >= 200 and 30 <= (j["step"] or 0) % 100 <= 70, 240, procs)
+                j["last_checkpoint_step"] or 0) >= every and 100 <= (j["step"] or 0) % every <= 250, 240, procs)
             rank1 = next(p for p in processes_mentioning(run_dir / "out")
                          if p.environ().get("RANK_ID") == "1" and p.environ().get("MS_ROLE") == "MS_WORKER")
             rank1.send_signal(signal.SIGKILL)
