@@ -13,10 +13,19 @@ class ProcessState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PROCESS_STARTING: _ClassVar[ProcessState]
     PROCESS_RUNNING: _ClassVar[ProcessState]
     PROCESS_EXITED: _ClassVar[ProcessState]
+
+class PeerFileKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PEER_FILE_KIND_UNSPECIFIED: _ClassVar[PeerFileKind]
+    PEER_FILE_DATA: _ClassVar[PeerFileKind]
+    PEER_FILE_REPORT: _ClassVar[PeerFileKind]
 PROCESS_STATE_UNSPECIFIED: ProcessState
 PROCESS_STARTING: ProcessState
 PROCESS_RUNNING: ProcessState
 PROCESS_EXITED: ProcessState
+PEER_FILE_KIND_UNSPECIFIED: PeerFileKind
+PEER_FILE_DATA: PeerFileKind
+PEER_FILE_REPORT: PeerFileKind
 
 class Device(_message.Message):
     __slots__ = ("device_id", "device_ip", "kind")
@@ -29,18 +38,20 @@ class Device(_message.Message):
     def __init__(self, device_id: _Optional[int] = ..., device_ip: _Optional[str] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("node_name", "host", "devices", "agent_version", "resume_token")
+    __slots__ = ("node_name", "host", "devices", "agent_version", "resume_token", "peer_port")
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     RESUME_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PEER_PORT_FIELD_NUMBER: _ClassVar[int]
     node_name: str
     host: str
     devices: _containers.RepeatedCompositeFieldContainer[Device]
     agent_version: str
     resume_token: str
-    def __init__(self, node_name: _Optional[str] = ..., host: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., agent_version: _Optional[str] = ..., resume_token: _Optional[str] = ...) -> None: ...
+    peer_port: int
+    def __init__(self, node_name: _Optional[str] = ..., host: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., agent_version: _Optional[str] = ..., resume_token: _Optional[str] = ..., peer_port: _Optional[int] = ...) -> None: ...
 
 class ProcessStatus(_message.Message):
     __slots__ = ("role", "rank", "pid", "state", "step", "exit_code", "signal", "expected", "os_state")
@@ -65,26 +76,34 @@ class ProcessStatus(_message.Message):
     def __init__(self, role: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[ProcessState, str]] = ..., step: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., expected: _Optional[bool] = ..., os_state: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("sequence", "generation", "processes", "sent_at", "memory_snapshot")
+    __slots__ = ("sequence", "generation", "processes", "sent_at", "memory_snapshot", "held_snapshots")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_FIELD_NUMBER: _ClassVar[int]
     MEMORY_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    HELD_SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     generation: int
     processes: _containers.RepeatedCompositeFieldContainer[ProcessStatus]
     sent_at: float
     memory_snapshot: MemorySnapshot
-    def __init__(self, sequence: _Optional[int] = ..., generation: _Optional[int] = ..., processes: _Optional[_Iterable[_Union[ProcessStatus, _Mapping]]] = ..., sent_at: _Optional[float] = ..., memory_snapshot: _Optional[_Union[MemorySnapshot, _Mapping]] = ...) -> None: ...
+    held_snapshots: _containers.RepeatedCompositeFieldContainer[MemorySnapshot]
+    def __init__(self, sequence: _Optional[int] = ..., generation: _Optional[int] = ..., processes: _Optional[_Iterable[_Union[ProcessStatus, _Mapping]]] = ..., sent_at: _Optional[float] = ..., memory_snapshot: _Optional[_Union[MemorySnapshot, _Mapping]] = ..., held_snapshots: _Optional[_Iterable[_Union[MemorySnapshot, _Mapping]]] = ...) -> None: ...
 
 class MemorySnapshot(_message.Message):
-    __slots__ = ("step", "consumed_samples")
+    __slots__ = ("step", "consumed_samples", "ranks", "world_size", "generation")
     STEP_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     step: int
     consumed_samples: int
-    def __init__(self, step: _Optional[int] = ..., consumed_samples: _Optional[int] = ...) -> None: ...
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    world_size: int
+    generation: int
+    def __init__(self, step: _Optional[int] = ..., consumed_samples: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ..., world_size: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class ProcessExited(_message.Message):
     __slots__ = ("generation", "role", "rank", "pid", "exit_code", "signal", "log_tail", "expected", "cause")
@@ -175,12 +194,14 @@ class BadBatch(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., sample_start: _Optional[int] = ..., sample_end: _Optional[int] = ..., reason: _Optional[str] = ..., loss: _Optional[float] = ..., grad_norm: _Optional[float] = ...) -> None: ...
 
 class Stopped(_message.Message):
-    __slots__ = ("generation", "memory_snapshot")
+    __slots__ = ("generation", "memory_snapshot", "held_snapshots")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     MEMORY_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    HELD_SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
     generation: int
     memory_snapshot: MemorySnapshot
-    def __init__(self, generation: _Optional[int] = ..., memory_snapshot: _Optional[_Union[MemorySnapshot, _Mapping]] = ...) -> None: ...
+    held_snapshots: _containers.RepeatedCompositeFieldContainer[MemorySnapshot]
+    def __init__(self, generation: _Optional[int] = ..., memory_snapshot: _Optional[_Union[MemorySnapshot, _Mapping]] = ..., held_snapshots: _Optional[_Iterable[_Union[MemorySnapshot, _Mapping]]] = ...) -> None: ...
 
 class CheckpointSaved(_message.Message):
     __slots__ = ("generation", "step", "consumed_samples", "path")
@@ -322,7 +343,7 @@ class SampleRange(_message.Message):
     def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class Launch(_message.Message):
-    __slots__ = ("generation", "job_name", "processes", "rank_table_json", "checkpoint_path", "skips", "workdir", "graceful_exit_file", "progress_pattern")
+    __slots__ = ("generation", "job_name", "processes", "rank_table_json", "checkpoint_path", "skips", "workdir", "graceful_exit_file", "progress_pattern", "snapshot_sources", "copy_from")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     JOB_NAME_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
@@ -332,6 +353,8 @@ class Launch(_message.Message):
     WORKDIR_FIELD_NUMBER: _ClassVar[int]
     GRACEFUL_EXIT_FILE_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_PATTERN_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_SOURCES_FIELD_NUMBER: _ClassVar[int]
+    COPY_FROM_FIELD_NUMBER: _ClassVar[int]
     generation: int
     job_name: str
     processes: _containers.RepeatedCompositeFieldContainer[ProcessSpec]
@@ -341,7 +364,25 @@ class Launch(_message.Message):
     workdir: str
     graceful_exit_file: str
     progress_pattern: str
-    def __init__(self, generation: _Optional[int] = ..., job_name: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[ProcessSpec, _Mapping]]] = ..., rank_table_json: _Optional[str] = ..., checkpoint_path: _Optional[str] = ..., skips: _Optional[_Iterable[_Union[SampleRange, _Mapping]]] = ..., workdir: _Optional[str] = ..., graceful_exit_file: _Optional[str] = ..., progress_pattern: _Optional[str] = ...) -> None: ...
+    snapshot_sources: _containers.RepeatedCompositeFieldContainer[SnapshotSource]
+    copy_from: PeerAgent
+    def __init__(self, generation: _Optional[int] = ..., job_name: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[ProcessSpec, _Mapping]]] = ..., rank_table_json: _Optional[str] = ..., checkpoint_path: _Optional[str] = ..., skips: _Optional[_Iterable[_Union[SampleRange, _Mapping]]] = ..., workdir: _Optional[str] = ..., graceful_exit_file: _Optional[str] = ..., progress_pattern: _Optional[str] = ..., snapshot_sources: _Optional[_Iterable[_Union[SnapshotSource, _Mapping]]] = ..., copy_from: _Optional[_Union[PeerAgent, _Mapping]] = ...) -> None: ...
+
+class PeerAgent(_message.Message):
+    __slots__ = ("node", "address")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    address: str
+    def __init__(self, node: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+
+class SnapshotSource(_message.Message):
+    __slots__ = ("rank", "holder")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    holder: PeerAgent
+    def __init__(self, rank: _Optional[int] = ..., holder: _Optional[_Union[PeerAgent, _Mapping]] = ...) -> None: ...
 
 class Stop(_message.Message):
     __slots__ = ("generation", "grace_s", "reason", "dump_stacks", "job_completed")
@@ -694,3 +735,33 @@ class StatusReply(_message.Message):
     nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
     job: JobStatus
     def __init__(self, coordinator: _Optional[_Union[CoordinatorInfo, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., job: _Optional[_Union[JobStatus, _Mapping]] = ...) -> None: ...
+
+class PeerListRequest(_message.Message):
+    __slots__ = ("job_name",)
+    JOB_NAME_FIELD_NUMBER: _ClassVar[int]
+    job_name: str
+    def __init__(self, job_name: _Optional[str] = ...) -> None: ...
+
+class PeerListReply(_message.Message):
+    __slots__ = ("own",)
+    OWN_FIELD_NUMBER: _ClassVar[int]
+    own: _containers.RepeatedCompositeFieldContainer[MemorySnapshot]
+    def __init__(self, own: _Optional[_Iterable[_Union[MemorySnapshot, _Mapping]]] = ...) -> None: ...
+
+class PeerFetchRequest(_message.Message):
+    __slots__ = ("job_name", "step", "rank", "kind")
+    JOB_NAME_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    job_name: str
+    step: int
+    rank: int
+    kind: PeerFileKind
+    def __init__(self, job_name: _Optional[str] = ..., step: _Optional[int] = ..., rank: _Optional[int] = ..., kind: _Optional[_Union[PeerFileKind, str]] = ...) -> None: ...
+
+class PeerChunk(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    def __init__(self, data: _Optional[bytes] = ...) -> None: ...

@@ -483,3 +483,136 @@ class Control:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class SnapshotPeerStub:
+    """---------------------------------------------------------------- agent to agent
+
+    Every agent of a generation spanning hosts serves the in-memory snapshot files it holds to the other
+    agents: its ring successor copies its own ranks' files; a relaunch fetches what its host lacks. Over
+    TLS the server's certificate must name the node the caller expects, and only node certificates of
+    the cluster are served; without TLS it listens on loopback only.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.ListSnapshots = channel.unary_unary(
+                '/trainerd.v1.SnapshotPeer/ListSnapshots',
+                request_serializer=proto_dot_trainerd__pb2.PeerListRequest.SerializeToString,
+                response_deserializer=proto_dot_trainerd__pb2.PeerListReply.FromString,
+                _registered_method=True)
+        self.FetchFile = channel.unary_stream(
+                '/trainerd.v1.SnapshotPeer/FetchFile',
+                request_serializer=proto_dot_trainerd__pb2.PeerFetchRequest.SerializeToString,
+                response_deserializer=proto_dot_trainerd__pb2.PeerChunk.FromString,
+                _registered_method=True)
+
+
+class SnapshotPeerServicer:
+    """---------------------------------------------------------------- agent to agent
+
+    Every agent of a generation spanning hosts serves the in-memory snapshot files it holds to the other
+    agents: its ring successor copies its own ranks' files; a relaunch fetches what its host lacks. Over
+    TLS the server's certificate must name the node the caller expects, and only node certificates of
+    the cluster are served; without TLS it listens on loopback only.
+    """
+
+    def ListSnapshots(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchFile(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_SnapshotPeerServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'ListSnapshots': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSnapshots,
+                    request_deserializer=proto_dot_trainerd__pb2.PeerListRequest.FromString,
+                    response_serializer=proto_dot_trainerd__pb2.PeerListReply.SerializeToString,
+            ),
+            'FetchFile': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchFile,
+                    request_deserializer=proto_dot_trainerd__pb2.PeerFetchRequest.FromString,
+                    response_serializer=proto_dot_trainerd__pb2.PeerChunk.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'trainerd.v1.SnapshotPeer', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('trainerd.v1.SnapshotPeer', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class SnapshotPeer:
+    """---------------------------------------------------------------- agent to agent
+
+    Every agent of a generation spanning hosts serves the in-memory snapshot files it holds to the other
+    agents: its ring successor copies its own ranks' files; a relaunch fetches what its host lacks. Over
+    TLS the server's certificate must name the node the caller expects, and only node certificates of
+    the cluster are served; without TLS it listens on loopback only.
+    """
+
+    @staticmethod
+    def ListSnapshots(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainerd.v1.SnapshotPeer/ListSnapshots',
+            proto_dot_trainerd__pb2.PeerListRequest.SerializeToString,
+            proto_dot_trainerd__pb2.PeerListReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchFile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/trainerd.v1.SnapshotPeer/FetchFile',
+            proto_dot_trainerd__pb2.PeerFetchRequest.SerializeToString,
+            proto_dot_trainerd__pb2.PeerChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
