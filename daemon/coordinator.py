@@ -70,6 +70,7 @@ class AgentHello:
     devices: tuple[DeviceInfo, ...]
     agent_version: str
     resume_token: str
+    peer_port: int = 0  # its SnapshotPeer service on `host` (0: none)
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class AgentSession:
         # True until its Welcome is ready: the time etcd takes to record the node is not its silence.
         self.opening = True
         self.clock_offset: float | None = None  # daemon/read_lag.py
+        self.peer_port = 0  # its agent's SnapshotPeer port, from its Hello
 
 
 @dataclass(frozen=True)
@@ -285,6 +287,7 @@ class Coordinator:
             existing.closed.set()
         token = hello.resume_token or secrets.token_hex(16)
         session = AgentSession(name, token, send)
+        session.peer_port = hello.peer_port
         self._sessions[name] = session
         self._liveness.connected(name)
         returned_from_lost = (record := self._membership.get(name)) is not None and record.state is NodeState.LOST
@@ -355,15 +358,19 @@ class Coordinator:
         return len(self._sessions)
 
     def heartbeat(self, session: AgentSession, generation: int, handled_minus_sent_s: float | None = None,
-                  memory: MemorySnapshot | None = None) -> None:
+                  memory: MemorySnapshot | None = None, held: tuple[MemorySnapshot, ...] = ()) -> None:
         """`handled_minus_sent_s`: now by our wall clock minus the heartbeat's `sent_at` by the agent's;
-        `memory`: the newest in-memory snapshot the agent holds."""
+        `memory`, `held`: the in-memory snapshots the agent holds, whole and in part."""
         if not session.closed.is_set():
             self._liveness.heard_from(session.node)
             if handled_minus_sent_s is not None:
                 self._read_lag.observe(session, handled_minus_sent_s)
             if self.job is not None:
-                self.job.heartbeat(session.node, generation, memory)
+                self.job.heartbeat(session.node, generation, memory, held)
+
+    def _peer_port(self, node: str) -> int:
+        session = self._sessions.get(node)
+        return 0 if session is None else session.peer_port
 
     def _send_to_node(self, node: str, command: object) -> bool:
         session = self._sessions.get(node)
@@ -382,9 +389,10 @@ class Coordinator:
         if self.job is not None:
             self.job.progress_report(generation, session.node, report)
 
-    def stopped_report(self, session: AgentSession, generation: int, memory: MemorySnapshot | None = None) -> None:
+    def stopped_report(self, session: AgentSession, generation: int, memory: MemorySnapshot | None = None,
+                       held: tuple[MemorySnapshot, ...] = ()) -> None:
         if self.job is not None:
-            self.job.stopped_report(generation, session.node, memory)
+            self.job.stopped_report(generation, session.node, memory, held)
             self.request_reconcile()
 
     def checkpoint_saved(self, session: AgentSession, generation: int, step: int, consumed_samples: int,
@@ -423,7 +431,7 @@ class Coordinator:
         checking = self._node_checks.excluded()
         ready = [r for r in records if r.state is NodeState.READY]
         return ClusterFacts(
-            offers=[NodeOffer(r.name, r.host, r.devices) for r in ready
+            offers=[NodeOffer(r.name, r.host, r.devices, self._peer_port(r.name)) for r in ready
                     if self._liveness.is_connected(r.name) and not r.drained and r.name not in checking],
             disconnected={r.name for r in ready if not self._liveness.is_connected(r.name)},
             lost={r.name for r in records if r.state is NodeState.LOST},

@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 10.0
 DEFAULT_MAX_SESSIONS = 20000
+# An agent reports a few snapshot steps (its own newest two, two copies of its ring predecessor's).
+MAX_HELD_SNAPSHOTS = 8
 
 
 def hello_from_proto(message: pb.Hello) -> AgentHello:
@@ -68,6 +70,7 @@ def hello_from_proto(message: pb.Hello) -> AgentHello:
             check.bounded_int(device.device_id, 0, check.MAX_DEVICE_ID, "device id")
             check.text(device.device_ip, check.MAX_HELLO_TEXT_CHARS, "device ip")
             check.text(device.kind, 16, "device kind")
+        peer_port = check.bounded_int(message.peer_port, 0, 65535, "peer port")
     except MalformedMessage as exc:
         raise SessionRefused(f"malformed Hello: {exc}") from None
     return AgentHello(
@@ -76,6 +79,7 @@ def hello_from_proto(message: pb.Hello) -> AgentHello:
         devices=tuple(DeviceInfo(d.device_id, d.device_ip, d.kind) for d in message.devices),
         agent_version=message.agent_version,
         resume_token=message.resume_token,
+        peer_port=peer_port,
     )
 
 
@@ -179,8 +183,22 @@ def progress_report(p: pb.Progress) -> ProgressReport:
 
 
 def memory_snapshot(m: pb.MemorySnapshot) -> MemorySnapshot:
+    """A snapshot held whole (`ranks` empty) or in part. Raises MalformedMessage."""
+    world_size = check.bounded_int(m.world_size, 0, check.MAX_RANK, "snapshot world size")
+    check.count(m.ranks, world_size, "snapshot ranks")
+    ranks = frozenset(check.bounded_int(r, 0, world_size - 1, "snapshot rank") for r in m.ranks)
     return MemorySnapshot(check.step(m.step, "memory snapshot step"),
-                          check.sample_position(m.consumed_samples, "consumed_samples"))
+                          check.sample_position(m.consumed_samples, "consumed_samples"),
+                          ranks, world_size, check.generation(m.generation))
+
+
+def held_snapshots(held) -> tuple[MemorySnapshot, ...]:
+    """A heartbeat's or Stopped's `held_snapshots`; each must name some ranks. Raises MalformedMessage."""
+    check.count(held, MAX_HELD_SNAPSHOTS, "held snapshots")
+    snapshots = tuple(memory_snapshot(m) for m in held)
+    if any(not s.ranks for s in snapshots):
+        raise MalformedMessage("a held snapshot names no ranks")
+    return snapshots
 
 
 def skipped_batch(b: pb.BadBatch) -> tuple[int, SkippedBatch]:
@@ -205,6 +223,10 @@ def command_to_proto(command: object) -> pb.CoordinatorMessage:
             processes=[pb.ProcessSpec(role=p.role.value, rank=p.rank, local_rank=p.local_rank,
                                       device_id=p.device_id, argv=list(p.argv), env=p.env)
                        for p in command.processes],
+            snapshot_sources=[pb.SnapshotSource(rank=h.rank, holder=pb.PeerAgent(node=h.node, address=h.address))
+                              for h in command.snapshot_sources],
+            copy_from=None if command.copy_from is None else pb.PeerAgent(node=command.copy_from[0],
+                                                                          address=command.copy_from[1]),
         ))
     if isinstance(command, StopCommand):
         return pb.CoordinatorMessage(stop=pb.Stop(generation=command.generation, grace_s=command.grace_s,
@@ -333,7 +355,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             reports = [process_status_report(node, status) for status in heartbeat.processes]
             lag = time.time() - sent_at if sent_at > 0 else None
             memory = memory_snapshot(heartbeat.memory_snapshot) if heartbeat.HasField("memory_snapshot") else None
-            coordinator.heartbeat(session, generation, lag, memory)
+            coordinator.heartbeat(session, generation, lag, memory, held_snapshots(heartbeat.held_snapshots))
             metrics.HEARTBEATS.inc()
             if lag is not None:
                 metrics.HEARTBEAT_LAG.observe(max(0.0, lag))
@@ -355,7 +377,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             stopped = message.stopped
             coordinator.stopped_report(session, check.generation(stopped.generation),
                                        memory_snapshot(stopped.memory_snapshot)
-                                       if stopped.HasField("memory_snapshot") else None)
+                                       if stopped.HasField("memory_snapshot") else None,
+                                       held_snapshots(stopped.held_snapshots))
         elif kind == "bad_batch":
             rank, batch = skipped_batch(message.bad_batch)
             coordinator.bad_batch(session, check.generation(message.bad_batch.generation), rank, batch)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from daemon.job.launch_plan import ProcessPlan
+from daemon.job.state import SnapshotHolder
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,9 @@ class LaunchCommand:
     workdir: str = ""  # empty: the agent's per-job default
     graceful_exit_file: str = ""  # the script's OnRequestExit file, relative to workdir; empty: none
     progress_pattern: str = ""  # empty: MindSpore's LossMonitor/TimeMonitor lines
+    # Resuming from an in-memory snapshot that spanned hosts: each rank's holder (node, SnapshotPeer address).
+    snapshot_sources: tuple[SnapshotHolder, ...] = ()
+    copy_from: tuple[str, str] | None = None  # the ring predecessor whose snapshots this node copies: node, address
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from daemon.job.decide import (
     decide,
     record_after_checkpoint,
 )
-from daemon.job.launch_plan import node_processes, scheduler_port
+from daemon.job.launch_plan import node_processes, ring_predecessor, scheduler_port
 from daemon.job.observation import (
     GenerationObservation,
     MemorySnapshot,
@@ -268,18 +268,19 @@ class JobController:
         self._note_idle(observation)
         return before is None or before.running != report.running
 
-    def heartbeat(self, node: str, generation: int, memory: MemorySnapshot | None = None) -> None:
-        """`memory`: the newest in-memory snapshot the node's agent holds; counted only once the agent
-        runs the current generation (at its Launch it dropped those of an abandoned future)."""
+    def heartbeat(self, node: str, generation: int, memory: MemorySnapshot | None = None,
+                  held: tuple[MemorySnapshot, ...] = ()) -> None:
+        """`memory`: the newest in-memory snapshot the node's agent holds whole, `held`: those of which it
+        holds some ranks' files; counted only once the agent runs the current generation (at its Launch
+        it dropped those of an abandoned future)."""
         observation = self.observation
         if observation is not None:
             observation.agent_generation[node] = generation
             observation.heard_at[node] = self._clock.now()
-            if generation != observation.number or memory is None:
+            if generation != observation.number:
                 # An agent on another generation (a restarted one runs none) holds nothing of this one.
-                observation.memory_snapshots.pop(node, None)
-            else:
-                observation.memory_snapshots[node] = memory
+                memory, held = None, ()
+            _note_snapshots(observation, node, memory, held)
             self._note_idle(observation)
 
     def progress_report(self, generation: int, node: str, report: ProgressReport) -> None:
@@ -289,14 +290,15 @@ class JobController:
             self.goodput.checkpoint_stall(generation, report.checkpoint_stall_s)
             self._account()
 
-    def stopped_report(self, generation: int, node: str, memory: MemorySnapshot | None = None) -> None:
-        """The node stopped the generation; `memory`: the newest in-memory snapshot its agent holds then
-        (fresher than its last heartbeat's, and what the relaunch, decided next, may resume from)."""
+    def stopped_report(self, generation: int, node: str, memory: MemorySnapshot | None = None,
+                       held: tuple[MemorySnapshot, ...] = ()) -> None:
+        """The node stopped the generation; `memory` and `held`: the in-memory snapshots its agent holds
+        then (fresher than its last heartbeat's, and what the relaunch, decided next, may resume from)."""
         observation = self._current(generation)
         if observation is not None:
             observation.stopped.add(node)
-            if memory is not None:
-                observation.memory_snapshots[node] = memory
+            if memory is not None or held:
+                _note_snapshots(observation, node, memory, held)
             self._note_idle(observation)
 
     def checkpoint_saved(self, generation: int, node: str, step: int, consumed_samples: int, path: str) -> bool:
@@ -494,11 +496,12 @@ class JobController:
         if checkpoint is None:
             resume = None
         elif isinstance(checkpoint, MemorySnapshot):
-            resume = ResumePoint(checkpoint.step, checkpoint.consumed_samples, "", ResumeSource.MEMORY)
+            resume = ResumePoint(checkpoint.step, checkpoint.consumed_samples, "", ResumeSource.MEMORY,
+                                 checkpoint.holders)
         else:
             resume = ResumePoint(checkpoint.step, checkpoint.consumed_samples, checkpoint.path)
         generation = GenerationRecord(number, placement, scheduler_port(self.spec, number),
-                                      rank_table_json(placement), resume)
+                                      rank_table_json(placement), resume, action.peer_addresses)
         key = keys.generation(self.spec.name, number)
         if await self._store.compare_and_swap(key, codec.encode(generation.to_json()), 0, fence=fence) is None:
             raise LeadershipLost(f"{key} exists already: another coordinator launched it")
@@ -528,9 +531,12 @@ class JobController:
         if resume is None:
             where = "from scratch"
         elif resume.source is ResumeSource.MEMORY:
-            where = f"from the in-memory snapshot at step {resume.step} held by {', '.join(placement.nodes)}"
+            holders = sorted({h.node for h in resume.holders}) or list(placement.nodes)
+            where = f"from the in-memory snapshot at step {resume.step} held by {', '.join(holders)}"
         else:
             where = f"from the checkpoint at step {resume.step}"
+        if action.memory_shortfall:
+            where += f" ({action.memory_shortfall})"
         await self._events.append(
             "generation_started",
             f"job {self.spec.name}: generation {number} on {len(placement.nodes)} node(s), world size "
@@ -549,17 +555,23 @@ class JobController:
             raise CheckpointOutsideRoot(
                 f"job {self.spec.name}: generation {generation.number} resumes from {generation.resume.path}, "
                 f"outside job.checkpoint.dir {self.spec.checkpoint.dir}; it is not launched")
-        for node in generation.placement.nodes:
+        placement, peers = generation.placement, generation.peer_addresses
+        peers_serve = all(node in peers for node in placement.nodes)
+        for node in placement.nodes:
             if node in observation.launched:
                 continue
+            predecessor = ring_predecessor(placement, node)
             command = LaunchCommand(generation.number, self.spec.name,
-                                    tuple(node_processes(self.spec, generation.placement, generation.number, node,
-                                                         generation.resume)),
+                                    tuple(node_processes(self.spec, placement, generation.number, node,
+                                                         generation.resume, peers_serve)),
                                     generation.rank_table_json,
                                     "" if generation.resume is None else generation.resume.path,
                                     self.ledger.ranges(), workdir=self.spec.workdir or "",
                                     graceful_exit_file=self.spec.graceful_exit_file or "",
-                                    progress_pattern=self.spec.progress_pattern or "")
+                                    progress_pattern=self.spec.progress_pattern or "",
+                                    snapshot_sources=() if generation.resume is None else generation.resume.holders,
+                                    copy_from=(predecessor, peers[predecessor])
+                                    if peers_serve and predecessor is not None else None)
             if self._send(node, command):
                 observation.launched.add(node)
 
@@ -712,3 +724,16 @@ def _saved_goodput(data: dict) -> GoodputSnapshot:
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         log.warning("the saved goodput totals cannot be read (%s); counting starts over", exc)
         return GoodputSnapshot(phase=None)
+
+
+def _note_snapshots(observation: GenerationObservation, node: str, memory: MemorySnapshot | None,
+                    held: tuple[MemorySnapshot, ...]) -> None:
+    """What the node's agent holds now replaces what it held before."""
+    if memory is None:
+        observation.memory_snapshots.pop(node, None)
+    else:
+        observation.memory_snapshots[node] = memory
+    if held:
+        observation.held_snapshots[node] = held
+    else:
+        observation.held_snapshots.pop(node, None)

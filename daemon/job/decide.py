@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from daemon.config import JobSettings
 from daemon.job.catalog import CheckpointEntry
 from daemon.job.observation import GenerationObservation, MemorySnapshot, ProcessReport
 from daemon.job.placement import NodeOffer, Placement, place
-from daemon.job.state import Failure, FailureCause, GenerationRecord, JobRecord
+from daemon.job.state import Failure, FailureCause, GenerationRecord, JobRecord, SnapshotHolder
 from proto.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
 from proto.vocabulary import JobState, ProcessRole
 
@@ -84,6 +84,10 @@ class LaunchGeneration:
     placement: Placement
     checkpoint: CheckpointEntry | MemorySnapshot | None  # None: from scratch
     record: JobRecord
+    # The SnapshotPeer address of each node of `placement` that serves one (GenerationRecord.peer_addresses).
+    peer_addresses: dict[str, str] = field(default_factory=dict, hash=False)
+    # Why the generation does not resume from an in-memory snapshot newer than its checkpoint ("": none was).
+    memory_shortfall: str = ""
 
 
 @dataclass(frozen=True)
@@ -300,8 +304,11 @@ def _launch(world: JobWorld, placement: Placement,
     """The next generation; the job stays PENDING until the first one runs, a relaunch is RECOVERING."""
     record = world.record
     state = JobState.PENDING if record.state is JobState.PENDING else JobState.RECOVERING
+    addresses = {o.name: o.peer_address for o in world.offers if o.name in placement.nodes and o.peer_address}
+    shortfall = "" if isinstance(checkpoint, MemorySnapshot) else _memory_shortfall(world, checkpoint)
     return LaunchGeneration(placement, checkpoint, record.moved_to(
-        state, generation=record.generation + 1, world_size=placement.world_size, resume_from_step=None))
+        state, generation=record.generation + 1, world_size=placement.world_size, resume_from_step=None),
+        addresses, shortfall)
 
 
 # ---------------------------------------------------------------- a live generation
@@ -635,7 +642,8 @@ def _unconfirmed_snapshot_holders(world: JobWorld, busy: list[str]) -> list[str]
     generation, observation = world.generation, world.observation
     assert generation is not None and observation is not None
     return [n for n in generation.placement.nodes
-            if n in observation.memory_snapshots and n not in observation.stopped and n not in busy
+            if (n in observation.memory_snapshots or n in observation.held_snapshots)
+            and n not in observation.stopped and n not in busy
             and n not in world.lost_nodes and n not in world.disconnected]
 
 
@@ -651,12 +659,70 @@ def _memory_snapshot(world: JobWorld, placement: Placement | None) -> MemorySnap
     if placement is None or observation is None or (failure is not None and failure.cause is FailureCause.BAD_BATCHES):
         return None
     held = {observation.memory_snapshots.get(node) for node in placement.nodes}
-    if len(held) != 1:
+    if len(held) == 1:
+        snapshot = held.pop()
+        if snapshot is not None and snapshot.step not in world.bad_memory_steps:
+            return snapshot
+    return _snapshot_across_hosts(world, placement)
+
+
+def _snapshot_across_hosts(world: JobWorld, placement: Placement) -> MemorySnapshot | None:
+    """The newest snapshot of a generation that spanned hosts of which every rank's files are held by a
+    node that can serve them now (connected, READY, with a SnapshotPeer address), with a holder for
+    each rank: one of the new placement's nodes when one holds it (no fetch), else the first by name.
+    Every node of `placement` must serve too: each fetches what it lacks from the others."""
+    observation = world.observation
+    assert observation is not None
+    serving = {o.name: o.peer_address for o in world.offers if o.peer_address}
+    if not all(node in serving for node in placement.nodes):
         return None
-    snapshot = held.pop()
-    if snapshot is None or snapshot.step in world.bad_memory_steps:
-        return None
-    return snapshot
+    by_step: dict[int, list[tuple[str, MemorySnapshot]]] = {}
+    for node, snapshots in observation.held_snapshots.items():
+        if node in serving:
+            for snapshot in snapshots:
+                by_step.setdefault(snapshot.step, []).append((node, snapshot))
+    for step in sorted(by_step, reverse=True):
+        if step in world.bad_memory_steps:
+            continue
+        holdings = by_step[step]
+        first = holdings[0][1]
+        if any((s.world_size, s.generation, s.consumed_samples) != (first.world_size, first.generation,
+                                                                    first.consumed_samples) for _, s in holdings):
+            continue  # the agents disagree on what this step is: not one snapshot
+        holders = []
+        for rank in range(first.world_size):
+            nodes = sorted(n for n, s in holdings if rank in s.ranks)
+            if not nodes:
+                break
+            placed = [n for n in nodes if n in placement.nodes]
+            node = (placed or nodes)[0]
+            holders.append(SnapshotHolder(rank, node, serving[node]))
+        else:
+            return replace(first, ranks=frozenset(range(first.world_size)), holders=tuple(holders))
+    return None
+
+
+def _memory_shortfall(world: JobWorld, checkpoint: CheckpointEntry | None) -> str:
+    """Why no in-memory snapshot newer than `checkpoint` is resumed from although agents held one: the
+    newest such step and the ranks no serving node holds ("" when no newer snapshot was held)."""
+    observation = world.observation
+    if observation is None or world.record.resume_from_step is not None:
+        return ""
+    floor = 0 if checkpoint is None else checkpoint.step
+    newer = [s for held in observation.held_snapshots.values() for s in held if s.step > floor]
+    if not newer:
+        return ""
+    step = max(s.step for s in newer)
+    serving = {o.name for o in world.offers if o.peer_address}
+    at_step = [(n, s) for n, held in observation.held_snapshots.items() for s in held if s.step == step]
+    world_size = max(s.world_size for _, s in at_step)
+    kept = {r for n, s in at_step if n in serving for r in s.ranks}
+    missing = sorted(set(range(world_size)) - kept)
+    if not missing:
+        return f"the in-memory snapshot of step {step} was not usable"
+    gone = sorted({n for n, s in at_step if n not in serving})
+    return (f"no complete in-memory snapshot survives: ranks {', '.join(map(str, missing))} of step {step} "
+            f"were held only by {', '.join(gone) if gone else 'no node'}")
 
 
 def _shortage(world: JobWorld) -> str:

@@ -44,8 +44,13 @@ def scheduler_port(spec: JobSettings, generation: int) -> int:
 
 
 def _common_env(spec: JobSettings, placement: Placement, generation: int,
-                resume: ResumePoint | None) -> dict[str, str]:
+                resume: ResumePoint | None, peers_serve: bool) -> dict[str, str]:
     memory_step = str(resume.step) if resume is not None and resume.source is ResumeSource.MEMORY else ""
+    # A one-host generation commits each snapshot whole in its host's memory; one spanning hosts commits
+    # a host's share per host ("host" scope), and only when every node's agent serves the others its
+    # files (agent/peer_service.py): a relaunch gathers the ranks' files from the hosts that hold them.
+    one_host = len(placement.nodes) == 1
+    memory_every = spec.checkpoint.memory_every_steps if one_host or peers_serve else 0
     env = {
         **DEFAULT_ENV,
         **spec.env,
@@ -61,8 +66,8 @@ def _common_env(spec: JobSettings, placement: Placement, generation: int,
         # An in-memory snapshot has no path here: each agent names its own copy (agent/memory_snapshots.py).
         "TRAINERD_RESUME_FROM": "" if resume is None else resume.path,
         "TRAINERD_RESUME_MEMORY_STEP": memory_step,
-        # Snapshots need every rank's files in one shared memory: only a one-host generation takes them.
-        "TRAINERD_MEMORY_EVERY": str(spec.checkpoint.memory_every_steps if len(placement.nodes) == 1 else 0),
+        "TRAINERD_MEMORY_EVERY": str(memory_every),
+        "TRAINERD_MEMORY_SCOPE": "" if one_host else "host",
         # What the checkpoint stands for, for runners that resume by their own settings (MindFormers'
         # data_skip_steps); trainerd's own checkpoints carry both in their manifest.
         "TRAINERD_RESUME_STEP": "" if resume is None else str(resume.step),
@@ -80,9 +85,10 @@ def _common_env(spec: JobSettings, placement: Placement, generation: int,
 
 
 def node_processes(spec: JobSettings, placement: Placement, generation: int, node: str,
-                   resume: ResumePoint | None = None) -> list[ProcessPlan]:
-    """The processes `node` runs: the scheduler first (on the node of rank 0), then its workers."""
-    common = _common_env(spec, placement, generation, resume)
+                   resume: ResumePoint | None = None, peers_serve: bool = False) -> list[ProcessPlan]:
+    """The processes `node` runs: the scheduler first (on the node of rank 0), then its workers.
+    `peers_serve`: every node's agent serves SnapshotPeer (a generation spanning hosts takes snapshots)."""
+    common = _common_env(spec, placement, generation, resume, peers_serve)
     argv = tuple(spec.entrypoint)
     plans: list[ProcessPlan] = []
     if placement.ranks[0].node == node:
@@ -101,3 +107,12 @@ def node_processes(spec: JobSettings, placement: Placement, generation: int, nod
             "TRAINERD_LOCAL_RANK": str(slot.local_rank),
         }))
     return plans
+
+
+def ring_predecessor(placement: Placement, node: str) -> str | None:
+    """The node whose in-memory snapshots `node` copies: the one before it in the node order, the last
+    for the first (None for a one-host generation). Every node's own ranks are then held on two hosts."""
+    nodes = placement.nodes
+    if len(nodes) < 2 or node not in nodes:
+        return None
+    return nodes[nodes.index(node) - 1]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field, replace
 
+from daemon.job.state import SnapshotHolder
 from proto.vocabulary import FROZEN_OS_STATES, ProcessRole
 
 
@@ -142,10 +143,17 @@ def _told_first(told: set[int] | dict[int, SkippedBatch], step: int, report: Ski
 
 @dataclass(frozen=True)
 class MemorySnapshot:
-    """A complete in-memory snapshot an agent holds of the job (agent/memory_snapshots.py)."""
+    """An in-memory snapshot an agent holds of the job (agent/memory_snapshots.py): complete in its
+    memory (a one-host generation's, `ranks` empty), or the files of `ranks` of one that `world_size`
+    ranks of `generation` wrote across hosts (its own ranks' and its ring predecessor's)."""
 
     step: int
     consumed_samples: int
+    ranks: frozenset[int] = frozenset()
+    world_size: int = 0
+    generation: int = 0
+    # Chosen for a relaunch (daemon/job/decide.py): where each rank's files are fetched from.
+    holders: tuple[SnapshotHolder, ...] = ()
 
 
 @dataclass
@@ -163,6 +171,8 @@ class GenerationObservation:
     # The newest complete in-memory snapshot each node's agent reports holding (from its heartbeats while
     # it runs this generation, and from its Stop confirmation).
     memory_snapshots: dict[str, MemorySnapshot] = field(default_factory=dict)
+    # A generation spanning hosts: the snapshot steps of which each node's agent holds some ranks' files.
+    held_snapshots: dict[str, tuple[MemorySnapshot, ...]] = field(default_factory=dict)
     failed_checkpoints: set[int] = field(default_factory=set)  # steps whose save a rank reported failed
     bad_batches: dict[int, SkippedBatch] = field(default_factory=dict)  # by step
     last_progress_at: float | None = None  # the newest step of any rank; None: no progress yet

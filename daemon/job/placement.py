@@ -21,6 +21,14 @@ class NodeOffer:
     name: str
     host: str
     devices: tuple[DeviceInfo, ...]
+    peer_port: int = 0  # its agent's SnapshotPeer port (0: it serves none)
+
+    @property
+    def peer_address(self) -> str:
+        """host:port of its agent's SnapshotPeer service ("" when it serves none)."""
+        if not self.peer_port:
+            return ""
+        return f"[{self.host}]:{self.peer_port}" if ":" in self.host else f"{self.host}:{self.peer_port}"
 
 
 @dataclass(frozen=True)

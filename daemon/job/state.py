@@ -141,6 +141,23 @@ class ResumeSource(StrEnum):
 
 
 @dataclass(frozen=True)
+class SnapshotHolder:
+    """Where one rank's files of an in-memory snapshot of a generation that spanned hosts are held: a
+    node and its agent's SnapshotPeer address (host:port)."""
+
+    rank: int
+    node: str
+    address: str
+
+    def to_json(self) -> list:
+        return [self.rank, self.node, self.address]
+
+    @classmethod
+    def from_json(cls, data: list) -> "SnapshotHolder":
+        return cls(int(data[0]), str(data[1]), str(data[2]))
+
+
+@dataclass(frozen=True)
 class ResumePoint:
     """The checkpoint a generation starts from (None in GenerationRecord: from scratch)."""
 
@@ -148,15 +165,19 @@ class ResumePoint:
     consumed_samples: int
     path: str
     source: ResumeSource = ResumeSource.DISK
+    # An in-memory snapshot of a generation that spanned hosts: each of its ranks' holder (every agent
+    # of the new generation fetches the files it lacks). Empty for one committed whole in one host's memory.
+    holders: tuple[SnapshotHolder, ...] = ()
 
     def to_json(self) -> dict:
         return {"step": self.step, "consumed_samples": self.consumed_samples, "path": self.path,
-                "source": self.source.value}
+                "source": self.source.value, "holders": [h.to_json() for h in self.holders]}
 
     @classmethod
     def from_json(cls, data: dict) -> "ResumePoint":
         return cls(int(data["step"]), int(data["consumed_samples"]), str(data["path"]),
-                   ResumeSource(data.get("source", ResumeSource.DISK.value)))
+                   ResumeSource(data.get("source", ResumeSource.DISK.value)),
+                   tuple(SnapshotHolder.from_json(h) for h in data.get("holders", ())))
 
 
 @dataclass(frozen=True)
@@ -168,6 +189,9 @@ class GenerationRecord:
     scheduler_port: int
     rank_table_json: str
     resume: ResumePoint | None = None
+    # The SnapshotPeer address (host:port) of each node of the placement whose agent serves one when it
+    # was launched: a generation spanning hosts takes in-memory snapshots only when every node has one.
+    peer_addresses: dict[str, str] = field(default_factory=dict, hash=False)
 
     @property
     def start_step(self) -> int:
@@ -176,10 +200,12 @@ class GenerationRecord:
     def to_json(self) -> dict:
         return {"number": self.number, "placement": self.placement.to_json(),
                 "scheduler_port": self.scheduler_port, "rank_table": self.rank_table_json,
-                "resume": None if self.resume is None else self.resume.to_json()}
+                "resume": None if self.resume is None else self.resume.to_json(),
+                "peer_addresses": dict(self.peer_addresses)}
 
     @classmethod
     def from_json(cls, data: dict) -> "GenerationRecord":
         resume = data.get("resume")
         return cls(int(data["number"]), Placement.from_json(data["placement"]), int(data["scheduler_port"]),
-                   str(data["rank_table"]), None if resume is None else ResumePoint.from_json(resume))
+                   str(data["rank_table"]), None if resume is None else ResumePoint.from_json(resume),
+                   {str(k): str(v) for k, v in data.get("peer_addresses", {}).items()})

@@ -39,6 +39,7 @@ class SimAgent:
     commands: list[object] = field(default_factory=list)
     generation: int = 0
     memory: MemorySnapshot | None = None  # the in-memory snapshot its heartbeats report
+    held: tuple[MemorySnapshot, ...] = ()  # the snapshots of which its heartbeats report holding some ranks
 
     def launches(self) -> list[LaunchCommand]:
         return [c for c in self.commands if isinstance(c, LaunchCommand)]
@@ -55,7 +56,7 @@ class SimAgent:
 
 class SimCluster:
     def __init__(self, spec: JobSettings, store: InMemoryStore | None = None, clock: FakeClock | None = None,
-                 name: str = "c1", **coordinator_options) -> None:
+                 name: str = "c1", peer_port: int = 0, **coordinator_options) -> None:
         self.clock = clock or FakeClock(start=1000.0)
         self.store = store or InMemoryStore(self.clock)
         self.spec = spec
@@ -64,6 +65,7 @@ class SimCluster:
             heartbeat_interval_s=1.0, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, leader_lease_s=3,
             session_grace_s=SESSION_GRACE_S, **coordinator_options)
         self.agents: dict[str, SimAgent] = {}
+        self.peer_port = peer_port  # every agent's SnapshotPeer port (0: none serves)
 
     @property
     def job(self):
@@ -78,7 +80,7 @@ class SimCluster:
         agent = self.agents.setdefault(name, SimAgent(name))
         agent.generation = 0
         hello = AgentHello(name, f"10.0.0.{len(self.agents)}", tuple(DeviceInfo(i, "", "cpu") for i in range(devices)),
-                           "t", agent.token)
+                           "t", agent.token, self.peer_port)
         agent.session, welcome = await self.coordinator.open_session(hello, self._sender(agent))
         agent.token = welcome.resume_token
         return agent
@@ -100,7 +102,7 @@ class SimCluster:
         self.clock.advance(seconds)
         for agent in self.agents.values():
             if agent.session is not None and not agent.session.closed.is_set():
-                self.coordinator.heartbeat(agent.session, agent.generation, memory=agent.memory)
+                self.coordinator.heartbeat(agent.session, agent.generation, memory=agent.memory, held=agent.held)
         await self.coordinator.tick()
         await asyncio.sleep(0)
 
@@ -185,7 +187,7 @@ class SimCluster:
 
 async def take_over(sim: SimCluster) -> SimCluster:
     """The leader dies; a standby on the same etcd takes over and every agent reconnects to it."""
-    standby = SimCluster(sim.spec, store=sim.store, clock=sim.clock, name="c2")
+    standby = SimCluster(sim.spec, store=sim.store, clock=sim.clock, name="c2", peer_port=sim.peer_port)
     sim.store.stop_keepalive(sim.coordinator.leadership.lease)
     sim.clock.advance(3.5)
     sim.store.expire_leases()
@@ -195,9 +197,9 @@ async def take_over(sim: SimCluster) -> SimCluster:
     return standby
 
 
-async def launched_cluster(nodes=("a", "b", "c"), **overrides) -> SimCluster:
+async def launched_cluster(nodes=("a", "b", "c"), peer_port: int = 0, **overrides) -> SimCluster:
     """A job whose generation 1 was launched on `nodes` and whose processes started (PENDING)."""
-    sim = SimCluster(job_settings(**overrides))
+    sim = SimCluster(job_settings(**overrides), peer_port=peer_port)
     await sim.lead()
     for name in nodes:
         await sim.connect(name)
@@ -207,9 +209,9 @@ async def launched_cluster(nodes=("a", "b", "c"), **overrides) -> SimCluster:
     return sim
 
 
-async def running_cluster(nodes=("a", "b", "c"), **overrides) -> SimCluster:
+async def running_cluster(nodes=("a", "b", "c"), peer_port: int = 0, **overrides) -> SimCluster:
     """A job RUNNING generation 1 on `nodes`, with a checkpoint committed at step 10."""
-    sim = await launched_cluster(nodes, **overrides)
+    sim = await launched_cluster(nodes, peer_port, **overrides)
     sim.step(1)
     await sim.tick()
     assert sim.state is JobState.RUNNING

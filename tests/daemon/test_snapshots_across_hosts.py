@@ -1,0 +1,144 @@
+"""In-memory snapshots of a generation spanning hosts (issue 15 items 2-3), as the coordinator decides
+them: who snapshots, whose snapshots each node copies (a ring over the node order), and where a
+relaunch resumes from when hosts are lost: the newest step whose every rank's files survive on a live
+host, else the disk checkpoint, saying why. Through the Coordinator and the JobController on the
+in-memory store with a fake clock (tests/daemon/job_sim.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from daemon.grpc_services import held_snapshots
+from daemon.job.observation import MemorySnapshot
+from daemon.job.state import GenerationRecord, ResumeSource, SnapshotHolder
+from daemon.message_checks import MalformedMessage
+from proto import trainerd_pb2 as pb
+from proto.vocabulary import JobState
+from tests.daemon.job_sim import GLOBAL_BATCH, SESSION_GRACE_S, SimCluster, running_cluster
+
+PEER_PORT = 7431
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 20))
+
+
+def held(step: int, *ranks: int, world_size: int = 3, generation: int = 1) -> MemorySnapshot:
+    return MemorySnapshot(step, step * GLOBAL_BATCH, frozenset(ranks), world_size, generation)
+
+
+def hold_ring(sim: SimCluster, step: int) -> None:
+    """Each of a, b, c (ranks 0, 1, 2) holds its own rank and a copy of its ring predecessor's."""
+    for node, ranks in {"a": (0, 2), "b": (1, 0), "c": (2, 1)}.items():
+        sim.agents[node].held = (held(step, *ranks),)
+
+
+async def lose(sim: SimCluster, *nodes: str) -> None:
+    for node in nodes:
+        sim.disconnect(node)
+    await sim.tick(SESSION_GRACE_S + 0.5)
+    assert sim.state is JobState.RECOVERING
+    sim.confirm_stop(*(n for n in sim.job.generation.placement.nodes if n not in nodes))
+    await sim.tick(0.1)
+
+
+def test_a_generation_spanning_hosts_snapshots_and_copies_around_a_ring_when_every_agent_serves() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster(peer_port=PEER_PORT)
+        for node, predecessor in {"a": "c", "b": "a", "c": "b"}.items():
+            launch = sim.agents[node].launches()[-1]
+            env = launch.processes[-1].env
+            assert (env["TRAINERD_MEMORY_EVERY"], env["TRAINERD_MEMORY_SCOPE"]) == ("auto", "host")
+            address = sim.job.generation.peer_addresses[predecessor]
+            assert launch.copy_from == (predecessor, address) and address.endswith(f":{PEER_PORT}")
+
+        without = await running_cluster()  # agents that serve no SnapshotPeer
+        launch = without.agents["a"].launches()[-1]
+        assert launch.processes[-1].env["TRAINERD_MEMORY_EVERY"] == "0" and launch.copy_from is None
+    run(scenario())
+
+
+def test_a_lost_host_resumes_from_the_copies_its_neighbours_hold_resharded_to_the_hosts_left() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster(peer_port=PEER_PORT)
+        hold_ring(sim, 20)
+        sim.step(23)
+        await sim.tick()
+        await lose(sim, "b")
+        assert sim.world() == ["a", "c"]
+        resume = sim.job.generation.resume
+        assert (resume.source, resume.step, resume.consumed_samples) == (ResumeSource.MEMORY, 20, 20 * GLOBAL_BATCH)
+        addresses = sim.job.generation.peer_addresses
+        # Rank 1 (b's) survives only as c's copy; ranks 0 and 2 each on a node of the new placement.
+        assert resume.holders == (SnapshotHolder(0, "a", addresses["a"]), SnapshotHolder(1, "c", addresses["c"]),
+                                  SnapshotHolder(2, "a", addresses["a"]))
+        for node in ("a", "c"):
+            launch = sim.agents[node].launches()[-1]
+            assert launch.snapshot_sources == resume.holders and launch.checkpoint_path == ""
+            assert launch.processes[-1].env["TRAINERD_RESUME_MEMORY_STEP"] == "20"
+        assert sim.agents["a"].launches()[-1].copy_from == ("c", addresses["c"])  # a ring of two
+        started = [e for e in await sim.coordinator.events(0) if e.kind == "generation_started"][-1]
+        assert "from the in-memory snapshot at step 20 held by a, c" in started.message
+
+        # The record a new leader relaunches from keeps where each rank is held.
+        again = GenerationRecord.from_json(sim.job.generation.to_json())
+        assert again.resume == resume and again.peer_addresses == addresses
+    run(scenario())
+
+
+def test_two_neighbours_lost_together_fall_back_to_disk_and_say_why() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster(peer_port=PEER_PORT)
+        hold_ring(sim, 20)
+        sim.step(23)
+        await sim.tick()
+        await lose(sim, "a", "b")  # rank 0 was on a and copied to b only
+        assert sim.world() == ["c"]
+        resume = sim.job.generation.resume
+        assert (resume.source, resume.step) == (ResumeSource.DISK, 10)
+        started = [e for e in await sim.coordinator.events(0) if e.kind == "generation_started"][-1]
+        assert ("from the checkpoint at step 10 (no complete in-memory snapshot survives: ranks 0 of step 20 "
+                "were held only by a, b)") in started.message
+    run(scenario())
+
+
+def test_a_step_is_chosen_only_when_its_holders_agree_on_what_it_is() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster(peer_port=PEER_PORT)
+        sim.agents["a"].held = (held(30, 0, 2, generation=1), held(20, 0, 2))
+        sim.agents["c"].held = (held(30, 2, 1, generation=5), held(20, 2, 1))  # not the same step 30
+        sim.step(33)
+        await sim.tick()
+        await lose(sim, "b")
+        assert sim.job.generation.resume.step == 20
+    run(scenario())
+
+
+def test_a_stop_confirmation_names_fresher_holdings_than_the_heartbeats() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster(peer_port=PEER_PORT)
+        hold_ring(sim, 20)
+        sim.step(26)
+        await sim.tick()
+        sim.disconnect("b")
+        await sim.tick(SESSION_GRACE_S + 0.5)
+        generation = sim.job.generation.number
+        for node, ranks in {"a": (0, 2), "c": (2, 1)}.items():
+            sim.coordinator.stopped_report(sim.agents[node].session, generation, None, (held(25, *ranks),))
+        await sim.coordinator.tick()  # decided on the confirmations, before another heartbeat
+        assert sim.job.generation.resume.step == 25
+    run(scenario())
+
+
+@pytest.mark.parametrize("hostile", [
+    [pb.MemorySnapshot(step=20, world_size=3, ranks=[3])],          # a rank outside the world
+    [pb.MemorySnapshot(step=20, world_size=3, ranks=[])],           # holds nothing
+    [pb.MemorySnapshot(step=20, world_size=2, ranks=[0, 1, 1])],    # more ranks than the world has
+    [pb.MemorySnapshot(step=20, world_size=3, ranks=[0])] * 9,      # more steps than an agent keeps
+    [pb.MemorySnapshot(step=-1, world_size=3, ranks=[0])],
+])
+def test_hostile_holdings_are_refused(hostile) -> None:
+    with pytest.raises(MalformedMessage):
+        held_snapshots(hostile)
