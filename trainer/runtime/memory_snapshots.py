@@ -9,8 +9,8 @@ keeps MEMORY_KEEP complete snapshots, so the memory holds at most two of a rank'
 complete snapshot and the one being written. The agent reports the newest complete one in its heartbeats; the
 coordinator resumes from it when it is newer than the newest disk checkpoint (daemon/job/decide.py).
 
-All ranks of a generation must share the directory: the coordinator asks for snapshots only when the
-generation runs on one host (until agents copy snapshots to each other, issue 15 item 2).
+On one host all ranks of a generation share the directory and rank 0 commits; a generation spanning
+hosts writes in scope "host" (below).
 
 A failed snapshot is logged and training goes on: the disk checkpoints remain the fallback.
 
