@@ -20,6 +20,15 @@ manifest is there. The agent:
   launches a job. A FAILED or PAUSED job's snapshots stay until then (`trainerctl resume` may use them).
 With `run_as`, the job's directory belongs to the worker user, and the agent, which runs as root,
 only removes in it (rmtree does not follow symbolic links).
+
+A generation spanning hosts (`HostScope`, TRAINERD_MEMORY_SCOPE=host for its workers) has no manifest:
+each rank writes its file and its report (agent/snapshot_reports.py). A step is complete on this host
+once every local rank's report of this generation and world size is there; the agent pins the newest such
+step under `.reported/` as above and, since those workers prune nothing, removes their step directories
+older than it. Peers read the pins (`own_snapshots`, `rank_file`: called from the peer server's thread,
+hence the lock), the ring copier keeps peers' pins under `.copies/<node>/step_N/` (`copies_root`), the
+heartbeats carry what is held here (`held`), and a relaunch builds its checkpoint under
+`.resume/step_N/` from what is here and what it fetches (`assemble`).
 """
 
 from __future__ import annotations
@@ -30,10 +39,18 @@ import os
 import re
 import shutil
 import stat
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.snapshot_reports import agree, data_name, read_report, reports_in
 from agent.worker_user import WorkerUser
+from proto import trainerd_pb2 as pb
+from trainer.checkpoint.commit import RankReport, commit_manifest, merge_reports, report_name
+from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint
+from trainer.checkpoint.manifest import Manifest, read_manifest
+from trainer.checkpoint.verify import verify_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +63,10 @@ MAX_MANIFEST_BYTES = 64 << 20
 # Under a job's directory: hard links to the snapshot last reported (not a `step_N` name, so the workers'
 # retention, which looks only at those, leaves it alone).
 REPORTED_DIR = ".reported"
+COPIES_DIR = ".copies"  # <node>/step_N/: ring copies of that node's pinned snapshots (agent/peer_copier.py)
+RESUME_DIR = ".resume"  # step_N/: the checkpoint a relaunch assembled (`assemble`)
+PARTIAL = ".partial"    # the suffix of a directory still being filled
+MAX_HELD = 4            # steps a heartbeat reports as held here
 
 
 def step_dir_name(step: int) -> str:
@@ -58,8 +79,24 @@ class Snapshot:
     consumed_samples: int
 
 
+@dataclass(frozen=True)
+class HostScope:
+    """A generation spanning hosts: this host runs `local_ranks` of `world_size` in `generation`."""
+
+    local_ranks: tuple[int, ...]
+    world_size: int
+    generation: int
+
+
 class MemoryDirError(Exception):
     """The memory directory cannot be used (the message says why): the job runs without snapshots."""
+
+
+class SnapshotAssemblyError(Exception):
+    """A snapshot could not be assembled for a relaunch (one line: which rank, what is missing or wrong)."""
+
+
+Fetch = Callable[[int, Path], None]  # (rank, directory): writes that rank's data file and report there
 
 
 class MemorySnapshotDir:
@@ -70,30 +107,50 @@ class MemorySnapshotDir:
         self._user = user
         self._known: dict[Path, Snapshot] = {}  # complete snapshots already read, by step directory
         self._reported: dict[str, Snapshot] = {}  # by job: the snapshot pinned under REPORTED_DIR
+        self._scopes: dict[str, HostScope] = {}   # by job: its generation spans hosts
+        # The peer server reads the pins from its own thread while the agent's loop moves them.
+        self._lock = threading.RLock()
 
     def job_dir(self, job: str) -> Path:
         return self.root / job
 
+    def copies_root(self, job: str) -> Path:
+        """Where the ring copier keeps peers' snapshots: `<node>/step_N/` under it."""
+        return self.job_dir(job) / COPIES_DIR
+
     def clear(self) -> None:
         """Remove every snapshot of every job (at start and at exit)."""
-        self._known.clear()
-        self._reported.clear()
-        if not self.root.is_symlink() and self.root.is_dir():
-            shutil.rmtree(self.root, ignore_errors=True)
+        with self._lock:
+            self._known.clear()
+            self._reported.clear()
+            self._scopes.clear()
+            if not self.root.is_symlink() and self.root.is_dir():
+                shutil.rmtree(self.root, ignore_errors=True)
 
     def drop(self, job: str) -> None:
         """Remove the job's snapshots (it completed)."""
-        self._reported.pop(job, None)
-        _remove(self.job_dir(job))
+        with self._lock:
+            self._reported.pop(job, None)
+            self._scopes.pop(job, None)
+            _remove(self.job_dir(job))
 
-    def prepare(self, job: str, resume_step: int | None) -> Path:
+    def prepare(self, job: str, resume_step: int | None, host: HostScope | None = None) -> Path:
         """The job's directory, created, without other jobs' directories and without snapshots newer
-        than `resume_step` (None: all removed).
+        than `resume_step` (None: all removed), its own, its copies' and those assembled (of which only
+        `resume_step`'s stays). `host`: the generation spans hosts (None: it runs on this one).
 
         Raises:
             MemoryDirError: the root or the job's directory cannot be created or is not this agent's.
         """
+        with self._lock:
+            return self._prepare(job, resume_step, host)
+
+    def _prepare(self, job: str, resume_step: int | None, host: HostScope | None) -> Path:
         self._make_root()
+        if host is None:
+            self._scopes.pop(job, None)
+        else:
+            self._scopes[job] = host
         for child in self.root.iterdir():
             if child.name != job:
                 _remove(child)
@@ -108,13 +165,23 @@ class MemorySnapshotDir:
                 os.chown(directory, self._user.uid, self._user.gid, follow_symlinks=False)
         except OSError as exc:
             raise MemoryDirError(f"cannot create {directory}: {exc.strerror or exc}") from None
-        pins = directory / REPORTED_DIR
-        if resume_step is None or pins.is_symlink() or pins.exists() and not pins.is_dir():
-            _remove(pins)
-        stale = [child for child in directory.iterdir() if child != pins]
-        for child in stale + (list(pins.iterdir()) if pins.is_dir() else []):
+        pins, copies, resume = (directory / name for name in (REPORTED_DIR, COPIES_DIR, RESUME_DIR))
+        for kept in (pins, copies, resume):
+            if resume_step is None or kept.is_symlink() or kept.exists() and not kept.is_dir():
+                _remove(kept)
+        stale = [child for child in directory.iterdir() if child not in (pins, copies, resume)]
+        stale += _children(pins)
+        for node in _children(copies):
+            if node.is_symlink() or not node.is_dir():
+                _remove(node)
+            else:
+                stale += _children(node)
+        for child in stale:
             match = _STEP_DIR.fullmatch(child.name)
             if match is None or resume_step is None or int(match.group(1)) > resume_step:
+                _remove(child)
+        for child in _children(resume):
+            if resume_step is None or child.name != step_dir_name(resume_step):
                 _remove(child)
         reported = self._reported.get(job)
         if reported is not None and not (directory / REPORTED_DIR / step_dir_name(reported.step)).is_dir():
@@ -133,17 +200,165 @@ class MemorySnapshotDir:
     def newest(self, job: str) -> Snapshot | None:
         """The snapshot of `job` to report: the newest complete one here, once pinned under REPORTED_DIR
         (the one pinned before, while a newer one cannot be: its files went before they were linked), or
-        None."""
-        found = self._newest_complete(job)
-        reported = self._reported.get(job)
-        if found is not None and found != reported and self._pin(job, found):
-            self._reported[job] = reported = found
-        return reported
+        None. In a generation spanning hosts, complete means every local rank's share is here, and the
+        workers' step directories older than the one pinned are removed."""
+        with self._lock:
+            host = self._scopes.get(job)
+            found = self._newest_complete(job) if host is None else self._newest_host_complete(job, host)
+            reported = self._reported.get(job)
+            if found is not None and found != reported and self._pin(job, found, host):
+                self._reported[job] = reported = found
+            if host is not None and reported is not None:
+                self._prune_older(job, reported.step)
+            return reported
 
-    def _pin(self, job: str, snapshot: Snapshot) -> bool:
-        """Hard-link the snapshot's files under REPORTED_DIR (the manifest last), keeping only the pin
-        of the one reported before besides. False when its files went first (the workers removed it: a
-        newer one is complete)."""
+    def own_snapshots(self, job: str) -> list[pb.MemorySnapshot]:
+        """The snapshots pinned here of ranks written on this host, newest first (what peers may fetch)."""
+        with self._lock:
+            return [held for _, held in self._held_in(self.job_dir(job) / REPORTED_DIR)]
+
+    def rank_file(self, job: str, step: int, rank: int, kind: pb.PeerFileKind) -> Path | None:
+        """A file of a pinned snapshot of this host (`rank`'s data or report), or None when not pinned."""
+        if kind == pb.PEER_FILE_DATA:
+            name = data_name(rank)
+        elif kind == pb.PEER_FILE_REPORT:
+            name = report_name(rank)
+        else:
+            return None
+        with self._lock:
+            path = self.job_dir(job) / REPORTED_DIR / step_dir_name(step) / name
+            try:
+                return path if step >= 0 and rank >= 0 and stat.S_ISREG(os.lstat(path).st_mode) else None
+            except OSError:
+                return None
+
+    def held(self, job: str) -> list[pb.MemorySnapshot]:
+        """For each step held here (own pins and complete copies), the ranks held, newest first, at most
+        MAX_HELD; a step whose reports disagree (world size, generation, data position) is left out."""
+        with self._lock:
+            directory = self.job_dir(job)
+            places = [directory / REPORTED_DIR] + [n for n in _children(directory / COPIES_DIR) if _is_dir(n)]
+            by_step: dict[int, list[RankReport]] = {}
+            for place in places:
+                for step_dir in _step_dirs(place):
+                    by_step.setdefault(int(step_dir.name[5:]), []).extend(
+                        reports_in(step_dir, int(step_dir.name[5:])).values())
+            found = []
+            for step, reports in sorted(by_step.items(), reverse=True):
+                if reports and agree(reports):
+                    found.append(_snapshot_of(step, reports))
+                if len(found) == MAX_HELD:
+                    break
+            return found
+
+    def assemble(self, job: str, step: int, world_size: int, fetch: Fetch) -> Path:
+        """The checkpoint of `step` for a relaunch at `world_size`: `.resume/step_N/`, built from the ranks'
+        files held here (hard links) and those `fetch(rank, directory)` writes into `directory`, verified
+        against their reports (size and digest) and committed with a manifest of the merged reports and
+        rank 0's meta. An existing complete one of that step and world size is reused.
+
+        Raises:
+            SnapshotAssemblyError: a rank's files are missing, damaged, or of another save.
+        """
+        resume = self.job_dir(job) / RESUME_DIR
+        name = step_dir_name(step)
+        target, partial = resume / name, resume / (name + PARTIAL)
+        try:
+            manifest = read_manifest(target)
+            if (manifest.step, manifest.world_size) == (step, world_size):
+                return target
+        except (CorruptCheckpoint, OSError):
+            pass
+        _remove(target)
+        _remove(partial)
+        try:
+            self._make_dir(resume)
+            self._make_dir(partial)
+            with self._lock:
+                missing = [rank for rank in range(world_size) if not self._link_held(job, step, rank, partial)]
+            for rank in missing:
+                try:
+                    fetch(rank, partial)
+                except (OSError, SnapshotAssemblyError) as exc:
+                    raise SnapshotAssemblyError(f"cannot fetch rank {rank} of step {step}: {exc}") from None
+            _commit(partial, step, world_size)
+            partial.rename(target)
+        except OSError as exc:
+            _remove(partial)
+            raise SnapshotAssemblyError(f"cannot assemble step {step} in {resume}: {exc}") from None
+        except SnapshotAssemblyError:
+            _remove(partial)
+            raise
+        log.info("assembled the in-memory snapshot of step %d (world size %d): %d of its ranks fetched",
+                 step, world_size, len(missing))
+        return target
+
+    def _link_held(self, job: str, step: int, rank: int, into: Path) -> bool:
+        """Hard-link `rank`'s files of `step` from the own pins or a copy into `into`; False when not held."""
+        name = step_dir_name(step)
+        directory = self.job_dir(job)
+        candidates = [directory / REPORTED_DIR / name]
+        candidates += [node / name for node in _children(directory / COPIES_DIR) if _is_dir(node)]
+        for source in candidates:
+            if not _is_dir(source) or read_report(source, rank, step) is None:
+                continue
+            try:
+                for file in (data_name(rank), report_name(rank)):
+                    os.link(source / file, into / file, follow_symlinks=False)
+                return True
+            except OSError as exc:
+                log.debug("cannot link rank %d of step %d from %s: %s", rank, step, source, exc)
+                for file in (data_name(rank), report_name(rank)):
+                    (into / file).unlink(missing_ok=True)
+        return False
+
+    def _held_in(self, place: Path) -> list[tuple[int, pb.MemorySnapshot]]:
+        """The snapshots in the step directories under `place` whose reports agree, newest first."""
+        found = []
+        for step_dir in sorted(_step_dirs(place), key=lambda d: int(d.name[5:]), reverse=True):
+            step = int(step_dir.name[5:])
+            reports = list(reports_in(step_dir, step).values())
+            if reports and agree(reports):
+                found.append((step, _snapshot_of(step, reports)))
+        return found
+
+    def _newest_host_complete(self, job: str, host: HostScope) -> Snapshot | None:
+        """The newest step whose every local rank's report of this generation and world size is here."""
+        directory = self.job_dir(job)
+        for step_dir in sorted(_step_dirs(directory), key=lambda d: int(d.name[5:]), reverse=True):
+            step = int(step_dir.name[5:])
+            known = self._known.get(step_dir)
+            if known is not None and all((step_dir / report_name(r)).exists() for r in host.local_ranks):
+                return known
+            reports = [read_report(step_dir, rank, step) for rank in host.local_ranks]
+            if host.local_ranks and all(r is not None and (r.world_size, r.generation) ==
+                                        (host.world_size, host.generation) for r in reports):
+                meta = reports[0].meta if reports[0] is not None else None
+                assert meta is not None  # read_report takes only reports with their meta
+                self._known[step_dir] = snapshot = Snapshot(step, meta.consumed_samples)
+                return snapshot
+        return None
+
+    def _prune_older(self, job: str, step: int) -> None:
+        """Remove the workers' step directories older than `step` (scope host: they prune nothing)."""
+        for step_dir in _step_dirs(self.job_dir(job)):
+            if int(step_dir.name[5:]) < step:
+                self._known.pop(step_dir, None)
+                _remove(step_dir)
+
+    def _make_dir(self, path: Path) -> None:
+        """A directory of the agent's (the worker user's with `run_as`), refused when it is a link."""
+        path.mkdir(mode=0o755, exist_ok=True)
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            raise NotADirectoryError(f"{path} is not a directory")
+        if self._user is not None:
+            os.chown(path, self._user.uid, self._user.gid, follow_symlinks=False)
+
+    def _pin(self, job: str, snapshot: Snapshot, host: HostScope | None) -> bool:
+        """Hard-link the snapshot's files under REPORTED_DIR (the manifest last; in scope host, the local
+        ranks' files, each rank's report after its data), keeping only the pin of the one reported
+        before besides. False when its files went first (the workers removed it: a newer one is
+        complete)."""
         name = step_dir_name(snapshot.step)
         source, pins = self.job_dir(job) / name, self.job_dir(job) / REPORTED_DIR
         partial = pins / (name + ".partial")
@@ -151,19 +366,22 @@ class MemorySnapshotDir:
             pins.mkdir(mode=0o755, exist_ok=True)
             if not stat.S_ISDIR(os.lstat(pins).st_mode):
                 raise NotADirectoryError(f"{pins} is not a directory")
-            if (pins / name / MANIFEST_NAME).is_file():  # pinned before (the relaunch resumed from it)
+            if _pinned(pins / name, host):  # pinned before (the relaunch resumed from it)
                 return True
             _remove(partial)
             partial.mkdir(mode=0o755)
             if self._user is not None:
                 for made in (pins, partial):
                     os.chown(made, self._user.uid, self._user.gid, follow_symlinks=False)
-            files = sorted((e for e in os.scandir(source) if e.is_file(follow_symlinks=False)),
-                           key=lambda e: e.name == MANIFEST_NAME)
-            if not files or files[-1].name != MANIFEST_NAME:
-                raise FileNotFoundError(f"{source / MANIFEST_NAME} is gone")
-            for entry in files:
-                os.link(entry.path, partial / entry.name, follow_symlinks=False)
+            if host is None:
+                files = sorted((e.name for e in os.scandir(source) if e.is_file(follow_symlinks=False)),
+                               key=lambda name: name == MANIFEST_NAME)
+                if not files or files[-1] != MANIFEST_NAME:
+                    raise FileNotFoundError(f"{source / MANIFEST_NAME} is gone")
+            else:
+                files = [name for rank in host.local_ranks for name in (data_name(rank), report_name(rank))]
+            for file in files:
+                os.link(source / file, partial / file, follow_symlinks=False)
             partial.rename(pins / name)
         except OSError as exc:
             log.debug("cannot pin the snapshot of step %d: %s", snapshot.step, exc)
@@ -204,6 +422,59 @@ class MemorySnapshotDir:
             raise MemoryDirError(f"cannot create {self.root}: {exc.strerror or exc}") from None
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
             raise MemoryDirError(f"{self.root} is not a directory of this agent's user (uid {os.geteuid()})")
+
+
+def _pinned(step_dir: Path, host: HostScope | None) -> bool:
+    if host is None:
+        return (step_dir / MANIFEST_NAME).is_file()
+    return step_dir.is_dir() and all((step_dir / report_name(r)).is_file() for r in host.local_ranks)
+
+
+def _commit(step_dir: Path, step: int, world_size: int) -> None:
+    """Make the ranks' files in `step_dir` a checkpoint: their reports agree and each file is the one its
+    report describes (every byte verified), the manifest merges them with rank 0's meta."""
+    reports = []
+    for rank in range(world_size):
+        report = read_report(step_dir, rank, step)
+        if report is None or report.world_size != world_size:
+            raise SnapshotAssemblyError(f"step {step}: rank {rank}'s files are missing, incomplete or of "
+                                        f"another save")
+        reports.append(report)
+    generations = sorted({r.generation for r in reports})
+    if len(generations) != 1:
+        raise SnapshotAssemblyError(f"step {step}: the ranks' files are of different generations {generations}")
+    meta = reports[0].meta
+    assert meta is not None  # read_report takes only reports with their meta
+    try:
+        files, tensors = merge_reports(reports)
+        commit_manifest(step_dir, Manifest(meta, world_size, generations[0], files, tensors))
+        verify_checkpoint(step_dir)
+    except (CheckpointError, CorruptCheckpoint) as exc:
+        raise SnapshotAssemblyError(f"step {step}: {exc}") from None
+
+
+def _snapshot_of(step: int, reports: Sequence[RankReport]) -> pb.MemorySnapshot:
+    meta = reports[0].meta
+    return pb.MemorySnapshot(step=step, consumed_samples=meta.consumed_samples if meta else 0,
+                             ranks=sorted({r.rank for r in reports}), world_size=reports[0].world_size,
+                             generation=reports[0].generation)
+
+
+def _children(directory: Path) -> list[Path]:
+    """The entries of a real directory (none of a link or of what is not there)."""
+    return list(directory.iterdir()) if _is_dir(directory) else []
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _step_dirs(directory: Path) -> list[Path]:
+    """The `step_N` directories in `directory` (not those still being filled, not links)."""
+    return [child for child in _children(directory) if _STEP_DIR.fullmatch(child.name) and _is_dir(child)]
 
 
 def _read_manifest(step_dir: Path, step: int) -> Snapshot | None:

@@ -117,6 +117,12 @@ def test_the_memory_snapshot_interval_is_a_number_of_steps_or_auto(value: str, e
     assert RankContext.from_environ(env).checkpoints.memory_every == every
 
 
+@pytest.mark.parametrize(("value", "host"), [("host", True), ("", False), (None, False)])
+def test_the_memory_scope_is_host_or_one_shared_directory(value: str | None, host: bool) -> None:
+    env = WORKER_ENV if value is None else WORKER_ENV | {"TRAINERD_MEMORY_SCOPE": value}
+    assert RankContext.from_environ(env).checkpoints.memory_scope_host is host
+
+
 def test_unset_or_empty_checkpoint_variables_mean_none() -> None:
     """No checkpoints, no periodic interval chosen (the script's flag decides), start fresh, no requests."""
     nothing = CheckpointSettings(directory=None, every=None, keep=DEFAULT_CHECKPOINT_KEEP, resume_from=None,
@@ -131,6 +137,7 @@ def test_unset_or_empty_checkpoint_variables_mean_none() -> None:
     ("TRAINERD_CHECKPOINT_EVERY", "often", "TRAINERD_CHECKPOINT_EVERY='often' is not an integer"),
     ("TRAINERD_CHECKPOINT_KEEP", "0", "TRAINERD_CHECKPOINT_KEEP=0 must be at least 1"),
     ("TRAINERD_MEMORY_EVERY", "often", "TRAINERD_MEMORY_EVERY='often' is not an integer"),
+    ("TRAINERD_MEMORY_SCOPE", "cluster", "TRAINERD_MEMORY_SCOPE='cluster' is not 'host' or empty"),
 ])
 def test_a_malformed_checkpoint_variable_is_named(name: str, value: str, message: str) -> None:
     with pytest.raises(RankContextError, match=f"^{message}"):

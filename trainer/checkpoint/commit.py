@@ -30,7 +30,7 @@ from trainer.checkpoint.durable_files import fsync_dir, write_json_atomic
 from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint
 from trainer.checkpoint.json_fields import check_schema, get_int, read_json_file
 from trainer.checkpoint.layout import TensorLayout, layouts_from_json
-from trainer.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest
+from trainer.checkpoint.manifest import MANIFEST_NAME, CheckpointMeta, FileEntry, Manifest
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +49,12 @@ class RankReport:
     step: int
     file: FileEntry
     tensors: dict[str, TensorLayout] = field(hash=False)
+    # The save's meta: a snapshot written without a commit (scope host) carries it, so that whoever
+    # assembles the ranks' files into a checkpoint can take rank 0's. Optional when read.
+    meta: CheckpointMeta | None = field(default=None, hash=False)
 
     def to_json(self) -> dict[str, Any]:
+        extra = {} if self.meta is None else {"meta": self.meta.to_json()}
         return {
             "schema": 1,
             "rank": self.rank,
@@ -59,6 +63,7 @@ class RankReport:
             "step": self.step,
             "file": self.file.to_json(),
             "tensors": {name: t.to_json() for name, t in sorted(self.tensors.items())},
+            **extra,
         }
 
     @staticmethod
@@ -71,6 +76,7 @@ class RankReport:
             step=get_int(obj, "step", where),
             file=FileEntry.from_json(obj.get("file"), f"{where}: file"),
             tensors=layouts_from_json(obj, where),
+            meta=None if obj.get("meta") is None else CheckpointMeta.from_json(obj["meta"], f"{where}: meta"),
         )
 
 

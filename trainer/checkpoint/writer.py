@@ -53,7 +53,9 @@ class CheckpointWriter:
     `generation` identifies the launch of the job and must be the same on every rank of it (the
     coordinator's generation number); `keep` is how many complete checkpoints retention keeps;
     `commit_timeout_s` is how long rank 0 waits for the other ranks' files, polling every `poll_interval_s`
-    on `clock`.
+    on `clock`. With `commit=False` every rank writes its file and its report (with the meta) and stops
+    there: no rank waits, commits or prunes (in-memory snapshots of a generation spanning hosts, which
+    the agents assemble, agent/memory_snapshots.py).
     """
 
     def __init__(
@@ -67,6 +69,7 @@ class CheckpointWriter:
         commit_timeout_s: float = 600.0,
         poll_interval_s: float = 0.05,
         clock: Clock = SystemClock(),  # stateless, so one shared default is safe
+        commit: bool = True,
     ) -> None:
         if not 0 <= rank < world_size:
             raise CheckpointError(f"rank {rank} is outside world size {world_size}")
@@ -80,6 +83,7 @@ class CheckpointWriter:
         self._commit_timeout_s = commit_timeout_s
         self._poll_interval_s = poll_interval_s
         self._clock = clock
+        self._commit = commit
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"checkpoint-writer-rank{rank}")
         self._pending: Future[Path] | None = None
         self._staging: dict[Piece, np.ndarray] = {}
@@ -171,7 +175,7 @@ class CheckpointWriter:
         step_dir.mkdir(parents=True, exist_ok=True)
         (step_dir / report_name(self.rank)).unlink(missing_ok=True)
         (step_dir / failure_name(self.rank, self.generation)).unlink(missing_ok=True)
-        if self.rank == 0 and (step_dir / MANIFEST_NAME).exists():
+        if self.rank == 0 and self._commit and (step_dir / MANIFEST_NAME).exists():
             log.warning(
                 "Rank 0 replaces the existing checkpoint %s with generation %d's save.", step_dir, self.generation
             )
@@ -189,8 +193,9 @@ class CheckpointWriter:
         try:
             entry, chunks = write_rank_file(step_dir, self.rank, pieces, specs, staged)
             layouts = {name: TensorLayout(s.dtype, s.shape, tuple(chunks.get(name, ()))) for name, s in specs.items()}
-            write_report(step_dir, RankReport(self.rank, self.world_size, self.generation, meta.step, entry, layouts))
-            if self.rank != 0:
+            write_report(step_dir, RankReport(self.rank, self.world_size, self.generation, meta.step, entry, layouts,
+                                              meta))
+            if self.rank != 0 or not self._commit:
                 return step_dir
             reports = collect_reports(
                 step_dir, self.world_size, self.generation, meta.step,

@@ -154,7 +154,7 @@ class TrainingCheckpoints:
         if settings.memory_directory is not None and settings.memory_every != 0:
             self._memory = MemorySnapshots(settings.memory_directory, settings.memory_every, self._rank,
                                            ctx.world_size, ctx.generation, self._where, clock,
-                                           interval_cap(settings.every))
+                                           interval_cap(settings.every), scope_host=settings.memory_scope_host)
         if settings.directory is None:
             if settings.control_file is not None:
                 log.warning("%s: there is no checkpoint directory, so checkpoint requests will be ignored.",

@@ -9,8 +9,8 @@ keeps MEMORY_KEEP complete snapshots, so the memory holds at most two of a rank'
 complete snapshot and the one being written. The agent reports the newest complete one in its heartbeats; the
 coordinator resumes from it when it is newer than the newest disk checkpoint (daemon/job/decide.py).
 
-All ranks of a generation must share the directory: the coordinator asks for snapshots only when the
-generation runs on one host (until agents copy snapshots to each other, issue 15 item 2).
+On one host all ranks of a generation share the directory and rank 0 commits; a generation spanning
+hosts writes in scope "host" (below).
 
 A failed snapshot is logged and training goes on: the disk checkpoints remain the fallback.
 
@@ -30,6 +30,14 @@ a generation must snapshot the same steps, or rank 0's commit waits for a report
   logged too), retention removes it, and the ranks follow the next plan. If rank 0 cannot publish, it
   stops taking snapshots (logged), so none is left waiting for the others.
 The agent removes the plan at every launch (it is not a step directory); it also names its generation.
+
+Scope "host" (TRAINERD_MEMORY_SCOPE=host: the generation spans hosts, each agent holds its own ranks'
+files): every rank writes its file and its report (with the meta) into its agent's directory and returns;
+no rank waits, commits or prunes: the agent finds a step complete on its host from the reports, pins it,
+prunes, and assembles a checkpoint from the hosts' files for a relaunch (agent/memory_snapshots.py).
+With "auto" each rank chooses its own interval, a power of two (the smallest at least `interval_for`'s),
+and snapshots the steps that are multiples of it: the intervals of different ranks nest, so the steps
+every rank snapshots are the multiples of the largest, with no plan to share.
 """
 
 from __future__ import annotations
@@ -57,13 +65,21 @@ MEMORY_COMMIT_TIMEOUT_S = 60.0
 PLAN_NAME = "snapshot_plan.json"  # with "auto": the next snapshot step rank 0 chose
 
 
+def power_of_two_interval(interval: int, cap: int) -> int:
+    """The smallest power of two at least `interval`, or the largest at most `cap` when that is beyond it."""
+    power = 1
+    while power < interval and power * 2 <= max(cap, 1):
+        power *= 2
+    return power
+
+
 class MemorySnapshots:
     """One rank's snapshots into `directory`: after every `every`-th step, or with "auto" at the steps
     rank 0 plans, at most `cap` steps apart. Call `due` after every step, and `snapshotted` after each
     snapshot with the time it blocked the step loop."""
 
     def __init__(self, directory: Path, every: int | Literal["auto"], rank: int, world_size: int,
-                 generation: int, where: str, clock: Clock, cap: int) -> None:
+                 generation: int, where: str, clock: Clock, cap: int, scope_host: bool = False) -> None:
         if every != "auto" and every < 1:
             raise ValueError(f"the snapshot interval must be at least 1, got {every}")
         self.every = every
@@ -76,8 +92,9 @@ class MemorySnapshots:
         self._next: int | None = None  # with "auto": the next snapshot step, None while unknown
         self._last: int | None = None  # with "auto": the last step snapshotted (or resumed from)
         self._stopped = False          # rank 0 could not publish its plan: no more snapshots
+        self._scope_host = scope_host
         self._writer = CheckpointWriter(directory, rank, world_size, generation=generation, keep=MEMORY_KEEP,
-                                        commit_timeout_s=MEMORY_COMMIT_TIMEOUT_S)
+                                        commit_timeout_s=MEMORY_COMMIT_TIMEOUT_S, commit=not scope_host)
 
     def due(self, step: int) -> bool:
         if self.every != "auto":
@@ -86,7 +103,7 @@ class MemorySnapshots:
         if self._last is None:  # this generation's first step: every rank resumed from the same one
             self._last = step - 1
             self._next = self._last + FIRST_SNAPSHOT_AFTER
-        if self._next is None and not self._stopped and self._rank != 0:
+        if self._next is None and not self._stopped and self._rank != 0 and not self._scope_host:
             self._follow(step)
         return step == self._next
 
@@ -95,7 +112,14 @@ class MemorySnapshots:
         (rank 0) or wait for rank 0's plan (the others)."""
         if self.every == "auto":
             self._last, self._next = step, None
-            if self._rank == 0 and not self._stopped:
+            if self._scope_host:
+                step_s = self._steps.mean()
+                interval = power_of_two_interval(
+                    interval_for(stall_s, step_s, self._cap) if step_s is not None else self._cap, self._cap)
+                self._next = (step // interval + 1) * interval
+                log.info("%s: snapshot of step %d stalled %.3f s: the next is at step %d",
+                         self._where, step, stall_s, self._next)
+            elif self._rank == 0 and not self._stopped:
                 step_s = self._steps.mean()
                 interval = interval_for(stall_s, step_s, self._cap) if step_s is not None else self._cap
                 self._publish(step, step + interval)

@@ -79,6 +79,10 @@ class CheckpointSettings:
     # TRAINERD_RESUME_MEMORY_STEP: the coordinator chose this step's in-memory snapshot, which the agent
     # names in resume_from; None: resume_from (if any) is a disk checkpoint.
     memory_step: int | None = None
+    # TRAINERD_MEMORY_SCOPE=host: the generation spans hosts; each rank writes its snapshot files and
+    # report into its own agent's directory, and no rank commits (trainer.runtime.memory_snapshots).
+    # Unset or empty: every rank shares one host's directory, rank 0 commits.
+    memory_scope_host: bool = False
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str]) -> CheckpointSettings:
@@ -99,6 +103,7 @@ class CheckpointSettings:
             memory_every="auto" if env.get("TRAINERD_MEMORY_EVERY") == "auto"
             else _optional_int(env, "TRAINERD_MEMORY_EVERY", minimum=0) or 0,
             memory_step=_optional_int(env, "TRAINERD_RESUME_MEMORY_STEP", minimum=1),
+            memory_scope_host=_memory_scope_host(env),
         )
 
     def resume_root(self) -> Path | None:
@@ -109,6 +114,13 @@ class CheckpointSettings:
                 os.path.normpath(memory).rstrip("/") + "/"):
             return memory
         return self.directory
+
+
+def _memory_scope_host(env: Mapping[str, str]) -> bool:
+    scope = env.get("TRAINERD_MEMORY_SCOPE") or ""
+    if scope not in ("", "host"):
+        raise RankContextError(f"TRAINERD_MEMORY_SCOPE={scope!r:.80} is not 'host' or empty")
+    return scope == "host"
 
 
 @dataclass(frozen=True)
