@@ -98,6 +98,10 @@ class ManagedProcess:
     cwd: Path | None = None
     output: OutputFollower | None = None  # a worker's progress read from its log
     runtime_reports: bool = False  # it sent a progress datagram: its output is not read for progress
+    # Started, or failed to start. Until then it is not reported: a heartbeat taken while the launch
+    # awaits an earlier process's start would tell a not-yet-started worker as exited with code 0,
+    # which the coordinator takes for a rank that finished.
+    launched: bool = False
 
     def status(self) -> pb.ProcessStatus:
         return pb.ProcessStatus(
@@ -282,7 +286,7 @@ class Supervisor:
         with open(managed.log_path, "ab") as log_file:
             log_file.write(message.encode() + b"\n")
         log.error("generation %d %s %d: %s", self.generation, managed.role, managed.rank, message)
-        managed.exit_code = EXIT_CANNOT_EXECUTE
+        managed.exit_code, managed.launched = EXIT_CANNOT_EXECUTE, True
         self._report(pb.AgentMessage(process_exited=pb.ProcessExited(
             generation=self.generation, role=managed.role, rank=managed.rank, exit_code=EXIT_CANNOT_EXECUTE,
             log_tail=message, cause=pb.RootCause(message=message, kind="last_line"))))
@@ -300,7 +304,7 @@ class Supervisor:
             self._fail_to_start(managed, f"cannot start {argv[0]!r}: {exc.strerror or exc}")
             return
         managed.handle, managed.pid = handle, handle.pid
-        managed.running = True
+        managed.running = managed.launched = True
         self._registry.add(managed.pid)
         self._report(pb.AgentMessage(process_started=pb.ProcessStarted(
             generation=generation, role=managed.role, rank=managed.rank, pid=managed.pid)))
@@ -503,7 +507,7 @@ class Supervisor:
         for rank in list(self._forwarding):
             self._flush_progress(rank)
         heartbeat = pb.Heartbeat(generation=self.generation, sent_at=self._clock.wall(),
-                                 processes=[m.status() for m in self.processes.values()])
+                                 processes=[m.status() for m in self.processes.values() if m.launched])
         snapshot = self._memory_snapshot()
         if snapshot is not None:
             heartbeat.memory_snapshot.CopyFrom(snapshot)

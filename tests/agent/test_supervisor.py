@@ -3,6 +3,7 @@ launching, stopping, exits, checkpoint requests and progress throttling."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 from pathlib import Path
@@ -117,6 +118,33 @@ def test_an_exit_is_reported_with_its_code_signal_and_log_tail(tmp_path: Path) -
         states = {(p.role, p.rank): p.state for p in host.supervisor.heartbeat().processes}
         assert states == {("scheduler", -1): pb.PROCESS_RUNNING, ("worker", 0): pb.PROCESS_EXITED,
                           ("worker", 1): pb.PROCESS_EXITED}
+
+    run(scenario())
+
+
+def test_a_heartbeat_taken_while_the_launch_starts_its_processes_tells_no_worker_as_finished(tmp_path: Path) -> None:
+    """A launch awaits each start in turn (a warm worker's hand-over takes milliseconds); a heartbeat in
+    between must not report the workers not yet started, least of all as exited with code 0, which the
+    coordinator takes for a rank that finished (CI saw a crash-looping job end COMPLETED that way)."""
+    async def scenario() -> None:
+        host = Host(tmp_path)
+        gate = asyncio.Event()
+        start = host.launcher.start
+
+        async def slow_start(argv, env, cwd, log_path):
+            if log_path.stem == "rank0":
+                await gate.wait()
+            return await start(argv, env, cwd, log_path)
+
+        host.launcher.start = slow_start  # type: ignore[method-assign]
+        launching = asyncio.create_task(host.supervisor.launch(launch(1)))
+        while "scheduler" not in host.launcher.started:
+            await asyncio.sleep(0)
+        reported = {(p.role, p.rank): p.state for p in host.supervisor.heartbeat().processes}
+        assert reported == {("scheduler", -1): pb.PROCESS_RUNNING}
+        gate.set()
+        await launching
+        assert len(host.supervisor.heartbeat().processes) == 3
 
     run(scenario())
 
