@@ -61,7 +61,8 @@ class ProcessReport:
 
     @property
     def succeeded(self) -> bool:
-        return not self.running and self.exit_code == 0 and self.signal == 0
+        """Exited cleanly. A process never started has no pid: an agent's report of one is no success."""
+        return not self.running and self.exit_code == 0 and self.signal == 0 and self.pid > 0
 
     def describe(self) -> str:
         """One line: who, how, and why (the root cause, else the last line of its log). A process killed

@@ -165,6 +165,12 @@ def test_completion_commits_then_stops_the_scheduler() -> None:
                                     "job job is COMPLETED"), StopGeneration("every rank finished", job_completed=True)]
 
 
+def test_a_worker_told_exited_with_no_pid_never_started_and_is_no_finished_rank() -> None:
+    never_started = ProcessReport("a", ProcessRole.WORKER, 0, 0, False, 0, 0)
+    reports = (never_started,) + tuple(exited(n, r) for r, n in enumerate(NODES) if r > 0)
+    assert not any(isinstance(a, StopGeneration) for a in decide(job_world(reports=reports)))
+
+
 def test_a_lost_node_ends_the_generation_without_spending_the_budget() -> None:
     actions = decide(job_world(lost_nodes=frozenset({"c"})))
     commit = commit_of(actions)
