@@ -3,9 +3,11 @@ that say who a peer is (DESIGN.md, "Secure by default").
 
 A node's identity is its certificate: CN=NAME and the SAN URI `trainerd://node/NAME`; an agent may speak
 only for that node. An operator's certificate carries `trainerd://operator/NAME`, or
-`trainerd://operator-readonly/NAME` for one that may only look. `peer_identity` reads that back from the
-certificate of a peer the TLS layer has already verified against the CA; with grpc.aio the servicer finds
-the peer's PEM in `context.auth_context()["x509_pem_cert"][0]`.
+`trainerd://operator-readonly/NAME` for one that may only look. `common.cert_identity.peer_identity` reads
+that back from the certificate of a peer the TLS layer has already verified against the CA; the servicer
+finds the peer's PEM in `context.auth_context()["x509_pem_cert"][0]`. A node's certificate also serves
+(serverAuth, DNS SAN of the node name): an agent serves its snapshots to its peers with it, and they check
+it with `grpc.ssl_target_name_override` set to the node's name.
 
 Keys are ECDSA P-256. Files are created, never overwritten unless asked (`force`): keys with mode 0600,
 certificates 0644. Everything cryptographic is the `cryptography` package's.
@@ -14,7 +16,6 @@ certificates 0644. Everything cryptographic is the `cryptography` package's.
 from __future__ import annotations
 
 import datetime
-import enum
 import ipaddress
 import os
 import re
@@ -27,13 +28,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from common.cert_identity import CertificateError, PeerIdentity, PeerKind
 from proto.vocabulary import NODE_NAME_PATTERN
 
 CA_CERT, CA_KEY = "ca.crt", "ca.key"
 COORDINATOR_CERT, COORDINATOR_KEY = "coordinator.crt", "coordinator.key"
 # Names a node or operator certificate may not take: its files would replace the CA's or the coordinator's.
 RESERVED_NAMES = frozenset({"ca", "coordinator"})
-URI_SCHEME = "trainerd"
 
 CA_VALIDITY = datetime.timedelta(days=3650)
 LEAF_VALIDITY = datetime.timedelta(days=825)
@@ -42,29 +43,6 @@ _BACKDATE = datetime.timedelta(hours=1)
 _MAX_HOST_NAME = 253
 _DNS_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 _ALWAYS_SERVED = ("localhost", "127.0.0.1")
-
-
-class CertificateError(Exception):
-    """A certificate or key cannot be made, written, read or trusted; the message is one line naming it."""
-
-
-class PeerKind(str, enum.Enum):
-    NODE = "node"
-    OPERATOR = "operator"
-
-
-@dataclass(frozen=True)
-class PeerIdentity:
-    """Who a verified client certificate speaks for."""
-
-    kind: PeerKind
-    name: str
-    read_only: bool = False
-
-    @property
-    def uri(self) -> str:
-        role = "operator-readonly" if self.read_only else self.kind.value
-        return f"{URI_SCHEME}://{role}/{self.name}"
 
 
 @dataclass(frozen=True)
@@ -131,13 +109,15 @@ def make_server_certificate(ca: Issued, hosts: Sequence[str], now: datetime.date
         name = _host_name(host)
         if name not in names:
             names.append(name)
-    return _issue(ca, "trainerd coordinator", names, ExtendedKeyUsageOID.SERVER_AUTH, now)
+    return _issue(ca, "trainerd coordinator", names, [ExtendedKeyUsageOID.SERVER_AUTH], now)
 
 
 def make_node_certificate(ca: Issued, name: str, now: datetime.datetime | None = None) -> Issued:
-    """A node agent's client certificate: CN=name, SAN URI trainerd://node/name."""
+    """A node agent's certificate: CN=name, SAN URI trainerd://node/name for its client side, and serverAuth
+    with the DNS SAN name for the snapshots it serves its peers."""
     identity = PeerIdentity(PeerKind.NODE, check_name(name, "node"))
-    return _issue(ca, name, [x509.UniformResourceIdentifier(identity.uri)], ExtendedKeyUsageOID.CLIENT_AUTH, now)
+    names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(identity.uri), x509.DNSName(name.lower())]
+    return _issue(ca, name, names, [ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH], now)
 
 
 def make_operator_certificate(
@@ -147,44 +127,7 @@ def make_operator_certificate(
     trainerd://operator-readonly/name when it may only look.
     """
     identity = PeerIdentity(PeerKind.OPERATOR, check_name(name, "operator"), read_only)
-    return _issue(ca, name, [x509.UniformResourceIdentifier(identity.uri)], ExtendedKeyUsageOID.CLIENT_AUTH, now)
-
-
-def peer_identity(certificate: bytes | str) -> PeerIdentity:
-    """Who a client certificate (PEM or DER) speaks for, from its one `trainerd://` SAN URI, which must agree
-    with its CN; raises CertificateError otherwise. Checks no signature: call it only on a certificate the TLS
-    layer verified against the cluster's CA.
-    """
-    data = certificate.encode() if isinstance(certificate, str) else certificate
-    try:
-        parsed = (
-            x509.load_pem_x509_certificate(data) if data.lstrip().startswith(b"-----BEGIN")
-            else x509.load_der_x509_certificate(data)
-        )
-    except ValueError as exc:
-        raise CertificateError(f"the peer's certificate cannot be parsed: {exc}") from exc
-    subject = f"{parsed.subject.rfc4514_string()!r:.120}"  # quoted: a hostile subject may hold a newline
-    try:
-        usages = parsed.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
-        uris = parsed.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
-            x509.UniformResourceIdentifier
-        )
-    except x509.ExtensionNotFound as exc:
-        raise CertificateError(f"certificate {subject} is not a trainerd client certificate: {exc}") from exc
-    if ExtendedKeyUsageOID.CLIENT_AUTH not in usages:
-        raise CertificateError(f"certificate {subject} is not for client authentication")
-    ours = [uri for uri in uris if uri.startswith(f"{URI_SCHEME}://")]
-    if len(ours) != 1:
-        raise CertificateError(f"certificate {subject} names {len(ours)} trainerd identities, not one")
-    match = re.fullmatch(rf"{URI_SCHEME}://(node|operator|operator-readonly)/(.+)", ours[0])
-    if match is None or not re.fullmatch(NODE_NAME_PATTERN, match.group(2)):
-        raise CertificateError(f"certificate {subject}: {ours[0]!r:.120} is not a trainerd identity")
-    role, name = match.groups()
-    common_names = [a.value for a in parsed.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
-    if common_names != [name]:
-        raise CertificateError(f"certificate {subject}: its CN does not match its identity {ours[0]}")
-    kind = PeerKind.NODE if role == "node" else PeerKind.OPERATOR
-    return PeerIdentity(kind, name, read_only=role == "operator-readonly")
+    return _issue(ca, name, [x509.UniformResourceIdentifier(identity.uri)], [ExtendedKeyUsageOID.CLIENT_AUTH], now)
 
 
 def write_issued(issued: Issued, directory: Path, stem: str, force: bool) -> tuple[Path, Path]:
@@ -223,7 +166,7 @@ def load_ca(directory: Path) -> Issued:
 
 
 def _issue(
-    ca: Issued, common_name: str, names: list[x509.GeneralName], usage: x509.ObjectIdentifier,
+    ca: Issued, common_name: str, names: list[x509.GeneralName], usages: list[x509.ObjectIdentifier],
     now: datetime.datetime | None,
 ) -> Issued:
     key = ec.generate_private_key(ec.SECP256R1())
@@ -244,7 +187,7 @@ def _issue(
             ),
             critical=True,
         )
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(x509.SubjectAlternativeName(names), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .add_extension(

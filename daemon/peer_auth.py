@@ -1,7 +1,7 @@
 """Who may call what when the coordinator serves TLS: the one place a client certificate becomes a permission.
 
 The TLS layer has verified the client's certificate against the cluster's CA before any method runs;
-`PeerAuthorizationInterceptor` reads whom it names (`daemon.certs.peer_identity`) and checks it against
+`PeerAuthorizationInterceptor` reads whom it names (`common.cert_identity.peer_identity`) and checks it against
 METHOD_ACCESS: an agent's Session needs a node certificate, looking at the cluster an operator certificate,
 changing it a full (not read-only) operator certificate. A method missing from the table is refused, so
 a new RPC stays closed until someone decides who may call it. Once the Session servicer has read the
@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from daemon.certs import CertificateError, PeerIdentity, PeerKind, peer_identity
+from common.cert_identity import CertificateError, PeerIdentity, PeerKind, peer_identity
 from daemon.errors import PermanentError
 from daemon.method_handlers import Behavior, WrappingInterceptor
 

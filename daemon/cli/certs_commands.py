@@ -10,12 +10,12 @@ from pathlib import Path
 
 import click
 
+from common.cert_identity import CertificateError
 from daemon.certs import (
     CA_CERT,
     CA_KEY,
     COORDINATOR_CERT,
     COORDINATOR_KEY,
-    CertificateError,
     check_name,
     load_ca,
     make_ca,

@@ -20,15 +20,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
-from daemon.certs import (
-    CertificateError,
-    Issued,
-    PeerIdentity,
-    PeerKind,
-    make_ca,
-    make_node_certificate,
-    peer_identity,
-)
+from common.cert_identity import CertificateError, PeerIdentity, PeerKind, peer_identity, serves_as_node
+from daemon.certs import Issued, make_ca, make_node_certificate, make_operator_certificate
 from daemon.cli.trainerd_main import cli
 
 
@@ -104,7 +97,8 @@ def test_the_coordinator_certificate_serves_its_hosts_localhost_and_127_0_0_1(ce
 
 
 def test_client_certificates_verify_against_their_ca_and_name_their_identity(cert_dir: Path) -> None:
-    assert verify_client(cert_dir, load(cert_dir, "n1")) == [x509.UniformResourceIdentifier("trainerd://node/n1")]
+    assert verify_client(cert_dir, load(cert_dir, "n1")) == [x509.UniformResourceIdentifier("trainerd://node/n1"),
+                                                             x509.DNSName("n1")]
     assert verify_client(cert_dir, load(cert_dir, "bob")) == [
         x509.UniformResourceIdentifier("trainerd://operator-readonly/bob")]
     assert peer_identity((cert_dir / "n1.crt").read_bytes()) == PeerIdentity(PeerKind.NODE, "n1", False)
@@ -137,6 +131,19 @@ def _hand_made(ca: Issued, common_name: str, uris: list[str], usage: x509.Object
         builder = builder.add_extension(
             x509.SubjectAlternativeName([x509.UniformResourceIdentifier(u) for u in uris]), critical=False)
     return builder.sign(ca.key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
+
+
+def test_a_node_certificate_serves_its_name_and_one_made_before_cannot() -> None:
+    ca = make_ca()
+    node = make_node_certificate(ca, "gpu_07.rack-2")
+    usages = node.certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert set(usages) == {ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH}
+    assert serves_as_node(node.certificate_pem())
+    assert peer_identity(node.certificate_pem()) == PeerIdentity(PeerKind.NODE, "gpu_07.rack-2")
+    old_style = _hand_made(ca, "n1", ["trainerd://node/n1"], ExtendedKeyUsageOID.CLIENT_AUTH)
+    assert peer_identity(old_style).name == "n1" and not serves_as_node(old_style)
+    assert not serves_as_node(make_operator_certificate(ca, "alice", False).certificate_pem())
+    assert not serves_as_node(b"not a certificate")
 
 
 @pytest.mark.parametrize(("common_name", "uris", "usage", "message"), [
