@@ -25,6 +25,11 @@ class UnsafeJobPath(ValueError):
     """A job name or path from a Launch that cannot be used; the message says why in one line."""
 
 
+def is_plain_job_name(job_name: str) -> bool:
+    """Whether a job name from the wire may name a directory: one plain path component."""
+    return _JOB_NAME.fullmatch(job_name) is not None and job_name not in (".", "..")
+
+
 def job_workdir(agent_work_dir: Path, job_name: str, workdir: str) -> Path:
     """The processes' working directory: `workdir` when given, else the job's default.
 
@@ -32,7 +37,7 @@ def job_workdir(agent_work_dir: Path, job_name: str, workdir: str) -> Path:
         UnsafeJobPath: the job name is not one plain path component, or `workdir` is not an
             absolute normalised path, is `/`, or holds control characters.
     """
-    if not _JOB_NAME.fullmatch(job_name) or job_name in (".", ".."):
+    if not is_plain_job_name(job_name):
         raise UnsafeJobPath(f"job name {job_name!r:.80} is not a plain directory name (letters, digits, '_', '.', '-')")
     if not workdir:
         return agent_work_dir / "jobs" / job_name

@@ -132,7 +132,7 @@ class MemorySnapshotDir:
         with self._lock:
             self._reported.pop(job, None)
             self._scopes.pop(job, None)
-            _remove(self.job_dir(job))
+            remove_entry(self.job_dir(job))
 
     def prepare(self, job: str, resume_step: int | None, host: HostScope | None = None) -> Path:
         """The job's directory, created, without other jobs' directories and without snapshots newer
@@ -153,7 +153,7 @@ class MemorySnapshotDir:
             self._scopes[job] = host
         for child in self.root.iterdir():
             if child.name != job:
-                _remove(child)
+                remove_entry(child)
                 self._reported.pop(child.name, None)
         directory = self.job_dir(job)
         try:
@@ -168,21 +168,21 @@ class MemorySnapshotDir:
         pins, copies, resume = (directory / name for name in (REPORTED_DIR, COPIES_DIR, RESUME_DIR))
         for kept in (pins, copies, resume):
             if resume_step is None or kept.is_symlink() or kept.exists() and not kept.is_dir():
-                _remove(kept)
+                remove_entry(kept)
         stale = [child for child in directory.iterdir() if child not in (pins, copies, resume)]
-        stale += _children(pins)
-        for node in _children(copies):
+        stale += real_children(pins)
+        for node in real_children(copies):
             if node.is_symlink() or not node.is_dir():
-                _remove(node)
+                remove_entry(node)
             else:
-                stale += _children(node)
+                stale += real_children(node)
         for child in stale:
             match = _STEP_DIR.fullmatch(child.name)
             if match is None or resume_step is None or int(match.group(1)) > resume_step:
-                _remove(child)
-        for child in _children(resume):
+                remove_entry(child)
+        for child in real_children(resume):
             if resume_step is None or child.name != step_dir_name(resume_step):
-                _remove(child)
+                remove_entry(child)
         reported = self._reported.get(job)
         if reported is not None and not (directory / REPORTED_DIR / step_dir_name(reported.step)).is_dir():
             del self._reported[job]
@@ -237,10 +237,10 @@ class MemorySnapshotDir:
         MAX_HELD; a step whose reports disagree (world size, generation, data position) is left out."""
         with self._lock:
             directory = self.job_dir(job)
-            places = [directory / REPORTED_DIR] + [n for n in _children(directory / COPIES_DIR) if _is_dir(n)]
+            places = [directory / REPORTED_DIR] + [n for n in real_children(directory / COPIES_DIR) if is_real_dir(n)]
             by_step: dict[int, list[RankReport]] = {}
             for place in places:
-                for step_dir in _step_dirs(place):
+                for step_dir in step_dirs(place):
                     by_step.setdefault(int(step_dir.name[5:]), []).extend(
                         reports_in(step_dir, int(step_dir.name[5:])).values())
             found = []
@@ -269,11 +269,11 @@ class MemorySnapshotDir:
                 return target
         except (CorruptCheckpoint, OSError):
             pass
-        _remove(target)
-        _remove(partial)
+        remove_entry(target)
+        remove_entry(partial)
         try:
-            self._make_dir(resume)
-            self._make_dir(partial)
+            self.make_dir(resume)
+            self.make_dir(partial)
             with self._lock:
                 missing = [rank for rank in range(world_size) if not self._link_held(job, step, rank, partial)]
             for rank in missing:
@@ -284,10 +284,10 @@ class MemorySnapshotDir:
             _commit(partial, step, world_size)
             partial.rename(target)
         except OSError as exc:
-            _remove(partial)
+            remove_entry(partial)
             raise SnapshotAssemblyError(f"cannot assemble step {step} in {resume}: {exc}") from None
         except SnapshotAssemblyError:
-            _remove(partial)
+            remove_entry(partial)
             raise
         log.info("assembled the in-memory snapshot of step %d (world size %d): %d of its ranks fetched",
                  step, world_size, len(missing))
@@ -298,9 +298,9 @@ class MemorySnapshotDir:
         name = step_dir_name(step)
         directory = self.job_dir(job)
         candidates = [directory / REPORTED_DIR / name]
-        candidates += [node / name for node in _children(directory / COPIES_DIR) if _is_dir(node)]
+        candidates += [node / name for node in real_children(directory / COPIES_DIR) if is_real_dir(node)]
         for source in candidates:
-            if not _is_dir(source) or read_report(source, rank, step) is None:
+            if not is_real_dir(source) or read_report(source, rank, step) is None:
                 continue
             try:
                 for file in (data_name(rank), report_name(rank)):
@@ -315,7 +315,7 @@ class MemorySnapshotDir:
     def _held_in(self, place: Path) -> list[tuple[int, pb.MemorySnapshot]]:
         """The snapshots in the step directories under `place` whose reports agree, newest first."""
         found = []
-        for step_dir in sorted(_step_dirs(place), key=lambda d: int(d.name[5:]), reverse=True):
+        for step_dir in sorted(step_dirs(place), key=lambda d: int(d.name[5:]), reverse=True):
             step = int(step_dir.name[5:])
             reports = list(reports_in(step_dir, step).values())
             if reports and agree(reports):
@@ -325,7 +325,7 @@ class MemorySnapshotDir:
     def _newest_host_complete(self, job: str, host: HostScope) -> Snapshot | None:
         """The newest step whose every local rank's report of this generation and world size is here."""
         directory = self.job_dir(job)
-        for step_dir in sorted(_step_dirs(directory), key=lambda d: int(d.name[5:]), reverse=True):
+        for step_dir in sorted(step_dirs(directory), key=lambda d: int(d.name[5:]), reverse=True):
             step = int(step_dir.name[5:])
             known = self._known.get(step_dir)
             if known is not None and all((step_dir / report_name(r)).exists() for r in host.local_ranks):
@@ -341,12 +341,12 @@ class MemorySnapshotDir:
 
     def _prune_older(self, job: str, step: int) -> None:
         """Remove the workers' step directories older than `step` (scope host: they prune nothing)."""
-        for step_dir in _step_dirs(self.job_dir(job)):
+        for step_dir in step_dirs(self.job_dir(job)):
             if int(step_dir.name[5:]) < step:
                 self._known.pop(step_dir, None)
-                _remove(step_dir)
+                remove_entry(step_dir)
 
-    def _make_dir(self, path: Path) -> None:
+    def make_dir(self, path: Path) -> None:
         """A directory of the agent's (the worker user's with `run_as`), refused when it is a link."""
         path.mkdir(mode=0o755, exist_ok=True)
         if not stat.S_ISDIR(os.lstat(path).st_mode):
@@ -368,7 +368,7 @@ class MemorySnapshotDir:
                 raise NotADirectoryError(f"{pins} is not a directory")
             if _pinned(pins / name, host):  # pinned before (the relaunch resumed from it)
                 return True
-            _remove(partial)
+            remove_entry(partial)
             partial.mkdir(mode=0o755)
             if self._user is not None:
                 for made in (pins, partial):
@@ -385,13 +385,13 @@ class MemorySnapshotDir:
             partial.rename(pins / name)
         except OSError as exc:
             log.debug("cannot pin the snapshot of step %d: %s", snapshot.step, exc)
-            _remove(partial)
+            remove_entry(partial)
             return False
         before = self._reported.get(job)
         keep = {name} | (set() if before is None else {step_dir_name(before.step)})
         for child in pins.iterdir():
             if child.name not in keep:
-                _remove(child)
+                remove_entry(child)
         return True
 
     def _newest_complete(self, job: str) -> Snapshot | None:
@@ -460,21 +460,21 @@ def _snapshot_of(step: int, reports: Sequence[RankReport]) -> pb.MemorySnapshot:
                              generation=reports[0].generation)
 
 
-def _children(directory: Path) -> list[Path]:
+def real_children(directory: Path) -> list[Path]:
     """The entries of a real directory (none of a link or of what is not there)."""
-    return list(directory.iterdir()) if _is_dir(directory) else []
+    return list(directory.iterdir()) if is_real_dir(directory) else []
 
 
-def _is_dir(path: Path) -> bool:
+def is_real_dir(path: Path) -> bool:
     try:
         return stat.S_ISDIR(os.lstat(path).st_mode)
     except OSError:
         return False
 
 
-def _step_dirs(directory: Path) -> list[Path]:
+def step_dirs(directory: Path) -> list[Path]:
     """The `step_N` directories in `directory` (not those still being filled, not links)."""
-    return [child for child in _children(directory) if _STEP_DIR.fullmatch(child.name) and _is_dir(child)]
+    return [child for child in real_children(directory) if _STEP_DIR.fullmatch(child.name) and is_real_dir(child)]
 
 
 def _read_manifest(step_dir: Path, step: int) -> Snapshot | None:
@@ -497,7 +497,7 @@ def _read_manifest(step_dir: Path, step: int) -> Snapshot | None:
         return None
 
 
-def _remove(path: Path) -> None:
+def remove_entry(path: Path) -> None:
     """Remove a snapshot or a job's directory, the manifest first so a half-removed one never counts."""
     try:
         if path.is_symlink() or path.is_file():

@@ -24,8 +24,9 @@ from agent.memory_snapshots import (
     step_dir_name,
 )
 from proto import trainerd_pb2 as pb
+from tests.agent.snapshot_files import TENSORS, host_snapshot
 from tests.agent.supervisor_fakes import Host, launch, run
-from trainer.checkpoint import CheckpointMeta, CheckpointWriter, load_checkpoint, reshard_checkpoint
+from trainer.checkpoint import load_checkpoint, reshard_checkpoint
 from trainer.checkpoint import manifest as checkpoint_manifest
 
 
@@ -160,24 +161,6 @@ def test_the_supervisor_gives_its_workers_the_memory_and_reports_the_newest_snap
 
 
 # A generation spanning hosts (scope host): the workers write rank files and reports, never a manifest.
-
-TENSORS = {
-    "embed": np.random.default_rng(5).standard_normal((37, 16)).astype(np.float32),
-    "fc.weight": np.random.default_rng(6).standard_normal((23, 9)).astype(np.float16),
-    "fc.bias": np.arange(9, dtype=np.int64),
-    "step": np.array(41, dtype=np.int32),
-}
-
-
-def host_snapshot(job_dir: Path, step: int, ranks: tuple[int, ...], world_size: int = 4, generation: int = 3,
-                  tensors: dict[str, np.ndarray] = TENSORS) -> Path:
-    """What the workers of `ranks` leave in scope host: each rank's file and report (real writer)."""
-    for rank in ranks:
-        meta = CheckpointMeta(step=step, consumed_samples=8 * step, data_seed=1, skip_ledger=((8, 16),))
-        with CheckpointWriter(job_dir, rank, world_size, generation=generation, commit=False) as writer:
-            writer.save(meta, tensors)
-    return job_dir / step_dir_name(step)
-
 
 def copy_snapshot(source: Path, into: Path) -> Path:
     """What the ring copier leaves: the step directory's rank files and reports, copied."""
