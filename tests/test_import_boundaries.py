@@ -75,3 +75,14 @@ def test_proto_imports_neither_pydantic_nor_yaml() -> None:
                             cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "", f"importing proto/ loaded: {result.stdout.strip()}"
+
+
+def test_the_agent_does_not_import_the_coordinator() -> None:
+    """What both need (certificate identities, TLS files, the wire) lives in common/ and proto/."""
+    found = {
+        f"{path.relative_to(REPO)}: {name}"
+        for path in sorted((REPO / "agent").rglob("*.py"))
+        for name in imported_modules(path)
+        if within(name, ("daemon",))
+    }
+    assert not found, f"agent imports of daemon: {sorted(found)}"
