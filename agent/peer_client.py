@@ -1,0 +1,146 @@
+"""The agent's side of SnapshotPeer as a client: list another agent's pinned snapshots and fetch a rank's
+files of one (agent/peer_service.py serves them).
+
+With TLS the holder must present the node certificate of the node it is named as (the certificate's DNS
+name, checked through `grpc.ssl_target_name_override`), so an agent cannot serve as another. A rank's
+report comes first and says how many bytes its data file has: no more are written, and the rank counts
+only once both files are in place, the report last. The digest of the data is checked when the ranks are
+assembled into a checkpoint (`MemorySnapshotDir.assemble`, which reads every byte).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+import grpc
+
+from agent.memory_snapshots import PARTIAL, SnapshotAssemblyError
+from agent.peer_service import CHUNK_BYTES
+from agent.snapshot_reports import data_name, read_report
+from common.tls_files import TlsFiles
+from proto import trainerd_pb2 as pb
+from proto import trainerd_pb2_grpc as pb_grpc
+from trainer.checkpoint.commit import RankReport, report_name
+from trainer.checkpoint.errors import CorruptCheckpoint
+from trainer.checkpoint.json_fields import MAX_JSON_BYTES
+
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class PeerClient:
+    """One channel per holder, kept until `close`; `tls`: this agent's node certificate (None: plain)."""
+
+    def __init__(self, tls: TlsFiles | None) -> None:
+        self._tls = tls
+        self._channels: dict[tuple[str, str], grpc.Channel] = {}
+        self._lock = threading.Lock()
+
+    def list_snapshots(self, holder: pb.PeerAgent, job: str, timeout_s: float) -> list[pb.MemorySnapshot]:
+        """The snapshots `holder` has pinned of `job`, newest first. SnapshotAssemblyError when it cannot say."""
+        try:
+            reply = self._stub(holder).ListSnapshots(pb.PeerListRequest(job_name=job), timeout=timeout_s)
+        except grpc.RpcError as exc:
+            raise SnapshotAssemblyError(f"cannot list the snapshots of node {holder.node} ({holder.address}): "
+                                        f"{_status(exc)}") from None
+        return list(reply.own)
+
+    def fetch_rank(self, holder: pb.PeerAgent, job: str, step: int, rank: int, dest_dir: Path,
+                   timeout_s: float) -> None:
+        """Write `rank`'s data file and report of `step`, as `holder` has them, into `dest_dir`; each call
+        may take `timeout_s`. SnapshotAssemblyError (one line) when they cannot be fetched whole; then
+        neither file is left."""
+        where = f"rank {rank} of step {step} from node {holder.node} ({holder.address})"
+
+        def request(kind: pb.PeerFileKind) -> pb.PeerFetchRequest:
+            return pb.PeerFetchRequest(job_name=job, step=step, rank=rank, kind=kind)
+
+        written = [dest_dir / name for name in (data_name(rank), report_name(rank))]
+        written += [path.with_name(path.name + PARTIAL) for path in written]
+        try:
+            report_bytes = b"".join(self._fetch(holder, request(pb.PEER_FILE_REPORT), timeout_s, MAX_JSON_BYTES))
+            report = _parse_report(report_bytes, rank, step)
+            _write(dest_dir, data_name(rank), report.file.size,
+                   self._fetch(holder, request(pb.PEER_FILE_DATA), timeout_s, report.file.size))
+            _write(dest_dir, report_name(rank), len(report_bytes), [report_bytes])
+            if read_report(dest_dir, rank, step) is None:
+                raise SnapshotAssemblyError("its files are not whole once written")
+        except grpc.RpcError as exc:
+            _unlink(written)
+            raise SnapshotAssemblyError(f"cannot fetch {where}: {_status(exc)}") from None
+        except (SnapshotAssemblyError, OSError) as exc:
+            _unlink(written)
+            raise SnapshotAssemblyError(f"cannot fetch {where}: {exc}") from None
+
+    def close(self) -> None:
+        with self._lock:
+            for channel in self._channels.values():
+                channel.close()
+            self._channels.clear()
+
+    def _fetch(self, holder: pb.PeerAgent, request: pb.PeerFetchRequest, timeout_s: float,
+               limit: int) -> Iterable[bytes]:
+        """The file's bytes as they come, refused past `limit`."""
+        received = 0
+        for chunk in self._stub(holder).FetchFile(request, timeout=timeout_s):
+            received += len(chunk.data)
+            if received > limit:
+                what = "the report" if request.kind == pb.PEER_FILE_REPORT else "the data file"
+                raise SnapshotAssemblyError(f"{what} sent more than {limit} bytes")
+            yield chunk.data
+
+    def _stub(self, holder: pb.PeerAgent) -> pb_grpc.SnapshotPeerStub:
+        key = (holder.address, holder.node)
+        with self._lock:
+            channel = self._channels.get(key)
+            if channel is None:
+                options: list[tuple[str, str | int]] = [("grpc.max_receive_message_length", CHUNK_BYTES + 1024)]
+                if self._tls is None:
+                    channel = grpc.insecure_channel(holder.address, options=options)
+                else:
+                    options.append(("grpc.ssl_target_name_override", holder.node))
+                    channel = grpc.secure_channel(holder.address, self._tls.channel_credentials(), options=options)
+                self._channels[key] = channel
+        return pb_grpc.SnapshotPeerStub(channel)
+
+
+def _parse_report(data: bytes, rank: int, step: int) -> RankReport:
+    where = f"{report_name(rank)} of step {step}"
+    try:
+        report = RankReport.from_json(json.loads(data), where)
+    except (ValueError, AttributeError, CorruptCheckpoint) as exc:
+        raise SnapshotAssemblyError(f"its report cannot be read: {exc}") from None
+    if (report.rank, report.step, report.file.name) != (rank, step, data_name(rank)) or report.meta is None:
+        raise SnapshotAssemblyError(f"its report is of rank {report.rank}, step {report.step}, file "
+                                    f"{report.file.name!r:.80}{'' if report.meta else ', without meta'}")
+    return report
+
+
+def _write(directory: Path, name: str, size: int, chunks: Iterable[bytes]) -> None:
+    """`name` in `directory`, exactly `size` bytes (`chunks` refuses more): written under a new `.partial`
+    name, then renamed."""
+    partial = directory / (name + PARTIAL)
+    written = 0
+    with os.fdopen(os.open(partial, _NEW_FILE, 0o644), "wb") as f:
+        for chunk in chunks:
+            written += len(chunk)
+            f.write(chunk)
+    if written != size:
+        raise SnapshotAssemblyError(f"{name} ended after {written} of the {size} bytes its report says")
+    partial.rename(directory / name)
+
+
+def _unlink(paths: Iterable[Path]) -> None:
+    for path in paths:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            pass  # what is left is a partial file of a directory the caller discards
+
+
+def _status(exc: grpc.RpcError) -> str:
+    code, details = exc.code(), exc.details()  # type: ignore[attr-defined]  # a call's error is also a Call
+    return f"{code.name if code else 'UNKNOWN'}: {(details or '').replace(chr(10), ' ')}"

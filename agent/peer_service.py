@@ -1,0 +1,157 @@
+"""The agent's SnapshotPeer server: its pinned in-memory snapshots (agent/memory_snapshots.py), served to the
+other agents of the cluster, which copy them (agent/peer_copier.py) or fetch them for a relaunch.
+
+A synchronous gRPC server on a few threads of its own, so that streaming files never holds up the agent's
+asyncio loop; the pool's size bounds the streams served at once. With TLS it listens on `host` and admits
+only clients whose certificate (verified against the cluster's CA) is a node's; without TLS it listens on
+loopback only, whatever `host` says: snapshots hold the whole model. Every request comes from the network:
+the job name must be a plain directory name, the step and rank in range, and the files are opened from the
+memory root down without following any link.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+
+from agent.job_workdir import is_plain_job_name
+from agent.memory_snapshots import MemorySnapshotDir
+from common.cert_identity import CertificateError, PeerKind, peer_identity, serves_as_node
+from common.tls_files import TlsFiles
+from proto import trainerd_pb2 as pb
+from proto import trainerd_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+CHUNK_BYTES = 1 << 20
+MAX_RANK = 1 << 20
+WORKERS = 4               # streams served at once
+MAX_QUEUED_RPCS = 4 * WORKERS  # calls beyond this are refused (RESOURCE_EXHAUSTED) rather than queued
+MAX_REQUEST_BYTES = 4096  # a request holds a job name and three numbers
+_FILE_KINDS = (pb.PEER_FILE_DATA, pb.PEER_FILE_REPORT)
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class PeerServer:
+    """Serves `memory`'s pinned snapshots on `port` (0: any free one); `tls`: the agent's node certificate
+    (None: loopback only)."""
+
+    def __init__(self, memory: MemorySnapshotDir, host: str, tls: TlsFiles | None, port: int = 0) -> None:
+        self._memory = memory
+        self._host = host
+        self._tls = tls
+        self._port = port
+        self._server: grpc.Server | None = None
+
+    def start(self) -> int:
+        """Listen and serve; returns the port bound, or 0 when the node certificate was made before node
+        certificates could serve (`serves_as_node`): then no peer may copy from this agent, which says so.
+        OSError when no port can be bound."""
+        if self._tls is not None and not serves_as_node(self._tls.cert):
+            log.warning("serving no in-memory snapshots to peers: this node's certificate cannot serve (made "
+                        "before trainerd's node certificates had serverAuth); issue a new one with `trainerd "
+                        "certs node`")
+            return 0
+        server = grpc.server(
+            ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="peer-server"),
+            maximum_concurrent_rpcs=MAX_QUEUED_RPCS,
+            options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+                     ("grpc.max_send_message_length", CHUNK_BYTES + 1024)],
+        )
+        pb_grpc.add_SnapshotPeerServicer_to_server(_Servicer(self._memory, self._tls is not None), server)
+        if self._tls is None:
+            address = f"127.0.0.1:{self._port}"
+        else:
+            address = f"[{self._host}]:{self._port}" if ":" in self._host else f"{self._host}:{self._port}"
+        try:  # grpc answers 0 or raises, depending on its version
+            port = (server.add_insecure_port(address) if self._tls is None
+                    else server.add_secure_port(address, self._tls.server_credentials()))
+        except RuntimeError:
+            port = 0
+        if port == 0:
+            raise OSError(f"the snapshot peer server cannot listen on {address}")
+        server.start()
+        self._server = server
+        log.info("serving in-memory snapshots to peers on %s, port %d (%s)", address.rsplit(":", 1)[0], port,
+                 "TLS, node certificates only" if self._tls else "no TLS: loopback only")
+        return port
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop(grace=None).wait()
+            self._server = None
+
+
+class _Servicer(pb_grpc.SnapshotPeerServicer):
+    def __init__(self, memory: MemorySnapshotDir, require_node: bool) -> None:
+        self._memory = memory
+        self._require_node = require_node
+
+    def ListSnapshots(self, request: pb.PeerListRequest, context: grpc.ServicerContext) -> pb.PeerListReply:
+        self._admit(context)
+        _check_job(request.job_name, context)
+        return pb.PeerListReply(own=self._memory.own_snapshots(request.job_name))
+
+    def FetchFile(self, request: pb.PeerFetchRequest, context: grpc.ServicerContext) -> Iterator[pb.PeerChunk]:
+        self._admit(context)
+        _check_job(request.job_name, context)
+        if request.step < 0 or not 0 <= request.rank < MAX_RANK or request.kind not in _FILE_KINDS:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"step {request.step}, rank {request.rank} or file "
+                                                            f"kind {request.kind} out of range")
+        path = self._memory.rank_file(request.job_name, request.step, request.rank, request.kind)
+        fd = None if path is None else _open_below(self._memory.root, path)
+        if fd is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"step {request.step} of rank {request.rank} of job "
+                                                     f"{request.job_name} is not pinned here")
+        assert fd is not None  # abort raises
+        with os.fdopen(fd, "rb", buffering=0) as f:
+            while chunk := f.read(CHUNK_BYTES):
+                yield pb.PeerChunk(data=chunk)
+
+    def _admit(self, context: grpc.ServicerContext) -> None:
+        """With TLS, only another agent (a node certificate) may read the snapshots."""
+        if not self._require_node:
+            return
+        certificates = context.auth_context().get("x509_pem_cert", [])
+        try:
+            if not certificates:
+                raise CertificateError("the client presented no certificate")
+            identity = peer_identity(certificates[0])
+            if identity.kind is not PeerKind.NODE:
+                raise CertificateError(f"{identity.kind.value} {identity.name} is not a node")
+        except CertificateError as exc:
+            log.warning("refused a snapshot peer call from %s: %s", context.peer(), exc)
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"only agents may read snapshots: {exc}")
+
+
+def _check_job(job: str, context: grpc.ServicerContext) -> None:
+    if not is_plain_job_name(job):
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"job name {job!r:.80} is not a plain directory name")
+
+
+def _open_below(root: Path, path: Path) -> int | None:
+    """A descriptor of the regular file `path`, opened from `root` one component at a time without following
+    a link (the job's directory is the workers': they could put one anywhere below it); None otherwise."""
+    parts = path.relative_to(root).parts
+    fds: list[int] = []
+    try:
+        fds.append(os.open(root, _DIRECTORY_FLAGS))
+        for part in parts[:-1]:
+            fds.append(os.open(part, _DIRECTORY_FLAGS, dir_fd=fds[-1]))
+        fd = os.open(parts[-1], _FILE_FLAGS, dir_fd=fds[-1])
+    except OSError:
+        return None
+    finally:
+        for opened in fds:
+            os.close(opened)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
