@@ -1,0 +1,112 @@
+"""The ring copier: this agent keeps a copy of another node's newest pinned snapshot, so that a relaunch
+after that node is lost still finds its ranks on a host that survived (agent/memory_snapshots.py).
+
+A thread of its own polls the source (`PeerClient`, blocking calls) and streams each rank's files to disk
+under `copies_root(job)/<node>/step_N.partial/`, renamed `step_N` once every rank is there, so `held` and
+`assemble` see only whole copies. Two steps are kept per source: the newest, and the one before while a
+relaunch may still name it. A source that is down is tried again at the next poll.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from pathlib import Path
+
+from agent.memory_snapshots import (
+    PARTIAL,
+    MemorySnapshotDir,
+    is_real_dir,
+    real_children,
+    remove_entry,
+    step_dir_name,
+    step_dirs,
+)
+from agent.peer_client import PeerClient
+from proto import trainerd_pb2 as pb
+from proto.vocabulary import NODE_NAME_PATTERN
+
+log = logging.getLogger(__name__)
+
+KEPT_STEPS = 2
+LIST_TIMEOUT_S = 5.0
+FETCH_TIMEOUT_S = 600.0  # one rank's file, gigabytes over the cluster's network
+STOP_TIMEOUT_S = 5.0
+
+
+class PeerCopier:
+    """Copies `source`'s newest snapshot of `job` into `memory`, every `interval_s` while started."""
+
+    def __init__(self, memory: MemorySnapshotDir, client: PeerClient, job: str, source: pb.PeerAgent,
+                 interval_s: float = 0.1) -> None:
+        if not re.fullmatch(NODE_NAME_PATTERN, source.node):
+            raise ValueError(f"node name {source.node!r:.80} cannot name a directory of copies")
+        self._memory = memory
+        self._client = client
+        self._job = job
+        self._source = source
+        self._interval_s = interval_s
+        self._directory = memory.copies_root(job) / source.node
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failing = False
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"copier-{self._source.node}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop polling; a fetch under way may outlive the wait (the thread is a daemon's)."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(STOP_TIMEOUT_S)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stopping.wait(self._interval_s):
+            try:
+                self._copy_newest()
+            except Exception as exc:  # noqa: BLE001 - the copier outlives every error: the next poll retries
+                log.log(logging.DEBUG if self._failing else logging.WARNING,
+                        "cannot copy the snapshots of node %s (%s): %s", self._source.node, self._source.address,
+                        str(exc).replace("\n", " ") or type(exc).__name__)
+                self._failing = True
+            else:
+                self._failing = False
+
+    def _copy_newest(self) -> None:
+        snapshots = self._client.list_snapshots(self._source, self._job, LIST_TIMEOUT_S)
+        if not snapshots:
+            return
+        newest = max(snapshots, key=lambda s: s.step)
+        target = self._directory / step_dir_name(newest.step)
+        if is_real_dir(target):
+            return
+        self._make_dir(self._memory.copies_root(self._job))
+        self._make_dir(self._directory)
+        partial = target.with_name(target.name + PARTIAL)
+        remove_entry(partial)
+        self._make_dir(partial)
+        for rank in newest.ranks:
+            if self._stopping.is_set():
+                return
+            self._client.fetch_rank(self._source, self._job, newest.step, rank, partial, FETCH_TIMEOUT_S)
+        partial.rename(target)
+        log.info("copied the snapshot of step %d of node %s (ranks %s)", newest.step, self._source.node,
+                 list(newest.ranks))
+        self._prune()
+
+    def _make_dir(self, path: Path) -> None:
+        """A real directory at `path`: a link or file there is removed first."""
+        if not is_real_dir(path):
+            remove_entry(path)
+        self._memory.make_dir(path)
+
+    def _prune(self) -> None:
+        """Keep the KEPT_STEPS newest copies; remove the older ones and anything else."""
+        steps = sorted(step_dirs(self._directory), key=lambda child: int(child.name[5:]), reverse=True)
+        kept = set(steps[:KEPT_STEPS])
+        for child in real_children(self._directory):
+            if child not in kept:
+                remove_entry(child)
