@@ -117,7 +117,7 @@ def test_a_certificate_of_another_ca_does_not_verify(cert_dir: Path, other_ca_di
             x509.DNSName("localhost")).verify(load(other_ca_dir, "coordinator"), [])
 
 
-def _hand_made(ca: Issued, common_name: str, uris: list[str], usage: x509.ObjectIdentifier) -> bytes:
+def hand_made(ca: Issued, common_name: str, uris: list[str], usage: x509.ObjectIdentifier) -> bytes:
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.timezone.utc)
     builder = (
@@ -140,7 +140,7 @@ def test_a_node_certificate_serves_its_name_and_one_made_before_cannot() -> None
     assert set(usages) == {ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH}
     assert serves_as_node(node.certificate_pem())
     assert peer_identity(node.certificate_pem()) == PeerIdentity(PeerKind.NODE, "gpu_07.rack-2")
-    old_style = _hand_made(ca, "n1", ["trainerd://node/n1"], ExtendedKeyUsageOID.CLIENT_AUTH)
+    old_style = hand_made(ca, "n1", ["trainerd://node/n1"], ExtendedKeyUsageOID.CLIENT_AUTH)
     assert peer_identity(old_style).name == "n1" and not serves_as_node(old_style)
     assert not serves_as_node(make_operator_certificate(ca, "alice", False).certificate_pem())
     assert not serves_as_node(b"not a certificate")
@@ -159,7 +159,7 @@ def test_peer_identity_refuses_certificates_that_do_not_name_one_trainerd_identi
     common_name: str, uris: list[str], usage: x509.ObjectIdentifier, message: str
 ) -> None:
     with pytest.raises(CertificateError, match=message) as refused:
-        peer_identity(_hand_made(make_ca(), common_name, uris, usage))
+        peer_identity(hand_made(make_ca(), common_name, uris, usage))
     assert "\n" not in str(refused.value)
 
 

@@ -1,0 +1,254 @@
+"""The agents' snapshot transport (agent/peer_service.py, peer_client.py, peer_copier.py): real gRPC servers
+on loopback, real mutual TLS with certificates of daemon.certs, real snapshot files on tmp_path."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
+from agent.memory_snapshots import HostScope, MemorySnapshotDir, Snapshot, SnapshotAssemblyError, step_dir_name
+from agent.peer_client import PeerClient
+from agent.peer_copier import PeerCopier
+from agent.peer_service import PeerServer
+from agent.snapshot_reports import read_report
+from common.tls_files import TlsFiles
+from daemon.certs import Issued, make_ca, make_node_certificate, make_operator_certificate
+from proto import trainerd_pb2 as pb
+from proto import trainerd_pb2_grpc as pb_grpc
+from tests.agent.snapshot_files import TENSORS, host_snapshot
+from tests.daemon.test_certs import hand_made
+from tests.waiting import wait_until
+from trainer.checkpoint import load_checkpoint
+
+JOB = "job"
+SERVER_NODE = "gpu_07.rack-2"  # '_' and '.': the TLS host check must take every valid node name
+
+
+def tls_of(ca: Issued, leaf: Issued) -> TlsFiles:
+    return TlsFiles(ca.certificate_pem(), leaf.certificate_pem(), leaf.key_pem())
+
+
+@pytest.fixture(scope="module")
+def ca() -> Issued:
+    return make_ca()
+
+
+def holder_memory(tmp_path: Path, rank: int, steps: tuple[int, ...] = (50,), world_size: int = 2) -> MemorySnapshotDir:
+    """A host running `rank` of `world_size`, its snapshots of `steps` pinned."""
+    memory = MemorySnapshotDir(tmp_path / f"host{rank}")
+    job_dir = memory.prepare(JOB, None, HostScope((rank,), world_size, 3))
+    for step in steps:
+        host_snapshot(job_dir, step, (rank,), world_size=world_size)
+        assert memory.newest(JOB) == Snapshot(step, 8 * step)
+    return memory
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., int]]:
+    """Start a PeerServer; every one started is stopped after the test."""
+    servers: list[PeerServer] = []
+
+    def start(memory: MemorySnapshotDir, tls: TlsFiles | None, host: str = "127.0.0.1", port: int = 0) -> int:
+        server = PeerServer(memory, host, tls, port)
+        servers.append(server)
+        return server.start()
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def client_of() -> Iterator[Callable[[TlsFiles | None], PeerClient]]:
+    clients: list[PeerClient] = []
+
+    def make(tls: TlsFiles | None) -> PeerClient:
+        clients.append(PeerClient(tls))
+        return clients[-1]
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+def test_a_rank_fetched_over_tls_is_whole_and_assembles(tmp_path: Path, ca: Issued, serve, client_of) -> None:
+    holder = holder_memory(tmp_path, 1)
+    port = serve(holder, tls_of(ca, make_node_certificate(ca, SERVER_NODE)))
+    client = client_of(tls_of(ca, make_node_certificate(ca, "n0")))
+    peer = pb.PeerAgent(node=SERVER_NODE, address=f"127.0.0.1:{port}")
+    listed = client.list_snapshots(peer, JOB, 10)
+    assert [(s.step, list(s.ranks), s.world_size, s.generation) for s in listed] == [(50, [1], 2, 3)]
+    into = tmp_path / "fetched"
+    into.mkdir()
+    client.fetch_rank(peer, JOB, 50, 1, into, 10)
+    assert read_report(into, 1, 50) is not None
+    assert sorted(p.name for p in into.iterdir()) == ["rank_1.done.json", "rank_1.safetensors"]
+
+    local = holder_memory(tmp_path, 0)
+    step_dir = local.assemble(JOB, 50, 2, lambda rank, d: client.fetch_rank(peer, JOB, 50, rank, d, 10))
+    tensors, manifest = load_checkpoint(step_dir, 0, 2)
+    assert manifest.step == 50 and all(np.array_equal(tensors[n], t) for n, t in TENSORS.items())
+
+
+def test_the_server_admits_only_node_certificates_of_its_ca(tmp_path: Path, ca: Issued, serve, client_of) -> None:
+    port = serve(holder_memory(tmp_path, 1), tls_of(ca, make_node_certificate(ca, SERVER_NODE)))
+    peer = pb.PeerAgent(node=SERVER_NODE, address=f"127.0.0.1:{port}")
+    operator = client_of(tls_of(ca, make_operator_certificate(ca, "alice", False)))
+    with pytest.raises(SnapshotAssemblyError, match="PERMISSION_DENIED: only agents") as refused:
+        operator.list_snapshots(peer, JOB, 10)
+    assert "\n" not in str(refused.value)
+    with pytest.raises(SnapshotAssemblyError, match="PERMISSION_DENIED"):
+        operator.fetch_rank(peer, JOB, 50, 1, tmp_path, 10)
+    other_ca = make_ca()
+    impostor = make_node_certificate(other_ca, "n0")  # the same name, another CA
+    stranger = client_of(TlsFiles(ca.certificate_pem(), impostor.certificate_pem(), impostor.key_pem()))
+    with pytest.raises(SnapshotAssemblyError, match="UNAVAILABLE"):
+        stranger.list_snapshots(peer, JOB, 10)
+
+
+def test_a_client_refuses_a_server_presenting_another_nodes_certificate(tmp_path: Path, ca: Issued, serve,
+                                                                         client_of) -> None:
+    port = serve(holder_memory(tmp_path, 1), tls_of(ca, make_node_certificate(ca, "a")))
+    client = client_of(tls_of(ca, make_node_certificate(ca, "n0")))
+    with pytest.raises(SnapshotAssemblyError, match="of node b .*UNAVAILABLE"):
+        client.list_snapshots(pb.PeerAgent(node="b", address=f"127.0.0.1:{port}"), JOB, 10)
+    assert client.list_snapshots(pb.PeerAgent(node="a", address=f"127.0.0.1:{port}"), JOB, 10)
+
+
+def test_a_node_certificate_made_before_serving_serves_nothing(tmp_path: Path, ca: Issued, serve, caplog) -> None:
+    key = make_node_certificate(ca, "n1").key_pem()  # unused: the server refuses before it would be
+    old = TlsFiles(ca.certificate_pem(), hand_made(ca, "n1", ["trainerd://node/n1"], ExtendedKeyUsageOID.CLIENT_AUTH),
+                   key)
+    with caplog.at_level(logging.WARNING, "agent.peer_service"):
+        assert serve(holder_memory(tmp_path, 1), old) == 0
+    assert [r.message for r in caplog.records if r.message.startswith("serving no in-memory snapshots")]
+
+
+def listening_addresses(port: int) -> list[str]:
+    """The local addresses of the sockets listening on `port` (/proc/net/tcp and tcp6, hexadecimal)."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, hex_port = local.rsplit(":", 1)
+                if state == "0A" and int(hex_port, 16) == port:
+                    found.append(address)
+    return found
+
+
+def test_without_tls_the_server_listens_on_loopback_only(tmp_path: Path, serve, client_of) -> None:
+    port = serve(holder_memory(tmp_path, 1), None, host="0.0.0.0")
+    loopback = {"0100007F", "0000000000000000FFFF00000100007F"}  # 127.0.0.1, also as ::ffff:127.0.0.1
+    assert listening_addresses(port) and set(listening_addresses(port)) <= loopback
+    client = client_of(None)
+    assert client.list_snapshots(pb.PeerAgent(node="a", address=f"127.0.0.1:{port}"), JOB, 10)
+
+
+def test_hostile_requests_are_invalid_arguments(tmp_path: Path, serve) -> None:
+    port = serve(holder_memory(tmp_path, 1), None)
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pb_grpc.SnapshotPeerStub(channel)
+        for job in ("..", "../host0", "a/b", "", "x" * 256, "job\n"):
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.ListSnapshots(pb.PeerListRequest(job_name=job), timeout=10)
+            assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT, job
+        for job, step, rank, kind in ((JOB, -1, 1, pb.PEER_FILE_DATA), (JOB, 50, -1, pb.PEER_FILE_DATA),
+                                      (JOB, 50, 1 << 20, pb.PEER_FILE_DATA), (JOB, 50, 1, pb.PEER_FILE_KIND_UNSPECIFIED),
+                                      (JOB, 50, 1, 7), ("..", 50, 1, pb.PEER_FILE_DATA)):
+            request = pb.PeerFetchRequest(job_name=job, step=step, rank=rank, kind=kind)
+            with pytest.raises(grpc.RpcError) as refused:
+                list(stub.FetchFile(request, timeout=10))
+            assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT, (job, step, rank, kind)
+        with pytest.raises(grpc.RpcError) as refused:
+            list(stub.FetchFile(pb.PeerFetchRequest(job_name=JOB, step=50, rank=0, kind=pb.PEER_FILE_DATA), timeout=10))
+        assert refused.value.code() is grpc.StatusCode.NOT_FOUND  # not this host's rank
+
+
+@pytest.mark.parametrize("where", ["file", "directory"])
+def test_no_link_is_followed(tmp_path: Path, serve, client_of, where: str) -> None:
+    holder = holder_memory(tmp_path, 1)
+    pinned = holder.job_dir(JOB) / ".reported" / step_dir_name(50)
+    elsewhere = tmp_path / "elsewhere"
+    pinned.rename(elsewhere)
+    if where == "file":  # the rank's file a link to a file of the same content
+        pinned.mkdir()
+        for child in elsewhere.iterdir():
+            (pinned / child.name).symlink_to(child)
+    else:  # the step directory a link to a directory holding the files
+        pinned.symlink_to(elsewhere)
+    port = serve(holder, None)
+    into = tmp_path / "into"
+    into.mkdir()
+    with pytest.raises(SnapshotAssemblyError, match="NOT_FOUND"):
+        client_of(None).fetch_rank(pb.PeerAgent(node="a", address=f"127.0.0.1:{port}"), JOB, 50, 1, into, 10)
+    assert list(into.iterdir()) == []
+
+
+@pytest.mark.parametrize(("change", "message"), [(-10, "sent more than"), (10, "ended after")])
+def test_a_data_file_of_another_size_than_its_report_is_refused(tmp_path: Path, serve, client_of, change: int,
+                                                                 message: str) -> None:
+    holder = holder_memory(tmp_path, 1)
+    report = holder.job_dir(JOB) / ".reported" / step_dir_name(50) / "rank_1.done.json"
+    body = json.loads(report.read_text())
+    body["file"]["size"] += change
+    report.unlink()  # a hard link to the worker's: change a copy
+    report.write_text(json.dumps(body))
+    port = serve(holder, None)
+    into = tmp_path / "into"
+    into.mkdir()
+    with pytest.raises(SnapshotAssemblyError, match=f"rank 1 of step 50 from node a .*{message}"):
+        client_of(None).fetch_rank(pb.PeerAgent(node="a", address=f"127.0.0.1:{port}"), JOB, 50, 1, into, 10)
+    assert list(into.iterdir()) == []
+
+
+def copies(memory: MemorySnapshotDir, node: str) -> list[str]:
+    directory = memory.copies_root(JOB) / node
+    return sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
+
+
+def test_the_copier_keeps_the_two_newest_snapshots_and_survives_its_source_going_down(
+        tmp_path: Path, serve, client_of, caplog) -> None:
+    source = holder_memory(tmp_path, 1, steps=(10,))
+    local = holder_memory(tmp_path, 0, steps=())
+    server = PeerServer(source, "127.0.0.1", None)
+    port = server.start()
+    peer = pb.PeerAgent(node="host1", address=f"127.0.0.1:{port}")
+    (local.copies_root(JOB) / "host1" / (step_dir_name(5) + ".partial")).mkdir(parents=True)  # a crash's
+    copier = PeerCopier(local, client_of(None), JOB, peer, interval_s=0.02)
+    copier.start()
+    try:
+        wait_until(lambda: copies(local, "host1") == [step_dir_name(10)], 15, "the copy of step 10")
+        for step in (20, 30):
+            host_snapshot(source.job_dir(JOB), step, (1,), world_size=2)
+            assert source.newest(JOB) == Snapshot(step, 8 * step)
+            name = step_dir_name(step)
+            wait_until(lambda name=name: name in copies(local, "host1"), 15, f"the copy of step {step}")
+        wait_until(lambda: copies(local, "host1") == [step_dir_name(20), step_dir_name(30)], 15, "two kept")
+        assert [(s.step, list(s.ranks)) for s in local.held(JOB)] == [(30, [1]), (20, [1])]
+        server.stop()
+        with caplog.at_level(logging.DEBUG, "agent.peer_copier"):
+            wait_until(lambda: sum(r.message.startswith("cannot copy") for r in caplog.records) >= 3, 15,
+                       "failed polls")
+            host_snapshot(source.job_dir(JOB), 40, (1,), world_size=2)
+            assert source.newest(JOB) == Snapshot(40, 320)
+            assert serve(source, None, port=port) == port
+            wait_until(lambda: copies(local, "host1") == [step_dir_name(30), step_dir_name(40)], 15, "step 40")
+        levels = [r.levelno for r in caplog.records if r.message.startswith("cannot copy")]
+        assert levels[0] == logging.WARNING and set(levels[1:]) == {logging.DEBUG}
+        assert all("\n" not in r.message for r in caplog.records)
+    finally:
+        copier.stop()
+        server.stop()
+
+
+def test_a_copier_refuses_a_node_name_that_is_no_directory_name(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cannot name a directory"):
+        PeerCopier(MemorySnapshotDir(tmp_path), PeerClient(None), JOB, pb.PeerAgent(node="../x", address="h:1"))
