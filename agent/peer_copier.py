@@ -76,7 +76,7 @@ class PeerCopier:
                 self._failing = False
 
     def _copy_newest(self) -> None:
-        snapshots = self._client.list_snapshots(self._source, self._job, LIST_TIMEOUT_S)
+        snapshots = [s for s in self._client.list_snapshots(self._source, self._job, LIST_TIMEOUT_S) if s.step >= 0]
         if not snapshots:
             return
         newest = max(snapshots, key=lambda s: s.step)
