@@ -1,8 +1,8 @@
 """The agent's side of SnapshotPeer as a client: list another agent's pinned snapshots and fetch a rank's
 files of one (agent/peer_service.py serves them).
 
-With TLS the holder must present the node certificate of the node it is named as (the certificate's DNS
-name, checked through `grpc.ssl_target_name_override`), so an agent cannot serve as another. A rank's
+With TLS the holder must present the node certificate of the node it is named as (its DNS name
+NODE.node.trainerd, checked through `grpc.ssl_target_name_override`), so an agent cannot serve as another. A rank's
 report comes first and says how many bytes its data file has: no more are written, and the rank counts
 only once both files are in place, the report last. The digest of the data is checked when the ranks are
 assembled into a checkpoint (`MemorySnapshotDir.assemble`, which reads every byte).
@@ -21,6 +21,7 @@ import grpc
 from agent.memory_snapshots import PARTIAL, SnapshotAssemblyError
 from agent.peer_service import CHUNK_BYTES
 from agent.snapshot_reports import data_name, read_report
+from common.cert_identity import node_server_name
 from common.tls_files import TlsFiles
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
@@ -101,7 +102,7 @@ class PeerClient:
                 if self._tls is None:
                     channel = grpc.insecure_channel(holder.address, options=options)
                 else:
-                    options.append(("grpc.ssl_target_name_override", holder.node))
+                    options.append(("grpc.ssl_target_name_override", node_server_name(holder.node)))
                     channel = grpc.secure_channel(holder.address, self._tls.channel_credentials(), options=options)
                 self._channels[key] = channel
         return pb_grpc.SnapshotPeerStub(channel)

@@ -17,6 +17,9 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from proto.vocabulary import NODE_NAME_PATTERN
 
 URI_SCHEME = "trainerd"
+# A node serves its peers under NAME.node.trainerd, never under its bare name: a node called "localhost"
+# or like the coordinator's host would otherwise pass for the coordinator with its node certificate.
+NODE_SERVER_DOMAIN = "node.trainerd"
 
 
 class CertificateError(Exception):
@@ -72,9 +75,14 @@ def peer_identity(certificate: bytes | str) -> PeerIdentity:
     return PeerIdentity(kind, name, read_only=role == "operator-readonly")
 
 
+def node_server_name(node: str) -> str:
+    """The DNS name a node's certificate serves under, and the name its peers check."""
+    return f"{node.lower()}.{NODE_SERVER_DOMAIN}"
+
+
 def serves_as_node(certificate: bytes | str) -> bool:
-    """Whether a node certificate can also serve its peers: serverAuth and a DNS SAN of its node name, which
-    node certificates made before the agents served one another lack."""
+    """Whether a node certificate can also serve its peers: serverAuth and the DNS SAN
+    `node_server_name(NAME)`, which node certificates made before the agents served one another lack."""
     try:
         identity = peer_identity(certificate)
         parsed = _parse(certificate)
@@ -84,7 +92,7 @@ def serves_as_node(certificate: bytes | str) -> bool:
     except (CertificateError, x509.ExtensionNotFound):
         return False
     return (identity.kind is PeerKind.NODE and ExtendedKeyUsageOID.SERVER_AUTH in usages
-            and identity.name.lower() in names)
+            and node_server_name(identity.name) in names)
 
 
 def _parse(certificate: bytes | str) -> x509.Certificate:

@@ -6,8 +6,8 @@ only for that node. An operator's certificate carries `trainerd://operator/NAME`
 `trainerd://operator-readonly/NAME` for one that may only look. `common.cert_identity.peer_identity` reads
 that back from the certificate of a peer the TLS layer has already verified against the CA; the servicer
 finds the peer's PEM in `context.auth_context()["x509_pem_cert"][0]`. A node's certificate also serves
-(serverAuth, DNS SAN of the node name): an agent serves its snapshots to its peers with it, and they check
-it with `grpc.ssl_target_name_override` set to the node's name.
+(serverAuth, DNS SAN NAME.node.trainerd, a name no coordinator address can take): an agent serves its
+snapshots to its peers with it, and they check it with `grpc.ssl_target_name_override` set to that name.
 
 Keys are ECDSA P-256. Files are created, never overwritten unless asked (`force`): keys with mode 0600,
 certificates 0644. Everything cryptographic is the `cryptography` package's.
@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from common.cert_identity import CertificateError, PeerIdentity, PeerKind
+from common.cert_identity import CertificateError, PeerIdentity, PeerKind, node_server_name
 from proto.vocabulary import NODE_NAME_PATTERN
 
 CA_CERT, CA_KEY = "ca.crt", "ca.key"
@@ -114,9 +114,10 @@ def make_server_certificate(ca: Issued, hosts: Sequence[str], now: datetime.date
 
 def make_node_certificate(ca: Issued, name: str, now: datetime.datetime | None = None) -> Issued:
     """A node agent's certificate: CN=name, SAN URI trainerd://node/name for its client side, and serverAuth
-    with the DNS SAN name for the snapshots it serves its peers."""
+    with the DNS SAN name.node.trainerd for the snapshots it serves its peers."""
     identity = PeerIdentity(PeerKind.NODE, check_name(name, "node"))
-    names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(identity.uri), x509.DNSName(name.lower())]
+    names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(identity.uri),
+                                     x509.DNSName(node_server_name(name))]
     return _issue(ca, name, names, [ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH], now)
 
 

@@ -98,7 +98,7 @@ def test_the_coordinator_certificate_serves_its_hosts_localhost_and_127_0_0_1(ce
 
 def test_client_certificates_verify_against_their_ca_and_name_their_identity(cert_dir: Path) -> None:
     assert verify_client(cert_dir, load(cert_dir, "n1")) == [x509.UniformResourceIdentifier("trainerd://node/n1"),
-                                                             x509.DNSName("n1")]
+                                                             x509.DNSName("n1.node.trainerd")]
     assert verify_client(cert_dir, load(cert_dir, "bob")) == [
         x509.UniformResourceIdentifier("trainerd://operator-readonly/bob")]
     assert peer_identity((cert_dir / "n1.crt").read_bytes()) == PeerIdentity(PeerKind.NODE, "n1", False)
