@@ -30,6 +30,7 @@ from proto.vocabulary import NODE_NAME_PATTERN
 log = logging.getLogger(__name__)
 
 KEPT_STEPS = 2
+POLL_INTERVAL_S = 0.1  # a snapshot is copied within this of being pinned at its source
 LIST_TIMEOUT_S = 5.0
 FETCH_TIMEOUT_S = 600.0  # one rank's file, gigabytes over the cluster's network
 STOP_TIMEOUT_S = 5.0
@@ -39,7 +40,7 @@ class PeerCopier:
     """Copies `source`'s newest snapshot of `job` into `memory`, every `interval_s` while started."""
 
     def __init__(self, memory: MemorySnapshotDir, client: PeerClient, job: str, source: pb.PeerAgent,
-                 interval_s: float = 0.1) -> None:
+                 interval_s: float = POLL_INTERVAL_S) -> None:
         if not re.fullmatch(NODE_NAME_PATTERN, source.node):
             raise ValueError(f"node name {source.node!r:.80} cannot name a directory of copies")
         self._memory = memory

@@ -97,6 +97,9 @@ class _Servicer(pb_grpc.SnapshotPeerServicer):
     def ListSnapshots(self, request: pb.PeerListRequest, context: grpc.ServicerContext) -> pb.PeerListReply:
         self._admit(context)
         _check_job(request.job_name, context)
+        # Pin first: the workers' newest complete step is copied within a poll of being written, not a
+        # heartbeat later (the agent pins at each heartbeat otherwise).
+        self._memory.newest(request.job_name)
         return pb.PeerListReply(own=self._memory.own_snapshots(request.job_name))
 
     def FetchFile(self, request: pb.PeerFetchRequest, context: grpc.ServicerContext) -> Iterator[pb.PeerChunk]:
