@@ -74,6 +74,11 @@ class AgentConfig(StrictModel):
     warm_workers: bool = True
     # MindSpore's compile cache, in a directory per job configuration under work_dir (agent/compile_cache.py).
     compile_cache: bool = True
+    # Serve this host's in-memory snapshot files to the other agents and copy theirs (agent/peer_service.py):
+    # a generation spanning hosts then snapshots, and a relaunch resumes from what survives on live hosts.
+    # Over TLS only with a node certificate that can serve (`trainerd certs node` since peer copies); in
+    # plain text only when `host` is a loopback address (nothing listens beyond loopback without TLS).
+    snapshot_peers: bool = True
 
 
 def memory_root(config: AgentConfig) -> Path:

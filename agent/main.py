@@ -18,6 +18,8 @@ from agent.devices import Device, NoDevicesError, discover_devices
 from agent.launcher import ProcessLauncher, SubprocessLauncher
 from agent.memory_snapshots import MemorySnapshotDir
 from agent.node_check import run_node_check
+from agent.peer_client import PeerClient
+from agent.peer_service import PeerServer
 from agent.progress_receiver import open_progress_receiver
 from agent.session import CoordinatorLink, IdentityFile
 from agent.stack_dump import PySpyDumper
@@ -26,7 +28,7 @@ from agent.systemd import SystemdNotifier
 from agent.warm_launcher import WarmLauncher
 from agent.worker_user import WorkerUser
 from common.clock import Clock, SystemClock
-from common.config_file import ConfigError
+from common.config_file import ConfigError, is_loopback_host
 from common.tls_files import TLS_ENV, TLS_OPTION_NAMES, TlsFiles, read_tls_files, tls_settings_from_options
 from proto import trainerd_pb2 as pb
 
@@ -40,8 +42,11 @@ class Agent:
     worker progress; it is the link's `SessionHandler`."""
 
     def __init__(self, config: AgentConfig, *, link: CoordinatorLink, supervisor: Supervisor,
-                 notifier: SystemdNotifier, clock: Clock, launcher: ProcessLauncher) -> None:
+                 notifier: SystemdNotifier, clock: Clock, launcher: ProcessLauncher,
+                 peer_server: PeerServer | None = None, peer_client: PeerClient | None = None) -> None:
         self._config = config
+        self._peer_server = peer_server
+        self._peer_client = peer_client
         self._launcher = launcher
         self._work_dir = Path(config.work_dir)
         self.link = link
@@ -154,6 +159,10 @@ class Agent:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             progress.close()
+            if self._peer_server is not None:
+                await asyncio.to_thread(self._peer_server.stop)
+            if self._peer_client is not None:
+                self._peer_client.close()
             await server.stop(grace=1.0)
             health_socket.unlink(missing_ok=True)
 
@@ -165,14 +174,31 @@ def build_agent(config: AgentConfig, devices: list[Device], notifier: SystemdNot
     one) and dumps their stacks with py-spy, and the system clock."""
     work_dir = Path(config.work_dir)
     clock = SystemClock()
+    worker_user = None if config.run_as is None else WorkerUser.from_settings(config.run_as)
+    memory = MemorySnapshotDir(memory_root(config), worker_user)
+    peer_server, peer_client = None, None
+    refusal = snapshot_peers_refusal(config, tls)
+    if refusal:
+        log.warning("serving no in-memory snapshots to other agents: %s; a job spanning hosts resumes "
+                    "from disk checkpoints only", refusal)
+    else:
+        peer_server, peer_client = PeerServer(memory, config.host, tls), PeerClient(tls)
+    peer_port = 0
+    if peer_server is not None:
+        try:
+            peer_port = peer_server.start()  # 0: its node certificate cannot serve (it says so)
+        except OSError as exc:
+            log.warning("serving no in-memory snapshots to other agents: %s", exc)
+        if peer_port == 0:
+            peer_server = peer_client = None
     hello = pb.Hello(
         node_name=config.node_name, host=config.host, agent_version=AGENT_VERSION,
         devices=[pb.Device(device_id=d.device_id, device_ip=d.device_ip, kind=d.kind) for d in devices],
+        peer_port=peer_port,
     )
     link = CoordinatorLink(addresses=list(config.coordinator), hello=hello,
                            identity=IdentityFile(work_dir / "identity.json"), clock=clock,
                            credentials=None if tls is None else tls.channel_credentials())
-    worker_user = None if config.run_as is None else WorkerUser.from_settings(config.run_as)
     launcher = SubprocessLauncher(worker_user)
     training_launcher: ProcessLauncher = WarmLauncher(
         launcher, python=sys.executable, log_path=work_dir / "warm_workers.log", capacity=len(devices) + 1,
@@ -182,8 +208,19 @@ def build_agent(config: AgentConfig, devices: list[Device], notifier: SystemdNot
     supervisor = Supervisor(work_dir=work_dir, progress_socket=work_dir / "progress.sock", report=link.send,
                             launcher=training_launcher, stack_dumper=PySpyDumper(), clock=clock,
                             allowed_entrypoints=config.allowed_entrypoints, worker_user=worker_user,
-                            memory=MemorySnapshotDir(memory_root(config), worker_user))
-    return Agent(config, link=link, supervisor=supervisor, notifier=notifier, clock=clock, launcher=launcher)
+                            memory=memory, peers=peer_client)
+    return Agent(config, link=link, supervisor=supervisor, notifier=notifier, clock=clock, launcher=launcher,
+                 peer_server=peer_server, peer_client=peer_client)
+
+
+def snapshot_peers_refusal(config: AgentConfig, tls: TlsFiles | None) -> str:
+    """Why this agent cannot serve its snapshot files to the other agents ("" when it can)."""
+    if not config.snapshot_peers:
+        return "snapshot_peers is off"
+    if tls is None and not is_loopback_host(config.host):
+        return f"without TLS nothing listens beyond loopback, and this host is {config.host}"
+    return ""
+
 
 
 class StartRefused(click.ClickException):
@@ -208,17 +245,19 @@ class StartRefused(click.ClickException):
 @click.option("--warm-workers/--no-warm-workers", default=None,
               help="Start Python entrypoints in pre-started interpreters (default: on).")
 @click.option("--compile-cache/--no-compile-cache", default=None, help="MindSpore's compile cache (default: on).")
+@click.option("--snapshot-peers/--no-snapshot-peers", default=None,
+              help="Serve in-memory snapshots to the other agents and copy theirs (default: on).")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def cli(config_file, coordinator, node_name, host, cpu_devices, work_dir, memory_dir, cacert, cert, key,
-        warm_workers, compile_cache, log_level) -> None:
+        warm_workers, compile_cache, snapshot_peers, log_level) -> None:
     """Register this host's devices with trainerd and run its training processes."""
     try:
         tls_options = tls_settings_from_options(cacert, cert, key)
         config = load_agent_config(config_file, {
             "coordinator": coordinator, "node_name": node_name, "host": host,
             "cpu_devices": cpu_devices, "work_dir": work_dir, "memory_dir": memory_dir,
-            "warm_workers": warm_workers, "compile_cache": compile_cache,
+            "warm_workers": warm_workers, "compile_cache": compile_cache, "snapshot_peers": snapshot_peers,
             "tls": None if tls_options is None else tls_options.model_dump(),
         })
         tls = None

@@ -14,8 +14,9 @@ Per generation directory: rank_table.json, skips.json (the skip ledger at launch
 <name>.stacks.txt per process.
 
 With a memory directory (agent/memory_snapshots.py) the workers snapshot their state into shared
-memory the agent owns: a Launch prepares it and names it to them (and the snapshot to resume from),
-heartbeats report the newest complete snapshot, a Stop for a completed job drops it.
+memory the agent owns; agent/snapshot_keeper.py prepares it at a Launch (and the snapshot to resume
+from, fetching what other hosts hold), copies the ring predecessor's, says in heartbeats and Stop
+confirmations what is held, and drops it when the job completed.
 
 Progress comes from two sources. A rank that runs the trainer runtime sends datagrams
 (agent/progress_receiver.py); an unmodified script only prints, so `watch_output` reads what each
@@ -43,11 +44,13 @@ from agent.launch_policy import launch_refusal
 from agent.launcher import ProcessHandle, ProcessLauncher
 from agent.generation_dirs import generation_dir, prune_generation_dirs
 from agent.log_reader import describe_process, log_name, log_path, read_log_range
-from agent.memory_snapshots import MemoryDirError, MemorySnapshotDir
+from agent.memory_snapshots import MemorySnapshotDir
 from agent.orphans import ProcessRegistry
 from agent.process_state import descends_from, os_state
 from agent.output_follower import OutputFollower
 from agent.output_progress import OutputProgress
+from agent.peer_client import PeerClient
+from agent.snapshot_keeper import HeldReports, SnapshotKeeper
 from agent.stack_dump import StackDumper
 from agent.workdir_files import WorkdirFiles
 from agent.worker_user import WorkerUser
@@ -144,7 +147,8 @@ class Supervisor:
     def __init__(self, *, work_dir: Path, progress_socket: Path, report: Callable[[pb.AgentMessage], None],
                  launcher: ProcessLauncher, stack_dumper: StackDumper, clock: Clock,
                  allowed_entrypoints: Sequence[Sequence[str]], worker_user: WorkerUser | None = None,
-                 python: str = sys.executable, memory: MemorySnapshotDir | None = None) -> None:
+                 python: str = sys.executable, memory: MemorySnapshotDir | None = None,
+                 peers: PeerClient | None = None) -> None:
         self._work_dir = work_dir
         self.progress_socket = progress_socket
         self._report = report
@@ -171,6 +175,7 @@ class Supervisor:
         self._lock = asyncio.Lock()
         self._registry = ProcessRegistry(work_dir / "processes.json")
         self.memory = memory  # where the workers' in-memory snapshots go (agent/memory_snapshots.py)
+        self._snapshots = None if memory is None else SnapshotKeeper(memory, peers)
 
     def reap_orphans(self) -> int:
         """Kill processes a previous agent on this work dir left running (call before the first launch)."""
@@ -185,6 +190,8 @@ class Supervisor:
                          self.generation)
                 return
             await self._stop_all(grace_s=5.0)
+            if self._snapshots is not None:
+                await self._snapshots.stop_copying()
             self.generation, self._job_name = launch.generation, launch.job_name
             self.processes = {}
             self._forwarding = {}
@@ -210,7 +217,8 @@ class Supervisor:
                 log.error("generation %d of job %s not launched: %s", launch.generation, launch.job_name, refusal)
             else:
                 pattern = self._progress_pattern(launch)
-                memory_env = self._memory_env(launch)
+                memory_env = ({"TRAINERD_MEMORY_EVERY": "0"} if self._snapshots is None
+                              else await self._snapshots.launch_env(launch))
                 log.info("launching generation %d of job %s in %s: %d process(es)", launch.generation,
                          launch.job_name, workdir, len(launch.processes))
             for spec in launch.processes:
@@ -223,28 +231,6 @@ class Supervisor:
                        "TRAINERD_PROGRESS_SOCKET": str(self.progress_socket),
                        "TRAINERD_CONTROL_FILE": str(control), "TRAINERD_SKIPS_FILE": str(skips), **memory_env}
                 await self._start(managed, expand_argv(spec.argv, self._python), env, workdir, pattern)
-
-    def _memory_env(self, launch: pb.Launch) -> dict[str, str]:
-        """The in-memory snapshot variables for the workers: where snapshots go (TRAINERD_MEMORY_DIR,
-        prepared here) and, for a generation that resumes from one, its step directory here
-        (TRAINERD_RESUME_FROM). Without a usable memory directory the workers take no snapshots."""
-        env = dict(launch.processes[0].env) if launch.processes else {}
-        every, memory_step = env.get("TRAINERD_MEMORY_EVERY", ""), env.get("TRAINERD_RESUME_MEMORY_STEP", "")
-        if self.memory is None:
-            return {"TRAINERD_MEMORY_EVERY": "0"}
-        resume = env.get("TRAINERD_RESUME_STEP", "")
-        try:  # also without snapshots: those of an abandoned future must not be reported later
-            directory = self.memory.prepare(launch.job_name, int(resume) if resume.isdigit() else None)
-        except MemoryDirError as exc:
-            log.error("generation %d of job %s takes no in-memory snapshots: %s", launch.generation,
-                      launch.job_name, exc)
-            return {"TRAINERD_MEMORY_EVERY": "0"}
-        if every in ("", "0") and not memory_step:
-            return {"TRAINERD_MEMORY_EVERY": "0"}
-        memory_env = {"TRAINERD_MEMORY_DIR": str(directory)}
-        if memory_step.isdigit():
-            memory_env["TRAINERD_RESUME_FROM"] = str(self.memory.resume_path(launch.job_name, int(memory_step)))
-        return memory_env
 
     async def _prepare_workdir(self, launch: pb.Launch) -> Path:
         """The generation's working directory, created, with no graceful-exit request left in it (a
@@ -355,12 +341,16 @@ class Supervisor:
             if stop.dump_stacks:
                 await self._dump_stacks()
             await self._stop_all(stop.grace_s)
-            if stop.job_completed and self.memory is not None:
-                self.memory.drop(self._job_name)
+            if self._snapshots is not None:
+                if stop.job_completed:
+                    await self._snapshots.drop(self._job_name)
+                else:
+                    await self._snapshots.stop_copying()
             stopped = pb.Stopped(generation=stop.generation)
-            snapshot = self._memory_snapshot()
-            if snapshot is not None:
-                stopped.memory_snapshot.CopyFrom(snapshot)
+            held = self._held()
+            if held.newest is not None:
+                stopped.memory_snapshot.CopyFrom(held.newest)
+            stopped.held_snapshots.extend(held.held)
             self._report(pb.AgentMessage(stopped=stopped))
 
     async def _dump_stacks(self) -> None:
@@ -500,6 +490,8 @@ class Supervisor:
     async def shutdown(self, grace_s: float = 10.0) -> None:
         async with self._lock:
             await self._stop_all(grace_s)
+            if self._snapshots is not None:
+                await self._snapshots.stop_copying()
 
     # ------------------------------------------------------------ reports
 
@@ -508,16 +500,15 @@ class Supervisor:
             self._flush_progress(rank)
         heartbeat = pb.Heartbeat(generation=self.generation, sent_at=self._clock.wall(),
                                  processes=[m.status() for m in self.processes.values() if m.launched])
-        snapshot = self._memory_snapshot()
-        if snapshot is not None:
-            heartbeat.memory_snapshot.CopyFrom(snapshot)
+        held = self._held()
+        if held.newest is not None:
+            heartbeat.memory_snapshot.CopyFrom(held.newest)
+        heartbeat.held_snapshots.extend(held.held)
         return heartbeat
 
-    def _memory_snapshot(self) -> pb.MemorySnapshot | None:
-        """The newest in-memory snapshot of the job held here (pinned: agent/memory_snapshots.py)."""
-        snapshot = None if self.memory is None or not self._job_name else self.memory.newest(self._job_name)
-        return None if snapshot is None else pb.MemorySnapshot(step=snapshot.step,
-                                                               consumed_samples=snapshot.consumed_samples)
+    def _held(self) -> HeldReports:
+        """The in-memory snapshots of the job held here (agent/snapshot_keeper.py)."""
+        return HeldReports() if self._snapshots is None else self._snapshots.reports()
 
     async def watch_output(self) -> None:
         """Read what the running workers append to their logs every OUTPUT_POLL_INTERVAL_S, until cancelled."""

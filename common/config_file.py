@@ -43,6 +43,11 @@ def is_loopback(address: str) -> bool:
     """Whether `host:port` can be reached only from this host: localhost or a loopback IP (127.0.0.0/8,
     ::1). A wildcard (0.0.0.0, ::) or any other name is not."""
     host, _ = parse_host_port(address)
+    return is_loopback_host(host)
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether `host` (a name or an address, no port) is localhost or a loopback IP."""
     if host == "localhost":
         return True
     try:

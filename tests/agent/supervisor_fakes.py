@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.memory_snapshots import MemorySnapshotDir
+from agent.peer_client import PeerClient
 from agent.supervisor import Supervisor
 from agent.worker_user import WorkerUser
 from common.clock import FakeClock
@@ -125,7 +126,8 @@ class Host:
     """One supervisor with its fakes and every report it sent."""
 
     def __init__(self, work_dir: Path, allowed_entrypoints: Sequence[Sequence[str]] = (("{python}",),),
-                 worker_user: WorkerUser | None = None, memory: MemorySnapshotDir | None = None) -> None:
+                 worker_user: WorkerUser | None = None, memory: MemorySnapshotDir | None = None,
+                 peers: PeerClient | None = None) -> None:
         self.work_dir = work_dir
         self.clock = FakeClock(start=START)
         self.launcher = FakeLauncher(self.clock)
@@ -135,7 +137,7 @@ class Host:
                                      report=self.reports.append, launcher=self.launcher,
                                      stack_dumper=self.dumper, clock=self.clock,
                                      allowed_entrypoints=allowed_entrypoints, worker_user=worker_user, python=PYTHON,
-                                     memory=memory)
+                                     memory=memory, peers=peers)
 
     def progress(self, message: ProgressMessage) -> None:
         """A progress datagram from the process of its rank."""

@@ -6,8 +6,10 @@ from pathlib import Path
 import pytest
 
 from agent.config import load_agent_config
+from agent.main import snapshot_peers_refusal
 from agent.worker_user import WorkerUser
 from common.config_file import ConfigError
+from common.tls_files import TlsFiles
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,6 +30,19 @@ def test_warm_workers_and_the_compile_cache_are_on_unless_turned_off() -> None:
     assert default.warm_workers is True and default.compile_cache is True
     off = load_agent_config(None, {"coordinator": "h:1", "warm_workers": False, "compile_cache": False})
     assert off.warm_workers is False and off.compile_cache is False
+
+
+def test_snapshot_peers_serve_beyond_loopback_only_over_tls() -> None:
+    config = load_agent_config(str(REPO / "configs" / "agent.example.yaml"), {})
+    assert config.snapshot_peers is True and config.host == "10.0.0.21"
+    assert "without TLS nothing listens beyond loopback, and this host is 10.0.0.21" in \
+        snapshot_peers_refusal(config, None)
+    tls = TlsFiles(b"ca", b"cert", b"key")
+    assert snapshot_peers_refusal(config, tls) == ""
+    loopback = load_agent_config(None, {"coordinator": "h:1", "host": "127.0.0.1"})
+    assert snapshot_peers_refusal(loopback, None) == ""
+    off = load_agent_config(None, {"coordinator": "h:1", "snapshot_peers": False})
+    assert snapshot_peers_refusal(off, tls) == "snapshot_peers is off"
 
 
 def test_by_default_only_the_agents_own_interpreter_may_be_run() -> None:

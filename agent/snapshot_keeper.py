@@ -1,0 +1,145 @@
+"""What the agent does with a generation's in-memory snapshots (issue 15), beside running its processes.
+
+At a Launch (`launch_env`, after the previous generation's processes stopped):
+- prepares the job's directory in shared memory (agent/memory_snapshots.py), in scope host when the
+  generation spans hosts (TRAINERD_MEMORY_SCOPE=host: each host holds its own ranks' files);
+- for a generation that resumes from a snapshot (TRAINERD_RESUME_MEMORY_STEP), names it to the workers
+  (TRAINERD_RESUME_FROM): the one committed here for a one-host snapshot, else the checkpoint assembled
+  under `.resume/` from the ranks' files held here and those fetched from the holders the Launch names
+  (`snapshot_sources`). When that fails, the workers get no TRAINERD_RESUME_FROM and exit 65 (the
+  checkpoint cannot be loaded): the coordinator marks the step bad and relaunches from disk;
+- starts the ring copier (agent/peer_copier.py) of the node the Launch names in `copy_from`, so that this
+  host holds a second copy of that node's own ranks' files.
+Heartbeats and Stop confirmations carry what is held here (`reports`): the newest committed snapshot of
+a one-host generation, or, in scope host, every step held with the ranks held of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.memory_snapshots import HostScope, MemoryDirError, MemorySnapshotDir, SnapshotAssemblyError
+from agent.peer_client import PeerClient
+from agent.peer_copier import PeerCopier
+from proto import trainerd_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+# How long a relaunch waits for one rank's files from a peer before it gives up on the snapshot.
+FETCH_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class HeldReports:
+    """What a heartbeat or a Stop confirmation says is held here."""
+
+    newest: pb.MemorySnapshot | None = None      # a one-host generation's newest committed snapshot
+    held: tuple[pb.MemorySnapshot, ...] = ()     # scope host: each step held, with its ranks held here
+
+
+class SnapshotKeeper:
+    """`memory`: this host's snapshot directory; `peers`: the client of the other agents' SnapshotPeer
+    services (None: this agent serves none, and takes part in no snapshot spanning hosts)."""
+
+    def __init__(self, memory: MemorySnapshotDir, peers: PeerClient | None = None) -> None:
+        self.memory = memory
+        self._peers = peers
+        self._job = ""
+        self._host_scope = False
+        self._copier: PeerCopier | None = None
+
+    async def launch_env(self, launch: pb.Launch) -> dict[str, str]:
+        """The workers' snapshot variables for `launch` (TRAINERD_MEMORY_EVERY=0 when they take none)."""
+        await self.stop_copying()
+        env = dict(launch.processes[0].env) if launch.processes else {}
+        every, memory_step = env.get("TRAINERD_MEMORY_EVERY", ""), env.get("TRAINERD_RESUME_MEMORY_STEP", "")
+        resume = env.get("TRAINERD_RESUME_STEP", "")
+        host = _host_scope(launch, env)
+        self._job, self._host_scope = launch.job_name, host is not None
+        try:  # also without snapshots: those of an abandoned future must not be reported later
+            directory = self.memory.prepare(launch.job_name, int(resume) if resume.isdigit() else None, host)
+        except MemoryDirError as exc:
+            log.error("generation %d of job %s takes no in-memory snapshots: %s", launch.generation,
+                      launch.job_name, exc)
+            return {"TRAINERD_MEMORY_EVERY": "0"}
+        if every in ("", "0") and not memory_step:
+            return {"TRAINERD_MEMORY_EVERY": "0"}
+        memory_env = {"TRAINERD_MEMORY_DIR": str(directory)}
+        if memory_step.isdigit():
+            path = await self._resume_path(launch, int(memory_step))
+            if path is not None:
+                memory_env["TRAINERD_RESUME_FROM"] = str(path)
+        if host is not None and every not in ("", "0") and launch.HasField("copy_from"):
+            self._start_copying(launch.job_name, launch.copy_from)
+        return memory_env
+
+    async def _resume_path(self, launch: pb.Launch, step: int) -> Path | None:
+        """Where the workers read the snapshot of `step`, or None when it cannot be had here."""
+        job = launch.job_name
+        if not launch.snapshot_sources:
+            return self.memory.resume_path(job, step)
+        holders = {source.rank: source.holder for source in launch.snapshot_sources}
+        world_size = len(holders)
+        if sorted(holders) != list(range(world_size)):
+            log.error("generation %d of job %s: the snapshot of step %d names holders of ranks %s, not of "
+                      "each rank once; resuming from it is impossible", launch.generation, job, step,
+                      sorted(holders))
+            return None
+        peers = self._peers
+
+        def fetch(rank: int, directory: Path) -> None:
+            if peers is None:
+                raise SnapshotAssemblyError("this agent serves no snapshot peers, so it fetches from none")
+            peers.fetch_rank(holders[rank], job, step, rank, directory, FETCH_TIMEOUT_S)
+
+        try:
+            return await asyncio.to_thread(self.memory.assemble, job, step, world_size, fetch)
+        except SnapshotAssemblyError as exc:
+            log.error("generation %d of job %s cannot resume from the in-memory snapshot of step %d: %s",
+                      launch.generation, job, step, exc)
+            return None
+
+    def _start_copying(self, job: str, source: pb.PeerAgent) -> None:
+        if self._peers is None:
+            return
+        try:
+            copier = PeerCopier(self.memory, self._peers, job, source)
+        except ValueError as exc:
+            log.error("job %s: not copying the in-memory snapshots of %r: %s", job, source.node[:80], exc)
+            return
+        copier.start()
+        self._copier = copier
+        log.info("job %s: copying the in-memory snapshots of node %s (%s)", job, source.node, source.address)
+
+    async def stop_copying(self) -> None:
+        copier, self._copier = self._copier, None
+        if copier is not None:
+            await asyncio.to_thread(copier.stop)
+
+    async def drop(self, job: str) -> None:
+        """The job completed: its snapshots go."""
+        await self.stop_copying()
+        self.memory.drop(job)
+
+    def reports(self) -> HeldReports:
+        """What is held here of the current job; the newest complete snapshot is pinned first."""
+        if not self._job:
+            return HeldReports()
+        newest = self.memory.newest(self._job)
+        if self._host_scope:
+            return HeldReports(held=tuple(self.memory.held(self._job)))
+        if newest is None:
+            return HeldReports()
+        return HeldReports(newest=pb.MemorySnapshot(step=newest.step, consumed_samples=newest.consumed_samples))
+
+
+def _host_scope(launch: pb.Launch, env: dict[str, str]) -> HostScope | None:
+    """The generation spans hosts: this host's workers' ranks, of the world size, in this generation."""
+    world_size = env.get("RANK_SIZE", "")
+    if env.get("TRAINERD_MEMORY_SCOPE") != "host" or not world_size.isdigit():
+        return None
+    ranks = tuple(sorted(spec.rank for spec in launch.processes if spec.role == "worker"))
+    return HostScope(ranks, int(world_size), launch.generation)
