@@ -94,7 +94,7 @@ class PeerCopier:
                 return
             self._client.fetch_rank(self._source, self._job, newest.step, rank, partial, FETCH_TIMEOUT_S)
         partial.rename(target)
-        log.info("copied the snapshot of step %d of node %s (ranks %s)", newest.step, self._source.node,
+        log.debug("copied the snapshot of step %d of node %s (ranks %s)", newest.step, self._source.node,
                  list(newest.ranks))
         self._prune()
 

@@ -5,9 +5,10 @@ example job (trainer/examples/transformer_lm.py, Model.train with TrainerdCallba
 batch of which is NaN. Then, as the job goes on:
 - the NaN batch (step 60) is skipped inside the step on every rank and lands in the skip ledger;
 - once a checkpoint is saved, one worker is SIGKILLed, as a crash would: trainerd relaunches the
-  generation from the newest checkpoint;
+  generation from the newest in-memory snapshot the agents hold (or the newest checkpoint, when newer);
 - later a whole host is lost: its agent and its workers are SIGKILLed; trainerd declares the node lost
-  and resumes on the two hosts left, resharding the checkpoint from 3 ranks to 2;
+  and resumes on the two hosts left, from the snapshot whose lost ranks survive in the copies the next
+  host's agent made of them, resharded from 3 ranks to 2;
 - the host's agent is started again: trainerd asks the job for a checkpoint and grows it back to 3;
 - the job completes.
 The demo follows the job with `trainerctl status` and ends by printing the final status, the event log and
@@ -132,7 +133,8 @@ def main() -> int:
                 if crashed and lost_at is None and job["generation"] >= 2 and state == "RUNNING" and \
                         checkpoint >= HOST_LOST_AFTER_CHECKPOINT_STEP:
                     print(f"--- demo: host {LOST_HOST} lost (its agent and workers SIGKILLed); trainerd resumes on "
-                          f"the 2 hosts left from the checkpoint at step {checkpoint} or later, resharded", flush=True)
+                          f"the 2 hosts left from the in-memory snapshot the others hold of its ranks (or the "
+                          f"checkpoint at step {checkpoint}), resharded", flush=True)
                     kill_host(LOST_HOST)
                     lost_at = job["generation"]
                 if lost_at is not None and returned is None and job["generation"] > lost_at and \
@@ -145,7 +147,8 @@ def main() -> int:
                     pid = worker_pid(1)
                     if pid is not None:
                         print(f"--- demo: SIGKILL rank 1 (pid {pid}), as a crash would; trainerd recovers "
-                              f"from the checkpoint at step {job['last_checkpoint_step']} or later", flush=True)
+                              f"from the newest in-memory snapshot (or the checkpoint at step "
+                              f"{job['last_checkpoint_step']})", flush=True)
                         os.kill(pid, signal.SIGKILL)
                         crashed = True
             time.sleep(1.0)
