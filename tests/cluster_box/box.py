@@ -32,7 +32,7 @@ from common.tls_files import TlsFiles
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
 from tests.cluster_box.etcd_cluster import EtcdCluster
-from tests.cluster_box.network import Network, NetHost, sweep_leftovers
+from tests.cluster_box.network import Network, NetHost, kill_namespace_processes, sweep_leftovers
 from tests.cluster_box.relay import TcpRelay
 from tests.harness import BIN, Proc, Processes
 from tests.ports import free_port
@@ -298,6 +298,16 @@ class ClusterBox:
 
     def heal(self, host: BoxHost) -> None:
         self.network.heal(host.net)
+
+    def kill_host(self, host: BoxHost) -> None:
+        """The host dies (power lost): its link goes down first, so no connection is reset, then its agent
+        and everything it started are killed and its shared memory is gone. `heal` and `start_agent`
+        bring it back empty, as a rebooted host."""
+        self.network.cut(host.net)
+        kill_namespace_processes(host.net.namespace)
+        if host.agent is not None:
+            host.agent.kill_group()
+        shutil.rmtree(self.memory_root / host.name, ignore_errors=True)
 
     def throttle(self, host: BoxHost, rate_kbit: int) -> None:
         """All the host's traffic, MindSpore's between the hosts too, through a token bucket of `rate_kbit`

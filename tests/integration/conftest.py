@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.cluster_box.box import ClusterBox
 from tests.harness import Processes
 
 REFERENCE_STEPS = 600
@@ -18,6 +20,21 @@ def procs(tmp_path: Path):
     processes = Processes(tmp_path)
     yield processes
     processes.cleanup()
+
+
+@pytest.fixture
+def cluster_box(tmp_path: Path) -> Iterator[Callable[..., ClusterBox]]:
+    """Opens cluster boxes (tests/cluster_box) for a test; each is closed after it, whatever the test did."""
+    boxes: list[ClusterBox] = []
+
+    def open_box(**options) -> ClusterBox:
+        box = ClusterBox(tmp_path, **options)
+        boxes.append(box)
+        return box.__enter__()
+
+    yield open_box
+    for box in boxes:
+        box.close()
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import numpy as np
-import pytest
 
 from tests.cluster_box.box import ClusterBox
 from tests.integration.conftest import REFERENCE_STEPS, FaultFreeRun
@@ -37,21 +34,6 @@ from trainer.checkpoint import verify_checkpoint
 from trainer.checkpoint.step_dirs import list_checkpoints
 
 STOP_GRACE_S = 3.0
-
-
-@pytest.fixture
-def cluster_box(tmp_path: Path) -> Iterator[Callable[..., ClusterBox]]:
-    """Opens boxes for a test; each is closed after it, whatever the test did."""
-    boxes: list[ClusterBox] = []
-
-    def open_box(**options) -> ClusterBox:
-        box = ClusterBox(tmp_path, **options)
-        boxes.append(box)
-        return box.__enter__()
-
-    yield open_box
-    for box in boxes:
-        box.close()
 
 
 def mlp_job(box: ClusterBox, *, steps: int) -> dict:
