@@ -218,19 +218,26 @@ class MemorySnapshotDir:
             return [held for _, held in self._held_in(self.job_dir(job) / REPORTED_DIR)]
 
     def rank_file(self, job: str, step: int, rank: int, kind: pb.PeerFileKind) -> Path | None:
-        """A file of a pinned snapshot of this host (`rank`'s data or report), or None when not pinned."""
+        """A file of `rank`'s whole share of `step` held here (its data or report), in an own pin or in a
+        copy of a peer's, or None when none is held: a relaunch fetches a lost host's ranks from the host
+        that copied them."""
         if kind == pb.PEER_FILE_DATA:
             name = data_name(rank)
         elif kind == pb.PEER_FILE_REPORT:
             name = report_name(rank)
         else:
             return None
+        if step < 0 or rank < 0:
+            return None
         with self._lock:
-            path = self.job_dir(job) / REPORTED_DIR / step_dir_name(step) / name
-            try:
-                return path if step >= 0 and rank >= 0 and stat.S_ISREG(os.lstat(path).st_mode) else None
-            except OSError:
-                return None
+            for source in self._places_of(job, step):
+                path = source / name
+                try:
+                    if read_report(source, rank, step) is not None and stat.S_ISREG(os.lstat(path).st_mode):
+                        return path
+                except OSError:
+                    continue
+            return None
 
     def held(self, job: str) -> list[pb.MemorySnapshot]:
         """For each step held here (own pins and complete copies), the ranks held, newest first, at most
@@ -279,7 +286,7 @@ class MemorySnapshotDir:
             for rank in missing:
                 try:
                     fetch(rank, partial)
-                except (OSError, SnapshotAssemblyError) as exc:
+                except OSError as exc:
                     raise SnapshotAssemblyError(f"cannot fetch rank {rank} of step {step}: {exc}") from None
             _commit(partial, step, world_size)
             partial.rename(target)
@@ -295,12 +302,8 @@ class MemorySnapshotDir:
 
     def _link_held(self, job: str, step: int, rank: int, into: Path) -> bool:
         """Hard-link `rank`'s files of `step` from the own pins or a copy into `into`; False when not held."""
-        name = step_dir_name(step)
-        directory = self.job_dir(job)
-        candidates = [directory / REPORTED_DIR / name]
-        candidates += [node / name for node in real_children(directory / COPIES_DIR) if is_real_dir(node)]
-        for source in candidates:
-            if not is_real_dir(source) or read_report(source, rank, step) is None:
+        for source in self._places_of(job, step):
+            if read_report(source, rank, step) is None:
                 continue
             try:
                 for file in (data_name(rank), report_name(rank)):
@@ -311,6 +314,14 @@ class MemorySnapshotDir:
                 for file in (data_name(rank), report_name(rank)):
                     (into / file).unlink(missing_ok=True)
         return False
+
+    def _places_of(self, job: str, step: int) -> list[Path]:
+        """The step directories of `step` held here: the own pin, then each peer's copy."""
+        name = step_dir_name(step)
+        directory = self.job_dir(job)
+        candidates = [directory / REPORTED_DIR / name]
+        candidates += [node / name for node in real_children(directory / COPIES_DIR) if is_real_dir(node)]
+        return [place for place in candidates if is_real_dir(place)]
 
     def _held_in(self, place: Path) -> list[tuple[int, pb.MemorySnapshot]]:
         """The snapshots in the step directories under `place` whose reports agree, newest first."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -192,21 +193,49 @@ def test_no_link_is_followed(tmp_path: Path, serve, client_of, where: str) -> No
     assert list(into.iterdir()) == []
 
 
+class LyingPeer(pb_grpc.SnapshotPeerServicer):
+    """A peer whose report of rank 1 gives its data file `change` bytes more than it sends."""
+
+    def __init__(self, step_dir: Path, change: int) -> None:
+        self._step_dir, self._change = step_dir, change
+
+    def FetchFile(self, request: pb.PeerFetchRequest, context: grpc.ServicerContext) -> Iterator[pb.PeerChunk]:
+        if request.kind == pb.PEER_FILE_REPORT:
+            body = json.loads((self._step_dir / "rank_1.done.json").read_text())
+            body["file"]["size"] += self._change
+            yield pb.PeerChunk(data=json.dumps(body).encode())
+        else:
+            yield pb.PeerChunk(data=(self._step_dir / "rank_1.safetensors").read_bytes())
+
+
 @pytest.mark.parametrize(("change", "message"), [(-10, "sent more than"), (10, "ended after")])
-def test_a_data_file_of_another_size_than_its_report_is_refused(tmp_path: Path, serve, client_of, change: int,
+def test_a_data_file_of_another_size_than_its_report_is_refused(tmp_path: Path, client_of, change: int,
                                                                  message: str) -> None:
     holder = holder_memory(tmp_path, 1)
-    report = holder.job_dir(JOB) / ".reported" / step_dir_name(50) / "rank_1.done.json"
-    body = json.loads(report.read_text())
-    body["file"]["size"] += change
-    report.unlink()  # a hard link to the worker's: change a copy
-    report.write_text(json.dumps(body))
+    server = grpc.server(ThreadPoolExecutor(max_workers=1))
+    pb_grpc.add_SnapshotPeerServicer_to_server(LyingPeer(holder.job_dir(JOB) / ".reported" / step_dir_name(50),
+                                                         change), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        into = tmp_path / "into"
+        into.mkdir()
+        with pytest.raises(SnapshotAssemblyError, match=f"rank 1 of step 50 from node a .*{message}"):
+            client_of(None).fetch_rank(pb.PeerAgent(node="a", address=f"127.0.0.1:{port}"), JOB, 50, 1, into, 10)
+        assert list(into.iterdir()) == []
+    finally:
+        server.stop(None)
+
+
+def test_a_holder_serves_no_rank_whose_files_disagree_with_its_report(tmp_path: Path, serve, client_of) -> None:
+    holder = holder_memory(tmp_path, 1)
+    data = holder.job_dir(JOB) / ".reported" / step_dir_name(50) / "rank_1.safetensors"
+    content = data.read_bytes()
+    data.unlink()  # a hard link to the worker's: truncate a copy
+    data.write_bytes(content[:-7])
     port = serve(holder, None)
-    into = tmp_path / "into"
-    into.mkdir()
-    with pytest.raises(SnapshotAssemblyError, match=f"rank 1 of step 50 from node a .*{message}"):
-        client_of(None).fetch_rank(pb.PeerAgent(node="a", address=f"127.0.0.1:{port}"), JOB, 50, 1, into, 10)
-    assert list(into.iterdir()) == []
+    with pytest.raises(SnapshotAssemblyError, match="NOT_FOUND"):
+        client_of(None).fetch_rank(pb.PeerAgent(node="a", address=f"127.0.0.1:{port}"), JOB, 50, 1, tmp_path, 10)
 
 
 def copies(memory: MemorySnapshotDir, node: str) -> list[str]:
