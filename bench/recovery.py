@@ -17,6 +17,10 @@ last (re)start, so that every recovery resumes from a checkpoint:
 - silent node loss: the same host frozen instead (SIGSTOP of the agent and its training processes,
   SIGKILL after the recovery): like a host that lost power or its network, it breaks no
   connection, so the coordinator can only notice that its heartbeats stopped (heartbeat.timeout_s).
+  Both node losses run twice: with in-memory snapshots (the survivor holds the lost node's ranks in the
+  copies its agent made of them, and the spare fetches them) and, as the baseline, without (", no
+  snapshots": checkpoint.memory_every_steps 0, the disk checkpoint only); the lost steps column shows
+  what the snapshots save.
 
 trainerd: `trainerd start` on a temporary cluster file (embedded etcd, heartbeat interval_s 1.0 and
 timeout_s 5.0, the defaults, so the detection target below applies), separate `trainerd-agent`s
@@ -111,6 +115,7 @@ FAULTS = {"crash": "worker crash", "crash_one_host": "worker crash, one host", "
           "silent_node_loss": "silent node loss"}
 CRASH_FAULTS = ("crash", "crash_one_host")
 COLD = ", cold"  # the row suffix of the runs with warm workers and the compile cache off
+NO_SNAPSHOTS = ", no snapshots"  # the row suffix of the node losses with in-memory snapshots off (disk only)
 WARM_TARGET_S = 3.0
 WARM_COMM_MARGIN_S = 0.5
 NODE_FAULTS = ("node_loss", "silent_node_loss")
@@ -133,6 +138,7 @@ class Recovery:
     launcher: str
     fault: str
     warm: bool = True
+    snapshots: bool = True  # checkpoint.memory_every_steps as asked (else 0: disk checkpoints only)
     detect: float | None = None
     stopped: float | None = None
     relaunch: float | None = None
@@ -147,7 +153,8 @@ class Recovery:
 
     @property
     def row(self) -> str:
-        return f"{self.launcher} {FAULTS[self.fault]}" + ("" if self.warm else COLD)
+        return f"{self.launcher} {FAULTS[self.fault]}" + ("" if self.warm else COLD) + \
+            ("" if self.snapshots else NO_SNAPSHOTS)
 
 
 # ---------------------------------------------------------------- helpers
@@ -243,6 +250,7 @@ class TrainerdCluster:
                  warm: bool = True, one_host: bool = False, memory_every: str = "auto") -> None:
         """`one_host`: one agent holds both ranks (`nodes` must be 1), else an agent per rank."""
         self.procs, self.root, self.timeout_s, self.warm = procs, root, timeout_s, warm
+        self.memory_every = memory_every
         self.devices = WORLD_SIZE if one_host else 1
         hosts = WORLD_SIZE // self.devices
         coordinator_port, etcd_client, etcd_peer = free_ports(3)
@@ -420,7 +428,7 @@ class TrainerdCluster:
             raise BenchError(f"no recovery_started event between the fault and generation {first}")
         last = [e for e in evs if e["kind"] == "generation_started" and e["seq"] < done["seq"]][-1]
         phases = done["fields"].get("recovery") or {}
-        rec = Recovery("trainerd", fault, warm=self.warm)
+        rec = Recovery("trainerd", fault, warm=self.warm, snapshots=self.memory_every != "0")
         rec.detect = detected["at"] - t0
         rec.relaunch = started["at"] - t0
         rec.first_step = done["at"] - t0
@@ -689,6 +697,15 @@ def print_summary(results: dict[str, list[Recovery]], failures: dict[str, str], 
 
 # ---------------------------------------------------------------- main
 
+def variants_of(fault: str) -> tuple[tuple[bool, bool], ...]:
+    """(warm, snapshots) of the runs of `fault`."""
+    if fault == "crash":
+        return (True, True), (False, True)
+    if fault in NODE_FAULTS:
+        return (True, True), (True, False)
+    return ((True, True),)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3, help="faults of each kind per launcher (default 3)")
@@ -709,15 +726,16 @@ def main() -> int:
     faults = [f.strip() for f in args.faults.split(",") if f.strip()]
     if not faults or any(f not in FAULTS for f in faults):
         parser.error(f"--faults takes some of {', '.join(FAULTS)}")
-    # the worker crash with warm workers on (the default) and off (the baseline); node losses on
-    variants = [(f, warm) for f in faults for warm in ((True, False) if f == "crash" else (True,))]
+    # the worker crash with warm workers on (the default) and off (the baseline); node losses with in-memory
+    # snapshots on (the survivors hold the lost node's ranks) and off (the baseline: the disk checkpoint)
+    variants = [(f, warm, snapshots) for f in faults for warm, snapshots in variants_of(f)]
 
     interrupt_on_signals()
 
     become_subreaper()
     root = Path(tempfile.mkdtemp(prefix="trainerd-bench-recovery-"))
     procs = Processes()
-    results: dict[str, list[Recovery]] = {Recovery("trainerd", f, warm=w).row: [] for f, w in variants}
+    results: dict[str, list[Recovery]] = {Recovery("trainerd", f, warm=w, snapshots=m).row: [] for f, w, m in variants}
     if not args.no_msrun:
         results["msrun worker crash"] = []
     failures: dict[str, str] = {}
@@ -727,15 +745,15 @@ def main() -> int:
           f"load average {os.getloadavg()[0]:.2f} at start", flush=True)
     started = time.monotonic()
     try:
-        for fault, warm in variants:
-            row = Recovery("trainerd", fault, warm=warm).row
-            work = root / f"trainerd-{fault}{'' if warm else '-cold'}"
+        for fault, warm, snapshots in variants:
+            row = Recovery("trainerd", fault, warm=warm, snapshots=snapshots).row
+            work = root / f"trainerd-{fault}{'' if warm else '-cold'}{'' if snapshots else '-disk'}"
             work.mkdir()
             meter = CpuMeter()
             try:
                 run_trainerd(procs, work, fault, args.repeats, args.steps, args.timeout,
                              lambda rec, i, row=row: (results[row].append(rec), print_recovery(rec, i)), warm,
-                             args.memory_every)
+                             args.memory_every if snapshots else "0")
             except (BenchError, subprocess.TimeoutExpired, OSError, psutil.Error) as exc:
                 failures[row] = str(exc)
                 print(f"\n{row} failed: {exc}", flush=True)
