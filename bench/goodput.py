@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.cluster_box.box import ClusterBox  # noqa: E402
-from tests.ports import free_port  # noqa: E402
+from tests.ports import scheduler_port  # noqa: E402
 from tests.waiting import wait_until  # noqa: E402
 
 FAULT_KINDS = ("worker_crash", "host_cut", "hang", "coordinator_kill", "etcd_member_loss")
@@ -66,7 +66,7 @@ def transformer_job(steps: int, out: Path):
             "entrypoint": ["{python}", "-m", "trainer.examples.transformer_lm", "--steps", str(steps),
                            "--steps-per-epoch", "100", "--log-every", "500", "--output", str(out)],
             "min_nodes": 2, "max_nodes": HOSTS, "global_batch": 48, "micro_batch": 8,
-            "scheduler_port": free_port(), "stop_grace_s": 3, "start_wait_s": 60,
+            "scheduler_port": scheduler_port(), "stop_grace_s": 3, "start_wait_s": 60,
             "hang_timeout_s": HANG_TIMEOUT_S,
             "checkpoint": {"dir": str(box.checkpoint_dir), "every_steps": 100, "keep": 2},
             "restart": {"max": 50, "backoff_s": 1},

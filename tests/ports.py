@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 
 _handed_out: set[int] = set()
@@ -20,3 +21,39 @@ def free_port() -> int:
         if port not in _handed_out:
             _handed_out.add(port)
             return port
+
+
+# Generation g's scheduler listens on scheduler_port + g % 16 (daemon/job/launch_plan.py).
+SCHEDULER_PORT_RUN = 16
+
+
+def _ephemeral_start() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+            return int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def scheduler_port() -> int:
+    """A job's `scheduler_port`: the 16 ports its generations take, all free now, none handed out before,
+    and below the kernel's ephemeral range, so that no connection's local port can take one later (a
+    port of the ephemeral range found free may be some outgoing connection's a moment after: MindSpore's
+    scheduler then fails to listen, "Failed to init the tcp server")."""
+    top = _ephemeral_start() - SCHEDULER_PORT_RUN
+    for base in random.sample(range(10_000, top, SCHEDULER_PORT_RUN), k=min(200, (top - 10_000) // SCHEDULER_PORT_RUN)):
+        run = range(base, base + SCHEDULER_PORT_RUN)
+        if _handed_out.intersection(run) or not all(_bindable(port) for port in run):
+            continue
+        _handed_out.update(run)
+        return base
+    raise RuntimeError("no run of 16 free ports below the ephemeral range")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True

@@ -70,7 +70,10 @@ def test_a_step_that_crashes_workers_is_skipped_after_crash_repeats(tmp_path: Pa
     assert [(e["start"], e["end"]) for e in ledger(address)] == [crash]
     assert "step 151 crashed a worker 2 times" in ledger(address)[0]["reason"]
     started = [e for e in events(address) if e["kind"] == "generation_started"]
-    assert [e["fields"]["resume_step"] for e in started] == [0, 100, 100]
+    # Both relaunches resume from the newest state before the crashing step: the in-memory snapshot the
+    # two agents hold (every 10 steps) or, failing that, the checkpoint of step 100.
+    resumed = [e["fields"]["resume_step"] for e in started]
+    assert resumed[0] == 0 and resumed[1] == resumed[2] and 100 <= resumed[1] < 151, resumed
 
 
 def test_the_ledger_is_honoured_after_the_world_size_changes(tmp_path: Path, procs: Processes) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 
 from tests.harness import Processes, processes_mentioning
 from tests.integration.test_recovery import final_weights, start_trainerd, wait_for_job
-from tests.ports import free_port
+from tests.ports import scheduler_port
 
 JOBS = Path(__file__).with_name("jobs")
 MAX_CHANGED_LINES = 5
@@ -71,7 +71,7 @@ def callback_style_job(run_dir: Path, epochs: int, steps_per_epoch: int, every: 
         "entrypoint": ["{python}", str(JOBS / "callback_style.py"), "--output", str(run_dir / "out"),
                        "--epochs", str(epochs), "--steps-per-epoch", str(steps_per_epoch), "--step-sleep", "0.2"],
         "min_nodes": 2, "max_nodes": 2, "global_batch": 32, "micro_batch": 16,
-        "scheduler_port": free_port(), "stop_grace_s": 3, "start_wait_s": 0,
+        "scheduler_port": scheduler_port(), "stop_grace_s": 3, "start_wait_s": 0,
         "checkpoint": {"dir": str(run_dir / "checkpoints"), "every_steps": every, "keep": 3},
     }
 

@@ -28,7 +28,7 @@ import numpy as np
 from tests.cluster_box.box import ClusterBox
 from tests.integration.conftest import REFERENCE_STEPS, FaultFreeRun
 from tests.integration.test_recovery import final_weights
-from tests.ports import free_port
+from tests.ports import scheduler_port
 from tests.waiting import wait_until
 from trainer.checkpoint import verify_checkpoint
 from trainer.checkpoint.step_dirs import list_checkpoints
@@ -42,7 +42,7 @@ def mlp_job(box: ClusterBox, *, steps: int) -> dict:
         "entrypoint": ["{python}", "-m", "trainer.examples.mlp", "--steps", str(steps),
                        "--output", str(box.root / "out")],
         "min_nodes": 2, "max_nodes": 3, "global_batch": 96, "micro_batch": 16,
-        "scheduler_port": free_port(), "stop_grace_s": STOP_GRACE_S, "start_wait_s": 60,
+        "scheduler_port": scheduler_port(), "stop_grace_s": STOP_GRACE_S, "start_wait_s": 60,
         "checkpoint": {"dir": str(box.checkpoint_dir), "every_steps": 50, "keep": 3},
         "node_check": ["{python}", "-c", "print('devices healthy')"],
     }

@@ -11,7 +11,7 @@ import psutil
 from tests.harness import Processes, processes_mentioning, status, trainerctl
 from tests.integration.cluster_files import cluster_file
 from tests.integration.conftest import REFERENCE_STEPS, FaultFreeRun
-from tests.ports import free_port
+from tests.ports import free_port, scheduler_port
 from tests.waiting import wait_until
 
 STEPS = 40
@@ -23,7 +23,7 @@ def mlp_job(tmp_path: Path, *, steps: int = STEPS, entrypoint: list[str] | None 
         "entrypoint": entrypoint or ["{python}", "-m", "trainer.examples.mlp", "--steps", str(steps),
                                      "--output", str(tmp_path / "out")],
         "min_nodes": 2, "max_nodes": 2, "global_batch": 64, "micro_batch": 32,
-        "scheduler_port": free_port(), "stop_grace_s": 3,
+        "scheduler_port": scheduler_port(), "stop_grace_s": 3,
     }
 
 

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.daemon.test_grafana_dashboard import dashboard, dashboard_metric_names
 from tests.harness import Processes, processes_mentioning, status, trainerctl
 from tests.integration.cluster_files import cluster_file
-from tests.ports import free_port
+from tests.ports import free_port, scheduler_port
 from tests.waiting import wait_until
 
 FLAKY_TRAINER = Path(__file__).with_name("flaky_trainer.py")
@@ -37,7 +37,7 @@ def recovery_job(tmp_path: Path, *, steps: int, nodes: tuple[int, int], global_b
         "entrypoint": entrypoint or ["{python}", "-m", "trainer.examples.mlp", "--steps", str(steps),
                                      "--output", str(tmp_path / "out")],
         "min_nodes": nodes[0], "max_nodes": nodes[1], "global_batch": global_batch, "micro_batch": micro_batch,
-        "scheduler_port": free_port(), "stop_grace_s": 3, "start_wait_s": 0,
+        "scheduler_port": scheduler_port(), "stop_grace_s": 3, "start_wait_s": 0,
         "checkpoint": {"dir": str(tmp_path / "checkpoints"), "every_steps": every, "keep": 3,
                        "memory_every_steps": memory_every},
         **extra,

@@ -13,7 +13,7 @@ from pathlib import Path
 from tests.harness import BIN, Processes, status, trainerctl
 from tests.integration.cluster_files import cluster_file
 from tests.integration.test_recovery import events, job_of
-from tests.ports import free_port
+from tests.ports import free_port, scheduler_port
 from tests.waiting import wait_until
 
 SCRIPTED_TRAINER = Path(__file__).with_name("scripted_trainer.py")
@@ -24,7 +24,7 @@ def test_a_new_leader_has_the_step_and_the_commit_the_killed_leader_never_read(
     control, checkpoints = tmp_path / "control", tmp_path / "checkpoints"
     control.mkdir()
     job = {"name": "scripted", "entrypoint": ["{python}", str(SCRIPTED_TRAINER), str(control), str(checkpoints)],
-           "min_nodes": 1, "max_nodes": 1, "global_batch": 8, "micro_batch": 8, "scheduler_port": free_port(),
+           "min_nodes": 1, "max_nodes": 1, "global_batch": 8, "micro_batch": 8, "scheduler_port": scheduler_port(),
            "stop_grace_s": 3, "start_wait_s": 0, "hang_timeout_s": 600, "checkpoint": {"dir": str(checkpoints)}}
     endpoints = [etcd_server.endpoint]
     leader_address, standby_address = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"

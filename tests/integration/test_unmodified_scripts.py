@@ -19,7 +19,7 @@ import psutil
 from tests.harness import Processes, processes_mentioning, status, trainerctl
 from tests.waiting import wait_until
 from tests.integration.test_recovery import events, final_weights, job_of, start_trainerd, wait_for_job
-from tests.ports import free_port
+from tests.ports import scheduler_port
 
 SCRIPT = Path(__file__).with_name("jobs") / "msrun_style.py"
 LOSS_LINE = re.compile(r"^epoch: (\d+) step: (\d+), loss is (\S+)$", re.MULTILINE)
@@ -33,7 +33,7 @@ def msrun_style_job(tmp_path: Path, *script_args: str, **extra) -> dict:
         "min_nodes": 2, "max_nodes": 2,
         # Required by the job spec; the script reads neither (it batches 16 samples per rank itself).
         "global_batch": 32, "micro_batch": 16,
-        "scheduler_port": free_port(), "stop_grace_s": 3, "start_wait_s": 0,
+        "scheduler_port": scheduler_port(), "stop_grace_s": 3, "start_wait_s": 0,
         **extra,
     }
 
