@@ -703,26 +703,30 @@ def _snapshot_across_hosts(world: JobWorld, placement: Placement) -> MemorySnaps
 
 
 def _memory_shortfall(world: JobWorld, checkpoint: CheckpointEntry | None) -> str:
-    """Why no in-memory snapshot newer than `checkpoint` is resumed from although agents held one: the
-    newest such step and the ranks no serving node holds ("" when no newer snapshot was held)."""
+    """Why no in-memory snapshot newer than `checkpoint` is resumed from, when nodes that are gone took
+    one with them: the newest step newer than the checkpoint whose missing ranks were held only by nodes
+    that cannot serve now, and those nodes ("" when none was: the newer steps were never taken by every
+    rank, as with per-rank `auto` intervals, or were not held at all)."""
     observation = world.observation
     if observation is None or world.record.resume_from_step is not None:
         return ""
     floor = 0 if checkpoint is None else checkpoint.step
-    newer = [s for held in observation.held_snapshots.values() for s in held if s.step > floor]
-    if not newer:
-        return ""
-    step = max(s.step for s in newer)
     serving = {o.name for o in world.offers if o.peer_address}
-    at_step = [(n, s) for n, held in observation.held_snapshots.items() for s in held if s.step == step]
-    world_size = max(s.world_size for _, s in at_step)
-    kept = {r for n, s in at_step if n in serving for r in s.ranks}
-    missing = sorted(set(range(world_size)) - kept)
-    if not missing:
-        return f"the in-memory snapshot of step {step} was not usable"
-    gone = sorted({n for n, s in at_step if n not in serving})
-    return (f"no complete in-memory snapshot survives: ranks {', '.join(map(str, missing))} of step {step} "
-            f"were held only by {', '.join(gone) if gone else 'no node'}")
+    steps = sorted({s.step for held in observation.held_snapshots.values() for s in held if s.step > floor},
+                   reverse=True)
+    for step in steps:
+        at_step = [(n, s) for n, held in observation.held_snapshots.items() for s in held if s.step == step]
+        world_size = max(s.world_size for _, s in at_step)
+        kept = {r for n, s in at_step if n in serving for r in s.ranks}
+        held_elsewhere = {r for n, s in at_step if n not in serving for r in s.ranks}
+        missing = sorted(set(range(world_size)) - kept)
+        if missing and set(missing) <= held_elsewhere:
+            gone = sorted({n for n, s in at_step if n not in serving and set(s.ranks) & set(missing)})
+            return (f"no complete in-memory snapshot survives: ranks {', '.join(map(str, missing))} of step "
+                    f"{step} were held only by {', '.join(gone)}")
+        if not missing:
+            return f"the in-memory snapshot of step {step} was not usable"
+    return ""
 
 
 def _shortage(world: JobWorld) -> str:

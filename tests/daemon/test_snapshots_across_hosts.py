@@ -104,6 +104,24 @@ def test_two_neighbours_lost_together_fall_back_to_disk_and_say_why() -> None:
     run(scenario())
 
 
+def test_steps_only_some_ranks_took_explain_nothing_when_the_disk_checkpoint_is_as_new() -> None:
+    """Per-rank `auto` intervals: a step newer than the checkpoint that not every rank took is no snapshot
+    lost with a node, and the event must not say one was (the demo said "held only by no node")."""
+    async def scenario() -> None:
+        sim = await running_cluster(peer_port=PEER_PORT)
+        sim.agents["a"].held = (held(14, 2), held(10, 0, 2))  # c's rank 2 took 14 too; a copied it
+        sim.agents["b"].held = (held(12, 1), held(10, 1, 0))
+        sim.agents["c"].held = (held(14, 2), held(12, 1), held(10, 2, 1))
+        sim.step(15)
+        await sim.tick()
+        await lose(sim, "c")  # 10, complete on a and b, is no newer than the checkpoint of 10
+        resume = sim.job.generation.resume
+        assert (resume.source, resume.step) == (ResumeSource.DISK, 10)
+        started = [e for e in await sim.coordinator.events(0) if e.kind == "generation_started"][-1]
+        assert started.message.endswith("from the checkpoint at step 10"), started.message
+    run(scenario())
+
+
 def test_a_step_is_chosen_only_when_its_holders_agree_on_what_it_is() -> None:
     async def scenario() -> None:
         sim = await running_cluster(peer_port=PEER_PORT)
