@@ -82,6 +82,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -289,11 +290,16 @@ class TrainerdCluster:
     def agent_dir(self, node: str) -> Path:
         return self.root / "agents" / node
 
+    def memory_dir(self, node: str) -> Path:
+        """The agent's in-memory snapshots, on tmpfs: a killed agent cannot remove them (`main` does)."""
+        return shared_memory_root(self.root.parent) / self.root.name / node
+
     def start_agent(self, node: str) -> None:
         self.agent_dir(node).mkdir(parents=True, exist_ok=True)
         self.agents[node] = self.procs.start(
             [str(BIN / "trainerd-agent"), "--coordinator", self.coordinator, "--node-name", node,
              "--cpu-devices", str(self.devices), "--work-dir", str(self.agent_dir(node)),
+             "--memory-dir", str(self.memory_dir(node)),
              *(() if self.warm else ("--no-warm-workers", "--no-compile-cache"))],
             self.root / f"agent-{node}.log", self.env, self.root)
 
@@ -697,6 +703,10 @@ def print_summary(results: dict[str, list[Recovery]], failures: dict[str, str], 
 
 # ---------------------------------------------------------------- main
 
+def shared_memory_root(root: Path) -> Path:
+    """Where the bench's agents under `root` keep their in-memory snapshots."""
+    return Path("/dev/shm") / root.name
+
 def variants_of(fault: str) -> tuple[tuple[bool, bool], ...]:
     """(warm, snapshots) of the runs of `fault`."""
     if fault == "crash":
@@ -780,6 +790,7 @@ def main() -> int:
         return 130
     finally:
         clean_up(procs, root, args.keep)
+        shutil.rmtree(shared_memory_root(root), ignore_errors=True)
     return 0 if not failures else 1
 
 
