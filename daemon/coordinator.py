@@ -298,6 +298,8 @@ class Coordinator:
             raise
         session.opening = False
         self._liveness.heard_from(name)  # its heartbeats start with the Welcome
+        if self.job is not None and self.job.session_opened(name):
+            self.request_reconcile()  # its Launch goes out again, after the Welcome
         stop_grace_s = DEFAULT_STOP_GRACE_S if self.job is None else self.job.spec.stop_grace_s
         welcome = Welcome(name, token, self.heartbeat_interval_s, self.me.id, self._liveness.timeout_s, stop_grace_s)
         if returned_from_lost:

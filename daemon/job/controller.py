@@ -268,6 +268,24 @@ class JobController:
         self._note_idle(observation)
         return before is None or before.running != report.running
 
+    def session_opened(self, node: str) -> bool:
+        """A node's agent opened a new session. What was sent into its previous one may never have arrived
+        (the agent's end of a stream can close before the coordinator's does), so a node of the generation
+        that has reported none of its processes is due its Launch again, and one that has not confirmed
+        its Stop the Stop (an agent ignores a repeat of either); True when one is due."""
+        generation, observation = self.generation, self.observation
+        if generation is None or observation is None or node not in generation.placement.nodes:
+            return False
+        if observation.stop_decided_at is not None:
+            if node not in observation.stop_sent or node in observation.stopped:
+                return False
+            del observation.stop_sent[node]  # the next pass stops it again if it still runs anything
+            return True
+        if node not in observation.launched or any(key[0] == node for key in observation.processes):
+            return False
+        observation.launched.discard(node)
+        return True
+
     def heartbeat(self, node: str, generation: int, memory: MemorySnapshot | None = None,
                   held: tuple[MemorySnapshot, ...] = ()) -> None:
         """`memory`: the newest in-memory snapshot the node's agent holds whole, `held`: those of which it
