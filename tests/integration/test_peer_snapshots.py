@@ -23,7 +23,7 @@ from trainer.checkpoint import verify_checkpoint
 from trainer.checkpoint.step_dirs import list_checkpoints
 
 MEMORY_EVERY = 50
-DISK_EVERY = 1000
+DISK_EVERY = 2000  # far apart: the disk checkpoints are the ones a reshape asks for
 
 
 def node_order(job) -> list[str]:
@@ -46,8 +46,12 @@ def test_a_dead_host_costs_a_snapshot_interval_and_two_dead_neighbours_fall_back
 
     box = cluster_box(hosts=3, job=job)
     timeline.mark("box up")
+    # Hosts join one by one, so the job may have started on two and grown to three at a disk checkpoint it was
+    # asked for: wait until the three-rank generation has snapshots newer than that checkpoint, copied.
     running = wait_until(lambda: (j := box.job()) and j.world_size == 3 and j.state == "RUNNING" and j.step >= 300
-                         and j, 180, "3 ranks past step 300", interval=0.2, on_timeout=box.procs.logs)
+                         and j.step >= max(j.last_checkpoint_step, 0) + 3 * MEMORY_EVERY and j, 180,
+                         "3 ranks past step 300, three snapshot intervals past the disk checkpoint", interval=0.2,
+                         on_timeout=box.procs.logs)
     assert running.step < DISK_EVERY - 200, f"too fast to test: step {running.step} already"
     timeline.mark("3 ranks running", running.step)
     first = running.generation
