@@ -67,6 +67,9 @@ COPIES_DIR = ".copies"  # <node>/step_N/: ring copies of that node's pinned snap
 RESUME_DIR = ".resume"  # step_N/: the checkpoint a relaunch assembled (`assemble`)
 PARTIAL = ".partial"    # the suffix of a directory still being filled
 MAX_HELD = 4            # steps a heartbeat reports as held here
+# A peer's copy never takes the memory file system past this fraction full: the workers' own snapshots
+# come first, and a peer that claims gigabytes it should not have cannot fill the host's memory.
+COPIES_FILL_AT_MOST = 0.75
 
 
 def step_dir_name(step: int) -> str:
@@ -117,6 +120,16 @@ class MemorySnapshotDir:
     def copies_root(self, job: str) -> Path:
         """Where the ring copier keeps peers' snapshots: `<node>/step_N/` under it."""
         return self.job_dir(job) / COPIES_DIR
+
+    def room_for_copies(self) -> int:
+        """Bytes a copy of a peer's snapshot may still take here: what is free short of leaving
+        1 - COPIES_FILL_AT_MOST of the memory file system free (0 when it cannot be told)."""
+        try:
+            fs = os.statvfs(self.root)
+        except OSError:
+            return 0
+        reserve = fs.f_blocks * fs.f_frsize * (1 - COPIES_FILL_AT_MOST)
+        return max(0, int(fs.f_bavail * fs.f_frsize - reserve))
 
     def clear(self) -> None:
         """Remove every snapshot of every job (at start and at exit)."""

@@ -39,6 +39,11 @@ class PeerClient:
         self._tls = tls
         self._channels: dict[tuple[str, str], grpc.Channel] = {}
         self._lock = threading.Lock()
+        self._closed = False
+
+    def clone(self) -> PeerClient:
+        """A client with the same credentials and channels of its own: closing it ends only its calls."""
+        return PeerClient(self._tls)
 
     def list_snapshots(self, holder: pb.PeerAgent, job: str, timeout_s: float) -> list[pb.MemorySnapshot]:
         """The snapshots `holder` has pinned of `job`, newest first. SnapshotAssemblyError when it cannot say."""
@@ -50,10 +55,10 @@ class PeerClient:
         return list(reply.own)
 
     def fetch_rank(self, holder: pb.PeerAgent, job: str, step: int, rank: int, dest_dir: Path,
-                   timeout_s: float) -> None:
+                   timeout_s: float, max_data_bytes: int | None = None) -> None:
         """Write `rank`'s data file and report of `step`, as `holder` has them, into `dest_dir`; each call
-        may take `timeout_s`. SnapshotAssemblyError (one line) when they cannot be fetched whole; then
-        neither file is left."""
+        may take `timeout_s`, and a data file larger than `max_data_bytes` is not fetched.
+        SnapshotAssemblyError (one line) when they cannot be fetched whole; then neither file is left."""
         where = f"rank {rank} of step {step} from node {holder.node} ({holder.address})"
 
         def request(kind: pb.PeerFileKind) -> pb.PeerFetchRequest:
@@ -64,6 +69,9 @@ class PeerClient:
         try:
             report_bytes = b"".join(self._fetch(holder, request(pb.PEER_FILE_REPORT), timeout_s, MAX_JSON_BYTES))
             report = _parse_report(report_bytes, rank, step)
+            if max_data_bytes is not None and report.file.size > max_data_bytes:
+                raise SnapshotAssemblyError(f"its data file has {report.file.size} bytes, more than the "
+                                            f"{max_data_bytes} there is room for")
             _write(dest_dir, data_name(rank), report.file.size,
                    self._fetch(holder, request(pb.PEER_FILE_DATA), timeout_s, report.file.size))
             _write(dest_dir, report_name(rank), len(report_bytes), [report_bytes])
@@ -77,7 +85,9 @@ class PeerClient:
             raise SnapshotAssemblyError(f"cannot fetch {where}: {exc}") from None
 
     def close(self) -> None:
+        """Close every channel, which ends the calls under way on them; no call is made after."""
         with self._lock:
+            self._closed = True
             for channel in self._channels.values():
                 channel.close()
             self._channels.clear()
@@ -96,6 +106,8 @@ class PeerClient:
     def _stub(self, holder: pb.PeerAgent) -> pb_grpc.SnapshotPeerStub:
         key = (holder.address, holder.node)
         with self._lock:
+            if self._closed:
+                raise SnapshotAssemblyError("the peer client is closed")
             channel = self._channels.get(key)
             if channel is None:
                 options: list[tuple[str, str | int]] = [("grpc.max_receive_message_length", CHUNK_BYTES + 1024)]

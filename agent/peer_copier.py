@@ -5,6 +5,11 @@ A thread of its own polls the source (`PeerClient`, blocking calls) and streams 
 under `copies_root(job)/<node>/step_N.partial/`, renamed `step_N` once every rank is there, so `held` and
 `assemble` see only whole copies. Two steps are kept per source: the newest, and the one before while a
 relaunch may still name it. A source that is down is tried again at the next poll.
+
+What a source lists is bounded before anything is fetched: each rank once and inside its world size, and
+no more ranks than the generation's world size (one host holds fewer). No copy takes the memory file
+system past `COPIES_FILL_AT_MOST` full (agent/memory_snapshots.py). The copier owns its client: `stop`
+closes it, which ends a fetch under way at once rather than when its timeout runs out.
 """
 
 from __future__ import annotations
@@ -37,16 +42,18 @@ STOP_TIMEOUT_S = 5.0
 
 
 class PeerCopier:
-    """Copies `source`'s newest snapshot of `job` into `memory`, every `interval_s` while started."""
+    """Copies `source`'s newest snapshot of `job` into `memory`, every `interval_s` while started, through
+    `client`, which it closes when it stops; `max_ranks`: the generation's world size."""
 
     def __init__(self, memory: MemorySnapshotDir, client: PeerClient, job: str, source: pb.PeerAgent,
-                 interval_s: float = POLL_INTERVAL_S) -> None:
+                 max_ranks: int, interval_s: float = POLL_INTERVAL_S) -> None:
         if not re.fullmatch(NODE_NAME_PATTERN, source.node):
             raise ValueError(f"node name {source.node!r:.80} cannot name a directory of copies")
         self._memory = memory
         self._client = client
         self._job = job
         self._source = source
+        self._max_ranks = max_ranks
         self._interval_s = interval_s
         self._directory = memory.copies_root(job) / source.node
         self._stopping = threading.Event()
@@ -58,8 +65,9 @@ class PeerCopier:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop polling; a fetch under way may outlive the wait (the thread is a daemon's)."""
+        """Stop polling and end the fetch under way; its partial copy is removed."""
         self._stopping.set()
+        self._client.close()
         if self._thread is not None:
             self._thread.join(STOP_TIMEOUT_S)
             self._thread = None
@@ -69,6 +77,8 @@ class PeerCopier:
             try:
                 self._copy_newest()
             except Exception as exc:  # noqa: BLE001 - the copier outlives every error: the next poll retries
+                if self._stopping.is_set():
+                    return  # the fetch it ended
                 log.log(logging.DEBUG if self._failing else logging.WARNING,
                         "cannot copy the snapshots of node %s (%s): %s", self._source.node, self._source.address,
                         str(exc).replace("\n", " ") or type(exc).__name__)
@@ -84,15 +94,23 @@ class PeerCopier:
         target = self._directory / step_dir_name(newest.step)
         if is_real_dir(target):
             return
+        problem = _implausible(newest, self._max_ranks)
+        if problem:
+            raise ValueError(f"its snapshot of step {newest.step} {problem}; not copied")
         self._make_dir(self._memory.copies_root(self._job))
         self._make_dir(self._directory)
         partial = target.with_name(target.name + PARTIAL)
         remove_entry(partial)
         self._make_dir(partial)
-        for rank in newest.ranks:
-            if self._stopping.is_set():
-                return
-            self._client.fetch_rank(self._source, self._job, newest.step, rank, partial, FETCH_TIMEOUT_S)
+        try:
+            for rank in newest.ranks:
+                if self._stopping.is_set():
+                    raise InterruptedError("stopped")
+                self._client.fetch_rank(self._source, self._job, newest.step, rank, partial, FETCH_TIMEOUT_S,
+                                        max_data_bytes=self._memory.room_for_copies())
+        except BaseException:
+            remove_entry(partial)  # what a copy holds is memory the host needs back
+            raise
         partial.rename(target)
         log.debug("copied the snapshot of step %d of node %s (ranks %s)", newest.step, self._source.node,
                  list(newest.ranks))
@@ -111,3 +129,15 @@ class PeerCopier:
         for child in real_children(self._directory):
             if child not in kept:
                 remove_entry(child)
+
+
+def _implausible(snapshot: pb.MemorySnapshot, max_ranks: int) -> str:
+    """Why a listed snapshot cannot be one node's share ('' when it can be)."""
+    ranks = list(snapshot.ranks)
+    if len(set(ranks)) != len(ranks):
+        return "names a rank twice"
+    if any(not 0 <= rank < snapshot.world_size for rank in ranks):
+        return f"names ranks outside its world size {snapshot.world_size}"
+    if len(ranks) > max_ranks:
+        return f"names {len(ranks)} ranks, more than the {max_ranks} of this generation's world"
+    return ""

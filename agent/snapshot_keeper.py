@@ -73,7 +73,7 @@ class SnapshotKeeper:
             if path is not None:
                 memory_env["TRAINERD_RESUME_FROM"] = str(path)
         if host is not None and every not in ("", "0") and launch.HasField("copy_from"):
-            self._start_copying(launch.job_name, launch.copy_from)
+            self._start_copying(launch.job_name, launch.copy_from, host.world_size)
         return memory_env
 
     async def _resume_path(self, launch: pb.Launch, step: int) -> Path | None:
@@ -102,11 +102,11 @@ class SnapshotKeeper:
                       launch.generation, job, step, exc)
             return None
 
-    def _start_copying(self, job: str, source: pb.PeerAgent) -> None:
+    def _start_copying(self, job: str, source: pb.PeerAgent, world_size: int) -> None:
         if self._peers is None:
             return
         try:
-            copier = PeerCopier(self.memory, self._peers, job, source)
+            copier = PeerCopier(self.memory, self._peers.clone(), job, source, max_ranks=world_size)
         except ValueError as exc:
             log.error("job %s: not copying the in-memory snapshots of %r: %s", job, source.node[:80], exc)
             return

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -251,7 +254,7 @@ def test_the_copier_keeps_the_two_newest_snapshots_and_survives_its_source_going
     port = server.start()
     peer = pb.PeerAgent(node="host1", address=f"127.0.0.1:{port}")
     (local.copies_root(JOB) / "host1" / (step_dir_name(5) + ".partial")).mkdir(parents=True)  # a crash's
-    copier = PeerCopier(local, client_of(None), JOB, peer, interval_s=0.02)
+    copier = PeerCopier(local, client_of(None), JOB, peer, max_ranks=2, interval_s=0.02)
     copier.start()
     try:
         wait_until(lambda: copies(local, "host1") == [step_dir_name(10)], 15, "the copy of step 10")
@@ -280,4 +283,126 @@ def test_the_copier_keeps_the_two_newest_snapshots_and_survives_its_source_going
 
 def test_a_copier_refuses_a_node_name_that_is_no_directory_name(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="cannot name a directory"):
-        PeerCopier(MemorySnapshotDir(tmp_path), PeerClient(None), JOB, pb.PeerAgent(node="../x", address="h:1"))
+        PeerCopier(MemorySnapshotDir(tmp_path), PeerClient(None), JOB, pb.PeerAgent(node="../x", address="h:1"),
+                   max_ranks=2)
+
+
+class HostilePeer(pb_grpc.SnapshotPeerServicer):
+    """A peer listing `listed` and serving its own rank 1 of step 50 (`step_dir`); with `stall`, the data
+    file's first chunk is followed by nothing until `release` is set."""
+
+    def __init__(self, step_dir: Path, listed: pb.MemorySnapshot, stall: bool = False) -> None:
+        self._step_dir, self._listed, self._stall = step_dir, listed, stall
+        self.stalled, self.release = threading.Event(), threading.Event()
+
+    def ListSnapshots(self, request: pb.PeerListRequest, context: grpc.ServicerContext) -> pb.PeerListReply:
+        return pb.PeerListReply(own=[self._listed])
+
+    def FetchFile(self, request: pb.PeerFetchRequest, context: grpc.ServicerContext) -> Iterator[pb.PeerChunk]:
+        name = "rank_1.done.json" if request.kind == pb.PEER_FILE_REPORT else "rank_1.safetensors"
+        data = (self._step_dir / name).read_bytes()
+        if not self._stall or request.kind == pb.PEER_FILE_REPORT:
+            yield pb.PeerChunk(data=data)
+            return
+        yield pb.PeerChunk(data=data[:10])
+        self.stalled.set()
+        self.release.wait(30)
+
+
+@pytest.fixture
+def hostile_peer(tmp_path: Path) -> Iterator[Callable[..., tuple[HostilePeer, pb.PeerAgent]]]:
+    servers: list[tuple[grpc.Server, HostilePeer]] = []
+
+    def start(listed: pb.MemorySnapshot, stall: bool = False) -> tuple[HostilePeer, pb.PeerAgent]:
+        holder = holder_memory(tmp_path, 1)
+        peer = HostilePeer(holder.job_dir(JOB) / ".reported" / step_dir_name(50), listed, stall)
+        server = grpc.server(ThreadPoolExecutor(max_workers=2))
+        pb_grpc.add_SnapshotPeerServicer_to_server(peer, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        servers.append((server, peer))
+        return peer, pb.PeerAgent(node="host1", address=f"127.0.0.1:{port}")
+
+    yield start
+    for server, peer in servers:
+        peer.release.set()
+        server.stop(None)
+
+
+@pytest.mark.parametrize(("ranks", "world_size", "message"), [
+    ([1, 1], 2, "names a rank twice"),
+    ([1, 7], 2, "names ranks outside its world size 2"),
+    ([-1], 2, "names ranks outside its world size 2"),
+    (list(range(64)), 64, "names 64 ranks, more than the 2 of this generation's world"),
+])
+def test_a_copier_fetches_nothing_of_a_listing_no_node_could_hold(tmp_path: Path, hostile_peer, caplog,
+                                                                  ranks: list[int], world_size: int,
+                                                                  message: str) -> None:
+    _, peer = hostile_peer(pb.MemorySnapshot(step=50, ranks=ranks, world_size=world_size, generation=3))
+    local = holder_memory(tmp_path, 0, steps=())
+    copier = PeerCopier(local, PeerClient(None), JOB, peer, max_ranks=2, interval_s=0.02)
+    with caplog.at_level(logging.WARNING, "agent.peer_copier"):
+        copier.start()
+        try:
+            wait_until(lambda: any(message in r.message for r in caplog.records), 15, "the refusal")
+        finally:
+            copier.stop()
+    assert copies(local, "host1") == []
+    assert [r.message for r in caplog.records] == [
+        f"cannot copy the snapshots of node host1 ({peer.address}): its snapshot of step 50 {message}; not copied"]
+
+
+@pytest.fixture
+def small_memory_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs, as a host's shared memory nearly full of its own workers' snapshots would be."""
+    mount_point = tmp_path / "shm"
+    mount_point.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "trainerd-test-shm", str(mount_point)], check=True)
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_a_copy_never_fills_the_memory_file_system_past_three_quarters(tmp_path: Path, small_memory_fs: Path,
+                                                                      caplog) -> None:
+    source = MemorySnapshotDir(tmp_path / "source")
+    job_dir = source.prepare(JOB, None, HostScope((1,), 2, 3))
+    big = {name: np.zeros(200_000, dtype=np.float32) for name in "abcd"}  # rank 1 owns 2 of 800 kB each
+    host_snapshot(job_dir, 10, (1,), world_size=2, tensors=big)
+    assert source.newest(JOB) == Snapshot(10, 80)
+    server = PeerServer(source, "127.0.0.1", None)
+    peer = pb.PeerAgent(node="host1", address=f"127.0.0.1:{server.start()}")
+    local = MemorySnapshotDir(small_memory_fs)
+    local.prepare(JOB, None, HostScope((0,), 2, 3))
+    assert 0 < local.room_for_copies() <= 0.75 * (1 << 20)
+    copier = PeerCopier(local, PeerClient(None), JOB, peer, max_ranks=2, interval_s=0.02)
+    try:
+        with caplog.at_level(logging.WARNING, "agent.peer_copier"):
+            copier.start()
+            wait_until(lambda: any("there is room for" in r.message for r in caplog.records), 15, "the refusal")
+        assert copies(local, "host1") == []  # nothing half-copied is left either
+        host_snapshot(job_dir, 20, (1,), world_size=2)  # a snapshot of a plausible size is copied
+        assert source.newest(JOB) == Snapshot(20, 160)
+        wait_until(lambda: copies(local, "host1") == [step_dir_name(20)], 15, "the copy of step 20")
+    finally:
+        copier.stop()
+        server.stop()
+
+
+def test_stopping_a_copier_ends_a_stalled_fetch_at_once_and_leaves_no_partial_copy(tmp_path: Path,
+                                                                                    hostile_peer) -> None:
+    stalling, peer = hostile_peer(pb.MemorySnapshot(step=50, ranks=[1], world_size=2, generation=3), stall=True)
+    local = holder_memory(tmp_path, 0, steps=())
+    client = PeerClient(None)
+    copier = PeerCopier(local, client, JOB, peer, max_ranks=2, interval_s=0.02)
+    copier.start()
+    assert stalling.stalled.wait(15), "the fetch never started"
+    assert copies(local, "host1") == [step_dir_name(50) + ".partial"]
+    started = time.monotonic()
+    copier.stop()
+    assert time.monotonic() - started < 3  # not the fetch's 600 s timeout
+    assert not any(t.name == "copier-host1" for t in threading.enumerate())
+    assert copies(local, "host1") == []
+    with pytest.raises(SnapshotAssemblyError, match="closed"):  # the copier's client makes no call after
+        client.list_snapshots(peer, JOB, 5)
