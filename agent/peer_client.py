@@ -20,7 +20,7 @@ import grpc
 
 from agent.memory_snapshots import PARTIAL, SnapshotAssemblyError
 from agent.peer_service import CHUNK_BYTES
-from agent.snapshot_reports import data_name, read_report
+from agent.snapshot_reports import data_name, read_report, report_mismatch
 from common.cert_identity import node_server_name
 from common.tls_files import TlsFiles
 from proto import trainerd_pb2 as pb
@@ -126,9 +126,9 @@ def _parse_report(data: bytes, rank: int, step: int) -> RankReport:
         report = RankReport.from_json(json.loads(data), where)
     except (ValueError, AttributeError, CorruptCheckpoint) as exc:
         raise SnapshotAssemblyError(f"its report cannot be read: {exc}") from None
-    if (report.rank, report.step, report.file.name) != (rank, step, data_name(rank)) or report.meta is None:
-        raise SnapshotAssemblyError(f"its report is of rank {report.rank}, step {report.step}, file "
-                                    f"{report.file.name!r:.80}{'' if report.meta else ', without meta'}")
+    mismatch = report_mismatch(report, rank, step)
+    if mismatch:
+        raise SnapshotAssemblyError(mismatch)
     return report
 
 

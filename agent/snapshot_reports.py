@@ -27,12 +27,20 @@ def data_name(rank: int) -> str:
     return f"rank_{rank}.safetensors"
 
 
+def report_mismatch(report: RankReport, rank: int, step: int) -> str:
+    """Why `report` is not `rank`'s share of `step` ('' when it is)."""
+    if (report.rank, report.step) != (rank, step) or report.meta is None or report.file.name != data_name(rank):
+        return (f"its report is of rank {report.rank}, step {report.step}, file {report.file.name!r:.80}"
+                f"{'' if report.meta else ', without meta'}")
+    return ""
+
+
 def read_report(step_dir: Path, rank: int, step: int) -> RankReport | None:
     """`rank`'s report of `step` in `step_dir` once it and its data file are whole, else None."""
     where = f"{step_dir.name}/{report_name(rank)}"
     try:
         report = RankReport.from_json(read_json_file(step_dir / report_name(rank), where), where)
-        if (report.rank, report.step) != (rank, step) or report.meta is None or report.file.name != data_name(rank):
+        if report_mismatch(report, rank, step):
             return None
         check_data_file(step_dir, report.file)
     except (CorruptCheckpoint, OSError):

@@ -406,3 +406,17 @@ def test_stopping_a_copier_ends_a_stalled_fetch_at_once_and_leaves_no_partial_co
     assert copies(local, "host1") == []
     with pytest.raises(SnapshotAssemblyError, match="closed"):  # the copier's client makes no call after
         client.list_snapshots(peer, JOB, 5)
+
+
+def test_a_report_of_another_rank_or_step_is_refused_and_nothing_is_written(tmp_path: Path, hostile_peer) -> None:
+    _, peer = hostile_peer(pb.MemorySnapshot(step=50, ranks=[1], world_size=2, generation=3))  # serves rank 1's
+    into = tmp_path / "into"
+    into.mkdir()
+    client = PeerClient(None)
+    try:
+        for rank, step in ((0, 50), (1, 60)):
+            with pytest.raises(SnapshotAssemblyError, match="its report is of rank 1, step 50, file 'rank_1"):
+                client.fetch_rank(peer, JOB, step, rank, into, 10)
+            assert list(into.iterdir()) == []
+    finally:
+        client.close()
