@@ -16,6 +16,7 @@ shrank trained some steps with its micro-batches summed in another order. Needs 
 
     .venv/bin/python bench/goodput.py --steps 6000 --every-s 300     # the reported figure (~2 × 10 min)
     .venv/bin/python bench/goodput.py --steps 600 --every-s 40       # a quick look
+    .venv/bin/python bench/goodput.py --memory-every 0               # without in-memory snapshots
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class Fault:
         return sum(r["lost_steps"] for r in self.relaunches)
 
 
-def transformer_job(steps: int, out: Path):
+def transformer_job(steps: int, out: Path, memory_every: int | str):
     def build(box: ClusterBox) -> dict:
         return {
             "name": "lm",
@@ -68,7 +69,8 @@ def transformer_job(steps: int, out: Path):
             "min_nodes": 2, "max_nodes": HOSTS, "global_batch": 48, "micro_batch": 8,
             "scheduler_port": scheduler_port(), "stop_grace_s": 3, "start_wait_s": 60,
             "hang_timeout_s": HANG_TIMEOUT_S,
-            "checkpoint": {"dir": str(box.checkpoint_dir), "every_steps": 100, "keep": 2},
+            "checkpoint": {"dir": str(box.checkpoint_dir), "every_steps": 100, "keep": 2,
+                           "memory_every_steps": memory_every},
             "restart": {"max": 50, "backoff_s": 1},
         }
     return build
@@ -90,7 +92,8 @@ def run(steps: int, faulted: bool, args, root: Path) -> dict:
     furthest: dict[int, int] = {}  # generation -> the furthest step status showed it at
     recovery: dict[int, dict] = {}  # generation -> the recovery that started it, as status showed it
     worlds: set[int] = set()
-    with ClusterBox(root / ("faulted" if faulted else "clean"), hosts=HOSTS, job=transformer_job(steps, out)) as box:
+    build = transformer_job(steps, out, args.memory_every)
+    with ClusterBox(root / ("faulted" if faulted else "clean"), hosts=HOSTS, job=build) as box:
         started = time.monotonic()
         wait_until(lambda: (j := job_json(box)) and j["state"] == "RUNNING", 300, "RUNNING",
                    on_timeout=box.procs.logs)
@@ -198,13 +201,20 @@ def main() -> None:
     parser.add_argument("--every-s", type=float, default=300, help="seconds between faults")
     parser.add_argument("--heal-after-s", type=float, default=15, help="a cut host / killed etcd member returns after")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--memory-every", default="auto",
+                        help="the job's checkpoint.memory_every_steps: auto (the default), a number of steps, "
+                             "or 0 (no in-memory snapshots: the baseline they are measured against)")
     args = parser.parse_args()
+    if args.memory_every != "auto":
+        if not args.memory_every.isdigit():
+            parser.error("--memory-every takes auto or a number of steps")
+        args.memory_every = int(args.memory_every)
     with tempfile.TemporaryDirectory(prefix="goodput-") as tmp:
         root = Path(tmp)
         clean = run(args.steps, False, args, root)
         faulted = run(args.steps, True, args, root)
         print(f"Transformer example, {args.steps} steps on {HOSTS} hosts; a fault every {args.every_s:.0f}s "
-              f"(seed {args.seed})")
+              f"(seed {args.seed}); in-memory snapshots every {args.memory_every or 'never'}")
         print_run("clean", clean)
         print_run("faulted", faulted)
         print(f"{'fault':>18} {'at':>6} {'target':>7} {'step':>6}  generations it caused: cause, resumed step, "
