@@ -42,7 +42,8 @@ class HeldReports:
 
 class SnapshotKeeper:
     """`memory`: this host's snapshot directory; `peers`: the client of the other agents' SnapshotPeer
-    services (None: this agent serves none, and takes part in no snapshot spanning hosts)."""
+    services (None: this agent serves none, and takes part in no snapshot spanning hosts), cloned for each
+    relaunch's fetches and each copier, so that no channel outlives its use."""
 
     def __init__(self, memory: MemorySnapshotDir, peers: PeerClient | None = None) -> None:
         self.memory = memory
@@ -88,7 +89,9 @@ class SnapshotKeeper:
                       "each rank once; resuming from it is impossible", launch.generation, job, step,
                       sorted(holders))
             return None
-        peers = self._peers
+        # A client of its own, closed after: the holders' addresses change as agents restart (their port is
+        # the system's choice), so channels kept from one relaunch to the next would only pile up.
+        peers = None if self._peers is None else self._peers.clone()
 
         def fetch(rank: int, directory: Path) -> None:
             if peers is None:
@@ -101,6 +104,9 @@ class SnapshotKeeper:
             log.error("generation %d of job %s cannot resume from the in-memory snapshot of step %d: %s",
                       launch.generation, job, step, exc)
             return None
+        finally:
+            if peers is not None:
+                peers.close()
 
     def _start_copying(self, job: str, source: pb.PeerAgent, world_size: int) -> None:
         if self._peers is None:
