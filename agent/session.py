@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import random
 from pathlib import Path
 from typing import Protocol
@@ -35,6 +36,7 @@ CHANNEL_OPTIONS = [
 BACKOFF_BASE_S = 0.2
 BACKOFF_CAP_S = 5.0
 WELCOME_TIMEOUT_S = 10.0
+MAX_INTERVAL_S = 600.0  # the longest heartbeat interval an ack may ask for
 
 
 def backoff_delay(attempt: int, rng: random.Random, cap_s: float = BACKOFF_CAP_S,
@@ -132,6 +134,9 @@ class CoordinatorLink:
         self._backoff_cap_s = BACKOFF_CAP_S
         self.connected = asyncio.Event()
         self.welcome: pb.Welcome | None = None
+        # The session's heartbeat interval: the Welcome's, then whatever each ack names (the leader
+        # stretches it as it holds more agents: daemon/heartbeat_pace.py).
+        self.interval_s = 1.0
         # When a coordinator last answered: the agent fences itself when that is too long ago.
         self.contact = ContactWatch(clock)
 
@@ -205,7 +210,8 @@ class CoordinatorLink:
             self.welcome = first.welcome
             self.contact.welcomed(FenceTerms(first.welcome.heartbeat_timeout_s, first.welcome.stop_grace_s)
                                   if first.welcome.heartbeat_timeout_s > 0 else None)
-            self._backoff_cap_s = max(BACKOFF_BASE_S, min(BACKOFF_CAP_S, first.welcome.heartbeat_interval_s))
+            self.interval_s = first.welcome.heartbeat_interval_s
+            self._backoff_cap_s = max(BACKOFF_BASE_S, min(BACKOFF_CAP_S, self.interval_s))
             self._identity.save_token(hello.node_name, first.welcome.resume_token)
             log.info("registered as %s with coordinator %s at %s", hello.node_name,
                      first.welcome.coordinator_id, address)
@@ -224,11 +230,10 @@ class CoordinatorLink:
             # grpc.aio allows one write in flight per stream: heartbeats and reports take turns.
             write_lock = asyncio.Lock()
             tasks = [
-                asyncio.create_task(self._heartbeats(call, write_lock, first.welcome.heartbeat_interval_s,
-                                                     handler)),
+                asyncio.create_task(self._heartbeats(call, write_lock, handler)),
                 asyncio.create_task(self._forward_outbox(call, write_lock)),
                 asyncio.create_task(self._read_commands(call, handler)),
-                asyncio.create_task(self._until_silent(first.welcome.heartbeat_interval_s)),
+                asyncio.create_task(self._until_silent()),
             ]
             try:
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -248,7 +253,7 @@ class CoordinatorLink:
             log.warning("session with %s ended; reconnecting", address)
             return True
 
-    async def _heartbeats(self, call, write_lock: asyncio.Lock, interval_s: float, handler: SessionHandler) -> None:
+    async def _heartbeats(self, call, write_lock: asyncio.Lock, handler: SessionHandler) -> None:
         sequence = 0
         while True:
             sequence += 1
@@ -256,17 +261,30 @@ class CoordinatorLink:
             body.sequence = sequence
             async with write_lock:
                 await call.write(pb.AgentMessage(heartbeat=body))
-            await self._clock.asleep(interval_s)
+            await self._clock.asleep(self.interval_s)
 
-    async def _until_silent(self, interval_s: float) -> None:
+    async def _until_silent(self) -> None:
         """Returns once heartbeats have gone unacknowledged for `redial_after_s` (a cut link breaks no
         connection, and a write into it may block): the session is then given up and dialled again."""
         while True:
             terms = self.contact.terms
-            if terms is not None and self.contact.silent_for() > redial_after_s(interval_s, terms.timeout_s):
+            if terms is not None and self.contact.silent_for() > redial_after_s(self.interval_s, terms.timeout_s):
                 break
-            await self._clock.asleep(interval_s / 2)
+            await self._clock.asleep(self.interval_s / 2)
         log.warning("no answer from the coordinator for %.1fs; reconnecting", self.contact.silent_for())
+
+    def _follow_pace(self, ack: pb.HeartbeatAck) -> None:
+        """The leader names the pace in every ack; a sane one is taken (an older leader names none)."""
+        terms = self.contact.terms
+        if not (math.isfinite(ack.interval_s) and math.isfinite(ack.timeout_s)
+                and 0 < ack.interval_s <= MAX_INTERVAL_S and 2 * ack.interval_s <= ack.timeout_s):
+            return
+        if ack.interval_s != self.interval_s:
+            log.info("the coordinator asks for a heartbeat every %.2fs (fencing after %.1fs unanswered)",
+                     ack.interval_s, ack.timeout_s)
+            self.interval_s = ack.interval_s
+        if terms is not None and terms.timeout_s != ack.timeout_s:
+            self.contact.terms = FenceTerms(ack.timeout_s, terms.stop_grace_s)
 
     async def _forward_outbox(self, call, write_lock: asyncio.Lock) -> None:
         while True:
@@ -281,5 +299,6 @@ class CoordinatorLink:
                 return
             if message.WhichOneof("body") == "heartbeat_ack":
                 self.contact.heard()
+                self._follow_pace(message.heartbeat_ack)
             else:
                 handler.on_command(message)

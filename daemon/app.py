@@ -133,6 +133,7 @@ class TrainerdApp:
                 store=self._store, clock=SystemClock(), me=me, job_name=job_name, job=self._config.job,
                 heartbeat_interval_s=cluster.heartbeat.interval_s,
                 heartbeat_timeout_s=cluster.heartbeat.timeout_s,
+                heartbeat_max_per_s=cluster.heartbeat.max_per_s,
                 session_grace_s=cluster.heartbeat.grace_s,
                 forget_lost_after_s=cluster.heartbeat.forget_lost_after_s,
                 events_keep=cluster.events.keep, events_max_age_s=cluster.events.max_age_s,

@@ -55,6 +55,9 @@ class HeartbeatSettings(StrictModel):
     interval_s: float = Field(default=1.0, gt=0, le=60)
     # A node not heard from for this long is LOST (a host that lost power breaks no connection).
     timeout_s: float = Field(default=5.0, gt=0, le=600)
+    # The most heartbeats a second the leader takes: with more agents than interval_s * max_per_s, the
+    # interval and the timeout stretch together until they fit (daemon/heartbeat_pace.py).
+    max_per_s: float = Field(default=2000.0, gt=0)
     # A node whose session broke is LOST unless it reconnects within this long (default: two
     # heartbeat intervals, enough for an agent's reconnect, which backs off at most one interval).
     session_grace_s: float | None = Field(default=None, gt=0, le=600)

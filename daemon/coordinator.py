@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 import secrets
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from daemon import metrics
 from daemon.config import JobSettings
 from daemon.errors import PermanentError, RetryableError
 from daemon.events import EVENTS_PAGE, Event, EventLog
+from daemon.heartbeat_pace import HeartbeatPacer, Pace
 from daemon.job.controller import KEPT_GENERATION_RECORDS, ClusterFacts, CommandRefused, JobController, JobView
 from daemon.job.observation import MemorySnapshot, SkippedBatch, ProcessReport, ProgressReport
 from daemon.job.skip_ledger import SkipEntry, checked
@@ -150,6 +152,7 @@ class Coordinator:
         heartbeat_interval_s: float,
         heartbeat_timeout_s: float,
         leader_lease_s: int,
+        heartbeat_max_per_s: float = math.inf,
         session_grace_s: float | None = None,
         forget_lost_after_s: float = DEFAULT_FORGET_LOST_AFTER_S,
         events_keep: int = DEFAULT_EVENTS_KEEP,
@@ -159,7 +162,8 @@ class Coordinator:
         self._store = store
         self._clock = clock
         self.me = me
-        self.heartbeat_interval_s = heartbeat_interval_s
+        self._pacer = HeartbeatPacer(clock, heartbeat_interval_s, heartbeat_timeout_s, heartbeat_max_per_s)
+        self._ready_nodes = 0  # READY in the records at the last pass: agents heartbeating, or about to
         self._election = LeaderElection(store, me, leader_lease_s)
         self._liveness = LivenessTracker(clock, heartbeat_timeout_s, session_grace_s)
         self._read_lag = ReadLag()
@@ -245,6 +249,8 @@ class Coordinator:
         await self._membership.load()
         known = [r.name for r in self._membership.all() if r.state is NodeState.READY]
         self._liveness.adopt(known)
+        self._ready_nodes = len(known)
+        self._pace()  # the pace they will all be back at, before the window they get to come back in
         if self.job is not None:
             await self.job.load(leadership.fence)
         self.leadership = leadership
@@ -301,7 +307,8 @@ class Coordinator:
         if self.job is not None and self.job.session_opened(name):
             self.request_reconcile()  # its Launch goes out again, after the Welcome
         stop_grace_s = DEFAULT_STOP_GRACE_S if self.job is None else self.job.spec.stop_grace_s
-        welcome = Welcome(name, token, self.heartbeat_interval_s, self.me.id, self._liveness.timeout_s, stop_grace_s)
+        pace = self._pace()
+        welcome = Welcome(name, token, pace.interval_s, self.me.id, pace.timeout_s, stop_grace_s)
         if returned_from_lost:
             await self._check_node(session, "it returned from LOST", leadership)
         return session, welcome
@@ -358,6 +365,19 @@ class Coordinator:
     @property
     def session_count(self) -> int:
         return len(self._sessions)
+
+    @property
+    def pace(self) -> Pace:
+        """The heartbeat interval and timeout agents are told now (every ack names them)."""
+        return self._pacer.pace
+
+    def _pace(self) -> Pace:
+        """Fit the pace to the agents held (or known READY: after a failover they are on their way back),
+        and the liveness timeout to the pace."""
+        pace = self._pacer.update(max(len(self._sessions), self._ready_nodes))
+        self._liveness.timeout_s = self._pacer.liveness_timeout_s()
+        metrics.HEARTBEAT_INTERVAL.set(pace.interval_s)
+        return pace
 
     def heartbeat(self, session: AgentSession, generation: int, handled_minus_sent_s: float | None = None,
                   memory: MemorySnapshot | None = None, held: tuple[MemorySnapshot, ...] = ()) -> None:
@@ -557,6 +577,8 @@ class Coordinator:
 
     async def tick(self) -> None:
         leadership = await self._require_leadership()
+        self._ready_nodes = sum(1 for r in self._membership.all() if r.state is NodeState.READY)
+        self._pace()
         read_lag_s = self._read_lag.take()
         metrics.READ_LAG.set(read_lag_s)
         for name in self._liveness.overdue(read_lag_s):

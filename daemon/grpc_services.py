@@ -361,7 +361,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 metrics.HEARTBEAT_LAG.observe(max(0.0, lag))
             for report in reports:
                 coordinator.process_report(session, generation, report)
-            return pb.CoordinatorMessage(heartbeat_ack=pb.HeartbeatAck(sequence=heartbeat.sequence))
+            pace = coordinator.pace
+            return pb.CoordinatorMessage(heartbeat_ack=pb.HeartbeatAck(
+                sequence=heartbeat.sequence, interval_s=pace.interval_s, timeout_s=pace.timeout_s))
         elif kind == "process_exited":
             exited = message.process_exited
             coordinator.process_report(session, check.generation(exited.generation),

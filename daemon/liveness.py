@@ -41,6 +41,11 @@ class LivenessTracker:
     def timeout_s(self) -> float:
         return self._timeout_s
 
+    @timeout_s.setter
+    def timeout_s(self, timeout_s: float) -> None:
+        """The heartbeat pace changed (daemon/heartbeat_pace.py); the session grace does not."""
+        self._timeout_s = timeout_s
+
     @property
     def grace_s(self) -> float:
         return self._grace_s

@@ -21,6 +21,9 @@ COORDINATOR_STALL = Counter("trainerd_coordinator_stall_seconds_total",
 READ_LAG = Gauge("trainerd_coordinator_read_lag_seconds",
                  "How far behind the leader reads its agents' heartbeats (median, clock offsets removed); "
                  "liveness deadlines allow as much more.")
+HEARTBEAT_INTERVAL = Gauge("trainerd_heartbeat_interval_seconds",
+                           "The heartbeat interval agents are told now; it stretches (with the timeout) once "
+                           "the agents held would send more than heartbeat.max_per_s.")
 IS_LEADER = Gauge("trainerd_is_leader", "1 while this coordinator leads.")
 RECOVERY_PHASE = Histogram(
     "trainerd_recovery_phase_seconds",

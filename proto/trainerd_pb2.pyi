@@ -306,10 +306,14 @@ class NodeCheck(_message.Message):
     def __init__(self, check_id: _Optional[int] = ..., argv: _Optional[_Iterable[str]] = ..., timeout_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatAck(_message.Message):
-    __slots__ = ("sequence",)
+    __slots__ = ("sequence", "interval_s", "timeout_s")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     sequence: int
-    def __init__(self, sequence: _Optional[int] = ...) -> None: ...
+    interval_s: float
+    timeout_s: float
+    def __init__(self, sequence: _Optional[int] = ..., interval_s: _Optional[float] = ..., timeout_s: _Optional[float] = ...) -> None: ...
 
 class ProcessSpec(_message.Message):
     __slots__ = ("role", "rank", "local_rank", "device_id", "argv", "env")

@@ -5,6 +5,7 @@ supervisor's fence (fake processes): SIGTERM, SIGKILL after the grace, exits rep
 from __future__ import annotations
 
 import asyncio
+import math
 import signal
 from pathlib import Path
 
@@ -81,6 +82,55 @@ def test_acks_keep_contact_and_a_silent_session_is_given_up(tmp_path: Path) -> N
                 leader.acking = False  # the session stays open but nothing comes back, like a cut link
                 await asyncio.sleep(1.0)
                 assert leader.sessions >= 2  # given up after the timeout and dialled again
+
+    asyncio.run(asyncio.wait_for(scenario(), 20))
+
+
+class PacingLeader(pb_grpc.CoordinatorServicer):
+    """Welcomes at a 0.05 s interval and a 0.5 s timeout, then names `pace` (interval, timeout) in its
+    acks; records when each heartbeat arrived."""
+
+    def __init__(self) -> None:
+        self.pace = (0.05, 0.5)
+        self.arrivals: list[float] = []
+
+    async def Session(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
+        first = await context.read()
+        await context.write(pb.CoordinatorMessage(welcome=pb.Welcome(
+            node_name=first.hello.node_name, resume_token="t", heartbeat_interval_s=0.05, coordinator_id="c",
+            heartbeat_timeout_s=0.5, stop_grace_s=1.0)))
+        while (message := await context.read()) is not grpc.aio.EOF:
+            if message.WhichOneof("body") == "heartbeat":
+                self.arrivals.append(asyncio.get_running_loop().time())
+                interval_s, timeout_s = self.pace
+                await context.write(pb.CoordinatorMessage(heartbeat_ack=pb.HeartbeatAck(
+                    sequence=message.heartbeat.sequence, interval_s=interval_s, timeout_s=timeout_s)))
+
+
+def test_the_agent_heartbeats_and_fences_at_the_pace_each_ack_names_and_ignores_an_insane_one(
+        tmp_path: Path) -> None:
+    async def scenario() -> None:
+        leader = PacingLeader()
+        async with serving(leader) as address:
+            link = make_link([address], tmp_path)
+            async with running(link, RecordingHandler()):
+                await asyncio.wait_for(link.connected.wait(), WAIT_S)
+                await asyncio.sleep(0.5)
+                assert len(leader.arrivals) >= 5  # at the Welcome's 0.05 s
+                leader.pace = (0.4, 2.0)  # the leader holds more agents now
+                await asyncio.sleep(0.3)
+                assert link.interval_s == 0.4 and link.contact.terms == FenceTerms(2.0, 1.0)
+                before = len(leader.arrivals)
+                await asyncio.sleep(1.3)
+                assert 2 <= len(leader.arrivals) - before <= 4  # about every 0.4 s
+                assert not link.contact.overdue()
+                for insane in ((0.0, 2.0), (math.nan, 2.0), (0.4, math.inf), (1.5, 2.0), (1e6, 3e6)):
+                    leader.pace = insane
+                    await asyncio.sleep(0.5)
+                    assert link.interval_s == 0.4 and link.contact.terms == FenceTerms(2.0, 1.0), insane
+                leader.pace = (0.0, 0.0)  # an older leader names no pace: the session keeps its own
+                await asyncio.sleep(0.5)
+                assert link.interval_s == 0.4
 
     asyncio.run(asyncio.wait_for(scenario(), 20))
 

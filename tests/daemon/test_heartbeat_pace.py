@@ -1,0 +1,103 @@
+"""The heartbeat pace (daemon/heartbeat_pace.py): the configured interval and timeout while the agents held
+send at most heartbeat.max_per_s, both stretched together beyond; what the Coordinator tells agents
+(Welcome) and how long it lets a node be silent. Pure logic with a FakeClock, and the Coordinator on the
+in-memory store."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from common.clock import FakeClock
+from daemon.heartbeat_pace import HeartbeatPacer, Pace
+from proto.vocabulary import NodeState
+from tests.daemon.job_sim import HEARTBEAT_TIMEOUT_S, SimCluster, job_settings
+
+
+def test_the_configured_pace_holds_within_the_rate_and_stretches_beyond() -> None:
+    pacer = HeartbeatPacer(FakeClock(), 1.0, 5.0, max_per_s=2000)
+    assert pacer.update(2000) == Pace(1.0, 5.0)
+    assert pacer.update(2001).interval_s == math.sqrt(2)
+    ten_thousand = pacer.update(10_000)
+    assert math.isclose(ten_thousand.interval_s, 2 ** 2.5) and math.isclose(ten_thousand.timeout_s, 5 * 2 ** 2.5)
+    assert 10_000 / ten_thousand.interval_s <= 2000  # 1768 a second
+    assert math.isclose(pacer.update(20_000).interval_s, 2 ** 3.5)
+
+
+@given(sessions=st.integers(0, 1_000_000), max_per_s=st.floats(1, 100_000))
+def test_the_pace_fits_the_rate_and_stretches_no_more_than_a_step_past_it(sessions: int, max_per_s: float) -> None:
+    pace = HeartbeatPacer(FakeClock(), 1.0, 5.0, max_per_s).update(sessions)
+    assert sessions / pace.interval_s <= max_per_s * (1 + 1e-9)
+    assert pace.interval_s == 1.0 or sessions / (pace.interval_s / math.sqrt(2)) > max_per_s
+    assert math.isclose(pace.timeout_s, 5 * pace.interval_s)
+
+
+def test_a_faster_pace_needs_headroom_and_the_slower_timeout_holds_until_agents_have_heard() -> None:
+    clock = FakeClock()
+    pacer = HeartbeatPacer(clock, 1.0, 5.0, max_per_s=1000)
+    slow = pacer.update(1900)  # 1900 / sqrt(2) a second is still too many: two steps
+    assert slow.interval_s == 2.0 and pacer.liveness_timeout_s() == 10.0
+    assert pacer.update(1300) == slow  # fits at sqrt(2) s, but not with a quarter to spare: it stays
+    faster = pacer.update(1100)
+    assert math.isclose(faster.interval_s, math.sqrt(2))
+    assert pacer.liveness_timeout_s() == 10.0  # agents at 2 s hear of the faster pace within one interval
+    clock.advance(9.9)
+    assert pacer.liveness_timeout_s() == 10.0
+    clock.advance(0.2)
+    assert math.isclose(pacer.liveness_timeout_s(), 5 * math.sqrt(2))
+    assert pacer.update(10) == Pace(1.0, 5.0)
+    assert math.isclose(pacer.liveness_timeout_s(), 5 * math.sqrt(2))  # the previous pace's, a while longer
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 20))
+
+
+def test_a_coordinator_holding_more_agents_than_its_rate_slows_them_and_waits_longer_before_lost() -> None:
+    async def scenario() -> None:
+        sim = SimCluster(job_settings(), heartbeat_max_per_s=2.0)  # 1 s interval: 2 agents at the base pace
+        await sim.lead()
+        for name in ("a", "b"):
+            await sim.connect(name)
+        assert sim.coordinator.pace.interval_s == 1.0
+        await sim.connect("c")
+        assert sim.coordinator.pace.interval_s == 2.0  # 3 a second are too many, and 3 / sqrt(2) too
+        for name in ("d", "e"):
+            await sim.connect(name)
+        pace = sim.coordinator.pace
+        assert math.isclose(pace.interval_s, 2 * math.sqrt(2)) and 5 / pace.interval_s <= 2
+        assert pace.timeout_s > HEARTBEAT_TIMEOUT_S
+
+        sim.agents["e"].session.send = lambda command: None
+        silent = sim.agents.pop("e")  # no more heartbeats from e
+        await sim.tick(HEARTBEAT_TIMEOUT_S + 1)
+        assert sim.coordinator._membership.get("e").state is NodeState.READY  # silent, but not past its pace
+        await sim.tick(pace.timeout_s)
+        assert sim.coordinator._membership.get("e").state is NodeState.LOST
+        assert silent.session is not None
+    run(scenario())
+
+
+def test_a_new_leader_paces_for_the_nodes_it_knows_before_they_are_back() -> None:
+    async def scenario() -> None:
+        sim = SimCluster(job_settings(), heartbeat_max_per_s=2.0)
+        await sim.lead()
+        for name in ("a", "b", "c", "d", "e"):
+            await sim.connect(name)
+        await sim.tick()
+        paced = sim.coordinator.pace
+        standby = SimCluster(sim.spec, store=sim.store, clock=sim.clock, name="c2", heartbeat_max_per_s=2.0)
+        sim.store.stop_keepalive(sim.coordinator.leadership.lease)
+        sim.clock.advance(3.5)
+        sim.store.expire_leases()
+        await standby.lead()
+        assert standby.coordinator.pace == paced  # no agent is back yet
+        standby.agents = {name: agent for name, agent in sim.agents.items()}
+        for name in standby.agents:
+            await standby.connect(name)
+        await standby.tick(HEARTBEAT_TIMEOUT_S + 1)  # the five came back within the stretched window
+        assert [standby.coordinator._membership.get(n).state for n in "abcde"] == [NodeState.READY] * 5
+    run(scenario())
