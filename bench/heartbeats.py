@@ -288,7 +288,7 @@ class Clients:
 
 
 class Trainerd:
-    def __init__(self, workdir: Path, name: str, etcd_endpoint: str, max_sessions: int) -> None:
+    def __init__(self, workdir: Path, name: str, etcd_endpoint: str, max_sessions: int, max_per_s: float) -> None:
         self.address = f"127.0.0.1:{free_port()}"
         self.metrics_port = free_port()
         cluster = {"cluster": {
@@ -296,7 +296,7 @@ class Trainerd:
             "coordinator": {"listen": self.address, "metrics_listen": f"127.0.0.1:{self.metrics_port}",
                             "max_sessions": max_sessions},
             "etcd": {"endpoints": [etcd_endpoint]},
-            "heartbeat": {"interval_s": INTERVAL_S, "timeout_s": TIMEOUT_S},
+            "heartbeat": {"interval_s": INTERVAL_S, "timeout_s": TIMEOUT_S, "max_per_s": max_per_s},
         }}
         cluster_file = workdir / f"cluster-{name}.yaml"
         cluster_file.write_text(yaml.safe_dump(cluster))
@@ -342,24 +342,24 @@ async def wait_until(predicate, limit_s: float, step_s: float = 0.1) -> float:
     return limit_s
 
 
-async def measure(count: int, args, workdir: Path) -> dict:
+async def measure(count: int, max_per_s: float, args, workdir: Path) -> dict:
     etcd = EmbeddedEtcd(workdir / f"etcd-{count}", free_port(), free_port())
     await etcd.start()
     coordinators: list[Trainerd] = []
     clients = None
     try:
         max_sessions = count + 1000
-        coordinators.append(Trainerd(workdir, f"{count}-a", etcd.endpoint, max_sessions))
+        coordinators.append(Trainerd(workdir, f"{count}-a", etcd.endpoint, max_sessions, max_per_s))
         await wait_until(coordinators[0].leads, 30, 0.2)
         if args.failover:
-            coordinators.append(Trainerd(workdir, f"{count}-b", etcd.endpoint, max_sessions))
+            coordinators.append(Trainerd(workdir, f"{count}-b", etcd.endpoint, max_sessions, max_per_s))
             await asyncio.sleep(2)  # standing by
         leader = coordinators[0]
         clients = Clients([c.address for c in coordinators], count, args.client_processes, args.ramp,
                           args.agents_per_connection, args.client_nice)
         started = time.monotonic()
         connect_s = await wait_until(lambda: clients.totals()["welcomed"] >= count, args.connect_limit)
-        await asyncio.sleep(2 * INTERVAL_S)  # settle into steady state
+        await asyncio.sleep(2 * leader.metrics().get("trainerd_heartbeat_interval_seconds", INTERVAL_S))  # settle
         proc = psutil.Process(leader.process.pid)
         before, cpu_before, client_cpu_before, t0 = leader.metrics(), proc.cpu_times(), clients.cpu_seconds(), \
             time.monotonic()
@@ -367,10 +367,13 @@ async def measure(count: int, args, workdir: Path) -> dict:
         after, cpu_after, client_cpu_after, t1 = leader.metrics(), proc.cpu_times(), clients.cpu_seconds(), \
             time.monotonic()
         window = t1 - t0
+        interval_s = after.get("trainerd_heartbeat_interval_seconds", INTERVAL_S)
         result = {
             "agents": count,
+            "max_per_s": max_per_s,
+            "interval_s": interval_s,
             "connect_s": connect_s,
-            "offered_per_s": count / INTERVAL_S,
+            "offered_per_s": count / interval_s,
             "handled_per_s": (after["trainerd_heartbeats_total"] - before["trainerd_heartbeats_total"]) / window,
             "lag_p50_s": lag_percentile(before, after, 0.50),
             "lag_p99_s": lag_percentile(before, after, 0.99),
@@ -383,7 +386,7 @@ async def measure(count: int, args, workdir: Path) -> dict:
         }
         result.update(clients.totals())
         if args.failover:
-            result["failover"] = await failover(coordinators, clients, count)
+            result["failover"] = await failover(coordinators, clients, count, TIMEOUT_S * interval_s / INTERVAL_S)
         return result
     finally:
         if clients is not None:
@@ -393,7 +396,7 @@ async def measure(count: int, args, workdir: Path) -> dict:
         await etcd.stop()
 
 
-async def failover(coordinators: list[Trainerd], clients: Clients, count: int) -> dict:
+async def failover(coordinators: list[Trainerd], clients: Clients, count: int, timeout_s: float) -> dict:
     """Kill the leader; time until the standby leads and until every agent has a session with it."""
     leader, standby = coordinators
     broken_before = clients.totals()["broken"]
@@ -403,7 +406,7 @@ async def failover(coordinators: list[Trainerd], clients: Clients, count: int) -
     leads_s = time.monotonic() - killed
     everyone_back = await wait_until(lambda: clients.totals()["connected"] >= count, 120, 0.1) < 120
     all_back_s = time.monotonic() - killed if everyone_back else float("inf")
-    await asyncio.sleep(TIMEOUT_S + 1)  # long enough for any LOST to be declared
+    await asyncio.sleep(timeout_s + 1)  # long enough for any LOST to be declared (at the pace in force)
     totals = clients.totals()
     return {"leads_s": leads_s, "all_back_s": all_back_s,
             "false_lost": standby.false_lost(), "broken": totals["broken"] - broken_before,
@@ -470,6 +473,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, nargs="+", default=[1000, 2000, 5000])
     parser.add_argument("--seconds", type=float, default=30.0, help="measurement window per N")
+    parser.add_argument("--max-per-s", type=float, nargs="+", default=[2000.0, 1e9],
+                        help="heartbeat.max_per_s, a row per value; the default's second, 1e9, never stretches "
+                             "the pace: the same code with pacing off, the baseline")
     parser.add_argument("--client-processes", type=int, default=2,
                         help="processes the simulated agents are spread over")
     parser.add_argument("--agents-per-connection", type=int, default=1,
@@ -488,14 +494,15 @@ def main() -> None:
                         help="run in DIR and keep trainerd's logs there (default: a temporary folder)")
     args = parser.parse_args()
     raise_file_limit(max(args.agents) // args.agents_per_connection + 1000)
-    print(f"heartbeat interval {INTERVAL_S}s, LOST after {TIMEOUT_S}s; window {args.seconds:.0f}s per row; "
+    print(f"heartbeat interval {INTERVAL_S}s, LOST after {TIMEOUT_S}s, both stretched past max/s; "
+          f"window {args.seconds:.0f}s per row; "
           f"{args.client_processes} client processes (nice {args.client_nice}), {args.agents_per_connection} agent(s) "
           f"per TCP connection; "
           f"{os.cpu_count()} cores, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    header = (f"{'agents':>7} {'connect':>8} {'offered/s':>10} {'handled/s':>10} {'ratio':>6} {'lag p50':>8} "
-              f"{'lag p99':>8} {'trainerd cpu':>12} {'clients cpu':>11} {'false LOST':>10} {'broken':>7} "
-              f"{'deferred':>8}")
+    header = (f"{'agents':>7} {'max/s':>6} {'interval':>8} {'connect':>8} {'offered/s':>10} {'handled/s':>10} "
+              f"{'ratio':>6} {'lag p50':>8} {'lag p99':>8} {'trainerd cpu':>12} {'clients cpu':>11} {'false LOST':>10} "
+              f"{'broken':>7} {'deferred':>8}")
     print(header)
     asyncio.run(run_all(args))
 
@@ -506,9 +513,10 @@ async def run_all(args) -> None:
         if args.keep_logs is not None:
             args.keep_logs.mkdir(parents=True, exist_ok=True)
             tmp = str(args.keep_logs.resolve())
-        for count in args.agents:
-            r = await measure(count, args, Path(tmp))
-            print(f"{r['agents']:>7} {r['connect_s']:>7.1f}s {r['offered_per_s']:>10.0f} "
+        for count, max_per_s in ((c, m) for c in args.agents for m in args.max_per_s):
+            r = await measure(count, max_per_s, args, Path(tmp))
+            print(f"{r['agents']:>7} {'off' if max_per_s >= 1e9 else f'{max_per_s:.0f}':>6} {r['interval_s']:>7.2f}s "
+                  f"{r['connect_s']:>7.1f}s {r['offered_per_s']:>10.0f} "
                   f"{r['handled_per_s']:>10.0f} {r['handled_per_s'] / r['offered_per_s']:>6.3f} "
                   f"{r['lag_p50_s'] * 1000:>6.1f}ms {r['lag_p99_s'] * 1000:>6.1f}ms "
                   f"{r['cpu_cores'] * 100:>11.0f}% {r['client_cpu_cores'] * 100:>10.0f}% {r['false_lost']:>10} "
