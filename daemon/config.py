@@ -185,6 +185,10 @@ class DataSkipSettings(StrictModel):
     max_consecutive_spikes: int = Field(default=10, ge=1)
     # The same step crashing a worker this many times makes its samples skipped.
     crash_repeats: int = Field(default=2, ge=1)
+    # Once the skip ledger holds MIN_RANGES_FOR_FRACTION ranges (daemon/job/decide.py), more than this
+    # fraction of the samples trained on skipped as bad fails the job: the data, the model or a device is
+    # broken, and skipping on would only burn the data and the hours.
+    max_skipped_fraction: float = Field(default=0.05, gt=0, le=1)
 
 
 class JobSettings(StrictModel):

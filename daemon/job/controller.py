@@ -394,7 +394,7 @@ class JobController:
                          frozenset(facts.disconnected), frozenset(facts.lost), frozenset(facts.drained),
                          self.catalog.entries(), self.ledger.ranges(), self._placeable_since,
                          self._checkpoint_request, now, self._exit_request, self._bad_memory_steps,
-                         dict(self._orders_seen))
+                         dict(self._orders_seen), self.ledger.found_bad())
         for action in decide(world):
             match action:
                 case NotePlaceableSince():

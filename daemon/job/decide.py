@@ -39,6 +39,9 @@ from proto.vocabulary import JobState, ProcessRole
 
 # After the stop grace the agents had to SIGKILL; this much more is allowed for their answer.
 STOP_CONFIRM_MARGIN_S = 2.0
+# A job is judged by the share of its samples skipped only once it has skipped this many ranges: a
+# rollback early in a run covers many samples at once and is no sign of broken data.
+MIN_RANGES_FOR_FRACTION = 20
 # A requested checkpoint is placed this far ahead of the fastest rank, so that every rank reads the
 # request before it passes that step.
 CHECKPOINT_LEAD_S = 2.0
@@ -184,6 +187,8 @@ class JobWorld:
     # The node order of the last generation at each world size (placement.place): a regrown world
     # gives its nodes back their ranks. Kept in the leader's memory only; a new leader starts empty.
     orders_seen: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+    # The ledger's ranges found bad by the workers or the coordinator (not those an operator added).
+    found_bad: tuple[tuple[int, int], ...] = ()
 
 
 def decide(world: JobWorld) -> list[Action]:
@@ -389,7 +394,30 @@ def _failure(world: JobWorld) -> Failure | None:
     if len(run) >= world.spec.data_skip.max_consecutive_spikes:
         return Failure(FailureCause.BAD_BATCHES, f"steps {run[0].step}-{run[-1].step} were all skipped as bad "
                                       f"({run[-1].reason}, grad norm {run[-1].grad_norm:.3g}); rolling back")
+    too_much = _too_much_skipped(world)
+    if too_much is not None:
+        return Failure(FailureCause.BAD_DATA, too_much)
     return _hang(world)
+
+
+def _too_much_skipped(world: JobWorld) -> str | None:
+    """Why the samples found bad so far mean the job is broken (None while they do not): the ledger holds
+    MIN_RANGES_FOR_FRACTION such ranges or more, and they cover more than data_skip.max_skipped_fraction of
+    the samples the job has got through. It is also what keeps the ledger, which every Launch carries,
+    from growing without bound. An operator's own entries (`trainerctl skips add`) do not count."""
+    observation = world.observation
+    assert observation is not None
+    found = world.found_bad
+    if len(found) < MIN_RANGES_FOR_FRACTION or not observation.progress:
+        return None
+    consumed = max(report.consumed_samples for report in observation.progress.values())
+    skipped = sum(min(end, consumed) - start for start, end in found if start < consumed)
+    fraction = world.spec.data_skip.max_skipped_fraction
+    if consumed <= 0 or skipped <= fraction * consumed:
+        return None
+    return (f"{skipped} of the {consumed} samples trained on so far were skipped as bad, in {len(found)} "
+            f"ranges: more than data_skip.max_skipped_fraction ({fraction:g}); the data, the model or a device "
+            f"is broken, not a batch")
 
 
 def _process_failure(cause: FailureCause, failed: ProcessReport, message: str | None = None) -> Failure:

@@ -85,6 +85,10 @@ class SkipLedger:
     def ranges(self) -> tuple[tuple[int, int], ...]:
         return tuple((e.start, e.end) for e in self.entries())
 
+    def found_bad(self) -> tuple[tuple[int, int], ...]:
+        """The ranges a worker or the coordinator found bad (an operator's own entries have step 0)."""
+        return tuple((e.start, e.end) for e in self.entries() if e.step > 0)
+
     async def add(self, entry: SkipEntry, fence: Fence) -> bool:
         """True when the entry is new (an identical range already recorded adds nothing)."""
         return await self._entries.create(keys.skip(self._job, entry.id), entry, fence)

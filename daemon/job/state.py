@@ -38,19 +38,21 @@ class FailureCause(StrEnum):
     LAUNCH_FAILED = "launch_failed"  # the entrypoint could not be executed
     BAD_BATCHES = "bad_batches"  # too many consecutive steps skipped as bad
     JOB_ERROR = "job_error"  # the ranks failed with the same error before any progress: the job is broken
+    BAD_DATA = "bad_data"  # more of the samples skipped as bad than data_skip.max_skipped_fraction
 
     @property
     def spends_budget(self) -> bool:
         """Crashes spend the restart budget; a node leaving does not (DESIGN.md, "Recovery"), nor
-        a broken job, which fails at once."""
-        return self not in (FailureCause.NODE_LOST, FailureCause.JOB_ERROR)
+        a broken job or broken data, which fail at once."""
+        return self not in (FailureCause.NODE_LOST, FailureCause.JOB_ERROR, FailureCause.BAD_DATA)
 
     @property
     def permanent(self) -> bool:
         """The entrypoint cannot be executed, a worker refused its flags or launch environment, or
-        the job's own code or data fails the same way on every rank: relaunching the same thing
-        cannot help."""
-        return self in (FailureCause.LAUNCH_FAILED, FailureCause.USAGE_ERROR, FailureCause.JOB_ERROR)
+        the job's own code or data fails the same way on every rank, or so much of its data was skipped
+        as bad that the data or the model must be broken: relaunching the same thing cannot help."""
+        return self in (FailureCause.LAUNCH_FAILED, FailureCause.USAGE_ERROR, FailureCause.JOB_ERROR,
+                        FailureCause.BAD_DATA)
 
 
 @dataclass(frozen=True)

@@ -638,3 +638,30 @@ def test_a_killed_process_is_not_explained_by_the_line_it_was_cut_off_at() -> No
                                                            "ValueError: bad value at step 7 (train.py:95)")
     assert replace(exited("b", 1, exit_code=3), cause=info_line).describe() == \
         "rank 1 on node b exited with code 3: INFO trainer: step 1 loss 2.26"
+
+
+def test_a_job_skipping_more_than_its_share_of_the_data_as_bad_fails_saying_so() -> None:
+    """Once 20 ranges were found bad, more than data_skip.max_skipped_fraction of the samples got through
+    skipped means the data, the model or a device is broken: the job fails rather than skip on."""
+    bad = tuple((s * GLOBAL_BATCH, (s + 1) * GLOBAL_BATCH) for s in range(100, 120))  # 20 batches
+    at_step_1000 = dict(step=1000, found_bad=bad, skips=bad)  # 2% of the 1000 batches got through
+    assert not [a for a in decide(job_world(**at_step_1000)) if isinstance(a, (CommitRecord, StopGeneration))]
+
+    actions = decide(job_world(**at_step_1000, spec={"data_skip": {"max_skipped_fraction": 0.01}}))
+    commit = commit_of(actions)
+    assert commit.record.state is JobState.FAILED and commit.record.last_failure.cause is FailureCause.BAD_DATA
+    assert commit.record.crash_restarts == 0  # permanent: nothing is relaunched
+    assert commit.record.last_failure.message == (
+        "240 of the 12000 samples trained on so far were skipped as bad, in 20 ranges: more than "
+        "data_skip.max_skipped_fraction (0.01); the data, the model or a device is broken, not a batch")
+    assert any(isinstance(a, StopGeneration) for a in actions)
+
+    strict = {"data_skip": {"max_skipped_fraction": 0.01}}
+    assert not [a for a in decide(job_world(step=1000, found_bad=bad[:19], skips=bad[:19], spec=strict))
+                if isinstance(a, CommitRecord)]  # 19 ranges: too few to judge by
+    assert not [a for a in decide(job_world(step=1000, skips=bad, spec=strict))
+                if isinstance(a, CommitRecord)]  # an operator's own entries are no sign of broken data
+    ahead = tuple((s * GLOBAL_BATCH, (s + 1) * GLOBAL_BATCH) for s in range(2000, 2020))
+    assert not [a for a in decide(job_world(step=1000, found_bad=bad[:10] + ahead, skips=bad[:10] + ahead,
+                                            spec={"data_skip": {"max_skipped_fraction": 0.011}}))
+                if isinstance(a, CommitRecord)]  # samples not yet reached count for nothing

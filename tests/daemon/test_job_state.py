@@ -47,10 +47,12 @@ def test_failure_cause_is_stored_as_its_plain_name_and_read_back_strictly() -> N
         Failure.from_json({**failure.to_json(), "cause": "crashed"})
 
 
-def test_a_lost_node_and_a_job_error_spare_the_budget_and_launch_usage_and_job_errors_are_permanent() -> None:
-    assert {c for c in FailureCause if not c.spends_budget} == {FailureCause.NODE_LOST, FailureCause.JOB_ERROR}
+def test_a_lost_node_a_job_error_and_bad_data_spare_the_budget_and_launch_usage_job_and_data_errors_are_permanent(
+        ) -> None:
+    assert {c for c in FailureCause if not c.spends_budget} == {FailureCause.NODE_LOST, FailureCause.JOB_ERROR,
+                                                                FailureCause.BAD_DATA}
     assert {c for c in FailureCause if c.permanent} == {FailureCause.LAUNCH_FAILED, FailureCause.USAGE_ERROR,
-                                                        FailureCause.JOB_ERROR}
+                                                        FailureCause.JOB_ERROR, FailureCause.BAD_DATA}
 
 
 def test_a_failure_stored_before_it_had_a_location_reads_back_with_none() -> None:
