@@ -179,7 +179,8 @@ class CountFailures(logging.Handler):
                 self._tally.deferred += 1
             else:
                 self._tally.refused[f"{args[1]}: {args[2]}"[:80]] += 1
-        elif msg.startswith("session with %s ended") or msg.startswith("registered as"):
+        elif (msg.startswith("session with %s ended") or msg.startswith("registered as")
+              or msg.startswith("the coordinator asks for a heartbeat every")):
             pass
         elif msg.startswith("%s is a standby"):
             self._tally.refused["UNAVAILABLE: a standby named the leader"] += 1
@@ -527,10 +528,13 @@ async def run_all(args) -> None:
                 print("        the coordinator lost its leadership", flush=True)
             if r["stall_s"]:
                 print(f"        the coordinator's event loop ran {r['stall_s']:.1f}s late in all (excused)", flush=True)
-            for reason, n in r["reasons"].most_common():
+            for reason, n in r["reasons"].most_common(8):
                 print(f"        {n} session(s) broke after their Welcome: {reason}", flush=True)
-            for reason, n in r["refused"].most_common():
+            for reason, n in r["refused"].most_common(8):
                 print(f"        {n} attempt(s) failed before a Welcome: {reason}", flush=True)
+            if len(r["refused"]) > 8:
+                print(f"        and {sum(r['refused'].values()) - sum(n for _, n in r['refused'].most_common(8))} "
+                      f"attempt(s) failing for {len(r['refused']) - 8} other reasons", flush=True)
             if "failover" in r:
                 f = r["failover"]
                 back = (f"all {r['agents']} agents were connected to it after {f['all_back_s']:.1f}s"
