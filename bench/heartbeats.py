@@ -9,8 +9,9 @@ side is not one Python thread. trainerd has to share the machine's cores with th
 printed.
 
 Prints, per N: time until every agent was welcomed, heartbeats handled per second beside the offered
-rate (at the pace in force, its interval printed), the coordinator's heartbeat lag p50/p99 (sent → handled, from its Prometheus histogram),
-trainerd's CPU, the nodes falsely declared LOST, sessions that broke after their Welcome, and Hellos
+rate (at the pace in force, its interval printed), the coordinator's heartbeat lag p50/p99 (sent →
+handled, from its Prometheus histogram), trainerd's CPU, the nodes falsely declared LOST, sessions that
+broke after their Welcome, and Hellos
 the coordinator deferred (RESOURCE_EXHAUSTED with a retry-after hint: not a broken session, the agent
 had none yet). With --failover, a standby trainerd runs beside the leader; after the window the leader
 is killed and the bench measures how long until every agent is connected again (to the new leader),
