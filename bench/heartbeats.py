@@ -9,16 +9,15 @@ side is not one Python thread. trainerd has to share the machine's cores with th
 printed.
 
 Prints, per N: time until every agent was welcomed, heartbeats handled per second beside the offered
-rate (at the pace in force, its interval printed), the coordinator's heartbeat lag p50/p99 (sent →
-handled, from its Prometheus histogram), trainerd's CPU, the nodes falsely declared LOST, sessions that
-broke after their Welcome, and Hellos
-the coordinator deferred (RESOURCE_EXHAUSTED with a retry-after hint: not a broken session, the agent
-had none yet). With --failover, a standby trainerd runs beside the leader; after the window the leader
-is killed and the bench measures how long until every agent is connected again (to the new leader),
-and the false LOST. Baseline (--baseline), measured in the same run: the design trainerd rejected,
-where every agent keeps an etcd lease alive at 1 Hz on its own keepalive stream. Each N runs once per
---max-per-s value; the default pair puts the coordinator's default (2000) beside pacing off (1e9), the
-same code without the feature.
+rate (at the pace in force, its interval printed), the coordinator's heartbeat lag p50/p99 (sent ->
+handled, from its Prometheus histogram), trainerd's CPU, the nodes falsely declared LOST, sessions
+that broke after their Welcome, and Hellos the coordinator deferred (RESOURCE_EXHAUSTED with a
+retry-after hint: not a broken session, the agent had none yet). With --failover, a standby trainerd
+runs beside the leader; after the window the leader is killed and the bench measures how long until
+every agent is connected again (to the new leader), and the false LOST. Baseline (--baseline),
+measured in the same run: the design trainerd rejected, where every agent keeps an etcd lease alive
+at 1 Hz on its own keepalive stream. Each N runs once per --max-per-s value; the default pair puts the
+coordinator's default (2000) beside pacing off (1e9), the same code without the feature.
 
 What keeps a burst from breaking sessions (README, "How many agents one coordinator holds"): Hellos
 that write to etcd are admitted 64 at a time and deferred with a retry-after hint beyond 2 s of queue
