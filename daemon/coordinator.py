@@ -166,6 +166,7 @@ class Coordinator:
         self._ready_nodes = 0  # READY in the records at the last pass: agents heartbeating, or about to
         self._election = LeaderElection(store, me, leader_lease_s)
         self._liveness = LivenessTracker(clock, heartbeat_timeout_s, session_grace_s)
+        self._base_timeout_s, self._base_grace_s = heartbeat_timeout_s, self._liveness.grace_s
         self._read_lag = ReadLag()
         self._membership = Membership(store)
         self._events = EventLog(store, job_name, clock)
@@ -375,7 +376,11 @@ class Coordinator:
         """Fit the pace to the agents held (or known READY: after a failover they are on their way back),
         and the liveness timeout to the pace."""
         pace = self._pacer.update(max(len(self._sessions), self._ready_nodes))
-        self._liveness.timeout_s = self._pacer.liveness_timeout_s()
+        timeout_s = self._pacer.liveness_timeout_s()
+        self._liveness.timeout_s = timeout_s
+        # The session grace stretches alike: an agent's reconnect backs off up to its interval, and a
+        # paced agent's interval can pass the configured grace.
+        self._liveness.grace_s = self._base_grace_s * timeout_s / self._base_timeout_s
         metrics.HEARTBEAT_INTERVAL.set(pace.interval_s)
         return pace
 

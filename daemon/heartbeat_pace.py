@@ -6,8 +6,9 @@ rate, not a number of agents: past it, acks come late, agents redial for want of
 that were never silent (bench/heartbeats.py measured exactly that at 10,000 agents on 2 cores). So the
 configured interval and timeout hold while `sessions / interval_s` stays within `max_per_s`; beyond, both
 stretch together, by steps of sqrt(2), until the rate fits again. A larger cluster is then told of a
-silent host later (the timeout grows with the interval), never falsely. A host whose agent or link
-breaks its session is still LOST after the session grace, which does not stretch.
+silent host later (the timeout grows with the interval), never falsely. The session grace stretches
+alike (daemon/coordinator.py): an agent whose session broke backs off up to its interval before it
+redials.
 
 Every heartbeat's ack names the pace (proto HeartbeatAck), so agents follow it within one interval. The
 leader applies a longer timeout at once, before any agent slows down; after it speeds the pace up again

@@ -43,12 +43,17 @@ class LivenessTracker:
 
     @timeout_s.setter
     def timeout_s(self, timeout_s: float) -> None:
-        """The heartbeat pace changed (daemon/heartbeat_pace.py); the session grace does not."""
+        """The heartbeat pace changed (daemon/heartbeat_pace.py)."""
         self._timeout_s = timeout_s
 
     @property
     def grace_s(self) -> float:
         return self._grace_s
+
+    @grace_s.setter
+    def grace_s(self, grace_s: float) -> None:
+        """The heartbeat pace changed: an agent's reconnect backs off up to its interval."""
+        self._grace_s = grace_s
 
     def connected(self, node: str) -> None:
         self._nodes[node] = _Seen(self._clock.now(), True)

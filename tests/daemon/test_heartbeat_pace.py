@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from common.clock import FakeClock
 from daemon.heartbeat_pace import HeartbeatPacer, Pace
 from proto.vocabulary import NodeState
-from tests.daemon.job_sim import HEARTBEAT_TIMEOUT_S, SimCluster, job_settings
+from tests.daemon.job_sim import HEARTBEAT_TIMEOUT_S, SESSION_GRACE_S, SimCluster, job_settings
 
 
 def test_the_configured_pace_holds_within_the_rate_and_stretches_beyond() -> None:
@@ -100,4 +100,22 @@ def test_a_new_leader_paces_for_the_nodes_it_knows_before_they_are_back() -> Non
             await standby.connect(name)
         await standby.tick(HEARTBEAT_TIMEOUT_S + 1)  # the five came back within the stretched window
         assert [standby.coordinator._membership.get(n).state for n in "abcde"] == [NodeState.READY] * 5
+    run(scenario())
+
+
+def test_the_session_grace_stretches_with_the_pace_as_an_agents_reconnect_backs_off_up_to_its_interval(
+        ) -> None:
+    async def scenario() -> None:
+        sim = SimCluster(job_settings(), heartbeat_max_per_s=2.0)
+        await sim.lead()
+        for name in ("a", "b", "c", "d", "e"):
+            await sim.connect(name)
+        await sim.tick()
+        factor = sim.coordinator.pace.interval_s  # the base interval is 1 s
+        assert math.isclose(factor, 2 * math.sqrt(2))
+        sim.disconnect("e")  # its session broke; the agent redials after a backoff of up to its interval
+        await sim.tick(SESSION_GRACE_S + 0.5)
+        assert sim.coordinator._membership.get("e").state is NodeState.READY
+        await sim.tick(SESSION_GRACE_S * factor - SESSION_GRACE_S)
+        assert sim.coordinator._membership.get("e").state is NodeState.LOST
     run(scenario())
