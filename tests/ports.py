@@ -9,18 +9,22 @@ _handed_out: set[int] = set()
 
 
 def free_port() -> int:
-    """A port nothing listens on now and that this test session has not handed out before.
+    """A port nothing listens on now, that this test session has not handed out before, and below the
+    kernel's ephemeral range.
 
-    The OS may offer a just-released port again, so two servers started in one test could
-    otherwise be given the same one before either binds it.
+    Below the range, because a port of the range found free may be some outgoing connection's local
+    port a moment later (an agent redialling its coordinator takes one a second), and the server the
+    test then starts fails to listen: seen in CI as the embedded etcd's "bind: address already in use".
+    Not handed out before, because two servers started in one test could otherwise be given the same
+    one before either binds it.
     """
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if port not in _handed_out:
+    top = _ephemeral_start()
+    for _ in range(1000):
+        port = random.randrange(10_000, top)
+        if port not in _handed_out and _bindable(port):
             _handed_out.add(port)
             return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 # Generation g's scheduler listens on scheduler_port + g % 16 (daemon/job/launch_plan.py).
