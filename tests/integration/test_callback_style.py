@@ -72,7 +72,10 @@ def callback_style_job(run_dir: Path, epochs: int, steps_per_epoch: int, every: 
                        "--epochs", str(epochs), "--steps-per-epoch", str(steps_per_epoch), "--step-sleep", "0.2"],
         "min_nodes": 2, "max_nodes": 2, "global_batch": 32, "micro_batch": 16,
         "scheduler_port": scheduler_port(), "stop_grace_s": 3, "start_wait_s": 0,
-        "checkpoint": {"dir": str(run_dir / "checkpoints"), "every_steps": every, "keep": 3},
+        # In-memory snapshots on the same steps as the disk checkpoints: with `auto` the newest could be at
+        # an epoch's end (step 20 in one CI run), and the resume under test is one inside an epoch.
+        "checkpoint": {"dir": str(run_dir / "checkpoints"), "every_steps": every, "keep": 3,
+                       "memory_every_steps": every},
     }
 
 
