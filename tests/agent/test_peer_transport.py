@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -44,9 +43,9 @@ def ca() -> Issued:
     return make_ca()
 
 
-def holder_memory(tmp_path: Path, rank: int, steps: tuple[int, ...] = (50,), world_size: int = 2) -> MemorySnapshotDir:
+def holder_memory(root: Path, rank: int, steps: tuple[int, ...] = (50,), world_size: int = 2) -> MemorySnapshotDir:
     """A host running `rank` of `world_size`, its snapshots of `steps` pinned."""
-    memory = MemorySnapshotDir(tmp_path / f"host{rank}")
+    memory = MemorySnapshotDir(root / f"host{rank}")
     job_dir = memory.prepare(JOB, None, HostScope((rank,), world_size, 3))
     for step in steps:
         host_snapshot(job_dir, step, (rank,), world_size=world_size)
@@ -247,9 +246,9 @@ def copies(memory: MemorySnapshotDir, node: str) -> list[str]:
 
 
 def test_the_copier_keeps_the_two_newest_snapshots_and_survives_its_source_going_down(
-        tmp_path: Path, serve, client_of, caplog) -> None:
+        tmp_path: Path, memory_fs: Path, serve, client_of, caplog) -> None:
     source = holder_memory(tmp_path, 1, steps=(10,))
-    local = holder_memory(tmp_path, 0, steps=())
+    local = holder_memory(memory_fs, 0, steps=())
     server = PeerServer(source, "127.0.0.1", None)
     port = server.start()
     peer = pb.PeerAgent(node="host1", address=f"127.0.0.1:{port}")
@@ -335,11 +334,11 @@ def hostile_peer(tmp_path: Path) -> Iterator[Callable[..., tuple[HostilePeer, pb
     ([-1], 2, "names ranks outside its world size 2"),
     (list(range(64)), 64, "names 64 ranks, more than the 2 of this generation's world"),
 ])
-def test_a_copier_fetches_nothing_of_a_listing_no_node_could_hold(tmp_path: Path, hostile_peer, caplog,
+def test_a_copier_fetches_nothing_of_a_listing_no_node_could_hold(memory_fs: Path, hostile_peer, caplog,
                                                                   ranks: list[int], world_size: int,
                                                                   message: str) -> None:
     _, peer = hostile_peer(pb.MemorySnapshot(step=50, ranks=ranks, world_size=world_size, generation=3))
-    local = holder_memory(tmp_path, 0, steps=())
+    local = holder_memory(memory_fs, 0, steps=())
     copier = PeerCopier(local, PeerClient(None), JOB, peer, max_ranks=2, interval_s=0.02)
     with caplog.at_level(logging.WARNING, "agent.peer_copier"):
         copier.start()
@@ -353,15 +352,9 @@ def test_a_copier_fetches_nothing_of_a_listing_no_node_could_hold(tmp_path: Path
 
 
 @pytest.fixture
-def small_memory_fs(tmp_path: Path) -> Iterator[Path]:
+def small_memory_fs(mount_tmpfs: Callable[[str, str], Path]) -> Path:
     """A 1 MiB tmpfs, as a host's shared memory nearly full of its own workers' snapshots would be."""
-    mount_point = tmp_path / "shm"
-    mount_point.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "trainerd-test-shm", str(mount_point)], check=True)
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+    return mount_tmpfs("shm", "1m")
 
 
 def test_a_copy_never_fills_the_memory_file_system_past_three_quarters(tmp_path: Path, small_memory_fs: Path,
@@ -390,10 +383,10 @@ def test_a_copy_never_fills_the_memory_file_system_past_three_quarters(tmp_path:
         server.stop()
 
 
-def test_stopping_a_copier_ends_a_stalled_fetch_at_once_and_leaves_no_partial_copy(tmp_path: Path,
+def test_stopping_a_copier_ends_a_stalled_fetch_at_once_and_leaves_no_partial_copy(memory_fs: Path,
                                                                                     hostile_peer) -> None:
     stalling, peer = hostile_peer(pb.MemorySnapshot(step=50, ranks=[1], world_size=2, generation=3), stall=True)
-    local = holder_memory(tmp_path, 0, steps=())
+    local = holder_memory(memory_fs, 0, steps=())
     client = PeerClient(None)
     copier = PeerCopier(local, client, JOB, peer, max_ranks=2, interval_s=0.02)
     copier.start()

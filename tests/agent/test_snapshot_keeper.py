@@ -105,13 +105,13 @@ def test_a_snapshot_that_cannot_be_fetched_leaves_the_workers_no_path_to_it(tmp_
 
 
 def test_a_generation_across_hosts_reports_what_it_holds_and_copies_its_predecessor(tmp_path: Path, peers,
-                                                                                    ) -> None:
+                                                                                    memory_fs: Path) -> None:
     async def scenario() -> None:
         predecessor = host_memory(tmp_path, "h1", 1, (), generation=5)
         server = PeerServer(predecessor, "127.0.0.1", None)
         h1 = pb.PeerAgent(node="h1", address=f"127.0.0.1:{server.start()}")
         try:
-            memory = MemorySnapshotDir(tmp_path / "h0")
+            memory = MemorySnapshotDir(memory_fs / "h0")
             host = Host(tmp_path / "work", memory=memory, peers=peers)
             (tmp_path / "work").mkdir()
             message = launch(5, workers=1, copy_from=h1)
