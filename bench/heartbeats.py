@@ -16,15 +16,18 @@ retry-after hint: not a broken session, the agent had none yet). With --failover
 runs beside the leader; after the window the leader is killed and the bench measures how long until
 every agent is connected again (to the new leader), and the false LOST. Baseline (--baseline),
 measured in the same run: the design trainerd rejected, where every agent keeps an etcd lease alive
-at 1 Hz on its own keepalive stream. Each N runs once per --max-per-s value; the default pair puts the
-coordinator's default (2000) beside pacing off (1e9), the same code without the feature.
+at 1 Hz on its own keepalive stream. Each N runs once per --max-per-s value and --max-opening value,
+each row on an etcd and in a directory of its own; the default --max-per-s pair puts the coordinator's
+default (2000) beside pacing off (1e9), the same code without the feature, and --max-opening 256 1000000
+puts the opening gate's default beside it off.
 
-What keeps a burst from breaking sessions (README, "How many agents one coordinator holds"): Hellos
-that write to etcd are admitted 64 at a time and deferred with a retry-after hint beyond 2 s of queue
-(daemon/admission.py); the leader lease is refreshed by a thread of its own (daemon/store/lease_keeper.py);
-liveness deadlines allow for the leader's own read lag (daemon/read_lag.py). An agent redials after
-max(3 intervals, timeout/2) without an ack, so a coordinator that falls that far behind shows up here as
-broken sessions.
+What keeps a burst from breaking sessions (README, "How many agents one coordinator holds"): at most 256
+sessions are opened at once, the agents past that told when to come back, each at a turn of its own, and
+counted in the pace (daemon/admission.py OpeningGate); Hellos that write to etcd are admitted 64 at a
+time and deferred with a retry-after hint beyond 2 s of queue (HelloAdmission); the leader lease is
+refreshed by a thread of its own (daemon/store/lease_keeper.py); liveness deadlines allow for the
+leader's own read lag (daemon/read_lag.py). An agent redials after max(3 intervals, timeout/2) without
+an ack, so a coordinator that falls that far behind shows up here as broken sessions.
 
 trainerd may open at most as many files as the machine allows (20,000 where the reference figures were
 taken, and it could not be raised): for 20,000 agents, two share each TCP connection
@@ -47,6 +50,7 @@ import multiprocessing
 import os
 import random
 import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -292,13 +296,14 @@ class Clients:
 
 
 class Trainerd:
-    def __init__(self, workdir: Path, name: str, etcd_endpoint: str, max_sessions: int, max_per_s: float) -> None:
+    def __init__(self, workdir: Path, name: str, etcd_endpoint: str, max_sessions: int, max_per_s: float,
+                 max_opening: int) -> None:
         self.address = f"127.0.0.1:{free_port()}"
         self.metrics_port = free_port()
         cluster = {"cluster": {
             "name": "bench",
             "coordinator": {"listen": self.address, "metrics_listen": f"127.0.0.1:{self.metrics_port}",
-                            "max_sessions": max_sessions},
+                            "max_sessions": max_sessions, "max_opening_sessions": max_opening},
             "etcd": {"endpoints": [etcd_endpoint]},
             "heartbeat": {"interval_s": INTERVAL_S, "timeout_s": TIMEOUT_S, "max_per_s": max_per_s},
         }}
@@ -346,17 +351,19 @@ async def wait_until(predicate, limit_s: float, step_s: float = 0.1) -> float:
     return limit_s
 
 
-async def measure(count: int, max_per_s: float, args, workdir: Path) -> dict:
+async def measure(count: int, max_per_s: float, max_opening: int, args, workdir: Path) -> dict:
     etcd = EmbeddedEtcd(workdir / f"etcd-{count}", free_port(), free_port())
     await etcd.start()
     coordinators: list[Trainerd] = []
     clients = None
     try:
         max_sessions = count + 1000
-        coordinators.append(Trainerd(workdir, f"{count}-a", etcd.endpoint, max_sessions, max_per_s))
+        coordinators.append(Trainerd(workdir, f"{count}-a", etcd.endpoint, max_sessions, max_per_s,
+                                     max_opening))
         await wait_until(coordinators[0].leads, 30, 0.2)
         if args.failover:
-            coordinators.append(Trainerd(workdir, f"{count}-b", etcd.endpoint, max_sessions, max_per_s))
+            coordinators.append(Trainerd(workdir, f"{count}-b", etcd.endpoint, max_sessions, max_per_s,
+                                         max_opening))
             await asyncio.sleep(2)  # standing by
         leader = coordinators[0]
         clients = Clients([c.address for c in coordinators], count, args.client_processes, args.ramp,
@@ -480,6 +487,9 @@ def main() -> None:
     parser.add_argument("--max-per-s", type=float, nargs="+", default=[2000.0, 1e9],
                         help="heartbeat.max_per_s, a row per value; the default's second, 1e9, never stretches "
                              "the pace: the same code with pacing off, the baseline")
+    parser.add_argument("--max-opening", type=int, nargs="+", default=[256],
+                        help="cluster.coordinator.max_opening_sessions, a row per value (and per --max-per-s); "
+                             "1000000 never defers a Hello before it is welcomed: the gate off")
     parser.add_argument("--client-processes", type=int, default=2,
                         help="processes the simulated agents are spread over")
     parser.add_argument("--agents-per-connection", type=int, default=1,
@@ -504,9 +514,9 @@ def main() -> None:
           f"per TCP connection; "
           f"{os.cpu_count()} cores, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    header = (f"{'agents':>7} {'max/s':>6} {'interval':>8} {'connect':>8} {'offered/s':>10} {'handled/s':>10} "
-              f"{'ratio':>6} {'lag p50':>8} {'lag p99':>8} {'trainerd cpu':>12} {'clients cpu':>11} {'false LOST':>10} "
-              f"{'broken':>7} {'deferred':>8}")
+    header = (f"{'agents':>7} {'max/s':>6} {'opening':>7} {'interval':>8} {'connect':>8} {'offered/s':>10} "
+              f"{'handled/s':>10} {'ratio':>6} {'lag p50':>8} {'lag p99':>8} {'trainerd cpu':>12} {'clients cpu':>11} "
+              f"{'false LOST':>10} {'broken':>7} {'deferred':>8}")
     print(header)
     asyncio.run(run_all(args))
 
@@ -517,9 +527,15 @@ async def run_all(args) -> None:
         if args.keep_logs is not None:
             args.keep_logs.mkdir(parents=True, exist_ok=True)
             tmp = str(args.keep_logs.resolve())
-        for count, max_per_s in ((c, m) for c in args.agents for m in args.max_per_s):
-            r = await measure(count, max_per_s, args, Path(tmp))
-            print(f"{r['agents']:>7} {'off' if max_per_s >= 1e9 else f'{max_per_s:.0f}':>6} {r['interval_s']:>7.2f}s "
+        rows = ((c, m, o) for c in args.agents for m in args.max_per_s for o in args.max_opening)
+        for row, (count, max_per_s, max_opening) in enumerate(rows, 1):
+            # Each row its own etcd and files: a row must not start from the nodes a previous one recorded.
+            row_dir = Path(tmp) / f"row{row}"
+            shutil.rmtree(row_dir, ignore_errors=True)
+            row_dir.mkdir()
+            r = await measure(count, max_per_s, max_opening, args, row_dir)
+            print(f"{r['agents']:>7} {'off' if max_per_s >= 1e9 else f'{max_per_s:.0f}':>6} "
+                  f"{'off' if max_opening >= 1_000_000 else max_opening:>7} {r['interval_s']:>7.2f}s "
                   f"{r['connect_s']:>7.1f}s {r['offered_per_s']:>10.0f} "
                   f"{r['handled_per_s']:>10.0f} {r['handled_per_s'] / r['offered_per_s']:>6.3f} "
                   f"{r['lag_p50_s'] * 1000:>6.1f}ms {r['lag_p99_s'] * 1000:>6.1f}ms "
@@ -545,7 +561,7 @@ async def run_all(args) -> None:
                 print(f"        failover: leader killed; the standby led after {f['leads_s']:.1f}s, {back} "
                       f"({f['connected']} now); false LOST {f['false_lost']}", flush=True)
             if args.baseline:
-                b = await etcd_lease_baseline(r["agents"], args.seconds, Path(tmp))
+                b = await etcd_lease_baseline(r["agents"], args.seconds, row_dir)
                 print(f"{'  baseline, etcd leases at 1 Hz (round trip, etcd cpu, leases lost):':<44} "
                       f"{b['per_s']:>10.0f} {b['per_s'] / r['agents']:>6.3f} {b['p50'] * 1000:>6.1f}ms "
                       f"{b['p99'] * 1000:>6.1f}ms {b['cpu'] * 100:>11.0f}% {'':>11} {b['lost']:>10}", flush=True)

@@ -1,11 +1,22 @@
 """Admission of Hellos: a connect burst is queued and spread out, not let loose on etcd at once.
 
-A new node costs two fenced etcd writes before its Welcome (its record and a `node_joined` event).
-Ten thousand agents connecting at once would put twenty thousand writes in flight on the
-coordinator's one event loop, starving the heartbeats of nodes already connected (and the
-coordinator's own lease). So at most `concurrent` Hellos are recorded at once; the others wait their
-turn, and when the queue is longer than `max_wait_s` would drain, a Hello is deferred at once with a
-hint of when to come back (the agent adds jitter), long before its Welcome timeout.
+Two gates, both answering an overload with `HelloDeferred` (RESOURCE_EXHAUSTED and a retry-after hint,
+which the agent honours with jitter) rather than a queue longer than the agent will wait:
+
+`OpeningGate`, before a Hello is read: at most `max_opening` sessions are being opened at once (stream
+accepted, Welcome not yet written). Past that, a Hello is turned away at once with a ticket: each
+deferred agent is given its own later moment, one Welcome-time apart at the rate the coordinator has
+been welcoming, so ten thousand agents connecting at once come back spread over the time it takes to
+welcome them, not together after the same hint. Without it a burst queues more Hellos than the loop
+can answer within the agent's Welcome timeout; the agents give up, redial, and every retry costs
+both sides again.
+
+`HelloAdmission`, for Hellos that write to etcd: a new node costs two fenced etcd writes before its
+Welcome (its record and a `node_joined` event). Ten thousand agents connecting at once would put twenty
+thousand writes in flight on the coordinator's one event loop, starving the heartbeats of nodes already
+connected (and the coordinator's own lease). So at most `concurrent` Hellos are recorded at once; the
+others wait their turn, and when the queue is longer than `max_wait_s` would drain, a Hello is deferred
+at once with a hint of when to come back, long before its Welcome timeout.
 """
 
 from __future__ import annotations
@@ -30,6 +41,60 @@ class HelloDeferred(RetryableError):
     def __init__(self, retry_after_s: float) -> None:
         super().__init__(f"{retry_after_s:.1f}s of Hellos are queued at this coordinator; retry after that")
         self.retry_after_s = retry_after_s
+
+
+DEFAULT_MAX_OPENING = 256
+MAX_TICKET_S = 60.0  # the most an agent honours (agent/session.py retry_after_s)
+_FIRST_OPENING_GUESS_S = 0.05  # one opening's duration before any was measured
+
+
+class OpeningGate:
+    def __init__(self, clock: Clock, max_opening: int = DEFAULT_MAX_OPENING) -> None:
+        self._clock = clock
+        self._max_opening = max_opening
+        self._opening = 0
+        self._opening_s = _FIRST_OPENING_GUESS_S  # moving average of one opening's duration
+        self._next_ticket_at = 0.0  # the clock's time of the latest ticket handed out
+
+    @property
+    def opening(self) -> int:
+        return self._opening
+
+    def welcome_rate(self) -> float:
+        """Welcomes per second when the gate is full (Little's law: places / time in a place)."""
+        return self._max_opening / self._opening_s
+
+    def agents_at_the_door(self) -> int:
+        """Agents turned away whose turn is still to come: the tickets ahead, one Welcome-time apart.
+        (Sessions being opened are not counted: the coordinator holds them from their Hello.)"""
+        waiting_s = max(0.0, self._next_ticket_at - self._clock.now())
+        return round(waiting_s * self.welcome_rate())
+
+    def _ticket(self) -> float:
+        """Seconds until this deferred agent's turn: one Welcome-time after the last ticket's, and no
+        sooner than the sessions being opened now will take to clear."""
+        now, welcome_s = self._clock.now(), 1 / self.welcome_rate()
+        self._next_ticket_at = max(self._next_ticket_at + welcome_s,
+                                   now + max(MIN_RETRY_AFTER_S, self._opening_s + welcome_s))
+        return min(MAX_TICKET_S, self._next_ticket_at - now)
+
+    @asynccontextmanager
+    async def opening_session(self) -> AsyncIterator[None]:
+        """Hold one of the `max_opening` places while a session is opened (Hello read, Welcome sent).
+
+        Raises:
+            HelloDeferred: every place is taken; the hint is this agent's ticket.
+        """
+        if self._opening >= self._max_opening:
+            raise HelloDeferred(self._ticket())
+        self._opening += 1
+        started = self._clock.now()
+        try:
+            yield
+        finally:
+            self._opening -= 1
+            took = self._clock.now() - started
+            self._opening_s += _SMOOTHING * (max(took, 1e-4) - self._opening_s)
 
 
 class HelloAdmission:

@@ -17,6 +17,7 @@ from common.clock import SystemClock
 from common.config_file import parse_host_port
 from common.tls_files import TlsFiles, TlsSettings
 from daemon import metrics
+from daemon.admission import OpeningGate
 from daemon.config import ClusterConfig
 from daemon.coordinator import Coordinator
 from daemon.errors import PermanentError
@@ -129,6 +130,7 @@ class TrainerdApp:
             me = LeaderRecord(id=f"{socket.gethostname()}:{os.getpid()}",
                               address=cluster.coordinator.advertised)
             job_name = self._config.job.name if self._config.job else cluster.name
+            gate = OpeningGate(SystemClock(), cluster.coordinator.max_opening_sessions)
             coordinator = self.coordinator = Coordinator(
                 store=self._store, clock=SystemClock(), me=me, job_name=job_name, job=self._config.job,
                 heartbeat_interval_s=cluster.heartbeat.interval_s,
@@ -139,12 +141,13 @@ class TrainerdApp:
                 events_keep=cluster.events.keep, events_max_age_s=cluster.events.max_age_s,
                 leader_lease_s=cluster.coordinator.leader_lease_s,
                 on_leadership_change=self._publish_leadership,
+                agents_at_the_door=gate.agents_at_the_door,
             )
             metrics.SESSIONS.set_function(lambda: coordinator.session_count)
             if cluster.coordinator.metrics_listen:
                 start_metrics_server(cluster.coordinator.metrics_listen, cluster.tls)
             pb_grpc.add_CoordinatorServicer_to_server(
-                CoordinatorService(self.coordinator, cluster.coordinator.max_sessions), self._server)
+                CoordinatorService(self.coordinator, cluster.coordinator.max_sessions, gate=gate), self._server)
             pb_grpc.add_ControlServicer_to_server(ControlService(self.coordinator), self._server)
             health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
             await self._server.start()

@@ -23,6 +23,9 @@ class CoordinatorSettings(StrictModel):
     metrics_listen: Address | None = None
     # Agent session streams open at once; more are refused (RESOURCE_EXHAUSTED).
     max_sessions: int = Field(default=20000, ge=1, le=1_000_000)
+    # Sessions being opened at once (Hello read, Welcome not yet sent); past it a Hello is deferred at
+    # once with a retry-after ticket of its own (daemon/admission.py OpeningGate).
+    max_opening_sessions: int = Field(default=256, ge=1, le=1_000_000)
 
     @property
     def advertised(self) -> str:

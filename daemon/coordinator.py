@@ -158,8 +158,12 @@ class Coordinator:
         events_keep: int = DEFAULT_EVENTS_KEEP,
         events_max_age_s: float = DEFAULT_EVENTS_MAX_AGE_S,
         on_leadership_change: Callable[[bool], None] = lambda is_leader: None,
+        agents_at_the_door: Callable[[], int] = lambda: 0,
     ) -> None:
+        """`agents_at_the_door`: agents told when to come back, whose turn is still to come
+        (daemon/admission.py OpeningGate.agents_at_the_door); the pace counts them as held."""
         self._store = store
+        self._agents_at_the_door = agents_at_the_door
         self._clock = clock
         self.me = me
         self._pacer = HeartbeatPacer(clock, heartbeat_interval_s, heartbeat_timeout_s, heartbeat_max_per_s)
@@ -373,9 +377,11 @@ class Coordinator:
         return self._pacer.pace
 
     def _pace(self) -> Pace:
-        """Fit the pace to the agents held (or known READY: after a failover they are on their way back),
-        and the liveness timeout to the pace."""
-        pace = self._pacer.update(max(len(self._sessions), self._ready_nodes))
+        """Fit the pace to the agents held and those at the door (or known READY: after a failover they are
+        on their way back), and the liveness timeout to the pace. Counting those at the door paces the
+        first agents of a burst for the whole of it: welcomed at the 1 s pace of an empty cluster, they
+        would heartbeat at it until their next ack, and take the loop from the Hellos still coming."""
+        pace = self._pacer.update(max(len(self._sessions) + self._agents_at_the_door(), self._ready_nodes))
         timeout_s = self._pacer.liveness_timeout_s()
         self._liveness.timeout_s = timeout_s
         # The session grace stretches alike: an agent's reconnect backs off up to its interval, and a

@@ -17,7 +17,7 @@ import time
 import grpc
 
 from common.clock import Clock, SystemClock
-from daemon.admission import HelloAdmission, HelloDeferred
+from daemon.admission import HelloAdmission, HelloDeferred, OpeningGate
 from daemon.job.controller import JobView
 from daemon.coordinator import (
     MAX_DEVICES_PER_NODE,
@@ -249,10 +249,12 @@ def command_to_proto(command: object) -> pb.CoordinatorMessage:
 
 class CoordinatorService(pb_grpc.CoordinatorServicer):
     def __init__(self, coordinator: Coordinator, max_sessions: int = DEFAULT_MAX_SESSIONS,
-                 admission: HelloAdmission | None = None, clock: Clock | None = None) -> None:
+                 admission: HelloAdmission | None = None, clock: Clock | None = None,
+                 gate: OpeningGate | None = None) -> None:
         self._coordinator = coordinator
         self._max_sessions = max_sessions
         self._admission = admission or HelloAdmission(clock or SystemClock())
+        self._gate = gate or OpeningGate(clock or SystemClock())
         self._open_streams = 0
         self._warnings = RateLimitedLog(log)
 
@@ -268,11 +270,21 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                                 f"retry later")
         self._open_streams += 1
         try:
-            await self._session(context)
+            try:
+                opened = await self._open(context)
+            except HelloDeferred:
+                metrics.HELLOS_DEFERRED.inc()
+                raise
+            if opened is not None:
+                await self._serve(context, *opened)
         finally:
             self._open_streams -= 1
 
-    async def _session(self, context: grpc.aio.ServicerContext) -> None:
+    async def _open(self, context: grpc.aio.ServicerContext) -> tuple[AgentSession, asyncio.Queue] | None:
+        """Read the Hello, open the session and write the Welcome (None: the agent left first).
+
+        The Hello is read before anything is refused: an agent whose Hello write fails because the
+        stream already ended sees INTERNAL, not our status and its retry-after hint (grpc/grpc#36066)."""
         try:
             first = await asyncio.wait_for(context.read(), HELLO_TIMEOUT_S)
         except asyncio.TimeoutError:
@@ -280,26 +292,38 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         if first is grpc.aio.EOF:
             # The agent gave up (or closed its side) before its Hello was read: nobody to answer. Its
             # cancellation may not show in `context.cancelled()` yet, and an abort would then fail.
-            return
+            return None
         if first.WhichOneof("body") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a session must start with Hello")
         hello = hello_from_proto(first.hello)
         require_node(hello.node_name)
+        async with self._gate.opening_session():
+            return await self._welcome(context, hello)
+
+    async def _welcome(self, context: grpc.aio.ServicerContext,
+                       hello: AgentHello) -> tuple[AgentSession, asyncio.Queue]:
+        """Open the session (recording the node first when it is new or changed) and write the Welcome."""
         outbox: asyncio.Queue = asyncio.Queue()
         if self._coordinator.needs_recording(hello):  # etcd writes: one at a time of `concurrent`
-            try:
-                async with self._admission.admit():
-                    session, welcome = await self._coordinator.open_session(hello, outbox.put_nowait)
-            except HelloDeferred:
-                metrics.HELLOS_DEFERRED.inc()
-                raise
+            async with self._admission.admit():
+                session, welcome = await self._coordinator.open_session(hello, outbox.put_nowait)
         else:
             session, welcome = await self._coordinator.open_session(hello, outbox.put_nowait)
-        await context.write(pb.CoordinatorMessage(welcome=pb.Welcome(
-            node_name=welcome.node_name, resume_token=welcome.resume_token,
-            heartbeat_interval_s=welcome.heartbeat_interval_s, coordinator_id=welcome.coordinator_id,
-            heartbeat_timeout_s=welcome.heartbeat_timeout_s, stop_grace_s=welcome.stop_grace_s,
-        )))
+        try:
+            await context.write(pb.CoordinatorMessage(welcome=pb.Welcome(
+                node_name=welcome.node_name, resume_token=welcome.resume_token,
+                heartbeat_interval_s=welcome.heartbeat_interval_s, coordinator_id=welcome.coordinator_id,
+                heartbeat_timeout_s=welcome.heartbeat_timeout_s, stop_grace_s=welcome.stop_grace_s,
+            )))
+        except BaseException:
+            # The agent left as it was welcomed: it never got the resume token, so the session must
+            # not stay open and hold its node name against the agent's next Hello.
+            self._coordinator.close_session(session)
+            raise
+        return session, outbox
+
+    async def _serve(self, context: grpc.aio.ServicerContext, session: AgentSession, outbox: asyncio.Queue) -> None:
+        """Carry the open session until either side ends it."""
         write_lock = asyncio.Lock()  # grpc.aio allows one write in flight per stream
         reader = asyncio.create_task(self._read(context, session, write_lock))
         writer = asyncio.create_task(self._write(context, outbox, write_lock))

@@ -1,11 +1,12 @@
-"""Admission of Hellos: bounded at once, the rest queued, and deferred with a hint when the queue is long."""
+"""Admission of Hellos: bounded at once, the rest queued, and deferred with a hint when the queue is long;
+sessions being opened bounded, each agent turned away given a turn of its own."""
 
 import asyncio
 
 import pytest
 
 from common.clock import FakeClock
-from daemon.admission import MIN_RETRY_AFTER_S, HelloAdmission, HelloDeferred
+from daemon.admission import MAX_TICKET_S, MIN_RETRY_AFTER_S, HelloAdmission, HelloDeferred, OpeningGate
 
 
 def test_at_most_concurrent_hellos_are_admitted_at_once_and_the_rest_wait_their_turn() -> None:
@@ -89,3 +90,93 @@ async def _test_a_waiting_hello_that_is_cancelled_gives_its_place_back() -> None
     await first
     async with admission.admit():
         pass
+
+
+async def opening_gate(clock: FakeClock, max_opening: int, opening_s: float) -> OpeningGate:
+    """A gate taught that opening a session takes `opening_s`."""
+    gate = OpeningGate(clock, max_opening=max_opening)
+    for _ in range(200):
+        async with gate.opening_session():
+            clock.advance(opening_s)
+    return gate
+
+
+async def take_places(gate: OpeningGate, places: int) -> tuple[list[asyncio.Task], asyncio.Event]:
+    """`places` sessions being opened until the returned event is set."""
+    release = asyncio.Event()
+
+    async def opening() -> None:
+        async with gate.opening_session():
+            await release.wait()
+
+    holders = [asyncio.create_task(opening()) for _ in range(places)]
+    await asyncio.sleep(0.01)
+    return holders, release
+
+
+def test_past_max_opening_a_hello_is_turned_away_at_once_and_a_freed_place_admits_again() -> None:
+    asyncio.run(asyncio.wait_for(_test_past_max_opening_a_hello_is_turned_away_at_once(), 30))
+
+
+async def _test_past_max_opening_a_hello_is_turned_away_at_once() -> None:
+    gate = OpeningGate(FakeClock(), max_opening=2)
+    holders, release = await take_places(gate, 2)
+    assert gate.opening == 2
+    with pytest.raises(HelloDeferred):  # not queued: the agent's Welcome timer would run out in a queue
+        async with gate.opening_session():
+            pass
+    release.set()
+    await asyncio.gather(*holders)
+    assert gate.opening == 0
+    async with gate.opening_session():
+        assert gate.opening == 1
+
+
+def test_each_deferred_agent_gets_its_own_later_turn_one_welcome_apart() -> None:
+    asyncio.run(asyncio.wait_for(_test_each_deferred_agent_gets_its_own_later_turn_one_welcome_apart(), 30))
+
+
+async def _test_each_deferred_agent_gets_its_own_later_turn_one_welcome_apart() -> None:
+    clock = FakeClock()
+    gate = await opening_gate(clock, max_opening=2, opening_s=0.5)
+    assert gate.welcome_rate() == pytest.approx(4.0, rel=0.01)  # 2 places, 0.5 s each
+    holders, release = await take_places(gate, 2)
+
+    async def ticket() -> float:
+        with pytest.raises(HelloDeferred) as deferred:
+            async with gate.opening_session():
+                pass
+        return deferred.value.retry_after_s
+
+    # the first no sooner than the places now taken clear (0.5 s), then one Welcome-time (0.25 s) apart
+    assert [await ticket() for _ in range(4)] == pytest.approx([0.75, 1.0, 1.25, 1.5], rel=0.01)
+    clock.advance(1.0)  # tickets handed out stay handed out: the next comes after the last
+    assert await ticket() == pytest.approx(0.75, rel=0.01)
+    for _ in range(1000):
+        last = await ticket()
+    assert last == MAX_TICKET_S  # never past what an agent honours
+    release.set()
+    await asyncio.gather(*holders)
+
+
+def test_the_agents_at_the_door_are_the_turns_still_to_come() -> None:
+    asyncio.run(asyncio.wait_for(_test_the_agents_at_the_door_are_the_turns_still_to_come(), 30))
+
+
+async def _test_the_agents_at_the_door_are_the_turns_still_to_come() -> None:
+    clock = FakeClock()
+    gate = await opening_gate(clock, max_opening=1, opening_s=1.0)  # one Welcome a second
+    assert gate.agents_at_the_door() == 0
+    async with gate.opening_session():
+        counts = []
+        for _ in range(5):
+            with pytest.raises(HelloDeferred):
+                async with gate.opening_session():
+                    pass
+            counts.append(gate.agents_at_the_door())
+    # the five turns, behind the one session being opened (its Welcome-time counts as a turn ahead)
+    assert counts == [2, 3, 4, 5, 6]
+    clock.advance(3.0)
+    assert gate.agents_at_the_door() == 3
+    clock.advance(10.0)
+    assert gate.agents_at_the_door() == 0

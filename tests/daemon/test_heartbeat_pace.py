@@ -119,3 +119,17 @@ def test_the_session_grace_stretches_with_the_pace_as_an_agents_reconnect_backs_
         await sim.tick(SESSION_GRACE_S * factor - SESSION_GRACE_S)
         assert sim.coordinator._membership.get("e").state is NodeState.LOST
     run(scenario())
+
+
+def test_the_first_agents_of_a_burst_are_paced_for_those_still_at_the_door() -> None:
+    async def scenario() -> None:
+        at_the_door = 0
+        sim = SimCluster(job_settings(), heartbeat_max_per_s=2.0, agents_at_the_door=lambda: at_the_door)
+        await sim.lead()
+        await sim.connect("a")
+        assert sim.coordinator.pace.interval_s == 1.0  # one agent, nobody waiting: the configured pace
+        at_the_door = 3  # three turned away, their turns to come: four agents, more than 2 a second at 1 s
+        sim.disconnect("a")
+        await sim.connect("a")
+        assert sim.coordinator.pace.interval_s == 2.0  # what its Welcome names
+    run(scenario())

@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY
 
 from agent.session import retry_after_s
 from common.clock import FakeClock
-from daemon.admission import MIN_RETRY_AFTER_S, HelloAdmission
+from daemon.admission import MIN_RETRY_AFTER_S, HelloAdmission, OpeningGate
 from daemon.app import grpc_server
 from daemon.coordinator import SessionRefused
 from daemon.job.observation import REMEMBERED_STEPS
@@ -228,16 +228,21 @@ def test_sessions_beyond_max_sessions_are_refused_resource_exhausted() -> None:
     run(scenario())
 
 
+async def serve_sessions(service: CoordinatorService) -> tuple[grpc.aio.Server, grpc.aio.Channel]:
+    """A real gRPC server carrying `service` on loopback, and a channel to it."""
+    server = grpc_server()
+    port = server.add_insecure_port("127.0.0.1:0")
+    pb_grpc.add_CoordinatorServicer_to_server(service, server)
+    await server.start()
+    return server, grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+
+
 def test_a_new_node_beyond_the_admission_queue_is_deferred_with_a_hint_and_a_known_one_is_not() -> None:
     async def scenario() -> None:
         sim = SimCluster(job_settings())
         await sim.lead()
         admission = HelloAdmission(FakeClock(), concurrent=1, max_wait_s=0.001)
-        server = grpc_server()
-        port = server.add_insecure_port("127.0.0.1:0")
-        pb_grpc.add_CoordinatorServicer_to_server(CoordinatorService(sim.coordinator, admission=admission), server)
-        await server.start()
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        server, channel = await serve_sessions(CoordinatorService(sim.coordinator, admission=admission))
         busy = asyncio.Event()
 
         async def recording_elsewhere() -> None:  # another Hello holds the one place, one more waits
@@ -268,6 +273,74 @@ def test_a_new_node_beyond_the_admission_queue_is_deferred_with_a_hint_and_a_kno
             await asyncio.gather(*holders)
             await channel.close()
             await server.stop(None)
+    run(scenario())
+
+
+def test_past_max_opening_each_agent_is_turned_away_with_its_own_turn_and_welcomed_once_a_place_frees() -> None:
+    async def scenario() -> None:
+        sim = SimCluster(job_settings())
+        await sim.lead()
+        gate = OpeningGate(FakeClock(), max_opening=1)
+        server, channel = await serve_sessions(CoordinatorService(sim.coordinator, gate=gate))
+        busy = asyncio.Event()
+
+        async def opening_elsewhere() -> None:  # another session holds the one place
+            async with gate.opening_session():
+                await busy.wait()
+
+        holder = asyncio.create_task(opening_elsewhere())
+        try:
+            stub = pb_grpc.CoordinatorStub(channel)
+            await asyncio.sleep(0.01)
+            hints = []
+            for name in ("n0", "n1"):
+                call = stub.Session()
+                await call.write(pb.AgentMessage(hello=hello(node_name=name)))
+                with pytest.raises(grpc.aio.AioRpcError) as deferred:
+                    await call.read()
+                # the agent's own status and hint, not INTERNAL: its Hello was read before it was turned away
+                assert deferred.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+                hints.append(retry_after_s(deferred.value))
+            assert MIN_RETRY_AFTER_S <= hints[0] < hints[1]  # each its own turn, not the same hint for all
+            assert sim.coordinator.session_count == 0
+            busy.set()
+            await holder
+            call = stub.Session()
+            await call.write(pb.AgentMessage(hello=hello(node_name="n0")))
+            assert (await call.read()).WhichOneof("body") == "welcome"
+            call.cancel()
+        finally:
+            busy.set()
+            await asyncio.gather(holder)
+            await channel.close()
+            await server.stop(None)
+    run(scenario())
+
+
+class LeavesAtTheWelcome:
+    """A stream whose agent sent its Hello and was gone when the Welcome was written."""
+
+    def __init__(self, message: pb.AgentMessage) -> None:
+        self._message = message
+
+    async def read(self) -> pb.AgentMessage:
+        return self._message
+
+    async def write(self, message: pb.CoordinatorMessage) -> None:
+        raise asyncio.InvalidStateError("the RPC has ended")
+
+
+def test_an_agent_gone_when_its_welcome_is_written_leaves_no_session_holding_its_name() -> None:
+    async def scenario() -> None:
+        sim = SimCluster(job_settings())
+        await sim.lead()
+        service = CoordinatorService(sim.coordinator)
+        with pytest.raises(asyncio.InvalidStateError):
+            await service._open(LeavesAtTheWelcome(pb.AgentMessage(hello=hello(node_name="n0"))))
+        assert sim.coordinator.session_count == 0
+        # it never got the resume token: its next Hello, without one, must not meet "held by a live session"
+        await sim.connect("n0")
+        assert sim.coordinator.session_count == 1
     run(scenario())
 
 
