@@ -3,8 +3,8 @@
 Two gates, both answering an overload with `HelloDeferred` (RESOURCE_EXHAUSTED and a retry-after hint,
 which the agent honours with jitter) rather than a queue longer than the agent will wait:
 
-`OpeningGate`, before a Hello is read: at most `max_opening` sessions are being opened at once (stream
-accepted, Welcome not yet written). Past that, a Hello is turned away at once with a ticket: each
+`OpeningGate`, once a Hello is read: at most `max_opening` sessions are being opened at once (Hello
+read, Welcome not yet written). Past that, a Hello is turned away at once with a ticket: each
 deferred agent is given its own later moment, one Welcome-time apart at the rate the coordinator has
 been welcoming, so ten thousand agents connecting at once come back spread over the time it takes to
 welcome them, not together after the same hint. Without it a burst queues more Hellos than the loop
@@ -49,6 +49,8 @@ _FIRST_OPENING_GUESS_S = 0.05  # one opening's duration before any was measured
 
 
 class OpeningGate:
+    """Bounds the sessions being opened; past that, each Hello is deferred with a ticket of its own."""
+
     def __init__(self, clock: Clock, max_opening: int = DEFAULT_MAX_OPENING) -> None:
         self._clock = clock
         self._max_opening = max_opening
