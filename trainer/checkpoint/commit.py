@@ -30,7 +30,7 @@ from trainer.checkpoint.durable_files import fsync_dir, write_json_atomic
 from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint
 from trainer.checkpoint.json_fields import check_schema, get_int, read_json_file
 from trainer.checkpoint.layout import TensorLayout, layouts_from_json
-from trainer.checkpoint.manifest import MANIFEST_NAME, CheckpointMeta, FileEntry, Manifest
+from trainer.checkpoint.manifest import MANIFEST_NAME, CheckpointMeta, FileEntry, Manifest, step_dir_name
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,28 @@ def mark_failed(step_dir: Path, rank: int, generation: int) -> None:
         (step_dir / failure_name(rank, generation)).touch()
     except OSError as exc:
         log.warning("rank %d could not mark its save in %s as failed: %s", rank, step_dir, exc)
+
+
+def prepare_share(root: Path, step: int, rank: int, generation: int, *, commits: bool) -> Path:
+    """The step directory of `step` under `root`, created, without what an earlier save of that step left
+    of `rank`'s share; for the rank that `commits`, also without the manifest it is about to replace."""
+    step_dir = root / step_dir_name(step)
+    step_dir.mkdir(parents=True, exist_ok=True)
+    (step_dir / report_name(rank)).unlink(missing_ok=True)
+    (step_dir / failure_name(rank, generation)).unlink(missing_ok=True)
+    if commits and (step_dir / MANIFEST_NAME).exists():
+        log.warning("Rank 0 replaces the existing checkpoint %s with generation %d's save.", step_dir, generation)
+        (step_dir / MANIFEST_NAME).unlink()
+    return step_dir
+
+
+def commit_when_reported(step_dir: Path, meta: CheckpointMeta, world_size: int, generation: int,
+                         timeout_s: float, poll_interval_s: float, clock: Clock) -> None:
+    """Rank 0's part: wait for every rank's report of this save (`collect_reports`), merge them and commit
+    the manifest. Raises CheckpointError when a rank failed, timed out, or the files do not check out."""
+    reports = collect_reports(step_dir, world_size, generation, meta.step, timeout_s, poll_interval_s, clock)
+    files, tensors = merge_reports(reports)
+    commit_manifest(step_dir, Manifest(meta, world_size, generation, files, tensors))
 
 
 def write_report(step_dir: Path, report: RankReport) -> None:

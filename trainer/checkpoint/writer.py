@@ -19,19 +19,10 @@ from types import EllipsisType
 import numpy as np
 
 from common.clock import Clock, SystemClock
-from trainer.checkpoint.commit import (
-    RankReport,
-    collect_reports,
-    commit_manifest,
-    failure_name,
-    mark_failed,
-    merge_reports,
-    report_name,
-    write_report,
-)
+from trainer.checkpoint.commit import RankReport, commit_when_reported, mark_failed, prepare_share, write_report
 from trainer.checkpoint.errors import CheckpointError
 from trainer.checkpoint.layout import Region, TensorLayout, dtype_name
-from trainer.checkpoint.manifest import MANIFEST_NAME, CheckpointMeta, Manifest, step_dir_name
+from trainer.checkpoint.manifest import CheckpointMeta
 from trainer.checkpoint.rank_file import write_rank_file
 from trainer.checkpoint.retention import prune
 from trainer.checkpoint.sharding import Piece, ShardedTensor, TensorSpec, write_assignment
@@ -150,7 +141,8 @@ class CheckpointWriter:
                     f"{list(held[name].sizes)} of {list(layout.shape)}"
                 )
         staged = self._stage(tensors, held, pieces)
-        step_dir = self._prepare(meta.step)
+        step_dir = prepare_share(self.root, meta.step, self.rank, self.generation,
+                                 commits=self.rank == 0 and self._commit)
         return self._pool.submit(self._write, step_dir, meta, specs, pieces, staged)
 
     def _stage(
@@ -169,19 +161,6 @@ class CheckpointWriter:
             staged.append(buffer)
         return staged
 
-    def _prepare(self, step: int) -> Path:
-        """Creates the step directory and clears what an earlier save of the same step left there."""
-        step_dir = self.root / step_dir_name(step)
-        step_dir.mkdir(parents=True, exist_ok=True)
-        (step_dir / report_name(self.rank)).unlink(missing_ok=True)
-        (step_dir / failure_name(self.rank, self.generation)).unlink(missing_ok=True)
-        if self.rank == 0 and self._commit and (step_dir / MANIFEST_NAME).exists():
-            log.warning(
-                "Rank 0 replaces the existing checkpoint %s with generation %d's save.", step_dir, self.generation
-            )
-            (step_dir / MANIFEST_NAME).unlink()
-        return step_dir
-
     def _write(
         self,
         step_dir: Path,
@@ -197,12 +176,8 @@ class CheckpointWriter:
                                               meta))
             if self.rank != 0 or not self._commit:
                 return step_dir
-            reports = collect_reports(
-                step_dir, self.world_size, self.generation, meta.step,
-                self._commit_timeout_s, self._poll_interval_s, self._clock,
-            )
-            files, tensors = merge_reports(reports)
-            commit_manifest(step_dir, Manifest(meta, self.world_size, self.generation, files, tensors))
+            commit_when_reported(step_dir, meta, self.world_size, self.generation, self._commit_timeout_s,
+                                 self._poll_interval_s, self._clock)
             prune(self.root, self.keep, meta.step)
             return step_dir
         except (OSError, CheckpointError) as exc:
