@@ -65,6 +65,7 @@ MAX_MANIFEST_BYTES = 64 << 20
 REPORTED_DIR = ".reported"
 COPIES_DIR = ".copies"  # <node>/step_N/: ring copies of that node's pinned snapshots (agent/peer_copier.py)
 RESUME_DIR = ".resume"  # step_N/: the checkpoint a relaunch assembled (`assemble`)
+OUTBOX_DIR = ".outbox"  # step_N/: the workers' shares of disk checkpoints the agent saves (checkpoint_persister.py)
 PARTIAL = ".partial"    # the suffix of a directory still being filled
 MAX_HELD = 4            # steps a heartbeat reports as held here
 # A peer's copy never takes the memory file system past this fraction full: the workers' own snapshots
@@ -107,7 +108,7 @@ class MemorySnapshotDir:
 
     def __init__(self, root: Path, user: WorkerUser | None = None) -> None:
         self.root = root
-        self._user = user
+        self.user = user
         self._known: dict[Path, Snapshot] = {}  # complete snapshots already read, by step directory
         self._reported: dict[str, Snapshot] = {}  # by job: the snapshot pinned under REPORTED_DIR
         self._scopes: dict[str, HostScope] = {}   # by job: its generation spans hosts
@@ -174,8 +175,8 @@ class MemorySnapshotDir:
             info = os.lstat(directory)
             if not stat.S_ISDIR(info.st_mode):
                 raise MemoryDirError(f"{directory} is not a directory")
-            if self._user is not None:
-                os.chown(directory, self._user.uid, self._user.gid, follow_symlinks=False)
+            if self.user is not None:
+                os.chown(directory, self.user.uid, self.user.gid, follow_symlinks=False)
         except OSError as exc:
             raise MemoryDirError(f"cannot create {directory}: {exc.strerror or exc}") from None
         pins, copies, resume = (directory / name for name in (REPORTED_DIR, COPIES_DIR, RESUME_DIR))
@@ -375,8 +376,8 @@ class MemorySnapshotDir:
         path.mkdir(mode=0o755, exist_ok=True)
         if not stat.S_ISDIR(os.lstat(path).st_mode):
             raise NotADirectoryError(f"{path} is not a directory")
-        if self._user is not None:
-            os.chown(path, self._user.uid, self._user.gid, follow_symlinks=False)
+        if self.user is not None:
+            os.chown(path, self.user.uid, self.user.gid, follow_symlinks=False)
 
     def _pin(self, job: str, snapshot: Snapshot, host: HostScope | None) -> bool:
         """Hard-link the snapshot's files under REPORTED_DIR (the manifest last; in scope host, the local
@@ -394,9 +395,9 @@ class MemorySnapshotDir:
                 return True
             remove_entry(partial)
             partial.mkdir(mode=0o755)
-            if self._user is not None:
+            if self.user is not None:
                 for made in (pins, partial):
-                    os.chown(made, self._user.uid, self._user.gid, follow_symlinks=False)
+                    os.chown(made, self.user.uid, self.user.gid, follow_symlinks=False)
             if host is None:
                 files = sorted((e.name for e in os.scandir(source) if e.is_file(follow_symlinks=False)),
                                key=lambda name: name == MANIFEST_NAME)

@@ -9,7 +9,11 @@ At a Launch (`launch_env`, after the previous generation's processes stopped):
   (`snapshot_sources`). When that fails, the workers get no TRAINERD_RESUME_FROM and exit 65 (the
   checkpoint cannot be loaded): the coordinator marks the step bad and relaunches from disk;
 - starts the ring copier (agent/peer_copier.py) of the node the Launch names in `copy_from`, so that this
-  host holds a second copy of that node's own ranks' files.
+  host holds a second copy of that node's own ranks' files;
+- with `checkpoint.saved_by: agent` (TRAINERD_CHECKPOINT_SAVED_BY), makes the generation's outbox, names it
+  to the workers (TRAINERD_CHECKPOINT_OUTBOX) and starts the persister that saves it to disk
+  (agent/checkpoint_persister.py); without a usable outbox the workers save their checkpoints themselves.
+The copier and the persister run until the generation is stopped (`stop_generation`).
 Heartbeats and Stop confirmations carry what is held here (`reports`): the newest committed snapshot of
 a one-host generation, or, in scope host, every step held with the ranks held of it.
 """
@@ -18,10 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.memory_snapshots import HostScope, MemoryDirError, MemorySnapshotDir, SnapshotAssemblyError
+from agent.checkpoint_persister import CheckpointPersister, FailedSave, Outbox, PersistedSave
+from agent.memory_snapshots import OUTBOX_DIR, HostScope, MemoryDirError, MemorySnapshotDir, SnapshotAssemblyError
 from agent.peer_client import PeerClient
 from agent.peer_copier import PeerCopier
 from proto import trainerd_pb2 as pb
@@ -43,18 +50,25 @@ class HeldReports:
 class SnapshotKeeper:
     """`memory`: this host's snapshot directory; `peers`: the client of the other agents' SnapshotPeer
     services (None: this agent serves none, and takes part in no snapshot spanning hosts), cloned for each
-    relaunch's fetches and each copier, so that no channel outlives its use."""
+    relaunch's fetches and each copier, so that no channel outlives its use. `on_saved` and `on_failed` hear,
+    on the event loop, of the checkpoints the agent saves for the workers (`checkpoint.saved_by: agent`)."""
 
-    def __init__(self, memory: MemorySnapshotDir, peers: PeerClient | None = None) -> None:
+    def __init__(self, memory: MemorySnapshotDir, peers: PeerClient | None = None, *,
+                 on_saved: Callable[[pb.CheckpointSaved], None] = lambda saved: None,
+                 on_failed: Callable[[pb.CheckpointFailed], None] = lambda failed: None) -> None:
         self.memory = memory
         self._peers = peers
+        self._on_saved = on_saved
+        self._on_failed = on_failed
         self._job = ""
         self._host_scope = False
         self._copier: PeerCopier | None = None
+        self._persister: CheckpointPersister | None = None
 
     async def launch_env(self, launch: pb.Launch) -> dict[str, str]:
-        """The workers' snapshot variables for `launch` (TRAINERD_MEMORY_EVERY=0 when they take none)."""
-        await self.stop_copying()
+        """The workers' snapshot variables for `launch` (TRAINERD_MEMORY_EVERY=0 when they take none), and
+        their outbox when the agent saves their checkpoints."""
+        await self.stop_generation()
         env = dict(launch.processes[0].env) if launch.processes else {}
         every, memory_step = env.get("TRAINERD_MEMORY_EVERY", ""), env.get("TRAINERD_RESUME_MEMORY_STEP", "")
         resume = env.get("TRAINERD_RESUME_STEP", "")
@@ -66,9 +80,10 @@ class SnapshotKeeper:
             log.error("generation %d of job %s takes no in-memory snapshots: %s", launch.generation,
                       launch.job_name, exc)
             return {"TRAINERD_MEMORY_EVERY": "0"}
+        outbox_env = self._start_persisting(launch, env, directory)
         if every in ("", "0") and not memory_step:
-            return {"TRAINERD_MEMORY_EVERY": "0"}
-        memory_env = {"TRAINERD_MEMORY_DIR": str(directory)}
+            return {"TRAINERD_MEMORY_EVERY": "0", **outbox_env}
+        memory_env = {"TRAINERD_MEMORY_DIR": str(directory), **outbox_env}
         if memory_step.isdigit():
             path = await self._resume_path(launch, int(memory_step))
             if path is not None:
@@ -120,14 +135,51 @@ class SnapshotKeeper:
         self._copier = copier
         log.info("job %s: copying the in-memory snapshots of node %s (%s)", job, source.node, source.address)
 
-    async def stop_copying(self) -> None:
+    def _start_persisting(self, launch: pb.Launch, env: dict[str, str], directory: Path) -> dict[str, str]:
+        """With `checkpoint.saved_by: agent`, the outbox made and its persister started: the variable naming
+        it to the workers (none when the agent cannot save for them: they then save themselves)."""
+        if env.get("TRAINERD_CHECKPOINT_SAVED_BY") != "agent":
+            return {}
+        checkpoint_dir, world_size, keep = (env.get(name, "") for name in (
+            "TRAINERD_CHECKPOINT_DIR", "RANK_SIZE", "TRAINERD_CHECKPOINT_KEEP"))
+        ranks = tuple(sorted(spec.rank for spec in launch.processes if spec.role == "worker"))
+        if not (os.path.isabs(checkpoint_dir) and world_size.isdigit() and keep.isdigit() and ranks):
+            return {}
+        outbox = Outbox(directory / OUTBOX_DIR, Path(checkpoint_dir), ranks, int(world_size), launch.generation,
+                        max(1, int(keep)), self.memory.user)
+        try:
+            self.memory.make_dir(outbox.directory)
+        except OSError as exc:
+            log.error("generation %d of job %s: the workers save their own checkpoints, for the agent cannot "
+                      "make their outbox: %s", launch.generation, launch.job_name, exc)
+            return {}
+        loop = asyncio.get_running_loop()
+
+        def saved(done: PersistedSave) -> None:
+            loop.call_soon_threadsafe(self._on_saved, pb.CheckpointSaved(
+                generation=done.generation, step=done.step, consumed_samples=done.consumed_samples,
+                path=str(done.path)))
+
+        def failed(failure: FailedSave) -> None:
+            loop.call_soon_threadsafe(self._on_failed, pb.CheckpointFailed(
+                generation=failure.generation, rank=failure.rank, step=failure.step, reason=failure.reason))
+
+        self._persister = CheckpointPersister(outbox, saved, failed)
+        self._persister.start()
+        return {"TRAINERD_CHECKPOINT_OUTBOX": str(outbox.directory)}
+
+    async def stop_generation(self) -> None:
+        """The generation is over: its peer copies and the saving of its outbox stop."""
         copier, self._copier = self._copier, None
+        persister, self._persister = self._persister, None
         if copier is not None:
             await asyncio.to_thread(copier.stop)
+        if persister is not None:
+            await asyncio.to_thread(persister.stop)
 
     async def drop(self, job: str) -> None:
         """The job completed: its snapshots go."""
-        await self.stop_copying()
+        await self.stop_generation()
         self.memory.drop(job)
 
     def reports(self) -> HeldReports:

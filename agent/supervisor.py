@@ -175,7 +175,9 @@ class Supervisor:
         self._lock = asyncio.Lock()
         self._registry = ProcessRegistry(work_dir / "processes.json")
         self.memory = memory  # where the workers' in-memory snapshots go (agent/memory_snapshots.py)
-        self._snapshots = None if memory is None else SnapshotKeeper(memory, peers)
+        self._snapshots = None if memory is None else SnapshotKeeper(
+            memory, peers, on_saved=self._checkpoint_saved,
+            on_failed=lambda failed: self._report(pb.AgentMessage(checkpoint_failed=failed)))
 
     def reap_orphans(self) -> int:
         """Kill processes a previous agent on this work dir left running (call before the first launch)."""
@@ -191,7 +193,7 @@ class Supervisor:
                 return
             await self._stop_all(grace_s=5.0)
             if self._snapshots is not None:
-                await self._snapshots.stop_copying()
+                await self._snapshots.stop_generation()
             self.generation, self._job_name = launch.generation, launch.job_name
             self.processes = {}
             self._forwarding = {}
@@ -345,7 +347,7 @@ class Supervisor:
                 if stop.job_completed:
                     await self._snapshots.drop(self._job_name)
                 else:
-                    await self._snapshots.stop_copying()
+                    await self._snapshots.stop_generation()
             stopped = pb.Stopped(generation=stop.generation)
             held = self._held()
             if held.newest is not None:
@@ -491,7 +493,7 @@ class Supervisor:
         async with self._lock:
             await self._stop_all(grace_s)
             if self._snapshots is not None:
-                await self._snapshots.stop_copying()
+                await self._snapshots.stop_generation()
 
     # ------------------------------------------------------------ reports
 
@@ -563,11 +565,8 @@ class Supervisor:
         if isinstance(message, EventReport):
             return
         if isinstance(message, CheckpointReport):
-            saved = pb.CheckpointSaved(generation=message.generation, step=message.step,
-                                       consumed_samples=message.consumed_samples, path=message.path)
-            if self._newest_commit is None or saved.step >= self._newest_commit.step:
-                self._newest_commit = saved
-            self._report(pb.AgentMessage(checkpoint_saved=saved))
+            self._checkpoint_saved(pb.CheckpointSaved(generation=message.generation, step=message.step,
+                                                      consumed_samples=message.consumed_samples, path=message.path))
             return
         if isinstance(message, CheckpointFailedReport):
             self._report(pb.AgentMessage(checkpoint_failed=pb.CheckpointFailed(
@@ -583,6 +582,15 @@ class Supervisor:
             generation=message.generation, rank=message.rank, step=message.step, loss=message.loss,
             grad_norm=message.grad_norm, samples_per_s=message.samples_per_s,
             consumed_samples=message.consumed_samples, checkpoint_stall_s=message.checkpoint_stall_s))
+
+    def _checkpoint_saved(self, saved: pb.CheckpointSaved) -> None:
+        """A commit of this generation, by its rank 0 or by this agent for it: reported, and kept to report
+        again on a new session."""
+        if saved.generation != self.generation:
+            return
+        if self._newest_commit is None or saved.step >= self._newest_commit.step:
+            self._newest_commit = saved
+        self._report(pb.AgentMessage(checkpoint_saved=saved))
 
     def _drop_foreign_progress(self, message: ProgressMessage, managed: ManagedProcess, sender_pid: int) -> None:
         self.foreign_progress += 1

@@ -11,8 +11,10 @@ Measurements are interleaved and repeated; each figure is a median. Every writer
 first runs once untimed: training saves every few hundred steps, the first save allocates host buffers.
 
 Printed: checksum speed (why crc32), save throughput (1 and 2 ranks writing at once), the time a
-training step is blocked by an asynchronous save (first save, then later ones) and by an in-memory
-snapshot (the same writer into tmpfs, --memory-dir; trainer/runtime/memory_snapshots.py), and the
+training step is blocked by an asynchronous save (first save, then later ones), by a save the agent writes
+(`checkpoint.saved_by: agent`: the rank hands its share to the outbox in shared memory, --memory-dir, and
+an agent persister in another process copies, verifies and commits it; agent/checkpoint_persister.py), and
+by an in-memory snapshot (the same writer into tmpfs, --memory-dir; trainer/runtime/memory_snapshots.py), and the
 throughput of resharded loads 2->3 and 4->2: rank 0 loading the whole model (data parallel), and every
 rank loading its dim-0 shards (summed).
 
@@ -34,6 +36,7 @@ import argparse
 import hashlib
 import mmap
 import multiprocessing
+import multiprocessing.synchronize
 import os
 import shutil
 import socket
@@ -53,7 +56,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from agent.checkpoint_persister import CheckpointPersister, Outbox  # noqa: E402
+from common.clock import SystemClock  # noqa: E402
 from trainer.checkpoint import CheckpointMeta, CheckpointWriter, load_checkpoint  # noqa: E402
+from trainer.runtime.agent_saves import AgentSaves  # noqa: E402
 from trainer.checkpoint.sharding import split_extent  # noqa: E402
 
 try:  # the `bench` extra (pyproject.toml): CPU torch, for the DCP baseline only
@@ -392,6 +398,47 @@ def measure_async(root: Path, tensors: dict[str, np.ndarray], repeat: int,
     return blocked[0], statistics.median(blocked[1:]), statistics.median(committed[1:])
 
 
+def _agent_persister(outbox: Path, checkpoints: Path, keep: int, committed: SimpleQueue[int],
+                     stop: multiprocessing.synchronize.Event) -> None:
+    """The agent's side of `checkpoint.saved_by: agent`, in a process of its own as on a host."""
+    persister = CheckpointPersister(Outbox(outbox, checkpoints, (0,), 1, 0, keep),
+                                    lambda saved: committed.put(saved.step),
+                                    lambda failed: committed.put(-failed.step))
+    persister.start()
+    stop.wait()
+    persister.stop()
+
+
+def measure_agent_saves(outbox: Path, checkpoints: Path, tensors: dict[str, np.ndarray],
+                        repeat: int) -> tuple[float, float, float]:
+    """As `measure_async`, with the agent saving (agent/checkpoint_persister.py in another process): how long
+    a rank's hand-over to the outbox blocks the step, first and then the median; and the median time until
+    the agent had copied, verified and committed it on disk."""
+    context = multiprocessing.get_context("fork")
+    committed: SimpleQueue[int] = context.SimpleQueue()
+    stop = context.Event()
+    outbox.mkdir(parents=True)
+    agent = context.Process(target=_agent_persister, args=(outbox, checkpoints, repeat + 2, committed, stop))
+    agent.start()
+    blocked, saved = [], []
+    saves = AgentSaves(outbox, 0, 1, 0, "bench", SystemClock())
+    try:
+        for step in range(1, repeat + 2):
+            started = time.perf_counter()
+            saves.save(CheckpointMeta(step, step, 0), tensors, {})
+            blocked.append(time.perf_counter() - started)
+            if committed.get() != step:
+                raise RuntimeError(f"the agent did not save step {step}")
+            saved.append(time.perf_counter() - started)
+        saves.close()
+    finally:
+        stop.set()
+        agent.join()
+        shutil.rmtree(outbox, ignore_errors=True)
+        shutil.rmtree(checkpoints, ignore_errors=True)
+    return blocked[0], statistics.median(blocked[1:]), statistics.median(saved[1:])
+
+
 def measure_load(
     work: Path, tensors: dict[str, np.ndarray], source: int, target: int, repeat: int, report: Report
 ) -> None:
@@ -466,7 +513,9 @@ def main() -> None:
         print(f"DCP baseline: torch {torch.__version__} torch.distributed.checkpoint, default FileSystemWriter/Reader")
     try:
         sync_save = measure_saves(work, tensors, args.repeat, report)
-        first, steady, _ = measure_async(work / "async", tensors, args.repeat)
+        first, steady, async_committed = measure_async(work / "async", tensors, args.repeat)
+        agent_first, agent_steady, agent_committed = measure_agent_saves(
+            memory / "outbox", work / "agent-saved", tensors, args.repeat)
         # As the workers take them: retention keeps 1 (MEMORY_KEEP), the tmpfs holds at most 2 copies.
         memory_first, memory_steady, memory_committed = measure_async(memory / "snapshots", tensors, args.repeat, 1)
         for source, target in ((2, 3), (4, 2)):
@@ -475,6 +524,12 @@ def main() -> None:
         print(
             f"async save blocks the step: first save {first * 1e3:.0f} ms (allocates its host buffers), then "
             f"{steady * 1e3:.0f} ms = {steady / sync_save:.1%} of a synchronous save ({sync_save * 1e3:.0f} ms)"
+        )
+        print(
+            f"saved by the agent (checkpoint.saved_by: agent) blocks the step: first {agent_first * 1e3:.0f} ms, "
+            f"then {agent_steady * 1e3:.0f} ms = {agent_steady / sync_save:.1%} of a synchronous save; on disk, "
+            f"verified and committed by the agent {agent_committed * 1e3:.0f} ms after it began (the async save "
+            f"by the worker: {async_committed * 1e3:.0f} ms)"
         )
         print(
             f"in-memory snapshot ({memory}) blocks the step: first {memory_first * 1e3:.0f} ms, then "

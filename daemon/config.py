@@ -150,9 +150,15 @@ class CheckpointSettings(StrictModel):
     # Workers also snapshot their state into their agent's shared memory every this many steps (0: never),
     # so that a worker crash loses at most that many steps (README, "In-memory snapshots"). "auto": as
     # often as keeps the snapshot's stall under 2% of the step time, as the workers measure it
-    # (trainer/runtime/snapshot_interval.py), at most every 1000 steps nor rarer than every_steps. Only
-    # generations that run on one host take snapshots, until agents copy them to each other.
+    # (trainer/runtime/snapshot_interval.py), at most every 1000 steps nor rarer than every_steps. A
+    # generation spanning hosts takes them only when every node's agent serves SnapshotPeer (launch_plan.py).
     memory_every_steps: int | Literal["auto"] = "auto"
+    # Who writes the disk checkpoints. "worker": each rank copies its share to host memory and a thread of
+    # its own writes it. "agent": each rank writes its share into shared memory its agent owns and returns,
+    # and the agent saves it to disk, off the worker's process (agent/checkpoint_persister.py); a worker
+    # crash then loses no save it began. Checkpoints are the same either way; for trainerd's runtime only
+    # (MindFormers saves its own).
+    saved_by: Literal["worker", "agent"] = "worker"
 
     @field_validator("memory_every_steps", mode="before")
     @classmethod

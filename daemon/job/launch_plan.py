@@ -63,6 +63,7 @@ def _common_env(spec: JobSettings, placement: Placement, generation: int,
         "TRAINERD_CHECKPOINT_DIR": spec.checkpoint.dir or "",
         "TRAINERD_CHECKPOINT_EVERY": str(spec.checkpoint.every_steps),
         "TRAINERD_CHECKPOINT_KEEP": str(spec.checkpoint.keep),
+        "TRAINERD_CHECKPOINT_SAVED_BY": spec.checkpoint.saved_by,
         # An in-memory snapshot has no path here: each agent names its own copy (agent/memory_snapshots.py).
         "TRAINERD_RESUME_FROM": "" if resume is None else resume.path,
         "TRAINERD_RESUME_MEMORY_STEP": memory_step,

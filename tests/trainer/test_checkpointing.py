@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,6 +15,8 @@ import numpy as np
 import pytest
 from mindspore import nn
 
+from agent.checkpoint_persister import CheckpointPersister, Outbox, PersistedSave
+from common.clock import FakeClock
 from proto.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
 from trainer.checkpoint import verify_checkpoint
 from trainer.checkpoint.mindspore_io import parameters_to_numpy
@@ -125,6 +128,53 @@ def test_in_memory_snapshots_are_checkpoints_in_the_agents_memory_and_resume_bit
     with pytest.raises(CheckpointUnreadable, match="in-memory snapshot of step 6: the agent named none") as none:
         checkpoints(replace(settings, resume_from=None), cells(), Reporter()).resume()
     assert none.value.exit_code == EXIT_CHECKPOINT_UNREADABLE
+
+
+def test_with_the_agent_saving_each_share_goes_through_the_outbox_into_the_same_checkpoint(tmp_path: Path) -> None:
+    """`checkpoint.saved_by: agent`: the rank hands each share to a real agent persister and reports no
+    commit itself (the agent does); the checkpoints are byte for byte those the rank would have written;
+    closing waits until the last one is on disk."""
+    outbox = tmp_path / "shm" / "job" / ".outbox"
+    outbox.mkdir(parents=True)
+    saved: list[PersistedSave] = []
+    persister = CheckpointPersister(Outbox(outbox, tmp_path / "by-agent", (0,), 1, 0, 3), saved.append,
+                                    lambda failed: pytest.fail(failed.reason))
+    persister.start()
+    reporter, pair = Reporter(), cells()
+    settings = CheckpointSettings(directory=tmp_path / "by-agent", every=2, outbox=outbox)
+    try:
+        with checkpoints(settings, pair, reporter) as ckpt:
+            for step in range(1, 8):
+                perturb(pair[0], float(step))
+                ckpt.after_step(step, step * 16)
+        assert [s.step for s in saved] == [2, 4, 6]  # step 6 before close() returned
+    finally:
+        persister.stop()
+    assert reporter.reports == reporter.failures == [] and len(reporter.stalls) == 3
+    assert list(outbox.iterdir()) == []
+    train(tmp_path / "by-worker", every=2, steps=7)
+    for step in (2, 4, 6):
+        by_agent = tmp_path / "by-agent" / f"step_{step:08d}"
+        by_worker = tmp_path / "by-worker" / "ckpt" / f"step_{step:08d}"
+        assert sorted(p.name for p in by_agent.iterdir()) == sorted(p.name for p in by_worker.iterdir())
+        for file in by_worker.iterdir():
+            assert (by_agent / file.name).read_bytes() == file.read_bytes(), (step, file.name)
+
+
+def test_a_share_the_agent_never_takes_is_removed_and_reported_and_training_goes_on(tmp_path: Path) -> None:
+    outbox = tmp_path / "shm" / "job" / ".outbox"
+    outbox.mkdir(parents=True)
+    reporter, pair, clock = Reporter(), cells(), FakeClock()
+    settings = CheckpointSettings(directory=tmp_path / "ckpt", every=2, outbox=outbox)
+    ctx = RankContext.from_environ({"TRAINERD_JOB": "unit"})
+    with TrainingCheckpoints(ctx, settings, reporter, pair, data_seed=SEED,  # type: ignore[arg-type]
+                             grad_accumulation=2, clock=clock) as ckpt:
+        for step in range(1, 5):
+            perturb(pair[0], float(step))
+            ckpt.after_step(step, step * 16)
+    assert [step for step, _ in reporter.failures] == [2, 4]
+    assert all("the agent did not take this rank's share within 600 s" in r for _, r in reporter.failures)
+    assert [sorted(os.listdir(d)) for d in sorted(outbox.iterdir())] == [[], []]  # no memory kept
 
 
 def test_auto_snapshots_start_a_few_steps_in_and_plan_the_next_within_the_disk_interval(tmp_path: Path) -> None:

@@ -17,6 +17,10 @@ In-memory snapshots (`trainer.runtime.memory_snapshots`, TRAINERD_MEMORY_DIR and
 number of steps or "auto") are taken beside the disk saves, in the same format, into the agent's shared
 memory; a resume from one reads it like a disk checkpoint (TRAINERD_RESUME_FROM names it, inside TRAINERD_MEMORY_DIR).
 
+With TRAINERD_CHECKPOINT_OUTBOX (`checkpoint.saved_by: agent`) the agent writes the disk checkpoints: each
+rank hands its share of a save to its agent (`trainer.runtime.agent_saves`), which commits and reports it;
+the schedule, the stall accounting and the failure reports are as below, the commit report is the agent's.
+
 A save blocks the step only while the parameters are copied to host memory (`CheckpointWriter.save_async`);
 a helper thread waits for the writer, and the step after the save has committed (rank 0) reports it, so the
 report follows the manifest's rename and training never waits on the disk. A save that fails (a full disk,
@@ -44,6 +48,7 @@ from trainer.checkpoint.step_dirs import check_inside_root
 from trainer.checkpoint.manifest import read_manifest, step_dir_name
 from trainer.checkpoint.sharding import ShardedTensor
 from trainer.data.skip_ranges import SkipRanges
+from trainer.runtime.agent_saves import AgentSaves, ShareNotSaved
 from trainer.runtime.checkpoint_schedule import CheckpointSchedule, ControlFile
 from trainer.runtime.memory_snapshots import MemorySnapshots
 from trainer.runtime.snapshot_interval import interval_cap
@@ -149,6 +154,7 @@ class TrainingCheckpoints:
         self._completed = 0
         self._in_flight: tuple[CheckpointMeta, Future[Path | None]] | None = None
         self._writer: CheckpointWriter | None = None
+        self._agent_saves: AgentSaves | None = None
         self._schedule: CheckpointSchedule | None = None
         self._memory: MemorySnapshots | None = None
         if settings.memory_directory is not None and settings.memory_every != 0:
@@ -163,6 +169,10 @@ class TrainingCheckpoints:
         self._check_reportable(settings.directory)
         control = None if settings.control_file is None else ControlFile(settings.control_file)
         self._schedule = CheckpointSchedule(settings.every or 0, ctx.generation, control, self._where)
+        if settings.outbox is not None:
+            self._agent_saves = AgentSaves(settings.outbox, self._rank, ctx.world_size, ctx.generation,
+                                           self._where, clock)
+            return
         self._writer = CheckpointWriter(settings.directory, self._rank, ctx.world_size,
                                         generation=ctx.generation, keep=settings.keep)
         self._waiter = ThreadPoolExecutor(1, thread_name_prefix=f"checkpoint-commit-rank{self._rank}")
@@ -214,17 +224,27 @@ class TrainingCheckpoints:
         if self._memory is not None:
             self._memory.close()
             self._memory = None
+        if self._agent_saves is not None:
+            agent_saves, self._agent_saves = self._agent_saves, None
+            try:
+                agent_saves.close()
+            except ShareNotSaved as exc:
+                self._agent_save_failed(exc.step, exc)
+            self._warn_unreached_request()
         if self._writer is None:
             return
         try:
             self._collect(block=True)
-            if self._schedule is not None and self._schedule.requested is not None:
-                log.warning("%s: training ended at step %d, before the checkpoint requested at step %d.",
-                            self._where, self._completed, self._schedule.requested)
+            self._warn_unreached_request()
         finally:
             self._writer.close()
             self._waiter.shutdown()
             self._writer = None
+
+    def _warn_unreached_request(self) -> None:
+        if self._schedule is not None and self._schedule.requested is not None:
+            log.warning("%s: training ended at step %d, before the checkpoint requested at step %d.",
+                        self._where, self._completed, self._schedule.requested)
 
     def __enter__(self) -> TrainingCheckpoints:
         return self
@@ -261,9 +281,19 @@ class TrainingCheckpoints:
     def _start_save(self, step: int, consumed_samples: int) -> None:
         from trainer.checkpoint.mindspore_io import parameters_to_numpy
 
-        assert self._writer is not None  # a schedule exists only with a writer
-        self._collect(block=True)  # one save at a time: the writer reuses its host buffers
         meta = self._meta(step, consumed_samples)
+        if self._agent_saves is not None:
+            try:
+                self._agent_saves.settle()
+            except ShareNotSaved as exc:
+                self._agent_save_failed(exc.step, exc)
+            try:
+                self._agent_saves.save(meta, parameters_to_numpy(*self._cells), self._sharded)
+            except (CheckpointError, OSError) as exc:
+                self._agent_save_failed(step, exc)
+            return
+        assert self._writer is not None  # a schedule exists only with a writer or the agent's saves
+        self._collect(block=True)  # one save at a time: the writer reuses its host buffers
         try:
             self._writer.save_async(meta, parameters_to_numpy(*self._cells), self._sharded)
         except (CheckpointError, OSError) as exc:
@@ -273,6 +303,11 @@ class TrainingCheckpoints:
         # Only this thread waits on the writer, and the main thread touches the writer again only
         # after this wait is over (`_collect`), so the two never use it at once.
         self._in_flight = (meta, self._waiter.submit(self._writer.wait))
+
+    def _agent_save_failed(self, step: int, exc: CheckpointError | OSError) -> None:
+        """The agent will not save this rank's share of `step`: logged and reported, training goes on."""
+        log.error("%s: the checkpoint of step %d was not handed to the agent: %s", self._where, step, exc)
+        self._reporter.checkpoint_failed(step, failure_reason(exc))
 
     def _collect(self, block: bool) -> None:
         """Report the save in flight once it is over (at once when `block`, else only if it is)."""

@@ -83,6 +83,10 @@ class CheckpointSettings:
     # report into its own agent's directory, and no rank commits (trainer.runtime.memory_snapshots).
     # Unset or empty: every rank shares one host's directory, rank 0 commits.
     memory_scope_host: bool = False
+    # TRAINERD_CHECKPOINT_OUTBOX: the agent saves the disk checkpoints (`checkpoint.saved_by: agent`): each
+    # rank writes its share into this directory in the agent's shared memory (trainer.runtime.agent_saves);
+    # None: each rank writes its share to the checkpoint directory itself.
+    outbox: Path | None = None
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str]) -> CheckpointSettings:
@@ -92,6 +96,9 @@ class CheckpointSettings:
         memory = env.get("TRAINERD_MEMORY_DIR") or None
         if memory is not None and not os.path.isabs(memory):
             raise RankContextError(f"TRAINERD_MEMORY_DIR={memory!r:.80} is not an absolute path")
+        outbox = env.get("TRAINERD_CHECKPOINT_OUTBOX") or None
+        if outbox is not None and not os.path.isabs(outbox):
+            raise RankContextError(f"TRAINERD_CHECKPOINT_OUTBOX={outbox!r:.80} is not an absolute path")
         keep = _optional_int(env, "TRAINERD_CHECKPOINT_KEEP", minimum=1)
         return cls(
             directory=None if directory is None else Path(directory),
@@ -104,6 +111,7 @@ class CheckpointSettings:
             else _optional_int(env, "TRAINERD_MEMORY_EVERY", minimum=0) or 0,
             memory_step=_optional_int(env, "TRAINERD_RESUME_MEMORY_STEP", minimum=1),
             memory_scope_host=_memory_scope_host(env),
+            outbox=None if outbox is None else Path(outbox),
         )
 
     def resume_root(self) -> Path | None:
