@@ -6,9 +6,10 @@ A worker's save then blocks its step only while it writes its share into the out
 to the checkpoint directory (`CheckpointWriter(commit=False)`), and it returns. This agent, in a thread of its
 own, takes every step whose local ranks' shares are all in the outbox and saves it as any rank would:
 
-1. per local rank, the data file is copied into the checkpoint directory's step directory (temporary name,
-   fsync, rename; read with O_NOFOLLOW and only when a regular file: the workers own the outbox), every byte
-   of the copy is verified against the rank's report (the segment checksums), and the report goes last;
+1. per local rank, every byte of the data file is verified against the rank's report (the segment
+   checksums), then the file is copied into the checkpoint directory's step directory as the workers' writer
+   writes it (O_DIRECT where the file system takes it, temporary name, fsync, rename; read with O_NOFOLLOW
+   and only when a regular file: the workers own the outbox), and the report goes last;
 2. the agent of rank 0 waits for every rank's report, merges them and commits the manifest, then applies
    retention: the commit protocol of `trainer.checkpoint.commit`, unchanged, so the checkpoint verifies,
    reshards and exports as one the workers wrote, and an agent of another host is just another rank's writer;
@@ -24,6 +25,7 @@ nothing: the agent saves what is in the outbox until its generation is stopped.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import stat
 import threading
@@ -37,6 +39,7 @@ from agent.worker_user import WorkerUser
 from common.clock import SystemClock
 from proto.progress_datagram import failure_reason
 from trainer.checkpoint.chunk_reader import ChunkReader
+from trainer.checkpoint.direct_writer import DirectWriter
 from trainer.checkpoint.commit import (
     RankReport,
     commit_when_reported,
@@ -180,6 +183,8 @@ class CheckpointPersister:
                     made_root = False
                 _copy_share(source, step_dir, report, self._stopping)
                 self._hand_over(step_dir, step_dir / data_name(rank), step_dir / report_name(rank))
+                log.info("generation %d: rank %d's share of step %d saved in %s", outbox.generation, rank, step,
+                         step_dir)
             if not commits or step_dir is None:
                 return
             rank = 0
@@ -215,37 +220,35 @@ class CheckpointPersister:
 
 
 def _copy_share(source: Path, step_dir: Path, report: RankReport, stopping: threading.Event) -> None:
-    """Copy one rank's data file durably, verify every byte of the copy against its report, then write the
-    report: the rank's share, as its writer would have left it."""
+    """Verify every byte of one rank's data file in the outbox against its report (the segment checksums),
+    copy it durably, then write the report: the rank's share, as its writer would have left it."""
     name = data_name(report.rank)  # `read_report` took only a report naming this file
+    with ChunkReader(source, report.tensors, {name: report.file}) as reader:
+        reader.verify(None)
     target = step_dir / name
     tmp = temporary_name(target)
     _copy_regular_file(source / name, tmp, stopping)
     publish(tmp, target)
-    with ChunkReader(step_dir, report.tensors, {name: report.file}) as reader:
-        reader.verify(None)
     write_report(step_dir, report)
 
 
 def _copy_regular_file(src: Path, dst: Path, stopping: threading.Event) -> None:
-    """Copy `src`, refused unless a regular file (no link followed, no FIFO waited on), to `dst`, fsynced;
-    given up (dst removed) when `stopping` is set."""
+    """Copy `src`, refused unless a regular file (no link followed, no FIFO waited on), to `dst` as the
+    workers' writer writes (O_DIRECT where the file system takes it, fsynced); given up, `dst` removed, when
+    `stopping` is set."""
     fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise CorruptCheckpoint(f"{src.name} in the outbox is not a regular file")
-        with open(dst, "wb") as out:
-            offset = 0
-            while offset < info.st_size:
-                if stopping.is_set():
-                    raise _Stopped(f"stopped while copying {src.name}")
-                sent = os.sendfile(out.fileno(), fd, offset, min(_COPY_CHUNK, info.st_size - offset))
-                if sent == 0:
-                    raise CorruptCheckpoint(f"{src.name} in the outbox shrank while it was copied")
-                offset += sent
-            out.flush()
-            os.fsync(out.fileno())
+        with DirectWriter(dst) as out:
+            if info.st_size:
+                with mmap.mmap(fd, info.st_size, prot=mmap.PROT_READ) as mapped, memoryview(mapped) as data:
+                    for offset in range(0, info.st_size, _COPY_CHUNK):
+                        if stopping.is_set():
+                            raise _Stopped(f"stopped while copying {src.name}")
+                        out.write(data[offset:offset + _COPY_CHUNK])
+            out.finish()
     except BaseException:
         dst.unlink(missing_ok=True)
         raise

@@ -9,6 +9,7 @@ the unfaulted run's bit for bit.
 
 from __future__ import annotations
 
+import re
 import signal
 from pathlib import Path
 
@@ -69,3 +70,30 @@ def test_checkpoints_saved_by_the_agent_equal_the_workers_and_a_killed_worker_re
     assert sorted(tensors) == sorted(load_checkpoint(reference_checkpoints / names[-1], 0, 1)[0])
     # Nothing is left in memory: the job's directory (its outbox with it) goes once the job completed.
     wait_until(lambda: not (procs.memory_root / "agent-0" / "mlp").exists(), 10, "the completed job's memory gone")
+
+
+def test_across_hosts_each_agent_saves_its_ranks_and_rank_0s_agent_commits(tmp_path: Path, procs: Processes) -> None:
+    """Two agents of one rank each: every checkpoint has one rank's file from each agent, committed by the
+    agent of rank 0 once the other's report is there."""
+    steps, every = 300, 100
+    job = recovery_job(tmp_path, steps=steps, nodes=(2, 2), global_batch=64, micro_batch=16, every=every,
+                       memory_every=0)
+    job["checkpoint"] |= {"saved_by": "agent"}
+    address = start_trainerd(tmp_path, procs, job)
+    for node in ("host-0", "host-1"):
+        procs.agent(node, address)
+    job_status = wait_for_job(address, "the end", lambda j: j["state"] in ("COMPLETED", "FAILED"), 300, procs)
+    assert job_status["state"] == "COMPLETED" and job_status["last_checkpoint_step"] == steps, job_status
+    final_weights(tmp_path / "out", 2)  # the two ranks agree
+    saved = [e for e in events(address) if e["kind"] == "checkpoint_saved"]
+    assert len(saved) == steps // every, saved
+    checkpoints = tmp_path / "checkpoints"
+    for step in range(every, steps + 1, every):
+        manifest = verify_checkpoint(checkpoints / f"step_{step:08d}")
+        assert manifest.world_size == 2 and sorted(f.name for f in manifest.files) == [
+            "rank_0.safetensors", "rank_1.safetensors"]
+    logs = {agent: procs.by_name(agent).log() for agent in ("host-0", "host-1")}
+    # Each agent saved its own rank's share of every checkpoint; one of them, rank 0's, committed them all.
+    for log in logs.values():
+        assert len(re.findall(r"rank \d's share of step \d+ saved in", log)) == steps // every, log[-3000:]
+    assert sorted(log.count("(saved by the agent)") for log in logs.values()) == [0, steps // every]
