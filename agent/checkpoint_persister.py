@@ -35,6 +35,7 @@ from pathlib import Path
 
 from agent.memory_snapshots import remove_entry, step_dirs
 from agent.snapshot_reports import data_name, read_report
+from agent.thread_priority import lower_this_threads_priority
 from agent.worker_user import WorkerUser
 from common.clock import SystemClock
 from proto.progress_datagram import failure_reason
@@ -138,6 +139,7 @@ class CheckpointPersister:
             self._thread.join()
 
     def _run(self) -> None:
+        lower_this_threads_priority()
         while not self._stopping.is_set():
             try:
                 self.persist_ready()

@@ -29,6 +29,7 @@ from agent.memory_snapshots import (
     step_dirs,
 )
 from agent.peer_client import PeerClient
+from agent.thread_priority import lower_this_threads_priority
 from proto import trainerd_pb2 as pb
 from proto.vocabulary import NODE_NAME_PATTERN
 
@@ -73,6 +74,7 @@ class PeerCopier:
             self._thread = None
 
     def _run(self) -> None:
+        lower_this_threads_priority()
         while not self._stopping.wait(self._interval_s):
             try:
                 self._copy_newest()

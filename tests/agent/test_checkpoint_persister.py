@@ -13,9 +13,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from agent.checkpoint_persister import CheckpointPersister, FailedSave, Outbox, PersistedSave
 from agent.memory_snapshots import MemorySnapshotDir, step_dir_name
+from agent.thread_priority import BACKGROUND_NICENESS
 from agent.worker_user import WorkerUser
 from proto import trainerd_pb2 as pb
 from tests.agent.snapshot_files import TENSORS, host_snapshot
@@ -243,3 +245,20 @@ def test_an_agent_without_shared_memory_leaves_the_saving_to_the_workers(tmp_pat
         assert "TRAINERD_CHECKPOINT_OUTBOX" not in host.launcher.started["rank1"].env
 
     run(scenario())
+
+
+def test_the_persister_yields_the_cores_to_training(tmp_path: Path) -> None:
+    """Its thread runs at the lowest priority; the rest of the agent (its event loop) keeps its own."""
+    priorities: list[int] = []
+    own = os.getpriority(os.PRIO_PROCESS, 0)  # on Linux, the calling thread's
+    outbox = outbox_of(tmp_path, tmp_path / "checkpoints", (0,), world_size=1)
+    persister = CheckpointPersister(
+        outbox, lambda saved: priorities.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())),
+        lambda failed: pytest.fail(failed.reason), poll_interval_s=0.01)
+    persister.start()
+    try:
+        host_snapshot(outbox.directory, 10, (0,), world_size=1, generation=GENERATION)
+        wait_until(lambda: priorities, 10, "the save")
+    finally:
+        persister.stop()
+    assert priorities == [BACKGROUND_NICENESS] and os.getpriority(os.PRIO_PROCESS, 0) == own
