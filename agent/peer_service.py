@@ -2,7 +2,8 @@
 other agents of the cluster, which copy them (agent/peer_copier.py) or fetch them for a relaunch.
 
 A synchronous gRPC server on a few threads of its own, so that streaming files never holds up the agent's
-asyncio loop; the pool's size bounds the streams served at once. With TLS it listens on `host` and admits
+asyncio loop; the pool's size bounds the streams served at once, and its threads run at the lowest CPU
+priority (agent/thread_priority.py). With TLS it listens on `host` and admits
 only clients whose certificate (verified against the cluster's CA) is a node's; without TLS it listens on
 loopback only, whatever `host` says: snapshots hold the whole model. Every request comes from the network:
 the job name must be a plain directory name, the step and rank in range, and the files are opened from the
@@ -22,6 +23,7 @@ import grpc
 
 from agent.job_workdir import is_plain_job_name
 from agent.memory_snapshots import MemorySnapshotDir
+from agent.thread_priority import lower_this_threads_priority
 from common.cert_identity import CertificateError, PeerKind, peer_identity, serves_as_node
 from common.tls_files import TlsFiles
 from proto import trainerd_pb2 as pb
@@ -60,7 +62,8 @@ class PeerServer:
                         "certs node`")
             return 0
         server = grpc.server(
-            ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="peer-server"),
+            ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="peer-server",
+                               initializer=lower_this_threads_priority),
             maximum_concurrent_rpcs=MAX_QUEUED_RPCS,
             options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
                      ("grpc.max_send_message_length", CHUNK_BYTES + 1024)],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +22,7 @@ from agent.peer_client import PeerClient
 from agent.peer_copier import PeerCopier
 from agent.peer_service import PeerServer
 from agent.snapshot_reports import read_report
+from agent.thread_priority import BACKGROUND_NICENESS
 from common.tls_files import TlsFiles
 from daemon.certs import Issued, make_ca, make_node_certificate, make_operator_certificate
 from proto import trainerd_pb2 as pb
@@ -257,6 +259,11 @@ def test_the_copier_keeps_the_two_newest_snapshots_and_survives_its_source_going
     copier.start()
     try:
         wait_until(lambda: copies(local, "host1") == [step_dir_name(10)], 15, "the copy of step 10")
+        # Both ends of the copy yield the cores to training: the copier's thread and the server's.
+        priorities = {t.name: os.getpriority(os.PRIO_PROCESS, t.native_id) for t in threading.enumerate()
+                      if t.native_id is not None and t.name.startswith(("copier-", "peer-server"))}
+        assert {name.split("_")[0] for name in priorities} == {"copier-host1", "peer-server"}, priorities
+        assert set(priorities.values()) == {BACKGROUND_NICENESS}, priorities
         for step in (20, 30):
             host_snapshot(source.job_dir(JOB), step, (1,), world_size=2)
             assert source.newest(JOB) == Snapshot(step, 8 * step)
