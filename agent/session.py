@@ -139,6 +139,8 @@ class CoordinatorLink:
         self.interval_s = 1.0
         # When a coordinator last answered: the agent fences itself when that is too long ago.
         self.contact = ContactWatch(clock)
+        # The channel of an attempt the coordinator deferred, kept for the next attempt to it (`_channel_to`).
+        self._kept: tuple[str, grpc.aio.Channel] | None = None
 
     def send(self, message: pb.AgentMessage) -> None:
         """Queue a report; it goes out on the current session, or the next one."""
@@ -152,6 +154,14 @@ class CoordinatorLink:
 
     async def run(self, handler: SessionHandler) -> None:
         """Keep a session open until cancelled."""
+        try:
+            await self._keep_a_session(handler)
+        finally:
+            kept, self._kept = self._kept, None
+            if kept is not None:
+                await kept[1].close()
+
+    async def _keep_a_session(self, handler: SessionHandler) -> None:
         attempt = 0
         while True:
             address = self._next_address(attempt)
@@ -187,71 +197,96 @@ class CoordinatorLink:
         else:
             log.warning("session with %s failed: %s %s", address, exc.code().name, exc.details())
 
+    async def _channel_to(self, address: str) -> grpc.aio.Channel:
+        """The channel of the last attempt when the coordinator at `address` deferred it (RESOURCE_EXHAUSTED:
+        its connection works, the coordinator only asked the agent to come back later), else a new one.
+        In a connect burst most Hellos are deferred: each return then costs the coordinator a stream, not
+        a connection (and, with TLS, a handshake). Every other failure gets a new channel, so a link cut
+        or a coordinator gone is never retried on a connection that may be dead."""
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            if kept[0] == address:
+                return kept[1]
+            await kept[1].close()
+        if self._credentials is None:
+            return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        return grpc.aio.secure_channel(address, self._credentials, options=CHANNEL_OPTIONS)
+
     async def _session(self, address: str, handler: SessionHandler) -> bool:
         """One session; returns True when it was established before it ended."""
-        if self._credentials is None:
-            channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-        else:
-            channel = grpc.aio.secure_channel(address, self._credentials, options=CHANNEL_OPTIONS)
-        async with channel:
-            call = pb_grpc.CoordinatorStub(channel).Session()
-            hello = pb.Hello()
-            hello.CopyFrom(self._hello)
-            hello.resume_token = self._identity.load_token(hello.node_name)
-            await call.write(pb.AgentMessage(hello=hello))
-            first = await asyncio.wait_for(call.read(), WELCOME_TIMEOUT_S)
-            if first is grpc.aio.EOF:
-                code = await call.code()
-                log.warning("coordinator %s closed the session before Welcome (%s)", address, code.name)
-                return False
-            if first.WhichOneof("body") != "welcome":
-                log.warning("coordinator %s did not start with Welcome; reconnecting", address)
-                return False
-            self.welcome = first.welcome
-            self.contact.welcomed(FenceTerms(first.welcome.heartbeat_timeout_s, first.welcome.stop_grace_s)
-                                  if first.welcome.heartbeat_timeout_s > 0 else None)
-            self.interval_s = first.welcome.heartbeat_interval_s
-            self._backoff_cap_s = max(BACKOFF_BASE_S, min(BACKOFF_CAP_S, self.interval_s))
-            self._identity.save_token(hello.node_name, first.welcome.resume_token)
-            log.info("registered as %s with coordinator %s at %s", hello.node_name,
-                     first.welcome.coordinator_id, address)
-            self.connected.set()
-            handler.on_connected(True)
-            # What is queued by now (reports from while no session was open, and those the handler sends
-            # again for a leader that may not have them) goes out before the first heartbeat: a leader that
-            # reads a heartbeat showing the generation stopped has its newest commit by then.
-            try:
-                while not self._outbox.empty():
-                    await call.write(self._outbox.get_nowait())
-            except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
-                log.warning("session with %s broke before its first heartbeat: %s; reconnecting", address, exc)
-                call.cancel()
-                return True
-            # grpc.aio allows one write in flight per stream: heartbeats and reports take turns.
-            write_lock = asyncio.Lock()
-            tasks = [
-                asyncio.create_task(self._heartbeats(call, write_lock, handler)),
-                asyncio.create_task(self._forward_outbox(call, write_lock)),
-                asyncio.create_task(self._read_commands(call, handler)),
-                asyncio.create_task(self._until_silent()),
-            ]
-            try:
-                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    error = task.exception()
-                    if isinstance(error, asyncio.InvalidStateError):
-                        # A write into an RPC that has just ended (its status arrives on the reader).
-                        log.warning("session with %s broke: %s", address, error)
-                    elif error is not None and not isinstance(error, grpc.aio.AioRpcError):
-                        raise error
-                    elif error is not None:
-                        log.warning("session with %s broke: %s %s", address, error.code().name, error.details())
-            finally:
-                for task in tasks:
-                    task.cancel()
-                call.cancel()
-            log.warning("session with %s ended; reconnecting", address)
+        channel = await self._channel_to(address)
+        deferred = False
+        try:
+            return await self._session_on(channel, address, handler)
+        except grpc.aio.AioRpcError as exc:
+            deferred = exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            raise
+        finally:
+            if deferred:
+                self._kept = (address, channel)
+            else:
+                await channel.close()
+
+    async def _session_on(self, channel: grpc.aio.Channel, address: str, handler: SessionHandler) -> bool:
+        """Hello, Welcome, then heartbeats, reports and commands on `channel` until the session ends."""
+        call = pb_grpc.CoordinatorStub(channel).Session()
+        hello = pb.Hello()
+        hello.CopyFrom(self._hello)
+        hello.resume_token = self._identity.load_token(hello.node_name)
+        await call.write(pb.AgentMessage(hello=hello))
+        first = await asyncio.wait_for(call.read(), WELCOME_TIMEOUT_S)
+        if first is grpc.aio.EOF:
+            code = await call.code()
+            log.warning("coordinator %s closed the session before Welcome (%s)", address, code.name)
+            return False
+        if first.WhichOneof("body") != "welcome":
+            log.warning("coordinator %s did not start with Welcome; reconnecting", address)
+            return False
+        self.welcome = first.welcome
+        self.contact.welcomed(FenceTerms(first.welcome.heartbeat_timeout_s, first.welcome.stop_grace_s)
+                              if first.welcome.heartbeat_timeout_s > 0 else None)
+        self.interval_s = first.welcome.heartbeat_interval_s
+        self._backoff_cap_s = max(BACKOFF_BASE_S, min(BACKOFF_CAP_S, self.interval_s))
+        self._identity.save_token(hello.node_name, first.welcome.resume_token)
+        log.info("registered as %s with coordinator %s at %s", hello.node_name,
+                 first.welcome.coordinator_id, address)
+        self.connected.set()
+        handler.on_connected(True)
+        # What is queued by now (reports from while no session was open, and those the handler sends
+        # again for a leader that may not have them) goes out before the first heartbeat: a leader that
+        # reads a heartbeat showing the generation stopped has its newest commit by then.
+        try:
+            while not self._outbox.empty():
+                await call.write(self._outbox.get_nowait())
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            log.warning("session with %s broke before its first heartbeat: %s; reconnecting", address, exc)
+            call.cancel()
             return True
+        # grpc.aio allows one write in flight per stream: heartbeats and reports take turns.
+        write_lock = asyncio.Lock()
+        tasks = [
+            asyncio.create_task(self._heartbeats(call, write_lock, handler)),
+            asyncio.create_task(self._forward_outbox(call, write_lock)),
+            asyncio.create_task(self._read_commands(call, handler)),
+            asyncio.create_task(self._until_silent()),
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                error = task.exception()
+                if isinstance(error, asyncio.InvalidStateError):
+                    # A write into an RPC that has just ended (its status arrives on the reader).
+                    log.warning("session with %s broke: %s", address, error)
+                elif error is not None and not isinstance(error, grpc.aio.AioRpcError):
+                    raise error
+                elif error is not None:
+                    log.warning("session with %s broke: %s %s", address, error.code().name, error.details())
+        finally:
+            for task in tasks:
+                task.cancel()
+            call.cancel()
+        log.warning("session with %s ended; reconnecting", address)
+        return True
 
     async def _heartbeats(self, call, write_lock: asyncio.Lock, handler: SessionHandler) -> None:
         sequence = 0

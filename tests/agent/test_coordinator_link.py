@@ -15,7 +15,7 @@ from agent.session import CoordinatorLink, IdentityFile
 from common.clock import SystemClock
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
-from proto.vocabulary import LEADER_ADDRESS_METADATA
+from proto.vocabulary import LEADER_ADDRESS_METADATA, RETRY_AFTER_MS_METADATA
 
 HEARTBEAT_INTERVAL_S = 0.05
 WAIT_S = 5.0
@@ -68,6 +68,25 @@ class StandbyCoordinator(pb_grpc.CoordinatorServicer):
         self.refused += 1
         context.set_trailing_metadata(((LEADER_ADDRESS_METADATA, self.leader_address),))
         await context.abort(grpc.StatusCode.UNAVAILABLE, "not the leader")
+
+
+class DeferringCoordinator(LeaderCoordinator):
+    """Turns the first `deferrals` Hellos away (RESOURCE_EXHAUSTED, come back in 10 ms), then welcomes; notes
+    the connection (the client's address and port) each Hello came on."""
+
+    def __init__(self, deferrals: int) -> None:
+        super().__init__("deferring")
+        self.deferrals = deferrals
+        self.connections: list[str] = []
+
+    async def Session(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
+        self.connections.append(context.peer())
+        if self.deferrals:
+            await context.read()
+            self.deferrals -= 1
+            context.set_trailing_metadata(((RETRY_AFTER_MS_METADATA, "10"),))
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many sessions being opened")
+        await super().Session(request_iterator, context)
 
 
 class RecordingHandler:
@@ -167,5 +186,26 @@ def test_a_standby_refusal_makes_the_link_dial_the_leader_it_names(tmp_path: Pat
                     assert link.welcome is not None and link.welcome.coordinator_id == "leader"
                     assert standby.refused == 1
                     await leader.next_received("heartbeat")
+
+    asyncio.run(asyncio.wait_for(scenario(), 20))
+
+
+def test_a_deferred_hello_comes_back_on_the_same_connection_and_any_other_failure_on_a_new_one(
+        tmp_path: Path) -> None:
+    """In a connect burst most Hellos are deferred: coming back costs the coordinator a stream, not a
+    connection. A session that ends any other way is dialled again afresh (the connection may be dead)."""
+    coordinator = DeferringCoordinator(deferrals=3)
+    handler = RecordingHandler()
+
+    async def scenario() -> None:
+        async with serving(coordinator) as address:
+            link = make_link([address], tmp_path)
+            async with running(link, handler):
+                await asyncio.wait_for(link.connected.wait(), WAIT_S)
+                assert len(coordinator.connections) == 4 and len(set(coordinator.connections)) == 1
+                await coordinator.commands.put(None)  # the coordinator ends the session
+                await asyncio.wait_for(coordinator.hellos.get(), WAIT_S)
+                await asyncio.wait_for(coordinator.hellos.get(), WAIT_S)
+                assert len(coordinator.connections) == 5 and coordinator.connections[4] != coordinator.connections[0]
 
     asyncio.run(asyncio.wait_for(scenario(), 20))
