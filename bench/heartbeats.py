@@ -26,7 +26,9 @@ sessions are opened at once, the agents past that told when to come back, each a
 counted in the pace (daemon/admission.py OpeningGate); Hellos that write to etcd are admitted 64 at a
 time and deferred with a retry-after hint beyond 2 s of queue (HelloAdmission); the leader lease is
 refreshed by a thread of its own (daemon/store/lease_keeper.py); liveness deadlines allow for the
-leader's own read lag (daemon/read_lag.py). An agent redials after max(3 intervals, timeout/2) without
+leader's own read lag (daemon/read_lag.py); the garbage collector leaves the start-up heap alone and runs
+rarely (daemon/app.py settle_gc_for_serving); a deferred agent comes back on the connection it was
+deferred on (agent/session.py). An agent redials after max(3 intervals, timeout/2) without
 an ack, so a coordinator that falls that far behind shows up here as broken sessions.
 
 trainerd may open at most as many files as the machine allows (20,000 where the reference figures were
