@@ -49,6 +49,10 @@ _STREAM_RETRYABLE = _UNREACHABLE | {
     grpc.StatusCode.UNAUTHENTICATED,
 }
 
+# Keys a prefix read asks etcd for at once: a few hundred KB of records like trainerd's, well below what a
+# response may carry (_CHANNEL_OPTIONS).
+PREFIX_PAGE_KEYS = 1000
+
 _CHANNEL_OPTIONS = [
     # gRPC's default backoff grows to 120 s between redials; a lease of a few seconds needs
     # the member back within a fraction of its TTL.
@@ -58,6 +62,9 @@ _CHANNEL_OPTIONS = [
     # Notice a dead connection under an idle watch. etcd refuses pings more often than 5 s.
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
+    # Responses up to 64 MiB rather than gRPC's default 4 MiB: a page of PREFIX_PAGE_KEYS records averaging up
+    # to 64 KiB each (trainerd's are a few hundred bytes).
+    ("grpc.max_receive_message_length", 64 << 20),
 ]
 
 
@@ -302,13 +309,22 @@ class EtcdStore:
         return _key_value(response.kvs[0]) if response.kvs else None
 
     async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
+        """Every key under `prefix`, read PREFIX_PAGE_KEYS at a time, all pages at the first page's revision
+        (one consistent view). In one response, 20,000 node records (4.2 MB) passed gRPC's 4 MiB limit on
+        a received message, and a leader could not load the cluster it was to lead."""
         key, range_end = _prefix_range(prefix)
-        request = rpc.RangeRequest(key=key, range_end=range_end,
-                                   sort_order=rpc.RangeRequest.SortOrder.ASCEND,
-                                   sort_target=rpc.RangeRequest.SortTarget.KEY)
-        response = await self._call(f"get prefix {prefix}", lambda m: m.kv.Range, request,
-                                    idempotent=True)
-        return [_key_value(kv) for kv in response.kvs], response.header.revision
+        found: list[KeyValue] = []
+        revision = 0
+        while True:
+            request = rpc.RangeRequest(key=key, range_end=range_end, limit=PREFIX_PAGE_KEYS, revision=revision,
+                                       sort_order=rpc.RangeRequest.SortOrder.ASCEND,
+                                       sort_target=rpc.RangeRequest.SortTarget.KEY)
+            response = await self._call(f"get prefix {prefix}", lambda m: m.kv.Range, request, idempotent=True)
+            revision = revision or response.header.revision
+            found.extend(_key_value(kv) for kv in response.kvs)
+            if not response.more or not response.kvs:
+                return found, revision
+            key = response.kvs[-1].key + b"\0"  # the next key after the page's last
 
     async def get_range(self, start_key: str, end_key: str, *, limit: int,
                         descending: bool = False) -> tuple[list[KeyValue], int]:

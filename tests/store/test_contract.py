@@ -122,6 +122,21 @@ def test_get_prefix_returns_only_that_prefix_sorted_with_the_read_revision(backe
     run(backend, scenario)
 
 
+def test_get_prefix_reads_more_than_one_response_may_carry(backend: Backend) -> None:
+    """1,100 records of 4 KiB: more keys than a page and more bytes (4.4 MB) than gRPC takes in one message
+    by default; 20,000 node records once kept a leader from loading its cluster."""
+    async def scenario(store: Store) -> None:
+        names = [f"nodes/{i:05d}" for i in range(1100)]
+        for name in names:
+            last = await store.compare_and_swap(k(name), name.encode().ljust(4096, b"."), 0)
+        kvs, revision = await store.get_prefix(k("nodes/"))
+        assert [kv.key for kv in kvs] == [k(name) for name in names]
+        assert all(kv.value == name.encode().ljust(4096, b".") for kv, name in zip(kvs, names))
+        assert revision == last
+
+    run(backend, scenario, timeout_s=120)
+
+
 def test_get_range_reads_a_bounded_page_in_either_order(backend: Backend) -> None:
     async def scenario(store: Store) -> None:
         for name in ["events/03", "events/01", "events/02", "events/04", "eventsx", "nodes/n1"]:
