@@ -29,6 +29,7 @@ import mmap
 import os
 import stat
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,7 @@ from trainer.checkpoint.direct_writer import DirectWriter
 from trainer.checkpoint.commit import (
     RankReport,
     commit_when_reported,
+    failure_name,
     mark_failed,
     prepare_share,
     report_name,
@@ -51,7 +53,7 @@ from trainer.checkpoint.commit import (
 )
 from trainer.checkpoint.durable_files import publish, temporary_name
 from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint
-from trainer.checkpoint.manifest import MANIFEST_NAME
+from trainer.checkpoint.manifest import MANIFEST_NAME, step_dir_name
 from trainer.checkpoint.retention import prune
 
 log = logging.getLogger(__name__)
@@ -60,6 +62,8 @@ POLL_INTERVAL_S = 0.05
 # How long rank 0's agent waits for the other hosts' shares of a save: as long as a worker's writer waits.
 COMMIT_TIMEOUT_S = 600.0
 _COPY_CHUNK = 8 << 20
+# A step directory unchanged this long is settled: its modification time is a safe sign of any later change.
+_SETTLED_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,9 @@ class CheckpointPersister:
         self._poll_interval_s = poll_interval_s
         self._commit_timeout_s = commit_timeout_s
         self._stopping = threading.Event()
+        # Steps waiting for a local share, by directory name: the directory's modification time when their
+        # reports were last read (a step directory changes whenever a file is written, renamed or removed).
+        self._waiting: dict[str, int] = {}
         self._clock = _UntilStopped(self._stopping)
         self._thread = threading.Thread(target=self._run, name=f"checkpoint-persister-g{outbox.generation}",
                                         daemon=True)
@@ -148,19 +155,61 @@ class CheckpointPersister:
             self._stopping.wait(self._poll_interval_s)
 
     def persist_ready(self) -> int:
-        """Save every step whose local shares are all in the outbox, oldest first; the number saved or failed."""
+        """Save every step whose local shares are all in the outbox, oldest first, and give up every step a
+        local rank marked failed; the number saved, failed or given up."""
         done = 0
+        waiting: dict[str, int] = {}
         for source in sorted(step_dirs(self.outbox.directory), key=lambda d: int(d.name[5:])):
             if self._stopping.is_set():
                 break
             step = int(source.name[5:])
+            settled = _settled_mtime(source)
+            if settled is not None and self._waiting.get(source.name) == settled:
+                waiting[source.name] = settled  # nothing came since its reports were read: not read again
+                continue
+            failed = [rank for rank in self.outbox.local_ranks
+                      if (source / failure_name(rank, self.outbox.generation)).exists()]
+            if failed:
+                self._give_up(step, failed)
+                remove_entry(source)
+                done += 1
+                continue
             reports = [self._report(source, rank, step) for rank in self.outbox.local_ranks]
             if any(report is None for report in reports):
+                if settled is not None:
+                    waiting[source.name] = settled
                 continue
             self._persist(source, step, [r for r in reports if r is not None])
             remove_entry(source)
             done += 1
+        self._waiting = waiting
         return done
+
+    def _give_up(self, step: int, failed: list[int]) -> None:
+        """Local ranks could not hand over their shares of `step` (each reported it): the step is not saved.
+        The other hosts' agents are told at once, as by a writing rank (commit.mark_failed)."""
+        outbox = self.outbox
+        log.warning("generation %d: ranks %s could not hand their shares of step %d to the agent: not saved",
+                    outbox.generation, failed, step)
+        step_dir = outbox.checkpoint_dir / step_dir_name(step)
+        try:
+            self._make_root()
+            if not step_dir.exists():
+                step_dir.mkdir(exist_ok=True)
+                self._hand_over(step_dir)
+        except OSError as exc:
+            log.warning("cannot mark step %d failed in %s: %s", step, outbox.checkpoint_dir, exc)
+            return
+        for rank in outbox.local_ranks:
+            if rank != 0:  # rank 0's agent is this one, and gives the step up
+                mark_failed(step_dir, rank, outbox.generation)
+
+    def _make_root(self) -> None:
+        """The checkpoint directory, made (as the workers' user, with `owner`) when it is not there."""
+        root = self.outbox.checkpoint_dir
+        if not root.exists():
+            root.mkdir(parents=True, exist_ok=True)
+            self._hand_over(root)
 
     def _report(self, source: Path, rank: int, step: int) -> RankReport | None:
         report = read_report(source, rank, step)
@@ -174,15 +223,12 @@ class CheckpointPersister:
         commits = 0 in outbox.local_ranks
         step_dir: Path | None = None
         rank = reports[0].rank
-        made_root = not outbox.checkpoint_dir.exists()
         try:
+            self._make_root()
             for report in reports:
                 rank = report.rank
                 step_dir = prepare_share(outbox.checkpoint_dir, step, rank, outbox.generation,
                                          commits=commits and rank == 0)
-                if made_root:
-                    self._hand_over(outbox.checkpoint_dir)
-                    made_root = False
                 _copy_share(source, step_dir, report, self._stopping)
                 self._hand_over(step_dir, step_dir / data_name(rank), step_dir / report_name(rank))
                 log.info("generation %d: rank %d's share of step %d saved in %s", outbox.generation, rank, step,
@@ -219,6 +265,17 @@ class CheckpointPersister:
         if owner is not None:
             for path in paths:
                 os.chown(path, owner.uid, owner.gid, follow_symlinks=False)
+
+
+def _settled_mtime(directory: Path) -> int | None:
+    """`directory`'s modification time (ns) when it is older than _SETTLED_S, else None (also when it is
+    gone): a change after it would set a later one, whereas a change within the file system's clock tick of
+    a fresh one might leave it as it was."""
+    try:
+        mtime = os.stat(directory, follow_symlinks=False).st_mtime_ns
+    except OSError:
+        return None
+    return mtime if time.time_ns() - mtime > _SETTLED_S * 1e9 else None
 
 
 def _copy_share(source: Path, step_dir: Path, report: RankReport, stopping: threading.Event) -> None:

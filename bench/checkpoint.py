@@ -13,7 +13,8 @@ first runs once untimed: training saves every few hundred steps, the first save 
 Printed: checksum speed (why crc32), save throughput (1 and 2 ranks writing at once), the time a
 training step is blocked by an asynchronous save (first save, then later ones), by a save the agent writes
 (`checkpoint.saved_by: agent`: the rank hands its share to the outbox in shared memory, --memory-dir, and
-an agent persister in another process copies, verifies and commits it; agent/checkpoint_persister.py), and
+an agent persister in another process copies, verifies and commits it; agent/checkpoint_persister.py; with
+in-memory snapshots on, the share is the snapshot of the step, linked into the outbox), and
 by an in-memory snapshot (the same writer into tmpfs, --memory-dir; trainer/runtime/memory_snapshots.py), and the
 throughput of resharded loads 2->3 and 4->2: rank 0 loading the whole model (data parallel), and every
 rank loading its dim-0 shards (summed).
@@ -409,11 +410,13 @@ def _agent_persister(outbox: Path, checkpoints: Path, keep: int, committed: Simp
     persister.stop()
 
 
-def measure_agent_saves(outbox: Path, checkpoints: Path, tensors: dict[str, np.ndarray],
-                        repeat: int) -> tuple[float, float, float]:
+def measure_agent_saves(outbox: Path, checkpoints: Path, tensors: dict[str, np.ndarray], repeat: int,
+                        snapshots: Path | None = None, from_snapshot: bool = True) -> tuple[float, float, float]:
     """As `measure_async`, with the agent saving (agent/checkpoint_persister.py in another process): how long
     a rank's hand-over to the outbox blocks the step, first and then the median; and the median time until
-    the agent had copied, verified and committed it on disk."""
+    the agent had copied, verified and committed it on disk. With `snapshots`, every save step is also an
+    in-memory snapshot step (retention keeps 1, as the workers'): the agent's share is the snapshot's file,
+    linked into the outbox, or, not `from_snapshot`, a second copy handed over after the snapshot's."""
     context = multiprocessing.get_context("fork")
     committed: SimpleQueue[int] = context.SimpleQueue()
     stop = context.Event()
@@ -422,20 +425,35 @@ def measure_agent_saves(outbox: Path, checkpoints: Path, tensors: dict[str, np.n
     agent.start()
     blocked, saved = [], []
     saves = AgentSaves(outbox, 0, 1, 0, "bench", SystemClock())
+    snapshot_writer = None if snapshots is None else CheckpointWriter(snapshots, 0, 1, keep=1)
     try:
         for step in range(1, repeat + 2):
             started = time.perf_counter()
-            saves.save(CheckpointMeta(step, step, 0), tensors, {})
+            meta = CheckpointMeta(step, step, 0)
+            if snapshot_writer is None:
+                saves.save(meta, tensors, {})
+            elif from_snapshot:
+                saves.settle()
+                snapshot_writer.wait()
+                saves.hand_over_snapshot(step, snapshot_writer.save_async(meta, tensors, share_into=outbox))
+            else:
+                snapshot_writer.wait()
+                snapshot_writer.save_async(meta, tensors)
+                saves.save(meta, tensors, {})
             blocked.append(time.perf_counter() - started)
             if committed.get() != step:
                 raise RuntimeError(f"the agent did not save step {step}")
             saved.append(time.perf_counter() - started)
         saves.close()
     finally:
+        if snapshot_writer is not None:
+            snapshot_writer.close()
         stop.set()
         agent.join()
         shutil.rmtree(outbox, ignore_errors=True)
         shutil.rmtree(checkpoints, ignore_errors=True)
+        if snapshots is not None:
+            shutil.rmtree(snapshots, ignore_errors=True)
     return blocked[0], statistics.median(blocked[1:]), statistics.median(saved[1:])
 
 
@@ -516,6 +534,9 @@ def main() -> None:
         first, steady, async_committed = measure_async(work / "async", tensors, args.repeat)
         agent_first, agent_steady, agent_committed = measure_agent_saves(
             memory / "outbox", work / "agent-saved", tensors, args.repeat)
+        both = {from_snapshot: measure_agent_saves(memory / "outbox", work / "agent-saved", tensors, args.repeat,
+                                                   snapshots=memory / "agent-snapshots", from_snapshot=from_snapshot)
+                for from_snapshot in (False, True)}
         # As the workers take them: retention keeps 1 (MEMORY_KEEP), the tmpfs holds at most 2 copies.
         memory_first, memory_steady, memory_committed = measure_async(memory / "snapshots", tensors, args.repeat, 1)
         for source, target in ((2, 3), (4, 2)):
@@ -530,6 +551,16 @@ def main() -> None:
             f"then {agent_steady * 1e3:.0f} ms = {agent_steady / sync_save:.1%} of a synchronous save; on disk, "
             f"verified and committed by the agent {agent_committed * 1e3:.0f} ms after it began (the async save "
             f"by the worker: {async_committed * 1e3:.0f} ms)"
+        )
+        (copies_first, copies_steady, copies_committed), (from_first, from_steady, from_committed) = (
+            both[False], both[True])
+        print(
+            f"a step both snapshotted and saved by the agent (saved_by: agent, snapshots on) blocks: taken from "
+            f"the snapshot (its file linked into the outbox) first {from_first * 1e3:.0f} ms, then "
+            f"{from_steady * 1e3:.0f} ms = {from_steady / sync_save:.1%} of a synchronous save, on disk "
+            f"{from_committed * 1e3:.0f} ms after it began; as two copies (the snapshot, then the hand-over) first "
+            f"{copies_first * 1e3:.0f} ms, then {copies_steady * 1e3:.0f} ms = {copies_steady / sync_save:.1%}, on "
+            f"disk {copies_committed * 1e3:.0f} ms after it began"
         )
         print(
             f"in-memory snapshot ({memory}) blocks the step: first {memory_first * 1e3:.0f} ms, then "

@@ -182,6 +182,47 @@ def test_a_share_of_another_generation_an_incomplete_step_or_a_link_is_not_taken
     assert sorted(os.listdir(tmp_path / "checkpoints")) == [step_dir_name(50)]
 
 
+def test_a_step_a_local_rank_could_not_hand_over_is_given_up_at_once_and_the_other_hosts_told(
+        tmp_path: Path) -> None:
+    """Rank 2 (this host has 1 and 2) marked its share failed: the step leaves the outbox at once, so rank 1
+    is not held up waiting for it to be taken, and rank 0's agent on another host finds the marks and gives
+    the step up too, rather than waiting out its commit timeout. The worker reported the failure itself."""
+    heard, rank_0s = Heard(), Heard()
+    checkpoints = tmp_path / "checkpoints"
+    outbox = outbox_of(tmp_path, checkpoints, (1, 2), world_size=3)
+    share = host_snapshot(outbox.directory, 50, (1,), world_size=3, generation=GENERATION)
+    (share / f"rank_2.failed.{GENERATION}").touch()
+    assert heard.persister(outbox).persist_ready() == 1
+    assert not share.exists() and heard.saved == heard.failed == []
+    head = outbox_of(tmp_path, checkpoints, (0,), world_size=3, host="head")
+    host_snapshot(head.directory, 50, (0,), world_size=3, generation=GENERATION)
+    assert rank_0s.persister(head, commit_timeout_s=600).persist_ready() == 1  # at once, not after 600 s
+    assert rank_0s.saved == [] and "could not write their share" in rank_0s.failed[0].reason
+    assert not (checkpoints / step_dir_name(50) / "manifest.json").exists()
+
+
+def test_a_step_still_waiting_for_a_share_is_read_again_only_once_its_directory_changes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hostile or slow worker can leave steps unfinished: their reports are not re-read every poll."""
+    import agent.checkpoint_persister as persister_module
+
+    reads: list[int] = []
+    real_read = persister_module.read_report
+    monkeypatch.setattr(persister_module, "read_report",
+                        lambda source, rank, step: reads.append(step) or real_read(source, rank, step))
+    heard = Heard()
+    outbox = outbox_of(tmp_path, tmp_path / "checkpoints", (0, 1), world_size=2)
+    share = host_snapshot(outbox.directory, 50, (0,), world_size=2, generation=GENERATION)  # rank 1 missing
+    settled = time.time() - 5
+    os.utime(share, (settled, settled))
+    persister = heard.persister(outbox)
+    for _ in range(5):
+        assert persister.persist_ready() == 0
+    assert reads == [50, 50]  # one pass read both ranks' reports; the other four read nothing
+    host_snapshot(outbox.directory, 50, (1,), world_size=2, generation=GENERATION)
+    assert persister.persist_ready() == 1 and [s.step for s in heard.saved] == [50]
+
+
 def test_a_full_disk_fails_the_save_cleanly_and_saving_resumes_once_there_is_room(
         tmp_path: Path, mount_tmpfs: Callable[[str, str], Path]) -> None:
     checkpoints = mount_tmpfs("small-disk", "1m")

@@ -5,6 +5,7 @@ complete checkpoints, keeps `keep` of them, and the loader falls back past a dam
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import re
@@ -168,6 +169,43 @@ def test_a_rank_out_of_space_makes_rank_0_give_the_step_up_at_once_and_the_next_
     assert ranks[0].wait() == tmp_path / "step_00000004"
     verify_checkpoint(tmp_path / "step_00000004")
     assert not step_dir.exists()  # retention removed the failed save's leftovers
+    for writer in ranks:
+        writer.close()
+
+
+def test_a_share_placed_in_a_second_root_is_the_same_file_and_outlives_the_commit(
+    tmp_path: Path, tensors: dict[str, np.ndarray]
+) -> None:
+    """`share_into` (a snapshot handing its share to the agent's outbox): each rank's data file is linked, not
+    copied, and its report stays there after rank 0's commit removed the reports beside the manifest; the
+    future is done once the share is there, before the commit."""
+    snapshots, outbox = tmp_path / "memory", tmp_path / "memory" / ".outbox"
+    ranks = [CheckpointWriter(snapshots, r, 2, generation=5) for r in range(2)]
+    shared = [ranks[1].save_async(CheckpointMeta(6, 96, 1), tensors, share_into=outbox)]
+    shared.insert(0, ranks[0].save_async(CheckpointMeta(6, 96, 1), tensors, share_into=outbox))
+    for future in shared:
+        assert future.result(timeout=30) is None
+    assert ranks[0].wait() == snapshots / "step_00000006"
+    verify_checkpoint(snapshots / "step_00000006")
+    share = outbox / "step_00000006"
+    assert sorted(os.listdir(share)) == ["rank_0.done.json", "rank_0.safetensors", "rank_1.done.json",
+                                         "rank_1.safetensors"]
+    for rank in range(2):
+        assert os.stat(share / f"rank_{rank}.safetensors").st_ino == os.stat(
+            snapshots / "step_00000006" / f"rank_{rank}.safetensors").st_ino
+    report = json.loads((share / "rank_1.done.json").read_text())
+    assert (report["rank"], report["step"], report["generation"], report["meta"]["consumed_samples"]) == (1, 6, 5, 96)
+
+    # A share that cannot be placed (the outbox is a file) fails its future and is marked failed where the
+    # agent looks (here: nowhere to mark); the snapshot itself still commits.
+    blocked = tmp_path / "blocked"
+    blocked.write_text("")
+    futures = [writer.save_async(CheckpointMeta(8, 128, 1), tensors, share_into=blocked) for writer in reversed(ranks)]
+    for future in futures:
+        with pytest.raises(CheckpointError, match=r"could not place its share of step 8 in .*blocked"):
+            future.result(timeout=30)
+    assert ranks[0].wait() == snapshots / "step_00000008"
+    verify_checkpoint(snapshots / "step_00000008")
     for writer in ranks:
         writer.close()
 

@@ -74,10 +74,11 @@ def test_checkpoints_saved_by_the_agent_equal_the_workers_and_a_killed_worker_re
 
 def test_across_hosts_each_agent_saves_its_ranks_and_rank_0s_agent_commits(tmp_path: Path, procs: Processes) -> None:
     """Two agents of one rank each: every checkpoint has one rank's file from each agent, committed by the
-    agent of rank 0 once the other's report is there."""
+    agent of rank 0 once the other's report is there. In-memory snapshots are on (every 30 steps): each
+    disk save is taken from a snapshot of its step, whose file the rank wrote once."""
     steps, every = 300, 100
     job = recovery_job(tmp_path, steps=steps, nodes=(2, 2), global_batch=64, micro_batch=16, every=every,
-                       memory_every=0)
+                       memory_every=30)
     job["checkpoint"] |= {"saved_by": "agent"}
     address = start_trainerd(tmp_path, procs, job)
     for node in ("host-0", "host-1"):
@@ -97,3 +98,9 @@ def test_across_hosts_each_agent_saves_its_ranks_and_rank_0s_agent_commits(tmp_p
     for log in logs.values():
         assert len(re.findall(r"rank \d's share of step \d+ saved in", log)) == steps // every, log[-3000:]
     assert sorted(log.count("(saved by the agent)") for log in logs.values()) == [0, steps // every]
+    # ... from the in-memory snapshot of its step, which each rank wrote once.
+    worker_logs = sorted(tmp_path.glob("agents/*/generations/*/rank*.log"))
+    assert len(worker_logs) == 2, worker_logs
+    for worker_log in worker_logs:
+        assert worker_log.read_text().count("the agent saves the checkpoint from this rank's in-memory "
+                                            "snapshot") == steps // every, worker_log

@@ -25,6 +25,7 @@ from trainer.runtime.memory_snapshots import PLAN_NAME
 from trainer.runtime.checkpointing import CheckpointUnreadable, ResumePoint, SeedMismatch, TrainingCheckpoints
 from trainer.runtime.rank_context import CheckpointSettings, RankContext
 from trainer.runtime.snapshot_interval import FIRST_SNAPSHOT_AFTER
+from tests.waiting import wait_until
 
 SEED = 7
 
@@ -151,6 +152,43 @@ def test_with_the_agent_saving_each_share_goes_through_the_outbox_into_the_same_
     finally:
         persister.stop()
     assert reporter.reports == reporter.failures == [] and len(reporter.stalls) == 3
+    assert list(outbox.iterdir()) == []
+    train(tmp_path / "by-worker", every=2, steps=7)
+    for step in (2, 4, 6):
+        by_agent = tmp_path / "by-agent" / f"step_{step:08d}"
+        by_worker = tmp_path / "by-worker" / "ckpt" / f"step_{step:08d}"
+        assert sorted(p.name for p in by_agent.iterdir()) == sorted(p.name for p in by_worker.iterdir())
+        for file in by_worker.iterdir():
+            assert (by_agent / file.name).read_bytes() == file.read_bytes(), (step, file.name)
+
+
+def test_with_snapshots_on_the_agent_saves_from_the_snapshot_and_the_step_pays_one_copy(tmp_path: Path) -> None:
+    """`saved_by: agent` with in-memory snapshots: every disk save step is a snapshot step as well, and the
+    rank's share is the snapshot's own file, linked into the outbox: one stall per such step, not two. The
+    agent's checkpoints are still byte for byte the workers'."""
+    memory = tmp_path / "shm" / "job"
+    outbox = memory / ".outbox"
+    outbox.mkdir(parents=True)
+    saved: list[PersistedSave] = []
+    persister = CheckpointPersister(Outbox(outbox, tmp_path / "by-agent", (0,), 1, 0, 3), saved.append,
+                                    lambda failed: pytest.fail(failed.reason))
+    reporter, pair = Reporter(), cells()
+    settings = CheckpointSettings(directory=tmp_path / "by-agent", every=2, outbox=outbox,
+                                  memory_directory=memory, memory_every=3)
+    with checkpoints(settings, pair, reporter) as ckpt:
+        for step in range(1, 8):
+            perturb(pair[0], float(step))
+            ckpt.after_step(step, step * 16)
+            if step % 2 == 0:  # the agent's turn, in this thread: take the share as it finds it
+                share = outbox / f"step_{step:08d}"
+                wait_until(lambda share=share: (share / "rank_0.done.json").exists(), 30, f"step {step}'s share")
+                snapshot = memory / f"step_{step:08d}" / "rank_0.safetensors"
+                assert os.stat(share / "rank_0.safetensors").st_ino == os.stat(snapshot).st_ino  # one file
+                assert persister.persist_ready() == 1
+    assert [s.step for s in saved] == [2, 4, 6]
+    # Saves at 2, 4 and 6 (6 also the snapshot step it would have been), a snapshot alone at 3: four stalls.
+    assert reporter.failures == [] and len(reporter.stalls) == 4
+    assert sorted(p.name for p in memory.iterdir()) == [".outbox", "step_00000006"]
     assert list(outbox.iterdir()) == []
     train(tmp_path / "by-worker", every=2, steps=7)
     for step in (2, 4, 6):

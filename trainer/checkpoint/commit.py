@@ -19,6 +19,7 @@ rather than after its timeout, so the next save, which waits for this one, does 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint
 from trainer.checkpoint.json_fields import check_schema, get_int, read_json_file
 from trainer.checkpoint.layout import TensorLayout, layouts_from_json
 from trainer.checkpoint.manifest import MANIFEST_NAME, CheckpointMeta, FileEntry, Manifest, step_dir_name
+from trainer.checkpoint.rank_file import rank_file_name
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +105,20 @@ def prepare_share(root: Path, step: int, rank: int, generation: int, *, commits:
         log.warning("Rank 0 replaces the existing checkpoint %s with generation %d's save.", step_dir, generation)
         (step_dir / MANIFEST_NAME).unlink()
     return step_dir
+
+
+def link_share(step_dir: Path, root: Path, report: RankReport) -> Path:
+    """Place `report`'s share, written in `step_dir`, also under `root` (in its step directory there), as a
+    writer with `commit=False` rooted there leaves it: the data file as a hard link (the two roots must be on
+    one file system; a written data file is never written again, a later save of the step writes a new one),
+    then the report. The in-memory snapshot of a step hands itself to the agent's outbox this way
+    (`checkpoint.saved_by: agent`) without a second copy. Returns the step directory under `root`."""
+    target = prepare_share(root, report.step, report.rank, report.generation, commits=False)
+    name = rank_file_name(report.rank)
+    (target / name).unlink(missing_ok=True)
+    os.link(step_dir / name, target / name)
+    write_report(target, report)
+    return target
 
 
 def commit_when_reported(step_dir: Path, meta: CheckpointMeta, world_size: int, generation: int,

@@ -19,7 +19,14 @@ from types import EllipsisType
 import numpy as np
 
 from common.clock import Clock, SystemClock
-from trainer.checkpoint.commit import RankReport, commit_when_reported, mark_failed, prepare_share, write_report
+from trainer.checkpoint.commit import (
+    RankReport,
+    commit_when_reported,
+    link_share,
+    mark_failed,
+    prepare_share,
+    write_report,
+)
 from trainer.checkpoint.errors import CheckpointError
 from trainer.checkpoint.layout import Region, TensorLayout, dtype_name
 from trainer.checkpoint.manifest import CheckpointMeta
@@ -84,13 +91,22 @@ class CheckpointWriter:
         meta: CheckpointMeta,
         tensors: Mapping[str, np.ndarray],
         sharded: Mapping[str, ShardedTensor] | None = None,
-    ) -> None:
+        *,
+        share_into: Path | None = None,
+    ) -> Future[None]:
         """Copies this rank's share of `tensors` and returns; writing continues in the background. Raises the
         previous save's error, if it failed. Every rank passes the same names: the full tensors, identical on
         every rank, except those named in `sharded`, for which it passes the region of them it holds
         (`sharded[name].regions[rank]`; every rank passes the same `sharded`).
+
+        With `share_into` (a root on the same file system), this rank's share is also placed there as
+        `commit.link_share` does, before any commit. Returns a future that is done once this rank's share is
+        written (and placed in `share_into`), before rank 0's commit; its exception says why it is not. A
+        share that could not be placed in `share_into` is marked failed there and does not fail the save.
         """
-        self._pending = self._submit(meta, tensors, sharded or {})
+        written: Future[None] = Future()
+        self._pending = self._submit(meta, tensors, sharded or {}, written, share_into)
+        return written
 
     def wait(self) -> Path | None:
         """Waits for the save in flight; returns its directory (committed, on rank 0), None when idle."""
@@ -104,7 +120,7 @@ class CheckpointWriter:
         sharded: Mapping[str, ShardedTensor] | None = None,
     ) -> Path:
         """A synchronous `save_async`; returns the step directory (committed, on rank 0)."""
-        return self._submit(meta, tensors, sharded or {}).result()
+        return self._submit(meta, tensors, sharded or {}, Future(), None).result()
 
     def close(self) -> None:
         try:
@@ -119,7 +135,12 @@ class CheckpointWriter:
         self.close()
 
     def _submit(
-        self, meta: CheckpointMeta, tensors: Mapping[str, np.ndarray], sharded: Mapping[str, ShardedTensor]
+        self,
+        meta: CheckpointMeta,
+        tensors: Mapping[str, np.ndarray],
+        sharded: Mapping[str, ShardedTensor],
+        written: Future[None],
+        share_into: Path | None,
     ) -> Future[Path]:
         self.wait()
         meta.check()
@@ -143,7 +164,7 @@ class CheckpointWriter:
         staged = self._stage(tensors, held, pieces)
         step_dir = prepare_share(self.root, meta.step, self.rank, self.generation,
                                  commits=self.rank == 0 and self._commit)
-        return self._pool.submit(self._write, step_dir, meta, specs, pieces, staged)
+        return self._pool.submit(self._write, step_dir, meta, specs, pieces, staged, written, share_into)
 
     def _stage(
         self, tensors: Mapping[str, np.ndarray], held: Mapping[str, Region], pieces: tuple[Piece, ...]
@@ -168,12 +189,18 @@ class CheckpointWriter:
         specs: dict[str, TensorSpec],
         pieces: tuple[Piece, ...],
         staged: list[np.ndarray],
+        written: Future[None],
+        share_into: Path | None,
     ) -> Path:
         try:
             entry, chunks = write_rank_file(step_dir, self.rank, pieces, specs, staged)
             layouts = {name: TensorLayout(s.dtype, s.shape, tuple(chunks.get(name, ()))) for name, s in specs.items()}
-            write_report(step_dir, RankReport(self.rank, self.world_size, self.generation, meta.step, entry, layouts,
-                                              meta))
+            report = RankReport(self.rank, self.world_size, self.generation, meta.step, entry, layouts, meta)
+            write_report(step_dir, report)
+            if share_into is not None:
+                self._share(step_dir, share_into, report, written)
+            if not written.done():
+                written.set_result(None)
             if self.rank != 0 or not self._commit:
                 return step_dir
             commit_when_reported(step_dir, meta, self.world_size, self.generation, self._commit_timeout_s,
@@ -181,8 +208,26 @@ class CheckpointWriter:
             prune(self.root, self.keep, meta.step)
             return step_dir
         except (OSError, CheckpointError) as exc:
-            if self.rank != 0:  # rank 0 need not wait for this rank's report until its timeout
+            if self.rank != 0 or not self._commit:  # rank 0 need not wait for this rank's report until its timeout
                 mark_failed(step_dir, self.rank, self.generation)
-            if isinstance(exc, CheckpointError):
+            error = exc if isinstance(exc, CheckpointError) else CheckpointError(
+                f"rank {self.rank} could not save {step_dir}: {exc}")
+            if not written.done():
+                written.set_exception(error)
+            if error is exc:
                 raise
-            raise CheckpointError(f"rank {self.rank} could not save {step_dir}: {exc}") from exc
+            raise error from exc
+        except BaseException as exc:  # whoever waits for the share must not wait forever
+            if not written.done():
+                written.set_exception(exc)
+            raise
+
+    def _share(self, step_dir: Path, root: Path, report: RankReport, written: Future[None]) -> None:
+        """Place this rank's share under `root` too; when it cannot be, mark it failed there and say why in
+        `written` (the save itself goes on)."""
+        try:
+            link_share(step_dir, root, report)
+        except OSError as exc:
+            mark_failed(root / step_dir.name, self.rank, self.generation)
+            written.set_exception(CheckpointError(f"rank {self.rank} could not place its share of step "
+                                                  f"{report.step} in {root}: {exc}"))

@@ -5,6 +5,9 @@ checkpoint directory, verifies it, commits it and reports it (agent/checkpoint_p
 The share is what the rank would have written to the checkpoint directory: `CheckpointWriter(commit=False)`
 writes its data file and its report (with the save's meta). The step loop waits only while the tensors are
 copied to host buffers (`save_async`); the buffers are written into the outbox in the writer's thread.
+With in-memory snapshots on, a disk save is taken from the snapshot of the same step instead
+(`hand_over_snapshot`): the snapshot's writer writes the rank's share once, into the agent's memory, and
+links it into the outbox, so the step waits for one copy, not two.
 Before the next save, and before the worker exits, the rank waits for the agent to take its previous share
 out of the outbox: at most one share per rank is in memory, and a job completes only once its last
 checkpoint is on disk. An agent that has not taken a share within TAKE_TIMEOUT_S is taken to be gone: the
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
@@ -52,7 +56,12 @@ class AgentSaves:
         self._clock = clock
         self._take_timeout_s = take_timeout_s
         self._writer = CheckpointWriter(outbox, rank, world_size, generation=generation, commit=False)
-        self._handed: int | None = None  # the step of the share handed to the agent and not yet taken
+        # The step of the share handed to the agent and not yet taken, and the future of its writing.
+        self._handed: tuple[int, Future[None]] | None = None
+
+    @property
+    def outbox(self) -> Path:
+        return self._outbox
 
     def save(self, meta: CheckpointMeta, tensors: Mapping[str, np.ndarray],
              sharded: Mapping[str, ShardedTensor]) -> None:
@@ -60,17 +69,23 @@ class AgentSaves:
         written in the background). Raises ShareNotSaved for the previous share (this one is then not
         started: call `settle` first to tell the two apart), CheckpointError or OSError for this one."""
         self.settle()
-        self._writer.save_async(meta, tensors, sharded)
-        self._handed = meta.step
+        self._handed = (meta.step, self._writer.save_async(meta, tensors, sharded))
+
+    def hand_over_snapshot(self, step: int, written: Future[None]) -> None:
+        """The share of `step` is being placed in the outbox by the in-memory snapshot of that step
+        (`MemorySnapshots.save(share_into=self.outbox)`), done when `written` is; call `settle` first."""
+        assert self._handed is None, "settle the previous share first"
+        self._handed = (step, written)
 
     def settle(self) -> None:
         """Wait for the share in flight to be written and taken by the agent (at most `take_timeout_s`).
         Raises ShareNotSaved when it could not be written or was not taken in time."""
-        step, self._handed = self._handed, None
-        if step is None:
+        if self._handed is None:
             return
+        (step, written), self._handed = self._handed, None
         try:
-            self._writer.wait()
+            self._writer.wait()  # idle when the snapshot placed the share; else the same outcome as `written`
+            written.result()
         except (CheckpointError, OSError) as exc:
             raise ShareNotSaved(step, f"could not hand this rank's share to the agent: {exc}") from exc
         share = self._outbox / step_dir_name(step)

@@ -20,6 +20,8 @@ memory; a resume from one reads it like a disk checkpoint (TRAINERD_RESUME_FROM 
 With TRAINERD_CHECKPOINT_OUTBOX (`checkpoint.saved_by: agent`) the agent writes the disk checkpoints: each
 rank hands its share of a save to its agent (`trainer.runtime.agent_saves`), which commits and reports it;
 the schedule, the stall accounting and the failure reports are as below, the commit report is the agent's.
+With in-memory snapshots on as well, every disk save step is also a snapshot step, and the agent saves the
+snapshot's share (linked into the outbox): the step blocks for the one copy into shared memory.
 
 A save blocks the step only while the parameters are copied to host memory (`CheckpointWriter.save_async`);
 a helper thread waits for the writer, and the step after the save has committed (rank 0) reports it, so the
@@ -56,6 +58,7 @@ from trainer.runtime.progress import ProgressReporter
 from trainer.runtime.rank_context import CheckpointSettings, RankContext
 
 if TYPE_CHECKING:
+    import numpy as np
     from mindspore import nn
 
 log = logging.getLogger(__name__)
@@ -214,9 +217,14 @@ class TrainingCheckpoints:
         committed since, and starts a save when this step is due one."""
         self._completed = step
         self._collect(block=False)
-        if self._schedule is not None and self._schedule.due(step):
+        save_due = self._schedule is not None and self._schedule.due(step)
+        snapshot_due = self._memory is not None and self._memory.due(step)
+        if save_due and self._agent_saves is not None and self._memory is not None:
+            self._snapshot(step, consumed_samples, for_agent=self._agent_saves)  # the disk save from memory
+            return
+        if save_due:
             self._save(step, consumed_samples)
-        if self._memory is not None and self._memory.due(step):
+        if snapshot_due:
             self._snapshot(step, consumed_samples)
 
     def close(self) -> None:
@@ -261,14 +269,28 @@ class TrainingCheckpoints:
         finally:
             self._reporter.add_checkpoint_stall(self._clock.now() - started)
 
-    def _snapshot(self, step: int, consumed_samples: int) -> None:
-        """Snapshot `step` into the agent's memory; the time it blocks the step loop is checkpoint stall."""
+    def _snapshot(self, step: int, consumed_samples: int, for_agent: AgentSaves | None = None) -> None:
+        """Snapshot `step` into the agent's memory; the time it blocks the step loop is checkpoint stall.
+        `for_agent`: this step is a disk save too, which the agent takes from the snapshot (the share is
+        written once and linked into the outbox); when the snapshot cannot start, the share is handed over
+        as without snapshots."""
         from trainer.checkpoint.mindspore_io import parameters_to_numpy
 
         assert self._memory is not None
         started = self._clock.now()
         try:
-            self._memory.save(self._meta(step, consumed_samples), parameters_to_numpy(*self._cells), self._sharded)
+            meta, tensors = self._meta(step, consumed_samples), parameters_to_numpy(*self._cells)
+            if for_agent is None:
+                self._memory.save(meta, tensors, self._sharded)
+                return
+            self._settle_agent_saves(for_agent)
+            written = self._memory.save(meta, tensors, self._sharded, share_into=for_agent.outbox)
+            if written is not None:
+                for_agent.hand_over_snapshot(step, written)
+                log.info("%s: step %d: the agent saves the checkpoint from this rank's in-memory snapshot",
+                         self._where, step)
+            else:
+                self._hand_to_agent(for_agent, meta, tensors)
         finally:
             stall = self._clock.now() - started
             self._reporter.add_checkpoint_stall(stall)
@@ -283,14 +305,8 @@ class TrainingCheckpoints:
 
         meta = self._meta(step, consumed_samples)
         if self._agent_saves is not None:
-            try:
-                self._agent_saves.settle()
-            except ShareNotSaved as exc:
-                self._agent_save_failed(exc.step, exc)
-            try:
-                self._agent_saves.save(meta, parameters_to_numpy(*self._cells), self._sharded)
-            except (CheckpointError, OSError) as exc:
-                self._agent_save_failed(step, exc)
+            self._settle_agent_saves(self._agent_saves)
+            self._hand_to_agent(self._agent_saves, meta, parameters_to_numpy(*self._cells))
             return
         assert self._writer is not None  # a schedule exists only with a writer or the agent's saves
         self._collect(block=True)  # one save at a time: the writer reuses its host buffers
@@ -303,6 +319,19 @@ class TrainingCheckpoints:
         # Only this thread waits on the writer, and the main thread touches the writer again only
         # after this wait is over (`_collect`), so the two never use it at once.
         self._in_flight = (meta, self._waiter.submit(self._writer.wait))
+
+    def _settle_agent_saves(self, agent_saves: AgentSaves) -> None:
+        """Wait for the agent to take the previous share; one it will not save is reported failed."""
+        try:
+            agent_saves.settle()
+        except ShareNotSaved as exc:
+            self._agent_save_failed(exc.step, exc)
+
+    def _hand_to_agent(self, agent_saves: AgentSaves, meta: CheckpointMeta, tensors: Mapping[str, np.ndarray]) -> None:
+        try:
+            agent_saves.save(meta, tensors, self._sharded)
+        except (CheckpointError, OSError) as exc:
+            self._agent_save_failed(meta.step, exc)
 
     def _agent_save_failed(self, step: int, exc: CheckpointError | OSError) -> None:
         """The agent will not save this rank's share of `step`: logged and reported, training goes on."""

@@ -46,6 +46,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Literal
 
@@ -127,15 +128,18 @@ class MemorySnapshots:
                          self._where, step, stall_s, "?" if step_s is None else f"{step_s:.3f} s", interval)
             self._steps.reset()
 
-    def save(self, meta: CheckpointMeta, tensors: Mapping[str, np.ndarray],
-             sharded: Mapping[str, ShardedTensor]) -> None:
+    def save(self, meta: CheckpointMeta, tensors: Mapping[str, np.ndarray], sharded: Mapping[str, ShardedTensor],
+             share_into: Path | None = None) -> Future[None] | None:
         """Copy this rank's share and return; the file and the commit are written in the background.
-        Waits for the previous snapshot first (a failed one is logged, not raised)."""
+        Waits for the previous snapshot first (a failed one is logged, not raised). With `share_into` (the
+        agent's outbox, on the same tmpfs) the share is also placed there (`CheckpointWriter.save_async`).
+        Returns the future of this rank's share, None when the snapshot could not start (logged)."""
         self._settle()
         try:
-            self._writer.save_async(meta, tensors, sharded)
+            return self._writer.save_async(meta, tensors, sharded, share_into=share_into)
         except (CheckpointError, OSError) as exc:
             log.warning("%s: could not snapshot step %d into memory: %s", self._where, meta.step, exc)
+            return None
 
     def close(self) -> None:
         self._settle()
