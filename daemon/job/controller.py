@@ -62,6 +62,7 @@ from daemon.job.timeline import RecoveryTimeline
 from daemon.leader import LeadershipLost
 from daemon.rate_limited_log import RateLimitedLog
 from daemon.store import codec, keys
+from daemon.store.codec import BadValue
 from daemon.store.fenced_cache import FencedCache
 from daemon.store.interface import Fence, Store
 from proto.vocabulary import JobState, ProcessRole
@@ -212,12 +213,12 @@ class JobController:
         self._unrecorded_checkpoints = []
         self._unrecorded_failed_saves = deque()
         now = self._clock.now()
+        await self._load_orders_seen()
         if self.record.generation:
             key = keys.generation(name, self.record.generation)
             kv = await self._store.get(key)
             if kv is not None:
                 self.generation = GenerationRecord.from_json(codec.decode(kv.value, key=key))
-                self._orders_seen[self.generation.placement.world_size] = tuple(self.generation.placement.nodes)
                 self.observation = GenerationObservation(self.generation.number, started_at=now)
                 if self.record.between_generations:
                     self.observation.stop_decided_at = now
@@ -382,6 +383,19 @@ class JobController:
             return
         if all(observation.node_idle(n) for n in self.generation.placement.nodes):
             observation.all_stopped_at = self._clock.now()
+
+    async def _load_orders_seen(self) -> None:
+        """The node order of the newest kept generation at each world size, from their records: a new leader
+        regrows a world on the nodes it had as the old one would, giving each node its ranks of then."""
+        self._orders_seen = {}
+        records, _ = await self._store.get_prefix(keys.generations(self.spec.name))
+        for kv in records:  # by key: oldest generation first
+            try:
+                generation = GenerationRecord.from_json(codec.decode(kv.value, key=kv.key))
+            except (BadValue, KeyError, TypeError, ValueError) as exc:  # a hint lost, not a reason to stop
+                log.warning("job %s: skipping generation record %s: %s", self.spec.name, kv.key, exc)
+                continue
+            self._orders_seen[generation.placement.world_size] = tuple(generation.placement.nodes)
 
     # ------------------------------------------------------------ reconcile
 

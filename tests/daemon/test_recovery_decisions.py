@@ -256,22 +256,28 @@ def test_lost_node_shrinks_the_world_without_spending_the_budget_and_it_grows_ba
     run(scenario())
 
 
+async def running_without_b() -> SimCluster:
+    """Generation 1 on a, b and c; b lost; generation 2 running on a and c."""
+    sim = await running_cluster()
+    assert sim.world() == ["a", "b", "c"]
+    sim.disconnect("b")
+    await sim.tick(SESSION_GRACE_S + 0.5)
+    assert sim.state is JobState.RECOVERING
+    sim.confirm_stop("a", "c")
+    await sim.tick(0.1)
+    assert sim.world() == ["a", "c"]
+    sim.started()
+    sim.step(11)
+    await sim.tick(0.1)
+    assert sim.state is JobState.RUNNING
+    return sim
+
+
 def test_a_lost_node_regrown_into_the_job_gets_back_its_rank() -> None:
     """Each rank's compile cache and warm worker are where it ran before: regrowing to the world size of
     generation 1 on its nodes gives every node its rank of then (not b after the survivors a and c)."""
     async def scenario() -> None:
-        sim = await running_cluster()
-        assert sim.world() == ["a", "b", "c"]
-        sim.disconnect("b")
-        await sim.tick(SESSION_GRACE_S + 0.5)
-        assert sim.state is JobState.RECOVERING
-        sim.confirm_stop("a", "c")
-        await sim.tick(0.1)
-        assert sim.world() == ["a", "c"]
-        sim.started()
-        sim.step(11)
-        await sim.tick(0.1)
-        assert sim.state is JobState.RUNNING
+        sim = await running_without_b()
         await sim.connect("b")
         sim.step(12, samples_per_s=GLOBAL_BATCH * 10)
         await sim.tick(0.1)
@@ -282,6 +288,24 @@ def test_a_lost_node_regrown_into_the_job_gets_back_its_rank() -> None:
         await sim.tick(0.1)
         assert sim.world() == ["a", "b", "c"]
         ranks = {p.rank for p in sim.agents["b"].launches()[-1].processes if p.role == "worker"}
+        assert ranks == {1}
+    run(scenario())
+
+
+def test_a_new_leader_regrows_a_world_as_the_old_one_would_have() -> None:
+    """The node orders of earlier generations survive a failover (from their records in etcd): b, lost in
+    generation 2 and back after the leader changed, gets back its rank of generation 1."""
+    async def scenario() -> None:
+        sim = await running_without_b()
+        standby = await take_over(sim)  # every agent, b too, connects to the new leader
+        for name in ("a", "c"):
+            standby.agents[name].generation = 2
+        await standby.tick(0.1)
+        assert [s.reason for s in standby.agents["a"].stops()] == ["world size can grow from 2 to 3"]
+        standby.confirm_stop("a", "c")
+        await standby.tick(0.1)
+        assert standby.world() == ["a", "b", "c"]
+        ranks = {p.rank for p in standby.agents["b"].launches()[-1].processes if p.role == "worker"}
         assert ranks == {1}
     run(scenario())
 
