@@ -172,6 +172,7 @@ class TrainerdApp:
                 agents_at_the_door=gate.agents_at_the_door,
             )
             metrics.SESSIONS.set_function(lambda: coordinator.session_count)
+            metrics.SESSIONS_OPENING.set_function(lambda: gate.opening)
             if cluster.coordinator.metrics_listen:
                 start_metrics_server(cluster.coordinator.metrics_listen, cluster.tls)
             pb_grpc.add_CoordinatorServicer_to_server(

@@ -13,6 +13,9 @@ HEARTBEAT_LAG = Histogram(
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
 )
 SESSIONS = Gauge("trainerd_agent_sessions", "Open agent sessions.")
+SESSIONS_OPENING = Gauge("trainerd_sessions_opening",
+                         "Agent sessions between their Hello and their Welcome; at most "
+                         "cluster.coordinator.max_opening_sessions, the rest are told when to come back.")
 NODES_LOST = Counter("trainerd_nodes_lost_total", "Nodes declared LOST.")
 HELLOS_DEFERRED = Counter("trainerd_hellos_deferred_total",
                           "Hellos deferred (RESOURCE_EXHAUSTED, a retry-after hint): too many waiting to be admitted.")

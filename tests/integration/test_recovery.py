@@ -141,6 +141,8 @@ def test_killed_worker_resumes_from_memory_to_the_same_weights_as_a_run_without_
     assert scraped[("trainerd_job_goodput_ratio", (("job_name", "mlp"),))] == pytest.approx(job["goodput"]["ratio"])
     assert scraped[("trainerd_job_phase_seconds_total", (("job_name", "mlp"), ("phase", "lost_work")))] == \
         pytest.approx(phases["lost_work_s"], abs=0.01)
+    # The agent is in: one open session, none still between its Hello and its Welcome.
+    assert (scraped[("trainerd_agent_sessions", ())], scraped[("trainerd_sessions_opening", ())]) == (1, 0)
     missing = dashboard_metric_names(dashboard()) - {name for name, _ in scraped}
     assert not missing, f"the dashboard reads series the coordinator does not export: {missing}"
     text = trainerctl("status", coordinator=address)
