@@ -149,9 +149,10 @@ class CheckpointSettings(StrictModel):
     keep: int = Field(default=3, ge=1, le=1000)
     # Workers also snapshot their state into their agent's shared memory every this many steps (0: never),
     # so that a worker crash loses at most that many steps (README, "In-memory snapshots"). "auto": as
-    # often as keeps the snapshot's stall under 2% of the step time, as the workers measure it
-    # (trainer/runtime/snapshot_interval.py), at most every 1000 steps nor rarer than every_steps. A
-    # generation spanning hosts takes them only when every node's agent serves SnapshotPeer (launch_plan.py).
+    # often as keeps the snapshot's stall under 2% of the step time, as the workers measure it, and at most
+    # one per 10 s of training (trainer/runtime/snapshot_interval.py), never further apart than 1000 steps
+    # or every_steps. A generation spanning hosts takes them only when every node's agent serves SnapshotPeer
+    # (launch_plan.py).
     memory_every_steps: int | Literal["auto"] = "auto"
     # Who writes the disk checkpoints. "worker": each rank copies its share to host memory and a thread of
     # its own writes it. "agent": each rank writes its share into shared memory its agent owns and returns,

@@ -53,18 +53,18 @@ def test_power_of_two_intervals_round_up_within_the_cap() -> None:
 
 def test_auto_intervals_of_ranks_nest_so_the_slowest_ranks_steps_are_snapshotted_by_all(tmp_path: Path) -> None:
     clock = FakeClock()
-    stalls = [0.05, 0.01, 0.1]  # each rank measures its own stall: 25, 5 and 50 steps at 0.1 s per step
+    stalls = [0.5, 0.3, 1.0]  # each rank measures its own stall: 25, 15 and 50 steps at 1 s per step
     ranks = [MemorySnapshots(tmp_path, "auto", rank, 3, 1, f"rank {rank}", clock, 1000, scope_host=True)
              for rank in range(3)]
     taken: list[set[int]] = [set() for _ in ranks]
     for step in range(41, 400):
-        clock.advance(0.1)
+        clock.advance(1.0)
         for rank, memory in enumerate(ranks):
             if memory.due(step):
                 taken[rank].add(step)
                 memory.snapshotted(step, stalls[rank])
     assert all(min(t) == 40 + FIRST_SNAPSHOT_AFTER for t in taken)
-    assert sorted(taken[1])[1:4] == [48, 56, 64]   # 5 -> 8
+    assert sorted(taken[1])[1:4] == [48, 64, 80]   # 15 -> 16
     assert sorted(taken[0])[1:4] == [64, 96, 128]  # 25 -> 32
     assert sorted(taken[2])[1:4] == [64, 128, 192]  # 50 -> 64
     common = taken[0] & taken[1] & taken[2]

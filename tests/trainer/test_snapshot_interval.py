@@ -11,20 +11,31 @@ import pytest
 
 from common.clock import FakeClock
 from trainer.runtime.memory_snapshots import PLAN_NAME, MemorySnapshots
-from trainer.runtime.snapshot_interval import (FIRST_SNAPSHOT_AFTER, MAX_INTERVAL, StepTimes, interval_cap,
-                                               interval_for)
+from trainer.runtime.snapshot_interval import (FIRST_SNAPSHOT_AFTER, MAX_INTERVAL, MIN_PERIOD_S, StepTimes,
+                                               interval_cap, interval_for)
 
 
 def test_the_interval_is_the_smallest_that_keeps_the_stall_under_two_percent() -> None:
-    assert interval_for(0.01, 1.0, 1000) == 1          # 1% at every step
-    assert interval_for(0.02, 1.0, 1000) == 1          # exactly 2%: not rounded up
-    assert interval_for(0.021, 1.0, 1000) == 2
-    assert interval_for(0.05, 0.1, 1000) == 25         # 0.05 / (25 x 0.1) = 2%
-    assert 0.05 / (24 * 0.1) > 0.02
+    # Steps of 20 s: every step spans the minimum period, and the stall decides.
+    assert interval_for(0.2, 20.0, 1000) == 1          # 0.5% at every step
+    assert interval_for(0.4, 20.0, 1000) == 1          # exactly 2%: not rounded up
+    assert interval_for(0.41, 20.0, 1000) == 2
+    assert interval_for(5.0, 10.0, 1000) == 25         # 5 / (25 x 10) = 2%
+    assert 5.0 / (24 * 10.0) > 0.02
     assert interval_for(3.0, 0.01, 1000) == 1000       # capped
     assert interval_for(3.0, 0.01, 100) == 100
-    assert interval_for(0.0, 0.5, 1000) == 1
+    assert interval_for(0.0, 20.0, 1000) == 1
     assert interval_for(0.1, 0.0, 50) == 50            # no step time measured: as rare as allowed
+
+
+def test_snapshots_of_a_fast_model_are_at_least_the_minimum_period_apart() -> None:
+    """A stall of 1 ms at 0.15 s steps would allow a snapshot every step; each also costs the agents a
+    commit, a report and a peer copy, so they come at least MIN_PERIOD_S of training apart."""
+    assert MIN_PERIOD_S == 10.0
+    assert interval_for(0.001, 0.15, 1000) == 67       # 67 x 0.15 s >= 10 s > 66 x 0.15 s
+    assert interval_for(0.001, 0.1, 1000) == 100       # exactly 10 s: not rounded up
+    assert interval_for(0.001, 0.15, 50) == 50         # the disk interval still caps it
+    assert interval_for(1.0, 0.15, 1000) == 334        # the stall asks for more: 1 / (334 x 0.15) <= 2%
 
 
 def test_the_cap_is_the_disk_interval_when_smaller() -> None:
@@ -76,8 +87,8 @@ def run(snapshots: list[MemorySnapshots], clock: FakeClock, steps: range, step_s
 def test_all_ranks_snapshot_the_steps_rank_0_plans_from_its_measured_stall_and_step_time(tmp_path: Path) -> None:
     clock = FakeClock()
     # Resumed from step 40: the first snapshot FIRST_SNAPSHOT_AFTER steps in, then every stall / 2% steps.
-    steps = run(ranks(tmp_path, clock, world=3), clock, range(41, 121), step_s=0.1, stall_s=0.05)
-    assert steps == [45, 70, 95, 120]  # 0.05 s / (25 x 0.1 s) = 2%
+    steps = run(ranks(tmp_path, clock, world=3), clock, range(41, 121), step_s=1.0, stall_s=0.5)
+    assert steps == [45, 70, 95, 120]  # 0.5 s / (25 x 1 s) = 2%
     assert steps[0] == 40 + FIRST_SNAPSHOT_AFTER
     assert json.loads((tmp_path / PLAN_NAME).read_text()) == {"generation": 1, "after": 120, "next": 145}
 
@@ -87,7 +98,7 @@ def test_the_interval_follows_a_change_of_step_time_and_the_cap(tmp_path: Path) 
     memory = ranks(tmp_path, clock, cap=30)
     fast = run(memory, clock, range(1, 40), step_s=0.01, stall_s=0.05)  # 250 steps needed, capped at 30
     assert fast == [5, 35]
-    slow = run(memory, clock, range(40, 80), step_s=1.0, stall_s=0.05)  # then every 3 steps
+    slow = run(memory, clock, range(40, 80), step_s=5.0, stall_s=0.25)  # then every 3 steps
     assert slow[:3] == [65, 68, 71]
 
 

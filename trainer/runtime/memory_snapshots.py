@@ -15,8 +15,9 @@ hosts writes in scope "host" (below).
 A failed snapshot is logged and training goes on: the disk checkpoints remain the fallback.
 
 How often: every `every` steps (global step numbers, so every rank agrees), or, with "auto", as often as
-keeps the snapshot's stall under 2% of the step time (trainer/runtime/snapshot_interval.py). Every rank of
-a generation must snapshot the same steps, or rank 0's commit waits for a report that never comes. With
+keeps the snapshot's stall under 2% of the step time, at most one per 10 s of training
+(trainer/runtime/snapshot_interval.py). Every rank of a generation must snapshot the same steps, or rank 0's
+commit waits for a report that never comes. With
 "auto" the steps are agreed without a collective:
 - the first is the same function of the resume step on every rank (FIRST_SNAPSHOT_AFTER steps in);
 - after each snapshot, rank 0 alone measures (the stall of its snapshot, its mean step time since the

@@ -74,7 +74,7 @@ class CheckpointSettings:
     # (trainer.runtime.memory_snapshots); None: no snapshots.
     memory_directory: Path | None = None
     # TRAINERD_MEMORY_EVERY: snapshot after every N-th step, 0: never, "auto": as often as keeps the stall
-    # under 2% (trainer.runtime.snapshot_interval)
+    # under 2%, at most one per 10 s of training (trainer.runtime.snapshot_interval)
     memory_every: int | Literal["auto"] = 0
     # TRAINERD_RESUME_MEMORY_STEP: the coordinator chose this step's in-memory snapshot, which the agent
     # names in resume_from; None: resume_from (if any) is a disk checkpoint.
