@@ -36,7 +36,10 @@ from proto.vocabulary import NODE_NAME_PATTERN
 log = logging.getLogger(__name__)
 
 KEPT_STEPS = 2
-POLL_INTERVAL_S = 0.1  # a snapshot is copied within this of being pinned at its source
+# A snapshot is copied within this of being pinned at its source. Each poll is a ListSnapshots call to the
+# source's agent; `auto` snapshots come at most every 10 s (trainer/runtime/snapshot_interval.py), so a
+# faster poll mostly finds nothing new while it costs both agents CPU the workers may share.
+POLL_INTERVAL_S = 1.0
 LIST_TIMEOUT_S = 5.0
 FETCH_TIMEOUT_S = 600.0  # one rank's file, gigabytes over the cluster's network
 STOP_TIMEOUT_S = 5.0
