@@ -37,9 +37,10 @@ log = logging.getLogger(__name__)
 
 KEPT_STEPS = 2
 # A snapshot is copied within this of being pinned at its source. Each poll is a ListSnapshots call to the
-# source's agent; `auto` snapshots come at most every 10 s (trainer/runtime/snapshot_interval.py), so a
-# faster poll mostly finds nothing new while it costs both agents CPU the workers may share.
-POLL_INTERVAL_S = 1.0
+# source's agent; at 1 s, hosts that died soon after a snapshot often left it without its peer copy (in
+# tests/integration/test_peer_snapshots.py, two dead neighbours took two ranks of the newest snapshot with
+# them, not one), so the coordinator fell back further.
+POLL_INTERVAL_S = 0.1
 LIST_TIMEOUT_S = 5.0
 FETCH_TIMEOUT_S = 600.0  # one rank's file, gigabytes over the cluster's network
 STOP_TIMEOUT_S = 5.0
