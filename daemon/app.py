@@ -25,7 +25,7 @@ from daemon.errors import PermanentError
 from daemon.etcd_process import EmbeddedEtcd
 from daemon.etcd_supervisor import EtcdSupervisor
 from daemon.grpc_errors import ErrorStatusInterceptor
-from daemon.grpc_services import ControlService, CoordinatorService
+from daemon.grpc_services import DEFAULT_MAX_SESSIONS, ControlService, CoordinatorService
 from daemon.peer_auth import PeerAuthorizationInterceptor
 from daemon.leader import LeaderRecord
 from daemon.local_agents import LocalAgents
@@ -47,15 +47,31 @@ SERVER_OPTIONS = [
 ]
 
 
-def grpc_server(check_peers: bool = False) -> grpc.aio.Server:
-    """The coordinator's gRPC server: keepalive options, and the coordinator's errors answered as
-    status codes (daemon/grpc_errors.py) by every method of every service. With `check_peers` (a TLS
-    server that requires client certificates), every call's certificate is checked against what it may
-    call first (daemon/peer_auth.py)."""
+def call_backlog_options(max_sessions: int) -> list[tuple[str, int]]:
+    """How many calls the gRPC core holds while they wait for the event loop to take them: as many as
+    the sessions the coordinator may hold, twice that before it refuses every one.
+
+    The aio server takes one call per method per turn of the event loop, so in a connect burst or after
+    a failover thousands wait in the core. At gRPC's defaults (1,000, hard limit 3,000) it cancels them
+    at random past 1,000: the agent sees `CANCELLED`, or `INTERNAL` when its Hello write meets the ended
+    stream, and tries again, which feeds the burst. At 10,000 agents at once that was 20,000 to 30,000
+    failed attempts (README, "How many agents one coordinator holds"). The coordinator answers overload
+    itself, with a retry-after hint the agents follow (daemon/admission.py)."""
+    held = max(1000, max_sessions)
+    return [("grpc.server.max_pending_requests", held),
+            ("grpc.server.max_pending_requests_hard_limit", 2 * held)]
+
+
+def grpc_server(check_peers: bool = False, max_sessions: int = DEFAULT_MAX_SESSIONS) -> grpc.aio.Server:
+    """The coordinator's gRPC server: keepalive options, a call backlog for `max_sessions` sessions, and
+    the coordinator's errors answered as status codes (daemon/grpc_errors.py) by every method of every
+    service. With `check_peers` (a TLS server that requires client certificates), every call's
+    certificate is checked against what it may call first (daemon/peer_auth.py)."""
     interceptors: tuple[grpc.aio.ServerInterceptor, ...] = (ErrorStatusInterceptor(),)
     if check_peers:
         interceptors += (PeerAuthorizationInterceptor(),)
-    return grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
+    return grpc.aio.server(options=SERVER_OPTIONS + call_backlog_options(max_sessions),
+                           interceptors=interceptors)
 
 
 def add_listener(server: grpc.aio.Server, address: str, tls: TlsFiles | None) -> int:
@@ -143,7 +159,8 @@ class TrainerdApp:
     async def run(self, stop: asyncio.Event) -> None:
         cluster = self._config.cluster
         # Bind first: a second trainerd with the same address fails here, before it touches etcd.
-        self._server = grpc_server(check_peers=self._tls is not None)
+        self._server = grpc_server(check_peers=self._tls is not None,
+                                   max_sessions=cluster.coordinator.max_sessions)
         try:
             add_listener(self._server, cluster.coordinator.listen, self._tls)
         except RuntimeError as exc:
