@@ -60,6 +60,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -185,6 +186,8 @@ class CountFailures(logging.Handler):
         msg, args = record.msg, record.args or ()
         if msg.startswith("session with %s broke"):
             self._tally.reasons[f"{args[1]}: {args[2]}"[:80]] += 1
+        elif msg.startswith("no answer from the coordinator"):
+            self._tally.reasons["heartbeats unanswered (no ack within max(3 intervals, timeout/2))"] += 1
         elif msg.startswith("session with %s failed"):
             if args[1] == "RESOURCE_EXHAUSTED":
                 self._tally.deferred += 1
@@ -195,8 +198,8 @@ class CountFailures(logging.Handler):
             pass
         elif msg.startswith("%s is a standby"):
             self._tally.refused["UNAVAILABLE: a standby named the leader"] += 1
-        else:
-            self._tally.refused[(msg % args)[:80]] += 1
+        else:  # the message's form, not its text: a report to the bench stays small
+            self._tally.refused[msg[:80]] += 1
 
 
 CONNECTION = contextvars.ContextVar("CONNECTION", default=0)
@@ -255,6 +258,7 @@ class Clients:
         context = multiprocessing.get_context("spawn")
         self._stop = context.Event()
         self._pipes, self._procs, self._last = [], [], []
+        self._lock = threading.Lock()
         names = [f"sim-{i:05d}" for i in range(count)]
         for p in range(processes):
             mine, theirs = context.Pipe(duplex=False)
@@ -264,14 +268,29 @@ class Clients:
             self._pipes.append(mine)
             self._procs.append(proc)
             self._last.append({})
+        threading.Thread(target=self._drain, name="client reports", daemon=True).start()
+
+    def _drain(self) -> None:
+        """Read the client processes' reports as they come. A client's `report.send` blocks its event
+        loop, and with it every agent it runs, whenever the pipe is full: left unread through a
+        measurement window, the pipe froze the agents and the window showed no heartbeat handled."""
+        while not self._stop.is_set():
+            for i, pipe in enumerate(self._pipes):
+                try:
+                    while pipe.poll():
+                        report = pipe.recv()
+                        with self._lock:
+                            self._last[i] = report
+                except (EOFError, OSError):
+                    continue
+            time.sleep(0.05)
 
     def totals(self) -> dict:
-        for i, pipe in enumerate(self._pipes):
-            while pipe.poll():
-                self._last[i] = pipe.recv()
+        with self._lock:
+            last_reports = list(self._last)
         total: dict = {"welcomed": 0, "connected": 0, "broken": 0, "deferred": 0,
                        "reasons": collections.Counter(), "refused": collections.Counter()}
-        for last in self._last:
+        for last in last_reports:
             for key in ("welcomed", "connected", "broken", "deferred"):
                 total[key] += last.get(key, 0)
             total["reasons"].update(last.get("reasons", {}))
@@ -378,6 +397,7 @@ async def measure(count: int, max_per_s: float, max_opening: int, args, workdir:
         proc = psutil.Process(leader.process.pid)
         before, cpu_before, client_cpu_before, t0 = leader.metrics(), proc.cpu_times(), clients.cpu_seconds(), \
             time.monotonic()
+        broken_before_window = clients.totals()["broken"]
         await asyncio.sleep(args.seconds)
         after, cpu_after, client_cpu_after, t1 = leader.metrics(), proc.cpu_times(), clients.cpu_seconds(), \
             time.monotonic()
@@ -400,6 +420,7 @@ async def measure(count: int, max_per_s: float, max_opening: int, args, workdir:
             "elapsed_s": time.monotonic() - started,
         }
         result.update(clients.totals())
+        result["broken_in_window"] = result["broken"] - broken_before_window
         if args.failover:
             result["failover"] = await failover(coordinators, clients, count, TIMEOUT_S * interval_s / INTERVAL_S)
         return result
@@ -551,6 +572,9 @@ async def run_all(args) -> None:
                 print("        the coordinator lost its leadership", flush=True)
             if r["stall_s"]:
                 print(f"        the coordinator's event loop ran {r['stall_s']:.1f}s late in all (excused)", flush=True)
+            if r["broken"]:
+                print(f"        {r['broken_in_window']} of the {r['broken']} broken sessions broke in the window, "
+                      f"{r['broken'] - r['broken_in_window']} while agents connected or settled", flush=True)
             for reason, n in r["reasons"].most_common(8):
                 print(f"        {n} session(s) broke after their Welcome: {reason}", flush=True)
             for reason, n in r["refused"].most_common(8):
