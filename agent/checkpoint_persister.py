@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.memory_snapshots import remove_entry, step_dirs
-from agent.snapshot_reports import data_name, read_report
+from agent.snapshot_reports import read_report
+from trainer.checkpoint.rank_file import rank_file_name
 from agent.thread_priority import lower_this_threads_priority
 from agent.worker_user import WorkerUser
 from common.clock import SystemClock
@@ -230,7 +231,7 @@ class CheckpointPersister:
                 step_dir = prepare_share(outbox.checkpoint_dir, step, rank, outbox.generation,
                                          commits=commits and rank == 0)
                 _copy_share(source, step_dir, report, self._stopping)
-                self._hand_over(step_dir, step_dir / data_name(rank), step_dir / report_name(rank))
+                self._hand_over(step_dir, step_dir / rank_file_name(rank), step_dir / report_name(rank))
                 log.info("generation %d: rank %d's share of step %d saved in %s", outbox.generation, rank, step,
                          step_dir)
             if not commits or step_dir is None:
@@ -281,7 +282,7 @@ def _settled_mtime(directory: Path) -> int | None:
 def _copy_share(source: Path, step_dir: Path, report: RankReport, stopping: threading.Event) -> None:
     """Verify every byte of one rank's data file in the outbox against its report (the segment checksums),
     copy it durably, then write the report: the rank's share, as its writer would have left it."""
-    name = data_name(report.rank)  # `read_report` took only a report naming this file
+    name = rank_file_name(report.rank)  # `read_report` took only a report naming this file
     with ChunkReader(source, report.tensors, {name: report.file}) as reader:
         reader.verify(None)
     target = step_dir / name

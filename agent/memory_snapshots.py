@@ -44,7 +44,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.snapshot_reports import agree, data_name, read_report, reports_in
+from agent.snapshot_reports import agree, read_report, reports_in
+from trainer.checkpoint.rank_file import rank_file_name
 from agent.worker_user import WorkerUser
 from proto import trainerd_pb2 as pb
 from trainer.checkpoint.commit import RankReport, commit_manifest, merge_reports, report_name
@@ -236,7 +237,7 @@ class MemorySnapshotDir:
         copy of a peer's, or None when none is held: a relaunch fetches a lost host's ranks from the host
         that copied them."""
         if kind == pb.PEER_FILE_DATA:
-            name = data_name(rank)
+            name = rank_file_name(rank)
         elif kind == pb.PEER_FILE_REPORT:
             name = report_name(rank)
         else:
@@ -320,12 +321,12 @@ class MemorySnapshotDir:
             if read_report(source, rank, step) is None:
                 continue
             try:
-                for file in (data_name(rank), report_name(rank)):
+                for file in (rank_file_name(rank), report_name(rank)):
                     os.link(source / file, into / file, follow_symlinks=False)
                 return True
             except OSError as exc:
                 log.debug("cannot link rank %d of step %d from %s: %s", rank, step, source, exc)
-                for file in (data_name(rank), report_name(rank)):
+                for file in (rank_file_name(rank), report_name(rank)):
                     (into / file).unlink(missing_ok=True)
         return False
 
@@ -404,7 +405,7 @@ class MemorySnapshotDir:
                 if not files or files[-1] != MANIFEST_NAME:
                     raise FileNotFoundError(f"{source / MANIFEST_NAME} is gone")
             else:
-                files = [name for rank in host.local_ranks for name in (data_name(rank), report_name(rank))]
+                files = [name for rank in host.local_ranks for name in (rank_file_name(rank), report_name(rank))]
             for file in files:
                 os.link(source / file, partial / file, follow_symlinks=False)
             partial.rename(pins / name)

@@ -20,7 +20,8 @@ import grpc
 
 from agent.memory_snapshots import PARTIAL, SnapshotAssemblyError
 from agent.peer_service import CHUNK_BYTES
-from agent.snapshot_reports import data_name, read_report, report_mismatch
+from agent.snapshot_reports import read_report, report_mismatch
+from trainer.checkpoint.rank_file import rank_file_name
 from common.cert_identity import node_server_name
 from common.tls_files import TlsFiles
 from proto import trainerd_pb2 as pb
@@ -64,7 +65,7 @@ class PeerClient:
         def request(kind: pb.PeerFileKind) -> pb.PeerFetchRequest:
             return pb.PeerFetchRequest(job_name=job, step=step, rank=rank, kind=kind)
 
-        written = [dest_dir / name for name in (data_name(rank), report_name(rank))]
+        written = [dest_dir / name for name in (rank_file_name(rank), report_name(rank))]
         written += [path.with_name(path.name + PARTIAL) for path in written]
         try:
             report_bytes = b"".join(self._fetch(holder, request(pb.PEER_FILE_REPORT), timeout_s, MAX_JSON_BYTES))
@@ -72,7 +73,7 @@ class PeerClient:
             if max_data_bytes is not None and report.file.size > max_data_bytes:
                 raise SnapshotAssemblyError(f"its data file has {report.file.size} bytes, more than the "
                                             f"{max_data_bytes} there is room for")
-            _write(dest_dir, data_name(rank), report.file.size,
+            _write(dest_dir, rank_file_name(rank), report.file.size,
                    self._fetch(holder, request(pb.PEER_FILE_DATA), timeout_s, report.file.size))
             _write(dest_dir, report_name(rank), len(report_bytes), [report_bytes])
             if read_report(dest_dir, rank, step) is None:

@@ -18,18 +18,15 @@ from pathlib import Path
 from trainer.checkpoint.commit import RankReport, report_name
 from trainer.checkpoint.errors import CorruptCheckpoint
 from trainer.checkpoint.json_fields import read_json_file
+from trainer.checkpoint.rank_file import rank_file_name
 from trainer.checkpoint.step_dirs import check_data_file
 
 _REPORT = re.compile(r"rank_(\d{1,6})\.done\.json")
 
 
-def data_name(rank: int) -> str:
-    return f"rank_{rank}.safetensors"
-
-
 def report_mismatch(report: RankReport, rank: int, step: int) -> str:
     """Why `report` is not `rank`'s share of `step` ('' when it is)."""
-    if (report.rank, report.step) != (rank, step) or report.meta is None or report.file.name != data_name(rank):
+    if (report.rank, report.step) != (rank, step) or report.meta is None or report.file.name != rank_file_name(rank):
         return (f"its report is of rank {report.rank}, step {report.step}, file {report.file.name!r:.80}"
                 f"{'' if report.meta else ', without meta'}")
     return ""
