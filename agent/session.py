@@ -32,6 +32,10 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.enable_retries", 0),
+    # A channel of its own connection: from the process-wide pool a new channel can be handed the closed
+    # one's connection while that is still being torn down, and a redial after a cut link would then wait
+    # on the dead connection it meant to leave (seen in test_coordinator_link under load).
+    ("grpc.use_local_subchannel_pool", 1),
 ]
 BACKOFF_BASE_S = 0.2
 BACKOFF_CAP_S = 5.0

@@ -212,7 +212,9 @@ def one_connection_per_group() -> None:
     plain = grpc.aio.insecure_channel
 
     def insecure_channel(target, options=None, *args, **kwargs):
-        return plain(target, [*(options or []), ("trainerd.bench.connection", CONNECTION.get())], *args, **kwargs)
+        # The agent asks for a connection of its own per channel; here the group's channels share one.
+        shared = [option for option in options or [] if option[0] != "grpc.use_local_subchannel_pool"]
+        return plain(target, [*shared, ("trainerd.bench.connection", CONNECTION.get())], *args, **kwargs)
 
     grpc.aio.insecure_channel = insecure_channel  # type: ignore[assignment]
 
