@@ -36,8 +36,11 @@ def test_checkpoints_saved_by_the_agent_equal_the_workers_and_a_killed_worker_re
         address = start_trainerd(run_dir, procs, job, name=f"trainerd-{saved_by}")
         procs.agent(f"{saved_by}-0", address, cpu_devices=2)
         if saved_by == "agent":
+            # Any step past the second checkpoint: the MLP runs 100 steps a second, and a narrower window
+            # between checkpoints could slip between two polls every time until the job was done.
             before = wait_for_job(address, "two checkpoints and some steps after", lambda j: (
-                j["last_checkpoint_step"] or 0) >= 2 * every and 30 <= (j["step"] or 0) % every <= 70, 240, procs)
+                j["last_checkpoint_step"] or 0) >= 2 * every and (j["step"] or 0) > j["last_checkpoint_step"],
+                240, procs)
             rank1 = next(p for p in processes_mentioning(run_dir / "out")
                          if p.environ().get("RANK_ID") == "1" and p.environ().get("MS_ROLE") == "MS_WORKER")
             assert rank1.environ().get("TRAINERD_CHECKPOINT_OUTBOX", "").endswith("/.outbox")
