@@ -53,6 +53,7 @@ import logging
 import multiprocessing
 import os
 import random
+import re
 import resource
 import shutil
 import signal
@@ -175,6 +176,9 @@ class SimulatedAgent:
             self._tally.broken += 1
 
 
+PLACEHOLDER = re.compile(r"%[-#0 +]*\d*(?:\.\d+)?[sdfr]")
+
+
 class CountFailures(logging.Handler):
     """Reads the link's own warnings: why a session broke, or why an attempt failed."""
 
@@ -198,8 +202,8 @@ class CountFailures(logging.Handler):
             pass
         elif msg.startswith("%s is a standby"):
             self._tally.refused["UNAVAILABLE: a standby named the leader"] += 1
-        else:  # the message's form, not its text: a report to the bench stays small
-            self._tally.refused[msg[:80]] += 1
+        else:  # the message's form, not its text (addresses, seconds): a report to the bench stays small
+            self._tally.refused[PLACEHOLDER.sub("…", msg)[:80]] += 1
 
 
 CONNECTION = contextvars.ContextVar("CONNECTION", default=0)
