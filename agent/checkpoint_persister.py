@@ -36,13 +36,11 @@ from pathlib import Path
 
 from agent.memory_snapshots import remove_entry, step_dirs
 from agent.snapshot_reports import read_report
-from trainer.checkpoint.rank_file import rank_file_name
 from agent.thread_priority import lower_this_threads_priority
 from agent.worker_user import WorkerUser
 from common.clock import SystemClock
 from proto.progress_datagram import failure_reason
 from trainer.checkpoint.chunk_reader import ChunkReader
-from trainer.checkpoint.direct_writer import DirectWriter
 from trainer.checkpoint.commit import (
     RankReport,
     commit_when_reported,
@@ -52,9 +50,11 @@ from trainer.checkpoint.commit import (
     report_name,
     write_report,
 )
+from trainer.checkpoint.direct_writer import DirectWriter
 from trainer.checkpoint.durable_files import publish, temporary_name
 from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint
 from trainer.checkpoint.manifest import MANIFEST_NAME, step_dir_name
+from trainer.checkpoint.rank_file import rank_file_name
 from trainer.checkpoint.retention import prune
 
 log = logging.getLogger(__name__)

@@ -45,12 +45,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.snapshot_reports import agree, read_report, reports_in
-from trainer.checkpoint.rank_file import rank_file_name
 from agent.worker_user import WorkerUser
 from proto import trainerd_pb2 as pb
 from trainer.checkpoint.commit import RankReport, commit_manifest, merge_reports, report_name
 from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint
 from trainer.checkpoint.manifest import Manifest, read_manifest
+from trainer.checkpoint.rank_file import rank_file_name
 from trainer.checkpoint.verify import verify_checkpoint
 
 log = logging.getLogger(__name__)

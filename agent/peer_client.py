@@ -21,7 +21,6 @@ import grpc
 from agent.memory_snapshots import PARTIAL, SnapshotAssemblyError
 from agent.peer_service import CHUNK_BYTES
 from agent.snapshot_reports import read_report, report_mismatch
-from trainer.checkpoint.rank_file import rank_file_name
 from common.cert_identity import node_server_name
 from common.tls_files import TlsFiles
 from proto import trainerd_pb2 as pb
@@ -29,6 +28,7 @@ from proto import trainerd_pb2_grpc as pb_grpc
 from trainer.checkpoint.commit import RankReport, report_name
 from trainer.checkpoint.errors import CorruptCheckpoint
 from trainer.checkpoint.json_fields import MAX_JSON_BYTES
+from trainer.checkpoint.rank_file import rank_file_name
 
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 

@@ -39,17 +39,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.failure_cause import extract_failure_cause
+from agent.generation_dirs import generation_dir, prune_generation_dirs
 from agent.job_workdir import UnsafeJobPath, graceful_exit_path, job_workdir
 from agent.launch_policy import launch_refusal
 from agent.launcher import ProcessHandle, ProcessLauncher
-from agent.generation_dirs import generation_dir, prune_generation_dirs
 from agent.log_reader import describe_process, log_name, log_path, read_log_range
 from agent.memory_snapshots import MemorySnapshotDir
 from agent.orphans import ProcessRegistry
-from agent.process_state import descends_from, os_state
 from agent.output_follower import OutputFollower
 from agent.output_progress import OutputProgress
 from agent.peer_client import PeerClient
+from agent.process_state import descends_from, os_state
 from agent.snapshot_keeper import HeldReports, SnapshotKeeper
 from agent.stack_dump import StackDumper
 from agent.workdir_files import WorkdirFiles

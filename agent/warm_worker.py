@@ -32,6 +32,7 @@ the job's); the worker therefore sets both to what a cold start of the job would
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import importlib.util
 import json
@@ -39,7 +40,6 @@ import os
 import runpy
 import socket
 import sys
-import ctypes
 import traceback
 from collections.abc import Sequence
 

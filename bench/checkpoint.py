@@ -60,8 +60,8 @@ sys.path.insert(0, str(REPO))
 from agent.checkpoint_persister import CheckpointPersister, Outbox  # noqa: E402
 from common.clock import SystemClock  # noqa: E402
 from trainer.checkpoint import CheckpointMeta, CheckpointWriter, load_checkpoint  # noqa: E402
-from trainer.runtime.agent_saves import AgentSaves  # noqa: E402
 from trainer.checkpoint.sharding import split_extent  # noqa: E402
+from trainer.runtime.agent_saves import AgentSaves  # noqa: E402
 
 try:  # the `bench` extra (pyproject.toml): CPU torch, for the DCP baseline only
     import torch

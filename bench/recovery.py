@@ -99,8 +99,26 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.launch import (  # noqa: E402
-    BIN, GLOBAL_BATCH, LOG_TIME, MARKER_VAR, MICRO_BATCH, SPEED_UP_ENV, WORLD_SIZE, BenchError, CpuMeter, Processes,
-    clean_env, clean_up, free_ports, interrupt_on_signals, log_time, median, msrun_argv, msrun_env, rank_marks, tail,
+    BIN,
+    GLOBAL_BATCH,
+    LOG_TIME,
+    MARKER_VAR,
+    MICRO_BATCH,
+    SPEED_UP_ENV,
+    WORLD_SIZE,
+    BenchError,
+    CpuMeter,
+    Processes,
+    clean_env,
+    clean_up,
+    free_ports,
+    interrupt_on_signals,
+    log_time,
+    median,
+    msrun_argv,
+    msrun_env,
+    rank_marks,
+    tail,
     trainerctl,
 )
 from tests.waiting import wait_until  # noqa: E402

@@ -16,7 +16,6 @@ from cryptography.hazmat.primitives import serialization
 
 from common.config_file import ConfigError, StrictModel
 
-
 # The command-line options of trainerctl and trainerd-agent, and the environment variables they read.
 TLS_ENV = {"cacert": "TRAINERD_CACERT", "cert": "TRAINERD_CERT", "key": "TRAINERD_KEY"}
 TLS_OPTION_NAMES = ("--cacert", "--cert", "--key")

@@ -26,9 +26,9 @@ from daemon.etcd_process import EmbeddedEtcd
 from daemon.etcd_supervisor import EtcdSupervisor
 from daemon.grpc_errors import ErrorStatusInterceptor
 from daemon.grpc_services import DEFAULT_MAX_SESSIONS, ControlService, CoordinatorService
-from daemon.peer_auth import PeerAuthorizationInterceptor
 from daemon.leader import LeaderRecord
 from daemon.local_agents import LocalAgents
+from daemon.peer_auth import PeerAuthorizationInterceptor
 from daemon.store.etcd import EtcdStore
 from proto import trainerd_pb2_grpc as pb_grpc
 

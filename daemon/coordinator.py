@@ -11,8 +11,8 @@ import logging
 import math
 import re
 import secrets
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from common.clock import Clock
 from daemon import metrics
@@ -21,15 +21,15 @@ from daemon.errors import PermanentError, RetryableError
 from daemon.events import EVENTS_PAGE, Event, EventLog
 from daemon.heartbeat_pace import HeartbeatPacer, Pace
 from daemon.job.controller import KEPT_GENERATION_RECORDS, ClusterFacts, CommandRefused, JobController, JobView
-from daemon.job.observation import MemorySnapshot, SkippedBatch, ProcessReport, ProgressReport
+from daemon.job.observation import MemorySnapshot, ProcessReport, ProgressReport, SkippedBatch
+from daemon.job.placement import NodeOffer
 from daemon.job.skip_ledger import SkipEntry, checked
 from daemon.job.state import GenerationRecord
-from daemon.job.placement import NodeOffer
 from daemon.leader import LeaderElection, LeaderRecord, Leadership, LeadershipLost
 from daemon.liveness import LivenessTracker
 from daemon.log_relay import LogChunk, LogRelay
-from daemon.node_checks import NodeChecks
 from daemon.membership import DeviceInfo, Membership, NodeRecord
+from daemon.node_checks import NodeChecks
 from daemon.pass_guard import PassGuard
 from daemon.read_lag import ReadLag
 from daemon.store import codec, keys

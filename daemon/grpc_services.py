@@ -17,8 +17,9 @@ import time
 import grpc
 
 from common.clock import Clock, SystemClock
+from daemon import message_checks as check
+from daemon import metrics
 from daemon.admission import HelloAdmission, HelloDeferred, OpeningGate
-from daemon.job.controller import JobView
 from daemon.coordinator import (
     MAX_DEVICES_PER_NODE,
     AgentHello,
@@ -27,8 +28,7 @@ from daemon.coordinator import (
     Coordinator,
     SessionRefused,
 )
-from daemon import message_checks as check
-from daemon import metrics
+from daemon.events import EVENTS_PAGE
 from daemon.job.commands import (
     CheckpointNowCommand,
     LaunchCommand,
@@ -36,13 +36,13 @@ from daemon.job.commands import (
     RequestExitCommand,
     StopCommand,
 )
-from daemon.events import EVENTS_PAGE
-from daemon.log_relay import MAX_LOG_READ_BYTES, LogChunk
+from daemon.job.controller import JobView
 from daemon.job.goodput import Phase
-from daemon.job.observation import MemorySnapshot, SkippedBatch, ProcessReport, ProgressReport, RootCause
+from daemon.job.observation import MemorySnapshot, ProcessReport, ProgressReport, RootCause, SkippedBatch
+from daemon.log_relay import MAX_LOG_READ_BYTES, LogChunk
 from daemon.membership import DeviceInfo
-from daemon.node_checks import NodeCheckCommand
 from daemon.message_checks import MAX_RANK, MalformedMessage
+from daemon.node_checks import NodeCheckCommand
 from daemon.peer_auth import require_node
 from daemon.rate_limited_log import RateLimitedLog
 from proto import trainerd_pb2 as pb

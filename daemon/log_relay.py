@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from daemon.errors import PermanentError
 from daemon.job.commands import ReadLogCommand

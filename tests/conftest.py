@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 

@@ -6,8 +6,6 @@ error, 3 coordinator unreachable (a refused TLS handshake included).
 
 from __future__ import annotations
 
-from daemon.cli import quiet_grpc  # noqa: F401 - before grpc loads
-
 import datetime
 import json
 import os
@@ -22,6 +20,7 @@ from rich.table import Table
 
 from common.config_file import ConfigError, parse_host_port
 from common.tls_files import TLS_ENV, TLS_OPTION_NAMES, TlsFiles, read_tls_files, tls_settings_from_options
+from daemon.cli import quiet_grpc  # noqa: F401 - before grpc loads
 from daemon.cli.status_json import GOODPUT_PHASES, RECOVERY_PHASES, status_to_json
 from daemon.events import EVENTS_PAGE
 from proto import trainerd_pb2 as pb

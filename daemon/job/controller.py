@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import assert_never
-from collections.abc import Callable
 
 from common.clock import Clock
 from daemon import metrics
@@ -28,7 +28,6 @@ from daemon.errors import PermanentError
 from daemon.events import EventLog
 from daemon.job.catalog import CheckpointCatalog, CheckpointEntry, inside_root
 from daemon.job.commands import CheckpointNowCommand, LaunchCommand, RequestExitCommand, StopCommand
-from daemon.job.goodput import GoodputAccountant, GoodputSnapshot, JobMoment, Phase, fault_time
 from daemon.job.decide import (
     AddSkip,
     CheckpointRequest,
@@ -46,6 +45,7 @@ from daemon.job.decide import (
     decide,
     record_after_checkpoint,
 )
+from daemon.job.goodput import GoodputAccountant, GoodputSnapshot, JobMoment, Phase, fault_time
 from daemon.job.launch_plan import node_processes, ring_predecessor, scheduler_port
 from daemon.job.observation import (
     GenerationObservation,

@@ -18,14 +18,13 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar, overload
-from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import grpc
 from aetcd import rpc
 
-from daemon.store.lease_keeper import LeaseKeeper
 from daemon.store.interface import (
     EventKind,
     Fence,
@@ -36,6 +35,7 @@ from daemon.store.interface import (
     WatchCompacted,
     WatchEvent,
 )
+from daemon.store.lease_keeper import LeaseKeeper
 
 log = logging.getLogger(__name__)
 

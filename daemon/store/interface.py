@@ -10,9 +10,9 @@ leases kept alive by the store, and a prefix watch that resumes by itself. One c
 from __future__ import annotations
 
 import enum
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Protocol
-from collections.abc import AsyncGenerator
 
 from daemon.errors import RetryableError, TrainerdError
 

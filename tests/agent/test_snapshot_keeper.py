@@ -6,8 +6,8 @@ ring predecessor's snapshots."""
 
 from __future__ import annotations
 
-import logging
 import asyncio
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 

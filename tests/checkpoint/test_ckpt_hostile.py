@@ -31,10 +31,10 @@ from trainer.checkpoint import (
     verify_checkpoint,
     write_resharded,
 )
-from trainer.checkpoint.step_dirs import check_inside_root
 from trainer.checkpoint.file_access import open_regular_file
 from trainer.checkpoint.manifest import MANIFEST_NAME, read_manifest
 from trainer.checkpoint.retention import prune
+from trainer.checkpoint.step_dirs import check_inside_root
 from trainer.runtime.checkpointing import CheckpointUnreadable, TrainingCheckpoints
 from trainer.runtime.rank_context import CheckpointSettings, RankContext
 

@@ -32,7 +32,7 @@ from common.tls_files import TlsFiles
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
 from tests.cluster_box.etcd_cluster import EtcdCluster
-from tests.cluster_box.network import Network, NetHost, kill_namespace_processes, sweep_leftovers
+from tests.cluster_box.network import NetHost, Network, kill_namespace_processes, sweep_leftovers
 from tests.cluster_box.relay import TcpRelay
 from tests.harness import BIN, Proc, Processes
 from tests.ports import free_port

@@ -11,7 +11,7 @@ from common.clock import FakeClock
 from daemon.config import JobSettings
 from daemon.coordinator import AgentHello, AgentSession, Coordinator
 from daemon.job.commands import CheckpointNowCommand, LaunchCommand, RequestExitCommand, StopCommand
-from daemon.job.observation import MemorySnapshot, SkippedBatch, ProcessReport, ProgressReport, RootCause
+from daemon.job.observation import MemorySnapshot, ProcessReport, ProgressReport, RootCause, SkippedBatch
 from daemon.leader import LeaderRecord
 from daemon.membership import DeviceInfo
 from daemon.store.memory import InMemoryStore

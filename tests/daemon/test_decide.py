@@ -40,8 +40,8 @@ from daemon.job.observation import (
 from daemon.job.placement import NodeOffer, place
 from daemon.job.state import Failure, FailureCause, GenerationRecord, JobRecord, ResumePoint
 from daemon.membership import DeviceInfo
-from proto.vocabulary import JobState, ProcessRole
 from proto.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
+from proto.vocabulary import JobState, ProcessRole
 
 NOW = 1000.0
 FILE_MISSING = RootCause("FileNotFoundError: [Errno 2] No such file or directory: 'data/x'", "train.py:12",

@@ -16,8 +16,8 @@ from common.clock import FakeClock
 from daemon.admission import MIN_RETRY_AFTER_S, HelloAdmission, OpeningGate
 from daemon.app import grpc_server
 from daemon.coordinator import SessionRefused
-from daemon.job.observation import REMEMBERED_STEPS
 from daemon.grpc_services import ControlService, CoordinatorService, hello_from_proto
+from daemon.job.observation import REMEMBERED_STEPS
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
 from proto.vocabulary import JobState

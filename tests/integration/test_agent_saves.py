@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from tests.harness import Processes, processes_mentioning
-from tests.waiting import wait_until
 from tests.integration.test_recovery import events, final_weights, recovery_job, start_trainerd, wait_for_job
+from tests.waiting import wait_until
 from trainer.checkpoint import load_checkpoint, verify_checkpoint
 from trainer.checkpoint.manifest import read_manifest
 

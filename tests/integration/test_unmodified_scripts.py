@@ -17,9 +17,9 @@ from pathlib import Path
 import psutil
 
 from tests.harness import Processes, processes_mentioning, status, trainerctl
-from tests.waiting import wait_until
 from tests.integration.test_recovery import events, final_weights, job_of, start_trainerd, wait_for_job
 from tests.ports import scheduler_port
+from tests.waiting import wait_until
 
 SCRIPT = Path(__file__).with_name("jobs") / "msrun_style.py"
 LOSS_LINE = re.compile(r"^epoch: (\d+) step: (\d+), loss is (\S+)$", re.MULTILINE)

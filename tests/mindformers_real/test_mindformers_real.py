@@ -25,11 +25,19 @@ from mindformers.core.callback.build_callback import build_callback
 from mindformers.tools.register import MindFormerModuleType, MindFormerRegister
 from mindspore import Tensor
 from mindspore.common import dtype as mstype
-from mindspore.train.callback._callback import InternalCallbackParam
 from mindspore.train import RunContext
+from mindspore.train.callback._callback import InternalCallbackParam
 
-from proto.progress_datagram import (BadBatchReason, BadBatchReport, CheckpointReport, EventReport,
-                                     ProgressMessage, StepReport, WorkerEvent, decode)
+from proto.progress_datagram import (
+    BadBatchReason,
+    BadBatchReport,
+    CheckpointReport,
+    EventReport,
+    ProgressMessage,
+    StepReport,
+    WorkerEvent,
+    decode,
+)
 from tests.mindformers_support.make_dataset import write
 from trainer.checkpoint.manifest import step_dir_name
 from trainer.checkpoint.mindformers_import import TRACKER_FILE

@@ -11,10 +11,10 @@ import os
 import sys
 
 from mindformers.core.context import build_context
-from mindformers.utils.file_utils import set_output_path
 from mindformers.tools.register import MindFormerConfig
 from mindformers.tools.utils import str2bool
 from mindformers.trainer import Trainer
+from mindformers.utils.file_utils import set_output_path
 
 
 def main() -> None:

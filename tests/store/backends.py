@@ -7,8 +7,8 @@ how to lose a lease the way that backend loses one in real life.
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import grpc
 from aetcd import rpc

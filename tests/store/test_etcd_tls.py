@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 

@@ -18,14 +18,14 @@ from mindspore import nn
 from agent.checkpoint_persister import CheckpointPersister, Outbox, PersistedSave
 from common.clock import FakeClock
 from proto.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
+from tests.waiting import wait_until
 from trainer.checkpoint import verify_checkpoint
 from trainer.checkpoint.mindspore_io import parameters_to_numpy
 from trainer.examples.mlp import checkpoint_settings
-from trainer.runtime.memory_snapshots import PLAN_NAME
 from trainer.runtime.checkpointing import CheckpointUnreadable, ResumePoint, SeedMismatch, TrainingCheckpoints
+from trainer.runtime.memory_snapshots import PLAN_NAME
 from trainer.runtime.rank_context import CheckpointSettings, RankContext
 from trainer.runtime.snapshot_interval import FIRST_SNAPSHOT_AFTER
-from tests.waiting import wait_until
 
 SEED = 7
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest

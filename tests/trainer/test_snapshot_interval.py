@@ -11,8 +11,14 @@ import pytest
 
 from common.clock import FakeClock
 from trainer.runtime.memory_snapshots import PLAN_NAME, MemorySnapshots
-from trainer.runtime.snapshot_interval import (FIRST_SNAPSHOT_AFTER, MAX_INTERVAL, MIN_PERIOD_S, StepTimes,
-                                               interval_cap, interval_for)
+from trainer.runtime.snapshot_interval import (
+    FIRST_SNAPSHOT_AFTER,
+    MAX_INTERVAL,
+    MIN_PERIOD_S,
+    StepTimes,
+    interval_cap,
+    interval_for,
+)
 
 
 def test_the_interval_is_the_smallest_that_keeps_the_stall_under_two_percent() -> None:

@@ -45,13 +45,13 @@ Offline: `reshard_checkpoint`, `export_safetensors`, `import_native` + `write_re
 `trainerctl checkpoint ...`).
 """
 
-from trainer.checkpoint.step_dirs import CheckpointInfo, list_checkpoints
 from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint, NoCheckpoint
 from trainer.checkpoint.export import export_safetensors
 from trainer.checkpoint.loader import load_checkpoint, load_latest
 from trainer.checkpoint.manifest import CheckpointMeta, Manifest
 from trainer.checkpoint.native_import import import_native
 from trainer.checkpoint.reshard import reshard_checkpoint, write_resharded
+from trainer.checkpoint.step_dirs import CheckpointInfo, list_checkpoints
 from trainer.checkpoint.verify import latest_verified, verify_checkpoint
 from trainer.checkpoint.writer import CheckpointWriter
 

@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from common.clock import Clock
-from trainer.checkpoint.step_dirs import check_data_file
 from trainer.checkpoint.durable_files import fsync_dir, write_json_atomic
 from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint
 from trainer.checkpoint.json_fields import check_schema, get_int, read_json_file
 from trainer.checkpoint.layout import TensorLayout, layouts_from_json
 from trainer.checkpoint.manifest import MANIFEST_NAME, CheckpointMeta, FileEntry, Manifest, step_dir_name
 from trainer.checkpoint.rank_file import rank_file_name
+from trainer.checkpoint.step_dirs import check_data_file
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainer.checkpoint.step_dirs import check_complete
 from trainer.checkpoint.chunk_reader import ChunkReader
 from trainer.checkpoint.errors import CheckpointError
 from trainer.checkpoint.layout import Region
@@ -14,6 +13,7 @@ from trainer.checkpoint.loader import read_region
 from trainer.checkpoint.manifest import Manifest
 from trainer.checkpoint.safetensors_file import write_safetensors
 from trainer.checkpoint.sharding import TensorSpec
+from trainer.checkpoint.step_dirs import check_complete
 
 
 def export_safetensors(step_dir: Path, out_path: Path) -> Manifest:

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.checkpoint.step_dirs import check_complete, list_checkpoints
 from trainer.checkpoint.chunk_reader import ChunkReader, touched_segments
 from trainer.checkpoint.digest import segment_count
 from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint, NoCheckpoint
@@ -23,6 +22,7 @@ from trainer.checkpoint.layout import Region, TensorLayout, numpy_dtype
 from trainer.checkpoint.manifest import Manifest
 from trainer.checkpoint.read_plan import ReadItem, plan_reads
 from trainer.checkpoint.sharding import local_region
+from trainer.checkpoint.step_dirs import check_complete, list_checkpoints
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,6 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from trainer.checkpoint.step_dirs import check_complete
 from trainer.checkpoint.chunk_reader import ChunkReader
 from trainer.checkpoint.commit import commit_manifest
 from trainer.checkpoint.errors import CheckpointError
@@ -21,6 +20,7 @@ from trainer.checkpoint.loader import read_region
 from trainer.checkpoint.manifest import CheckpointMeta, FileEntry, Manifest, step_dir_name
 from trainer.checkpoint.rank_file import write_rank_file
 from trainer.checkpoint.sharding import TensorSpec, write_assignment
+from trainer.checkpoint.step_dirs import check_complete
 
 
 def write_resharded(

@@ -6,9 +6,9 @@ import logging
 import shutil
 from pathlib import Path
 
-from trainer.checkpoint.step_dirs import list_checkpoints
 from trainer.checkpoint.durable_files import fsync_dir
 from trainer.checkpoint.manifest import MANIFEST_NAME
+from trainer.checkpoint.step_dirs import list_checkpoints
 
 log = logging.getLogger(__name__)
 

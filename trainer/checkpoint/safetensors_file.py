@@ -27,6 +27,7 @@ from trainer.checkpoint.layout import dtype_name, itemsize
 from trainer.checkpoint.sharding import TensorSpec
 from trainer.checkpoint.task_pool import TaskPool
 
+
 def _header(entries: Sequence[tuple[str, TensorSpec]], metadata: dict[str, str] | None) -> bytes:
     header: dict[str, object] = {"__metadata__": metadata} if metadata else {}
     offset = 0

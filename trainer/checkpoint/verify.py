@@ -7,10 +7,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from trainer.checkpoint.step_dirs import check_complete, list_checkpoints
 from trainer.checkpoint.chunk_reader import ChunkReader
 from trainer.checkpoint.errors import CorruptCheckpoint
 from trainer.checkpoint.manifest import Manifest
+from trainer.checkpoint.step_dirs import check_complete, list_checkpoints
 
 log = logging.getLogger(__name__)
 

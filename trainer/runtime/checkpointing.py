@@ -46,16 +46,16 @@ from common.clock import Clock, SystemClock
 from proto.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
 from proto.progress_datagram import CheckpointReport, MalformedProgress, encode, failure_reason
 from trainer.checkpoint import CheckpointError, CheckpointMeta, CheckpointWriter, load_checkpoint
-from trainer.checkpoint.step_dirs import check_inside_root
 from trainer.checkpoint.manifest import read_manifest, step_dir_name
 from trainer.checkpoint.sharding import ShardedTensor
+from trainer.checkpoint.step_dirs import check_inside_root
 from trainer.data.skip_ranges import SkipRanges
 from trainer.runtime.agent_saves import AgentSaves, ShareNotSaved
 from trainer.runtime.checkpoint_schedule import CheckpointSchedule, ControlFile
 from trainer.runtime.memory_snapshots import MemorySnapshots
-from trainer.runtime.snapshot_interval import interval_cap
 from trainer.runtime.progress import ProgressReporter
 from trainer.runtime.rank_context import CheckpointSettings, RankContext
+from trainer.runtime.snapshot_interval import interval_cap
 
 if TYPE_CHECKING:
     import numpy as np

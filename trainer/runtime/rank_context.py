@@ -7,10 +7,10 @@ without `MS_ROLE` is a user running the script by hand: a standalone single rank
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Literal
 
 
