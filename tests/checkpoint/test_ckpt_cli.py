@@ -44,7 +44,7 @@ def test_verify_exits_0_when_every_digest_matches_else_1_with_one_line(root: Pat
     code, out, _ = _run("verify", root / "step_00000020")
     assert code == 0 and "complete, step 20, 2 files" in out
     with open(root / "step_00000020" / "rank_1.safetensors", "r+b") as f:
-        f.seek(4000)
+        f.seek(-4000, os.SEEK_END)  # in the data, which ends the file
         f.write(b"\xff\xfe")
     code, out, err = _run("verify", root / "step_00000020")
     assert code == 1 and out == ""

@@ -8,7 +8,9 @@ stores every chunk under its key with the manifest's dtype, shape and byte lengt
 
 Reads are positional reads of whole rows of dimension 0 (a row range of a chunk is one contiguous byte
 range), one task per checksum segment on the task pool, straight into the caller's array when the rows land
-contiguously there; each task checks its segment's checksum. This replaces `safe_open(...).get_slice(...)`,
+contiguously there; each task checks its segment's checksum. Where the file's bytes and the memory they go
+to are aligned alike (files written here, arrays allocated by `direct_io.aligned_empty`), the aligned bulk
+is read with O_DIRECT, past the page cache (see `direct_io`). This replaces `safe_open(...).get_slice(...)`,
 which reads the same bytes through a memory map into a fresh array that then has to be copied again:
 0.65 GB/s against 1.5-2.9 GB/s for positional reads on the bench machine. Chunks of a MindSpore-native
 checkpoint carry no checksums: their rows are read exactly, unverified.
@@ -16,6 +18,7 @@ checkpoint carry no checksums: their rows are read exactly, unverified.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import math
@@ -30,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from trainer.checkpoint.digest import file_digest, segment_count, verify_checksum
+from trainer.checkpoint.direct_io import address, aligned_empty, direct_span, reopen_direct
 from trainer.checkpoint.errors import CorruptCheckpoint
 from trainer.checkpoint.file_access import open_regular_file
 from trainer.checkpoint.layout import Chunk, TensorLayout, itemsize, numpy_dtype
@@ -57,6 +61,7 @@ class _OpenFile:
     fd: int
     where: str
     data_start: dict[str, int]
+    direct_fd: int | None  # the same file with O_DIRECT, where the filesystem allows it
 
 
 @dataclass(frozen=True)
@@ -143,10 +148,10 @@ class ChunkReader:
         first, end = (item.chunk_offsets[0], item.chunk_offsets[0] + item.sizes[0]) if sizes else (0, 1)
         low, high = rows.span(first, end)
         if target is not None and item.sizes[1:] == sizes[1:]:
-            head = memoryview(bytearray((first - low) * rows.row_bytes))
-            after = memoryview(bytearray((high - end) * rows.row_bytes))
+            head = aligned_empty((first - low) * rows.row_bytes).data
+            after = aligned_empty((high - end) * rows.row_bytes).data
             return None, self._read_rows(item.file, rows, low, high, [head, _bytes(target), after])
-        block = np.empty((high - low, *sizes[1:]), numpy_dtype(dtype))
+        block = aligned_empty((high - low) * rows.row_bytes).view(numpy_dtype(dtype)).reshape(high - low, *sizes[1:])
         checks = self._read_rows(item.file, rows, low, high, [_bytes(block)])
         if not sizes:
             return block.reshape(()), checks
@@ -163,7 +168,7 @@ class ChunkReader:
                 pair: range(segment_count(chunk.region.sizes, chunk.segment_rows))
                 for pair, (_, chunk) in self._chunks.items()
             }
-        buffers = [bytearray() for _ in range(_BUFFERS_PER_THREAD * self._pool.threads)]
+        buffers = [aligned_empty(0).data for _ in range(_BUFFERS_PER_THREAD * self._pool.threads)]
         in_flight: list[list[Future[None]]] = [[] for _ in buffers]
         slots = itertools.cycle(range(len(buffers)))
         for file, key in sorted(selection, key=lambda pair: (pair[0], self._rows(*pair)[1].start)):
@@ -176,8 +181,8 @@ class ChunkReader:
                 high = min(low + rows.chunk.segment_rows, rows.count)
                 length = (high - low) * rows.row_bytes
                 if len(buffers[slot]) < length:
-                    buffers[slot] = bytearray(length)
-                view = memoryview(buffers[slot])[:length]
+                    buffers[slot] = aligned_empty(length).data
+                view = buffers[slot][:length]
                 in_flight[slot] = self._read_rows(file, rows, low, high, [view])
         for checks in in_flight:
             for check in checks:
@@ -201,12 +206,12 @@ class ChunkReader:
             views = _take(parts, (min(row + step, high) - row) * rows.row_bytes)
             offset = rows.start + row * rows.row_bytes
             if chunk.checksums is None:
-                tasks.append(self._pool.submit(_read_fully, opened.fd, views, offset, where))
+                tasks.append(self._pool.submit(_read_fully, opened, views, offset, where))
             else:
                 index = row // chunk.segment_rows
                 expected = chunk.checksums[index]
                 tasks.append(
-                    self._pool.submit(_read_checked, opened.fd, views, offset, expected, f"{where} segment {index}")
+                    self._pool.submit(_read_checked, opened, views, offset, expected, f"{where} segment {index}")
                 )
         return tasks
 
@@ -236,8 +241,12 @@ class ChunkReader:
             checksums = [(chunk.key, chunk.checksums or ()) for _, chunk in chunks]
             if entry is not None and file_digest(header, checksums) != entry.digest:
                 raise CorruptCheckpoint(f"{where}: the digest of its header does not match the manifest (damaged)")
-            opened = _OpenFile(fd, where, _parse_header(header, chunks, size, where))
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            starts = _parse_header(header, chunks, size, where)
+            direct_fd = reopen_direct(fd)
+            # With O_DIRECT beside it, only the unaligned ends of ranges go through the cache: read-ahead
+            # there would fetch bytes the direct reads fetch again.
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM if direct_fd is not None else os.POSIX_FADV_SEQUENTIAL)
+            opened = _OpenFile(fd, where, starts, direct_fd)
         except BaseException:
             os.close(fd)
             raise
@@ -248,6 +257,8 @@ class ChunkReader:
         self._pool.close()
         for opened in self._open.values():
             os.close(opened.fd)
+            if opened.direct_fd is not None:
+                os.close(opened.direct_fd)
         self._open.clear()
 
     def __enter__(self) -> ChunkReader:
@@ -277,20 +288,36 @@ def _take(parts: list[memoryview], length: int) -> list[memoryview]:
     return views
 
 
-def _read_checked(fd: int, views: list[memoryview], offset: int, expected: str, where: str) -> None:
-    _read_fully(fd, views, offset, where)
+def _read_checked(opened: _OpenFile, views: list[memoryview], offset: int, expected: str, where: str) -> None:
+    _read_fully(opened, views, offset, where)
     verify_checksum(views, expected, where)
 
 
-def _read_fully(fd: int, views: list[memoryview], offset: int, where: str) -> None:
-    """preadv until every view is full (one call reads at most about 2 GiB)."""
-    views = list(views)
-    while views:
-        n = os.preadv(fd, views, offset)
+def _read_fully(opened: _OpenFile, views: list[memoryview], offset: int, where: str) -> None:
+    """Fills the views from `offset` on: each view's aligned bulk with O_DIRECT where possible, the rest (and
+    everything, without O_DIRECT) through the page cache."""
+    direct_fd = opened.direct_fd
+    for view in views:
+        head, body = direct_span(address(view), offset, len(view)) if direct_fd is not None and view else (0, 0)
+        if direct_fd is None or not body:
+            _pread_fully(opened.fd, view, offset, where)
+        else:
+            _pread_fully(opened.fd, view[:head], offset, where)
+            try:
+                _pread_fully(direct_fd, view[head : head + body], offset + head, where)
+            except OSError as exc:  # a block size larger than ALIGNMENT: read it through the cache
+                if exc.errno != errno.EINVAL:
+                    raise
+                _pread_fully(opened.fd, view[head : head + body], offset + head, where)
+            _pread_fully(opened.fd, view[head + body :], offset + head + body, where)
+        offset += len(view)
+
+
+def _pread_fully(fd: int, view: memoryview, offset: int, where: str) -> None:
+    """preadv until the view is full (one call reads at most about 2 GiB)."""
+    while view:
+        n = os.preadv(fd, [view], offset)
         if n == 0:
             raise CorruptCheckpoint(f"{where} ends early")
         offset += n
-        while views and n >= len(views[0]):
-            n -= len(views.pop(0))
-        if n:
-            views[0] = views[0][n:]
+        view = view[n:]

@@ -14,17 +14,10 @@ import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
+from trainer.checkpoint.direct_io import ALIGNMENT, aligned_empty
 
-ALIGNMENT = 4096
 BLOCK_BYTES = 16 << 20
 _BLOCKS = 3
-
-
-def _aligned_block() -> memoryview:
-    raw = np.empty(BLOCK_BYTES + ALIGNMENT, np.uint8)
-    start = -raw.ctypes.data % ALIGNMENT
-    return raw[start : start + BLOCK_BYTES].data
 
 
 def _write_all(fd: int, data: memoryview) -> None:
@@ -45,7 +38,7 @@ class DirectWriter:
                 raise
             self._fd = os.open(path, flags, 0o644)
             self._direct = False
-        self._blocks = [_aligned_block() for _ in range(_BLOCKS)]
+        self._blocks = [aligned_empty(BLOCK_BYTES).data for _ in range(_BLOCKS)]
         self._writes: list[Future[None] | None] = [None] * _BLOCKS
         self._io = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-io")
         self._slot = 0

@@ -8,6 +8,7 @@ succeeded.
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
@@ -17,6 +18,7 @@ import numpy as np
 
 from trainer.checkpoint.chunk_reader import ChunkReader, touched_segments
 from trainer.checkpoint.digest import segment_count
+from trainer.checkpoint.direct_io import aligned_empty
 from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint, NoCheckpoint
 from trainer.checkpoint.layout import Region, TensorLayout, numpy_dtype
 from trainer.checkpoint.manifest import Manifest
@@ -35,9 +37,8 @@ class Assembly:
 
     def __init__(self, tensors: Mapping[str, TensorLayout], wanted: Mapping[str, Region]) -> None:
         self._wanted = wanted
-        self.arrays = {
-            name: np.empty(region.sizes, numpy_dtype(tensors[name].dtype)) for name, region in wanted.items()
-        }
+        self.arrays = {name: _aligned_array(region.sizes, numpy_dtype(tensors[name].dtype))
+                       for name, region in wanted.items()}
 
     def target(self, item: ReadItem) -> np.ndarray | None:
         """Where the item's rows go when they are contiguous in the local tensor (the item spans its width)."""
@@ -48,6 +49,11 @@ class Assembly:
 
     def place(self, item: ReadItem, data: np.ndarray) -> None:
         self.arrays[item.tensor][(Ellipsis, *item.local_slices())] = data
+
+
+def _aligned_array(sizes: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A new array whose rows can be read into with O_DIRECT (see `direct_io`)."""
+    return aligned_empty(math.prod(sizes) * dtype.itemsize).view(dtype).reshape(sizes)
 
 
 def run_reads(items: Iterable[ReadItem], reader: ChunkReader, assembly: Assembly) -> None:

@@ -1,7 +1,9 @@
 """Writes safetensors files durably, checksumming the bytes while they are written.
 
-The format is an 8-byte little-endian header length, a JSON header (padded with spaces to 8 bytes) naming
-each key's dtype, shape and byte range, then the tensors back to back. Writing it here rather than with
+The format is an 8-byte little-endian header length, a JSON header naming each key's dtype, shape and byte
+range, then the tensors back to back. The header is padded with spaces so the data starts on a 4 KiB
+boundary: a tensor whose bytes start aligned can be loaded with O_DIRECT (see `direct_io`); the safetensors
+format allows the padding (its own writer pads to 8 bytes). Writing it here rather than with
 `safetensors.numpy.save_file` streams the data from the callers' buffers, checksums its segments on the way
 (see `digest`), stores bfloat16 without a numpy bfloat16 type, and keeps the file invisible until it is
 complete: it is written under a temporary name (with O_DIRECT, see `direct_writer`), fsynced, renamed.
@@ -20,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from trainer.checkpoint.digest import checksum, segment_rows
+from trainer.checkpoint.direct_io import ALIGNMENT
 from trainer.checkpoint.direct_writer import DirectWriter
 from trainer.checkpoint.durable_files import publish, temporary_name
 from trainer.checkpoint.errors import CheckpointError
@@ -37,7 +40,7 @@ def _header(entries: Sequence[tuple[str, TensorSpec]], metadata: dict[str, str] 
         header[key] = {"dtype": spec.dtype, "shape": list(spec.shape), "data_offsets": [offset, offset + spec.nbytes]}
         offset += spec.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
+    raw += b" " * (-(8 + len(raw)) % ALIGNMENT)
     return struct.pack("<Q", len(raw)) + raw
 
 
