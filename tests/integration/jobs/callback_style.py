@@ -27,7 +27,6 @@ import numpy as np
 from mindspore import nn
 from mindspore.communication import get_group_size, get_rank, init
 from mindspore.train import Callback, CheckpointConfig, LossMonitor, Model, ModelCheckpoint, TimeMonitor
-
 from trainer.runtime.callback import GuardedTrainOneStepCell, TrainerdCallback, resume_epoch, trainerd_dataset
 
 DATA_FILE = "data/train.npz"
