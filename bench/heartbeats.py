@@ -150,6 +150,9 @@ class Tally:
         self.reasons: collections.Counter[str] = collections.Counter()  # why sessions broke
         self.deferred = 0  # Hellos answered RESOURCE_EXHAUSTED (no session yet)
         self.refused: collections.Counter[str] = collections.Counter()  # other failed attempts
+        self.heartbeats_sent = 0  # heartbeats its agents wrote
+        self.loop_lag_max_s = 0.0  # the most this process's event loop ran late
+        self.loop_late_s = 0.0  # seconds its loop ran late by more than LATE_LOOP_S, in all
 
 
 class SimulatedAgent:
@@ -163,6 +166,7 @@ class SimulatedAgent:
         pass
 
     def heartbeat_body(self) -> pb.Heartbeat:
+        self._tally.heartbeats_sent += 1
         return pb.Heartbeat(sent_at=time.time())
 
     def on_connected(self, connected: bool) -> None:
@@ -177,6 +181,7 @@ class SimulatedAgent:
 
 
 PLACEHOLDER = re.compile(r"%[-#0 +]*\d*(?:\.\d+)?[sdfr]")
+AGENT_NAME = re.compile(r"sim-\d+")  # a failure's text names its agent: counted by its form
 
 
 class CountFailures(logging.Handler):
@@ -189,14 +194,14 @@ class CountFailures(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         msg, args = record.msg, record.args or ()
         if msg.startswith("session with %s broke"):
-            self._tally.reasons[f"{args[1]}: {args[2]}"[:80]] += 1
+            self._tally.reasons[AGENT_NAME.sub("sim-…", f"{args[1]}: {args[2]}")[:80]] += 1
         elif msg.startswith("no answer from the coordinator"):
             self._tally.reasons["heartbeats unanswered (no ack within max(3 intervals, timeout/2))"] += 1
         elif msg.startswith("session with %s failed"):
             if args[1] == "RESOURCE_EXHAUSTED":
                 self._tally.deferred += 1
             else:
-                self._tally.refused[f"{args[1]}: {args[2]}"[:80]] += 1
+                self._tally.refused[AGENT_NAME.sub("sim-…", f"{args[1]}: {args[2]}")[:80]] += 1
         elif (msg.startswith("session with %s ended") or msg.startswith("registered as")
               or msg.startswith("the coordinator asks for a heartbeat every")):
             pass
@@ -236,8 +241,25 @@ def client_process(addresses: list[str], names: list[str], ramp_per_s: float, pe
     asyncio.run(_run_agents(addresses, names, ramp_per_s, per_connection, tally, report, stop))
 
 
+LOOP_PROBE_S = 0.1
+LATE_LOOP_S = 1.0
+
+
+async def _watch_loop_lag(tally: Tally) -> None:
+    """How late this client's event loop runs: a simulated agent's ack is read, and its silence judged, only
+    when the loop gets to it, so a late client loop breaks sessions that the coordinator answered in time."""
+    loop = asyncio.get_running_loop()
+    while True:
+        started = loop.time()
+        await asyncio.sleep(LOOP_PROBE_S)
+        late = loop.time() - started - LOOP_PROBE_S
+        tally.loop_lag_max_s = max(tally.loop_lag_max_s, late)
+        if late > LATE_LOOP_S:
+            tally.loop_late_s += late
+
+
 async def _run_agents(addresses, names, ramp_per_s, per_connection: int, tally: Tally, report, stop) -> None:
-    clock, tasks = SystemClock(), []
+    clock, tasks = SystemClock(), [asyncio.create_task(_watch_loop_lag(tally))]
     for i, name in enumerate(names):
         CONNECTION.set(i // per_connection)  # the task made next copies it
         link = CoordinatorLink(addresses=addresses, identity=MemoryIdentity(), clock=clock,  # type: ignore[arg-type]
@@ -249,7 +271,9 @@ async def _run_agents(addresses, names, ramp_per_s, per_connection: int, tally: 
             await asyncio.sleep(100 / ramp_per_s)
     while not stop.is_set():
         report.send({"welcomed": tally.welcomed, "connected": tally.connected, "broken": tally.broken,
-                     "reasons": dict(tally.reasons), "deferred": tally.deferred, "refused": dict(tally.refused)})
+                     "reasons": dict(tally.reasons), "deferred": tally.deferred, "refused": dict(tally.refused),
+                     "loop_lag_max_s": tally.loop_lag_max_s, "loop_late_s": tally.loop_late_s,
+                     "heartbeats_sent": tally.heartbeats_sent})
         await asyncio.sleep(REPORT_EVERY_S)
     for task in tasks:
         task.cancel()
@@ -294,11 +318,13 @@ class Clients:
     def totals(self) -> dict:
         with self._lock:
             last_reports = list(self._last)
-        total: dict = {"welcomed": 0, "connected": 0, "broken": 0, "deferred": 0,
-                       "reasons": collections.Counter(), "refused": collections.Counter()}
+        total: dict = {"welcomed": 0, "connected": 0, "broken": 0, "deferred": 0, "loop_late_s": 0.0,
+                       "heartbeats_sent": 0, "loop_lag_max_s": 0.0, "reasons": collections.Counter(),
+                       "refused": collections.Counter()}
         for last in last_reports:
-            for key in ("welcomed", "connected", "broken", "deferred"):
+            for key in ("welcomed", "connected", "broken", "deferred", "loop_late_s", "heartbeats_sent"):
                 total[key] += last.get(key, 0)
+            total["loop_lag_max_s"] = max(total["loop_lag_max_s"], last.get("loop_lag_max_s", 0.0))
             total["reasons"].update(last.get("reasons", {}))
             total["refused"].update(last.get("refused", {}))
         return total
@@ -403,7 +429,7 @@ async def measure(count: int, max_per_s: float, max_opening: int, args, workdir:
         proc = psutil.Process(leader.process.pid)
         before, cpu_before, client_cpu_before, t0 = leader.metrics(), proc.cpu_times(), clients.cpu_seconds(), \
             time.monotonic()
-        broken_before_window = clients.totals()["broken"]
+        broken_before_window, sent_before_window = clients.totals()["broken"], clients.totals()["heartbeats_sent"]
         await asyncio.sleep(args.seconds)
         after, cpu_after, client_cpu_after, t1 = leader.metrics(), proc.cpu_times(), clients.cpu_seconds(), \
             time.monotonic()
@@ -427,6 +453,7 @@ async def measure(count: int, max_per_s: float, max_opening: int, args, workdir:
         }
         result.update(clients.totals())
         result["broken_in_window"] = result["broken"] - broken_before_window
+        result["sent_per_s"] = (result["heartbeats_sent"] - sent_before_window) / window
         if args.failover:
             result["failover"] = await failover(coordinators, clients, count, TIMEOUT_S * interval_s / INTERVAL_S)
         return result
@@ -578,11 +605,19 @@ async def run_all(args) -> None:
                 print("        the coordinator lost its leadership", flush=True)
             if r["stall_s"]:
                 print(f"        the coordinator's event loop ran {r['stall_s']:.1f}s late in all (excused)", flush=True)
+            print(f"        the agents wrote {r['sent_per_s']:.0f} heartbeats/s in the window (offered/s assumes every "
+                  "agent at the coordinator's pace)", flush=True)
+            print(f"        the clients' event loops ran up to {r['loop_lag_max_s']:.1f}s late, "
+                  f"{r['loop_late_s']:.1f}s in all late by more than {LATE_LOOP_S:.0f}s "
+                  "(a late client loop reads acks late too)", flush=True)
             if r["broken"]:
                 print(f"        {r['broken_in_window']} of the {r['broken']} broken sessions broke in the window, "
                       f"{r['broken'] - r['broken_in_window']} while agents connected or settled", flush=True)
             for reason, n in r["reasons"].most_common(8):
                 print(f"        {n} session(s) broke after their Welcome: {reason}", flush=True)
+            if r["broken"] > sum(r["reasons"].values()):
+                print(f"        {r['broken'] - sum(r['reasons'].values())} session(s) broke after their Welcome: the "
+                      "coordinator ended the stream without an error", flush=True)
             for reason, n in r["refused"].most_common(8):
                 print(f"        {n} attempt(s) failed before a Welcome: {reason}", flush=True)
             if len(r["refused"]) > 8:
