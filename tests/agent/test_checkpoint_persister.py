@@ -223,6 +223,26 @@ def test_a_step_still_waiting_for_a_share_is_read_again_only_once_its_directory_
     assert persister.persist_ready() == 1 and [s.step for s in heard.saved] == [50]
 
 
+def test_a_step_directory_changed_within_the_last_second_is_read_again_every_poll(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A share that lands within the file system's clock tick of the previous one may leave the directory's
+    modification time as it was: until the directory has been still for a second, nothing is cached."""
+    import agent.checkpoint_persister as persister_module
+
+    reads: list[int] = []
+    real_read = persister_module.read_report
+    monkeypatch.setattr(persister_module, "read_report",
+                        lambda source, rank, step: reads.append(step) or real_read(source, rank, step))
+    outbox = outbox_of(tmp_path, tmp_path / "checkpoints", (0, 1), world_size=2)
+    share = host_snapshot(outbox.directory, 50, (0,), world_size=2, generation=GENERATION)  # rank 1 missing
+    fresh = time.time() + 30  # changed "now" for the next 30 s, however slow this machine is
+    os.utime(share, (fresh, fresh))
+    persister = Heard().persister(outbox)
+    for _ in range(3):
+        assert persister.persist_ready() == 0
+    assert reads == [50, 50] * 3  # its modification time is unchanged, and still every pass read it
+
+
 def test_a_full_disk_fails_the_save_cleanly_and_saving_resumes_once_there_is_room(
         tmp_path: Path, mount_tmpfs: Callable[[str, str], Path]) -> None:
     checkpoints = mount_tmpfs("small-disk", "1m")
