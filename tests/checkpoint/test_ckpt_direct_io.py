@@ -96,7 +96,7 @@ def test_only_aligned_whole_blocks_go_direct(misalignment: int, offset: int, len
         assert head < ALIGNMENT and length - head - body < ALIGNMENT
 
 
-def test_aligned_buffers_are_aligned() -> None:
-    for nbytes in (0, 1, ALIGNMENT + 3, 5 << 20):
+def test_buffers_of_a_block_or_more_are_aligned() -> None:
+    for nbytes in (0, 1, ALIGNMENT - 1, ALIGNMENT, ALIGNMENT + 3, 5 << 20):
         buffer = aligned_empty(nbytes)
-        assert buffer.nbytes == nbytes and (nbytes == 0 or buffer.ctypes.data % ALIGNMENT == 0)
+        assert buffer.nbytes == nbytes and (nbytes < ALIGNMENT or buffer.ctypes.data % ALIGNMENT == 0)

@@ -19,7 +19,11 @@ ALIGNMENT = 4096
 
 
 def aligned_empty(nbytes: int) -> np.ndarray:
-    """An uninitialised uint8 array of `nbytes` whose first byte lies on an ALIGNMENT boundary."""
+    """An uninitialised uint8 array of `nbytes` whose first byte lies on an ALIGNMENT boundary. Below one
+    block nothing could be read into it directly, so a small array is allocated as it comes (a model with
+    thousands of small tensors would otherwise pay a block for each)."""
+    if nbytes < ALIGNMENT:
+        return np.empty(nbytes, np.uint8)
     raw = np.empty(nbytes + ALIGNMENT, np.uint8)
     start = -raw.ctypes.data % ALIGNMENT
     return raw[start : start + nbytes]
