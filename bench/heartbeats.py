@@ -50,6 +50,7 @@ import asyncio
 import collections
 import contextvars
 import logging
+import math
 import multiprocessing
 import os
 import random
@@ -124,6 +125,30 @@ def lag_percentile(before: dict, after: dict, q: float) -> float:
     return float("nan")
 
 
+def _buckets(metrics: dict, histogram: str) -> list[tuple[float, float]]:
+    """A histogram's cumulative (upper bound, count) pairs, in order."""
+    buckets = []
+    for name, value in metrics.items():
+        if name.startswith(f"{histogram}_bucket"):
+            bound = name.split('le="')[1].split('"')[0]
+            buckets.append((float("inf") if bound == "+Inf" else float(bound), value))
+    return sorted(buckets)
+
+
+def histogram_max(metrics: dict, histogram: str) -> float:
+    """The upper bound of the highest bucket any observation fell in (0: none observed)."""
+    buckets = _buckets(metrics, histogram)
+    total = buckets[-1][1] if buckets else 0
+    return next((bound for bound, count in buckets if total and count >= total), 0.0)
+
+
+def histogram_over(metrics: dict, histogram: str, limit: float) -> int:
+    """How many observations were above `limit`, a bucket's upper bound."""
+    buckets = _buckets(metrics, histogram)
+    at_most = max((count for bound, count in buckets if bound <= limit), default=0.0)
+    return int((buckets[-1][1] if buckets else 0) - at_most)
+
+
 # ------------------------------------------------------------------ client processes
 
 
@@ -151,25 +176,50 @@ class Tally:
         self.deferred = 0  # Hellos answered RESOURCE_EXHAUSTED (no session yet)
         self.refused: collections.Counter[str] = collections.Counter()  # other failed attempts
         self.heartbeats_sent = 0  # heartbeats its agents wrote
+        self.acks = 0  # acks its agents read
+        self.acks_late = 0  # of them, read more than LATE_ACK_S after their heartbeat was written
+        self.ack_round_trip_max_s = 0.0
+        self.writes_slow = 0  # stream writes that took more than LATE_ACK_S to complete
+        self.write_max_s = 0.0  # the longest a stream write took (or has been waiting, when reported)
+        self.writes_waiting: dict[int, float] = {}  # write -> when it began, while it waits
         self.loop_lag_max_s = 0.0  # the most this process's event loop ran late
         self.loop_late_s = 0.0  # seconds its loop ran late by more than LATE_LOOP_S, in all
 
 
+LATE_ACK_S = 3.0
+
+
 class SimulatedAgent:
-    """The agent's SessionHandler with nothing to supervise: its heartbeat carries only `sent_at`."""
+    """The agent's SessionHandler with nothing to supervise: its heartbeat carries only `sent_at`. It also
+    times each heartbeat's round trip (`acked`, fed from the link): set beside the coordinator's own
+    handling lag, that tells an ack answered late from one that travelled back late."""
 
     def __init__(self, tally: Tally) -> None:
         self._tally = tally
         self._welcomed = False
+        self._sent: collections.deque[float] = collections.deque(maxlen=64)  # this session's, by sequence
+        self._sequence = 0  # of the newest heartbeat in _sent
+
+    def acked(self, sequence: int) -> None:
+        back = self._sequence - sequence  # how many heartbeats later than the acked one
+        if 0 <= back < len(self._sent):
+            round_trip = time.monotonic() - self._sent[-1 - back]
+            self._tally.acks += 1
+            self._tally.acks_late += round_trip > LATE_ACK_S
+            self._tally.ack_round_trip_max_s = max(self._tally.ack_round_trip_max_s, round_trip)
 
     def on_command(self, message: pb.CoordinatorMessage) -> None:
         pass
 
     def heartbeat_body(self) -> pb.Heartbeat:
         self._tally.heartbeats_sent += 1
+        self._sequence += 1  # the link numbers a session's heartbeats 1, 2, ... in the order it asks for them
+        self._sent.append(time.monotonic())
         return pb.Heartbeat(sent_at=time.time())
 
     def on_connected(self, connected: bool) -> None:
+        self._sent.clear()
+        self._sequence = 0
         if connected:
             self._tally.connected += 1
             if not self._welcomed:
@@ -196,7 +246,9 @@ class CountFailures(logging.Handler):
         if msg.startswith("session with %s broke"):
             self._tally.reasons[AGENT_NAME.sub("sim-…", f"{args[1]}: {args[2]}")[:80]] += 1
         elif msg.startswith("no answer from the coordinator"):
-            self._tally.reasons["heartbeats unanswered (no ack within max(3 intervals, timeout/2))"] += 1
+            # How long the agent had waited: the redial time of the pace in force (3 s at the 1 s pace).
+            waited = f"{math.floor(float(args[0]))}-{math.floor(float(args[0])) + 1}s" if args else "?"
+            self._tally.reasons[f"heartbeats unanswered for {waited} (max(3 intervals, timeout/2))"] += 1
         elif msg.startswith("session with %s failed"):
             if args[1] == "RESOURCE_EXHAUSTED":
                 self._tally.deferred += 1
@@ -212,6 +264,27 @@ class CountFailures(logging.Handler):
 
 
 CONNECTION = contextvars.ContextVar("CONNECTION", default=0)
+
+
+def time_stream_writes(tally: Tally) -> None:
+    """Times every stream write of this process's agents (Hello, heartbeats, reports): a write that does not
+    complete holds the agent's heartbeats back, so its session goes silent without any loop being late."""
+    from grpc.aio._call import StreamStreamCall
+
+    write = StreamStreamCall.write
+
+    async def timed_write(self, request) -> None:
+        started = time.monotonic()
+        tally.writes_waiting[id(started)] = started
+        try:
+            await write(self, request)
+        finally:
+            del tally.writes_waiting[id(started)]
+            took = time.monotonic() - started
+            tally.write_max_s = max(tally.write_max_s, took)
+            tally.writes_slow += took > LATE_ACK_S
+
+    StreamStreamCall.write = timed_write  # type: ignore[method-assign]
 
 
 def one_connection_per_group() -> None:
@@ -234,6 +307,7 @@ def client_process(addresses: list[str], names: list[str], ramp_per_s: float, pe
     raise_file_limit(len(names) // per_connection + 1000)
     one_connection_per_group()
     tally = Tally()
+    time_stream_writes(tally)
     session_log = logging.getLogger("agent.session")
     session_log.setLevel(logging.INFO)
     session_log.propagate = False
@@ -258,6 +332,16 @@ async def _watch_loop_lag(tally: Tally) -> None:
             tally.loop_late_s += late
 
 
+def _timing_acks(follow_pace, agent: SimulatedAgent):
+    """The link's handling of an ack (agent/session.py `_follow_pace`), also timing the round trip."""
+
+    def follow(ack: pb.HeartbeatAck) -> None:
+        agent.acked(ack.sequence)
+        follow_pace(ack)
+
+    return follow
+
+
 async def _run_agents(addresses, names, ramp_per_s, per_connection: int, tally: Tally, report, stop) -> None:
     clock, tasks = SystemClock(), [asyncio.create_task(_watch_loop_lag(tally))]
     for i, name in enumerate(names):
@@ -266,14 +350,19 @@ async def _run_agents(addresses, names, ramp_per_s, per_connection: int, tally: 
                                rng=random.Random(name), hello=pb.Hello(
                                    node_name=name, host="127.0.0.1", agent_version="bench",
                                    devices=[pb.Device(device_id=0, kind="cpu")]))
-        tasks.append(asyncio.create_task(link.run(SimulatedAgent(tally))))
+        agent = SimulatedAgent(tally)
+        link._follow_pace = _timing_acks(link._follow_pace, agent)  # type: ignore[method-assign]
+        tasks.append(asyncio.create_task(link.run(agent)))
         if (i + 1) % 100 == 0:
             await asyncio.sleep(100 / ramp_per_s)
     while not stop.is_set():
         report.send({"welcomed": tally.welcomed, "connected": tally.connected, "broken": tally.broken,
                      "reasons": dict(tally.reasons), "deferred": tally.deferred, "refused": dict(tally.refused),
                      "loop_lag_max_s": tally.loop_lag_max_s, "loop_late_s": tally.loop_late_s,
-                     "heartbeats_sent": tally.heartbeats_sent})
+                     "heartbeats_sent": tally.heartbeats_sent, "acks": tally.acks, "acks_late": tally.acks_late,
+                     "ack_round_trip_max_s": tally.ack_round_trip_max_s, "writes_slow": tally.writes_slow,
+                     "write_max_s": max([tally.write_max_s] + [time.monotonic() - started for started
+                                                               in tally.writes_waiting.values()])})
         await asyncio.sleep(REPORT_EVERY_S)
     for task in tasks:
         task.cancel()
@@ -319,12 +408,16 @@ class Clients:
         with self._lock:
             last_reports = list(self._last)
         total: dict = {"welcomed": 0, "connected": 0, "broken": 0, "deferred": 0, "loop_late_s": 0.0,
-                       "heartbeats_sent": 0, "loop_lag_max_s": 0.0, "reasons": collections.Counter(),
+                       "heartbeats_sent": 0, "acks": 0, "acks_late": 0, "loop_lag_max_s": 0.0,
+                       "ack_round_trip_max_s": 0.0, "writes_slow": 0, "write_max_s": 0.0,
+                       "reasons": collections.Counter(),
                        "refused": collections.Counter()}
         for last in last_reports:
-            for key in ("welcomed", "connected", "broken", "deferred", "loop_late_s", "heartbeats_sent"):
+            for key in ("welcomed", "connected", "broken", "deferred", "loop_late_s", "heartbeats_sent", "acks",
+                        "acks_late", "writes_slow"):
                 total[key] += last.get(key, 0)
-            total["loop_lag_max_s"] = max(total["loop_lag_max_s"], last.get("loop_lag_max_s", 0.0))
+            for key in ("loop_lag_max_s", "ack_round_trip_max_s", "write_max_s"):
+                total[key] = max(total.get(key, 0.0), last.get(key, 0.0))
             total["reasons"].update(last.get("reasons", {}))
             total["refused"].update(last.get("refused", {}))
         return total
@@ -444,6 +537,10 @@ async def measure(count: int, max_per_s: float, max_opening: int, args, workdir:
             "handled_per_s": (after["trainerd_heartbeats_total"] - before["trainerd_heartbeats_total"]) / window,
             "lag_p50_s": lag_percentile(before, after, 0.50),
             "lag_p99_s": lag_percentile(before, after, 0.99),
+            "run_lag_p99_s": lag_percentile({}, after, 0.99),  # from the coordinator's start, connects included
+            "run_lag_max_s": lag_percentile({}, after, 1.0),
+            "ack_write_max_s": histogram_max(after, "trainerd_heartbeat_ack_write_seconds"),
+            "ack_writes_slow": histogram_over(after, "trainerd_heartbeat_ack_write_seconds", 2.0),
             "cpu_cores": (cpu_after.user + cpu_after.system - cpu_before.user - cpu_before.system) / window,
             "client_cpu_cores": (client_cpu_after - client_cpu_before) / window,
             "false_lost": leader.false_lost(),
@@ -607,6 +704,14 @@ async def run_all(args) -> None:
                 print(f"        the coordinator's event loop ran {r['stall_s']:.1f}s late in all (excused)", flush=True)
             print(f"        the agents wrote {r['sent_per_s']:.0f} heartbeats/s in the window (offered/s assumes every "
                   "agent at the coordinator's pace)", flush=True)
+            print(f"        {r['acks']} acks read, {r['acks_late']} of them more than {LATE_ACK_S:.0f}s after their "
+                  f"heartbeat was written, the longest {r['ack_round_trip_max_s']:.2f}s; the coordinator handled "
+                  f"heartbeats within {r['run_lag_max_s']:.2f}s of their sending (p99 {r['run_lag_p99_s']:.2f}s), "
+                  "over the whole run", flush=True)
+            print(f"        the coordinator's ack writes took up to {r['ack_write_max_s']:.2f}s "
+                  f"({r['ack_writes_slow']} longer than 2s, whole run)", flush=True)
+            print(f"        the agents' stream writes took up to {r['write_max_s']:.2f}s "
+                  f"({r['writes_slow']} longer than {LATE_ACK_S:.0f}s)", flush=True)
             print(f"        the clients' event loops ran up to {r['loop_lag_max_s']:.1f}s late, "
                   f"{r['loop_late_s']:.1f}s in all late by more than {LATE_LOOP_S:.0f}s "
                   "(a late client loop reads acks late too)", flush=True)

@@ -348,8 +348,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 return
             ack = self._dispatch(session, message)
             if ack is not None and not session.closed.is_set():  # the agent's proof it still belongs
-                async with write_lock:
-                    await context.write(ack)
+                with metrics.ACK_WRITE.time():
+                    async with write_lock:
+                        await context.write(ack)
 
     def _dispatch(self, session: AgentSession, message: pb.AgentMessage) -> pb.CoordinatorMessage | None:
         """Check and hand on one message; returns the HeartbeatAck to send for a heartbeat. Nothing it

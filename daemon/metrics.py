@@ -12,6 +12,11 @@ HEARTBEAT_LAG = Histogram(
     "From the agent sending a heartbeat to the coordinator handling it.",
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
 )
+ACK_WRITE = Histogram(
+    "trainerd_heartbeat_ack_write_seconds",
+    "How long writing a heartbeat's ack onto its agent's stream took; the session reads nothing meanwhile.",
+    buckets=(0.001, 0.01, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0),
+)
 SESSIONS = Gauge("trainerd_agent_sessions", "Open agent sessions.")
 SESSIONS_OPENING = Gauge("trainerd_sessions_opening",
                          "Agent sessions between their Hello and their Welcome; at most "

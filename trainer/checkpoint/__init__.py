@@ -1,8 +1,8 @@
 """Sharded safetensors checkpoints that load at any world size (DESIGN.md, "Checkpoints").
 
 numpy and the safetensors file format (read and written here, with per-segment CRC-32 checks; see
-`digest`, `chunk_reader`, `direct_writer`); MindSpore only in `trainer.checkpoint.mindspore_io`, which this
-package does not import, so the coordinator can use everything here without MindSpore.
+`digest`, `chunk_reader`, `direct_io`, `direct_writer`); MindSpore only in `trainer.checkpoint.mindspore_io`,
+which this package does not import, so the coordinator can use everything here without MindSpore.
 
 Layout on disk, under a root directory::
 
