@@ -225,6 +225,7 @@ class ChunkReader:
             fd = open_regular_file(self._directory, name, where)
         except OSError as exc:
             raise CorruptCheckpoint(f"{where} cannot be opened: {exc.strerror}") from exc
+        direct_fd: int | None = None
         try:
             chunks = [(dtype, chunk) for (file, _), (dtype, chunk) in self._chunks.items() if file == name]
             size = os.fstat(fd).st_size
@@ -249,6 +250,8 @@ class ChunkReader:
             opened = _OpenFile(fd, where, starts, direct_fd)
         except BaseException:
             os.close(fd)
+            if direct_fd is not None:
+                os.close(direct_fd)
             raise
         self._open[name] = opened
         return opened
