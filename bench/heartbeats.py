@@ -110,21 +110,6 @@ def scrape(metrics_port: int) -> dict[str, float]:
     return values
 
 
-def lag_percentile(before: dict, after: dict, q: float) -> float:
-    """Upper bucket bound below which fraction q of the heartbeats in the window fell."""
-    buckets = []
-    for name, value in after.items():
-        if name.startswith("trainerd_heartbeat_lag_seconds_bucket"):
-            bound = name.split('le="')[1].split('"')[0]
-            buckets.append((float("inf") if bound == "+Inf" else float(bound), value - before.get(name, 0.0)))
-    buckets.sort()
-    total = buckets[-1][1]
-    for bound, count in buckets:
-        if total and count >= q * total:
-            return bound
-    return float("nan")
-
-
 def _buckets(metrics: dict, histogram: str) -> list[tuple[float, float]]:
     """A histogram's cumulative (upper bound, count) pairs, in order."""
     buckets = []
@@ -147,6 +132,18 @@ def histogram_over(metrics: dict, histogram: str, limit: float) -> int:
     buckets = _buckets(metrics, histogram)
     at_most = max((count for bound, count in buckets if bound <= limit), default=0.0)
     return int((buckets[-1][1] if buckets else 0) - at_most)
+
+
+def lag_percentile(before: dict, after: dict, q: float) -> float:
+    """Upper bucket bound below which fraction q of the heartbeats in the window fell."""
+    earlier = dict(_buckets(before, "trainerd_heartbeat_lag_seconds"))
+    buckets = [(bound, count - earlier.get(bound, 0.0)) for bound, count in
+               _buckets(after, "trainerd_heartbeat_lag_seconds")]
+    total = buckets[-1][1] if buckets else 0.0
+    for bound, count in buckets:
+        if total and count >= q * total:
+            return bound
+    return float("nan")
 
 
 # ------------------------------------------------------------------ client processes
@@ -538,7 +535,7 @@ async def measure(count: int, max_per_s: float, max_opening: int, args, workdir:
             "lag_p50_s": lag_percentile(before, after, 0.50),
             "lag_p99_s": lag_percentile(before, after, 0.99),
             "run_lag_p99_s": lag_percentile({}, after, 0.99),  # from the coordinator's start, connects included
-            "run_lag_max_s": lag_percentile({}, after, 1.0),
+            "run_lag_max_s": histogram_max(after, "trainerd_heartbeat_lag_seconds"),
             "ack_write_max_s": histogram_max(after, "trainerd_heartbeat_ack_write_seconds"),
             "ack_writes_slow": histogram_over(after, "trainerd_heartbeat_ack_write_seconds", 2.0),
             "cpu_cores": (cpu_after.user + cpu_after.system - cpu_before.user - cpu_before.system) / window,
