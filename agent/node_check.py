@@ -43,8 +43,9 @@ async def run_node_check(check: pb.NodeCheck, *, launcher: ProcessLauncher, work
     except OSError as exc:
         return answer(False, f"cannot start {list(check.argv)!r:.200}: {exc.strerror or exc}")
     try:
-        code = await asyncio.wait_for(handle.wait(), check.timeout_s)
-    except asyncio.TimeoutError:
+        async with asyncio.timeout(check.timeout_s):
+            code = await handle.wait()
+    except TimeoutError:
         handle.signal_group(signal.SIGKILL)
         await handle.wait()
         return answer(False, f"did not finish within {check.timeout_s:.0f}s")

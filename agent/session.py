@@ -176,7 +176,7 @@ class CoordinatorLink:
                 established = False
                 retry_after = retry_after_s(exc)
                 self._note_refusal(address, exc)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 established = False
                 log.warning("coordinator %s sent no Welcome within %.0fs", address, WELCOME_TIMEOUT_S)
             finally:
@@ -238,7 +238,8 @@ class CoordinatorLink:
         hello.CopyFrom(self._hello)
         hello.resume_token = self._identity.load_token(hello.node_name)
         await call.write(pb.AgentMessage(hello=hello))
-        first = await asyncio.wait_for(call.read(), WELCOME_TIMEOUT_S)
+        async with asyncio.timeout(WELCOME_TIMEOUT_S):
+            first = await call.read()
         if first is grpc.aio.EOF:
             code = await call.code()
             log.warning("coordinator %s closed the session before Welcome (%s)", address, code.name)

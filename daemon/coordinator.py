@@ -224,8 +224,9 @@ class Coordinator:
             while leadership.lease.alive:
                 waited_from = loop.time()
                 try:
-                    await asyncio.wait_for(leadership.lease.wait_lost(), timeout=tick_s)
-                except asyncio.TimeoutError:
+                    async with asyncio.timeout(tick_s):
+                        await leadership.lease.wait_lost()
+                except TimeoutError:
                     self._excuse_own_stall(loop.time() - waited_from - tick_s)
                     await self._tick_guard.run(self.tick)
             log.warning("%s lost its leader lease; standing down", self.me.id)

@@ -180,8 +180,9 @@ class EmbeddedEtcd:
             return
         _signal_group(process, signal.SIGTERM)
         try:
-            await asyncio.wait_for(asyncio.to_thread(process.wait), grace_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(grace_s):
+                await asyncio.to_thread(process.wait)
+        except TimeoutError:
             log.warning("etcd (pid %d) ignored SIGTERM for %.1f s; killing it", process.pid, grace_s)
             _signal_group(process, signal.SIGKILL)
             process.wait()

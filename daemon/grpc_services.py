@@ -286,8 +286,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         The Hello is read before anything is refused: an agent whose Hello write fails because the
         stream already ended sees INTERNAL, not our status and its retry-after hint (grpc/grpc#36066)."""
         try:
-            first = await asyncio.wait_for(context.read(), HELLO_TIMEOUT_S)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(HELLO_TIMEOUT_S):
+                first = await context.read()
+        except TimeoutError:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no Hello within 10 s")
         if first is grpc.aio.EOF:
             # The agent gave up (or closed its side) before its Hello was read: nobody to answer. Its

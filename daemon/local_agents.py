@@ -51,8 +51,9 @@ class LocalAgents:
                 process.send_signal(signal.SIGTERM)
         for process in self._processes:
             try:
-                await asyncio.wait_for(process.wait(), grace_s)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(grace_s):
+                    await process.wait()
+            except TimeoutError:
                 log.warning("local agent pid %d ignored SIGTERM; killing its process group", process.pid)
                 try:
                     os.killpg(process.pid, signal.SIGKILL)

@@ -54,8 +54,9 @@ class LogRelay:
             if not self._send(node, command):
                 raise LogUnavailable(f"node {node} is not connected")
             try:
-                chunk = await asyncio.wait_for(future, self._timeout_s)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(self._timeout_s):
+                    chunk = await future
+            except TimeoutError:
                 raise LogUnavailable(f"node {node} did not answer within {self._timeout_s:.0f}s") from None
         finally:
             self._waiting.pop(request_id, None)
