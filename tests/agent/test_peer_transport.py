@@ -376,16 +376,20 @@ def test_a_copy_never_fills_the_memory_file_system_past_three_quarters(tmp_path:
     local = MemorySnapshotDir(small_memory_fs)
     local.prepare(JOB, None, HostScope((0,), 2, 3))
     assert 0 < local.room_for_copies() <= 0.75 * (1 << 20)
+    refusing = PeerCopier(local, PeerClient(None), JOB, peer, max_ranks=2, interval_s=0.02)
     copier = PeerCopier(local, PeerClient(None), JOB, peer, max_ranks=2, interval_s=0.02)
     try:
         with caplog.at_level(logging.WARNING, "agent.peer_copier"):
-            copier.start()
+            refusing.start()
             wait_until(lambda: any("there is room for" in r.message for r in caplog.records), 15, "the refusal")
-        assert copies(local, "host1") == []  # nothing half-copied is left either
+        refusing.stop()  # it retries every poll: stopped, nothing half-copied may be left either
+        assert copies(local, "host1") == []
         host_snapshot(job_dir, 20, (1,), world_size=2)  # a snapshot of a plausible size is copied
         assert source.newest(JOB) == Snapshot(20, 160)
+        copier.start()
         wait_until(lambda: copies(local, "host1") == [step_dir_name(20)], 15, "the copy of step 20")
     finally:
+        refusing.stop()
         copier.stop()
         server.stop()
 
