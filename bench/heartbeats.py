@@ -178,7 +178,7 @@ class Tally:
         self.ack_round_trip_max_s = 0.0
         self.writes_slow = 0  # stream writes that took more than LATE_ACK_S to complete
         self.write_max_s = 0.0  # the longest a stream write took (or has been waiting, when reported)
-        self.writes_waiting: dict[int, float] = {}  # write -> when it began, while it waits
+        self.writes_waiting: dict[int, float] = {}  # agent -> when its write in flight began (one per stream)
         self.loop_lag_max_s = 0.0  # the most this process's event loop ran late
         self.loop_late_s = 0.0  # seconds its loop ran late by more than LATE_LOOP_S, in all
 
@@ -245,7 +245,11 @@ class CountFailures(logging.Handler):
         elif msg.startswith("no answer from the coordinator"):
             # How long the agent had waited: the redial time of the pace in force (3 s at the 1 s pace).
             waited = f"{math.floor(float(args[0]))}-{math.floor(float(args[0])) + 1}s" if args else "?"
-            self._tally.reasons[f"heartbeats unanswered for {waited} (max(3 intervals, timeout/2))"] += 1
+            # Emitted on the agent's own task: a write of its still waiting means the heartbeats never left.
+            writing = self._tally.writes_waiting.get(AGENT.get())
+            stuck = (f"its stream write waiting {math.floor(time.monotonic() - writing)}s+" if writing is not None
+                     else "no write waiting")
+            self._tally.reasons[f"heartbeats unanswered for {waited}, {stuck}"] += 1
         elif msg.startswith("session with %s failed"):
             if args[1] == "RESOURCE_EXHAUSTED":
                 self._tally.deferred += 1
@@ -261,6 +265,7 @@ class CountFailures(logging.Handler):
 
 
 CONNECTION = contextvars.ContextVar("CONNECTION", default=0)
+AGENT = contextvars.ContextVar("AGENT", default=0)  # which simulated agent a task (and its log records) serves
 
 
 def time_stream_writes(tally: Tally) -> None:
@@ -271,12 +276,13 @@ def time_stream_writes(tally: Tally) -> None:
     write = StreamStreamCall.write
 
     async def timed_write(self, request) -> None:
-        started = time.monotonic()
-        tally.writes_waiting[id(started)] = started
+        started, agent = time.monotonic(), AGENT.get()
+        tally.writes_waiting[agent] = started
         try:
             await write(self, request)
         finally:
-            del tally.writes_waiting[id(started)]
+            if tally.writes_waiting.get(agent) == started:
+                del tally.writes_waiting[agent]
             took = time.monotonic() - started
             tally.write_max_s = max(tally.write_max_s, took)
             tally.writes_slow += took > LATE_ACK_S
@@ -342,7 +348,8 @@ def _timing_acks(follow_pace, agent: SimulatedAgent):
 async def _run_agents(addresses, names, ramp_per_s, per_connection: int, tally: Tally, report, stop) -> None:
     clock, tasks = SystemClock(), [asyncio.create_task(_watch_loop_lag(tally))]
     for i, name in enumerate(names):
-        CONNECTION.set(i // per_connection)  # the task made next copies it
+        CONNECTION.set(i // per_connection)  # the task made next copies both
+        AGENT.set(i)
         link = CoordinatorLink(addresses=addresses, identity=MemoryIdentity(), clock=clock,  # type: ignore[arg-type]
                                rng=random.Random(name), hello=pb.Hello(
                                    node_name=name, host="127.0.0.1", agent_version="bench",
@@ -538,6 +545,8 @@ async def measure(count: int, max_per_s: float, max_opening: int, args, workdir:
             "run_lag_max_s": histogram_max(after, "trainerd_heartbeat_lag_seconds"),
             "ack_write_max_s": histogram_max(after, "trainerd_heartbeat_ack_write_seconds"),
             "ack_writes_slow": histogram_over(after, "trainerd_heartbeat_ack_write_seconds", 2.0),
+            "end_heard": _buckets(after, "trainerd_session_end_heard_seconds"),
+            "ack_writes_waiting": after.get("trainerd_heartbeat_ack_writes_waiting", 0.0),
             "cpu_cores": (cpu_after.user + cpu_after.system - cpu_before.user - cpu_before.system) / window,
             "client_cpu_cores": (client_cpu_after - client_cpu_before) / window,
             "false_lost": leader.false_lost(),
@@ -706,7 +715,8 @@ async def run_all(args) -> None:
                   f"heartbeats within {r['run_lag_max_s']:.2f}s of their sending (p99 {r['run_lag_p99_s']:.2f}s), "
                   "over the whole run", flush=True)
             print(f"        the coordinator's ack writes took up to {r['ack_write_max_s']:.2f}s "
-                  f"({r['ack_writes_slow']} longer than 2s, whole run)", flush=True)
+                  f"({r['ack_writes_slow']} longer than 2s, whole run; {r['ack_writes_waiting']:.0f} under way at the "
+                  "window's end)", flush=True)
             print(f"        the agents' stream writes took up to {r['write_max_s']:.2f}s "
                   f"({r['writes_slow']} longer than {LATE_ACK_S:.0f}s)", flush=True)
             print(f"        the clients' event loops ran up to {r['loop_lag_max_s']:.1f}s late, "
@@ -717,6 +727,14 @@ async def run_all(args) -> None:
                       f"{r['broken'] - r['broken_in_window']} while agents connected or settled", flush=True)
             for reason, n in r["reasons"].most_common(8):
                 print(f"        {n} session(s) broke after their Welcome: {reason}", flush=True)
+            if r["end_heard"] and r["end_heard"][-1][1]:
+                # Heard from shortly before: its heartbeats arrived and were acked, the acks never reached it.
+                cumulative = r["end_heard"]
+                labels = [f"≤{bound:g}s" for bound, _ in cumulative[:-1]] + [f">{cumulative[-2][0]:g}s"]
+                spread = ", ".join(f"{label} {count - (cumulative[i - 1][1] if i else 0):.0f}"
+                                   for i, (label, (_, count)) in enumerate(zip(labels, cumulative)))
+                print(f"        {cumulative[-1][1]:.0f} session(s) ended (whole run), by how long before its end the "
+                      f"coordinator had last heard from the agent: {spread}", flush=True)
             if r["broken"] > sum(r["reasons"].values()):
                 print(f"        {r['broken'] - sum(r['reasons'].values())} session(s) broke after their Welcome: the "
                       "coordinator ended the stream without an error", flush=True)

@@ -296,6 +296,7 @@ class Coordinator:
         if existing is not None and not existing.closed.is_set():
             if not hello.resume_token or not secrets.compare_digest(hello.resume_token, existing.token):
                 raise SessionRefused(f"node name {name} is held by a live session")
+            self._note_session_end(name)
             existing.closed.set()
         token = hello.resume_token or secrets.token_hex(16)
         session = AgentSession(name, token, send)
@@ -581,9 +582,15 @@ class Coordinator:
         session.closed.set()
         if self._sessions.get(session.node) is session:
             del self._sessions[session.node]
+            self._note_session_end(session.node)
             self._liveness.disconnected(session.node)
             log.info("session of node %s closed; it has %.1fs to come back", session.node,
                      self._liveness.grace_s)
+
+    def _note_session_end(self, node: str) -> None:
+        heard_s = self._liveness.age(node)
+        if heard_s is not None:
+            metrics.SESSION_END_HEARD.observe(heard_s)
 
     # ------------------------------------------------------------ periodic pass
 

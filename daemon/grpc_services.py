@@ -349,7 +349,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 return
             ack = self._dispatch(session, message)
             if ack is not None and not session.closed.is_set():  # the agent's proof it still belongs
-                with metrics.ACK_WRITE.time():
+                with metrics.ACK_WRITE.time(), metrics.ACK_WRITES_WAITING.track_inprogress():
                     async with write_lock:
                         await context.write(ack)
 

@@ -17,6 +17,16 @@ ACK_WRITE = Histogram(
     "How long writing a heartbeat's ack onto its agent's stream took; the session reads nothing meanwhile.",
     buckets=(0.001, 0.01, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0),
 )
+ACK_WRITES_WAITING = Gauge(
+    "trainerd_heartbeat_ack_writes_waiting",
+    "Heartbeat acks being written now: each holds its session's reads until the write completes.")
+SESSION_END_HEARD = Histogram(
+    "trainerd_session_end_heard_seconds",
+    "When an agent's session ended (or its new one replaced it): how long before that the coordinator had last "
+    "heard from the agent. Short for an agent that redialed because no ack came: its heartbeats arrived, the "
+    "acks did not reach it.",
+    buckets=(0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0),
+)
 SESSIONS = Gauge("trainerd_agent_sessions", "Open agent sessions.")
 SESSIONS_OPENING = Gauge("trainerd_sessions_opening",
                          "Agent sessions between their Hello and their Welcome; at most "

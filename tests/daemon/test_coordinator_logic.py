@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from prometheus_client import REGISTRY
 
 from common.clock import FakeClock
 from daemon.coordinator import AgentHello, Coordinator, NotLeader, SessionRefused
@@ -162,6 +163,37 @@ def test_a_live_node_name_is_not_taken_without_its_token() -> None:
         clock.advance(TIMEOUT_S - 1)
         await coordinator.tick()
         assert await stored_node_state(store, "n1") == "READY"
+
+    run(scenario())
+
+
+def test_a_session_that_ends_records_how_long_before_its_node_was_last_heard() -> None:
+    """An agent that redials because no ack came: how recently the coordinator had heard it tells the operator
+    which way the stream stalled (heard just before: the acks never reached it). A replaced session counts too."""
+    def observed() -> tuple[float, float]:
+        name = "trainerd_session_end_heard_seconds"
+        return (REGISTRY.get_sample_value(f"{name}_count") or 0.0, REGISTRY.get_sample_value(f"{name}_sum") or 0.0)
+
+    async def scenario() -> None:
+        clock = FakeClock()
+        store = InMemoryStore(clock)
+        coordinator = make_coordinator(store, clock, "a")
+        await lead(coordinator)
+        first, welcome = await coordinator.open_session(hello("n1"), lambda m: None)
+        clock.advance(2.0)
+        coordinator.heartbeat(first, 0)
+        clock.advance(3.5)
+        count, total = observed()
+        second, _ = await coordinator.open_session(hello("n1", token=welcome.resume_token), lambda m: None)
+        assert observed() == (count + 1, pytest.approx(total + 3.5))
+        coordinator.close_session(first)  # the replaced stream's own end is not counted twice
+        other, _ = await coordinator.open_session(hello("n2"), lambda m: None)  # a first session replaces nothing
+        assert observed()[0] == count + 1
+        clock.advance(1.25)
+        coordinator.heartbeat(other, 0)
+        clock.advance(0.5)
+        coordinator.close_session(other)
+        assert observed() == (count + 2, pytest.approx(total + 3.5 + 0.5))
 
     run(scenario())
 
