@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from common import grpc_core_settings
+
+grpc_core_settings.apply()  # before anything imports grpc: its core reads these settings then
+
 import asyncio
 import logging
 import signal

@@ -75,6 +75,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from agent.session import CoordinatorLink  # noqa: E402
+from common import grpc_core_settings  # noqa: E402
 from common.clock import SystemClock  # noqa: E402
 from daemon.etcd_process import EmbeddedEtcd  # noqa: E402
 from proto import trainerd_pb2 as pb  # noqa: E402
@@ -668,13 +669,18 @@ def main() -> None:
     parser.add_argument("--keep-logs", type=Path, metavar="DIR",
                         help="run in DIR and keep trainerd's logs there (default: a temporary folder)")
     args = parser.parse_args()
+    # The client processes (started after this) run gRPC's core as trainerd-agent does: it reads this as
+    # they import grpc. trainerd applies it itself.
+    os.environ.setdefault("GRPC_EXPERIMENTS", grpc_core_settings.GRPC_EXPERIMENTS)
     raise_file_limit(max(args.agents) // args.agents_per_connection + 1000)
     print(f"heartbeat interval {INTERVAL_S}s, LOST after {TIMEOUT_S}s, both stretched past max/s; "
           f"window {args.seconds:.0f}s per row; "
           f"{args.client_processes} client processes (nice {args.client_nice}), {args.agents_per_connection} agent(s) "
           f"per TCP connection; "
           f"{os.cpu_count()} cores, load average "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
+          f"GRPC_EXPERIMENTS={os.environ.get('GRPC_EXPERIMENTS', '')!r} (trainerd's and the clients': "
+          "common/grpc_core_settings.py)")
     header = (f"{'agents':>7} {'max/s':>6} {'opening':>7} {'interval':>8} {'connect':>8} {'offered/s':>10} "
               f"{'handled/s':>10} {'ratio':>6} {'lag p50':>8} {'lag p99':>8} {'trainerd cpu':>12} {'clients cpu':>11} "
               f"{'false LOST':>10} {'broken':>7} {'deferred':>8}")
