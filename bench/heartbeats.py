@@ -21,11 +21,12 @@ each row on an etcd and in a directory of its own; the default --max-per-s pair 
 default (2000) beside pacing off (1e9), the same code without the feature, and --max-opening 256 1000000
 puts the opening gate's default beside it off.
 
-What keeps a burst from breaking sessions (README, "How many agents one coordinator holds"): the gRPC
-core holds every call that waits for the coordinator's event loop instead of cancelling those past
-1,000 (daemon/app.py call_backlog_options); at most 256
-sessions are opened at once, the agents past that told when to come back, each at a turn of its own, and
-counted in the pace (daemon/admission.py OpeningGate); Hellos that write to etcd are admitted 64 at a
+What keeps a burst from breaking sessions (README, "How many agents one coordinator holds"): trainerd
+and the simulated agents run gRPC with its iomgr TCP endpoints, not its EventEngine ones (fewer streams
+go silent: common/grpc_core_settings.py); the gRPC core holds every call that waits for the
+coordinator's event loop instead of cancelling those past 1,000 (daemon/app.py call_backlog_options);
+at most 256 sessions are opened at once, the agents past that told when to come back, each at a turn
+of its own, and counted in the pace (daemon/admission.py OpeningGate); Hellos that write to etcd are admitted 64 at a
 time and deferred with a retry-after hint beyond 2 s of queue (HelloAdmission); the leader lease is
 refreshed by a thread of its own (daemon/store/lease_keeper.py); liveness deadlines allow for the
 leader's own read lag (daemon/read_lag.py); the garbage collector leaves the start-up heap alone and runs
