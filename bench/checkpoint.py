@@ -60,6 +60,7 @@ sys.path.insert(0, str(REPO))
 from agent.checkpoint_persister import CheckpointPersister, Outbox  # noqa: E402
 from common.clock import SystemClock  # noqa: E402
 from trainer.checkpoint import CheckpointMeta, CheckpointWriter, load_checkpoint  # noqa: E402
+from trainer.checkpoint.parallel_copy import COPY_THREADS  # noqa: E402
 from trainer.checkpoint.sharding import split_extent  # noqa: E402
 from trainer.runtime.agent_saves import AgentSaves  # noqa: E402
 
@@ -384,11 +385,12 @@ def timed_dcp_save(root: Path, tensors: dict[str, np.ndarray], world_size: int) 
 
 
 def measure_async(root: Path, tensors: dict[str, np.ndarray], repeat: int,
-                  keep: int | None = None) -> tuple[float, float, float]:
+                  keep: int | None = None, copy_threads: int = COPY_THREADS) -> tuple[float, float, float]:
     """How long save_async blocks: the first save (new host buffers), then the median of later ones; and
-    the median time until the save committed (in the background). `keep`: retention (default: none)."""
+    the median time until the save committed (in the background). `keep`: retention (default: none);
+    `copy_threads`: threads copying into the host buffers (1: the copy before trainer/checkpoint/parallel_copy.py)."""
     blocked, committed = [], []
-    with CheckpointWriter(root, 0, 1, keep=keep or repeat + 2) as writer:
+    with CheckpointWriter(root, 0, 1, keep=keep or repeat + 2, copy_threads=copy_threads) as writer:
         for step in range(1, repeat + 2):
             started = time.perf_counter()
             writer.save_async(CheckpointMeta(step, step, 0), tensors)
@@ -539,6 +541,7 @@ def main() -> None:
                 for from_snapshot in (False, True)}
         # As the workers take them: retention keeps 1 (MEMORY_KEEP), the tmpfs holds at most 2 copies.
         memory_first, memory_steady, memory_committed = measure_async(memory / "snapshots", tensors, args.repeat, 1)
+        _, one_thread_steady, _ = measure_async(memory / "snapshots", tensors, args.repeat, 1, copy_threads=1)
         for source, target in ((2, 3), (4, 2)):
             measure_load(work, tensors, source, target, args.repeat, report)
         report.print()
@@ -565,7 +568,8 @@ def main() -> None:
         print(
             f"in-memory snapshot ({memory}) blocks the step: first {memory_first * 1e3:.0f} ms, then "
             f"{memory_steady * 1e3:.0f} ms = {memory_steady / sync_save:.1%} of a synchronous save; "
-            f"committed in the background {memory_committed * 1e3:.0f} ms after it began"
+            f"committed in the background {memory_committed * 1e3:.0f} ms after it began; copying on one thread "
+            f"instead of {COPY_THREADS}: {one_thread_steady * 1e3:.0f} ms = {one_thread_steady / sync_save:.1%}"
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -1,7 +1,7 @@
 """Asynchronous save: the training step waits only while the tensors are copied to host buffers.
 
 `save_async` copies the pieces this rank owns (see `sharding.write_assignment`; of a sharded tensor, parts of
-the region this rank holds) into host buffers that are
+the region this rank holds) into host buffers, on several threads (`parallel_copy`), that are
 reused from one save to the next (same shapes every time, so no page faults after the first save), then a
 background thread writes and fsyncs `rank_{r}.safetensors` and the rank's report; on rank 0 it then waits
 for every rank's report and commits the manifest (see `commit`), then applies retention. At most one save
@@ -30,6 +30,7 @@ from trainer.checkpoint.commit import (
 from trainer.checkpoint.errors import CheckpointError
 from trainer.checkpoint.layout import Region, TensorLayout, dtype_name
 from trainer.checkpoint.manifest import CheckpointMeta
+from trainer.checkpoint.parallel_copy import COPY_THREADS, ParallelCopier
 from trainer.checkpoint.rank_file import write_rank_file
 from trainer.checkpoint.retention import prune
 from trainer.checkpoint.sharding import Piece, ShardedTensor, TensorSpec, write_assignment
@@ -53,7 +54,7 @@ class CheckpointWriter:
     `commit_timeout_s` is how long rank 0 waits for the other ranks' files, polling every `poll_interval_s`
     on `clock`. With `commit=False` every rank writes its file and its report (with the meta) and stops
     there: no rank waits, commits or prunes (in-memory snapshots of a generation spanning hosts, which
-    the agents assemble, agent/memory_snapshots.py).
+    the agents assemble, agent/memory_snapshots.py). `copy_threads` copy into the host buffers.
     """
 
     def __init__(
@@ -68,6 +69,7 @@ class CheckpointWriter:
         poll_interval_s: float = 0.05,
         clock: Clock = SystemClock(),  # stateless, so one shared default is safe
         commit: bool = True,
+        copy_threads: int = COPY_THREADS,
     ) -> None:
         if not 0 <= rank < world_size:
             raise CheckpointError(f"rank {rank} is outside world size {world_size}")
@@ -85,6 +87,7 @@ class CheckpointWriter:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"checkpoint-writer-rank{rank}")
         self._pending: Future[Path] | None = None
         self._staging: dict[Piece, np.ndarray] = {}
+        self._copier = ParallelCopier(copy_threads)
 
     def save_async(
         self,
@@ -127,6 +130,7 @@ class CheckpointWriter:
             self.wait()
         finally:
             self._pool.shutdown()
+            self._copier.close()
 
     def __enter__(self) -> CheckpointWriter:
         return self
@@ -170,17 +174,16 @@ class CheckpointWriter:
         self, tensors: Mapping[str, np.ndarray], held: Mapping[str, Region], pieces: tuple[Piece, ...]
     ) -> list[np.ndarray]:
         previous, self._staging = self._staging, {}
-        staged = []
+        copies = []
         for piece in pieces:
             source = _view(tensors[piece.tensor], piece.region, held[piece.tensor])
             buffer = previous.get(piece)
-            if buffer is not None and buffer.dtype == source.dtype:
-                np.copyto(buffer, source)
-            else:
-                buffer = np.array(source, order="C", copy=True)
+            if buffer is None or buffer.dtype != source.dtype:
+                buffer = np.empty(source.shape, source.dtype)
             self._staging[piece] = buffer
-            staged.append(buffer)
-        return staged
+            copies.append((buffer, source))
+        self._copier.copy(copies)
+        return [buffer for buffer, _ in copies]
 
     def _write(
         self,
