@@ -384,21 +384,31 @@ def timed_dcp_save(root: Path, tensors: dict[str, np.ndarray], world_size: int) 
     return seconds
 
 
-def measure_async(root: Path, tensors: dict[str, np.ndarray], repeat: int,
-                  keep: int | None = None, copy_threads: int = COPY_THREADS) -> tuple[float, float, float]:
+def measure_async(root: Path, tensors: dict[str, np.ndarray], repeat: int, keep: int | None = None,
+                  copy_threads: tuple[int, ...] = (COPY_THREADS,)) -> dict[int, tuple[float, float, float]]:
     """How long save_async blocks: the first save (new host buffers), then the median of later ones; and
-    the median time until the save committed (in the background). `keep`: retention (default: none);
-    `copy_threads`: threads copying into the host buffers (1: the copy before trainer/checkpoint/parallel_copy.py)."""
-    blocked, committed = [], []
-    with CheckpointWriter(root, 0, 1, keep=keep or repeat + 2, copy_threads=copy_threads) as writer:
+    the median time until the save committed (in the background). `keep`: retention (default: none).
+    One writer per number of `copy_threads` copying into its host buffers (1: the copy before
+    trainer/checkpoint/parallel_copy.py), their saves taken in turn so that the machine's drift falls on
+    each alike; the figures by number of threads."""
+    writers = {n: CheckpointWriter(root / f"threads{n}", 0, 1, keep=keep or repeat + 2, copy_threads=n)
+               for n in copy_threads}
+    blocked: dict[int, list[float]] = {n: [] for n in copy_threads}
+    committed: dict[int, list[float]] = {n: [] for n in copy_threads}
+    try:
         for step in range(1, repeat + 2):
-            started = time.perf_counter()
-            writer.save_async(CheckpointMeta(step, step, 0), tensors)
-            blocked.append(time.perf_counter() - started)
-            writer.wait()
-            committed.append(time.perf_counter() - started)
-    shutil.rmtree(root)
-    return blocked[0], statistics.median(blocked[1:]), statistics.median(committed[1:])
+            for n, writer in writers.items():
+                started = time.perf_counter()
+                writer.save_async(CheckpointMeta(step, step, 0), tensors)
+                blocked[n].append(time.perf_counter() - started)
+                writer.wait()
+                committed[n].append(time.perf_counter() - started)
+    finally:
+        for writer in writers.values():
+            writer.close()
+        shutil.rmtree(root)
+    return {n: (blocked[n][0], statistics.median(blocked[n][1:]), statistics.median(committed[n][1:]))
+            for n in copy_threads}
 
 
 def _agent_persister(outbox: Path, checkpoints: Path, keep: int, committed: SimpleQueue[int],
@@ -533,15 +543,15 @@ def main() -> None:
         print(f"DCP baseline: torch {torch.__version__} torch.distributed.checkpoint, default FileSystemWriter/Reader")
     try:
         sync_save = measure_saves(work, tensors, args.repeat, report)
-        first, steady, async_committed = measure_async(work / "async", tensors, args.repeat)
+        first, steady, async_committed = measure_async(work / "async", tensors, args.repeat)[COPY_THREADS]
         agent_first, agent_steady, agent_committed = measure_agent_saves(
             memory / "outbox", work / "agent-saved", tensors, args.repeat)
         both = {from_snapshot: measure_agent_saves(memory / "outbox", work / "agent-saved", tensors, args.repeat,
                                                    snapshots=memory / "agent-snapshots", from_snapshot=from_snapshot)
                 for from_snapshot in (False, True)}
         # As the workers take them: retention keeps 1 (MEMORY_KEEP), the tmpfs holds at most 2 copies.
-        memory_first, memory_steady, memory_committed = measure_async(memory / "snapshots", tensors, args.repeat, 1)
-        _, one_thread_steady, _ = measure_async(memory / "snapshots", tensors, args.repeat, 1, copy_threads=1)
+        snapshots = measure_async(memory / "snapshots", tensors, args.repeat, 1, copy_threads=(COPY_THREADS, 1))
+        (memory_first, memory_steady, memory_committed), one_thread_steady = snapshots[COPY_THREADS], snapshots[1][1]
         for source, target in ((2, 3), (4, 2)):
             measure_load(work, tensors, source, target, args.repeat, report)
         report.print()

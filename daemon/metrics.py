@@ -23,8 +23,8 @@ ACK_WRITES_WAITING = Gauge(
 SESSION_END_HEARD = Histogram(
     "trainerd_session_end_heard_seconds",
     "When an agent's session ended (or its new one replaced it): how long before that the coordinator had last "
-    "heard from the agent. Short for an agent that redialed because no ack came: its heartbeats arrived, the "
-    "acks did not reach it.",
+    "heard from the agent. Short when its heartbeats arrived but it redialed anyway (no ack reached it, or it "
+    "gave up waiting for its Welcome); long when it had gone silent first.",
     buckets=(0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0),
 )
 SESSIONS = Gauge("trainerd_agent_sessions", "Open agent sessions.")

@@ -37,6 +37,15 @@ async def lead(coordinator: Coordinator) -> None:
     await coordinator._take_office(leadership)
 
 
+async def leading_coordinator() -> tuple[FakeClock, InMemoryStore, Coordinator]:
+    """Coordinator "a", leading on a new in-memory store with a fake clock."""
+    clock = FakeClock()
+    store = InMemoryStore(clock)
+    coordinator = make_coordinator(store, clock, "a")
+    await lead(coordinator)
+    return clock, store, coordinator
+
+
 async def stored_node_state(store: InMemoryStore, name: str) -> str:
     kv = await store.get(keys.node(name))
     return codec.decode(kv.value, key=kv.key)["state"]
@@ -115,10 +124,7 @@ def test_standby_refuses_operator_commands_and_names_the_leader() -> None:
 
 def test_node_joins_goes_lost_after_timeout_and_returns() -> None:
     async def scenario() -> None:
-        clock = FakeClock()
-        store = InMemoryStore(clock)
-        coordinator = make_coordinator(store, clock, "a")
-        await lead(coordinator)
+        clock, store, coordinator = await leading_coordinator()
         session, welcome = await coordinator.open_session(hello("n1", devices=2), lambda m: None)
         assert welcome.resume_token and welcome.heartbeat_interval_s == 1.0
         assert await stored_node_state(store, "n1") == "READY"
@@ -148,10 +154,7 @@ def test_node_joins_goes_lost_after_timeout_and_returns() -> None:
 
 def test_a_live_node_name_is_not_taken_without_its_token() -> None:
     async def scenario() -> None:
-        clock = FakeClock()
-        store = InMemoryStore(clock)
-        coordinator = make_coordinator(store, clock, "a")
-        await lead(coordinator)
+        clock, store, coordinator = await leading_coordinator()
         first, welcome = await coordinator.open_session(hello("n1"), lambda m: None)
         with pytest.raises(SessionRefused, match="held by a live session"):
             await coordinator.open_session(hello("n1", token="guess"), lambda m: None)
@@ -175,10 +178,7 @@ def test_a_session_that_ends_records_how_long_before_its_node_was_last_heard() -
         return (REGISTRY.get_sample_value(f"{name}_count") or 0.0, REGISTRY.get_sample_value(f"{name}_sum") or 0.0)
 
     async def scenario() -> None:
-        clock = FakeClock()
-        store = InMemoryStore(clock)
-        coordinator = make_coordinator(store, clock, "a")
-        await lead(coordinator)
+        clock, store, coordinator = await leading_coordinator()
         first, welcome = await coordinator.open_session(hello("n1"), lambda m: None)
         clock.advance(2.0)
         coordinator.heartbeat(first, 0)
@@ -313,10 +313,7 @@ def test_a_node_lost_for_longer_than_forget_lost_after_s_leaves_the_records_but_
 
 def test_a_node_is_not_lost_while_etcd_is_still_recording_its_hello() -> None:
     async def scenario() -> None:
-        clock = FakeClock()
-        store = InMemoryStore(clock)
-        coordinator = make_coordinator(store, clock, "a")
-        await lead(coordinator)
+        clock, store, coordinator = await leading_coordinator()
         first, _ = await coordinator.open_session(hello("n1"), lambda m: None)
         coordinator.close_session(first)  # it comes back with another device: etcd must record that
         etcd_answers = asyncio.Event()
