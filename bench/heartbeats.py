@@ -50,6 +50,7 @@ import argparse
 import asyncio
 import collections
 import contextvars
+import itertools
 import logging
 import math
 import multiprocessing
@@ -76,6 +77,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from agent.session import CoordinatorLink  # noqa: E402
+from bench import grpc_sockets  # noqa: E402
 from common import grpc_core_settings  # noqa: E402
 from common.clock import SystemClock  # noqa: E402
 from daemon.etcd_process import EmbeddedEtcd  # noqa: E402
@@ -307,7 +309,9 @@ def one_connection_per_group() -> None:
 
 
 def client_process(addresses: list[str], names: list[str], ramp_per_s: float, per_connection: int, nice: int,
-                   report, stop) -> None:
+                   channelz: Path | None, report, stop) -> None:
+    if channelz is not None:
+        grpc_sockets.dump_on_signal(channelz, "client")
     os.nice(nice)
     raise_file_limit(len(names) // per_connection + 1000)
     one_connection_per_group()
@@ -379,7 +383,7 @@ class Clients:
     """The simulated agents, spread over processes; `totals()` sums what they last reported."""
 
     def __init__(self, addresses: list[str], count: int, processes: int, ramp_per_s: float,
-                 per_connection: int, nice: int = 0) -> None:
+                 per_connection: int, nice: int = 0, channelz: Path | None = None) -> None:
         context = multiprocessing.get_context("spawn")
         self._stop = context.Event()
         self._pipes, self._procs, self._last = [], [], []
@@ -388,7 +392,8 @@ class Clients:
         for p in range(processes):
             mine, theirs = context.Pipe(duplex=False)
             proc = context.Process(target=client_process, daemon=True, args=(
-                addresses, names[p::processes], ramp_per_s / processes, per_connection, nice, theirs, self._stop))
+                addresses, names[p::processes], ramp_per_s / processes, per_connection, nice, channelz, theirs,
+                self._stop))
             proc.start()
             self._pipes.append(mine)
             self._procs.append(proc)
@@ -428,6 +433,11 @@ class Clients:
             total["refused"].update(last.get("refused", {}))
         return total
 
+    def pids(self) -> list[int]:
+        """The client processes, once every one has reported (so is past installing its signal handler)."""
+        with self._lock:
+            return [proc.pid for proc in self._procs] if all(self._last) else []
+
     def cpu_seconds(self) -> float:
         used = 0.0
         for proc in self._procs:
@@ -451,7 +461,7 @@ class Clients:
 
 class Trainerd:
     def __init__(self, workdir: Path, name: str, etcd_endpoint: str, max_sessions: int, max_per_s: float,
-                 max_opening: int) -> None:
+                 max_opening: int, channelz: Path | None = None) -> None:
         self.address = f"127.0.0.1:{free_port()}"
         self.metrics_port = free_port()
         cluster = {"cluster": {
@@ -464,9 +474,12 @@ class Trainerd:
         cluster_file = workdir / f"cluster-{name}.yaml"
         cluster_file.write_text(yaml.safe_dump(cluster))
         self._log = open(workdir / f"trainerd-{name}.log", "wb")
+        # With --channelz, through a wrapper that records its connections at every SIGUSR2.
+        command = [str(Path(sys.executable).parent / "trainerd")] if channelz is None else [
+            sys.executable, str(REPO / "bench" / "channelz_trainerd.py"), str(channelz)]
         self.process = subprocess.Popen(
-            [str(Path(sys.executable).parent / "trainerd"), "start", "--cluster", str(cluster_file),
-             "--log-level", "WARNING"], stdout=self._log, stderr=self._log)
+            [*command, "start", "--cluster", str(cluster_file), "--log-level", "WARNING"],
+            stdout=self._log, stderr=self._log)
 
     def metrics(self) -> dict[str, float]:
         return scrape(self.metrics_port)
@@ -512,8 +525,13 @@ async def measure(count: int, max_per_s: float, max_opening: int, args, workdir:
     clients = None
     try:
         max_sessions = count + 1000
+        records = channelz = None
+        if args.queues_every:
+            records = workdir / "connections"
+            records.mkdir()
+            channelz = records if args.channelz else None
         coordinators.append(Trainerd(workdir, f"{count}-a", etcd.endpoint, max_sessions, max_per_s,
-                                     max_opening))
+                                     max_opening, channelz))
         await wait_until(coordinators[0].leads, 30, 0.2)
         if args.failover:
             coordinators.append(Trainerd(workdir, f"{count}-b", etcd.endpoint, max_sessions, max_per_s,
@@ -521,8 +539,10 @@ async def measure(count: int, max_per_s: float, max_opening: int, args, workdir:
             await asyncio.sleep(2)  # standing by
         leader = coordinators[0]
         clients = Clients([c.address for c in coordinators], count, args.client_processes, args.ramp,
-                          args.agents_per_connection, args.client_nice)
+                          args.agents_per_connection, args.client_nice, channelz)
         started = time.monotonic()
+        recording = None if records is None else asyncio.create_task(
+            record_connections(leader, clients, records, args.queues_every, channelz is not None))
         connect_s = await wait_until(lambda: clients.totals()["welcomed"] >= count, args.connect_limit)
         await asyncio.sleep(2 * leader.metrics().get("trainerd_heartbeat_interval_seconds", INTERVAL_S))  # settle
         proc = psutil.Process(leader.process.pid)
@@ -557,6 +577,12 @@ async def measure(count: int, max_per_s: float, max_opening: int, args, workdir:
             "elapsed_s": time.monotonic() - started,
         }
         result.update(clients.totals())
+        if recording is not None and records is not None:
+            recording.cancel()
+            await asyncio.gather(recording, return_exceptions=True)
+            result["connections"] = grpc_sockets.unread_queues(records, args.queues_every)
+            if channelz is not None:
+                result["connections"] += grpc_sockets.silent_streams(channelz, args.queues_every)
         result["broken_in_window"] = result["broken"] - broken_before_window
         result["sent_per_s"] = (result["heartbeats_sent"] - sent_before_window) / window
         if args.failover:
@@ -568,6 +594,22 @@ async def measure(count: int, max_per_s: float, max_opening: int, args, workdir:
         for coordinator in coordinators:
             coordinator.stop()
         await etcd.stop()
+
+
+async def record_connections(leader: Trainerd, clients: Clients, directory: Path, every_s: float,
+                             channelz: bool) -> None:
+    """Every `every_s` seconds, take the kernel's queues of every connection to trainerd; with `channelz`,
+    have trainerd and every client process record gRPC's view of theirs at the same moment
+    (bench/grpc_sockets.py)."""
+    port = int(leader.address.rsplit(":", 1)[1])
+    while channelz and not clients.pids():
+        await asyncio.sleep(0.1)
+    for round_number in itertools.count():
+        await asyncio.sleep(every_s)
+        if channelz:
+            for pid in (leader.process.pid, *clients.pids()):
+                os.kill(pid, signal.SIGUSR2)
+        grpc_sockets.save_kernel_queues(directory / f"kernel-{round_number}.json", port)
 
 
 async def failover(coordinators: list[Trainerd], clients: Clients, count: int, timeout_s: float) -> dict:
@@ -667,6 +709,15 @@ def main() -> None:
     parser.add_argument("--failover", action="store_true",
                         help="run a standby, kill the leader after the window, time the agents' return")
     parser.add_argument("--baseline", action="store_true", help="also measure one etcd lease per agent")
+    parser.add_argument("--queues-every", type=float, metavar="S",
+                        help="a probe: every S seconds, record the kernel's receive and send queues of every "
+                             "connection to trainerd (`ss`, nothing in the processes measured) and print how long "
+                             "bytes waited unread on each side (bench/grpc_sockets.py)")
+    parser.add_argument("--channelz", action="store_true",
+                        help="with --queues-every, trainerd and the clients also record gRPC's own view of their "
+                             "connections, and the streams that delivered nothing are told by where their messages "
+                             "were; it stalls each process for seconds, so the row's other figures are not "
+                             "comparable")
     parser.add_argument("--keep-logs", type=Path, metavar="DIR",
                         help="run in DIR and keep trainerd's logs there (default: a temporary folder)")
     args = parser.parse_args()
@@ -745,6 +796,8 @@ async def run_all(args) -> None:
             if r["broken"] > sum(r["reasons"].values()):
                 print(f"        {r['broken'] - sum(r['reasons'].values())} session(s) broke after their Welcome: the "
                       "coordinator ended the stream without an error", flush=True)
+            for line in r.get("connections", []):
+                print(f"        connections: {line}", flush=True)
             for reason, n in r["refused"].most_common(8):
                 print(f"        {n} attempt(s) failed before a Welcome: {reason}", flush=True)
             if len(r["refused"]) > 8:
