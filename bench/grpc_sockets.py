@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import signal
 import subprocess
@@ -124,16 +125,19 @@ def dump_on_signal(directory: Path, side: str) -> None:
 
 
 def save_kernel_queues(path: Path, port: int) -> None:
-    """The established TCP connections to or from `port`, from `ss`, saved to `path` as
-    [local port, peer port, bytes in the receive queue, bytes in the send queue] rows."""
-    shown = subprocess.run(["ss", "-tnH", "state", "established", f"( sport = :{port} or dport = :{port} )"],
+    """The established TCP connections to or from `port`, from `ss -i`, saved to `path` as [local port,
+    peer port, bytes in the receive queue, bytes in the send queue, bytes received in all] rows."""
+    shown = subprocess.run(["ss", "-tniH", "state", "established", f"( sport = :{port} or dport = :{port} )"],
                            capture_output=True, text=True, check=True).stdout
-    rows = []
+    rows: list[list[int]] = []
     for line in shown.splitlines():
         fields = line.split()
-        if len(fields) >= 4:
+        if not line.startswith((" ", "\t")) and len(fields) >= 4:
             rows.append([int(fields[2].rsplit(":", 1)[1]), int(fields[3].rsplit(":", 1)[1]),
-                         int(fields[0]), int(fields[1])])
+                         int(fields[0]), int(fields[1]), 0])
+        elif rows:  # the socket's details, under its line
+            received = next((f for f in fields if f.startswith("bytes_received:")), "bytes_received:0")
+            rows[-1][4] = int(received.split(":")[1])
     path.write_text(json.dumps({"taken": time.time(), "port": port, "rows": rows}))
 
 
@@ -156,7 +160,7 @@ def unread_queues(directory: Path, every_s: float) -> list[str]:
     for path in _kernel_records(directory):
         record = json.loads(path.read_text())
         now: dict[str, set[int]] = {"agent": set(), "trainerd": set()}
-        for local, peer, receive_queue, _ in record["rows"]:
+        for local, peer, receive_queue, *_ in record["rows"]:
             side, connection = ("trainerd", peer) if local == record["port"] else ("agent", local)
             if receive_queue:
                 now[side].add(connection)
@@ -178,6 +182,46 @@ def unread_queues(directory: Path, every_s: float) -> list[str]:
             f"or more records in a row (unread {every_s:g}s+)"
             + (f", the longest {worst} records ({(worst - 1) * every_s:g}s+)" if stuck else ""))
     return lines
+
+
+# Over two heartbeat intervals a live stream moves two messages each way (60-80 bytes each on the
+# wire); keepalive pings and their acks add at most 68 bytes (17 each, every 10 s from each side).
+QUIET_BYTES = 100
+
+
+def wire_silence(directory: Path, every_s: float, span_s: float, window_start: float) -> list[str]:
+    """Lines that say how many connections' receiving kernel got fewer than QUIET_BYTES from trainerd
+    over `span_s` (records `every_s` apart; two heartbeat intervals or more: no ack reached the agent's
+    host), split by whether the agent's heartbeats reached trainerd's kernel meanwhile; in the records
+    from `window_start` (time.time(): every agent welcomed, so every connection carries a session; before
+    it, an agent waiting for its Welcome hears nothing too). Bytes that reached a kernel and left no
+    receive queue behind were read by that side's gRPC core; so with the heartbeats in, the acks were
+    held in trainerd's process, and without them, in the agent's."""
+    records = [record for record in (json.loads(path.read_text()) for path in _kernel_records(directory))
+               if record["taken"] >= window_start]
+    back = max(1, math.ceil(span_s / every_s))
+    # connection (the agent's port) -> per record: (bytes the agent's kernel received, trainerd's kernel did)
+    history: list[dict[int, tuple[int, int]]] = []
+    for record in records:
+        received: dict[int, list[int]] = {}
+        for local, peer, _, _, total in record["rows"]:
+            if local == record["port"]:
+                received.setdefault(peer, [0, 0])[1] = total
+            else:
+                received.setdefault(local, [0, 0])[0] = total
+        history.append({connection: (down, up) for connection, (down, up) in received.items()})
+    quiet: dict[int, bool] = {}  # connection -> whether the heartbeats got through while the acks did not
+    for k in range(back, len(history)):
+        for connection, (down, up) in history[k].items():
+            earlier = history[k - back].get(connection)
+            if earlier is None or down - earlier[0] >= QUIET_BYTES:
+                continue
+            quiet[connection] = quiet.get(connection, False) or up - earlier[1] >= QUIET_BYTES
+    heartbeats_in = sum(quiet.values())
+    return [f"in the window ({len(records)} records): {len(quiet)} connections received fewer than {QUIET_BYTES} "
+            f"bytes from trainerd over {back * every_s:g}s (no ack reached the agent's host): on {heartbeats_in} of "
+            f"them the agent's heartbeats reached trainerd's kernel meanwhile, on {len(quiet) - heartbeats_in} they "
+            "did not"]
 
 
 def _ago(now: float, then: float | None) -> str:
