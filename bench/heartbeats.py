@@ -522,7 +522,7 @@ async def measure(count: int, max_per_s: float, max_opening: int, args, workdir:
     etcd = EmbeddedEtcd(workdir / f"etcd-{count}", free_port(), free_port())
     await etcd.start()
     coordinators: list[Trainerd] = []
-    clients = None
+    clients = recording = None
     try:
         max_sessions = count + 1000
         records = channelz = None
@@ -581,6 +581,7 @@ async def measure(count: int, max_per_s: float, max_opening: int, args, workdir:
         if recording is not None and records is not None:
             recording.cancel()
             await asyncio.gather(recording, return_exceptions=True)
+            recording = None
             result["connections"] = (grpc_sockets.unread_queues(records, args.queues_every)
                                      + grpc_sockets.wire_silence(records, args.queues_every, 2 * interval_s,
                                                                  window_started))
@@ -592,6 +593,8 @@ async def measure(count: int, max_per_s: float, max_opening: int, args, workdir:
             result["failover"] = await failover(coordinators, clients, count, TIMEOUT_S * interval_s / INTERVAL_S)
         return result
     finally:
+        if recording is not None:
+            recording.cancel()
         if clients is not None:
             clients.stop()
         for coordinator in coordinators:
@@ -726,6 +729,8 @@ def main() -> None:
     parser.add_argument("--keep-logs", type=Path, metavar="DIR",
                         help="run in DIR and keep trainerd's logs there (default: a temporary folder)")
     args = parser.parse_args()
+    if args.channelz and not args.queues_every:
+        parser.error("--channelz records at the moments --queues-every sets: give both")
     # The client processes (started after this) run gRPC's core as trainerd-agent does: it reads this as
     # they import grpc. trainerd applies it itself.
     os.environ.setdefault("GRPC_EXPERIMENTS", grpc_core_settings.GRPC_EXPERIMENTS)

@@ -2,9 +2,9 @@
 in-memory snapshot, that blocks the training step.
 
 One thread's copy does not use a host's memory bandwidth: on the bench machine (2 cores) `np.copyto` of
-1 GiB ran at 12.9 GB/s on one thread and 26.3 GB/s split over two. numpy releases the GIL while it copies
-an array of a plain dtype, so the threads do copy at once. The step is blocked anyway while they do, so
-the cores they take are idle otherwise.
+1 GiB ran at 12.9-13.3 GB/s on one thread and 13.4-26.3 GB/s split over two (the VM's second core is not
+always free). numpy releases the GIL while it copies an array of a plain dtype, so the threads do copy at
+once. The step is blocked anyway while they do, so the cores they take are idle otherwise.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _parts(target: np.ndarray, source: np.ndarray) -> Iterator[tuple[np.ndarray,
 
 
 class ParallelCopier:
-    """Copies pairs of arrays of the same shape and dtype, `COPY_THREADS` threads at a time."""
+    """Copies pairs of arrays of the same shape and dtype, on `threads` threads (1: on the caller's)."""
 
     def __init__(self, threads: int = COPY_THREADS) -> None:
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="checkpoint-copy") if threads > 1 else None
