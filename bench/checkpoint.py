@@ -391,6 +391,7 @@ def measure_async(root: Path, tensors: dict[str, np.ndarray], repeat: int, keep:
     One writer per number of `copy_threads` copying into its host buffers (1: the copy before
     trainer/checkpoint/parallel_copy.py), their saves taken in turn so that the machine's drift falls on
     each alike; the figures by number of threads."""
+    copy_threads = tuple(dict.fromkeys(copy_threads))  # (COPY_THREADS, 1) on one core is one writer
     writers = {n: CheckpointWriter(root / f"threads{n}", 0, 1, keep=keep or repeat + 2, copy_threads=n)
                for n in copy_threads}
     blocked: dict[int, list[float]] = {n: [] for n in copy_threads}

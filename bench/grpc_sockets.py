@@ -17,12 +17,14 @@ once the handler's read took it.
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import math
 import os
 import signal
 import subprocess
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +115,7 @@ def server_sockets() -> list[dict[str, Any]]:
 
 def dump_on_signal(directory: Path, side: str) -> None:
     """At every SIGUSR2, write this process's sockets (`side` "server" or "client") to `directory`."""
-    rounds = iter(range(1_000_000))
+    rounds = itertools.count()
 
     def dump(_signum: int, _frame: object) -> None:
         taken = time.time()
@@ -235,6 +237,28 @@ def _latest(sockets: list[dict[str, Any]]) -> float:
     return max((t for sock in sockets for t in (sock["last_sent"], sock["last_received"]) if t), default=0.0)
 
 
+def _where(sock: dict[str, Any], peer: dict[str, Any], client_queue: tuple[int, int],
+           server_queue: tuple[int, int], client_now: float, server_now: float) -> tuple[str, str]:
+    """One silent stream's kind (how many messages each way were written and not yet read, and which
+    kernel queues held bytes) and its numbers, for `silent_streams`."""
+    up = sock["sent"] - peer["received"]      # the agent's messages trainerd's handler has not read
+    down = peer["sent"] - sock["received"]    # trainerd's the agent has not read
+    where = []
+    if client_queue[1] or server_queue[0]:
+        where.append(f"up bytes in the kernel (agent send {client_queue[1]}, trainerd receive {server_queue[0]})")
+    if server_queue[1] or client_queue[0]:
+        where.append(f"down bytes in the kernel (trainerd send {server_queue[1]}, agent receive {client_queue[0]})")
+    queues = "; ".join(where) or "kernel queues empty"
+    kind = (f"agent->trainerd: {up} unread; trainerd->agent: {down} unread; {queues}" if up <= 1 and down <= 1
+            else f"more than one unread: {queues}")
+    detail = (f"agent sent {sock['sent']} (last {_ago(client_now, sock['last_sent'])} ago), trainerd "
+              f"read {peer['received']} (last {_ago(server_now, peer['last_received'])} ago); trainerd "
+              f"sent {peer['sent']} (last {_ago(server_now, peer['last_sent'])} ago), agent read "
+              f"{sock['received']} (last {_ago(client_now, sock['last_received'])} ago); flow windows "
+              f"at trainerd local {peer['local_window']} remote {peer['remote_window']}")
+    return kind, detail
+
+
 def silent_streams(directory: Path, every_s: float) -> list[str]:
     """Lines that say, for every record after the first, how many agents' streams delivered no message
     to the agent since the record before (`every_s` earlier) though the same stream stayed open, and
@@ -256,53 +280,32 @@ def silent_streams(directory: Path, every_s: float) -> list[str]:
         by_peer = {sock["remote_port"]: sock for sock in server_sockets_now}
         server_now = _latest(server_sockets_now)
         server_port = server_sockets_now[0]["local_port"] if server_sockets_now else None
-        kinds: dict[str, int] = {}
+        kinds: Counter[str] = Counter()
         examples: dict[str, str] = {}
         current: dict[int, dict[str, Any]] = {}
         open_streams = 0
         for client in clients:
             client_now = _latest(client["sockets"])
             for sock in client["sockets"]:
-                current[sock["local_port"]] = sock
-                before = previous.get(sock["local_port"])
+                port = sock["local_port"]
+                current[port] = sock
+                before = previous.get(port)
                 if sock["streams_open"] < 1:
                     continue
                 open_streams += 1
                 if (before is None or before["streams_open"] < 1 or before["last_stream"] != sock["last_stream"]
                         or before["received"] != sock["received"]):
                     continue  # a new stream since, or a message delivered to the agent since
-                peer = by_peer.get(sock["local_port"])
-                if peer is None:
-                    kinds["trainerd has no such connection"] = kinds.get("trainerd has no such connection", 0) + 1
-                    examples.setdefault("trainerd has no such connection", "")
-                    continue
-                up = sock["sent"] - peer["received"]      # the agent's messages trainerd's handler has not read
-                down = peer["sent"] - sock["received"]    # trainerd's the agent has not read
-                client_queue = queues.get((sock["local_port"], server_port), (0, 0))
-                server_queue = queues.get((server_port, sock["local_port"]), (0, 0))
-                where = []
-                if client_queue[1] or server_queue[0]:
-                    where.append(f"up bytes in the kernel (agent send {client_queue[1]}, trainerd receive "
-                                 f"{server_queue[0]})")
-                if server_queue[1] or client_queue[0]:
-                    where.append(f"down bytes in the kernel (trainerd send {server_queue[1]}, agent receive "
-                                 f"{client_queue[0]})")
-                kind = (f"agent->trainerd: {up} unread; trainerd->agent: {down} unread; "
-                        f"{'; '.join(where) or 'kernel queues empty'}")
-                kind = kind if up <= 1 and down <= 1 else "more than one unread: " + (
-                    f"{'; '.join(where) or 'kernel queues empty'}")
-                detail = (f"agent sent {sock['sent']} (last {_ago(client_now, sock['last_sent'])} ago), trainerd "
-                          f"read {peer['received']} (last {_ago(server_now, peer['last_received'])} ago); trainerd "
-                          f"sent {peer['sent']} (last {_ago(server_now, peer['last_sent'])} ago), agent read "
-                          f"{sock['received']} (last {_ago(client_now, sock['last_received'])} ago); flow windows "
-                          f"at trainerd local {peer['local_window']} remote {peer['remote_window']}")
-                kinds[kind] = kinds.get(kind, 0) + 1
+                peer = by_peer.get(port)
+                kind, detail = ("trainerd has no such connection", "") if peer is None else _where(
+                    sock, peer, queues.get((port, server_port), (0, 0)), queues.get((server_port, port), (0, 0)),
+                    client_now, server_now)
+                kinds[kind] += 1
                 examples.setdefault(kind, detail)
         if previous:
-            silent = sum(kinds.values())
-            lines.append(f"record {number}: {silent} of {open_streams} open streams delivered nothing to their "
-                         f"agent in the {every_s:.0f}s since the record before")
-            for kind, count in sorted(kinds.items(), key=lambda item: -item[1])[:6]:
+            lines.append(f"record {number}: {sum(kinds.values())} of {open_streams} open streams delivered nothing "
+                         f"to their agent in the {every_s:.0f}s since the record before")
+            for kind, count in kinds.most_common(6):
                 lines.append(f"  {count}: {kind}" + (f" (e.g. {examples[kind]})" if examples[kind] else ""))
         previous = current
     return lines
