@@ -60,7 +60,7 @@ sys.path.insert(0, str(REPO))
 from agent.checkpoint_persister import CheckpointPersister, Outbox  # noqa: E402
 from common.clock import SystemClock  # noqa: E402
 from trainer.checkpoint import CheckpointMeta, CheckpointWriter, load_checkpoint  # noqa: E402
-from trainer.checkpoint.parallel_copy import COPY_THREADS  # noqa: E402
+from trainer.checkpoint.parallel_copy import COPY_THREADS, ParallelCopier  # noqa: E402
 from trainer.checkpoint.sharding import split_extent  # noqa: E402
 from trainer.runtime.agent_saves import AgentSaves  # noqa: E402
 
@@ -297,6 +297,23 @@ def same_bytes(loaded: dict[str, np.ndarray], tensors: dict[str, np.ndarray], ra
         if loaded[name].view(np.uint32).tobytes() != array[start : start + size].view(np.uint32).tobytes():
             return False
     return True
+
+
+def copy_rate(tensors: dict[str, np.ndarray], threads: int, repeat: int = 5) -> float:
+    """GB/s of copying every tensor into buffers of its own, reused (as a save's host buffers are), on
+    `threads` threads (trainer/checkpoint/parallel_copy.py); the median of `repeat` after one untimed."""
+    pairs = [(np.empty_like(array), array) for array in tensors.values()]
+    copier = ParallelCopier(threads)
+    try:
+        copier.copy(pairs)
+        seconds = []
+        for _ in range(repeat):
+            started = time.perf_counter()
+            copier.copy(pairs)
+            seconds.append(time.perf_counter() - started)
+    finally:
+        copier.close()
+    return sum(array.nbytes for array in tensors.values()) / statistics.median(seconds) / 1e9
 
 
 def checksum_rates() -> str:
@@ -537,6 +554,8 @@ def main() -> None:
     touched = warm_up_memory(4 * payload)
     print(f"warm-up: first touch of {4 * payload / (1 << 30):.0f} GiB of memory at {touched:.2f} GB/s")
     print(f"checksum speed, one core: {checksum_rates()} -> segments use crc32, files sha256 of header + crc32s")
+    print(f"copy into reused host buffers (what blocks the step): {copy_rate(tensors, 1):.1f} GB/s on one thread, "
+          f"{copy_rate(tensors, COPY_THREADS):.1f} GB/s on {COPY_THREADS}")
     report = Report(with_dcp=torch is not None)
     if torch is None:
         print("DCP baseline: torch is not installed (pip install -e '.[bench]'), so no DCP column")

@@ -1,9 +1,9 @@
 """Copying a save's tensors into its host buffers on several threads: the part of a save, and of an
 in-memory snapshot, that blocks the training step.
 
-One thread's copy does not use a host's memory bandwidth: on the bench machine (2 cores) `np.copyto` of
-1 GiB ran at 12.9-13.3 GB/s on one thread and 13.4-26.3 GB/s split over two (the VM's second core is not
-always free). numpy releases the GIL while it copies an array of a plain dtype, so the threads do copy at
+One thread's copy does not use a host's memory bandwidth: on the bench machine (2 cores) copying 1 GiB
+ran at 13.6 GB/s on one thread and 23.5 GB/s on two (`bench/checkpoint.py` prints both; the VM's second
+core is not always free). numpy releases the GIL while it copies an array of a plain dtype, so the threads do copy at
 once. The step is blocked anyway while they do, so the cores they take are idle otherwise.
 """
 
