@@ -22,6 +22,7 @@ at once with a hint of when to come back, long before its Welcome timeout.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -45,6 +46,7 @@ class HelloDeferred(RetryableError):
 
 DEFAULT_MAX_OPENING = 256
 MAX_TICKET_S = 60.0  # the most an agent honours (agent/session.py retry_after_s)
+MAX_TICKETS_COUNTED = 100_000  # tickets ahead remembered to count the agents at the door (a bound)
 _FIRST_OPENING_GUESS_S = 0.05  # one opening's duration before any was measured
 
 
@@ -57,6 +59,7 @@ class OpeningGate:
         self._opening = 0
         self._opening_s = _FIRST_OPENING_GUESS_S  # moving average of one opening's duration
         self._next_ticket_at = 0.0  # the clock's time of the latest ticket handed out
+        self._tickets_ahead: deque[float] = deque(maxlen=MAX_TICKETS_COUNTED)  # their times, in order
 
     @property
     def opening(self) -> int:
@@ -67,10 +70,15 @@ class OpeningGate:
         return self._max_opening / self._opening_s
 
     def agents_at_the_door(self) -> int:
-        """Agents turned away whose turn is still to come: the tickets ahead, one Welcome-time apart.
-        (Sessions being opened are not counted: the coordinator holds them from their Hello.)"""
-        waiting_s = max(0.0, self._next_ticket_at - self._clock.now())
-        return round(waiting_s * self.welcome_rate())
+        """Agents turned away whose turn is still to come: the tickets ahead, counted. (Not the time they
+        span times the welcome rate: the rate rises as the loop catches up, and that estimate then
+        counted agents that were in already. Sessions being opened are not counted either: the
+        coordinator holds them from their Hello.) An agent turned away again holds one ticket only: it
+        came back at its first."""
+        now = self._clock.now()
+        while self._tickets_ahead and self._tickets_ahead[0] <= now:
+            self._tickets_ahead.popleft()
+        return len(self._tickets_ahead)
 
     def _ticket(self) -> float:
         """Seconds until this deferred agent's turn: one Welcome-time after the last ticket's, and no
@@ -78,6 +86,7 @@ class OpeningGate:
         now, welcome_s = self._clock.now(), 1 / self.welcome_rate()
         self._next_ticket_at = max(self._next_ticket_at + welcome_s,
                                    now + max(MIN_RETRY_AFTER_S, self._opening_s + welcome_s))
+        self._tickets_ahead.append(self._next_ticket_at)
         return min(MAX_TICKET_S, self._next_ticket_at - now)
 
     @asynccontextmanager

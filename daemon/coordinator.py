@@ -382,8 +382,10 @@ class Coordinator:
         """Fit the pace to the agents held and those at the door (or known READY: after a failover they are
         on their way back), and the liveness timeout to the pace. Counting those at the door paces the
         first agents of a burst for the whole of it: welcomed at the 1 s pace of an empty cluster, they
-        would heartbeat at it until their next ack, and take the loop from the Hellos still coming."""
-        pace = self._pacer.update(max(len(self._sessions) + self._agents_at_the_door(), self._ready_nodes))
+        would heartbeat at it until their next ack, and take the loop from the Hellos still coming. While
+        any are at the door a burst is on, and the pace holds a reserve (daemon/heartbeat_pace.py)."""
+        at_the_door = self._agents_at_the_door()
+        pace = self._pacer.update(max(len(self._sessions) + at_the_door, self._ready_nodes), burst=at_the_door > 0)
         timeout_s = self._pacer.liveness_timeout_s()
         self._liveness.timeout_s = timeout_s
         # The session grace stretches alike: an agent's reconnect backs off up to its interval, and a

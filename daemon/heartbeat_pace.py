@@ -13,6 +13,15 @@ redials.
 Every heartbeat's ack names the pace (proto HeartbeatAck), so agents follow it within one interval. The
 leader applies a longer timeout at once, before any agent slows down; after it speeds the pace up again
 it keeps the longer timeout for one such timeout more, the time agents need to hear of it.
+
+A connect burst costs the loop more than the heartbeats of the agents held: every Hello read, welcomed or
+turned away, and gRPC taking calls the leader cannot count yet. So while agents wait at the door the
+leader holds a reserve (`update(..., burst=True)`): the pace RESERVE_STEPS sqrt(2) steps slower than
+the count needs. Without it the agents welcomed early in a burst, at the pace of the few held then, went
+three of their short intervals without an ack and redialled: most of the broken sessions of a
+10,000-agent burst (bench/heartbeats.py, README "How many agents one coordinator holds"). The reserve
+is not part of the level that the headroom rule holds on to, so the pace returns to what the count
+needs once the burst is over.
 """
 
 from __future__ import annotations
@@ -26,6 +35,9 @@ STEP = math.sqrt(2)
 # Going back to a faster pace needs this much headroom, so that a cluster near a boundary does not
 # switch pace with every agent that comes and goes.
 SLOWER_HEADROOM = 1.25
+# A burst's reserve: two sqrt(2) steps, the pace for twice the agents counted. It holds until none has
+# been at the door for the configured timeout: the door empties and fills again while a burst goes on.
+RESERVE_STEPS = 2
 
 
 @dataclass(frozen=True)
@@ -42,25 +54,33 @@ class HeartbeatPacer:
         self._base = Pace(interval_s, timeout_s)
         self._max_per_s = max_per_s
         self._level = 0
+        self._reserve = 0  # RESERVE_STEPS while a burst is on: see the module's docstring
+        self._burst_seen = -math.inf  # when `update` was last told of a burst
         self._longer_until = -math.inf  # keep `_longer_timeout_s` in force until then
         self._longer_timeout_s = timeout_s
 
     @property
     def pace(self) -> Pace:
-        factor = 2 ** (self._level / 2)  # STEP ** level, exact at whole powers of two
+        factor = 2 ** ((self._level + self._reserve) / 2)  # STEP ** steps, exact at whole powers of two
         return Pace(self._base.interval_s * factor, self._base.timeout_s * factor)
 
-    def update(self, sessions: int) -> Pace:
-        """The pace for holding `sessions`; moving to a faster one needs SLOWER_HEADROOM to spare."""
+    def update(self, sessions: int, burst: bool = False) -> Pace:
+        """The pace for holding `sessions`, RESERVE_STEPS slower during a `burst` and for the configured
+        timeout after it; moving to a faster pace needs SLOWER_HEADROOM to spare, and the slower one's
+        timeout holds while agents hear of it."""
+        now = self._clock.now()
+        if burst:
+            self._burst_seen = now
+        before = self.pace
         needed = self._level_for(sessions)
         if needed > self._level:
             self._level = needed
         elif needed < self._level and self._level_for(math.ceil(sessions * SLOWER_HEADROOM)) < self._level:
-            slower = self.pace
             self._level = self._level_for(math.ceil(sessions * SLOWER_HEADROOM))
-            self._longer_timeout_s = max(slower.timeout_s, self._longer_timeout_s
-                                         if self._clock.now() < self._longer_until else 0.0)
-            self._longer_until = self._clock.now() + self._longer_timeout_s
+        self._reserve = RESERVE_STEPS if now - self._burst_seen < self._base.timeout_s else 0
+        if self.pace.timeout_s < before.timeout_s:
+            self._longer_timeout_s = max(before.timeout_s, self._longer_timeout_s if now < self._longer_until else 0.0)
+            self._longer_until = now + self._longer_timeout_s
         return self.pace
 
     def liveness_timeout_s(self) -> float:

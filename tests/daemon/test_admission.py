@@ -174,9 +174,30 @@ async def _test_the_agents_at_the_door_are_the_turns_still_to_come() -> None:
                 async with gate.opening_session():
                     pass
             counts.append(gate.agents_at_the_door())
-    # the five turns, behind the one session being opened (its Welcome-time counts as a turn ahead)
-    assert counts == [2, 3, 4, 5, 6]
+    assert counts == [1, 2, 3, 4, 5]  # their turns at 2, 3, 4, 5 and 6 s, behind the one being opened
     clock.advance(3.0)
-    assert gate.agents_at_the_door() == 3
+    assert gate.agents_at_the_door() == 3  # those at 4, 5 and 6 s
     clock.advance(10.0)
     assert gate.agents_at_the_door() == 0
+
+
+def test_the_agents_at_the_door_stay_counted_when_the_coordinator_welcomes_faster() -> None:
+    asyncio.run(asyncio.wait_for(_test_the_agents_at_the_door_stay_counted_when_the_coordinator_welcomes_faster(), 30))
+
+
+async def _test_the_agents_at_the_door_stay_counted_when_the_coordinator_welcomes_faster() -> None:
+    clock = FakeClock()
+    gate = await opening_gate(clock, max_opening=1, opening_s=1.0)
+    async with gate.opening_session():
+        for _ in range(10):
+            with pytest.raises(HelloDeferred):
+                async with gate.opening_session():
+                    pass
+    assert gate.agents_at_the_door() == 10
+    for _ in range(50):  # the loop catches up: sessions open a hundred times faster
+        async with gate.opening_session():
+            pass
+    assert gate.welcome_rate() > 50
+    # Still the ten turned away (the time their tickets span times the welcome rate would say hundreds:
+    # a pace fitted to those would stay slower than the agents held need).
+    assert gate.agents_at_the_door() == 10

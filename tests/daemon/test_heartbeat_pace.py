@@ -131,5 +131,30 @@ def test_the_first_agents_of_a_burst_are_paced_for_those_still_at_the_door() -> 
         at_the_door = 3  # three turned away, their turns to come: four agents, more than 2 a second at 1 s
         sim.disconnect("a")
         await sim.connect("a")
-        assert sim.coordinator.pace.interval_s == 2.0  # what its Welcome names
+        # What its Welcome names: 2 s for four agents, and a reserve of two steps while the burst is on.
+        assert sim.coordinator.pace.interval_s == 4.0
+        at_the_door = 0  # the door empties: the reserve holds a timeout longer, in case it fills again
+        await sim.tick(HEARTBEAT_TIMEOUT_S - 0.1)
+        assert sim.coordinator.pace.interval_s == 2.0  # one agent's 1 s, and the reserve
+        await sim.tick(0.2)  # the burst is over: the pace one agent needs
+        assert sim.coordinator.pace.interval_s == 1.0
+        # ... while the slowest pace an agent was told still sets how long a node may be silent
+        assert sim.coordinator._liveness.timeout_s == HEARTBEAT_TIMEOUT_S * 4
     run(scenario())
+
+
+def test_a_burst_holds_a_reserve_that_the_pace_drops_once_it_is_over() -> None:
+    clock = FakeClock()
+    pacer = HeartbeatPacer(clock, 1.0, 5.0, max_per_s=2000)
+    assert pacer.update(1000, burst=True) == Pace(2.0, 10.0)  # 1000 fit at 1 s; two steps slower
+    assert math.isclose(pacer.update(10_000, burst=True).interval_s, 2 ** 3.5)  # 10,000 need 5.66 s
+    clock.advance(4.9)
+    assert math.isclose(pacer.update(10_000).interval_s, 2 ** 3.5)  # held for the configured timeout
+    clock.advance(0.2)
+    after = pacer.update(10_000)
+    # Back to what 10,000 need, though a faster pace needs a quarter to spare: the reserve is not a level
+    # the headroom rule holds on to (it would have kept 11.3 s, a LOST after 56.6 s instead of 28.3).
+    assert math.isclose(after.interval_s, 2 ** 2.5)
+    assert math.isclose(pacer.liveness_timeout_s(), 5 * 2 ** 3.5)  # agents hear of it within an interval
+    clock.advance(5 * 2 ** 3.5 + 0.1)
+    assert math.isclose(pacer.liveness_timeout_s(), 5 * 2 ** 2.5)
