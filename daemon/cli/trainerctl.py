@@ -6,6 +6,11 @@ error, 3 coordinator unreachable (a refused TLS handshake included).
 
 from __future__ import annotations
 
+# Before anything imports grpc (sorting imports once put `import grpc` above it, and gRPC's core then
+# logged a refused TLS handshake at INFO beside trainerctl's one-line error).
+from daemon.cli import quiet_grpc  # noqa: F401
+
+# isort: split
 import datetime
 import json
 import os
@@ -20,7 +25,6 @@ from rich.table import Table
 
 from common.config_file import ConfigError, parse_host_port
 from common.tls_files import TLS_ENV, TLS_OPTION_NAMES, TlsFiles, read_tls_files, tls_settings_from_options
-from daemon.cli import quiet_grpc  # noqa: F401 - before grpc loads
 from daemon.cli.status_json import GOODPUT_PHASES, RECOVERY_PHASES, status_to_json
 from daemon.events import EVENTS_PAGE
 from proto import trainerd_pb2 as pb
