@@ -40,6 +40,7 @@ CHANNEL_OPTIONS = [
 BACKOFF_BASE_S = 0.2
 BACKOFF_CAP_S = 5.0
 WELCOME_TIMEOUT_S = 10.0
+MAX_WELCOME_TIMEOUT_S = 60.0  # at most this long, however many attempts went unanswered
 MAX_INTERVAL_S = 600.0  # the longest heartbeat interval an ack may ask for
 
 
@@ -123,8 +124,10 @@ class CoordinatorLink:
         clock: Clock,
         rng: random.Random | None = None,
         credentials: grpc.ChannelCredentials | None = None,
+        welcome_timeout_s: float = WELCOME_TIMEOUT_S,
     ) -> None:
-        """`credentials`: TLS (the cluster's CA, this node's certificate); None talks plain text."""
+        """`credentials`: TLS (the cluster's CA, this node's certificate); None talks plain text.
+        `welcome_timeout_s`: how long a first attempt waits for its Welcome (`_note_no_welcome`)."""
         self._addresses = addresses
         self._credentials = credentials
         self._hello = hello
@@ -145,6 +148,8 @@ class CoordinatorLink:
         self.contact = ContactWatch(clock)
         # The channel of an attempt the coordinator deferred, kept for the next attempt to it (`_channel_to`).
         self._kept: tuple[str, grpc.aio.Channel] | None = None
+        # How long the next attempt waits for its Welcome: see `_note_no_welcome`.
+        self._first_welcome_timeout_s = self._welcome_timeout_s = welcome_timeout_s
 
     def send(self, message: pb.AgentMessage) -> None:
         """Queue a report; it goes out on the current session, or the next one."""
@@ -178,13 +183,27 @@ class CoordinatorLink:
                 self._note_refusal(address, exc)
             except TimeoutError:
                 established = False
-                log.warning("coordinator %s sent no Welcome within %.0fs", address, WELCOME_TIMEOUT_S)
+                self._note_no_welcome(address)
             finally:
                 if self.connected.is_set():
                     self.connected.clear()
                     handler.on_connected(False)
-            attempt = 0 if established else attempt + 1
+            if established:
+                attempt, self._welcome_timeout_s = 0, self._first_welcome_timeout_s
+            else:
+                attempt += 1
             await self._clock.asleep(backoff_delay(attempt, self._rng, self._backoff_cap_s, retry_after))
+
+    def _note_no_welcome(self, address: str) -> None:
+        """The next attempts wait twice as long for their Welcome (up to MAX_WELCOME_TIMEOUT_S, until a
+        session is established). A Hello that got none in time most often waited in the coordinator's gRPC queue for
+        its event loop to take the call, behind a connect burst: dialling again only goes to the back
+        of that queue, and every abandoned call costs both sides, so impatient agents turn a burst into
+        a storm that holds them out for minutes (bench/heartbeats.py, README "How many agents one
+        coordinator holds"). A coordinator that is gone ends the call instead (keepalive), and a
+        standby answers at once with the leader's address."""
+        log.warning("coordinator %s sent no Welcome within %.0fs", address, self._welcome_timeout_s)
+        self._welcome_timeout_s = min(MAX_WELCOME_TIMEOUT_S, 2 * self._welcome_timeout_s)
 
     def _note_refusal(self, address: str, exc: grpc.aio.AioRpcError) -> None:
         metadata = dict(exc.trailing_metadata() or ())
@@ -238,7 +257,7 @@ class CoordinatorLink:
         hello.CopyFrom(self._hello)
         hello.resume_token = self._identity.load_token(hello.node_name)
         await call.write(pb.AgentMessage(hello=hello))
-        async with asyncio.timeout(WELCOME_TIMEOUT_S):
+        async with asyncio.timeout(self._welcome_timeout_s):
             first = await call.read()
         if first is grpc.aio.EOF:
             code = await call.code()

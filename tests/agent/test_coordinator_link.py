@@ -5,13 +5,14 @@ the leader's address in the trailing metadata."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import grpc
 
-from agent.session import CoordinatorLink, IdentityFile
+from agent.session import WELCOME_TIMEOUT_S, CoordinatorLink, IdentityFile
 from common.clock import SystemClock
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
@@ -89,6 +90,27 @@ class DeferringCoordinator(LeaderCoordinator):
         await super().Session(request_iterator, context)
 
 
+class SlowToWelcomeCoordinator(LeaderCoordinator):
+    """Leaves the first `unanswered` Hellos without a Welcome, as a coordinator behind a connect burst
+    does, and notes how long each such call stayed open before the agent gave it up."""
+
+    def __init__(self, unanswered: int) -> None:
+        super().__init__("slow")
+        self.unanswered = unanswered
+        self.held_s: list[float] = []
+
+    async def Session(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
+        if self.unanswered:
+            self.unanswered -= 1
+            await context.read()
+            started = time.monotonic()
+            try:
+                await asyncio.Event().wait()  # until the agent cancels the call
+            finally:
+                self.held_s.append(time.monotonic() - started)
+        await super().Session(request_iterator, context)
+
+
 class RecordingHandler:
     def __init__(self) -> None:
         self.commands: asyncio.Queue[pb.CoordinatorMessage] = asyncio.Queue()
@@ -116,11 +138,11 @@ async def serving(servicer: pb_grpc.CoordinatorServicer) -> AsyncIterator[str]:
         await server.stop(None)
 
 
-def make_link(addresses: list[str], work_dir: Path) -> CoordinatorLink:
+def make_link(addresses: list[str], work_dir: Path, welcome_timeout_s: float = WELCOME_TIMEOUT_S) -> CoordinatorLink:
     hello = pb.Hello(node_name="n1", host="10.0.0.1", agent_version="test",
                      devices=[pb.Device(device_id=0, kind="cpu")])
     return CoordinatorLink(addresses=addresses, hello=hello, identity=IdentityFile(work_dir / "identity.json"),
-                           clock=SystemClock())
+                           clock=SystemClock(), welcome_timeout_s=welcome_timeout_s)
 
 
 @asynccontextmanager
@@ -207,5 +229,32 @@ def test_a_deferred_hello_comes_back_on_the_same_connection_and_any_other_failur
                 await asyncio.wait_for(coordinator.hellos.get(), WAIT_S)
                 await asyncio.wait_for(coordinator.hellos.get(), WAIT_S)
                 assert len(coordinator.connections) == 5 and coordinator.connections[4] != coordinator.connections[0]
+
+    asyncio.run(asyncio.wait_for(scenario(), 20))
+
+
+def test_an_agent_left_without_a_welcome_waits_twice_as_long_the_next_time_until_it_gets_one(
+        tmp_path: Path) -> None:
+    """A Hello left unanswered most often waits in the coordinator's queue behind a burst: an agent that
+    gives up early only goes to the back of it again. Once a session is established, the next first
+    attempt is as patient as the first one was."""
+    coordinator = SlowToWelcomeCoordinator(unanswered=3)
+    handler = RecordingHandler()
+    first_s = 0.4
+
+    async def scenario() -> None:
+        async with serving(coordinator) as address:
+            link = make_link([address], tmp_path, welcome_timeout_s=first_s)
+            async with running(link, handler):
+                await asyncio.wait_for(link.connected.wait(), 15)  # 0.4 + 0.8 + 1.6 s, and the backoffs
+                held = list(coordinator.held_s)
+                assert len(held) == 3
+                for wanted, got in zip((first_s, 2 * first_s, 4 * first_s), held):
+                    assert wanted - 0.05 <= got <= wanted + 0.3, held
+                coordinator.unanswered = 1
+                await coordinator.commands.put(None)  # the coordinator ends the session
+                await asyncio.wait_for(coordinator.hellos.get(), WAIT_S)  # the session's Hello
+                await asyncio.wait_for(coordinator.hellos.get(), WAIT_S)  # welcomed after one unanswered
+                assert first_s - 0.05 <= coordinator.held_s[3] <= first_s + 0.3, coordinator.held_s
 
     asyncio.run(asyncio.wait_for(scenario(), 20))
