@@ -26,12 +26,14 @@ and the simulated agents run gRPC with its iomgr TCP endpoints, not its EventEng
 go silent: common/grpc_core_settings.py); the gRPC core holds every call that waits for the
 coordinator's event loop instead of cancelling those past 1,000 (daemon/app.py call_backlog_options);
 at most 256 sessions are opened at once, the agents past that told when to come back, each at a turn
-of its own, and counted in the pace (daemon/admission.py OpeningGate); Hellos that write to etcd are admitted 64 at a
+of its own, and counted in the pace by their tickets (daemon/admission.py OpeningGate), which holds a
+reserve of two steps while any wait (daemon/heartbeat_pace.py); Hellos that write to etcd are admitted 64 at a
 time and deferred with a retry-after hint beyond 2 s of queue (HelloAdmission); the leader lease is
 refreshed by a thread of its own (daemon/store/lease_keeper.py); liveness deadlines allow for the
 leader's own read lag (daemon/read_lag.py); the garbage collector leaves the start-up heap alone and runs
 rarely (daemon/app.py settle_gc_for_serving); a deferred agent comes back on the connection it was
-deferred on (agent/session.py). An agent redials after max(3 intervals, timeout/2) without
+deferred on, and an agent whose Hello got no Welcome waits twice as long on its next attempt
+(agent/session.py). An agent redials after max(3 intervals, timeout/2) without
 an ack, so a coordinator that falls that far behind shows up here as broken sessions.
 
 trainerd may open at most as many files as the machine allows (20,000 where the reference figures were
