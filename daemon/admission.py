@@ -74,7 +74,7 @@ class OpeningGate:
         span times the welcome rate: the rate rises as the loop catches up, and that estimate then
         counted agents that were in already. Sessions being opened are not counted either: the
         coordinator holds them from their Hello.) An agent turned away again holds one ticket only: it
-        came back at its first."""
+        came back at its first, unless that was over MAX_TICKET_S ahead (it was told MAX_TICKET_S)."""
         now = self._clock.now()
         while self._tickets_ahead and self._tickets_ahead[0] <= now:
             self._tickets_ahead.popleft()
