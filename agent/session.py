@@ -196,11 +196,11 @@ class CoordinatorLink:
 
     def _note_no_welcome(self, address: str) -> None:
         """The next attempts wait twice as long for their Welcome (up to MAX_WELCOME_TIMEOUT_S, until a
-        session is established). A Hello that got none in time most often waited in the coordinator's gRPC queue for
-        its event loop to take the call, behind a connect burst: dialling again only goes to the back
-        of that queue, and every abandoned call costs both sides, so impatient agents turn a burst into
-        a storm that holds them out for minutes (bench/heartbeats.py, README "How many agents one
-        coordinator holds"). A coordinator that is gone ends the call instead (keepalive), and a
+        session is established). A Hello that got none in time most often waited in the coordinator's
+        gRPC queue for its event loop to take the call, behind a connect burst: dialling again only goes
+        to the back of that queue, and every abandoned call costs both sides, so impatient agents turn a
+        burst into a storm that holds them out for minutes (bench/heartbeats.py, README "How many agents
+        one coordinator holds"). A coordinator that is gone ends the call instead (keepalive), and a
         standby answers at once with the leader's address."""
         log.warning("coordinator %s sent no Welcome within %.0fs", address, self._welcome_timeout_s)
         self._welcome_timeout_s = min(MAX_WELCOME_TIMEOUT_S, 2 * self._welcome_timeout_s)

@@ -22,6 +22,7 @@ at once with a hint of when to come back, long before its Welcome timeout.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -58,8 +59,9 @@ class OpeningGate:
         self._max_opening = max_opening
         self._opening = 0
         self._opening_s = _FIRST_OPENING_GUESS_S  # moving average of one opening's duration
-        self._next_ticket_at = 0.0  # the clock's time of the latest ticket handed out
-        self._tickets_ahead: deque[float] = deque(maxlen=MAX_TICKETS_COUNTED)  # their times, in order
+        # The times of the tickets handed out whose turn is still to come, in order (the last is the latest
+        # handed out: the bound drops the earliest). Those whose turn has come are dropped as they are counted.
+        self._tickets_ahead: deque[float] = deque(maxlen=MAX_TICKETS_COUNTED)
 
     @property
     def opening(self) -> int:
@@ -84,10 +86,10 @@ class OpeningGate:
         """Seconds until this deferred agent's turn: one Welcome-time after the last ticket's, and no
         sooner than the sessions being opened now will take to clear."""
         now, welcome_s = self._clock.now(), 1 / self.welcome_rate()
-        self._next_ticket_at = max(self._next_ticket_at + welcome_s,
-                                   now + max(MIN_RETRY_AFTER_S, self._opening_s + welcome_s))
-        self._tickets_ahead.append(self._next_ticket_at)
-        return min(MAX_TICKET_S, self._next_ticket_at - now)
+        latest = self._tickets_ahead[-1] if self._tickets_ahead else -math.inf
+        ticket_at = max(latest + welcome_s, now + max(MIN_RETRY_AFTER_S, self._opening_s + welcome_s))
+        self._tickets_ahead.append(ticket_at)
+        return min(MAX_TICKET_S, ticket_at - now)
 
     @asynccontextmanager
     async def opening_session(self) -> AsyncIterator[None]:
