@@ -245,9 +245,18 @@ class CountFailures(logging.Handler):
         self._tally = tally
 
     def emit(self, record: logging.LogRecord) -> None:
+        """Counts `record`. Whatever goes wrong here is reported, never raised: an exception out of a handler
+        ends the simulated agent that logged (until 2026-11-28 one did, for every two-argument "broke"
+        message, and the bench counted those agents as lost at a failover)."""
+        try:
+            self._count(record)
+        except Exception:
+            self.handleError(record)
+
+    def _count(self, record: logging.LogRecord) -> None:
         msg, args = record.msg, record.args or ()
-        if msg.startswith("session with %s broke"):
-            self._tally.reasons[AGENT_NAME.sub("sim-…", f"{args[1]}: {args[2]}")[:80]] += 1
+        if msg.startswith("session with %s broke"):  # the error's code and details, or an InvalidStateError
+            self._tally.reasons[AGENT_NAME.sub("sim-…", ": ".join(str(a) for a in args[1:]))[:80]] += 1
         elif msg.startswith("no answer from the coordinator"):
             # How long the agent had waited: the redial time of the pace in force (3 s at the 1 s pace).
             waited = f"{math.floor(float(args[0]))}-{math.floor(float(args[0])) + 1}s" if args else "?"
@@ -264,6 +273,8 @@ class CountFailures(logging.Handler):
         elif (msg.startswith("session with %s ended") or msg.startswith("registered as")
               or msg.startswith("the coordinator asks for a heartbeat every")):
             pass
+        elif msg.startswith("the link stopped for good"):
+            self._tally.reasons[f"the link stopped for good: {type(args[0]).__name__}"] += 1
         elif msg.startswith("%s is a standby"):
             self._tally.refused["UNAVAILABLE: a standby named the leader"] += 1
         else:  # the message's form, not its text (addresses, seconds): a report to the bench stays small
@@ -310,8 +321,20 @@ def one_connection_per_group() -> None:
     grpc.aio.insecure_channel = insecure_channel  # type: ignore[assignment]
 
 
+class NameTheAgent(logging.Filter):
+    """Puts the simulated agent's name on its link's log records (the link's messages name the address only)."""
+
+    def __init__(self, names: list[str]) -> None:
+        super().__init__()
+        self._names = names
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.agent = self._names[AGENT.get()]
+        return True
+
+
 def client_process(addresses: list[str], names: list[str], ramp_per_s: float, per_connection: int, nice: int,
-                   channelz: Path | None, report, stop) -> None:
+                   channelz: Path | None, trace: Path | None, report, stop) -> None:
     if channelz is not None:
         grpc_sockets.dump_on_signal(channelz, "client")
     os.nice(nice)
@@ -323,6 +346,11 @@ def client_process(addresses: list[str], names: list[str], ramp_per_s: float, pe
     session_log.setLevel(logging.INFO)
     session_log.propagate = False
     session_log.addHandler(CountFailures(tally))
+    if trace is not None:
+        to_file = logging.FileHandler(trace)
+        to_file.addFilter(NameTheAgent(names))
+        to_file.setFormatter(logging.Formatter("%(asctime)s %(agent)s %(levelname)s %(message)s"))
+        session_log.addHandler(to_file)
     asyncio.run(_run_agents(addresses, names, ramp_per_s, per_connection, tally, report, stop))
 
 
@@ -353,6 +381,16 @@ def _timing_acks(follow_pace, agent: SimulatedAgent):
     return follow
 
 
+async def _run_link(link: CoordinatorLink, agent: SimulatedAgent, stop) -> None:
+    """The link's run, which returns only when the bench cancels it: anything else ending it is reported."""
+    try:
+        await link.run(agent)
+    except BaseException as exc:
+        if not stop.is_set():
+            logging.getLogger("agent.session").error("the link stopped for good: %r", exc, exc_info=True)
+        raise
+
+
 async def _run_agents(addresses, names, ramp_per_s, per_connection: int, tally: Tally, report, stop) -> None:
     clock, tasks = SystemClock(), [asyncio.create_task(_watch_loop_lag(tally))]
     for i, name in enumerate(names):
@@ -364,7 +402,7 @@ async def _run_agents(addresses, names, ramp_per_s, per_connection: int, tally: 
                                    devices=[pb.Device(device_id=0, kind="cpu")]))
         agent = SimulatedAgent(tally)
         link._follow_pace = _timing_acks(link._follow_pace, agent)  # type: ignore[method-assign]
-        tasks.append(asyncio.create_task(link.run(agent)))
+        tasks.append(asyncio.create_task(_run_link(link, agent, stop)))
         if (i + 1) % 100 == 0:
             await asyncio.sleep(100 / ramp_per_s)
     while not stop.is_set():
@@ -385,7 +423,8 @@ class Clients:
     """The simulated agents, spread over processes; `totals()` sums what they last reported."""
 
     def __init__(self, addresses: list[str], count: int, processes: int, ramp_per_s: float,
-                 per_connection: int, nice: int = 0, channelz: Path | None = None) -> None:
+                 per_connection: int, nice: int = 0, channelz: Path | None = None,
+                 trace: Path | None = None) -> None:
         context = multiprocessing.get_context("spawn")
         self._stop = context.Event()
         self._pipes, self._procs, self._last = [], [], []
@@ -394,8 +433,8 @@ class Clients:
         for p in range(processes):
             mine, theirs = context.Pipe(duplex=False)
             proc = context.Process(target=client_process, daemon=True, args=(
-                addresses, names[p::processes], ramp_per_s / processes, per_connection, nice, channelz, theirs,
-                self._stop))
+                addresses, names[p::processes], ramp_per_s / processes, per_connection, nice, channelz,
+                None if trace is None else trace / f"clients-{p}.log", theirs, self._stop))
             proc.start()
             self._pipes.append(mine)
             self._procs.append(proc)
@@ -463,7 +502,7 @@ class Clients:
 
 class Trainerd:
     def __init__(self, workdir: Path, name: str, etcd_endpoint: str, max_sessions: int, max_per_s: float,
-                 max_opening: int, channelz: Path | None = None) -> None:
+                 max_opening: int, channelz: Path | None = None, log_level: str = "WARNING") -> None:
         self.address = f"127.0.0.1:{free_port()}"
         self.metrics_port = free_port()
         cluster = {"cluster": {
@@ -480,7 +519,7 @@ class Trainerd:
         command = [str(Path(sys.executable).parent / "trainerd")] if channelz is None else [
             sys.executable, str(REPO / "bench" / "channelz_trainerd.py"), str(channelz)]
         self.process = subprocess.Popen(
-            [*command, "start", "--cluster", str(cluster_file), "--log-level", "WARNING"],
+            [*command, "start", "--cluster", str(cluster_file), "--log-level", log_level],
             stdout=self._log, stderr=self._log)
 
     def metrics(self) -> dict[str, float]:
@@ -532,16 +571,18 @@ async def measure(count: int, max_per_s: float, max_opening: int, args, workdir:
             records = workdir / "connections"
             records.mkdir()
             channelz = records if args.channelz else None
+        log_level = "INFO" if args.trace else "WARNING"
         coordinators.append(Trainerd(workdir, f"{count}-a", etcd.endpoint, max_sessions, max_per_s,
-                                     max_opening, channelz))
+                                     max_opening, channelz, log_level))
         await wait_until(coordinators[0].leads, 30, 0.2)
         if args.failover:
             coordinators.append(Trainerd(workdir, f"{count}-b", etcd.endpoint, max_sessions, max_per_s,
-                                         max_opening))
+                                         max_opening, log_level=log_level))
             await asyncio.sleep(2)  # standing by
         leader = coordinators[0]
         clients = Clients([c.address for c in coordinators], count, args.client_processes, args.ramp,
-                          args.agents_per_connection, args.client_nice, channelz)
+                          args.agents_per_connection, args.client_nice, channelz,
+                          workdir if args.trace else None)
         started = time.monotonic()
         recording = None if records is None else asyncio.create_task(
             record_connections(leader, clients, records, args.queues_every, channelz is not None))
@@ -730,7 +771,14 @@ def main() -> None:
                              "comparable")
     parser.add_argument("--keep-logs", type=Path, metavar="DIR",
                         help="run in DIR and keep trainerd's logs there (default: a temporary folder)")
+    parser.add_argument("--trace", action="store_true",
+                        help="with --keep-logs, trainerd logs at INFO (every session's end and every event, LOST "
+                             "included) and each client process writes its agents' session log, each line naming "
+                             "its agent, to clients-P.log: to follow one node's sessions on both sides. The "
+                             "logging costs both sides CPU, so the row's other figures are not comparable")
     args = parser.parse_args()
+    if args.trace and args.keep_logs is None:
+        parser.error("--trace writes its logs where --keep-logs keeps them: give both")
     if args.channelz and not args.queues_every:
         parser.error("--channelz records at the moments --queues-every sets: give both")
     # The client processes (started after this) run gRPC's core as trainerd-agent does: it reads this as
