@@ -23,7 +23,7 @@ from agent.fence import ContactWatch, FenceTerms
 from common.clock import Clock
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
-from proto.vocabulary import LEADER_ADDRESS_METADATA, RETRY_AFTER_MS_METADATA
+from proto.vocabulary import LEADER_ADDRESS_METADATA, MAX_WELCOME_WAIT_S, RETRY_AFTER_MS_METADATA
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,6 @@ CHANNEL_OPTIONS = [
 BACKOFF_BASE_S = 0.2
 BACKOFF_CAP_S = 5.0
 WELCOME_TIMEOUT_S = 10.0
-MAX_WELCOME_TIMEOUT_S = 60.0  # at most this long, however many attempts went unanswered
 MAX_INTERVAL_S = 600.0  # the longest heartbeat interval an ack may ask for
 
 
@@ -195,7 +194,7 @@ class CoordinatorLink:
             await self._clock.asleep(backoff_delay(attempt, self._rng, self._backoff_cap_s, retry_after))
 
     def _note_no_welcome(self, address: str) -> None:
-        """The next attempts wait twice as long for their Welcome (up to MAX_WELCOME_TIMEOUT_S, until a
+        """The next attempts wait twice as long for their Welcome (up to MAX_WELCOME_WAIT_S, until a
         session is established). A Hello that got none in time most often waited in the coordinator's
         gRPC queue for its event loop to take the call, behind a connect burst: dialling again only goes
         to the back of that queue, and every abandoned call costs both sides, so impatient agents turn a
@@ -203,7 +202,12 @@ class CoordinatorLink:
         one coordinator holds"). A coordinator that is gone ends the call instead (keepalive), and a
         standby answers at once with the leader's address."""
         log.warning("coordinator %s sent no Welcome within %.0fs", address, self._welcome_timeout_s)
-        self._welcome_timeout_s = min(MAX_WELCOME_TIMEOUT_S, 2 * self._welcome_timeout_s)
+        self._welcome_timeout_s = self._next_welcome_timeout_s()
+
+    def _next_welcome_timeout_s(self) -> float:
+        """How long the attempt after this one waits for its Welcome, if this one's never comes (each Hello
+        names it: the coordinator gives a node whose Welcome went unconfirmed that much longer to return)."""
+        return min(MAX_WELCOME_WAIT_S, 2 * self._welcome_timeout_s)
 
     def _note_refusal(self, address: str, exc: grpc.aio.AioRpcError) -> None:
         metadata = dict(exc.trailing_metadata() or ())
@@ -256,6 +260,7 @@ class CoordinatorLink:
         hello = pb.Hello()
         hello.CopyFrom(self._hello)
         hello.resume_token = self._identity.load_token(hello.node_name)
+        hello.next_welcome_wait_s = self._next_welcome_timeout_s()
         await call.write(pb.AgentMessage(hello=hello))
         async with asyncio.timeout(self._welcome_timeout_s):
             first = await call.read()

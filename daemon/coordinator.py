@@ -73,6 +73,8 @@ class AgentHello:
     agent_version: str
     resume_token: str
     peer_port: int = 0  # its SnapshotPeer service on `host` (0: none)
+    # How long its next Hello would wait for a Welcome, should this one's not reach it (0: not said).
+    next_welcome_wait_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,9 @@ class AgentSession:
         self.opening = True
         self.clock_offset: float | None = None  # daemon/read_lag.py
         self.peer_port = 0  # its agent's SnapshotPeer port, from its Hello
+        # Whether the agent sent anything after its Hello: until then it may never have had the Welcome.
+        self.confirmed = False
+        self.next_welcome_wait_s = 0.0  # from its Hello: see `Coordinator.close_session`
 
 
 @dataclass(frozen=True)
@@ -301,6 +306,7 @@ class Coordinator:
         token = hello.resume_token or secrets.token_hex(16)
         session = AgentSession(name, token, send)
         session.peer_port = hello.peer_port
+        session.next_welcome_wait_s = hello.next_welcome_wait_s
         self._sessions[name] = session
         self._liveness.connected(name)
         returned_from_lost = (record := self._membership.get(name)) is not None and record.state is NodeState.LOST
@@ -581,13 +587,20 @@ class Coordinator:
         return f"node {node} is {'drained' if drained else 'in service'}"
 
     def close_session(self, session: AgentSession) -> None:
+        """The session's stream ended. A session whose agent sent nothing after its Hello gives the node
+        the agent's next Welcome wait on top of the grace: in a connect burst an agent can give up its
+        Hello just as the Welcome is written (its call waited that long in the gRPC queue), and its next
+        Hello waits in the same queue. Without it, such nodes went LOST while their agents waited to be
+        let back in (README, "How many agents one coordinator holds")."""
         session.closed.set()
         if self._sessions.get(session.node) is session:
             del self._sessions[session.node]
             self._note_session_end(session.node)
-            self._liveness.disconnected(session.node)
-            log.info("session of node %s closed; it has %.1fs to come back", session.node,
-                     self._liveness.grace_s)
+            unconfirmed_s = 0.0 if session.confirmed else session.next_welcome_wait_s
+            self._liveness.disconnected(session.node, unconfirmed_s)
+            log.info("session of node %s closed%s; it has %.1fs to come back", session.node,
+                     "" if session.confirmed else " before its agent confirmed the Welcome",
+                     self._liveness.grace_s + unconfirmed_s)
 
     def _note_session_end(self, node: str) -> None:
         heard_s = self._liveness.age(node)

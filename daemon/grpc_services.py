@@ -47,7 +47,7 @@ from daemon.peer_auth import require_node
 from daemon.rate_limited_log import RateLimitedLog
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
-from proto.vocabulary import NODE_NAME_PATTERN
+from proto.vocabulary import MAX_WELCOME_WAIT_S, NODE_NAME_PATTERN
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,8 @@ def hello_from_proto(message: pb.Hello) -> AgentHello:
             check.text(device.device_ip, check.MAX_HELLO_TEXT_CHARS, "device ip")
             check.text(device.kind, 16, "device kind")
         peer_port = check.bounded_int(message.peer_port, 0, 65535, "peer port")
+        next_welcome_wait_s = check.finite(message.next_welcome_wait_s, "next welcome wait", 0.0,
+                                           MAX_WELCOME_WAIT_S)
     except MalformedMessage as exc:
         raise SessionRefused(f"malformed Hello: {exc}") from None
     return AgentHello(
@@ -80,6 +82,7 @@ def hello_from_proto(message: pb.Hello) -> AgentHello:
         agent_version=message.agent_version,
         resume_token=message.resume_token,
         peer_port=peer_port,
+        next_welcome_wait_s=next_welcome_wait_s,
     )
 
 
@@ -357,6 +360,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         """Check and hand on one message; returns the HeartbeatAck to send for a heartbeat. Nothing it
         raises leaves: a malformed message is dropped and counted; a failure below is logged with its
         traceback, and the session goes on."""
+        session.confirmed = True  # whatever it sent, it had the Welcome
         kind = message.WhichOneof("body") or "empty"
         metrics.agent_message(kind).inc()
         try:

@@ -17,6 +17,7 @@ class _Seen:
     last_seen: float
     connected: bool
     disconnected_at: float | None = None  # when its session broke (None: connected, or adopted)
+    unconfirmed_s: float = 0.0  # how much longer than the grace it has to come back (`disconnected`)
 
 
 class LivenessTracker:
@@ -26,7 +27,8 @@ class LivenessTracker:
     A broken session does not make a node lost at once: the agent gets `grace_s` to reconnect (it
     may only have lost its TCP connection). A dead agent's session breaks at once, so the grace,
     shorter than the timeout, is what makes a killed agent's loss quick to detect. Nodes a new
-    leader adopts from etcd get the full timeout: the coordinator failed over, not they. Time the
+    leader adopts from etcd get the full timeout: the coordinator failed over, not they. A session that
+    ended before its agent confirmed the Welcome gives the node longer (`disconnected`). Time the
     coordinator's own event loop was stalled is excused (`excuse`): a saturated coordinator must not
     declare nodes LOST for messages it had not yet got round to reading.
     """
@@ -65,12 +67,17 @@ class LivenessTracker:
         else:
             seen.last_seen = self._clock.now()
 
-    def disconnected(self, node: str) -> None:
-        """The session ended: the node has `grace_s` from now to reconnect."""
+    def disconnected(self, node: str, unconfirmed_s: float = 0.0) -> None:
+        """The session ended: the node has `grace_s` from now to reconnect.
+
+        `unconfirmed_s`: the session ended before its agent confirmed the Welcome, and the agent said it
+        would wait this long for its next one. It has that much longer, and its silence is not counted
+        until then: most likely it gave up as it was welcomed, and its next Hello waits in our own queue."""
         seen = self._nodes.get(node)
         if seen is not None:
             seen.connected = False
             seen.disconnected_at = self._clock.now()
+            seen.unconfirmed_s = unconfirmed_s
 
     def adopt(self, nodes: list[str]) -> None:
         """A new leader gives nodes it knows from etcd one full window to reconnect to it."""
@@ -109,7 +116,13 @@ class LivenessTracker:
         (daemon/read_lag.py); both deadlines allow that much more."""
         now = self._clock.now() - max(0.0, read_lag_s)
         silent_since, broken_since = now - self._timeout_s, now - self._grace_s
-        return sorted(name for name, seen in self._nodes.items()
-                      if seen.last_seen < silent_since
-                      or (not seen.connected and seen.disconnected_at is not None
-                          and seen.disconnected_at < broken_since))
+        return sorted(name for name, seen in self._nodes.items() if _overdue(seen, silent_since, broken_since))
+
+
+def _overdue(seen: _Seen, silent_since: float, broken_since: float) -> bool:
+    broken_at = None if seen.connected else seen.disconnected_at
+    if broken_at is None:
+        return seen.last_seen < silent_since
+    if seen.unconfirmed_s > 0:  # silence is not counted before the longer deadline
+        return broken_at + seen.unconfirmed_s < broken_since
+    return seen.last_seen < silent_since or broken_at < broken_since

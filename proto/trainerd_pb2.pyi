@@ -38,20 +38,22 @@ class Device(_message.Message):
     def __init__(self, device_id: _Optional[int] = ..., device_ip: _Optional[str] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("node_name", "host", "devices", "agent_version", "resume_token", "peer_port")
+    __slots__ = ("node_name", "host", "devices", "agent_version", "resume_token", "peer_port", "next_welcome_wait_s")
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     RESUME_TOKEN_FIELD_NUMBER: _ClassVar[int]
     PEER_PORT_FIELD_NUMBER: _ClassVar[int]
+    NEXT_WELCOME_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     node_name: str
     host: str
     devices: _containers.RepeatedCompositeFieldContainer[Device]
     agent_version: str
     resume_token: str
     peer_port: int
-    def __init__(self, node_name: _Optional[str] = ..., host: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., agent_version: _Optional[str] = ..., resume_token: _Optional[str] = ..., peer_port: _Optional[int] = ...) -> None: ...
+    next_welcome_wait_s: float
+    def __init__(self, node_name: _Optional[str] = ..., host: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., agent_version: _Optional[str] = ..., resume_token: _Optional[str] = ..., peer_port: _Optional[int] = ..., next_welcome_wait_s: _Optional[float] = ...) -> None: ...
 
 class ProcessStatus(_message.Message):
     __slots__ = ("role", "rank", "pid", "state", "step", "exit_code", "signal", "expected", "os_state")

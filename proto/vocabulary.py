@@ -35,6 +35,9 @@ LEADER_ADDRESS_METADATA = "trainerd-leader-address"
 # Trailing metadata of a Hello deferred at admission (RESOURCE_EXHAUSTED): milliseconds to wait before
 # trying again; the agent adds jitter so the deferred ones do not come back together.
 RETRY_AFTER_MS_METADATA = "trainerd-retry-after-ms"
+# The longest an agent waits for a Welcome, however many of its Hellos went unanswered; a Hello naming a
+# longer next wait (Hello.next_welcome_wait_s) is malformed.
+MAX_WELCOME_WAIT_S = 60.0
 
 # Match with re.fullmatch: with re.match the `$` also accepts a trailing newline ("n1\n"). The anchors stay
 # for pydantic's `pattern=` (agent/config.py), which searches rather than matches the whole string.

@@ -98,11 +98,12 @@ class SlowToWelcomeCoordinator(LeaderCoordinator):
         super().__init__("slow")
         self.unanswered = unanswered
         self.held_s: list[float] = []
+        self.next_waits_named: list[float] = []  # by the unanswered Hellos
 
     async def Session(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
         if self.unanswered:
             self.unanswered -= 1
-            await context.read()
+            self.next_waits_named.append((await context.read()).hello.next_welcome_wait_s)
             started = time.monotonic()
             try:
                 await asyncio.Event().wait()  # until the agent cancels the call
@@ -251,6 +252,9 @@ def test_an_agent_left_without_a_welcome_waits_twice_as_long_the_next_time_until
                 assert len(held) == 3
                 for wanted, got in zip((first_s, 2 * first_s, 4 * first_s), held):
                     assert wanted - 0.05 <= got <= wanted + 0.3, held
+                # each Hello named the wait its successor would get: what the coordinator allows a node
+                # whose Welcome went unconfirmed
+                assert coordinator.next_waits_named == [2 * first_s, 4 * first_s, 8 * first_s]
                 coordinator.unanswered = 1
                 await coordinator.commands.put(None)  # the coordinator ends the session
                 await asyncio.wait_for(coordinator.hellos.get(), WAIT_S)  # the session's Hello

@@ -132,3 +132,24 @@ def test_the_coordinators_read_lag_extends_the_timeout_and_the_grace_while_it_la
     clock.advance(4.5)  # silent for 5.5 s, broken for 4.5 s
     assert tracker.overdue(read_lag_s=3.0) == []  # their heartbeats and Hellos may be waiting unread
     assert tracker.overdue(read_lag_s=0.0) == ["broken", "silent"]
+
+
+def test_a_session_ended_before_its_welcome_was_confirmed_gets_the_agents_next_welcome_wait_as_well() -> None:
+    """Its agent most likely gave up as it was welcomed, and its next Hello waits in the coordinator's queue:
+    neither the grace nor the timeout ends it before that wait is over too."""
+    clock = FakeClock(start=100.0)
+    tracker = LivenessTracker(clock, timeout_s=5.0, grace_s=2.0)
+    tracker.connected("unconfirmed")
+    tracker.connected("confirmed")
+    tracker.disconnected("unconfirmed", unconfirmed_s=20.0)
+    tracker.disconnected("confirmed")
+    clock.advance(2.01)
+    assert tracker.overdue() == ["confirmed"]
+    clock.advance(19.98)  # silent for 21.99 s, well past the timeout
+    assert tracker.overdue() == ["confirmed"]
+    clock.advance(0.02)
+    assert tracker.overdue() == ["confirmed", "unconfirmed"]
+    tracker.connected("unconfirmed")  # back: the next session ends like any other
+    tracker.disconnected("unconfirmed")
+    clock.advance(2.01)
+    assert "unconfirmed" in tracker.overdue()

@@ -21,7 +21,7 @@ from daemon.job.observation import REMEMBERED_STEPS
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
 from proto.vocabulary import JobState
-from tests.daemon.job_sim import SimCluster, job_settings, running_cluster
+from tests.daemon.job_sim import SESSION_GRACE_S, SimCluster, job_settings, running_cluster
 
 
 def run(coro):
@@ -51,7 +51,8 @@ def hello(**fields) -> pb.Hello:
     {"devices": [pb.Device(device_id=-1, kind="cpu")]}, {"devices": [pb.Device(device_id=1 << 20, kind="cpu")]},
     {"devices": [pb.Device(device_id=0, device_ip="1" * 1000, kind="npu")]},
     {"devices": [pb.Device(device_id=0, kind="k" * 100)]},
-], ids=lambda fields: next(iter(fields)))
+    {"next_welcome_wait_s": math.nan}, {"next_welcome_wait_s": -1.0}, {"next_welcome_wait_s": 61.0},
+], ids=lambda fields: f"{next(iter(fields))}={str(next(iter(fields.values())))[:12]}")
 def test_a_hello_out_of_bounds_is_refused_before_it_is_used(fields: dict) -> None:
     with pytest.raises(SessionRefused, match="malformed Hello"):
         hello_from_proto(hello(**fields))
@@ -370,5 +371,46 @@ def test_a_drain_names_a_node_or_is_refused_in_one_short_line() -> None:
                 reply = await stub.SetDrain(pb.DrainRequest(node="n03", drained=True), timeout=10)
                 assert reply.message == "node n03 is drained"
         finally:
+            await server.stop(None)
+    run(scenario())
+
+
+def test_a_node_whose_agent_left_before_confirming_its_welcome_gets_its_next_welcome_wait_before_lost() -> None:
+    """In a connect burst a Hello can wait in the gRPC queue until its agent gives it up, just as the
+    coordinator welcomes it; the agent's next Hello then waits in the same queue. A node whose session ended
+    before anything came after the Welcome gets the wait its Hello named on top of the grace; one whose
+    agent sent a heartbeat first gets the grace alone."""
+    async def scenario() -> None:
+        sim = SimCluster(job_settings())
+        await sim.lead()
+        server, channel = await serve_sessions(CoordinatorService(sim.coordinator))
+        try:
+            stub = pb_grpc.CoordinatorStub(channel)
+            calls = {}
+            for name in ("gave-up", "heartbeated"):
+                calls[name] = stub.Session()
+                await calls[name].write(pb.AgentMessage(hello=hello(node_name=name, next_welcome_wait_s=20.0)))
+                assert (await calls[name].read()).WhichOneof("body") == "welcome"
+            await calls["heartbeated"].write(pb.AgentMessage(heartbeat=pb.Heartbeat(sequence=1)))
+            assert (await calls["heartbeated"].read()).WhichOneof("body") == "heartbeat_ack"
+            for call in calls.values():
+                call.cancel()
+            for _ in range(200):  # the server notices the cancels
+                if sim.coordinator.session_count == 0:
+                    break
+                await asyncio.sleep(0.02)
+            assert sim.coordinator.session_count == 0
+
+            async def states() -> dict[str, str]:
+                return {node.name: node.state.value for node in (await sim.coordinator.view()).nodes}
+
+            await sim.tick(SESSION_GRACE_S + 0.1)
+            assert await states() == {"gave-up": "READY", "heartbeated": "LOST"}
+            await sim.tick(20.0 - 0.2)  # silent for 21.9 s, past the 5 s timeout: still not LOST
+            assert (await states())["gave-up"] == "READY"
+            await sim.tick(0.2)
+            assert (await states())["gave-up"] == "LOST"
+        finally:
+            await channel.close()
             await server.stop(None)
     run(scenario())
