@@ -588,15 +588,17 @@ class Coordinator:
 
     def close_session(self, session: AgentSession) -> None:
         """The session's stream ended. A session whose agent sent nothing after its Hello gives the node
-        the agent's next Welcome wait on top of the grace: in a connect burst an agent can give up its
-        Hello just as the Welcome is written (its call waited that long in the gRPC queue), and its next
-        Hello waits in the same queue. Without it, such nodes went LOST while their agents waited to be
-        let back in (README, "How many agents one coordinator holds")."""
+        two of the agent's next Welcome waits on top of the grace: in a connect burst an agent can give up
+        its Hello just as the Welcome is written (the call waited that long in the gRPC queue). Its next
+        Hello may first go to the other coordinator, as slow to answer in a burst, then waits in our queue.
+        Without this, such nodes went LOST while their agents waited to be let back in (README, "How many
+        agents one coordinator holds"). A host that truly dies between its Hello and its first heartbeat
+        (milliseconds apart) is LOST that much later."""
         session.closed.set()
         if self._sessions.get(session.node) is session:
             del self._sessions[session.node]
             self._note_session_end(session.node)
-            unconfirmed_s = 0.0 if session.confirmed else session.next_welcome_wait_s
+            unconfirmed_s = 0.0 if session.confirmed else 2 * session.next_welcome_wait_s
             self._liveness.disconnected(session.node, unconfirmed_s)
             log.info("session of node %s closed%s; it has %.1fs to come back", session.node,
                      "" if session.confirmed else " before its agent confirmed the Welcome",

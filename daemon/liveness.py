@@ -17,7 +17,7 @@ class _Seen:
     last_seen: float
     connected: bool
     disconnected_at: float | None = None  # when its session broke (None: connected, or adopted)
-    unconfirmed_s: float = 0.0  # how much longer than the grace it has to come back (`disconnected`)
+    back_by: float | None = None  # a session ended unconfirmed: the deadline set then (`disconnected`)
 
 
 class LivenessTracker:
@@ -70,14 +70,16 @@ class LivenessTracker:
     def disconnected(self, node: str, unconfirmed_s: float = 0.0) -> None:
         """The session ended: the node has `grace_s` from now to reconnect.
 
-        `unconfirmed_s`: the session ended before its agent confirmed the Welcome, and the agent said it
-        would wait this long for its next one. It has that much longer, and its silence is not counted
-        until then: most likely it gave up as it was welcomed, and its next Hello waits in our own queue."""
+        `unconfirmed_s` > 0: the session ended before its agent confirmed the Welcome. The node has
+        `grace_s` + `unconfirmed_s` from now, fixed now (a faster pace later does not shorten it), and its
+        silence is not counted before then: most likely its agent gave up as it was welcomed, and its
+        next Hello waits in our own queue (Coordinator.close_session)."""
         seen = self._nodes.get(node)
         if seen is not None:
+            now = self._clock.now()
             seen.connected = False
-            seen.disconnected_at = self._clock.now()
-            seen.unconfirmed_s = unconfirmed_s
+            seen.disconnected_at = now
+            seen.back_by = now + self._grace_s + unconfirmed_s if unconfirmed_s > 0 else None
 
     def adopt(self, nodes: list[str]) -> None:
         """A new leader gives nodes it knows from etcd one full window to reconnect to it."""
@@ -95,6 +97,8 @@ class LivenessTracker:
             seen.last_seen = min(now, seen.last_seen + stall_s)
             if seen.disconnected_at is not None:
                 seen.disconnected_at = min(now, seen.disconnected_at + stall_s)
+            if seen.back_by is not None:
+                seen.back_by += stall_s
 
     def forget(self, node: str) -> None:
         """The node left the cluster's records: it is no longer tracked."""
@@ -116,13 +120,13 @@ class LivenessTracker:
         (daemon/read_lag.py); both deadlines allow that much more."""
         now = self._clock.now() - max(0.0, read_lag_s)
         silent_since, broken_since = now - self._timeout_s, now - self._grace_s
-        return sorted(name for name, seen in self._nodes.items() if _overdue(seen, silent_since, broken_since))
+        return sorted(name for name, seen in self._nodes.items() if _overdue(seen, now, silent_since, broken_since))
 
 
-def _overdue(seen: _Seen, silent_since: float, broken_since: float) -> bool:
+def _overdue(seen: _Seen, now: float, silent_since: float, broken_since: float) -> bool:
     broken_at = None if seen.connected else seen.disconnected_at
     if broken_at is None:
         return seen.last_seen < silent_since
-    if seen.unconfirmed_s > 0:  # silence is not counted before the longer deadline
-        return broken_at + seen.unconfirmed_s < broken_since
+    if seen.back_by is not None:  # silence is not counted before the deadline of an unconfirmed session
+        return seen.back_by < now
     return seen.last_seen < silent_since or broken_at < broken_since

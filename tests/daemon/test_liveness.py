@@ -153,3 +153,19 @@ def test_a_session_ended_before_its_welcome_was_confirmed_gets_the_agents_next_w
     tracker.disconnected("unconfirmed")
     clock.advance(2.01)
     assert "unconfirmed" in tracker.overdue()
+
+
+def test_the_deadline_of_an_unconfirmed_session_is_fixed_when_it_ends_and_moves_only_with_a_stall() -> None:
+    """A faster pace later (a shorter grace) must not shorten the time the node was given."""
+    clock = FakeClock(start=100.0)
+    tracker = LivenessTracker(clock, timeout_s=10.0, grace_s=8.0)
+    tracker.connected("a")
+    tracker.disconnected("a", unconfirmed_s=20.0)  # back by 128
+    tracker.grace_s, tracker.timeout_s = 4.0, 5.0  # the burst's reserve dropped
+    clock.advance(27.9)
+    assert tracker.overdue() == []
+    tracker.excuse(1.0)  # the coordinator's own loop stalled: back by 129
+    clock.advance(1.0)
+    assert tracker.overdue() == []
+    clock.advance(0.2)
+    assert tracker.overdue() == ["a"]
