@@ -33,6 +33,7 @@ from daemon.node_checks import NodeChecks
 from daemon.pass_guard import PassGuard
 from daemon.read_lag import ReadLag
 from daemon.store import codec, keys
+from daemon.store.fenced_cache import WriteConflict
 from daemon.store.interface import Store, StoreError
 from proto.vocabulary import NODE_NAME_PATTERN, NodeState, ProcessRole
 
@@ -333,7 +334,14 @@ class Coordinator:
         record = self._membership.get(name)
         wanted = NodeRecord(name, hello.host, hello.devices, NodeState.READY, self._clock.wall(),
                             drained=record is not None and record.drained)
-        await self._membership.put(wanted, leadership.fence)
+        try:
+            await self._membership.put(wanted, leadership.fence)
+        except WriteConflict:
+            # The copy was re-read. The write it never heard the answer to is most often this node's own
+            # earlier Hello, cancelled by its agent (gone at its Welcome timeout) while the record was
+            # being written, which then landed: when etcd now holds what this Hello wants, it is recorded.
+            if self.needs_recording(hello):
+                raise
         kind = "node_joined" if record is None else "node_ready"
         await self._events.append(kind, f"node {name} is READY with {len(hello.devices)} device(s) "
                                   f"at {hello.host}", leadership.fence, node=name)

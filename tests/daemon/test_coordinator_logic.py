@@ -13,6 +13,7 @@ from daemon.events import EventLog
 from daemon.leader import LeaderElection, LeaderRecord, LeadershipLost
 from daemon.membership import DeviceInfo
 from daemon.store import codec, keys
+from daemon.store.fenced_cache import WriteConflict
 from daemon.store.memory import InMemoryStore
 from proto.vocabulary import NodeState
 
@@ -307,6 +308,43 @@ def test_a_node_lost_for_longer_than_forget_lost_after_s_leaves_the_records_but_
         view = {n.name: n for n in (await coordinator.view()).nodes}
         assert view["gone"].state is NodeState.READY and not view["gone"].drained
         assert (await coordinator.events(0))[-1].kind == "node_joined"
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("devices_next_time", [1, 2])
+def test_a_hello_cancelled_while_its_node_was_recorded_does_not_fail_the_next_one(devices_next_time: int) -> None:
+    """In a burst an agent gives up its Hello (its Welcome timeout) while the coordinator is recording the node:
+    the write lands in etcd, the copy never hears so. The agent's next Hello finds etcd holding what it wants
+    and is welcomed, where it used to fail with "changed behind this coordinator's copy". A Hello that wants
+    something else still fails on the conflict, and the one after it is recorded."""
+    async def scenario() -> None:
+        clock, store, coordinator = await leading_coordinator()
+        write, answered = store.compare_and_swap, asyncio.Event()
+
+        async def lands_but_answers_late(*args, **kwargs):
+            revision = await write(*args, **kwargs)
+            await answered.wait()
+            return revision
+
+        store.compare_and_swap = lands_but_answers_late  # type: ignore[method-assign]
+        first = asyncio.create_task(coordinator.open_session(hello("n1"), lambda m: None))
+        await asyncio.sleep(0.01)
+        first.cancel()  # the agent gave up: the servicer's task is cancelled mid-write
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        store.compare_and_swap = write  # type: ignore[method-assign]
+        answered.set()
+        assert await stored_node_state(store, "n1") == "READY" and coordinator.session_count == 0
+        if devices_next_time == 1:
+            await coordinator.open_session(hello("n1"), lambda m: None)
+        else:
+            with pytest.raises(WriteConflict):
+                await coordinator.open_session(hello("n1", devices=2), lambda m: None)
+            await coordinator.open_session(hello("n1", devices=2), lambda m: None)  # the copy was re-read
+        view = {n.name: n for n in (await coordinator.view()).nodes}
+        assert view["n1"].state is NodeState.READY and len(view["n1"].devices) == devices_next_time
+        assert coordinator.session_count == 1
 
     run(scenario())
 
