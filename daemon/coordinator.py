@@ -626,6 +626,8 @@ class Coordinator:
         read_lag_s = self._read_lag.take()
         metrics.READ_LAG.set(read_lag_s)
         for name in self._liveness.overdue(read_lag_s):
+            if not self._liveness.is_overdue(name, read_lag_s):
+                continue  # back while the LOST before it were written (in a collapse, thousands of writes)
             record = self._membership.get(name)
             if record is None or record.state is not NodeState.READY:
                 continue

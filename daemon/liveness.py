@@ -118,9 +118,19 @@ class LivenessTracker:
 
         `read_lag_s`: how far behind the coordinator is reading its agents' messages now
         (daemon/read_lag.py); both deadlines allow that much more."""
+        deadlines = self._deadlines(read_lag_s)
+        return sorted(name for name, seen in self._nodes.items() if _overdue(seen, *deadlines))
+
+    def is_overdue(self, node: str, read_lag_s: float = 0.0) -> bool:
+        """Whether `node` is overdue now (`overdue` names it): the leader asks again before each LOST it
+        writes, as writing those before it may have taken long enough for the node to come back."""
+        seen = self._nodes.get(node)
+        return seen is not None and _overdue(seen, *self._deadlines(read_lag_s))
+
+    def _deadlines(self, read_lag_s: float) -> tuple[float, float, float]:
+        """Now, and the moments before which silence and a broken session make a node overdue."""
         now = self._clock.now() - max(0.0, read_lag_s)
-        silent_since, broken_since = now - self._timeout_s, now - self._grace_s
-        return sorted(name for name, seen in self._nodes.items() if _overdue(seen, now, silent_since, broken_since))
+        return now, now - self._timeout_s, now - self._grace_s
 
 
 def _overdue(seen: _Seen, now: float, silent_since: float, broken_since: float) -> bool:

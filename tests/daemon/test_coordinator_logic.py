@@ -349,6 +349,33 @@ def test_a_hello_cancelled_while_its_node_was_recorded_does_not_fail_the_next_on
     run(scenario())
 
 
+def test_a_node_back_while_the_lost_before_it_are_written_is_not_declared_lost() -> None:
+    """A pass writes its LOST one node at a time; in a collapse that is thousands of etcd writes, and a node
+    named overdue at the start may be back before its turn. It is asked again before its LOST is written."""
+    async def scenario() -> None:
+        clock, store, coordinator = await leading_coordinator()
+        await coordinator.open_session(hello("a"), lambda m: None)
+        old_b, welcome_b = await coordinator.open_session(hello("b"), lambda m: None)
+        clock.advance(TIMEOUT_S + 1)  # both silent: both overdue
+        write, released = store.compare_and_swap, asyncio.Event()
+
+        async def slow_write(*args, **kwargs):
+            await released.wait()
+            return await write(*args, **kwargs)
+
+        store.compare_and_swap = slow_write  # type: ignore[method-assign]
+        ticking = asyncio.create_task(coordinator.tick())
+        await asyncio.sleep(0.01)  # the pass is writing a's LOST
+        new_b, _ = await coordinator.open_session(hello("b", token=welcome_b.resume_token), lambda m: None)
+        released.set()
+        await ticking
+        assert await stored_node_state(store, "a") == "LOST"
+        assert await stored_node_state(store, "b") == "READY"
+        assert old_b.closed.is_set() and not new_b.closed.is_set()
+
+    run(scenario())
+
+
 def test_a_node_is_not_lost_while_etcd_is_still_recording_its_hello() -> None:
     async def scenario() -> None:
         clock, store, coordinator = await leading_coordinator()
