@@ -631,10 +631,15 @@ class Coordinator:
             record = self._membership.get(name)
             if record is None or record.state is not NodeState.READY:
                 continue
-            opening = self._sessions.get(name)
-            if opening is not None and opening.opening and not opening.closed.is_set():
-                continue  # waiting for etcd to record it, not silent
             age = self._liveness.age(name)
+            open_session = self._sessions.get(name)
+            if open_session is not None and not open_session.closed.is_set():
+                if open_session.opening:
+                    continue  # waiting for etcd to record it, not silent
+                if not open_session.confirmed and (age or 0.0) <= open_session.next_welcome_wait_s:
+                    # Its agent may not have read the Welcome yet (a starved host, a burst): it waits at most
+                    # its current Welcome wait, no longer than the next one its Hello named, then leaves.
+                    continue
             await self._membership.set_state(name, NodeState.LOST, self._clock.wall(), leadership.fence)
             metrics.NODES_LOST.inc()
             session = self._sessions.pop(name, None)

@@ -21,7 +21,7 @@ from daemon.job.observation import REMEMBERED_STEPS
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
 from proto.vocabulary import JobState
-from tests.daemon.job_sim import SESSION_GRACE_S, SimCluster, job_settings, running_cluster
+from tests.daemon.job_sim import HEARTBEAT_TIMEOUT_S, SESSION_GRACE_S, SimCluster, job_settings, running_cluster
 
 
 def run(coro):
@@ -375,6 +375,26 @@ def test_a_drain_names_a_node_or_is_refused_in_one_short_line() -> None:
     run(scenario())
 
 
+async def one_welcomed_and_one_heartbeating(sim: SimCluster, quiet: str) -> tuple[
+        grpc.aio.Server, grpc.aio.Channel, dict[str, grpc.aio.StreamStreamCall]]:
+    """Two sessions over real gRPC, each Hello naming a next Welcome wait of 20 s: `quiet` sends nothing after
+    its Welcome, "heartbeated" one heartbeat, acked."""
+    server, channel = await serve_sessions(CoordinatorService(sim.coordinator))
+    stub = pb_grpc.CoordinatorStub(channel)
+    calls = {}
+    for name in (quiet, "heartbeated"):
+        calls[name] = stub.Session()
+        await calls[name].write(pb.AgentMessage(hello=hello(node_name=name, next_welcome_wait_s=20.0)))
+        assert (await calls[name].read()).WhichOneof("body") == "welcome"
+    await calls["heartbeated"].write(pb.AgentMessage(heartbeat=pb.Heartbeat(sequence=1)))
+    assert (await calls["heartbeated"].read()).WhichOneof("body") == "heartbeat_ack"
+    return server, channel, calls
+
+
+async def node_states(sim: SimCluster) -> dict[str, str]:
+    return {node.name: node.state.value for node in (await sim.coordinator.view()).nodes}
+
+
 def test_a_node_whose_agent_left_before_confirming_its_welcome_gets_twice_its_next_welcome_wait_before_lost() -> None:
     """In a connect burst a Hello can wait in the gRPC queue until its agent gives it up, just as the
     coordinator welcomes it; the agent's next Hello then waits in the same queue. A node whose session ended
@@ -384,16 +404,8 @@ def test_a_node_whose_agent_left_before_confirming_its_welcome_gets_twice_its_ne
     async def scenario() -> None:
         sim = SimCluster(job_settings())
         await sim.lead()
-        server, channel = await serve_sessions(CoordinatorService(sim.coordinator))
+        server, channel, calls = await one_welcomed_and_one_heartbeating(sim, "gave-up")
         try:
-            stub = pb_grpc.CoordinatorStub(channel)
-            calls = {}
-            for name in ("gave-up", "heartbeated"):
-                calls[name] = stub.Session()
-                await calls[name].write(pb.AgentMessage(hello=hello(node_name=name, next_welcome_wait_s=20.0)))
-                assert (await calls[name].read()).WhichOneof("body") == "welcome"
-            await calls["heartbeated"].write(pb.AgentMessage(heartbeat=pb.Heartbeat(sequence=1)))
-            assert (await calls["heartbeated"].read()).WhichOneof("body") == "heartbeat_ack"
             for call in calls.values():
                 call.cancel()
             for _ in range(200):  # the server notices the cancels
@@ -401,16 +413,35 @@ def test_a_node_whose_agent_left_before_confirming_its_welcome_gets_twice_its_ne
                     break
                 await asyncio.sleep(0.02)
             assert sim.coordinator.session_count == 0
-
-            async def states() -> dict[str, str]:
-                return {node.name: node.state.value for node in (await sim.coordinator.view()).nodes}
-
             await sim.tick(SESSION_GRACE_S + 0.1)
-            assert await states() == {"gave-up": "READY", "heartbeated": "LOST"}
+            assert await node_states(sim) == {"gave-up": "READY", "heartbeated": "LOST"}
             await sim.tick(40.0 - 0.2)  # silent for 41.9 s, past the 5 s timeout: still not LOST
-            assert (await states())["gave-up"] == "READY"
+            assert (await node_states(sim))["gave-up"] == "READY"
             await sim.tick(0.2)
-            assert (await states())["gave-up"] == "LOST"
+            assert (await node_states(sim))["gave-up"] == "LOST"
+        finally:
+            await channel.close()
+            await server.stop(None)
+    run(scenario())
+
+
+def test_a_node_whose_agent_has_not_yet_read_its_welcome_is_not_lost_before_the_wait_its_hello_named() -> None:
+    """A starved host can read its Welcome seconds after it was written (a 20,000-agent burst on 2 cores: 5.1 s,
+    and the node went LOST at the 5 s timeout). While its session is open and nothing came after the Welcome,
+    its silence counts only past the Welcome wait its Hello named; once it sent anything, the timeout holds."""
+    async def scenario() -> None:
+        sim = SimCluster(job_settings())
+        await sim.lead()
+        server, channel, calls = await one_welcomed_and_one_heartbeating(sim, "reads-late")
+        try:
+            await sim.tick(HEARTBEAT_TIMEOUT_S + 1)
+            assert await node_states(sim) == {"reads-late": "READY", "heartbeated": "LOST"}
+            await sim.tick(20.0 - HEARTBEAT_TIMEOUT_S - 1 - 0.1)  # 19.9 s since its Welcome
+            assert (await node_states(sim))["reads-late"] == "READY"
+            await sim.tick(0.2)
+            assert (await node_states(sim))["reads-late"] == "LOST"
+            for call in calls.values():
+                call.cancel()
         finally:
             await channel.close()
             await server.stop(None)
