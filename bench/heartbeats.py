@@ -323,15 +323,16 @@ def one_connection_per_group() -> None:
     grpc.aio.insecure_channel = insecure_channel  # type: ignore[assignment]
 
 
-class NameTheAgent(logging.Filter):
-    """Puts the simulated agent's name on its link's log records (the link's messages name the address only)."""
+class TraceLines(logging.Filter):
+    """What --trace writes: each of the link's log records with its simulated agent's name (the link's messages
+    name the address only), the pace changes left out."""
 
     def __init__(self, names: list[str]) -> None:
         super().__init__()
         self._names = names
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """Also leaves out the pace changes: most of the lines, and writing them starved the clients."""
+        """The pace changes are most of the lines, and writing them starved the clients."""
         record.agent = self._names[AGENT.get()]
         return not record.msg.startswith("the coordinator asks for a heartbeat every")
 
@@ -351,7 +352,7 @@ def client_process(addresses: list[str], names: list[str], ramp_per_s: float, pe
     session_log.addHandler(CountFailures(tally))
     if trace is not None:
         to_file = logging.FileHandler(trace)
-        to_file.addFilter(NameTheAgent(names))
+        to_file.addFilter(TraceLines(names))
         to_file.setFormatter(logging.Formatter("%(asctime)s %(agent)s %(levelname)s %(message)s"))
         session_log.addHandler(to_file)
     asyncio.run(_run_agents(addresses, names, ramp_per_s, per_connection, tally, report, stop))
