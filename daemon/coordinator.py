@@ -317,7 +317,7 @@ class Coordinator:
             self.close_session(session)
             raise
         session.opening = False
-        self._liveness.heard_from(name)  # its heartbeats start with the Welcome
+        self._liveness.welcomed(name, hello.next_welcome_wait_s)  # its heartbeats start with the Welcome
         if self.job is not None and self.job.session_opened(name):
             self.request_reconcile()  # its Launch goes out again, after the Welcome
         stop_grace_s = DEFAULT_STOP_GRACE_S if self.job is None else self.job.spec.stop_grace_s
@@ -594,6 +594,12 @@ class Coordinator:
         self.request_reconcile()
         return f"node {node} is {'drained' if drained else 'in service'}"
 
+    def confirm(self, session: AgentSession) -> None:
+        """Its agent sent something after the Welcome, so it had it (daemon/liveness.py `welcomed`)."""
+        session.confirmed = True
+        if self._sessions.get(session.node) is session:
+            self._liveness.confirmed(session.node)
+
     def close_session(self, session: AgentSession) -> None:
         """The session's stream ended. A session whose agent sent nothing after its Hello gives the node
         two of the agent's next Welcome waits on top of the grace: in a connect burst an agent can give up
@@ -631,15 +637,10 @@ class Coordinator:
             record = self._membership.get(name)
             if record is None or record.state is not NodeState.READY:
                 continue
+            opening = self._sessions.get(name)
+            if opening is not None and opening.opening and not opening.closed.is_set():
+                continue  # waiting for etcd to record it, not silent
             age = self._liveness.age(name)
-            open_session = self._sessions.get(name)
-            if open_session is not None and not open_session.closed.is_set():
-                if open_session.opening:
-                    continue  # waiting for etcd to record it, not silent
-                if not open_session.confirmed and (age or 0.0) <= open_session.next_welcome_wait_s:
-                    # Its agent may not have read the Welcome yet (a starved host, a burst): it waits at most
-                    # its current Welcome wait, no longer than the next one its Hello named, then leaves.
-                    continue
             await self._membership.set_state(name, NodeState.LOST, self._clock.wall(), leadership.fence)
             metrics.NODES_LOST.inc()
             session = self._sessions.pop(name, None)

@@ -360,7 +360,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         """Check and hand on one message; returns the HeartbeatAck to send for a heartbeat. Nothing it
         raises leaves: a malformed message is dropped and counted; a failure below is logged with its
         traceback, and the session goes on."""
-        session.confirmed = True  # whatever it sent, it had the Welcome
+        if not session.confirmed:  # whatever it sent, it had the Welcome
+            self._coordinator.confirm(session)
         kind = message.WhichOneof("body") or "empty"
         metrics.agent_message(kind).inc()
         try:

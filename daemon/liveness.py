@@ -17,7 +17,7 @@ class _Seen:
     last_seen: float
     connected: bool
     disconnected_at: float | None = None  # when its session broke (None: connected, or adopted)
-    back_by: float | None = None  # a session ended unconfirmed: the deadline set then (`disconnected`)
+    back_by: float | None = None  # its Welcome is unconfirmed: no silence counts before then (`welcomed`)
 
 
 class LivenessTracker:
@@ -59,6 +59,20 @@ class LivenessTracker:
 
     def connected(self, node: str) -> None:
         self._nodes[node] = _Seen(self._clock.now(), True)
+
+    def welcomed(self, node: str, unconfirmed_s: float = 0.0) -> None:
+        """Its Welcome was written: heard from now. `unconfirmed_s` > 0: until its agent confirms it
+        (`confirmed`), its silence counts only after that long, the wait its Hello named: the agent may not
+        have read the Welcome yet (a starved host, a burst), and leaves within its current wait."""
+        self.heard_from(node)
+        seen = self._nodes[node]
+        seen.back_by = self._clock.now() + unconfirmed_s if unconfirmed_s > 0 else None
+
+    def confirmed(self, node: str) -> None:
+        """Its agent sent something after the Welcome: it has it, and the usual deadlines hold."""
+        seen = self._nodes.get(node)
+        if seen is not None and seen.connected:
+            seen.back_by = None
 
     def heard_from(self, node: str) -> None:
         seen = self._nodes.get(node)
@@ -135,8 +149,11 @@ class LivenessTracker:
 
 def _overdue(seen: _Seen, now: float, silent_since: float, broken_since: float) -> bool:
     broken_at = None if seen.connected else seen.disconnected_at
+    if seen.back_by is not None:  # an unconfirmed Welcome: no silence counts before the deadline
+        if now <= seen.back_by:
+            return False
+        if broken_at is not None:
+            return True
     if broken_at is None:
         return seen.last_seen < silent_since
-    if seen.back_by is not None:  # silence is not counted before the deadline of an unconfirmed session
-        return seen.back_by < now
     return seen.last_seen < silent_since or broken_at < broken_since
