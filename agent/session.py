@@ -23,7 +23,12 @@ from agent.fence import ContactWatch, FenceTerms
 from common.clock import Clock
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
-from proto.vocabulary import LEADER_ADDRESS_METADATA, MAX_WELCOME_WAIT_S, RETRY_AFTER_MS_METADATA
+from proto.vocabulary import (
+    LEADER_ADDRESS_METADATA,
+    MAX_WELCOME_WAIT_S,
+    RETRY_AFTER_MS_METADATA,
+    RETRY_AFTER_SPREAD,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +55,7 @@ def backoff_delay(attempt: int, rng: random.Random, cap_s: float = BACKOFF_CAP_S
     that, spread over half as long again so the deferred agents do not return together."""
     delay = rng.uniform(0.5, 1.0) * min(cap_s, BACKOFF_BASE_S * (2 ** attempt))
     if retry_after_s > 0:
-        delay = max(delay, retry_after_s * rng.uniform(1.0, 1.5))
+        delay = max(delay, retry_after_s * rng.uniform(1.0, RETRY_AFTER_SPREAD))
     return delay
 
 

@@ -35,7 +35,7 @@ from daemon.read_lag import ReadLag
 from daemon.store import codec, keys
 from daemon.store.fenced_cache import WriteConflict
 from daemon.store.interface import Store, StoreError
-from proto.vocabulary import NODE_NAME_PATTERN, NodeState, ProcessRole
+from proto.vocabulary import NODE_NAME_PATTERN, RETRY_AFTER_SPREAD, NodeState, ProcessRole
 
 log = logging.getLogger(__name__)
 
@@ -599,6 +599,17 @@ class Coordinator:
         session.confirmed = True
         if self._sessions.get(session.node) is session:
             self._liveness.confirmed(session.node)
+
+    def at_the_door(self, hello: AgentHello, retry_after_s: float) -> None:
+        """`hello` was turned away, its agent told to come back after `retry_after_s`. Its node is not
+        silent meanwhile: the agent comes back within RETRY_AFTER_SPREAD times that, its next Hello may
+        wait in our gRPC queue as long as its agent waits for a Welcome (at most the next wait the Hello
+        named), and the grace of any ended session comes on top. Without this, in a connect burst an agent
+        whose session broke and whose next Hello was given a turn further off than the grace went LOST
+        while it waited for that turn (bench/heartbeats.py, README "How many agents one coordinator holds").
+        A host that dies right after its Hello was deferred is LOST that much later."""
+        for_s = RETRY_AFTER_SPREAD * retry_after_s + hello.next_welcome_wait_s + self._liveness.grace_s
+        self._liveness.at_the_door(hello.node_name, for_s)
 
     def close_session(self, session: AgentSession) -> None:
         """The session's stream ended. A session whose agent sent nothing after its Hello gives the node

@@ -301,8 +301,12 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a session must start with Hello")
         hello = hello_from_proto(first.hello)
         require_node(hello.node_name)
-        async with self._gate.opening_session():
-            return await self._welcome(context, hello)
+        try:
+            async with self._gate.opening_session():
+                return await self._welcome(context, hello)
+        except HelloDeferred as deferred:
+            self._coordinator.at_the_door(hello, deferred.retry_after_s)
+            raise
 
     async def _welcome(self, context: grpc.aio.ServicerContext,
                        hello: AgentHello) -> tuple[AgentSession, asyncio.Queue]:

@@ -18,6 +18,7 @@ class _Seen:
     connected: bool
     disconnected_at: float | None = None  # when its session broke (None: connected, or adopted)
     back_by: float | None = None  # its Welcome is unconfirmed: no silence counts before then (`welcomed`)
+    at_the_door_until: float | None = None  # its Hello was deferred: not silent before then (`at_the_door`)
 
 
 class LivenessTracker:
@@ -28,7 +29,8 @@ class LivenessTracker:
     may only have lost its TCP connection). A dead agent's session breaks at once, so the grace,
     shorter than the timeout, is what makes a killed agent's loss quick to detect. Nodes a new
     leader adopts from etcd get the full timeout: the coordinator failed over, not they. A session that
-    ended before its agent confirmed the Welcome gives the node longer (`disconnected`). Time the
+    ended before its agent confirmed the Welcome gives the node longer (`disconnected`), and so does a
+    Hello the coordinator deferred (`at_the_door`). Time the
     coordinator's own event loop was stalled is excused (`excuse`): a saturated coordinator must not
     declare nodes LOST for messages it had not yet got round to reading.
     """
@@ -67,6 +69,7 @@ class LivenessTracker:
         self.heard_from(node)
         seen = self._nodes[node]
         seen.back_by = self._clock.now() + unconfirmed_s if unconfirmed_s > 0 else None
+        seen.at_the_door_until = None
 
     def confirmed(self, node: str) -> None:
         """Its agent sent something after the Welcome: it has it, and the usual deadlines hold."""
@@ -95,6 +98,15 @@ class LivenessTracker:
             seen.disconnected_at = now
             seen.back_by = now + self._grace_s + unconfirmed_s if unconfirmed_s > 0 else None
 
+    def at_the_door(self, node: str, for_s: float) -> None:
+        """Its agent's Hello was turned away with a turn to come back at: it is not silent for `for_s` from
+        now (never less than it already had), whatever its session did meanwhile. An untracked node is
+        not overdue anyway."""
+        seen = self._nodes.get(node)
+        if seen is not None:
+            until = self._clock.now() + for_s
+            seen.at_the_door_until = max(until, seen.at_the_door_until or until)
+
     def adopt(self, nodes: list[str]) -> None:
         """A new leader gives nodes it knows from etcd one full window to reconnect to it."""
         now = self._clock.now()
@@ -113,6 +125,8 @@ class LivenessTracker:
                 seen.disconnected_at = min(now, seen.disconnected_at + stall_s)
             if seen.back_by is not None:
                 seen.back_by += stall_s
+            if seen.at_the_door_until is not None:
+                seen.at_the_door_until += stall_s
 
     def forget(self, node: str) -> None:
         """The node left the cluster's records: it is no longer tracked."""
@@ -148,6 +162,8 @@ class LivenessTracker:
 
 
 def _overdue(seen: _Seen, now: float, silent_since: float, broken_since: float) -> bool:
+    if seen.at_the_door_until is not None and now <= seen.at_the_door_until:
+        return False  # waiting for the turn it was given
     broken_at = None if seen.connected else seen.disconnected_at
     if seen.back_by is not None:  # an unconfirmed Welcome: no silence counts before the deadline
         if now <= seen.back_by:

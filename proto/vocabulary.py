@@ -33,8 +33,10 @@ FROZEN_OS_STATES = frozenset({"T", "t", "D"})
 # Trailing metadata a standby coordinator attaches when it refuses a session.
 LEADER_ADDRESS_METADATA = "trainerd-leader-address"
 # Trailing metadata of a Hello deferred at admission (RESOURCE_EXHAUSTED): milliseconds to wait before
-# trying again; the agent adds jitter so the deferred ones do not come back together.
+# trying again; the agent adds jitter so the deferred ones do not come back together, coming back at
+# most RETRY_AFTER_SPREAD times the hint later (the coordinator holds a deferred node that long).
 RETRY_AFTER_MS_METADATA = "trainerd-retry-after-ms"
+RETRY_AFTER_SPREAD = 1.5
 # The longest an agent waits for a Welcome, however many of its Hellos went unanswered; a Hello naming a
 # longer next wait (Hello.next_welcome_wait_s) is malformed.
 MAX_WELCOME_WAIT_S = 60.0

@@ -169,3 +169,32 @@ def test_the_deadline_of_an_unconfirmed_session_is_fixed_when_it_ends_and_moves_
     assert tracker.overdue() == []
     clock.advance(0.2)
     assert tracker.overdue() == ["a"]
+
+
+def test_a_node_whose_hello_was_deferred_is_not_overdue_before_its_turn_whatever_its_session_did() -> None:
+    """Its agent waits for the turn the coordinator gave it: neither the grace of its ended session nor the
+    timeout ends it before then. A stall moves that moment too, a new session ends it, and a deferral
+    never shortens what the node already had."""
+    clock = FakeClock(start=100.0)
+    tracker = LivenessTracker(clock, timeout_s=5.0, grace_s=2.0)
+    for node in ("waiting", "gone"):
+        tracker.connected(node)
+    tracker.at_the_door("waiting", 30.0)  # deferred while its old session was still open: until 130
+    tracker.at_the_door("waiting", 1.0)  # a shorter turn later does not shorten it
+    tracker.at_the_door("unknown", 30.0)  # never tracked: nothing to do
+    tracker.disconnected("waiting")
+    tracker.disconnected("gone")
+    clock.advance(2.01)
+    assert tracker.overdue() == ["gone"]
+    clock.advance(27.98)  # 29.99 s: past the grace and the timeout
+    assert tracker.overdue() == ["gone"]
+    tracker.excuse(1.0)  # the coordinator's own loop stalled: until 131
+    clock.advance(1.0)
+    assert tracker.overdue() == ["gone"]
+    clock.advance(0.02)
+    assert tracker.overdue() == ["gone", "waiting"]
+
+    tracker.at_the_door("waiting", 30.0)
+    tracker.welcomed("waiting")  # let in: from now its heartbeats count as anyone's
+    clock.advance(5.01)
+    assert "waiting" in tracker.overdue()

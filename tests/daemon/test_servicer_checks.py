@@ -20,7 +20,7 @@ from daemon.grpc_services import ControlService, CoordinatorService, hello_from_
 from daemon.job.observation import REMEMBERED_STEPS
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
-from proto.vocabulary import JobState
+from proto.vocabulary import RETRY_AFTER_SPREAD, JobState
 from tests.daemon.job_sim import HEARTBEAT_TIMEOUT_S, SESSION_GRACE_S, SimCluster, job_settings, running_cluster
 
 
@@ -443,6 +443,60 @@ def test_a_node_whose_agent_has_not_yet_read_its_welcome_is_not_lost_before_the_
             for call in calls.values():
                 call.cancel()
         finally:
+            await channel.close()
+            await server.stop(None)
+    run(scenario())
+
+
+def test_a_node_whose_agent_was_turned_away_at_the_door_is_not_lost_before_its_turn_is_over() -> None:
+    """In a connect burst an agent whose session broke can be turned away with a turn further off than the
+    grace. Its node has its turn (times the agent's jitter), the Welcome wait its Hello named and the grace,
+    while a node whose agent did not come back is LOST after the grace."""
+    async def scenario() -> None:
+        sim = SimCluster(job_settings())
+        await sim.lead()
+        gate = OpeningGate(FakeClock(), max_opening=1)
+        server, channel = await serve_sessions(CoordinatorService(sim.coordinator, gate=gate))
+        stub = pb_grpc.CoordinatorStub(channel)
+        busy = asyncio.Event()
+
+        async def opening_elsewhere() -> None:  # another session holds the one place
+            async with gate.opening_session():
+                await busy.wait()
+
+        holder: asyncio.Task | None = None
+        try:
+            for name in ("turned-away", "gone"):
+                call = stub.Session()
+                await call.write(pb.AgentMessage(hello=hello(node_name=name, next_welcome_wait_s=20.0)))
+                assert (await call.read()).WhichOneof("body") == "welcome"
+                await call.write(pb.AgentMessage(heartbeat=pb.Heartbeat(sequence=1)))
+                assert (await call.read()).WhichOneof("body") == "heartbeat_ack"
+                call.cancel()
+            for _ in range(200):  # the server notices the cancels
+                if sim.coordinator.session_count == 0:
+                    break
+                await asyncio.sleep(0.02)
+            assert sim.coordinator.session_count == 0
+            holder = asyncio.create_task(opening_elsewhere())
+            await asyncio.sleep(0.01)
+            again = stub.Session()
+            await again.write(pb.AgentMessage(hello=hello(node_name="turned-away", next_welcome_wait_s=20.0)))
+            with pytest.raises(grpc.aio.AioRpcError) as deferred:
+                await again.read()
+            assert deferred.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            given_s = RETRY_AFTER_SPREAD * retry_after_s(deferred.value) + 20.0 + SESSION_GRACE_S
+
+            await sim.tick(SESSION_GRACE_S + 0.1)
+            assert await node_states(sim) == {"turned-away": "READY", "gone": "LOST"}
+            await sim.tick(given_s - SESSION_GRACE_S - 0.3)  # past the 5 s timeout many times over
+            assert (await node_states(sim))["turned-away"] == "READY"
+            await sim.tick(0.4)
+            assert (await node_states(sim))["turned-away"] == "LOST"
+        finally:
+            busy.set()
+            if holder is not None:
+                await holder
             await channel.close()
             await server.stop(None)
     run(scenario())
