@@ -391,6 +391,15 @@ async def one_welcomed_and_one_heartbeating(sim: SimCluster, quiet: str) -> tupl
     return server, channel, calls
 
 
+async def all_sessions_closed(sim: SimCluster) -> None:
+    """Until the server noticed its agents' cancels."""
+    for _ in range(200):
+        if sim.coordinator.session_count == 0:
+            return
+        await asyncio.sleep(0.02)
+    assert sim.coordinator.session_count == 0
+
+
 async def node_states(sim: SimCluster) -> dict[str, str]:
     return {node.name: node.state.value for node in (await sim.coordinator.view()).nodes}
 
@@ -408,11 +417,7 @@ def test_a_node_whose_agent_left_before_confirming_its_welcome_gets_twice_its_ne
         try:
             for call in calls.values():
                 call.cancel()
-            for _ in range(200):  # the server notices the cancels
-                if sim.coordinator.session_count == 0:
-                    break
-                await asyncio.sleep(0.02)
-            assert sim.coordinator.session_count == 0
+            await all_sessions_closed(sim)
             await sim.tick(SESSION_GRACE_S + 0.1)
             assert await node_states(sim) == {"gave-up": "READY", "heartbeated": "LOST"}
             await sim.tick(40.0 - 0.2)  # silent for 41.9 s, past the 5 s timeout: still not LOST
@@ -473,11 +478,7 @@ def test_a_node_whose_agent_was_turned_away_at_the_door_is_not_lost_before_its_t
                 await call.write(pb.AgentMessage(heartbeat=pb.Heartbeat(sequence=1)))
                 assert (await call.read()).WhichOneof("body") == "heartbeat_ack"
                 call.cancel()
-            for _ in range(200):  # the server notices the cancels
-                if sim.coordinator.session_count == 0:
-                    break
-                await asyncio.sleep(0.02)
-            assert sim.coordinator.session_count == 0
+            await all_sessions_closed(sim)
             holder = asyncio.create_task(opening_elsewhere())
             await asyncio.sleep(0.01)
             again = stub.Session()
