@@ -11,8 +11,9 @@ import logging
 import math
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from common.clock import Clock
 from daemon import metrics
@@ -312,7 +313,7 @@ class Coordinator:
         self._liveness.connected(name)
         returned_from_lost = (record := self._membership.get(name)) is not None and record.state is NodeState.LOST
         try:
-            await self._record_ready(hello, leadership)
+            await self._even_if_the_agent_leaves(self._record_ready(hello, leadership))
         except BaseException:
             self.close_session(session)
             raise
@@ -327,6 +328,22 @@ class Coordinator:
             await self._check_node(session, "it returned from LOST", leadership)
         return session, welcome
 
+    async def _even_if_the_agent_leaves(self, recording: Coroutine[Any, Any, None]) -> None:
+        """Await `recording` in a task that cancelling the caller does not stop. An agent that gives up its
+        Hello (its Welcome timeout, in a burst) cancels the servicer's task, but an etcd write already sent
+        lands anyway: finished, the write is heard by the copy of the records and its event is written.
+        Cancelled with the Hello, it left the copy behind etcd (the next Hello met a conflict) and the node
+        READY without its `node_joined` event."""
+        task = asyncio.get_running_loop().create_task(recording)
+        self._background.add(task)
+        task.add_done_callback(self._recording_done)
+        await asyncio.shield(task)
+
+    def _recording_done(self, task: asyncio.Task) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("recording a node failed: %s", task.exception())  # raised to the Hello, if it still waits
+
     async def _record_ready(self, hello: AgentHello, leadership: Leadership) -> None:
         if not self.needs_recording(hello):
             return
@@ -337,9 +354,9 @@ class Coordinator:
         try:
             await self._membership.put(wanted, leadership.fence)
         except WriteConflict:
-            # The copy was re-read. The write it never heard the answer to is most often this node's own
-            # earlier Hello, cancelled by its agent (gone at its Welcome timeout) while the record was
-            # being written, which then landed: when etcd now holds what this Hello wants, it is recorded.
+            # The copy was re-read. A write whose answer it never heard (etcd failed after the write
+            # landed, or an earlier Hello's recording still under way) may already hold what this Hello
+            # wants: then it is recorded.
             if self.needs_recording(hello):
                 raise
         kind = "node_joined" if record is None else "node_ready"

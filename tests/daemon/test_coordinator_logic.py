@@ -14,6 +14,7 @@ from daemon.leader import LeaderElection, LeaderRecord, LeadershipLost
 from daemon.membership import DeviceInfo
 from daemon.store import codec, keys
 from daemon.store.fenced_cache import WriteConflict
+from daemon.store.interface import StoreUnavailable
 from daemon.store.memory import InMemoryStore
 from proto.vocabulary import NodeState
 
@@ -313,11 +314,12 @@ def test_a_node_lost_for_longer_than_forget_lost_after_s_leaves_the_records_but_
 
 
 @pytest.mark.parametrize("devices_next_time", [1, 2])
-def test_a_hello_cancelled_while_its_node_was_recorded_does_not_fail_the_next_one(devices_next_time: int) -> None:
-    """In a burst an agent gives up its Hello (its Welcome timeout) while the coordinator is recording the node:
-    the write lands in etcd, the copy never hears so. The agent's next Hello finds etcd holding what it wants
-    and is welcomed, where it used to fail with "changed behind this coordinator's copy". A Hello that wants
-    something else still fails on the conflict, and the one after it is recorded."""
+def test_a_hello_cancelled_while_its_node_is_recorded_still_records_it_and_its_event_once(
+        devices_next_time: int) -> None:
+    """In a burst an agent gives up its Hello (its Welcome timeout) while the coordinator is recording the node.
+    The etcd write lands anyway; the recording finishes, so the copy hears it and the node's `node_joined`
+    event is written, once. The agent's next Hello is welcomed as a READY node's (or with its other devices
+    recorded), where it used to fail with "changed behind this coordinator's copy"."""
     async def scenario() -> None:
         clock, store, coordinator = await leading_coordinator()
         write, answered = store.compare_and_swap, asyncio.Event()
@@ -333,18 +335,53 @@ def test_a_hello_cancelled_while_its_node_was_recorded_does_not_fail_the_next_on
         first.cancel()  # the agent gave up: the servicer's task is cancelled mid-write
         with pytest.raises(asyncio.CancelledError):
             await first
+        assert coordinator.session_count == 0
         store.compare_and_swap = write  # type: ignore[method-assign]
         answered.set()
-        assert await stored_node_state(store, "n1") == "READY" and coordinator.session_count == 0
-        if devices_next_time == 1:
-            await coordinator.open_session(hello("n1"), lambda m: None)
-        else:
-            with pytest.raises(WriteConflict):
-                await coordinator.open_session(hello("n1", devices=2), lambda m: None)
-            await coordinator.open_session(hello("n1", devices=2), lambda m: None)  # the copy was re-read
+        for _ in range(100):
+            if [e.kind for e in await coordinator.events(0)] == ["node_joined"]:
+                break
+            await asyncio.sleep(0.01)
+        assert [e.kind for e in await coordinator.events(0)] == ["node_joined"]
+        assert await stored_node_state(store, "n1") == "READY"
+        await coordinator.open_session(hello("n1", devices=devices_next_time), lambda m: None)
         view = {n.name: n for n in (await coordinator.view()).nodes}
         assert view["n1"].state is NodeState.READY and len(view["n1"].devices) == devices_next_time
         assert coordinator.session_count == 1
+        kinds = [e.kind for e in await coordinator.events(0)]
+        assert kinds == (["node_joined"] if devices_next_time == 1 else ["node_joined", "node_ready"])
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("devices_next_time", [1, 2])
+def test_a_write_that_landed_unheard_is_recorded_by_the_next_hello_that_wants_it(devices_next_time: int) -> None:
+    """etcd failed after the write landed: the Hello fails, the copy never heard. The next Hello wanting the
+    same meets the conflict, finds etcd holding it, and is welcomed with the node's event; one wanting other
+    devices fails on the conflict, and the one after it is recorded."""
+    async def scenario() -> None:
+        clock, store, coordinator = await leading_coordinator()
+        write = store.compare_and_swap
+
+        async def lands_then_fails(*args, **kwargs):
+            await write(*args, **kwargs)
+            raise StoreUnavailable("etcd went away after the write")
+
+        store.compare_and_swap = lands_then_fails  # type: ignore[method-assign]
+        with pytest.raises(StoreUnavailable):
+            await coordinator.open_session(hello("n1"), lambda m: None)
+        store.compare_and_swap = write  # type: ignore[method-assign]
+        assert await stored_node_state(store, "n1") == "READY" and coordinator.session_count == 0
+        assert await coordinator.events(0) == []
+        if devices_next_time == 2:
+            with pytest.raises(WriteConflict):
+                await coordinator.open_session(hello("n1", devices=2), lambda m: None)
+        await coordinator.open_session(hello("n1", devices=devices_next_time), lambda m: None)
+        assert len({n.name: n for n in (await coordinator.view()).nodes}["n1"].devices) == devices_next_time
+        # One event for the node either way; after the conflict the re-read copy knows the node, so a
+        # Hello with other devices announces it as a known node's.
+        kinds = [e.kind for e in await coordinator.events(0)]
+        assert kinds == (["node_joined"] if devices_next_time == 1 else ["node_ready"])
 
     run(scenario())
 
