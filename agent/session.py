@@ -25,6 +25,7 @@ from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
 from proto.vocabulary import (
     LEADER_ADDRESS_METADATA,
+    MAX_RETRY_AFTER_S,
     MAX_WELCOME_WAIT_S,
     RETRY_AFTER_MS_METADATA,
     RETRY_AFTER_SPREAD,
@@ -63,7 +64,7 @@ def retry_after_s(exc: grpc.aio.AioRpcError) -> float:
     """The coordinator's hint of when to try again (0: none)."""
     hint = dict(exc.trailing_metadata() or ()).get(RETRY_AFTER_MS_METADATA)
     try:
-        return min(60.0, max(0.0, float(hint) / 1000)) if hint else 0.0
+        return min(MAX_RETRY_AFTER_S, max(0.0, float(hint) / 1000)) if hint else 0.0
     except ValueError:
         return 0.0
 

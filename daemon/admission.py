@@ -29,6 +29,7 @@ from contextlib import asynccontextmanager
 
 from common.clock import Clock
 from daemon.errors import RetryableError
+from proto.vocabulary import MAX_RETRY_AFTER_S
 
 DEFAULT_CONCURRENT_HELLOS = 64
 DEFAULT_MAX_WAIT_S = 2.0
@@ -46,7 +47,7 @@ class HelloDeferred(RetryableError):
 
 
 DEFAULT_MAX_OPENING = 256
-MAX_TICKET_S = 60.0  # the most an agent honours (agent/session.py retry_after_s)
+MAX_TICKET_S = MAX_RETRY_AFTER_S  # the most an agent honours
 MAX_TICKETS_COUNTED = 100_000  # tickets ahead remembered to count the agents at the door (a bound)
 _FIRST_OPENING_GUESS_S = 0.05  # one opening's duration before any was measured
 

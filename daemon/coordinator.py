@@ -36,7 +36,7 @@ from daemon.read_lag import ReadLag
 from daemon.store import codec, keys
 from daemon.store.fenced_cache import WriteConflict
 from daemon.store.interface import Store, StoreError
-from proto.vocabulary import NODE_NAME_PATTERN, RETRY_AFTER_SPREAD, NodeState, ProcessRole
+from proto.vocabulary import MAX_RETRY_AFTER_S, NODE_NAME_PATTERN, RETRY_AFTER_SPREAD, NodeState, ProcessRole
 
 log = logging.getLogger(__name__)
 
@@ -625,7 +625,8 @@ class Coordinator:
         whose session broke and whose next Hello was given a turn further off than the grace went LOST
         while it waited for that turn (bench/heartbeats.py, README "How many agents one coordinator holds").
         A host that dies right after its Hello was deferred is LOST that much later."""
-        for_s = RETRY_AFTER_SPREAD * retry_after_s + hello.next_welcome_wait_s + self._liveness.grace_s
+        turn_s = min(retry_after_s, MAX_RETRY_AFTER_S)  # an agent honours no more (HelloAdmission names any)
+        for_s = RETRY_AFTER_SPREAD * turn_s + hello.next_welcome_wait_s + self._liveness.grace_s
         self._liveness.at_the_door(hello.node_name, for_s)
 
     def close_session(self, session: AgentSession) -> None:

@@ -37,6 +37,7 @@ LEADER_ADDRESS_METADATA = "trainerd-leader-address"
 # most RETRY_AFTER_SPREAD times the hint later (the coordinator holds a deferred node that long).
 RETRY_AFTER_MS_METADATA = "trainerd-retry-after-ms"
 RETRY_AFTER_SPREAD = 1.5
+MAX_RETRY_AFTER_S = 60.0  # the longest hint an agent honours
 # The longest an agent waits for a Welcome, however many of its Hellos went unanswered; a Hello naming a
 # longer next wait (Hello.next_welcome_wait_s) is malformed.
 MAX_WELCOME_WAIT_S = 60.0

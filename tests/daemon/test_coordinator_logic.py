@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 from prometheus_client import REGISTRY
@@ -16,7 +17,7 @@ from daemon.store import codec, keys
 from daemon.store.fenced_cache import WriteConflict
 from daemon.store.interface import StoreUnavailable
 from daemon.store.memory import InMemoryStore
-from proto.vocabulary import NodeState
+from proto.vocabulary import MAX_RETRY_AFTER_S, RETRY_AFTER_SPREAD, NodeState
 
 TIMEOUT_S = 5.0
 
@@ -436,6 +437,27 @@ def test_a_node_is_not_lost_while_etcd_is_still_recording_its_hello() -> None:
         assert await stored_node_state(store, "n1") == "READY"
         assert not session.closed.is_set()
         clock.advance(TIMEOUT_S - 0.1)  # its heartbeats are due from its Welcome on
+        await coordinator.tick()
+        assert await stored_node_state(store, "n1") == "READY"
+        clock.advance(0.2)
+        await coordinator.tick()
+        assert await stored_node_state(store, "n1") == "LOST"
+
+    run(scenario())
+
+
+def test_a_turn_at_the_door_counts_for_no_more_than_an_agent_honours() -> None:
+    """The admission of Hellos names whatever wait its queue would take; an agent comes back after at most
+    MAX_RETRY_AFTER_S of it (times its jitter), so the node is held no longer than that."""
+    async def scenario() -> None:
+        clock, store, coordinator = await leading_coordinator()
+        session, _ = await coordinator.open_session(hello("n1"), lambda m: None)
+        coordinator.heartbeat(session, 0)  # confirmed: the grace alone would apply
+        coordinator.close_session(session)
+        grace_s = coordinator._liveness.grace_s
+        turned_away = dataclasses.replace(hello("n1"), next_welcome_wait_s=20.0)
+        coordinator.at_the_door(turned_away, 10_000.0)
+        clock.advance(RETRY_AFTER_SPREAD * MAX_RETRY_AFTER_S + 20.0 + grace_s - 0.1)
         await coordinator.tick()
         assert await stored_node_state(store, "n1") == "READY"
         clock.advance(0.2)
