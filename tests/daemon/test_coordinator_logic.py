@@ -49,6 +49,17 @@ async def leading_coordinator() -> tuple[FakeClock, InMemoryStore, Coordinator]:
     return clock, store, coordinator
 
 
+async def is_lost_only_after(seconds: float, clock: FakeClock, store: InMemoryStore, coordinator: Coordinator,
+                             node: str = "n1") -> None:
+    """`node` is READY through the passes until `seconds` from now, and LOST at the first pass after."""
+    clock.advance(seconds - 0.1)
+    await coordinator.tick()
+    assert await stored_node_state(store, node) == "READY"
+    clock.advance(0.2)
+    await coordinator.tick()
+    assert await stored_node_state(store, node) == "LOST"
+
+
 async def stored_node_state(store: InMemoryStore, name: str) -> str:
     kv = await store.get(keys.node(name))
     return codec.decode(kv.value, key=kv.key)["state"]
@@ -436,12 +447,7 @@ def test_a_node_is_not_lost_while_etcd_is_still_recording_its_hello() -> None:
         await coordinator.tick()
         assert await stored_node_state(store, "n1") == "READY"
         assert not session.closed.is_set()
-        clock.advance(TIMEOUT_S - 0.1)  # its heartbeats are due from its Welcome on
-        await coordinator.tick()
-        assert await stored_node_state(store, "n1") == "READY"
-        clock.advance(0.2)
-        await coordinator.tick()
-        assert await stored_node_state(store, "n1") == "LOST"
+        await is_lost_only_after(TIMEOUT_S, clock, store, coordinator)  # its heartbeats are due from its Welcome on
 
     run(scenario())
 
@@ -457,11 +463,6 @@ def test_a_turn_at_the_door_counts_for_no_more_than_an_agent_honours() -> None:
         grace_s = coordinator._liveness.grace_s
         turned_away = dataclasses.replace(hello("n1"), next_welcome_wait_s=20.0)
         coordinator.at_the_door(turned_away, 10_000.0)
-        clock.advance(RETRY_AFTER_SPREAD * MAX_RETRY_AFTER_S + 20.0 + grace_s - 0.1)
-        await coordinator.tick()
-        assert await stored_node_state(store, "n1") == "READY"
-        clock.advance(0.2)
-        await coordinator.tick()
-        assert await stored_node_state(store, "n1") == "LOST"
+        await is_lost_only_after(RETRY_AFTER_SPREAD * MAX_RETRY_AFTER_S + 20.0 + grace_s, clock, store, coordinator)
 
     run(scenario())
