@@ -622,6 +622,8 @@ async def measure(count: int, max_per_s: float, max_opening: int, args, workdir:
             "false_lost": leader.false_lost(),
             "lost_leadership": int(after.get("trainerd_is_leader", 0) != 1),
             "stall_s": after.get("trainerd_coordinator_stall_seconds_total", 0.0),
+            "pass_max_s": histogram_max(after, "trainerd_coordinator_pass_seconds"),
+            "passes_slow": histogram_over(after, "trainerd_coordinator_pass_seconds", 1.0),
             "elapsed_s": time.monotonic() - started,
         }
         result.update(clients.totals())
@@ -830,6 +832,8 @@ async def run_all(args) -> None:
                 print("        the coordinator lost its leadership", flush=True)
             if r["stall_s"]:
                 print(f"        the coordinator's event loop ran {r['stall_s']:.1f}s late in all (excused)", flush=True)
+            print(f"        the leader's periodic passes took up to {r['pass_max_s']:.2f}s ({r['passes_slow']} longer "
+                  f"than 1s, whole run)", flush=True)
             print(f"        the agents wrote {r['sent_per_s']:.0f} heartbeats/s in the window (offered/s assumes every "
                   "agent at the coordinator's pace)", flush=True)
             print(f"        {r['acks']} acks read, {r['acks_late']} of them more than {LATE_ACK_S:.0f}s after their "

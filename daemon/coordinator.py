@@ -235,7 +235,9 @@ class Coordinator:
                         await leadership.lease.wait_lost()
                 except TimeoutError:
                     self._excuse_own_stall(loop.time() - waited_from - tick_s)
+                    started = loop.time()
                     await self._tick_guard.run(self.tick)
+                    metrics.PASS_DURATION.observe(loop.time() - started)
             log.warning("%s lost its leader lease; standing down", self.me.id)
         except (asyncio.CancelledError, StoreError, LeadershipLost):
             # Shutting down, etcd failed under us, or another coordinator leads: hand over now rather

@@ -466,3 +466,38 @@ def test_a_turn_at_the_door_counts_for_no_more_than_an_agent_honours() -> None:
         await is_lost_only_after(RETRY_AFTER_SPREAD * MAX_RETRY_AFTER_S + 20.0 + grace_s, clock, store, coordinator)
 
     run(scenario())
+
+
+def test_a_pass_that_blocks_on_etcd_shows_in_the_pass_durations() -> None:
+    """The stall is measured while the leader waits between passes; a pass held up by a slow etcd write is
+    not one, and the pass histogram is where an operator sees it."""
+    def passes_over_half_a_second() -> float:
+        count = REGISTRY.get_sample_value("trainerd_coordinator_pass_seconds_count") or 0.0
+        return count - (REGISTRY.get_sample_value("trainerd_coordinator_pass_seconds_bucket", {"le": "0.5"}) or 0.0)
+
+    async def scenario() -> None:
+        clock = FakeClock()
+        store = InMemoryStore(clock)
+        coordinator = make_coordinator(store, clock, "a")
+        running = asyncio.create_task(coordinator.run(tick_s=0.01))
+        while coordinator.leadership is None:
+            await asyncio.sleep(0)
+        await coordinator.open_session(hello("n1"), lambda m: None)
+        before = passes_over_half_a_second()
+        write = store.compare_and_swap
+
+        async def slow_write(*args, **kwargs):
+            await asyncio.sleep(0.6)
+            return await write(*args, **kwargs)
+
+        store.compare_and_swap = slow_write  # type: ignore[method-assign]
+        clock.advance(TIMEOUT_S + 0.1)  # n1 is overdue: the next pass writes it LOST, slowly
+        while await stored_node_state(store, "n1") != "LOST":
+            await asyncio.sleep(0.05)
+        while passes_over_half_a_second() == before:  # the pass ends once its event is written too
+            assert not running.done(), running.exception()
+            await asyncio.sleep(0.05)
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+
+    run(scenario())
