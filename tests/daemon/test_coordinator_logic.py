@@ -40,6 +40,15 @@ async def lead(coordinator: Coordinator) -> None:
     await coordinator._take_office(leadership)
 
 
+async def running_leader(store: InMemoryStore, clock: FakeClock, tick_s: float) -> tuple[Coordinator, asyncio.Task]:
+    """Coordinator "a" running its passes every `tick_s`, once it leads."""
+    coordinator = make_coordinator(store, clock, "a")
+    running = asyncio.create_task(coordinator.run(tick_s=tick_s))
+    while coordinator.leadership is None:
+        await asyncio.sleep(0)
+    return coordinator, running
+
+
 async def leading_coordinator() -> tuple[FakeClock, InMemoryStore, Coordinator]:
     """Coordinator "a", leading on a new in-memory store with a fake clock."""
     clock = FakeClock()
@@ -232,10 +241,7 @@ def test_new_leader_adopts_known_nodes_for_one_window() -> None:
     async def scenario() -> None:
         clock = FakeClock()
         store = InMemoryStore(clock)
-        old = make_coordinator(store, clock, "a")
-        running = asyncio.create_task(old.run(tick_s=3600))
-        while old.leadership is None:
-            await asyncio.sleep(0)
+        old, running = await running_leader(store, clock, tick_s=3600)
         await old.open_session(hello("n1"), lambda m: None)
         await old.open_session(hello("n2"), lambda m: None)
         running.cancel()  # a clean shutdown hands leadership over at once
@@ -262,10 +268,7 @@ def test_a_leader_whose_fenced_write_is_refused_stands_down_and_campaigns_again(
     async def scenario() -> None:
         clock = FakeClock()
         store = InMemoryStore(clock)
-        coordinator = make_coordinator(store, clock, "a")
-        running = asyncio.create_task(coordinator.run(tick_s=0.01))
-        while coordinator.leadership is None:
-            await asyncio.sleep(0)
+        coordinator, running = await running_leader(store, clock, tick_s=0.01)
         term = coordinator.leadership
         await coordinator.open_session(hello("n1"), lambda m: None)
         held = await store.get(keys.LEADER)
@@ -478,10 +481,7 @@ def test_a_pass_that_blocks_on_etcd_shows_in_the_pass_durations() -> None:
     async def scenario() -> None:
         clock = FakeClock()
         store = InMemoryStore(clock)
-        coordinator = make_coordinator(store, clock, "a")
-        running = asyncio.create_task(coordinator.run(tick_s=0.01))
-        while coordinator.leadership is None:
-            await asyncio.sleep(0)
+        coordinator, running = await running_leader(store, clock, tick_s=0.01)
         await coordinator.open_session(hello("n1"), lambda m: None)
         before = passes_over_half_a_second()
         write = store.compare_and_swap
