@@ -315,7 +315,8 @@ class Coordinator:
         self._liveness.connected(name)
         returned_from_lost = (record := self._membership.get(name)) is not None and record.state is NodeState.LOST
         try:
-            await self._even_if_the_agent_leaves(self._record_ready(hello, leadership))
+            if self.needs_recording(hello):  # a READY node reconnecting as it was writes nothing: no task
+                await self._even_if_the_agent_leaves(self._record_ready(hello, leadership))
         except BaseException:
             self.close_session(session)
             raise
@@ -347,8 +348,7 @@ class Coordinator:
             log.debug("recording a node failed: %s", task.exception())  # raised to the Hello, if it still waits
 
     async def _record_ready(self, hello: AgentHello, leadership: Leadership) -> None:
-        if not self.needs_recording(hello):
-            return
+        """Write the node READY with the Hello's host and devices, and its event (`needs_recording` said so)."""
         name = hello.node_name
         record = self._membership.get(name)
         wanted = NodeRecord(name, hello.host, hello.devices, NodeState.READY, self._clock.wall(),
