@@ -34,8 +34,14 @@ from proto.vocabulary import (
 log = logging.getLogger(__name__)
 
 CHANNEL_OPTIONS = [
+    # A coordinator that stops answering pings (frozen, or its host cut off) ends the call 30 s after the
+    # last thing heard, well within the Welcome wait. gRPC 1.85 times a ping's answer by
+    # `ping_timeout_ms` (default 60 s) whatever `keepalive_timeout_ms` says: with only the latter at 5 s, a
+    # frozen coordinator held a Hello 70 s. Not shorter: in a connect burst a starved coordinator has
+    # left bytes unread for 4 s and more (bench/heartbeats.py), and a ping it answers late breaks nothing.
     ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.http2.ping_timeout_ms", 20_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.enable_retries", 0),
     # A channel of its own connection: from the process-wide pool a new channel can be handed the closed
@@ -45,7 +51,6 @@ CHANNEL_OPTIONS = [
 ]
 BACKOFF_BASE_S = 0.2
 BACKOFF_CAP_S = 5.0
-WELCOME_TIMEOUT_S = 10.0
 MAX_INTERVAL_S = 600.0  # the longest heartbeat interval an ack may ask for
 
 
@@ -129,10 +134,10 @@ class CoordinatorLink:
         clock: Clock,
         rng: random.Random | None = None,
         credentials: grpc.ChannelCredentials | None = None,
-        welcome_timeout_s: float = WELCOME_TIMEOUT_S,
+        welcome_timeout_s: float = MAX_WELCOME_WAIT_S,
     ) -> None:
         """`credentials`: TLS (the cluster's CA, this node's certificate); None talks plain text.
-        `welcome_timeout_s`: how long a first attempt waits for its Welcome (`_note_no_welcome`)."""
+        `welcome_timeout_s`: how long an attempt waits for its Welcome (`_session_on`)."""
         self._addresses = addresses
         self._credentials = credentials
         self._hello = hello
@@ -153,8 +158,7 @@ class CoordinatorLink:
         self.contact = ContactWatch(clock)
         # The channel of an attempt the coordinator deferred, kept for the next attempt to it (`_channel_to`).
         self._kept: tuple[str, grpc.aio.Channel] | None = None
-        # How long the next attempt waits for its Welcome: see `_note_no_welcome`.
-        self._first_welcome_timeout_s = self._welcome_timeout_s = welcome_timeout_s
+        self._welcome_timeout_s = welcome_timeout_s
 
     def send(self, message: pb.AgentMessage) -> None:
         """Queue a report; it goes out on the current session, or the next one."""
@@ -188,32 +192,16 @@ class CoordinatorLink:
                 self._note_refusal(address, exc)
             except TimeoutError:
                 established = False
-                self._note_no_welcome(address)
+                log.warning("coordinator %s sent no Welcome within %.0fs", address, self._welcome_timeout_s)
             finally:
                 if self.connected.is_set():
                     self.connected.clear()
                     handler.on_connected(False)
             if established:
-                attempt, self._welcome_timeout_s = 0, self._first_welcome_timeout_s
+                attempt = 0
             else:
                 attempt += 1
             await self._clock.asleep(backoff_delay(attempt, self._rng, self._backoff_cap_s, retry_after))
-
-    def _note_no_welcome(self, address: str) -> None:
-        """The next attempts wait twice as long for their Welcome (up to MAX_WELCOME_WAIT_S, until a
-        session is established). A Hello that got none in time most often waited in the coordinator's
-        gRPC queue for its event loop to take the call, behind a connect burst: dialling again only goes
-        to the back of that queue, and every abandoned call costs both sides, so impatient agents turn a
-        burst into a storm that holds them out for minutes (bench/heartbeats.py, README "How many agents
-        one coordinator holds"). A coordinator that is gone ends the call instead (keepalive), and a
-        standby answers at once with the leader's address."""
-        log.warning("coordinator %s sent no Welcome within %.0fs", address, self._welcome_timeout_s)
-        self._welcome_timeout_s = self._next_welcome_timeout_s()
-
-    def _next_welcome_timeout_s(self) -> float:
-        """How long the attempt after this one waits for its Welcome, if this one's never comes (each Hello
-        names it: the coordinator gives a node whose Welcome went unconfirmed that much longer to return)."""
-        return min(MAX_WELCOME_WAIT_S, 2 * self._welcome_timeout_s)
 
     def _note_refusal(self, address: str, exc: grpc.aio.AioRpcError) -> None:
         metadata = dict(exc.trailing_metadata() or ())
@@ -266,8 +254,13 @@ class CoordinatorLink:
         hello = pb.Hello()
         hello.CopyFrom(self._hello)
         hello.resume_token = self._identity.load_token(hello.node_name)
-        hello.next_welcome_wait_s = self._next_welcome_timeout_s()
+        hello.next_welcome_wait_s = self._welcome_timeout_s
         await call.write(pb.AgentMessage(hello=hello))
+        # The whole of its patience, from the first Hello: a Hello with no answer yet has most often
+        # waited in the coordinator's gRPC queue (in a connect burst of 10,000 agents, up to 25 s on
+        # two cores), and one given up goes to the back of that queue again and costs the coordinator
+        # a call it takes for nothing. A coordinator that is gone or frozen ends the call sooner:
+        # keepalive (CHANNEL_OPTIONS); a standby answers at once, naming the leader.
         async with asyncio.timeout(self._welcome_timeout_s):
             first = await call.read()
         if first is grpc.aio.EOF:

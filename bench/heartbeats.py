@@ -32,8 +32,8 @@ time and deferred with a retry-after hint beyond 2 s of queue (HelloAdmission); 
 refreshed by a thread of its own (daemon/store/lease_keeper.py); liveness deadlines allow for the
 leader's own read lag (daemon/read_lag.py); the garbage collector leaves the start-up heap alone and runs
 rarely (daemon/app.py settle_gc_for_serving); a deferred agent comes back on the connection it was
-deferred on, and an agent whose Hello got no Welcome waits twice as long on its next attempt
-(agent/session.py); a node whose agent gave up its Hello just as it was welcomed gets two of the agent's
+deferred on, and an agent waits 60 s for each Welcome, as long as keepalive finds the coordinator
+alive (agent/session.py); a node whose agent gave up its Hello just as it was welcomed gets two of the agent's
 next Welcome waits before it is LOST (daemon/coordinator.py close_session). --trace shows one node's
 sessions on both sides. An agent redials after max(3 intervals, timeout/2) without
 an ack, so a coordinator that falls that far behind shows up here as broken sessions.

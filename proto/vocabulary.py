@@ -38,8 +38,8 @@ LEADER_ADDRESS_METADATA = "trainerd-leader-address"
 RETRY_AFTER_MS_METADATA = "trainerd-retry-after-ms"
 RETRY_AFTER_SPREAD = 1.5
 MAX_RETRY_AFTER_S = 60.0  # the longest hint an agent honours
-# The longest an agent waits for a Welcome, however many of its Hellos went unanswered; a Hello naming a
-# longer next wait (Hello.next_welcome_wait_s) is malformed.
+# How long an agent waits for a Welcome (agent/session.py), and the longest wait a Hello may name
+# (Hello.next_welcome_wait_s; a longer one is malformed).
 MAX_WELCOME_WAIT_S = 60.0
 
 # Match with re.fullmatch: with re.match the `$` also accepts a trailing newline ("n1\n"). The anchors stay

@@ -5,6 +5,9 @@ the leader's address in the trailing metadata."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -12,12 +15,13 @@ from pathlib import Path
 
 import grpc
 
-from agent.session import WELCOME_TIMEOUT_S, CoordinatorLink, IdentityFile
+from agent.session import CoordinatorLink, IdentityFile
 from common.clock import SystemClock
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
-from proto.vocabulary import LEADER_ADDRESS_METADATA, RETRY_AFTER_MS_METADATA
+from proto.vocabulary import LEADER_ADDRESS_METADATA, MAX_WELCOME_WAIT_S, RETRY_AFTER_MS_METADATA
 
+REPO = Path(__file__).resolve().parents[2]
 HEARTBEAT_INTERVAL_S = 0.05
 WAIT_S = 5.0
 
@@ -139,7 +143,7 @@ async def serving(servicer: pb_grpc.CoordinatorServicer) -> AsyncIterator[str]:
         await server.stop(None)
 
 
-def make_link(addresses: list[str], work_dir: Path, welcome_timeout_s: float = WELCOME_TIMEOUT_S) -> CoordinatorLink:
+def make_link(addresses: list[str], work_dir: Path, welcome_timeout_s: float = MAX_WELCOME_WAIT_S) -> CoordinatorLink:
     hello = pb.Hello(node_name="n1", host="10.0.0.1", agent_version="test",
                      devices=[pb.Device(device_id=0, kind="cpu")])
     return CoordinatorLink(addresses=addresses, hello=hello, identity=IdentityFile(work_dir / "identity.json"),
@@ -234,31 +238,75 @@ def test_a_deferred_hello_comes_back_on_the_same_connection_and_any_other_failur
     asyncio.run(asyncio.wait_for(scenario(), 20))
 
 
-def test_an_agent_left_without_a_welcome_waits_twice_as_long_the_next_time_until_it_gets_one(
-        tmp_path: Path) -> None:
+def test_every_attempt_waits_the_whole_welcome_wait_and_names_it_in_its_hello(tmp_path: Path) -> None:
     """A Hello left unanswered most often waits in the coordinator's queue behind a burst: an agent that
-    gives up early only goes to the back of it again. Once a session is established, the next first
-    attempt is as patient as the first one was."""
-    coordinator = SlowToWelcomeCoordinator(unanswered=3)
+    gives up early only goes to the back of it again. Each attempt waits the same, and its Hello names
+    that wait: what the coordinator allows a node whose Welcome went unconfirmed."""
+    coordinator = SlowToWelcomeCoordinator(unanswered=2)
     handler = RecordingHandler()
-    first_s = 0.4
+    wait_s = 0.4
 
     async def scenario() -> None:
         async with serving(coordinator) as address:
-            link = make_link([address], tmp_path, welcome_timeout_s=first_s)
+            link = make_link([address], tmp_path, welcome_timeout_s=wait_s)
             async with running(link, handler):
-                await asyncio.wait_for(link.connected.wait(), 15)  # 0.4 + 0.8 + 1.6 s, and the backoffs
-                held = list(coordinator.held_s)
-                assert len(held) == 3
-                for wanted, got in zip((first_s, 2 * first_s, 4 * first_s), held):
-                    assert wanted - 0.05 <= got <= wanted + 0.3, held
-                # each Hello named the wait its successor would get: what the coordinator allows a node
-                # whose Welcome went unconfirmed
-                assert coordinator.next_waits_named == [2 * first_s, 4 * first_s, 8 * first_s]
-                coordinator.unanswered = 1
-                await coordinator.commands.put(None)  # the coordinator ends the session
-                await asyncio.wait_for(coordinator.hellos.get(), WAIT_S)  # the session's Hello
-                await asyncio.wait_for(coordinator.hellos.get(), WAIT_S)  # welcomed after one unanswered
-                assert first_s - 0.05 <= coordinator.held_s[3] <= first_s + 0.3, coordinator.held_s
+                await asyncio.wait_for(link.connected.wait(), 15)
+                assert len(coordinator.held_s) == 2
+                for held in coordinator.held_s:
+                    assert wait_s - 0.05 <= held <= wait_s + 0.3, coordinator.held_s
+                assert coordinator.next_waits_named == [wait_s, wait_s]
 
     asyncio.run(asyncio.wait_for(scenario(), 20))
+
+
+FROZEN_COORDINATOR = """
+import asyncio, sys
+import grpc
+from daemon.app import SERVER_OPTIONS
+from proto import trainerd_pb2_grpc as pb_grpc
+
+class HoldsHellos(pb_grpc.CoordinatorServicer):
+    async def Session(self, request_iterator, context):
+        first = await context.read()
+        print(first.hello.next_welcome_wait_s, flush=True)
+        await asyncio.Event().wait()
+
+async def main():
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    pb_grpc.add_CoordinatorServicer_to_server(HoldsHellos(), server)
+    print(server.add_insecure_port("127.0.0.1:0"), flush=True)
+    await server.start()
+    await server.wait_for_termination()
+
+asyncio.run(main())
+"""
+
+
+def test_a_coordinator_frozen_with_the_hello_does_not_hold_the_agent_for_its_whole_welcome_wait(
+        tmp_path: Path) -> None:
+    """The agent is patient for its Welcome (60 s) because a live coordinator's queue can be that long,
+    not a dead one's: a coordinator process frozen after it took the Hello stops answering gRPC's
+    keepalive pings (10 s, then 20 s for the answer: CHANNEL_OPTIONS), the call ends, and the agent
+    dials the other coordinator it knows well before its wait is over."""
+    leader = LeaderCoordinator("live")
+    handler = RecordingHandler()
+
+    async def scenario(frozen: subprocess.Popen) -> None:
+        assert frozen.stdout is not None
+        port = int(await asyncio.to_thread(frozen.stdout.readline))
+        async with serving(leader) as live_address:
+            link = make_link([f"127.0.0.1:{port}", live_address], tmp_path)
+            async with running(link, handler):
+                # the Hello names the agent's whole patience, the default
+                assert float(await asyncio.to_thread(frozen.stdout.readline)) == MAX_WELCOME_WAIT_S
+                frozen.send_signal(signal.SIGSTOP)
+                await asyncio.wait_for(link.connected.wait(), MAX_WELCOME_WAIT_S - 15)
+                assert link.welcome is not None and link.welcome.coordinator_id == "live"
+
+    frozen = subprocess.Popen([sys.executable, "-c", FROZEN_COORDINATOR], stdout=subprocess.PIPE, text=True,
+                              cwd=REPO)
+    try:
+        asyncio.run(asyncio.wait_for(scenario(frozen), 60))
+    finally:
+        frozen.kill()
+        frozen.wait()
