@@ -51,12 +51,14 @@ def call_backlog_options(max_sessions: int) -> list[tuple[str, int]]:
     """How many calls the gRPC core holds while they wait for the event loop to take them: as many as
     the sessions the coordinator may hold, twice that before it refuses every one.
 
-    The aio server takes one call per method per turn of the event loop, so in a connect burst or after
-    a failover thousands wait in the core. At gRPC's defaults (1,000, hard limit 3,000) it cancels them
-    at random past 1,000: the agent sees `CANCELLED`, or `INTERNAL` when its Hello write meets the ended
-    stream, and tries again, which feeds the burst. At 10,000 agents at once that was 20,000 to 30,000
-    failed attempts (README, "How many agents one coordinator holds"). The coordinator answers overload
-    itself, with a retry-after hint the agents follow (daemon/admission.py)."""
+    The aio server hands calls over more slowly than a burst brings them (30 to 1,400 a second measured
+    at 10,000 agents, while the loop turned thousands of times a second), so in a connect burst or after
+    a failover thousands wait in the core, for up to 25 s (agent/session.py waits that out). At gRPC's
+    defaults (1,000, hard limit 3,000) it cancels them at random past 1,000: the agent sees `CANCELLED`,
+    or `INTERNAL` when its Hello write meets the ended stream, and tries again, which feeds the burst. At
+    10,000 agents at once that was 20,000 to 30,000 failed attempts (README, "How many agents one
+    coordinator holds"). The coordinator answers overload itself, with a retry-after hint the agents
+    follow (daemon/admission.py)."""
     held = max(1000, max_sessions)
     return [("grpc.server.max_pending_requests", held),
             ("grpc.server.max_pending_requests_hard_limit", 2 * held)]
