@@ -47,7 +47,6 @@ class HelloDeferred(RetryableError):
 
 
 DEFAULT_MAX_OPENING = 256
-MAX_TICKET_S = MAX_RETRY_AFTER_S  # the most an agent honours
 MAX_TICKETS_COUNTED = 100_000  # tickets ahead remembered to count the agents at the door (a bound)
 _FIRST_OPENING_GUESS_S = 0.05  # one opening's duration before any was measured
 
@@ -77,7 +76,8 @@ class OpeningGate:
         span times the welcome rate: the rate rises as the loop catches up, and that estimate then
         counted agents that were in already. Sessions being opened are not counted either: the
         coordinator holds them from their Hello.) An agent turned away again holds one ticket only: it
-        came back at its first, unless that was over MAX_TICKET_S ahead (it was told MAX_TICKET_S)."""
+        came back at its first, unless that was over MAX_RETRY_AFTER_S ahead (it was told
+        MAX_RETRY_AFTER_S, the most an agent honours)."""
         now = self._clock.now()
         while self._tickets_ahead and self._tickets_ahead[0] <= now:
             self._tickets_ahead.popleft()
@@ -90,7 +90,7 @@ class OpeningGate:
         latest = self._tickets_ahead[-1] if self._tickets_ahead else -math.inf
         ticket_at = max(latest + welcome_s, now + max(MIN_RETRY_AFTER_S, self._opening_s + welcome_s))
         self._tickets_ahead.append(ticket_at)
-        return min(MAX_TICKET_S, ticket_at - now)
+        return min(MAX_RETRY_AFTER_S, ticket_at - now)
 
     @asynccontextmanager
     async def opening_session(self) -> AsyncIterator[None]:

@@ -6,7 +6,8 @@ import asyncio
 import pytest
 
 from common.clock import FakeClock
-from daemon.admission import MAX_TICKET_S, MIN_RETRY_AFTER_S, HelloAdmission, HelloDeferred, OpeningGate
+from daemon.admission import MIN_RETRY_AFTER_S, HelloAdmission, HelloDeferred, OpeningGate
+from proto.vocabulary import MAX_RETRY_AFTER_S
 
 
 def test_at_most_concurrent_hellos_are_admitted_at_once_and_the_rest_wait_their_turn() -> None:
@@ -154,7 +155,7 @@ async def _test_each_deferred_agent_gets_its_own_later_turn_one_welcome_apart() 
     assert await ticket() == pytest.approx(0.75, rel=0.01)
     for _ in range(1000):
         last = await ticket()
-    assert last == MAX_TICKET_S  # never past what an agent honours
+    assert last == MAX_RETRY_AFTER_S  # never past what an agent honours
     release.set()
     await asyncio.gather(*holders)
 
