@@ -260,7 +260,7 @@ def test_every_attempt_waits_the_whole_welcome_wait_and_names_it_in_its_hello(tm
 
 
 FROZEN_COORDINATOR = """
-import asyncio, sys
+import asyncio
 import grpc
 from daemon.app import SERVER_OPTIONS
 from proto import trainerd_pb2_grpc as pb_grpc
