@@ -143,11 +143,12 @@ async def serving(servicer: pb_grpc.CoordinatorServicer) -> AsyncIterator[str]:
         await server.stop(None)
 
 
-def make_link(addresses: list[str], work_dir: Path, welcome_timeout_s: float = MAX_WELCOME_WAIT_S) -> CoordinatorLink:
+def make_link(addresses: list[str], work_dir: Path, **options: float) -> CoordinatorLink:
+    """A link with the agent's defaults but for `options` (the link's own keyword arguments)."""
     hello = pb.Hello(node_name="n1", host="10.0.0.1", agent_version="test",
                      devices=[pb.Device(device_id=0, kind="cpu")])
     return CoordinatorLink(addresses=addresses, hello=hello, identity=IdentityFile(work_dir / "identity.json"),
-                           clock=SystemClock(), welcome_timeout_s=welcome_timeout_s)
+                           clock=SystemClock(), **options)
 
 
 @asynccontextmanager
