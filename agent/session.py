@@ -21,6 +21,7 @@ import grpc
 
 from agent.fence import ContactWatch, FenceTerms
 from common.clock import Clock
+from common.grpc_keepalive import keepalive_options
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
 from proto.vocabulary import (
@@ -35,14 +36,10 @@ log = logging.getLogger(__name__)
 
 CHANNEL_OPTIONS = [
     # A coordinator that stops answering pings (frozen, or its host cut off) ends the call 30 s after the
-    # last thing heard, well within the Welcome wait. gRPC 1.85 times a ping's answer by
-    # `ping_timeout_ms` (default 60 s) whatever `keepalive_timeout_ms` says: with only the latter at 5 s, a
-    # frozen coordinator held a Hello 70 s. Not shorter: in a connect burst a starved coordinator has
-    # left bytes unread for 4 s and more (bench/heartbeats.py), and a ping it answers late breaks nothing.
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 20_000),
-    ("grpc.http2.ping_timeout_ms", 20_000),
-    ("grpc.keepalive_permit_without_calls", 1),
+    # last thing heard, well within the Welcome wait (with gRPC's own ping timeout it held a Hello 70 s).
+    # Not shorter: in a connect burst a starved coordinator has left bytes unread for 4 s and more
+    # (bench/heartbeats.py), and a ping it answers late breaks nothing.
+    *keepalive_options(ping_every_s=10, answer_within_s=20, without_calls=True),
     ("grpc.enable_retries", 0),
     # A channel of its own connection: from the process-wide pool a new channel can be handed the closed
     # one's connection while that is still being torn down, and a redial after a cut link would then wait

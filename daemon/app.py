@@ -16,6 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from common.clock import SystemClock
 from common.config_file import parse_host_port
+from common.grpc_keepalive import keepalive_options
 from common.tls_files import TlsFiles, TlsSettings
 from daemon import metrics
 from daemon.admission import OpeningGate
@@ -37,12 +38,13 @@ log = logging.getLogger(__name__)
 COORDINATOR_SERVICE = "trainerd.v1.Coordinator"
 CONTROL_SERVICE = "trainerd.v1.Control"
 
-# Detect dead agent connections (a host that lost power sends no FIN) and keep NATs open.
 SERVER_OPTIONS = [
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
+    # Close the connection of an agent that stopped answering (a host that lost power or its link sends no
+    # FIN, a frozen process) 30 s after it was last heard, and keep NATs open. The agent's own channel
+    # waits as long (agent/session.py): in a connect burst the simulated agents' loops ran 2 s late and
+    # their writes waited up to 10 s (bench/heartbeats.py), and its liveness is the heartbeats' business.
+    *keepalive_options(ping_every_s=10, answer_within_s=20, without_calls=True),
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.so_reuseport", 0),
 ]
 

@@ -25,6 +25,7 @@ from typing import TypeVar, overload
 import grpc
 from aetcd import rpc
 
+from common.grpc_keepalive import keepalive_options
 from daemon.store.interface import (
     EventKind,
     Fence,
@@ -59,9 +60,9 @@ _CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),
-    # Notice a dead connection under an idle watch. etcd refuses pings more often than 5 s.
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
+    # Notice a member that stopped answering (frozen, or cut off: no FIN) under an idle watch, 15 s after it
+    # was last heard, and re-open the watch on another. etcd refuses pings more often than every 5 s.
+    *keepalive_options(ping_every_s=10, answer_within_s=5, without_calls=False),
     # Responses up to 64 MiB rather than gRPC's default 4 MiB: a page of PREFIX_PAGE_KEYS records averaging up
     # to 64 KiB each (trainerd's are a few hundred bytes).
     ("grpc.max_receive_message_length", 64 << 20),

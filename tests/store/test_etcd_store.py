@@ -4,8 +4,11 @@ authentication. Always against a real etcd."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
+import urllib.request
 from contextlib import aclosing
+from pathlib import Path
 
 import grpc
 import pytest
@@ -14,6 +17,8 @@ from aetcd import rpc
 from daemon.etcd_process import EmbeddedEtcd
 from daemon.store.etcd import EtcdStore
 from daemon.store.interface import EventKind, StoreError, StoreUnavailable, WatchEvent
+from tests.cluster_box.etcd_cluster import EtcdCluster, EtcdMember
+from tests.harness import Processes
 from tests.ports import free_port
 from tests.store.test_contract import PREFIX, k, take
 
@@ -194,3 +199,53 @@ def test_a_lease_revoked_behind_the_stores_back_is_reported_lost_within_a_refres
             await store.close()
 
     run(scenario())
+
+
+def _watch_streams(member: EtcdMember) -> int:
+    """How many watch streams `member` serves, from its own metrics."""
+    with urllib.request.urlopen(f"{member.client_url}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return int(float(re.search(r"^etcd_debugging_mvcc_watch_stream_total (\S+)$", text, re.M).group(1)))
+
+
+def test_a_watch_on_a_member_that_stopped_answering_moves_to_a_live_one_without_missing_events(
+        tmp_path: Path) -> None:
+    """A frozen member (or one whose host lost its link) sends no FIN: its watch stream just goes quiet,
+    and the coordinator would hear nothing of what is written through the others. The channel's keepalive
+    (a ping every 10 s, 5 s for the answer: common/grpc_keepalive.py) ends the stream, and the watch
+    re-opens on a live member from where it stopped: 15 s after the member was last heard, where gRPC's
+    default ping timeout took 70 s."""
+    procs = Processes(tmp_path)
+    cluster = EtcdCluster(tmp_path, procs, token="frozen-watch")
+    frozen: list[EtcdMember] = []
+
+    async def scenario() -> None:
+        watcher = await EtcdStore.connect(cluster.endpoints)
+        try:
+            _, start = await watcher.get_prefix(PREFIX)
+            async with aclosing(watcher.watch_prefix(PREFIX, start + 1)) as events:
+                before = await watcher.compare_and_swap(k("before"), b"1", 0)
+                assert [ev.mod_revision for ev in await take(events, 1)] == [before]
+                (watched,) = [m for m in cluster.members if _watch_streams(m) == 1]
+                if cluster.leader() is watched:
+                    cluster.move_leader()  # writes through the others then need no election
+                cluster.freeze(watched)
+                frozen.append(watched)
+
+                writer = await EtcdStore.connect([m.endpoint for m in cluster.members if m is not watched])
+                try:
+                    written = await writer.compare_and_swap(k("while-frozen"), b"1", 0)
+                finally:
+                    await writer.close()
+                assert await take(events, 1, timeout_s=40) == [
+                    WatchEvent(EventKind.PUT, k("while-frozen"), b"1", written)]
+        finally:
+            await watcher.close()
+
+    try:
+        cluster.start()
+        run(scenario(), timeout_s=90)
+    finally:
+        for member in frozen:
+            cluster.thaw(member)
+        procs.cleanup()
