@@ -15,12 +15,14 @@ import pytest
 from aetcd import rpc
 
 from daemon.etcd_process import EmbeddedEtcd
+from daemon.leader import LeaderElection, LeaderRecord
 from daemon.store.etcd import EtcdStore
 from daemon.store.interface import EventKind, StoreError, StoreUnavailable, WatchEvent
 from tests.cluster_box.etcd_cluster import EtcdCluster, EtcdMember
 from tests.harness import Processes
 from tests.ports import free_port
 from tests.store.test_contract import PREFIX, k, take
+from tests.waiting import wait_until
 
 
 def run(coro, timeout_s: float = 20) -> None:
@@ -208,39 +210,39 @@ def _watch_streams(member: EtcdMember) -> int:
     return int(float(re.search(r"^etcd_debugging_mvcc_watch_stream_total (\S+)$", text, re.M).group(1)))
 
 
-def test_a_watch_on_a_member_that_stopped_answering_moves_to_a_live_one_without_missing_events(
-        tmp_path: Path) -> None:
-    """A frozen member (or one whose host lost its link) sends no FIN: its watch stream just goes quiet,
-    and the coordinator would hear nothing of what is written through the others. The channel's keepalive
-    (a ping every 10 s, 5 s for the answer: common/grpc_keepalive.py) ends the stream, and the watch
-    re-opens on a live member from where it stopped: 15 s after the member was last heard, where gRPC's
-    default ping timeout took 70 s."""
+def test_a_standby_whose_watch_is_on_a_member_that_stopped_answering_still_takes_over(tmp_path: Path) -> None:
+    """A standby waits for the leader key's deletion on a watch. When the etcd member serving that watch
+    froze (or its host lost its link, maybe the leader's own host), it sends no FIN: the watch goes quiet,
+    and the standby would not see the dead leader's key expire. The channel's keepalive (a ping every
+    10 s, 5 s for the answer: common/grpc_keepalive.py) ends the stream within 15 s; the watch re-opens
+    on a live member from where it stopped, sees the deletion, and the standby leads. With gRPC's default
+    ping timeout that took 70 s."""
     procs = Processes(tmp_path)
     cluster = EtcdCluster(tmp_path, procs, token="frozen-watch")
     frozen: list[EtcdMember] = []
 
     async def scenario() -> None:
-        watcher = await EtcdStore.connect(cluster.endpoints)
+        leader_store = await EtcdStore.connect(cluster.endpoints)
+        standby_store = await EtcdStore.connect(cluster.endpoints)
         try:
-            _, start = await watcher.get_prefix(PREFIX)
-            async with aclosing(watcher.watch_prefix(PREFIX, start + 1)) as events:
-                before = await watcher.compare_and_swap(k("before"), b"1", 0)
-                assert [ev.mod_revision for ev in await take(events, 1)] == [before]
-                (watched,) = [m for m in cluster.members if _watch_streams(m) == 1]
-                if cluster.leader() is watched:
-                    cluster.move_leader()  # writes through the others then need no election
-                cluster.freeze(watched)
-                frozen.append(watched)
+            assert await LeaderElection(leader_store, LeaderRecord("a", "a:1"), 3).try_acquire() is not None
+            standby = LeaderElection(standby_store, LeaderRecord("b", "b:1"), 3)
+            campaign = asyncio.create_task(standby.campaign())
+            watched = await asyncio.to_thread(
+                wait_until, lambda: next((m for m in cluster.members if _watch_streams(m) == 1), None), 10,
+                "the standby's watch of the leader key")
+            if cluster.leader() is watched:
+                cluster.move_leader()  # the others then need no election to expire the lease
+            cluster.freeze(watched)
+            frozen.append(watched)
 
-                writer = await EtcdStore.connect([m.endpoint for m in cluster.members if m is not watched])
-                try:
-                    written = await writer.compare_and_swap(k("while-frozen"), b"1", 0)
-                finally:
-                    await writer.close()
-                assert await take(events, 1, timeout_s=40) == [
-                    WatchEvent(EventKind.PUT, k("while-frozen"), b"1", written)]
+            await leader_store.close()  # the leader is gone: its lease expires 3 s on
+            taken = await asyncio.wait_for(campaign, 30)
+            assert taken.record == LeaderRecord("b", "b:1")
+            assert await standby.current() == LeaderRecord("b", "b:1")
         finally:
-            await watcher.close()
+            await leader_store.close()
+            await standby_store.close()
 
     try:
         cluster.start()
