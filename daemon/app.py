@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import math
 import os
 import signal
 import socket
@@ -32,6 +33,7 @@ from daemon.local_agents import LocalAgents
 from daemon.peer_auth import PeerAuthorizationInterceptor
 from daemon.store.etcd import EtcdStore
 from proto import trainerd_pb2_grpc as pb_grpc
+from proto.vocabulary import MAX_WELCOME_WAIT_S
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +52,9 @@ SERVER_OPTIONS = [
 
 
 def call_backlog_options(max_sessions: int) -> list[tuple[str, int]]:
-    """How many calls the gRPC core holds while they wait for the event loop to take them: as many as
-    the sessions the coordinator may hold, twice that before it refuses every one.
+    """How many calls the gRPC core holds while they wait for the event loop to take them, and how long:
+    as many as the sessions the coordinator may hold (twice that before it refuses every one), each as
+    long as an agent waits for its Welcome (MAX_WELCOME_WAIT_S).
 
     The aio server hands calls over more slowly than a burst brings them (30 to 1,400 a second measured
     at 10,000 agents, while the loop turned thousands of times a second), so in a connect burst or after
@@ -60,10 +63,15 @@ def call_backlog_options(max_sessions: int) -> list[tuple[str, int]]:
     or `INTERNAL` when its Hello write meets the ended stream, and tries again, which feeds the burst. At
     10,000 agents at once that was 20,000 to 30,000 failed attempts (README, "How many agents one
     coordinator holds"). The coordinator answers overload itself, with a retry-after hint the agents
-    follow (daemon/admission.py)."""
+    follow (daemon/admission.py).
+
+    gRPC also cancels a call that waited 30 s (`grpc.server_max_unrequested_time_in_server`), though its
+    agent would wait 60: at 20,000 agents at once, 788 to 7,077 attempts a run ended `CANCELLED` so, and
+    went to the back of the queue again. A call older than the agent's wait has been given up anyway."""
     held = max(1000, max_sessions)
     return [("grpc.server.max_pending_requests", held),
-            ("grpc.server.max_pending_requests_hard_limit", 2 * held)]
+            ("grpc.server.max_pending_requests_hard_limit", 2 * held),
+            ("grpc.server_max_unrequested_time_in_server", math.ceil(MAX_WELCOME_WAIT_S))]
 
 
 def grpc_server(check_peers: bool = False, max_sessions: int = DEFAULT_MAX_SESSIONS) -> grpc.aio.Server:
