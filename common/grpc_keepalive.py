@@ -1,5 +1,5 @@
-"""gRPC keepalive options that end a connection whose peer stopped answering, for every trainerd channel
-and server (agent -> coordinator, coordinator <- agents, coordinator and agents -> etcd).
+"""gRPC keepalive options that end a connection whose peer stopped answering, for trainerd's long-lived
+channels and its server: agent -> coordinator, the coordinator's server, coordinator -> etcd.
 
 A peer that froze (SIGSTOP, a wedged process) or whose host lost its link sends no FIN: the kernel
 keeps the connection, and a call on it waits for ever unless the transport pings. gRPC pings every

@@ -58,7 +58,8 @@ def test_calls_waiting_for_a_busy_event_loop_are_held_past_grpcs_30_s_and_answer
             # Hold the server's event loop, as a burst does: no call is taken from the core meanwhile.
             fire.set()
             assert issued.wait(30)
-            # (the point): the core reads every call off the connection, and they wait past gRPC's default
+            # Blocking is the point: the core reads every call off the connection, and they wait there past
+            # gRPC's default limit.
             time.sleep(GRPC_DEFAULT_WAIT_S + 2)  # noqa: ASYNC251
             await asyncio.to_thread(client.join, 90)
             assert not client.is_alive()
