@@ -194,9 +194,14 @@ class JobController:
         spec_key = keys.job_spec(name)
         current_spec = await self._store.get(spec_key)
         wanted = codec.encode(self.spec.model_dump(mode="json"))
-        if current_spec is None or current_spec.value != wanted:
-            revision = 0 if current_spec is None else current_spec.mod_revision
-            await self._store.compare_and_swap(spec_key, wanted, revision, fence=fence)
+        changed: list[str] = []
+        if current_spec is not None and current_spec.value != wanted:
+            try:
+                stored: object = codec.decode(current_spec.value, key=spec_key)
+            except BadValue as exc:  # unreadable: overwritten below, and counted as a change
+                log.warning("job %s: %s", name, exc)
+                stored = None
+            changed = changed_settings(stored, self.spec.model_dump(mode="json"))
         await self._status.load()
         if self._status.get(keys.job_status(name)) is None:
             await self._write_record(JobRecord(JobState.PENDING), fence)
@@ -228,6 +233,37 @@ class JobController:
             self._exit_request = ExitRequest("a graceful exit was asked for before this coordinator took over", now)
         self._account()
         log.info("job %s: %s, generation %d", name, self.record.state.value, self.record.generation)
+        await self._apply_changed_settings(changed, fence)
+        if current_spec is None or current_spec.value != wanted:  # after the record: a change is never half-applied
+            revision = 0 if current_spec is None else current_spec.mod_revision
+            await self._store.compare_and_swap(spec_key, wanted, revision, fence=fence)
+
+    async def _apply_changed_settings(self, changed: list[str], fence: Fence) -> None:
+        """A job the cluster file changed runs again when it had ended (an operator who edits a COMPLETED or
+        FAILED job and restarts the coordinator wants the edit run, e.g. more epochs); a live job keeps its
+        processes and launches the next generation with the new settings."""
+        name, state = self.spec.name, self.record.state
+        if not changed:
+            if state is JobState.COMPLETED:
+                log.info("job %s is COMPLETED: nothing to run. Change the job in the cluster file to run it again "
+                         "from its newest checkpoint, or give it a new name to start afresh", name)
+            return
+        what = ", ".join(changed)
+        if state not in (JobState.COMPLETED, JobState.FAILED):
+            log.warning("job %s: the cluster file changed %s; the processes running now keep what they were "
+                        "launched with until the next generation, timeouts and limits apply at once", name, what)
+            return
+        again = self._started_over(from_step=None)
+        await self._commit(CommitRecord(again, "job_changed", recovery="resume", message=
+                                        f"job {name} is {again.state.value}: the cluster file changed {what} of the "
+                                        f"{state.value} job; it runs again from the newest checkpoint"), fence)
+
+    def _started_over(self, from_step: int | None) -> JobRecord:
+        """The record of the job starting again from a checkpoint (the newest, or `from_step`), with its
+        restart budget, crash counts and node failures cleared."""
+        state = JobState.PENDING if self.generation is None else JobState.RECOVERING
+        return self.record.moved_to(state, crash_restarts=0, consecutive_crashes=0, node_failures={},
+                                    crash_steps={}, resume_from_step=from_step)
 
     async def _write_record(self, record: JobRecord, fence: Fence) -> None:
         await self._status.put(keys.job_status(self.spec.name), record, fence)
@@ -561,7 +597,8 @@ class JobController:
         self._exit_request = None
         self._account()
         if resume is None:
-            where = "from scratch"
+            where = "from scratch" if number == 1 else ("with no checkpoint of trainerd's (a script that saves its "
+                                                         "own resumes from those)")
         elif resume.source is ResumeSource.MEMORY:
             holders = sorted({h.node for h in resume.holders}) or list(placement.nodes)
             where = f"from the in-memory snapshot at step {resume.step} held by {', '.join(holders)}"
@@ -655,17 +692,18 @@ class JobController:
     async def resume(self, fence: Fence, from_step: int | None) -> str:
         record = self.record
         if record.state not in (JobState.PAUSED, JobState.FAILED):
+            hint = (": change the job in the cluster file and restart the coordinator to run it again"
+                    if record.state is JobState.COMPLETED else "")
             raise CommandRefused(f"job {self.spec.name} is {record.state.value}; only a PAUSED or FAILED job "
-                                 f"can be resumed")
+                                 f"can be resumed{hint}")
         if from_step is not None:
             entry = self.catalog.get(from_step)
             good = sorted(c.step for c in self.catalog.entries() if c.good)
             if entry is None or not entry.good:
                 raise CommandRefused(f"no usable checkpoint at step {from_step}; usable steps: "
                                      f"{', '.join(map(str, good)) or 'none'}")
-        state = JobState.PENDING if self.generation is None else JobState.RECOVERING
-        resumed = record.moved_to(state, crash_restarts=0, consecutive_crashes=0, node_failures={},
-                                  crash_steps={}, resume_from_step=from_step)
+        resumed = self._started_over(from_step)
+        state = resumed.state
         where = "the newest checkpoint" if from_step is None else f"the checkpoint at step {from_step}"
         await self._commit(CommitRecord(resumed, "job_resumed", recovery="resume", message=
                                         f"job {self.spec.name} is {state.value}: resumed by the operator from "
@@ -746,6 +784,15 @@ class JobController:
                        good[-1] if good else None, loss, samples_per_s, ranks, self.record.last_failure,
                        self.recovery, self.record.quarantined(self.spec.restart.quarantine_after),
                        len(self.ledger.entries()), epoch, hang_detection, self.goodput.snapshot(), grad_norm)
+
+
+def changed_settings(before: object, after: object, prefix: str = "") -> list[str]:
+    """The dotted names of the settings that differ between two dumps of a job's settings
+    (["entrypoint", "restart.max"]), in the order of `after`."""
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        return [] if before == after else [prefix.rstrip(".") or "every setting"]
+    names = list(after) + [k for k in before if k not in after]
+    return [name for key in names for name in changed_settings(before.get(key), after.get(key), f"{prefix}{key}.")]
 
 
 def _saved_goodput(data: dict) -> GoodputSnapshot:

@@ -19,7 +19,7 @@ ALLOWED_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.WAITING: frozenset({JobState.RECOVERING, JobState.FAILED, JobState.PAUSED}),
     JobState.PAUSED: frozenset({JobState.RECOVERING, JobState.PENDING}),
     JobState.FAILED: frozenset({JobState.RECOVERING, JobState.PENDING}),
-    JobState.COMPLETED: frozenset(),
+    JobState.COMPLETED: frozenset({JobState.RECOVERING, JobState.PENDING}),  # only when the job was changed
 }
 
 

@@ -185,9 +185,10 @@ class SimCluster:
         return [e.kind for e in await self.coordinator.events(0)]
 
 
-async def take_over(sim: SimCluster) -> SimCluster:
-    """The leader dies; a standby on the same etcd takes over and every agent reconnects to it."""
-    standby = SimCluster(sim.spec, store=sim.store, clock=sim.clock, name="c2", peer_port=sim.peer_port)
+async def take_over(sim: SimCluster, spec: JobSettings | None = None) -> SimCluster:
+    """The leader dies; a standby on the same etcd (with `spec`, default the leader's) takes over and every
+    agent reconnects to it."""
+    standby = SimCluster(spec or sim.spec, store=sim.store, clock=sim.clock, name="c2", peer_port=sim.peer_port)
     sim.store.stop_keepalive(sim.coordinator.leadership.lease)
     sim.clock.advance(3.5)
     sim.store.expire_leases()

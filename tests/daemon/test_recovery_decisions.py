@@ -5,6 +5,7 @@ restart budget, backoff, quarantine, checkpoint fallback and leader takeover."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -56,7 +57,7 @@ async def transitions(sim: SimCluster) -> list[tuple[str, str]]:
                   "reshape_started": JobState.RECOVERING, "job_waiting": JobState.WAITING,
                   "job_failed": JobState.FAILED, "job_completed": JobState.COMPLETED,
                   "job_paused": JobState.PAUSED}.get(event.kind)
-        if event.kind == "job_resumed":
+        if event.kind in ("job_resumed", "job_changed"):
             target = JobState.PENDING if "PENDING" in event.message else JobState.RECOVERING
         if event.kind == "generation_started" and state is JobState.WAITING:
             target = JobState.RECOVERING
@@ -600,6 +601,86 @@ def test_resume_of_a_failed_job_that_never_launched_goes_to_pending() -> None:
         await sim.coordinator.resume(from_step=None)
         assert sim.state is JobState.PENDING
         SEEN_TRANSITIONS.add((JobState.FAILED, JobState.PENDING))
+    run(scenario())
+
+
+def test_a_completed_job_runs_again_from_its_newest_checkpoint_once_the_cluster_file_changes_it(caplog) -> None:
+    caplog.set_level(logging.INFO, "daemon.job.controller")
+
+    async def scenario() -> None:
+        sim = await running_cluster(restart={"max": 1, "backoff_s": 1.0, "max_backoff_s": 8.0, "quarantine_after": 3})
+        sim.crash("b", 1)  # spends the crash budget: the run after the change must get it back
+        await sim.tick()
+        sim.confirm_stop()
+        await sim.tick(1.0)
+        sim.started()
+        sim.step(20)
+        sim.checkpoint(20)
+        sim.finish_all()
+        await sim.tick()
+        assert sim.state is JobState.COMPLETED and sim.job.record.crash_restarts == 1
+        same = await take_over(sim)  # a coordinator restarted with the same file: nothing runs
+        await same.tick(1.0)
+        assert same.state is JobState.COMPLETED and "nothing to run" in caplog.text
+        assert all(len(a.launches()) == 0 for a in same.agents.values())
+        with pytest.raises(CommandRefused, match="change the job in the cluster file"):
+            await same.coordinator.resume(from_step=None)
+
+        longer = job_settings(entrypoint=["{python}", "-m", "train", "--epochs", "20"],
+                              restart={"max": 1, "backoff_s": 1.0, "max_backoff_s": 8.0, "quarantine_after": 3})
+        changed = await take_over(same, longer)
+        assert changed.state is JobState.RECOVERING
+        record = changed.job.record
+        assert record.crash_restarts == 0 and record.node_failures == {}
+        event = (await changed.coordinator.events(0))[-1]
+        assert event.kind == "job_changed"
+        assert "changed entrypoint of the COMPLETED job" in event.message
+        await changed.tick(0.1)
+        assert changed.job.record.generation == 3
+        assert {a.launches()[-1].checkpoint_path for a in changed.agents.values()} == {"/ckpt/step_00000020"}
+        assert changed.agents["a"].launches()[-1].processes[-1].argv[-2:] == ("--epochs", "20")
+        moves = await transitions(changed)
+        assert (JobState.COMPLETED, JobState.RECOVERING) in moves
+    run(scenario())
+
+
+def test_a_changed_job_that_had_ended_before_any_generation_waits_for_nodes_again() -> None:
+    async def scenario() -> None:
+        sim = SimCluster(job_settings(max_nodes=1))
+        await sim.lead()
+        await sim.job._write_record(sim.job.record.moved_to(JobState.COMPLETED), sim.coordinator.leadership.fence)
+        changed = await take_over(sim, job_settings(max_nodes=1, hang_timeout_s=120.0))
+        assert changed.state is JobState.PENDING
+        assert "changed hang_timeout_s" in (await changed.coordinator.events(0))[-1].message
+        SEEN_TRANSITIONS.add((JobState.COMPLETED, JobState.PENDING))
+    run(scenario())
+
+
+def test_unreadable_settings_in_etcd_count_as_a_change_and_never_stop_a_new_leader(caplog) -> None:
+    async def scenario() -> None:
+        sim = await running_cluster()
+        sim.finish_all()
+        await sim.tick()
+        stored = await sim.store.get(keys.job_spec("job"))
+        await sim.store.compare_and_swap(keys.job_spec("job"), b"\x00not json", stored.mod_revision)
+        changed = await take_over(sim)
+        assert changed.state is JobState.RECOVERING
+        assert "changed every setting of the COMPLETED job" in (await changed.coordinator.events(0))[-1].message
+        assert "not JSON" in caplog.text
+        assert codec.decode((await changed.store.get(keys.job_spec("job"))).value, key="spec")["name"] == "job"
+    run(scenario())
+
+
+def test_a_running_job_keeps_its_generation_when_the_cluster_file_changes_it(caplog) -> None:
+    async def scenario() -> None:
+        sim = await running_cluster()
+        changed = await take_over(sim, job_settings(restart={**sim.spec.restart.model_dump(), "max": 7}))
+        for agent in changed.agents.values():
+            agent.generation = 1
+        await changed.tick(0.1)
+        assert changed.state is JobState.RUNNING and changed.job.record.generation == 1
+        assert all(not a.stops() for a in changed.agents.values())
+        assert "the cluster file changed restart.max; the processes running now keep" in caplog.text
     run(scenario())
 
 

@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 
 import psutil
+import yaml
 
-from tests.harness import Processes, processes_mentioning, status, trainerctl
+from tests.harness import Processes, node_states, processes_mentioning, status, trainerctl
 from tests.integration.test_recovery import events, final_weights, job_of, start_trainerd, wait_for_job
 from tests.ports import scheduler_port
 from tests.waiting import wait_until
@@ -151,6 +152,47 @@ def test_unmodified_script_runs_on_output_progress_and_resumes_from_its_own_chec
         assert first_step and first_step.groups()[:2] == (str(resumed_after + 1), "1"), log[-3000:]
         assert f"rank {rank}: training finished after epoch {epochs}" in log
     final_weights(tmp_path / "out", 2)  # written, and identical on both ranks
+
+
+def restart_trainerd(procs: Processes, running: str, name: str, cluster: Path, epochs: int) -> None:
+    """Stop the coordinator `running`, set the job's --epochs in its cluster file, start it again as `name`."""
+    procs.by_name(running).signal(signal.SIGTERM)
+    procs.by_name(running).wait(30)
+    data = yaml.safe_load(cluster.read_text())
+    argv = data["job"]["entrypoint"]
+    argv[argv.index("--epochs") + 1] = str(epochs)
+    cluster.write_text(yaml.safe_dump(data))
+    procs.trainerd(name, cluster)
+
+
+def test_a_completed_job_runs_again_from_its_own_checkpoint_once_the_cluster_file_asks_for_more_epochs(
+        tmp_path: Path, procs: Processes) -> None:
+    """How an operator extends a finished run: more epochs in the cluster file, the coordinator restarted.
+    Restarted with the file as it was, it runs nothing."""
+    steps_per_epoch = 4
+    job = msrun_style_job(tmp_path, "--epochs", "1", "--steps-per-epoch", str(steps_per_epoch))
+    address = start_two_agents(tmp_path, procs, job)
+    first = wait_for_job(address, "the first run", lambda j: j["state"] in ENDED, 180, procs)
+    assert first["state"] == "COMPLETED" and first["generation"] == 1, first
+    cluster = tmp_path / "trainerd.yaml"
+
+    restart_trainerd(procs, "trainerd", "trainerd-same", cluster, epochs=1)
+    wait_until(lambda: node_states(address) == {"n0": "READY", "n1": "READY"}, 60, "both agents back",
+               on_timeout=procs.logs)
+    assert "job user-script is COMPLETED: nothing to run" in procs.by_name("trainerd-same").log()
+    assert job_of(address)["generation"] == 1
+
+    restart_trainerd(procs, "trainerd-same", "trainerd-changed", cluster, epochs=2)
+    job = wait_for_job(address, "the second run", lambda j: j["generation"] == 2 and j["state"] in ENDED, 180, procs)
+    assert job["state"] == "COMPLETED" and job["crash_restarts"] == 0, job
+    changed = [e for e in events(address) if e["kind"] == "job_changed"]
+    assert len(changed) == 1 and "changed entrypoint of the COMPLETED job" in changed[0]["message"], changed
+    for rank in (0, 1):
+        log = rank_log(address, rank, "--generation", "2")
+        assert f"resuming from ckpt/rank_{rank}/mlp-1_{steps_per_epoch}.ckpt after epoch 1" in log, log[-3000:]
+        first_step = LOSS_LINE.search(log)
+        assert first_step and first_step.groups()[:2] == ("2", "1"), log[-3000:]
+        assert f"rank {rank}: training finished after epoch 2" in log
 
 
 def test_start_up_error_on_every_rank_fails_the_job_at_once_without_spending_restarts(
