@@ -1,7 +1,9 @@
 """Where a generation's files live on this host, and how many generations are kept.
 
 Each generation the agent launches gets `<work_dir>/generations/<generation:06d>/`: its rank table, skip
-list and control file, and every process's log (read back by `trainerctl logs`). A week-long job can go
+list and control file, every process's log (read back by `trainerctl logs`), and a `job` file naming the
+job. Generation numbers are per job, so a job given a new name starts again at 1 on hosts that ran the
+old one: a directory left by another job is emptied before it is used. A week-long job can go
 through thousands of generations, so only the newest `KEPT_GENERATIONS` directories stay; older ones are
 removed when a new generation starts. Nothing but numbered directories is touched, and rmtree does not
 follow symbolic links.
@@ -14,6 +16,7 @@ import shutil
 from pathlib import Path
 
 KEPT_GENERATIONS = 32
+JOB_FILE = "job"
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +27,24 @@ def generations_root(agent_work_dir: Path) -> Path:
 
 def generation_dir(agent_work_dir: Path, generation: int) -> Path:
     return generations_root(agent_work_dir) / f"{generation:06d}"
+
+
+def claim_generation_dir(agent_work_dir: Path, generation: int, job: str) -> Path:
+    """The directory of `job`'s `generation`, created; emptied first when another job's generation of the
+    same number left it (its logs must not run into this job's). One without a `job` file, made by an agent
+    from before the file existed, is taken as this job's."""
+    path = generation_dir(agent_work_dir, generation)
+    marker = path / JOB_FILE
+    try:
+        owner = marker.read_text()
+    except FileNotFoundError:
+        owner = job
+    if owner != job:
+        log.info("generation %d: removing the files job %r left in %s", generation, owner[:200], path)
+        shutil.rmtree(path)
+    path.mkdir(parents=True, exist_ok=True)
+    marker.write_text(job)
+    return path
 
 
 def prune_generation_dirs(agent_work_dir: Path, current: int, keep: int = KEPT_GENERATIONS) -> list[int]:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.failure_cause import extract_failure_cause
-from agent.generation_dirs import generation_dir, prune_generation_dirs
+from agent.generation_dirs import claim_generation_dir, generation_dir, prune_generation_dirs
 from agent.job_workdir import UnsafeJobPath, graceful_exit_path, job_workdir
 from agent.launch_policy import launch_refusal
 from agent.launcher import ProcessHandle, ProcessLauncher
@@ -187,10 +187,14 @@ class Supervisor:
 
     async def launch(self, launch: pb.Launch) -> None:
         async with self._lock:
-            if launch.generation <= self.generation:
+            same_job = launch.job_name == self._job_name or not self._job_name
+            if same_job and launch.generation <= self.generation:
                 log.info("ignoring Launch of generation %d: already at generation %d", launch.generation,
                          self.generation)
                 return
+            if not same_job:  # a job under a new name counts its generations from 1 again
+                log.info("job %s, generation %d, follows generation %d of job %s", launch.job_name,
+                         launch.generation, self.generation, self._job_name)
             await self._stop_all(grace_s=5.0)
             if self._snapshots is not None:
                 await self._snapshots.stop_generation()
@@ -199,8 +203,8 @@ class Supervisor:
             self._forwarding = {}
             self._newest_commit = None
             self._workdir, self._graceful_exit_file = None, ""
-            gen_dir = generation_dir(self._work_dir, launch.generation)
-            gen_dir.mkdir(parents=True, exist_ok=True)
+            gen_dir = await asyncio.to_thread(claim_generation_dir, self._work_dir, launch.generation,
+                                              launch.job_name)
             await asyncio.to_thread(prune_generation_dirs, self._work_dir, launch.generation)
             rank_table = gen_dir / "rank_table.json"
             rank_table.write_text(launch.rank_table_json)

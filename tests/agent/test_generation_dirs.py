@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agent.generation_dirs import KEPT_GENERATIONS, generation_dir, prune_generation_dirs
+from agent.generation_dirs import KEPT_GENERATIONS, claim_generation_dir, generation_dir, prune_generation_dirs
 from tests.agent.supervisor_fakes import Host, launch, run
 
 
@@ -55,3 +55,37 @@ def test_a_launch_removes_the_files_of_generations_past_the_kept_number(tmp_path
     run(scenario())
     names = kept(tmp_path)
     assert len(names) == KEPT_GENERATIONS and names[0] == "000003" and names[-1] == f"{KEPT_GENERATIONS + 2:06d}"
+
+
+def test_a_generation_directory_another_job_left_is_emptied_before_this_job_uses_it(tmp_path: Path) -> None:
+    old = claim_generation_dir(tmp_path, 1, "old-name")
+    (old / "rank0.log").write_text("the old job's training\n")
+    same = claim_generation_dir(tmp_path, 1, "old-name")  # the same job's generation again: kept
+    assert (same / "rank0.log").read_text() == "the old job's training\n"
+    renamed = claim_generation_dir(tmp_path, 1, "new-name")
+    assert sorted(p.name for p in renamed.iterdir()) == ["job"] and (renamed / "job").read_text() == "new-name"
+    legacy = generation_dir(tmp_path, 2)
+    legacy.mkdir()
+    (legacy / "rank0.log").write_text("written before the job file existed\n")
+    assert (claim_generation_dir(tmp_path, 2, "new-name") / "rank0.log").exists()
+
+
+def test_a_job_under_a_new_name_is_launched_from_generation_1_with_logs_of_its_own(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        host = Host(tmp_path)
+        await host.supervisor.launch(launch(1))
+        await host.supervisor.launch(launch(2))
+        of_generation_2 = host.launcher.started["rank0"]
+        renamed = launch(1)
+        renamed.job_name = "renamed"
+        await host.supervisor.launch(renamed)
+        of_renamed = host.launcher.started["rank0"]
+        assert of_renamed is not of_generation_2 and not of_generation_2.running
+        assert of_renamed.log_path.parent == generation_dir(tmp_path, 1) and host.supervisor.generation == 1
+        await host.supervisor.launch(renamed)  # a repeat of the new job's launch is still ignored
+        assert host.launcher.started["rank0"] is of_renamed and of_renamed.running
+
+    run(scenario())
+    assert sorted(p.name for p in generation_dir(tmp_path, 1).iterdir() if p.suffix == ".log") == [
+        "rank0.log", "rank1.log", "scheduler.log"]
+    assert (generation_dir(tmp_path, 1) / "job").read_text() == "renamed"

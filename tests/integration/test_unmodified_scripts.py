@@ -154,11 +154,14 @@ def test_unmodified_script_runs_on_output_progress_and_resumes_from_its_own_chec
     final_weights(tmp_path / "out", 2)  # written, and identical on both ranks
 
 
-def restart_trainerd(procs: Processes, running: str, name: str, cluster: Path, epochs: int) -> None:
-    """Stop the coordinator `running`, set the job's --epochs in its cluster file, start it again as `name`."""
+def restart_trainerd(procs: Processes, running: str, name: str, cluster: Path, epochs: int,
+                     job_name: str = "user-script") -> None:
+    """Stop the coordinator `running`, set the job's name and --epochs in its cluster file, start it again
+    as `name` (the agents stay up, as systemd services do)."""
     procs.by_name(running).signal(signal.SIGTERM)
     procs.by_name(running).wait(30)
     data = yaml.safe_load(cluster.read_text())
+    data["job"]["name"] = job_name
     argv = data["job"]["entrypoint"]
     argv[argv.index("--epochs") + 1] = str(epochs)
     cluster.write_text(yaml.safe_dump(data))
@@ -193,6 +196,16 @@ def test_a_completed_job_runs_again_from_its_own_checkpoint_once_the_cluster_fil
         first_step = LOSS_LINE.search(log)
         assert first_step and first_step.groups()[:2] == ("2", "1"), log[-3000:]
         assert f"rank {rank}: training finished after epoch 2" in log
+
+    # A new name is a new job, from scratch in a directory of its own, on agents that ran generation 2 of
+    # the old one: its generation 1 is launched, and its logs are its own.
+    restart_trainerd(procs, "trainerd-changed", "trainerd-renamed", cluster, epochs=1, job_name="user-script-2")
+    job = wait_for_job(address, "the renamed job", lambda j: j["name"] == "user-script-2" and j["state"] in ENDED,
+                       180, procs)
+    assert job["state"] == "COMPLETED" and job["generation"] == 1, job
+    for rank in (0, 1):
+        log = rank_log(address, rank, "--generation", "1")
+        assert "resuming" not in log and log.count("training finished after epoch") == 1, log[-3000:]
 
 
 def test_start_up_error_on_every_rank_fails_the_job_at_once_without_spending_restarts(
