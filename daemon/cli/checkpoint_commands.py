@@ -27,7 +27,7 @@ from trainer.checkpoint import (
     write_resharded,
 )
 from trainer.checkpoint.layout import TensorLayout
-from trainer.checkpoint.manifest import read_manifest, step_dir_name
+from trainer.checkpoint.manifest import MANIFEST_NAME, parse_step_dir, read_manifest, step_dir_name
 from trainer.checkpoint.mindformers_import import import_mindformers, is_mindformers_checkpoint
 
 _P = ParamSpec("_P")
@@ -56,6 +56,18 @@ def _existing_dir(path: Path) -> Path:
     if not path.is_dir():
         raise UsageProblem(f"{path} is not a directory")
     return path
+
+
+def _step_dir(path: Path) -> Path:
+    """An existing directory; one that holds step_N directories but is not one (the ROOT `list` takes, or
+    the --out of `reshard`) is a usage mistake naming the newest step to give instead."""
+    steps = [] if (path / MANIFEST_NAME).exists() else sorted(
+        (step, entry) for entry in _existing_dir(path).iterdir()
+        if entry.is_dir() and (step := parse_step_dir(entry.name)) is not None)
+    if steps:
+        raise UsageProblem(f"{path} holds checkpoints, it is not one: name a step directory, such as "
+                           f"{steps[-1][1]} (trainerctl checkpoint list {path})")
+    return _existing_dir(path)
 
 
 def _absent(path: Path) -> Path:
@@ -105,7 +117,7 @@ def list_command(root: Path) -> None:
 @_reported
 def verify(step_dir: Path) -> None:
     """Exit 0 when STEP_DIR is complete and every byte matches its checksum, else 1 saying what is wrong."""
-    manifest = verify_checkpoint(_existing_dir(step_dir))
+    manifest = verify_checkpoint(_step_dir(step_dir))
     click.echo(
         f"{step_dir}: complete, step {manifest.step}, {len(manifest.files)} files, "
         f"{manifest.total_bytes} bytes verified ({manifest.digest_algorithm})"
@@ -119,7 +131,7 @@ def verify(step_dir: Path) -> None:
 @_reported
 def reshard(step_dir: Path, world_size: int, out: Path) -> None:
     """Rewrite STEP_DIR for WORLD_SIZE ranks as OUT/step_N."""
-    manifest = read_manifest(_existing_dir(step_dir))
+    manifest = read_manifest(_step_dir(step_dir))
     _prepare_dtypes(manifest.tensors)
     _absent(out / step_dir_name(manifest.step))
     click.echo(str(reshard_checkpoint(step_dir, out, world_size)))
@@ -132,7 +144,7 @@ def reshard(step_dir: Path, world_size: int, out: Path) -> None:
 @_reported
 def export(step_dir: Path, out: Path) -> None:
     """Write STEP_DIR as one safetensors file that mindspore.load_checkpoint loads."""
-    _prepare_dtypes(read_manifest(_existing_dir(step_dir)).tensors)
+    _prepare_dtypes(read_manifest(_step_dir(step_dir)).tensors)
     _absent(out)
     manifest = export_safetensors(step_dir, out)
     click.echo(f"{out}: {len(manifest.tensors)} tensors of step {manifest.step}")

@@ -69,11 +69,15 @@ def test_reshard_and_export_write_loadable_output(root: Path, tensors: dict[str,
         (["reshard", "{root}/step_00000020", "--world-size", "2", "--out", "{root}"], "step_00000020 already exists"),
         (["export", "{root}/step_00000020", "--out", "{root}/step_00000010/manifest.json"], "already exists"),
         (["list", "{root}/nothing"], "nothing is not a directory"),
+        (["verify", "{root}"], "ckpt holds checkpoints, it is not one: name a step directory, such as "
+                               "{root}/step_00000020 (trainerctl checkpoint list {root})"),
+        (["export", "{root}", "--out", "{root}/model.safetensors"], "ckpt holds checkpoints, it is not one"),
+        (["reshard", "{root}", "--world-size", "2", "--out", "{root}/r2"], "ckpt holds checkpoints, it is not one"),
     ],
 )
 def test_usage_mistakes_exit_2_with_one_line(root: Path, args: list[str], message: str) -> None:
     code, _, err = _run(*[a.format(root=root) for a in args])
-    assert code == 2 and message in err and err.count("\n") == 1
+    assert code == 2 and message.format(root=root) in err and err.count("\n") == 1
 
 
 def test_trainerctl_runs_the_group_as_a_real_command(root: Path) -> None:
