@@ -6,9 +6,10 @@ Every error becomes one `ConfigError` line naming the file and the key path, e.g
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, get_args
 
 import pydantic
 import yaml
@@ -67,7 +68,8 @@ Address = Annotated[str, AfterValidator(_check_address)]
 M = TypeVar("M", bound=BaseModel)
 
 
-def describe_validation_error(source: str, exc: pydantic.ValidationError, prefix: str = "") -> str:
+def describe_validation_error(source: str, exc: pydantic.ValidationError, prefix: str = "",
+                              model: type[BaseModel] | None = None) -> str:
     first = exc.errors()[0]
     where = ".".join(str(part) for part in first["loc"])
     if prefix:
@@ -75,9 +77,25 @@ def describe_validation_error(source: str, exc: pydantic.ValidationError, prefix
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         message = "unknown key"
+        known = _keys_at(model, first["loc"][:-1]) if model is not None else []
+        close = difflib.get_close_matches(str(first["loc"][-1]), known, n=1)
+        if close:
+            message += f" (did you mean {close[0]}?)"
     more = len(exc.errors()) - 1
     suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
     return f"{source}: {where}: {message}{suffix}"
+
+
+def _keys_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    """The keys the model takes at `loc` (a pydantic error location), [] where that is not a model."""
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        annotation = None if field is None else field.annotation
+        models = [a for a in (annotation, *get_args(annotation)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if len(models) != 1:  # not a model, or a union of several (`X | None` counts as X)
+            return []
+        model = models[0]
+    return list(model.model_fields)
 
 
 def load_yaml_mapping(path: Path) -> dict[str, Any]:
@@ -103,4 +121,4 @@ def validate(model: type[M], data: Any, source: str, prefix: str = "") -> M:
     try:
         return model.model_validate(data)
     except pydantic.ValidationError as exc:
-        raise ConfigError(describe_validation_error(source, exc, prefix)) from exc
+        raise ConfigError(describe_validation_error(source, exc, prefix, model)) from exc

@@ -71,7 +71,10 @@ def test_an_empty_entrypoint_prefix_is_refused_as_it_would_allow_everything(tmp_
 def test_unknown_key_in_file(tmp_path: Path) -> None:
     path = tmp_path / "agent.yaml"
     path.write_text("coordinator: [h:1]\ncoordinatr: x\n")
-    with pytest.raises(ConfigError, match=f"{path}: coordinatr: unknown key"):
+    with pytest.raises(ConfigError, match=f"{path}: coordinatr: unknown key \\(did you mean coordinator\\?\\)"):
+        load_agent_config(str(path), {})
+    path.write_text("coordinator: [h:1]\nzzz: x\n")  # nothing close: no guess
+    with pytest.raises(ConfigError, match=f"{path}: zzz: unknown key$"):
         load_agent_config(str(path), {})
 
 

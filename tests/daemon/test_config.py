@@ -40,6 +40,8 @@ def test_defaults_and_relative_paths(tmp_path: Path) -> None:
     [
         ("cluster:\n  heartbeat:\n    interval_s: fast\n", "cluster.heartbeat.interval_s: Input should be a valid number"),
         ("cluster:\n  bogus: 1\n", "cluster.bogus: unknown key"),
+        ("cluster:\n  heartbeat:\n    intervl_s: 1\n", "cluster.heartbeat.intervl_s: unknown key (did you mean interval_s?)"),
+        ("job:\n  entrypoint: [a]\n  max_node: 2\n", "job.max_node: unknown key (did you mean max_nodes?)"),
         ("cluster: [1\n", "malformed YAML at line"),
         ("- a\n- b\n", "top level must be a mapping"),
         ("cluster:\n  coordinator:\n    listen: nohost\n", "cluster.coordinator.listen: 'nohost' is not HOST:PORT"),
