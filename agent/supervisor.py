@@ -585,7 +585,8 @@ class Supervisor:
         self._forward(pb.Progress(
             generation=message.generation, rank=message.rank, step=message.step, loss=message.loss,
             grad_norm=message.grad_norm, samples_per_s=message.samples_per_s,
-            consumed_samples=message.consumed_samples, checkpoint_stall_s=message.checkpoint_stall_s))
+            consumed_samples=message.consumed_samples, checkpoint_stall_s=message.checkpoint_stall_s,
+            epoch=message.epoch))
 
     def _checkpoint_saved(self, saved: pb.CheckpointSaved) -> None:
         """A commit of this generation, by its rank 0 or by this agent for it: reported, and kept to report

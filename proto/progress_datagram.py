@@ -67,6 +67,7 @@ class StepReport:
     samples_per_s: float    # global samples per second over this step
     consumed_samples: int   # global samples consumed by the job after this step
     checkpoint_stall_s: float = 0.0  # seconds this rank's step loop blocked on checkpoint saves, in all
+    epoch: int | None = None  # Model.train's epoch (from 1); None for a loop of the script's own
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,8 @@ def encode(message: ProgressMessage) -> bytes:
             "consumed_samples": message.consumed_samples,
             "checkpoint_stall_s": _float_to_wire(message.checkpoint_stall_s),
         }
+        if message.epoch is not None:
+            body["epoch"] = message.epoch
     elif isinstance(message, EventReport):
         body |= {"kind": "event", "event": str(message.event), "step": message.step}
     elif isinstance(message, CheckpointReport):
@@ -190,6 +193,7 @@ def decode(data: bytes) -> ProgressMessage:
             samples_per_s=_float(body, "samples_per_s", finite=True),
             consumed_samples=_int(body, "consumed_samples", _MAX_INT64),
             checkpoint_stall_s=_float(body, "checkpoint_stall_s", finite=True) if "checkpoint_stall_s" in body else 0.0,
+            epoch=_int(body, "epoch", _MAX_INT64) if "epoch" in body else None,
         )
     if kind == "event":
         event = _field(body, "event", str)

@@ -92,7 +92,7 @@ class ProgressReport:
     grad_norm: float
     samples_per_s: float
     consumed_samples: int
-    epoch: int | None = None  # from output such as LossMonitor's "epoch: E step: S"
+    epoch: int | None = None  # Model.train's (runtime), or from output such as LossMonitor's "epoch: E step: S"
     from_output: bool = False  # read from the rank's output, not sent by the trainer runtime
     checkpoint_stall_s: float = 0.0  # the rank's step loop blocked on checkpoint saves, in all this generation
 
@@ -238,12 +238,13 @@ class GenerationObservation:
 
     def steps_per_s(self) -> float | None:
         """The fastest rank's step rate over this generation, from when its reports arrived; None
-        until a rank reported twice, steps apart (a step read with an epoch restarts: not used)."""
+        until a rank reported twice, steps apart (a step read from output with an epoch restarts: not used)."""
         rates = []
         for rank, report in self.progress.items():
             first_at, first_step = self._first_progress[rank]
             elapsed = self._progress_at[rank] - first_at
-            if report.epoch is None and elapsed > 0 and report.step > first_step:
+            counts_on = not report.from_output or report.epoch is None  # not a step that restarts each epoch
+            if counts_on and elapsed > 0 and report.step > first_step:
                 rates.append((report.step - first_step) / elapsed)
         return max(rates, default=None)
 

@@ -92,3 +92,12 @@ def test_progress_resent_at_a_known_step_is_no_news_for_hangs_or_the_step_rate()
     assert (observation.silent_since(), observation.steps_per_s()) == (10.0, 1.0)
     observation.record_progress(ProgressReport(0, 20, 0.5, 1.0, 12.0, 20 * GLOBAL_BATCH), 40.0)
     assert (observation.silent_since(), observation.steps_per_s()) == (10.0, 1.0)
+
+
+def test_the_step_rate_counts_model_train_epochs_but_not_steps_that_restart_each_epoch() -> None:
+    runtime, output = GenerationObservation(1, started_at=0.0), GenerationObservation(1, started_at=0.0)
+    for at, step, epoch in ((0.0, 10, 1), (10.0, 30, 2)):
+        runtime.record_progress(ProgressReport(0, step, 0.5, 1.0, 12.0, step * GLOBAL_BATCH, epoch=epoch), at)
+        output.record_progress(ProgressReport(0, step, 0.5, 0.0, 0.0, 0, epoch=epoch, from_output=True), at)
+    assert runtime.steps_per_s() == 2.0
+    assert output.steps_per_s() is None

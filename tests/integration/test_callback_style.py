@@ -97,6 +97,7 @@ def test_the_converted_script_resumes_from_trainerds_checkpoint_inside_an_epoch_
         job = wait_for_job(address, "the end", lambda j: j["state"] in ("COMPLETED", "FAILED"), 300, procs)
         assert job["state"] == "COMPLETED", job
         assert job["last_checkpoint_step"] == every * (epochs * steps_per_epoch // every), job
+        assert (job["epoch"], job["step"]) == (epochs, epochs * steps_per_epoch), job  # Model.train's epoch, global step
         results[run_dir.name] = (job, final_weights(run_dir / "out", 2))
 
     job, weights = results["faulty"]

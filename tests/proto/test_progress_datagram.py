@@ -28,7 +28,7 @@ from proto.progress_datagram import (
 )
 
 STEP = StepReport(job="llm", generation=3, rank=1, step=120, loss=0.31, grad_norm=1.7,
-                  samples_per_s=5400.0, consumed_samples=7680, checkpoint_stall_s=0.42)
+                  samples_per_s=5400.0, consumed_samples=7680, checkpoint_stall_s=0.42, epoch=4)
 EVENT = EventReport(job="llm", generation=3, rank=1, event=WorkerEvent.FINISHED, step=500)
 CHECKPOINT = CheckpointReport(job="llm", generation=3, rank=0, step=400, consumed_samples=25600,
                               path="/ckpt/llm/step_00000400")
@@ -105,6 +105,9 @@ def test_garbage_is_refused(data: bytes, reason: str) -> None:
     ({"consumed_samples": [1]}, "'consumed_samples' must be of type int"),
     ({"checkpoint_stall_s": -0.5}, "'checkpoint_stall_s' must be a finite number"),
     ({"checkpoint_stall_s": "NaN"}, "'checkpoint_stall_s' must be a finite number"),
+    ({"epoch": -1}, "'epoch' must be from 0"),
+    ({"epoch": 2.0}, "'epoch' must be of type int"),
+    ({"epoch": None}, "'epoch' must be of type int"),
 ])
 def test_bad_fields_are_refused_by_name(change: dict[str, Any], reason: str) -> None:
     with pytest.raises(MalformedProgress, match=reason):
@@ -118,6 +121,11 @@ def test_a_missing_field_is_named(field: str) -> None:
     del body[field]
     with pytest.raises(MalformedProgress, match=f"'{field}' is missing"):
         decode(json.dumps(body).encode())
+
+
+def test_a_step_report_of_a_loop_without_epochs_has_none() -> None:
+    loop = StepReport(**{**STEP.__dict__, "epoch": None})
+    assert "epoch" not in json.loads(encode(loop)) and decode(encode(loop)).epoch is None
 
 
 def test_a_step_report_from_a_writer_without_the_checkpoint_stall_reads_as_none_stalled() -> None:

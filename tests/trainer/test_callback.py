@@ -117,6 +117,7 @@ def test_every_step_is_reported_to_the_agent_socket(reference: tuple[Run, Path])
     assert [(e.event, e.step) for e in run.events(0)] == [(WorkerEvent.STARTED, 0), (WorkerEvent.FINISHED, STEPS)]
     steps = run.steps(0)
     assert [(s.step, s.consumed_samples) for s in steps] == [(n, n * GLOBAL_BATCH) for n in range(1, STEPS + 1)]
+    assert [s.epoch for s in steps] == [(n - 1) // STEPS_PER_EPOCH + 1 for n in range(1, STEPS + 1)]  # Model.train's
     assert all(s.samples_per_s > 0 for s in steps)
     good = [n != NAN_STEP for n in range(1, STEPS + 1)]
     assert [np.isfinite(s.loss) and np.isfinite(s.grad_norm) and s.grad_norm > 0 for s in steps] == good

@@ -106,7 +106,8 @@ class TrainerdCallback(Callback):
     def on_train_step_end(self, run_context: RunContext) -> None:
         if self._run is not None:
             cb_params = run_context.original_args()
-            self._run.step_ended(cb_params.net_outputs, isinstance(cb_params.train_network, GuardedTrainOneStepCell))
+            self._run.step_ended(cb_params.net_outputs, isinstance(cb_params.train_network, GuardedTrainOneStepCell),
+                                 cb_params.cur_epoch_num)
 
     def on_train_end(self, run_context: RunContext) -> None:
         if self._run is not None:
@@ -192,7 +193,7 @@ class _Run:
             _exit(f"Model.train began epoch {epoch}, but the dataset is in epoch {expected} (after step "
                   f"{self.step}): pass initial_epoch=resume_epoch(dataset) to Model.train", EXIT_USAGE)
 
-    def step_ended(self, outputs: Any, guarded: bool) -> None:
+    def step_ended(self, outputs: Any, guarded: bool, epoch: int) -> None:
         loss, grad_norm, accepted = _read_outputs(outputs, guarded)
         elapsed = time.perf_counter() - self.step_started
         self.step += 1
@@ -205,7 +206,7 @@ class _Run:
             self.checkpoints.record_skip(start, self.consumed)
             if self.ctx.rank == 0:
                 self.reporter.bad_batch(self.step, start, self.consumed, BadBatchReason(reason), loss, grad_norm)
-        self.reporter.step(self.step, loss, grad_norm, self.global_batch / max(elapsed, 1e-9), self.consumed)
+        self.reporter.step(self.step, loss, grad_norm, self.global_batch / max(elapsed, 1e-9), self.consumed, epoch)
         self.checkpoints.after_step(self.step, self.consumed)
 
 

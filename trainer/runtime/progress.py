@@ -59,11 +59,12 @@ class ProgressReporter:
             raise ValueError("the scheduler process has no rank and reports no progress")
         return cls(ctx.progress_socket, ctx.job, ctx.generation, ctx.rank)
 
-    def step(self, step: int, loss: float, grad_norm: float, samples_per_s: float, consumed_samples: int) -> None:
+    def step(self, step: int, loss: float, grad_norm: float, samples_per_s: float, consumed_samples: int,
+             epoch: int | None = None) -> None:
         self._send(StepReport(
             job=self._job, generation=self._generation, rank=self._rank, step=step, loss=loss,
             grad_norm=grad_norm, samples_per_s=samples_per_s, consumed_samples=consumed_samples,
-            checkpoint_stall_s=self.checkpoint_stall_s,
+            checkpoint_stall_s=self.checkpoint_stall_s, epoch=epoch,
         ))
 
     def add_checkpoint_stall(self, seconds: float) -> None:
