@@ -778,12 +778,18 @@ class JobController:
                 grad_norm = max((r.grad_norm for r in ranks if not r.from_output), default=None)
             epoch = min((r.epoch for r in ranks if r.epoch is not None), default=None)
             hang_detection = observation.progress_seen and not self.record.between_generations
+        goodput = self.goodput.snapshot()
+        if step is None and self.record.state is JobState.COMPLETED and goodput.high_water is not None:
+            # Progress is not kept in etcd, but the furthest position reached is: a COMPLETED job taken over
+            # by a new leader (a coordinator restarted) still shows where it ended.
+            epoch = goodput.high_water[0] if goodput.high_water[0] >= 0 else None
+            step = goodput.high_water[1]
         good = [c.step for c in self.catalog.entries() if c.good]
         return JobView(self.spec.name, self.record.state, self.record.generation, self.record.world_size,
                        self.record.restarts, self.record.crash_restarts, self.spec.restart.max, step,
                        good[-1] if good else None, loss, samples_per_s, ranks, self.record.last_failure,
                        self.recovery, self.record.quarantined(self.spec.restart.quarantine_after),
-                       len(self.ledger.entries()), epoch, hang_detection, self.goodput.snapshot(), grad_norm)
+                       len(self.ledger.entries()), epoch, hang_detection, goodput, grad_norm)
 
 
 def changed_settings(before: object, after: object, prefix: str = "") -> list[str]:

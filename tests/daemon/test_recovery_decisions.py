@@ -619,9 +619,11 @@ def test_a_completed_job_runs_again_from_its_newest_checkpoint_once_the_cluster_
         sim.finish_all()
         await sim.tick()
         assert sim.state is JobState.COMPLETED and sim.job.record.crash_restarts == 1
+        assert sim.job.view().step == 20
         same = await take_over(sim)  # a coordinator restarted with the same file: nothing runs
         await same.tick(1.0)
         assert same.state is JobState.COMPLETED and "nothing to run" in caplog.text
+        assert (same.job.view().step, same.job.view().epoch) == (20, None)  # where it ended, though no rank reports
         assert all(len(a.launches()) == 0 for a in same.agents.values())
         with pytest.raises(CommandRefused, match="change the job in the cluster file"):
             await same.coordinator.resume(from_step=None)

@@ -183,7 +183,9 @@ def test_a_completed_job_runs_again_from_its_own_checkpoint_once_the_cluster_fil
     wait_until(lambda: node_states(address) == {"n0": "READY", "n1": "READY"}, 60, "both agents back",
                on_timeout=procs.logs)
     assert "job user-script is COMPLETED: nothing to run" in procs.by_name("trainerd-same").log()
-    assert job_of(address)["generation"] == 1
+    again = job_of(address)
+    assert again["generation"] == 1 and (again["epoch"], again["step"]) == (first["epoch"], first["step"]) == (
+        1, steps_per_epoch), again  # where it ended, though no rank reports any more
 
     restart_trainerd(procs, "trainerd-same", "trainerd-changed", cluster, epochs=2)
     job = wait_for_job(address, "the second run", lambda j: j["generation"] == 2 and j["state"] in ENDED, 180, procs)
