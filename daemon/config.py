@@ -217,8 +217,9 @@ class JobSettings(StrictModel):
     global_batch: int | None = Field(default=None, ge=1)
     micro_batch: int | None = Field(default=None, ge=1)
     # The processes' working directory, the same for every generation, so a script's relative paths
-    # (its data, its own checkpoints) stay put across restarts. Default: a per-job directory under
-    # each agent's work dir. A relative path is taken from the cluster file's directory.
+    # (its data, its own checkpoints) stay put across restarts. Default: the cluster file's directory with
+    # local_agents (one machine, as msrun), else a per-job directory under each agent's work dir. A
+    # relative path is taken from the cluster file's directory.
     workdir: str | None = None
     # A regex with named groups (step required; epoch, loss, samples_per_s optional) that finds
     # progress in a rank's output, for scripts that print neither LossMonitor nor TimeMonitor lines.
@@ -326,5 +327,9 @@ def load_cluster_config(path: str | Path) -> ClusterConfig:
     update: dict = {"checkpoint": job.checkpoint.model_copy(update={"dir": str(root)})}
     if job.workdir is not None:
         update["workdir"] = str(config.resolve(job.workdir).resolve())
+    elif config.cluster.local_agents:
+        # One machine: the job runs where its cluster file is, as msrun runs a script where it is started
+        # ("train.py" and its relative data paths are found there). Across hosts each agent's own default.
+        update["workdir"] = config.base_dir
     job = job.model_copy(update=update)
     return config.model_copy(update={"job": job})

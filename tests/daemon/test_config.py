@@ -35,6 +35,20 @@ def test_defaults_and_relative_paths(tmp_path: Path) -> None:
     assert config.cluster.coordinator.max_sessions == 20000
 
 
+@pytest.mark.parametrize(("local_agents", "workdir", "expected"), [
+    (2, None, "."),  # one machine: where the cluster file is, as msrun runs a script where it is started
+    (0, None, None),  # across hosts: each agent's per-job directory
+    (2, "runs/a", "runs/a"),
+    (0, "/srv/b", "/srv/b"),
+])
+def test_the_jobs_working_directory(tmp_path: Path, local_agents: int, workdir: str | None,
+                                    expected: str | None) -> None:
+    job = "job:\n  entrypoint: ['{python}', train.py]\n" + (f"  workdir: {workdir}\n" if workdir else "")
+    config = load_cluster_config(write(tmp_path, f"cluster:\n  local_agents: {local_agents}\n" + job))
+    assert config.job is not None
+    assert config.job.workdir == (None if expected is None else str((tmp_path / expected).resolve()))
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
