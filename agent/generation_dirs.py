@@ -37,11 +37,14 @@ def claim_generation_dir(agent_work_dir: Path, generation: int, job: str) -> Pat
     marker = path / JOB_FILE
     try:
         owner = marker.read_text()
-    except FileNotFoundError:
+    except OSError:  # none (a new directory, or an older agent's), or unreadable: left as it is
         owner = job
     if owner != job:
         log.info("generation %d: removing the files job %r left in %s", generation, owner[:200], path)
-        shutil.rmtree(path)
+        try:
+            shutil.rmtree(path)
+        except OSError as exc:  # the launch goes on; its logs follow the other job's
+            log.warning("could not remove the files of generation %d (%s): %s", generation, path, exc)
     path.mkdir(parents=True, exist_ok=True)
     marker.write_text(job)
     return path

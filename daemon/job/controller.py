@@ -794,11 +794,13 @@ class JobController:
 
 def changed_settings(before: object, after: object, prefix: str = "") -> list[str]:
     """The dotted names of the settings that differ between two dumps of a job's settings
-    (["entrypoint", "restart.max"]), in the order of `after`."""
+    (["entrypoint", "restart.max"]), in the order of `after`. A key only one dump has is a setting one
+    trainerd version has and the other has not, not an operator's change: it is not counted (a dump holds
+    every setting, given or default, so a key the operator adds to the file changes a value both have)."""
     if not isinstance(before, dict) or not isinstance(after, dict):
         return [] if before == after else [prefix.rstrip(".") or "every setting"]
-    names = list(after) + [k for k in before if k not in after]
-    return [name for key in names for name in changed_settings(before.get(key), after.get(key), f"{prefix}{key}.")]
+    return [name for key in after if key in before
+            for name in changed_settings(before[key], after[key], f"{prefix}{key}.")]
 
 
 def _saved_goodput(data: dict) -> GoodputSnapshot:

@@ -11,7 +11,7 @@ import pytest
 
 from daemon.cli.status_json import status_to_json
 from daemon.grpc_services import job_to_proto
-from daemon.job.controller import CommandRefused
+from daemon.job.controller import CommandRefused, changed_settings
 from daemon.job.decide import STOP_CONFIRM_MARGIN_S
 from daemon.job.observation import MemorySnapshot
 from daemon.job.state import ALLOWED_TRANSITIONS, FailureCause, ResumeSource
@@ -671,6 +671,14 @@ def test_unreadable_settings_in_etcd_count_as_a_change_and_never_stop_a_new_lead
         assert "not JSON" in caplog.text
         assert codec.decode((await changed.store.get(keys.job_spec("job"))).value, key="spec")["name"] == "job"
     run(scenario())
+
+
+def test_a_setting_that_only_another_trainerd_version_has_is_no_change() -> None:
+    stored = job_settings().model_dump(mode="json")
+    newer = {**stored, "setting_of_a_newer_version": 3, "restart": {**stored["restart"], "new_limit": 1}}
+    older = {k: v for k, v in stored.items() if k != "hang_timeout_s"}
+    assert changed_settings(stored, newer) == [] and changed_settings(stored, older) == []
+    assert changed_settings(stored, {**newer, "restart": {**newer["restart"], "max": 9}}) == ["restart.max"]
 
 
 def test_a_running_job_keeps_its_generation_when_the_cluster_file_changes_it(caplog) -> None:
