@@ -247,6 +247,9 @@ class JobController:
             if state is JobState.COMPLETED:
                 log.info("job %s is COMPLETED: nothing to run. Change the job in the cluster file to run it again "
                          "from its newest checkpoint, or give it a new name to start afresh", name)
+            elif state is JobState.FAILED:
+                log.info("job %s is FAILED: once its cause is fixed, `trainerctl resume` runs it again from its "
+                         "newest checkpoint (so does a change to the job in the cluster file)", name)
             return
         what = ", ".join(changed)
         if state not in (JobState.COMPLETED, JobState.FAILED):

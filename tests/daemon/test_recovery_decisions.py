@@ -646,6 +646,24 @@ def test_a_completed_job_runs_again_from_its_newest_checkpoint_once_the_cluster_
     run(scenario())
 
 
+def test_a_failed_job_waits_for_resume_and_runs_again_once_its_cluster_file_changes(caplog) -> None:
+    caplog.set_level(logging.INFO, "daemon.job.controller")
+
+    async def scenario() -> None:
+        sim = await running_cluster(nodes=("a",), max_nodes=1, restart={"max": 0})
+        sim.crash("a", 0)
+        await sim.tick()
+        assert sim.state is JobState.FAILED
+        same = await take_over(sim)
+        await same.tick(1.0)
+        assert same.state is JobState.FAILED and "`trainerctl resume` runs it again" in caplog.text
+        fixed = await take_over(same, job_settings(max_nodes=1, restart={"max": 2}))
+        assert fixed.state is JobState.RECOVERING and fixed.job.record.crash_restarts == 0
+        assert "changed restart.max of the FAILED job" in (await fixed.coordinator.events(0))[-1].message
+        assert (JobState.FAILED, JobState.RECOVERING) in await transitions(fixed)
+    run(scenario())
+
+
 def test_a_changed_job_that_had_ended_before_any_generation_waits_for_nodes_again() -> None:
     async def scenario() -> None:
         sim = SimCluster(job_settings(max_nodes=1))
