@@ -10,6 +10,7 @@ the coordinator applies to the cluster file too).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import PurePath
 
 from proto import trainerd_pb2 as pb
 from proto.vocabulary import forbidden_job_env
@@ -21,8 +22,11 @@ def entrypoint_refusal(argv: Sequence[str], allowed_entrypoints: Sequence[Sequen
     allowed = [list(prefix) for prefix in allowed_entrypoints]
     if any(list(argv[:len(prefix)]) == prefix for prefix in allowed):
         return None
+    hint = ""
+    if argv and PurePath(argv[0]).name.startswith("python") and any(p[:1] == ["{python}"] for p in allowed):
+        hint = " (write {python} for the agent's own interpreter; a python from PATH is never run)"
     return (f"refused to {verb} {list(argv)!r:.300}: it starts with none of allowed_entrypoints {allowed!r:.300} "
-            f"in the agent file")
+            f"in the agent file{hint}")
 
 
 def launch_refusal(launch: pb.Launch, allowed_entrypoints: Sequence[Sequence[str]]) -> str | None:

@@ -35,6 +35,13 @@ def test_by_default_only_the_agents_own_interpreter_runs(tmp_path: Path) -> None
     assert log_file.read_text() == message + "\n"
 
 
+def test_a_python_from_path_is_refused_with_what_to_write_instead(tmp_path: Path) -> None:
+    for python in ("python", "/usr/bin/python3.11"):
+        message = refused(Host(tmp_path / python.replace("/", "_")), launch(1, entrypoint=python))
+        assert message.endswith("in the agent file (write {python} for the agent's own interpreter; a python from "
+                                "PATH is never run)"), message
+
+
 def test_a_prefix_of_several_words_must_match_word_for_word(tmp_path: Path) -> None:
     host = Host(tmp_path, allowed_entrypoints=[["{python}", "train.py"]])
     run(host.supervisor.launch(launch(1)))  # argv {python} train.py
