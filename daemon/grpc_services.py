@@ -117,7 +117,7 @@ def job_to_proto(job: JobView) -> pb.JobStatus:
                                                samples_per_s=r.samples_per_s, epoch=r.epoch,
                                                from_output=r.from_output, grad_norm=r.grad_norm)
                                   for r in job.ranks],
-                          hang_detection=job.hang_detection)
+                          hang_detection=job.hang_detection, waiting_for=job.waiting_for)
     status.skipped_batches = job.skipped_batches
     for field in ("step", "loss", "grad_norm", "samples_per_s", "last_checkpoint_step", "epoch"):
         value = getattr(job, field)

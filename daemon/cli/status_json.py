@@ -64,6 +64,7 @@ def _job_to_json(job: pb.JobStatus) -> dict:
         "step": _optional(job, "step"),
         "epoch": _optional(job, "epoch"),
         "hang_detection": job.hang_detection,
+        "waiting_for": job.waiting_for or None,
         "restarts": job.restarts,
         "crash_restarts": job.crash_restarts,
         "restart_budget": job.restart_budget,

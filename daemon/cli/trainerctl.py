@@ -396,6 +396,8 @@ def print_status(data: dict) -> None:
     )
     console.print(f"restarts {job['restarts']} ({job['crash_restarts']} of {job['restart_budget']} crash "
                   f"restarts spent)")
+    if job["waiting_for"]:
+        console.print(f"waiting for nodes: {job['waiting_for']}")
     if job["state"] in ("RUNNING", "PENDING", "RECOVERING") and not job["hang_detection"]:
         console.print("hang detection: off until a rank reports progress (LossMonitor/TimeMonitor lines, "
                       "job.progress_pattern, or the trainer runtime)")

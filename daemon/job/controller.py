@@ -44,6 +44,7 @@ from daemon.job.decide import (
     bad_memory_steps_after,
     decide,
     record_after_checkpoint,
+    waiting_for,
 )
 from daemon.job.goodput import GoodputAccountant, GoodputSnapshot, JobMoment, Phase, fault_time
 from daemon.job.launch_plan import node_processes, ring_predecessor, scheduler_port
@@ -129,6 +130,7 @@ class JobView:
     hang_detection: bool = False  # a rank of the live generation showed progress: hangs are judged
     goodput: GoodputSnapshot | None = None
     grad_norm: float | None = None  # the global norm: every rank of the runtime reports the same one
+    waiting_for: str = ""  # what a job not launched yet, or WAITING, waits for (decide.waiting_for)
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,7 @@ class JobController:
         self._unrecorded_failed_saves: deque[FailedSave] = deque()
         self.recovery: RecoveryTimeline | None = None
         self._bad_memory_steps: frozenset[int] = frozenset()  # in-memory snapshots a generation could not load
+        self._waiting_for = ""  # as of the last reconcile pass
         # The node order of the last generation at each world size (decide.JobWorld.orders_seen).
         self._orders_seen: dict[int, tuple[str, ...]] = {}
         self._dropped = RateLimitedLog(log, clock)
@@ -448,7 +451,9 @@ class JobController:
                          self.catalog.entries(), self.ledger.ranges(), self._placeable_since,
                          self._checkpoint_request, now, self._exit_request, self._bad_memory_steps,
                          dict(self._orders_seen), self.ledger.found_bad())
-        for action in decide(world):
+        actions = decide(world)
+        self._waiting_for = "" if any(isinstance(a, LaunchGeneration) for a in actions) else waiting_for(world)
+        for action in actions:
             match action:
                 case NotePlaceableSince():
                     self._placeable_since = action.since
@@ -792,7 +797,8 @@ class JobController:
                        self.record.restarts, self.record.crash_restarts, self.spec.restart.max, step,
                        good[-1] if good else None, loss, samples_per_s, ranks, self.record.last_failure,
                        self.recovery, self.record.quarantined(self.spec.restart.quarantine_after),
-                       len(self.ledger.entries()), epoch, hang_detection, goodput, grad_norm)
+                       len(self.ledger.entries()), epoch, hang_detection, goodput, grad_norm,
+                       self._waiting_for if self.record.state in (JobState.PENDING, JobState.WAITING) else "")
 
 
 def changed_settings(before: object, after: object, prefix: str = "") -> list[str]:

@@ -757,6 +757,24 @@ def _memory_shortfall(world: JobWorld, checkpoint: CheckpointEntry | None) -> st
     return ""
 
 
+def waiting_for(world: JobWorld) -> str:
+    """What a job that has not launched yet, or is WAITING, waits for, in words ("" when it waits for
+    nothing): an operator whose job stays PENDING must see why, e.g. nodes with fewer devices than
+    devices_per_node."""
+    spec, record = world.spec, world.record
+    if record.state is JobState.WAITING:
+        return _shortage(world)
+    if record.state is not JobState.PENDING or world.generation is not None:
+        return ""
+    offers = _usable_offers(world)
+    if place(spec, offers) is None:
+        return _shortage(world)
+    if len(offers) < spec.max_nodes:
+        return (f"{len(offers)} of max_nodes {spec.max_nodes} node(s) are here: the first launch waits up to "
+                f"start_wait_s ({spec.start_wait_s:g}s) for the others")
+    return ""
+
+
 def _shortage(world: JobWorld) -> str:
     spec = world.spec
     usable = _usable_offers(world)

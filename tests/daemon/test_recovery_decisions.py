@@ -45,6 +45,8 @@ async def waiting_cluster(**overrides) -> SimCluster:
     sim.confirm_stop("a")
     await sim.tick(0.1)
     assert sim.state is JobState.WAITING
+    await sim.tick(0.1)
+    assert "1 usable node(s) with 1 device(s); it needs at least 2 node(s)" in shown_waiting_for(sim)
     return sim
 
 
@@ -66,6 +68,41 @@ async def transitions(sim: SimCluster) -> list[tuple[str, str]]:
             state = target
     SEEN_TRANSITIONS.update(moves)
     return moves
+
+
+def shown_waiting_for(sim: SimCluster) -> str | None:
+    """What `trainerctl status -o json` shows as job.waiting_for."""
+    return status_to_json(pb.StatusReply(job=job_to_proto(sim.job.view())))["job"]["waiting_for"]
+
+
+def test_status_says_what_a_job_that_cannot_launch_waits_for() -> None:
+    async def scenario() -> None:
+        sim = SimCluster(job_settings(min_nodes=2, max_nodes=3, devices_per_node=2, start_wait_s=30))
+        await sim.lead()
+        await sim.connect("a", devices=2)
+        await sim.tick()
+        assert shown_waiting_for(sim) == ("1 usable node(s) with 2 device(s); it needs at least 2 node(s) and a "
+                                          "world size in [6, 4]")
+        await sim.connect("b", devices=1)  # fewer devices than devices_per_node: 3 in all, still no size fits
+        await sim.tick()
+        assert "2 usable node(s) with 3 device(s)" in shown_waiting_for(sim)
+        await sim.connect("c", devices=2)
+        await sim.tick()
+        assert sim.job.record.generation == 1 and shown_waiting_for(sim) is None  # all three here: launched
+    run(scenario())
+
+
+def test_status_says_a_first_launch_waits_start_wait_s_for_the_other_nodes() -> None:
+    async def scenario() -> None:
+        sim = SimCluster(job_settings(min_nodes=1, max_nodes=2, start_wait_s=30))
+        await sim.lead()
+        await sim.connect("a")
+        await sim.tick()
+        assert shown_waiting_for(sim) == ("1 of max_nodes 2 node(s) are here: the first launch waits up to "
+                                          "start_wait_s (30s) for the others")
+        await sim.tick(31)
+        assert sim.job.record.generation == 1 and shown_waiting_for(sim) is None
+    run(scenario())
 
 
 def test_first_launch_then_running_then_completed() -> None:
