@@ -572,8 +572,8 @@ class Coordinator:
         return (f"samples {start}:{end} are skipped from the next generation on" if added
                 else f"samples {start}:{end} were already in the ledger")
 
-    async def pause(self) -> str:
-        return await self._job_command(lambda job, fence: job.pause(fence))
+    async def pause(self, now: bool = False) -> str:
+        return await self._job_command(lambda job, fence: job.pause(fence, now))
 
     async def resume(self, from_step: int | None) -> str:
         return await self._job_command(lambda job, fence: job.resume(fence, from_step))

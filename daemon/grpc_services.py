@@ -117,7 +117,8 @@ def job_to_proto(job: JobView) -> pb.JobStatus:
                                                samples_per_s=r.samples_per_s, epoch=r.epoch,
                                                from_output=r.from_output, grad_norm=r.grad_norm)
                                   for r in job.ranks],
-                          hang_detection=job.hang_detection, waiting_for=job.waiting_for)
+                          hang_detection=job.hang_detection, waiting_for=job.waiting_for,
+                          pausing=job.pausing)
     status.skipped_batches = job.skipped_batches
     for field in ("step", "loss", "grad_norm", "samples_per_s", "last_checkpoint_step", "epoch"):
         value = getattr(job, field)
@@ -476,7 +477,7 @@ class ControlService(pb_grpc.ControlServicer):
         return status_to_proto(await self._coordinator.view())
 
     async def Pause(self, request: pb.PauseRequest, context: grpc.aio.ServicerContext) -> pb.CommandReply:
-        return pb.CommandReply(message=await self._coordinator.pause())
+        return pb.CommandReply(message=await self._coordinator.pause(request.now))
 
     async def Resume(self, request: pb.ResumeRequest, context: grpc.aio.ServicerContext) -> pb.CommandReply:
         from_step = request.from_step if request.HasField("from_step") else None

@@ -65,6 +65,7 @@ def _job_to_json(job: pb.JobStatus) -> dict:
         "epoch": _optional(job, "epoch"),
         "hang_detection": job.hang_detection,
         "waiting_for": job.waiting_for or None,
+        "pausing": job.pausing,
         "restarts": job.restarts,
         "crash_restarts": job.crash_restarts,
         "restart_budget": job.restart_budget,

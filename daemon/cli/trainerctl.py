@@ -287,10 +287,13 @@ def logs(options: GlobalOptions, rank: int, follow: bool, generation: int | None
 
 
 @cli.command()
+@click.option("--now", is_flag=True, help="Stop the processes at once, without the checkpoint (or graceful exit) "
+              "first: the resume goes back to the newest checkpoint.")
 @click.pass_obj
-def pause(options: GlobalOptions) -> None:
-    """Stop the job's processes and keep it PAUSED until `resume`."""
-    reply = call_control(_coordinators(options), "Pause", pb.PauseRequest())
+def pause(options: GlobalOptions, now: bool) -> None:
+    """Stop the job's processes and keep it PAUSED until `resume`. A running job saves a checkpoint
+    first (a script with a graceful exit file leaves at a step boundary), so the resume loses nothing."""
+    reply = call_control(_coordinators(options), "Pause", pb.PauseRequest(now=now))
     click.echo(reply.message)
 
 
@@ -398,6 +401,9 @@ def print_status(data: dict) -> None:
                   f"restarts spent)")
     if job["waiting_for"]:
         console.print(f"waiting for nodes: {job['waiting_for']}")
+    if job["pausing"]:
+        console.print("pausing: a checkpoint (or the script's graceful exit) first, then PAUSED "
+                      "(`trainerctl pause --now` stops it at once, `trainerctl resume` calls the pause off)")
     if job["state"] in ("RUNNING", "PENDING", "RECOVERING") and not job["hang_detection"]:
         console.print("hang detection: off until a rank reports progress (LossMonitor/TimeMonitor lines, "
                       "job.progress_pattern, or the trainer runtime)")

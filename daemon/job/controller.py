@@ -29,6 +29,7 @@ from daemon.events import EventLog
 from daemon.job.catalog import CheckpointCatalog, CheckpointEntry, inside_root
 from daemon.job.commands import CheckpointNowCommand, LaunchCommand, RequestExitCommand, StopCommand
 from daemon.job.decide import (
+    PAUSE_SAVE_WAIT_S,
     AddSkip,
     CheckpointRequest,
     CommitRecord,
@@ -131,6 +132,7 @@ class JobView:
     goodput: GoodputSnapshot | None = None
     grad_norm: float | None = None  # the global norm: every rank of the runtime reports the same one
     waiting_for: str = ""  # what a job not launched yet, or WAITING, waits for (decide.waiting_for)
+    pausing: bool = False  # RUNNING, asked to pause: it saves a checkpoint (or leaves gracefully) first
 
 
 @dataclass(frozen=True)
@@ -171,6 +173,7 @@ class JobController:
         self._placeable_since: float | None = None
         self._checkpoint_request: CheckpointRequest | None = None
         self._exit_request: ExitRequest | None = None
+        self._pause_asked_at: float | None = None
         self._unrecorded_checkpoints: list[CheckpointEntry] = []
         self._unrecorded_failed_saves: deque[FailedSave] = deque()
         self.recovery: RecoveryTimeline | None = None
@@ -218,6 +221,7 @@ class JobController:
         self.observation = None
         self._checkpoint_request = None
         self._exit_request = None
+        self._pause_asked_at = None
         self._unrecorded_checkpoints = []
         self._unrecorded_failed_saves = deque()
         now = self._clock.now()
@@ -234,6 +238,8 @@ class JobController:
             self.recovery = RecoveryTimeline("takeover", now)
         if self.record.exit_requested_generation == self.record.generation and not self.record.between_generations:
             self._exit_request = ExitRequest("a graceful exit was asked for before this coordinator took over", now)
+        if self.record.pausing:  # its wait for a checkpoint starts again from the takeover
+            self._pause_asked_at = now
         self._account()
         log.info("job %s: %s, generation %d", name, self.record.state.value, self.record.generation)
         await self._apply_changed_settings(changed, fence)
@@ -450,7 +456,7 @@ class JobController:
                          frozenset(facts.disconnected), frozenset(facts.lost), frozenset(facts.drained),
                          self.catalog.entries(), self.ledger.ranges(), self._placeable_since,
                          self._checkpoint_request, now, self._exit_request, self._bad_memory_steps,
-                         dict(self._orders_seen), self.ledger.found_bad())
+                         dict(self._orders_seen), self.ledger.found_bad(), self._pause_asked_at)
         actions = decide(world)
         self._waiting_for = "" if any(isinstance(a, LaunchGeneration) for a in actions) else waiting_for(world)
         for action in actions:
@@ -603,6 +609,7 @@ class JobController:
         self.observation = GenerationObservation(number, started_at=now)
         self._checkpoint_request = None
         self._exit_request = None
+        self._pause_asked_at = None
         self._account()
         if resume is None:
             where = "from scratch" if number == 1 else ("with no checkpoint of trainerd's (a script that saves its "
@@ -686,19 +693,43 @@ class JobController:
 
     # ------------------------------------------------------------ operator commands
 
-    async def pause(self, fence: Fence) -> str:
-        record = self.record
+    async def pause(self, fence: Fence, now: bool = False) -> str:
+        """A running generation that can save (trainerd's runtime, or a script with a graceful exit file)
+        saves a checkpoint or leaves at a step boundary first, and the job is PAUSED once it has
+        (decide._pause); with `now`, or when it cannot, the generation is stopped at once."""
+        record, name = self.record, self.spec.name
         if record.state is JobState.PAUSED:
-            return f"job {self.spec.name} is already PAUSED"
+            return f"job {name} is already PAUSED"
         if record.state in (JobState.COMPLETED, JobState.FAILED):
-            raise CommandRefused(f"job {self.spec.name} is {record.state.value}; nothing to pause")
-        await self._commit(CommitRecord(record.moved_to(JobState.PAUSED, stopped_generation=record.generation),
-                                        "job_paused", f"job {self.spec.name} is PAUSED by the operator"), fence)
+            raise CommandRefused(f"job {name} is {record.state.value}; nothing to pause")
+        observation = self.observation
+        can_save = (record.state is JobState.RUNNING and not record.between_generations and observation is not None
+                    and (observation.uses_runtime or self.spec.graceful_exit_file is not None))
+        first = ("saves a checkpoint" if observation is not None and observation.uses_runtime
+                 else "leaves through the script's graceful exit")
+        if can_save and not now:
+            if record.pausing:
+                return f"job {name} is already pausing: generation {record.generation} {first} first"
+            asked = record.moved_to(record.state, pause_requested_generation=record.generation)
+            await self._commit(CommitRecord(asked, "pause_requested", f"job {name}: the operator asked for a pause; "
+                                            f"generation {record.generation} {first} first, then it is PAUSED"), fence)
+            self._pause_asked_at = self._clock.now()
+            return (f"job {name} is pausing: generation {record.generation} {first} first, then it is PAUSED (at "
+                    f"most {PAUSE_SAVE_WAIT_S:g}s; `trainerctl pause --now` stops it at once)")
+        await self._commit(CommitRecord(record.moved_to(JobState.PAUSED, stopped_generation=record.generation,
+                                                        pause_requested_generation=0),
+                                        "job_paused", f"job {name} is PAUSED by the operator"), fence)
         self._stop("paused by the operator")
-        return f"job {self.spec.name} is PAUSED; generation {record.generation} is being stopped"
+        return f"job {name} is PAUSED; generation {record.generation} is being stopped"
 
     async def resume(self, fence: Fence, from_step: int | None) -> str:
         record = self.record
+        if record.pausing and from_step is None:
+            await self._commit(CommitRecord(record.moved_to(record.state, pause_requested_generation=0),
+                                            "pause_cancelled", f"job {self.spec.name} is {record.state.value}: "
+                                            f"the pause asked for is called off"), fence)
+            self._pause_asked_at = None
+            return f"job {self.spec.name} is {record.state.value}: the pause asked for is called off"
         if record.state not in (JobState.PAUSED, JobState.FAILED):
             hint = (": change the job in the cluster file and restart the coordinator to run it again"
                     if record.state is JobState.COMPLETED else "")
@@ -798,7 +829,8 @@ class JobController:
                        good[-1] if good else None, loss, samples_per_s, ranks, self.record.last_failure,
                        self.recovery, self.record.quarantined(self.spec.restart.quarantine_after),
                        len(self.ledger.entries()), epoch, hang_detection, goodput, grad_norm,
-                       self._waiting_for if self.record.state in (JobState.PENDING, JobState.WAITING) else "")
+                       self._waiting_for if self.record.state in (JobState.PENDING, JobState.WAITING) else "",
+                       self.record.pausing)
 
 
 def changed_settings(before: object, after: object, prefix: str = "") -> list[str]:

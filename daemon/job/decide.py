@@ -56,6 +56,9 @@ RUNNING_WITHOUT_PROGRESS_S = 60.0
 STARTUP_FAILURE_SETTLE_S = 5.0
 # A graceful exit asked for a reshape that has not ended the generation after this long: stop it.
 GRACEFUL_EXIT_TIMEOUT_S = 30.0
+# A pause waits this long for the generation's checkpoint (or graceful exit) before it stops it as it is:
+# long enough for a large model's save, short enough for an operator who wants the hosts.
+PAUSE_SAVE_WAIT_S = 120.0
 # In-memory snapshots that failed to load: at most this many are remembered (bad_memory_steps_after).
 REMEMBERED_BAD_MEMORY_STEPS = 8
 
@@ -189,6 +192,8 @@ class JobWorld:
     orders_seen: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
     # The ledger's ranges found bad by the workers or the coordinator (not those an operator added).
     found_bad: tuple[tuple[int, int], ...] = ()
+    # When the operator's pause of the live generation was asked for (a new leader: when it took over).
+    pause_asked_at: float | None = None
 
 
 def decide(world: JobWorld) -> list[Action]:
@@ -324,6 +329,8 @@ def _watch_generation(world: JobWorld) -> list[Action]:
     every_rank_finished = observation.finished_ranks() >= set(range(generation.placement.world_size))
     exit_request = world.exit_request
     if exit_request is not None and every_rank_finished:
+        if record.pausing:
+            return _paused(world, "every rank left at the graceful exit")
         return _start_reshape(world, exit_request.reason, "every rank left at the graceful exit; relaunching")
     if every_rank_finished:
         done = record.moved_to(JobState.COMPLETED, stopped_generation=generation.number)
@@ -334,6 +341,8 @@ def _watch_generation(world: JobWorld) -> list[Action]:
         return _end_generation(world, failure)
     if observation.first_failure() is not None:
         return []  # a failure is being told apart (a start-up settle window, a reconnect grace): nothing else
+    if record.pausing:
+        return _pause(world)
     if exit_request is not None and world.now - exit_request.asked_at >= GRACEFUL_EXIT_TIMEOUT_S:
         return _start_reshape(world, exit_request.reason, f"the graceful exit did not end generation "
                               f"{generation.number} within {GRACEFUL_EXIT_TIMEOUT_S:g}s; stopping it")
@@ -584,21 +593,72 @@ def _reshape(world: JobWorld) -> list[Action]:
               else f"world size can grow from {generation.placement.world_size} to {wanted.world_size}")
     if not observation.uses_runtime:
         if spec.graceful_exit_file is not None:
-            asked = world.record.moved_to(world.record.state, exit_requested_generation=generation.number)
-            return [CommitRecord(asked, "exit_requested", f"job {spec.name}: generation {generation.number} is asked "
-                                                          f"to leave through the script's graceful exit: {reason}"),
-                    RequestExit(reason)]
+            return _ask_exit(world, reason)
         return _start_reshape(world, reason, "relaunching now; the script resumes from its own checkpoints")
-    request = world.checkpoint_request
-    # Only the requested step (or a later one) answers: an older periodic checkpoint would throw
-    # away the steps trained since.
-    answered = request is not None and any(step >= request.step for step in observation.checkpoints)
-    if not answered:
-        newest = observation.max_step()
-        if newest is None or (request is not None and world.now - request.asked_at < CHECKPOINT_REQUEST_RETRY_S):
-            return []
-        return [RequestCheckpoint(newest + _checkpoint_lead_steps(world), reason)]
+    if _requested_checkpoint(world) is None:
+        return _ask_checkpoint(world, reason)
     return _start_reshape(world, reason, "relaunching from the checkpoint just saved")
+
+
+def _requested_checkpoint(world: JobWorld) -> int | None:
+    """The step of the generation's checkpoint that answered the request; None while none did. Only the
+    requested step (or a later one) answers: an older periodic checkpoint would throw away the steps
+    trained since."""
+    request, observation = world.checkpoint_request, world.observation
+    assert observation is not None
+    if request is None:
+        return None
+    return max((step for step in observation.checkpoints if step >= request.step), default=None)
+
+
+def _ask_checkpoint(world: JobWorld, reason: str) -> list[Action]:
+    """Ask for a checkpoint a little ahead of the fastest rank, again when the last request went unanswered."""
+    request, observation = world.checkpoint_request, world.observation
+    assert observation is not None
+    newest = observation.max_step()
+    if newest is None or (request is not None and world.now - request.asked_at < CHECKPOINT_REQUEST_RETRY_S):
+        return []
+    return [RequestCheckpoint(newest + _checkpoint_lead_steps(world), reason)]
+
+
+def _ask_exit(world: JobWorld, reason: str) -> list[Action]:
+    """Ask every rank to leave through the script's graceful exit (once; _watch_generation sees them go)."""
+    generation, spec = world.generation, world.spec
+    assert generation is not None
+    if world.exit_request is not None:
+        return []
+    asked = world.record.moved_to(world.record.state, exit_requested_generation=generation.number)
+    return [CommitRecord(asked, "exit_requested", f"job {spec.name}: generation {generation.number} is asked to "
+                                                  f"leave through the script's graceful exit: {reason}"),
+            RequestExit(reason)]
+
+
+def _pause(world: JobWorld) -> list[Action]:
+    """The operator asked to pause the running generation: it saves a checkpoint first (trainerd's
+    runtime) or leaves at a step boundary through the script's graceful exit, so that the resume loses
+    no steps; then the job is PAUSED. A generation that can do neither, or has not within
+    PAUSE_SAVE_WAIT_S, is stopped as it is."""
+    observation, spec = world.observation, world.spec
+    assert observation is not None
+    reason = "paused by the operator"
+    if world.pause_asked_at is not None and world.now - world.pause_asked_at >= PAUSE_SAVE_WAIT_S:
+        return _paused(world, f"nothing was saved within {PAUSE_SAVE_WAIT_S:g}s; stopped as it was")
+    if observation.uses_runtime:
+        step = _requested_checkpoint(world)
+        if step is None:
+            return _ask_checkpoint(world, reason)
+        return _paused(world, f"stopped after the checkpoint at step {step}")
+    if spec.graceful_exit_file is not None:
+        return _ask_exit(world, reason)
+    return _paused(world, "stopped at once; the script resumes from its own checkpoints")
+
+
+def _paused(world: JobWorld, how: str) -> list[Action]:
+    generation, record = world.generation, world.record
+    assert generation is not None
+    paused = record.moved_to(JobState.PAUSED, stopped_generation=generation.number, pause_requested_generation=0)
+    return [CommitRecord(paused, "job_paused", f"job {world.spec.name} is PAUSED by the operator: {how}"),
+            StopGeneration("paused by the operator")]
 
 
 def _start_reshape(world: JobWorld, reason: str, how: str) -> list[Action]:
@@ -631,6 +691,10 @@ def _checkpoint_lead_steps(world: JobWorld) -> int:
 def _relaunch(world: JobWorld) -> list[Action]:
     generation, observation, record, spec = world.generation, world.observation, world.record, world.spec
     assert generation is not None and observation is not None
+    if record.pausing:  # the generation ended some other way while it was to save first: no relaunch
+        paused = record.moved_to(JobState.PAUSED, pause_requested_generation=0)
+        return [CommitRecord(paused, "job_paused", f"job {spec.name} is PAUSED by the operator: generation "
+                                                   f"{generation.number} ended before it saved")]
     actions: list[Action] = []
     busy = [n for n in generation.placement.nodes if not observation.node_idle(n) and n not in world.lost_nodes]
     unconfirmed = _unconfirmed_snapshot_holders(world, busy)

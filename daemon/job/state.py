@@ -101,6 +101,9 @@ class JobRecord:
     # The generation asked to leave through the script's graceful exit for a reshape: its ranks'
     # clean exits end it for the reshape, they do not complete the job (also after a takeover).
     exit_requested_generation: int = 0
+    # The generation an operator asked to pause: it saves a checkpoint (or leaves through the graceful
+    # exit) first, and the job is PAUSED once it has, or once the wait for it is over (also after a takeover).
+    pause_requested_generation: int = 0
 
     def moved_to(self, state: JobState, **changes) -> "JobRecord":
         if state is not self.state and state not in ALLOWED_TRANSITIONS[self.state]:
@@ -110,6 +113,11 @@ class JobRecord:
     @property
     def between_generations(self) -> bool:
         return self.stopped_generation >= self.generation
+
+    @property
+    def pausing(self) -> bool:
+        """Asked to pause, and its generation is still saving or leaving first."""
+        return self.pause_requested_generation == self.generation > 0 and self.state is not JobState.PAUSED
 
     def quarantined(self, quarantine_after: int) -> frozenset[str]:
         return frozenset(node for node, count in self.node_failures.items() if count >= quarantine_after)
@@ -122,7 +130,8 @@ class JobRecord:
                 "consecutive_crashes": self.consecutive_crashes, "node_failures": dict(self.node_failures),
                 "crash_steps": {str(step): count for step, count in self.crash_steps.items()},
                 "resume_from_step": self.resume_from_step,
-                "exit_requested_generation": self.exit_requested_generation}
+                "exit_requested_generation": self.exit_requested_generation,
+                "pause_requested_generation": self.pause_requested_generation}
 
     @classmethod
     def from_json(cls, data: dict) -> "JobRecord":
@@ -134,7 +143,8 @@ class JobRecord:
                    int(data.get("consecutive_crashes", 0)),
                    {str(k): int(v) for k, v in data.get("node_failures", {}).items()},
                    {int(k): int(v) for k, v in data.get("crash_steps", {}).items()},
-                   None if resume_from is None else int(resume_from), int(data.get("exit_requested_generation", 0)))
+                   None if resume_from is None else int(resume_from), int(data.get("exit_requested_generation", 0)),
+                   int(data.get("pause_requested_generation", 0)))
 
 
 class ResumeSource(StrEnum):

@@ -34,9 +34,9 @@ def test_the_status_record_changed_behind_the_leader_is_re_read_and_decided_agai
         sim = await running_cluster()
         await change_behind_the_leader(sim.store, keys.job_status("job"), restarts=7)
         with pytest.raises(WriteConflict):
-            await sim.coordinator.pause()
+            await sim.coordinator.pause(now=True)
         assert sim.job.record.restarts == 7 and sim.state is JobState.RUNNING
-        await sim.coordinator.pause()  # decided from etcd's record: its restarts are kept
+        await sim.coordinator.pause(now=True)  # decided from etcd's record: its restarts are kept
         kv = await sim.store.get(keys.job_status("job"))
         assert codec.decode(kv.value, key=kv.key)["restarts"] == 7 and sim.state is JobState.PAUSED
     run(scenario())

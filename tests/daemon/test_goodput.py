@@ -122,7 +122,7 @@ async def pause_and_resume(sim: SimCluster) -> None:
     sim.checkpoint(10)
     await sim.tick(5)
     sim.step(15)
-    await sim.coordinator.pause()
+    await sim.coordinator.pause(now=True)  # the steps after 10 are redone
     sim.confirm_stop()
     await sim.tick(60)
     await sim.coordinator.resume(from_step=None)  # relaunched from step 10 at once

@@ -92,7 +92,7 @@ class StandInCoordinator:
     async def events(self, after_seq: int, limit: int) -> list:
         return self._answer([])
 
-    async def pause(self) -> str:
+    async def pause(self, now: bool = False) -> str:
         return self._answer("paused")
 
     async def resume(self, from_step: int | None) -> str:

@@ -538,7 +538,7 @@ def test_pause_stops_the_generation_and_resume_from_step_restarts_there() -> Non
         sim.step(20)
         sim.checkpoint(20)
         await sim.tick()
-        await sim.coordinator.pause()
+        await sim.coordinator.pause(now=True)
         assert sim.state is JobState.PAUSED
         assert all(agent.stops() for agent in sim.agents.values())
         with pytest.raises(CommandRefused, match="no usable checkpoint at step 15; usable steps: 10, 20"):

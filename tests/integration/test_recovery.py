@@ -5,7 +5,7 @@ while a standby runs: tests/integration/test_chaos.py.)
 A killed worker (it resumes from the newest in-memory snapshot, not the older disk checkpoint, in the
 agent's warm workers with MindSpore's compile cache, and the final weights equal a run without the fault,
 bit for bit; its goodput in status and in /metrics: the phases sum to the wall time), a job waiting below
-min_nodes, and a crash loop that ends FAILED until `trainerctl resume`.
+min_nodes, a crash loop that ends FAILED until `trainerctl resume`, and a pause that saves a checkpoint first.
 """
 
 from __future__ import annotations
@@ -213,3 +213,32 @@ def test_crash_loop_ends_failed_with_its_cause_and_resume_restarts_it(tmp_path: 
     again = trainerctl("resume", coordinator=address)
     assert again.returncode == 1 and "only a PAUSED or FAILED job" in again.stderr
     assert "Traceback" not in again.stderr
+
+
+def test_pause_saves_a_checkpoint_first_and_resume_continues_from_it(tmp_path: Path, procs: Processes) -> None:
+    """`trainerctl pause` on a running job of trainerd's runtime: a checkpoint at a step past where the operator
+    paused, then PAUSED; `resume` starts there, not at the periodic checkpoint before (which `pause --now`
+    would go back to)."""
+    every = 2000
+    job = recovery_job(tmp_path, steps=3000, nodes=(1, 1), global_batch=32, micro_batch=32, every=every,
+                       memory_every=0)
+    address = start_trainerd(tmp_path, procs, job)
+    procs.agent("n0", address)
+    before = wait_for_job(address, "some steps", lambda j: j["state"] == "RUNNING" and (j["step"] or 0) >= 100, 240,
+                          procs)
+    paused = trainerctl("pause", coordinator=address)
+    assert paused.returncode == 0 and "is pausing: generation 1 saves a checkpoint first" in paused.stdout, paused
+    job = wait_for_job(address, "PAUSED", lambda j: j["state"] == "PAUSED", 60, procs)
+    saved = job["last_checkpoint_step"]
+    assert saved is not None and before["step"] < saved < every, job
+    [paused_event] = [e for e in events(address) if e["kind"] == "job_paused"]
+    assert paused_event["message"] == f"job mlp is PAUSED by the operator: stopped after the checkpoint at step {saved}"
+    wait_until(lambda: not processes_mentioning(tmp_path / "out"), 30, "the job's processes gone")
+
+    resumed = trainerctl("resume", coordinator=address)
+    assert resumed.returncode == 0, resumed.stderr
+    job = wait_for_job(address, "the end", lambda j: j["state"] in ("COMPLETED", "FAILED"), 240, procs)
+    assert job["state"] == "COMPLETED" and job["generation"] == 2 and job["step"] == 3000, job
+    assert job["last_recovery"]["resumed_from_step"] == saved and job["last_recovery"]["resumed_from"] == "disk"
+    started = [e for e in events(address) if e["kind"] == "generation_started"][-1]
+    assert f"from the checkpoint at step {saved}" in started["message"]
