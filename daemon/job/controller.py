@@ -665,14 +665,14 @@ class JobController:
             return
         if observation.stop_decided_at is None:
             observation.stop_decided_at = self._clock.now()
-        nodes = [n for n in generation.placement.nodes if n not in observation.stop_sent]
-        for node in nodes:
-            if self._send(node, StopCommand(generation.number, self.spec.stop_grace_s, reason, dump_stacks,
-                                            job_completed)):
-                observation.stop_sent[node] = self._clock.now()
-        if nodes:
+        sent = [node for node in generation.placement.nodes if node not in observation.stop_sent
+                and self._send(node, StopCommand(generation.number, self.spec.stop_grace_s, reason, dump_stacks,
+                                                 job_completed))]
+        for node in sent:
+            observation.stop_sent[node] = self._clock.now()
+        if sent:  # a node not connected yet is sent its Stop (and named here) on a later pass
             log.info("job %s: stopping generation %d on %s%s: %s", self.spec.name, generation.number,
-                     ", ".join(nodes), " (stacks dumped first)" if dump_stacks else "", reason)
+                     ", ".join(sent), " (stacks dumped first)" if dump_stacks else "", reason)
 
     async def _request_checkpoint(self, action: RequestCheckpoint, fence: Fence) -> None:
         generation, observation = self.generation, self.observation

@@ -6,6 +6,7 @@ meanwhile, a resume that calls the pause off and a new leader all end where an o
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from daemon.cli.status_json import status_to_json
 from daemon.grpc_services import job_to_proto
@@ -171,4 +172,21 @@ def test_a_script_with_graceful_exit_leaves_through_it_and_is_then_paused() -> N
         await sim.tick()
         assert sim.state is JobState.PAUSED
         assert await last_event(sim) == "job job is PAUSED by the operator: every rank left at the graceful exit"
+    run(scenario())
+
+
+def test_the_log_names_the_nodes_a_stop_went_to_once_each(caplog) -> None:
+    caplog.set_level(logging.INFO, "daemon.job.controller")
+
+    async def scenario() -> None:
+        sim = await running_cluster()
+        sim.disconnect("b")  # within its reconnect grace: still placed, but nothing can be sent to it
+        await sim.coordinator.pause(now=True)
+        await sim.tick(0.1)
+        (await sim.connect("b")).generation = 1  # it still runs generation 1
+        await sim.tick(0.1)
+        await sim.tick(0.1)
+        stops = [r.getMessage() for r in caplog.records if "stopping generation" in r.getMessage()]
+        assert stops == ["job job: stopping generation 1 on a, c: paused by the operator",
+                         "job job: stopping generation 1 on b: job is PAUSED"], stops
     run(scenario())
