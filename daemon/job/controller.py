@@ -598,7 +598,8 @@ class JobController:
         if self.recovery is not None:
             previous = self.observation
             stopped_at = None if previous is None else previous.all_stopped_at
-            self.recovery.stopped_at = stopped_at if stopped_at is not None else now
+            # A resume (or a changed job run again) starts with its processes stopped long since: no stop phase.
+            self.recovery.stopped_at = now if stopped_at is None else max(stopped_at, self.recovery.detected_at)
             self.recovery.launched_at = now
             self.recovery.resumed_from_step = generation.start_step
             self.recovery.resumed_from = "" if resume is None else resume.source.value

@@ -60,10 +60,18 @@ def test_a_paused_generation_saves_first_and_the_resume_starts_at_that_checkpoin
         assert all(agent.stops() for agent in sim.agents.values())
         assert await last_event(sim) == f"job job is PAUSED by the operator: stopped after the checkpoint at step {asked}"
         sim.confirm_stop()
+        await sim.tick(30)  # paused for a while
         await sim.coordinator.resume(from_step=None)
         await sim.tick(0.1)
         assert sim.job.record.generation == 2
         assert sim.agents["a"].launches()[-1].checkpoint_path == f"/ckpt/step_{asked:08d}"
+        sim.started()
+        sim.step(asked + 1)
+        await sim.tick(2)
+        recovery = shown(sim)["last_recovery"]
+        assert recovery["cause"] == "resume" and recovery["resumed_from_step"] == asked
+        # The processes were stopped before the resume: no stop phase (it was negative, the pause's length).
+        assert recovery["stop_s"] == 0 and 0 <= recovery["relaunch_s"] < 1
     run(scenario())
 
 
