@@ -9,7 +9,7 @@ import pytest
 
 from trainer.checkpoint import CheckpointError, CheckpointMeta, CorruptCheckpoint, Manifest
 from trainer.checkpoint.layout import Chunk, Region, TensorLayout
-from trainer.checkpoint.manifest import FileEntry
+from trainer.checkpoint.manifest import EpochPosition, FileEntry
 
 
 def _layout(dtype: str, shape: tuple[int, ...], *boxes: tuple[tuple[int, ...], tuple[int, ...]]) -> TensorLayout:
@@ -43,7 +43,8 @@ def test_invalid_layouts_are_refused_naming_the_tensor(layout: TensorLayout, mes
 
 def _manifest() -> Manifest:
     return Manifest(
-        meta=CheckpointMeta(7, 448, 3, grad_accumulation=4, rng_state={"a": [1]}, skip_ledger=((5, 9),)),
+        meta=CheckpointMeta(7, 448, 3, grad_accumulation=4, rng_state={"a": [1]}, skip_ledger=((5, 9),),
+                            epoch_position=EpochPosition(1, 3, 4)),
         world_size=2,
         generation=3,
         files=(FileEntry("rank_0.safetensors", 400, "ab"), FileEntry("rank_1.safetensors", 400, "cd")),
@@ -62,6 +63,13 @@ def test_manifest_round_trips_through_json() -> None:
     document = manifest.to_json()
     assert document["schema"] == 1 and document["digest_algorithm"] == "crc32+sha256"
     assert Manifest.from_json(copy.deepcopy(document)) == manifest
+    del document["epoch_position"]  # a manifest of a step loop, or of a trainerd before it was kept
+    assert Manifest.from_json(document).meta.epoch_position is None
+
+
+def test_an_epoch_position_keeps_its_share_of_the_epoch_at_another_epoch_length() -> None:
+    position = EpochPosition(completed=2, steps_done=3, steps_per_epoch=4)
+    assert [position.at(n) for n in (4, 2, 8, 21)] == [(2, 3), (2, 1), (2, 6), (2, 15)]
 
 
 @pytest.mark.parametrize(
@@ -82,6 +90,9 @@ def test_manifest_round_trips_through_json() -> None:
         (lambda d: d["tensors"]["w"].update(shape=[1] * 40), "more than 32"),
         (lambda d: d["tensors"]["w"]["chunks"][0].update(offsets=[-5, 0]), "must be an integer from 0"),
         (lambda d: d.update(skip_ledger=[[9, 5]]), "skip_ledger entry 0"),
+        (lambda d: d.update(epoch_position=[1, 4, 4]), "steps_done must be an integer from 0 to 3"),
+        (lambda d: d.update(epoch_position=[1, 0, 0]), "steps_per_epoch must be an integer from 1"),
+        (lambda d: d.update(epoch_position=[1, 2]), r"epoch_position must be \[completed, steps_done"),
         (lambda d: d["tensors"]["w"]["chunks"][0].update(segment_rows=1), "lists 2 checksums for 5 segments"),
         (lambda d: d["tensors"]["w"]["chunks"][0]["checksums"].append("zz"), "must be CRC-32s of 8 hexadecimal digits"),
     ],

@@ -25,6 +25,7 @@ from tests.harness import Processes
 from tests.ports import free_port
 from tests.trainer.mlp_runs import FAST_START_ENV, Run, cluster_env, run_example
 from trainer.checkpoint import load_checkpoint, verify_checkpoint
+from trainer.checkpoint.manifest import EpochPosition
 
 JOB = [sys.executable, str(Path(__file__).with_name("callback_job.py"))]
 EPOCHS, STEPS_PER_EPOCH = 3, 4
@@ -132,6 +133,7 @@ def test_checkpoints_follow_the_schedule_and_the_request_and_verify(reference: t
         meta = manifest.meta
         assert (manifest.world_size, meta.step, meta.consumed_samples, meta.data_seed, meta.grad_accumulation,
                 meta.skip_ledger) == (1, step, step * GLOBAL_BATCH, 0, 2, ((64, 96),))
+        assert meta.epoch_position == EpochPosition(*divmod(step, STEPS_PER_EPOCH), STEPS_PER_EPOCH)
     tensors, _ = load_checkpoint(step_dir(root, 10), 0, 1)
     assert set(WEIGHTS) | {"moments.fc1.weight", "global_step", "guard.log_norm_mean", "guard.log_norm_var",
                            "guard.accepted_steps"} <= set(tensors)
@@ -167,6 +169,21 @@ def test_a_run_resumed_in_the_middle_of_an_epoch_ends_bit_identical(
     ours, _ = load_checkpoint(step_dir(tmp_path, 10), 0, 1)
     theirs, _ = load_checkpoint(step_dir(reference_root, 10), 0, 1)
     assert same(ours, theirs)  # weights, momenta, the optimizer's step and the guard's state
+
+
+def test_a_resume_with_fewer_steps_per_epoch_continues_the_same_epoch_and_ends_with_the_epochs_asked(
+    processes: Processes, reference: tuple[Run, Path], tmp_path: Path,
+) -> None:
+    """A world size without a fixed global batch changes a script's steps per epoch. Step 10 of the 4-step epochs
+    is halfway through epoch 3; with 2-step epochs the resume goes on in epoch 3 from its halfway point, one step
+    to the end, not to epoch 6 (step 10 // 2 + 1), past `--epochs 3`, where Model.train refuses to start."""
+    _, reference_root = reference
+    copy = shutil.copytree(step_dir(reference_root, 10), step_dir(tmp_path, 10))
+    env = one_rank_env(tmp_path, "shorter_epochs", generation=2, TRAINERD_RESUME_FROM=str(copy))
+    resumed = run_job(processes, tmp_path, env, "--epochs", str(EPOCHS), "--steps-per-epoch", "2")
+    assert resumed.exit_codes() == {"shorter_epochs": 0}, resumed.logs
+    assert [(e.event, e.step) for e in resumed.events(0)] == [(WorkerEvent.STARTED, 10), (WorkerEvent.FINISHED, 11)]
+    assert [(s.step, s.consumed_samples, s.epoch) for s in resumed.steps(0)] == [(11, 11 * GLOBAL_BATCH, 3)]
 
 
 def test_a_nan_batch_on_one_rank_makes_both_ranks_skip(two_ranks: tuple[Run, Path]) -> None:

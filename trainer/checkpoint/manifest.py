@@ -53,6 +53,32 @@ def check_file_name(name: str, where: str) -> None:
 
 
 @dataclass(frozen=True)
+class EpochPosition:
+    """A place in Model.train's epochs: `completed` epochs done and `steps_done` steps of the next, in epochs
+    of `steps_per_epoch` steps."""
+
+    completed: int
+    steps_done: int
+    steps_per_epoch: int
+
+    def at(self, steps_per_epoch: int) -> tuple[int, int]:
+        """The same place in epochs of `steps_per_epoch` steps: (epochs completed, steps of the next one done),
+        the same share of the epoch done, rounded down; unchanged when the epoch length is."""
+        return self.completed, self.steps_done * steps_per_epoch // self.steps_per_epoch
+
+    def to_json(self) -> tuple[int, int, int]:
+        return self.completed, self.steps_done, self.steps_per_epoch
+
+    @staticmethod
+    def from_json(value: Any, where: str) -> EpochPosition:
+        if not isinstance(value, list) or len(value) != 3:
+            raise CorruptCheckpoint(f"{where} must be [completed, steps_done, steps_per_epoch]")
+        steps_per_epoch = as_int(value[2], f"{where}: steps_per_epoch", minimum=1)
+        return EpochPosition(as_int(value[0], f"{where}: completed"),
+                             as_int(value[1], f"{where}: steps_done", maximum=steps_per_epoch - 1), steps_per_epoch)
+
+
+@dataclass(frozen=True)
 class CheckpointMeta:
     """Where training stands at the saved step; the worker runtime fills it, the coordinator reads it."""
 
@@ -64,9 +90,13 @@ class CheckpointMeta:
     rng_state: Any = None
     # Half-open global sample ranges [start, stop) that training skips.
     skip_ledger: tuple[tuple[int, int], ...] = ()
+    # Where Model.train stood in its epochs (trainer.runtime.callback): epochs completed, steps of the next
+    # one trained, and steps per epoch at the time, which a world size without a fixed global batch changes.
+    # None for a step loop of the script's own (and in manifests written before it was kept).
+    epoch_position: EpochPosition | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "step": self.step,
             "consumed_samples": self.consumed_samples,
             "data_seed": self.data_seed,
@@ -74,6 +104,9 @@ class CheckpointMeta:
             "rng_state": self.rng_state,
             "skip_ledger": [list(r) for r in self.skip_ledger],
         }
+        if self.epoch_position is not None:
+            out["epoch_position"] = list(self.epoch_position.to_json())
+        return out
 
     @staticmethod
     def from_json(obj: dict[str, Any], where: str) -> CheckpointMeta:
@@ -91,6 +124,8 @@ class CheckpointMeta:
             grad_accumulation=get_int(obj, "grad_accumulation", where, minimum=1),
             rng_state=get_field(obj, "rng_state", where),
             skip_ledger=tuple(ledger),
+            epoch_position=None if obj.get("epoch_position") is None else
+            EpochPosition.from_json(obj["epoch_position"], f"{where}: epoch_position"),
         )
 
     def check(self) -> None:

@@ -33,6 +33,7 @@ from collections.abc import Iterator, Sequence
 import mindspore.dataset as ds
 import numpy as np
 
+from trainer.checkpoint.manifest import EpochPosition
 from trainer.data.sampler import SampleStream
 
 
@@ -64,10 +65,14 @@ class EpochSampler(ds.Sampler):
     `first_step // steps_per_epoch + 1` (pass `initial_epoch=first_epoch - 1` to Model.train). Its first pass
     begins with `first_step % steps_per_epoch` placeholder steps, the epoch's steps already trained, and the
     dataset must skip them (`dataset.set_init_step(skipped_steps)`: MindSpore then reads no sample for them).
+    With `first_epoch_position` (the checkpoint's place in the epochs of the run that saved it) the epoch and
+    the share of it trained come from there instead: a world size without a fixed global batch changes the
+    steps per epoch, and the steps trained at the old length say nothing about the new epochs.
     """
 
     def __init__(self, stream: SampleStream, global_batch: int, rank: int, world_size: int, steps_per_epoch: int,
-                 first_step: int = 0, first_consumed: int = 0) -> None:
+                 first_step: int = 0, first_consumed: int = 0,
+                 first_epoch_position: EpochPosition | None = None) -> None:
         if steps_per_epoch < 1:
             raise ValueError(f"an epoch needs at least one step, not {steps_per_epoch}")
         if first_step < 0 or first_consumed < 0:
@@ -81,19 +86,18 @@ class EpochSampler(ds.Sampler):
         self.steps_per_epoch = steps_per_epoch
         self.first_step = first_step
         self.first_consumed = first_consumed
-        self._placeholder_steps = first_step % steps_per_epoch
+        self._epochs_completed, self.skipped_steps = (
+            divmod(first_step, steps_per_epoch) if first_epoch_position is None
+            else first_epoch_position.at(steps_per_epoch))
+        self._placeholder_steps = self.skipped_steps
         self._consumed = first_consumed
         super().__init__(num_samples=steps_per_epoch * self.per_rank)
 
     @property
     def first_epoch(self) -> int:
-        """The epoch (counting from 1) the first pass belongs to."""
-        return self.first_step // self.steps_per_epoch + 1
-
-    @property
-    def skipped_steps(self) -> int:
-        """Placeholder steps at the start of the first pass: `dataset.set_init_step` them."""
-        return self.first_step % self.steps_per_epoch
+        """The epoch (counting from 1) the first pass belongs to. (`skipped_steps`: the placeholder steps at the
+        start of the first pass, to `dataset.set_init_step`.)"""
+        return self._epochs_completed + 1
 
     def __iter__(self) -> Iterator[int]:
         placeholders, self._placeholder_steps = self._placeholder_steps, 0

@@ -56,7 +56,9 @@ from mindspore.train import Callback, RunContext
 from proto.exit_codes import EXIT_USAGE
 from proto.progress_datagram import BadBatchReason, WorkerEvent
 from trainer.checkpoint.errors import UnsupportedLayout
+from trainer.checkpoint.manifest import EpochPosition
 from trainer.checkpoint.sharding import ShardedTensor
+from trainer.data.mindspore_sampler import EpochSampler
 from trainer.data.sampler import SampleStream
 from trainer.data.skip_ranges import SkipRanges
 from trainer.runtime.checkpointing import ResumeError, TrainingCheckpoints
@@ -127,14 +129,16 @@ class _Run:
     """One Model.train call: the global step, the stream position, and the checkpoints."""
 
     def __init__(self, ctx: RankContext, reporter: ProgressReporter, checkpoints: TrainingCheckpoints,
-                 stream: SampleStream, global_batch: int, steps_per_epoch: int | None, step: int,
+                 stream: SampleStream, global_batch: int, sampler: EpochSampler | None, step: int,
                  consumed: int) -> None:
         self.ctx = ctx
         self.reporter = reporter
         self.checkpoints = checkpoints
         self.stream = stream
         self.global_batch = global_batch
-        self.steps_per_epoch = steps_per_epoch
+        # Where Model.train stands in the dataset's epochs (None: not trainerd_dataset's, no epochs known).
+        self.epoch_position = None if sampler is None else EpochPosition(
+            sampler.first_epoch - 1, sampler.skipped_steps, sampler.steps_per_epoch)
         self.step = step
         self.consumed = consumed
         self.step_started = time.perf_counter()
@@ -150,13 +154,12 @@ class _Run:
         sampler = find_epoch_sampler(cb_params.train_dataset)
         grad_accum = ctx.batch.grad_accum if ctx.batch is not None else 1
         if sampler is not None:
-            stream, global_batch, steps_per_epoch = sampler.stream, sampler.global_batch, sampler.steps_per_epoch
+            stream, global_batch = sampler.stream, sampler.global_batch
         else:
             # Not trainerd's stream: positions and bad-batch ranges count samples, no more.
             stream = SampleStream(1, 0, SkipRanges.read(skips_file) if skips_file else SkipRanges())
             global_batch = ctx.batch.global_batch if ctx.batch is not None else \
                 cb_params.train_dataset.get_batch_size() * ctx.world_size
-            steps_per_epoch = None
             log.warning("Job %s generation %d rank %s: the dataset was not built by trainerd_dataset, so a resume "
                         "restores the weights and the step but not the data position.", ctx.job, ctx.generation,
                         ctx.rank)
@@ -177,8 +180,7 @@ class _Run:
         # Model.train counts this call's steps from 0; MindSpore's own resume starts the count at the global
         # step (Model._train's initial_step), so LossMonitor prints the step within the epoch.
         cb_params.cur_step_num = start.step
-        run = cls(ctx, reporter, checkpoints, stream, global_batch, steps_per_epoch, start.step,
-                  start.consumed_samples)
+        run = cls(ctx, reporter, checkpoints, stream, global_batch, sampler, start.step, start.consumed_samples)
         reporter.event(WorkerEvent.STARTED, step=start.step)
         log.info("%s: training from step %d (sample %d), global batch %d", run.where, start.step,
                  start.consumed_samples, global_batch)
@@ -186,9 +188,9 @@ class _Run:
 
     def check_epoch(self, epoch: int) -> None:
         """The dataset's epochs and Model.train's must agree; they do not when initial_epoch is wrong."""
-        if self.steps_per_epoch is None:
+        if self.epoch_position is None:
             return
-        expected = self.step // self.steps_per_epoch + 1
+        expected = self.epoch_position.completed + 1
         if epoch != expected:
             _exit(f"Model.train began epoch {epoch}, but the dataset is in epoch {expected} (after step "
                   f"{self.step}): pass initial_epoch=resume_epoch(dataset) to Model.train", EXIT_USAGE)
@@ -207,7 +209,18 @@ class _Run:
             if self.ctx.rank == 0:
                 self.reporter.bad_batch(self.step, start, self.consumed, BadBatchReason(reason), loss, grad_norm)
         self.reporter.step(self.step, loss, grad_norm, self.global_batch / max(elapsed, 1e-9), self.consumed, epoch)
-        self.checkpoints.after_step(self.step, self.consumed)
+        self.checkpoints.after_step(self.step, self.consumed, self._next_epoch_position())
+
+    def _next_epoch_position(self) -> EpochPosition | None:
+        """The place in the epochs one step further on, what the checkpoint of this step keeps."""
+        position = self.epoch_position
+        if position is None:
+            return None
+        completed, done = position.completed, position.steps_done + 1
+        if done == position.steps_per_epoch:
+            completed, done = completed + 1, 0
+        self.epoch_position = EpochPosition(completed, done, position.steps_per_epoch)
+        return self.epoch_position
 
 
 def _sharded_parameters(ctx: RankContext, cb_params: Any) -> dict[str, ShardedTensor]:

@@ -46,7 +46,7 @@ from common.clock import Clock, SystemClock
 from proto.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
 from proto.progress_datagram import CheckpointReport, MalformedProgress, encode, failure_reason
 from trainer.checkpoint import CheckpointError, CheckpointMeta, CheckpointWriter, load_checkpoint
-from trainer.checkpoint.manifest import read_manifest, step_dir_name
+from trainer.checkpoint.manifest import EpochPosition, read_manifest, step_dir_name
 from trainer.checkpoint.sharding import ShardedTensor
 from trainer.checkpoint.step_dirs import check_inside_root
 from trainer.data.skip_ranges import SkipRanges
@@ -89,6 +89,7 @@ class SeedMismatch(ResumeError):
 class ResumePoint:
     step: int              # optimizer steps completed: training continues with step + 1
     consumed_samples: int  # the stream position of the next sample to read
+    epoch_position: EpochPosition | None = None  # where Model.train stood in its epochs, when it kept that
 
 
 def resume_point(settings: CheckpointSettings, data_seed: int) -> ResumePoint | None:
@@ -115,7 +116,7 @@ def resume_point(settings: CheckpointSettings, data_seed: int) -> ResumePoint | 
     if meta.data_seed != data_seed:
         raise SeedMismatch(f"checkpoint {path} was trained with data seed {meta.data_seed}, "
                            f"but this run's seed is {data_seed}")
-    return ResumePoint(meta.step, meta.consumed_samples)
+    return ResumePoint(meta.step, meta.consumed_samples, meta.epoch_position)
 
 
 class TrainingCheckpoints:
@@ -151,6 +152,7 @@ class TrainingCheckpoints:
         self._data_seed = data_seed
         self._grad_accumulation = grad_accumulation
         self._skip_ledger = tuple(skip_ledger)
+        self._epoch_position: EpochPosition | None = None  # as of the last step (after_step)
         self._sharded = dict(sharded or {})
         self._clock = clock
         self._where = f"job {ctx.job} generation {ctx.generation} rank {ctx.rank}/{ctx.world_size}"
@@ -210,12 +212,14 @@ class TrainingCheckpoints:
         self._completed = meta.step
         log.info("%s: resumed from %s at step %d, sample %d (saved by %d ranks with %d accumulation steps)",
                  self._where, path, meta.step, meta.consumed_samples, manifest.world_size, meta.grad_accumulation)
-        return ResumePoint(meta.step, meta.consumed_samples)
+        return ResumePoint(meta.step, meta.consumed_samples, meta.epoch_position)
 
-    def after_step(self, step: int, consumed_samples: int) -> None:
-        """Call after every optimizer step, with the stream position after it: reports a save that has
-        committed since, and starts a save when this step is due one."""
+    def after_step(self, step: int, consumed_samples: int, epoch_position: EpochPosition | None = None) -> None:
+        """Call after every optimizer step, with the stream position after it (and, under Model.train, the
+        place in its epochs): reports a save that has committed since, and starts a save when this step is
+        due one."""
         self._completed = step
+        self._epoch_position = epoch_position
         self._collect(block=False)
         save_due = self._schedule is not None and self._schedule.due(step)
         snapshot_due = self._memory is not None and self._memory.due(step)
@@ -298,7 +302,8 @@ class TrainingCheckpoints:
 
     def _meta(self, step: int, consumed_samples: int) -> CheckpointMeta:
         return CheckpointMeta(step=step, consumed_samples=consumed_samples, data_seed=self._data_seed,
-                              grad_accumulation=self._grad_accumulation, skip_ledger=self._skip_ledger)
+                              grad_accumulation=self._grad_accumulation, skip_ledger=self._skip_ledger,
+                              epoch_position=self._epoch_position)
 
     def _start_save(self, step: int, consumed_samples: int) -> None:
         from trainer.checkpoint.mindspore_io import parameters_to_numpy

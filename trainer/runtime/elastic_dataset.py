@@ -59,7 +59,8 @@ def trainerd_dataset(dataset: ds.GeneratorDataset, batch_size: int, steps_per_ep
                              f"{batch.global_batch}: give steps_per_epoch")
     start = _resume_point(ctx, seed) if ctx is not None else ResumePoint(0, 0)
     sampler = EpochSampler(stream, batch.global_batch, rank, world_size, steps_per_epoch,
-                           first_step=start.step, first_consumed=start.consumed_samples)
+                           first_step=start.step, first_consumed=start.consumed_samples,
+                           first_epoch_position=start.epoch_position)
     columns = {"column_names": dataset.column_names} if dataset.schema is None else {"schema": dataset.schema}
     elastic = ds.GeneratorDataset(
         source, **columns, sampler=sampler, num_parallel_workers=dataset.num_parallel_workers,
