@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 import grpc
+from click.core import ParameterSource
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from agent.compile_cache import CompileCacheLauncher
@@ -31,6 +32,7 @@ from agent.supervisor import Supervisor
 from agent.systemd import SystemdNotifier
 from agent.warm_launcher import WarmLauncher
 from agent.worker_user import WorkerUser
+from common.cert_identity import CertificateError, PeerKind, peer_identity
 from common.clock import Clock, SystemClock
 from common.config_file import ConfigError, is_loopback_host
 from common.tls_files import TLS_ENV, TLS_OPTION_NAMES, TlsFiles, read_tls_files, tls_settings_from_options
@@ -226,6 +228,22 @@ def snapshot_peers_refusal(config: AgentConfig, tls: TlsFiles | None) -> str:
     return ""
 
 
+def node_certificate_refusal(tls: TlsFiles, node_name: str, where: str) -> str:
+    """Why the certificate `where` names cannot open this agent's session ("" when it can): the coordinator
+    admits an agent only as the node its certificate names, and would refuse every dial of one that is not."""
+    try:
+        identity = peer_identity(tls.cert)
+    except CertificateError as exc:
+        return (f"{where} is not a node certificate of trainerd's ({exc}): make one with `trainerd certs node "
+                f"{node_name}`")
+    if identity.kind is PeerKind.OPERATOR:
+        return (f"{where} is operator {identity.name}'s certificate, not a node's: give this agent node "
+                f"{node_name}'s (`trainerd certs node {node_name}`)")
+    if identity.name != node_name:
+        return (f"{where} is node {identity.name}'s certificate, but this agent is node {node_name}: set node_name "
+                f"(--node-name) to {identity.name}, or give it node {node_name}'s certificate")
+    return ""
+
 
 class StartRefused(click.ClickException):
     """The agent file, a flag or a file they name is wrong, or there are no devices: one line, exit code 2."""
@@ -267,8 +285,14 @@ def cli(config_file, coordinator, node_name, host, cpu_devices, work_dir, memory
         tls = None
         if tls_options is not None:
             tls = read_tls_files(tls_options, "trainerd-agent", TLS_OPTION_NAMES)
+            from_environment = click.get_current_context().get_parameter_source("cert") is ParameterSource.ENVIRONMENT
+            where = (f"trainerd-agent: ${TLS_ENV['cert']} ({tls_options.cert_file}; the environment's TLS files "
+                     f"override the agent file's)" if from_environment else f"trainerd-agent: --cert {cert}")
         elif config.tls is not None:
             tls = read_tls_files(config.tls, str(config_file), ("tls.ca_file", "tls.cert_file", "tls.key_file"))
+            where = f"{config_file}: tls.cert_file {config.tls.cert_file}"
+        if tls is not None and (refusal := node_certificate_refusal(tls, config.node_name, where)):
+            raise StartRefused(refusal)
         devices = discover_devices(cpu_devices=config.cpu_devices,
                                    dev_dir=Path(config.discovery.dev_dir),
                                    hccn_conf=Path(config.discovery.hccn_conf))

@@ -143,3 +143,36 @@ def test_the_agent_file_tls_keys_are_checked(cert_dir: Path, tmp_path: Path) -> 
     result = run("trainerd-agent", "--config", str(agent_file))
     assert_one_line_error(result, 2, f"{agent_file}: tls.key_file: cannot read {tmp_path}/absent.key")
     assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
+def test_an_agent_with_a_certificate_that_is_not_its_nodes_refuses_to_start_in_one_line(tmp_path: Path) -> None:
+    """The coordinator admits an agent only as the node its certificate names: a wrong certificate (another node's,
+    an operator's left in the shell's $TRAINERD_CERT for trainerctl, the coordinator's) is told at start-up, not
+    by a PERMISSION_DENIED on every dial."""
+    pki = tmp_path / "pki"
+    for argv in (("init",), ("node", "n1"), ("operator", "alice")):
+        assert run("trainerd", "certs", *argv, "--dir", str(pki)).returncode == 0
+    agent = ["trainerd-agent", "--coordinator", f"127.0.0.1:{free_port()}", "--cpu-devices", "1",
+             "--work-dir", str(tmp_path / "agent")]
+    operator_env = {**os.environ, "TRAINERD_CACERT": str(pki / "ca.crt"), "TRAINERD_CERT": str(pki / "alice.crt"),
+                    "TRAINERD_KEY": str(pki / "alice.key")}
+    cases = [
+        (run(*agent, "--node-name", "n1", env=operator_env),
+         f"$TRAINERD_CERT ({pki}/alice.crt; the environment's TLS files override the agent file's) is operator "
+         "alice's certificate, not a node's: give this agent node n1's (`trainerd certs node n1`)"),
+        (run(*agent, "--node-name", "n2", *tls_argv(pki, cert="n1.crt", key="n1.key")),
+         f"--cert {pki}/n1.crt is node n1's certificate, but this agent is node n2: set node_name (--node-name) to "
+         "n1, or give it node n2's certificate"),
+        (run(*agent, "--node-name", "n1", *tls_argv(pki)),
+         f"--cert {pki}/coordinator.crt is not a node certificate of trainerd's"),
+    ]
+    for result, fragment in cases:
+        assert_one_line_error(result, 2, fragment)
+        assert len(result.stderr.splitlines()) == 1, result.stderr
+    agent_file = tmp_path / "agent.yaml"
+    agent_file.write_text(f"coordinator: [127.0.0.1:{free_port()}]\nnode_name: n2\ncpu_devices: 1\n"
+                          f"work_dir: {tmp_path / 'agent'}\ntls: {{ca_file: {pki}/ca.crt, cert_file: {pki}/n1.crt, "
+                          f"key_file: {pki}/n1.key}}\n")
+    assert_one_line_error(run("trainerd-agent", "--config", str(agent_file)), 2,
+                          f"{agent_file}: tls.cert_file {pki}/n1.crt is node n1's certificate, but this agent is "
+                          "node n2")
