@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.failure_cause import extract_failure_cause
+from agent.failure_cause import CauseKind, extract_failure_cause
 from agent.generation_dirs import claim_generation_dir, generation_dir, prune_generation_dirs
 from agent.job_workdir import UnsafeJobPath, graceful_exit_path, job_workdir
 from agent.launch_policy import launch_refusal
@@ -318,10 +318,12 @@ class Supervisor:
         tail = log_tail(managed.log_path)
         failed = code != 0 and not managed.expected
         cause = self._root_cause(managed) if failed else None
+        # The last line a killed process printed (a LossMonitor line, say) is where it was cut off, not why.
+        told = cause if cause is not None and not (managed.signal and cause.kind == CauseKind.LAST_LINE) else None
         level = logging.WARNING if failed else logging.INFO
         log.log(level, "generation %d %s %d (pid %d) exited: code %d signal %d%s", generation, managed.role,
                 managed.rank, managed.pid, managed.exit_code, managed.signal,
-                f"; cause: {cause.message} at {cause.location or 'unknown location'}" if cause else "")
+                f"; cause: {told.message} at {told.location or 'unknown location'}" if told else "")
         if managed.role == "worker":
             self._flush_progress(managed.rank)
         self._report(pb.AgentMessage(process_exited=pb.ProcessExited(

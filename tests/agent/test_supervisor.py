@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 from pathlib import Path
 
@@ -221,3 +222,21 @@ def test_the_heartbeat_is_stamped_with_the_clock_wall_time(tmp_path: Path) -> No
             ("worker", 0, FIRST_FAKE_PID + 1, pb.PROCESS_RUNNING)]
 
     run(scenario())
+
+
+def test_the_log_gives_a_killed_process_no_cause_from_the_line_it_was_cut_off_at(tmp_path: Path, caplog) -> None:
+    caplog.set_level(logging.INFO, "agent")
+
+    async def scenario() -> None:
+        host = Host(tmp_path)
+        await host.supervisor.launch(launch(1))
+        host.launcher.started["rank0"].exit(-signal.SIGKILL, "epoch: 40 step: 14, loss is 0.0188\n")
+        await host.exited("rank0")
+        host.launcher.started["rank1"].exit(1, "Traceback (most recent call last):\n  File \"t.py\", line 3\n"
+                                               "RuntimeError: boom\n")
+        await host.exited("rank1")
+
+    run(scenario())
+    exits = [r.getMessage() for r in caplog.records if "exited: code" in r.getMessage()]
+    assert exits[0].endswith(f"worker 0 (pid {FIRST_FAKE_PID + 1}) exited: code 0 signal 9"), exits
+    assert exits[1].endswith("exited: code 1 signal 0; cause: RuntimeError: boom at t.py:3"), exits
