@@ -22,6 +22,7 @@ import grpc
 from agent.fence import ContactWatch, FenceTerms
 from common.clock import Clock
 from common.grpc_keepalive import keepalive_options
+from common.tls_files import unnamed_address_hint
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
 from proto.vocabulary import (
@@ -213,7 +214,9 @@ class CoordinatorLink:
             self._leader_hint = leader
             log.info("%s is a standby; the leader is at %s", address, leader)
         else:
-            log.warning("session with %s failed: %s %s", address, exc.code().name, exc.details())
+            hint = unnamed_address_hint(address, exc.details() or "")
+            log.warning("session with %s failed: %s %s%s", address, exc.code().name, exc.details(),
+                        f"; {hint}" if hint else "")
 
     async def _channel_to(self, address: str) -> grpc.aio.Channel:
         """The channel of the last attempt when the coordinator at `address` deferred it (RESOURCE_EXHAUSTED:

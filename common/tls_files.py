@@ -89,6 +89,17 @@ def tls_settings_from_options(cacert: str | None, cert: str | None, key: str | N
                       f"{'is' if len(missing) == 1 else 'are'} missing")
 
 
+def unnamed_address_hint(address: str, error: str) -> str:
+    """What to do when a TLS dial of the coordinator at `address` failed because its certificate does not name
+    that address ("" when `error` is any other failure): the certificate is reissued, not the whole cluster's."""
+    if "hostname verification check failed" not in error.lower():
+        return ""
+    host = address.rsplit(":", 1)[0].strip("[]")
+    return (f"the coordinator's certificate does not name {host}: dial it by a name its certificate carries, or "
+            f"reissue that from the cluster's CA with `trainerd certs coordinator --dir DIR --host {host}` (a --host "
+            f"for every address it is dialled at; node and operator certificates stay valid)")
+
+
 def _read(path: str, where: str) -> bytes:
     try:
         return Path(path).read_bytes()

@@ -83,6 +83,8 @@ def cert_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize(("argv", "fragment"), [
     (("init",), "ca.crt already exists (pass --force to replace it)"),
     (("init", "--host", "bad host"), "host 'bad host' is neither an IP address nor a valid DNS name"),
+    (("coordinator", "--host", "10.0.0.9"), "coordinator.crt already exists (pass --force to replace it)"),
+    (("coordinator", "--host", "bad host", "--force"), "host 'bad host' is neither an IP address nor a valid DNS"),
     (("node", "bad name"), "node name 'bad name' is not valid"),
     (("node", "n1\n"), "node name 'n1\\n' is not valid"),
     (("node", "ca"), "node name 'ca' is reserved"),
@@ -94,8 +96,9 @@ def test_trainerd_certs_mistakes_are_one_line(cert_dir: Path, argv: tuple[str, .
     assert len(result.stderr.splitlines()) == 1, result.stderr
 
 
-def test_trainerd_certs_without_a_ca(tmp_path: Path) -> None:
-    result = run("trainerd", "certs", "node", "n1", "--dir", str(tmp_path))
+@pytest.mark.parametrize("argv", [("node", "n1"), ("coordinator", "--host", "10.0.0.9")])
+def test_trainerd_certs_without_a_ca(tmp_path: Path, argv: tuple[str, ...]) -> None:
+    result = run("trainerd", "certs", *argv, "--dir", str(tmp_path))
     assert_one_line_error(result, 2, f"{tmp_path / 'ca.crt'} is missing: run `trainerd certs init --dir {tmp_path}`")
     assert len(result.stderr.splitlines()) == 1 and list(tmp_path.iterdir()) == []
 

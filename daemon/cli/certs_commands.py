@@ -34,6 +34,9 @@ class CertsProblem(click.ClickException):
 _DIR = click.option("--dir", "directory", required=True, type=click.Path(path_type=Path, file_okay=False),
                     help="Where the CA and the certificates live.")
 _FORCE = click.option("--force", is_flag=True, help="Replace files that already exist.")
+_HOSTS = click.option("--host", "hosts", multiple=True, metavar="NAME_OR_IP",
+                      help="A name or address agents and trainerctl reach a coordinator by (repeat; localhost and "
+                           "127.0.0.1 always).")
 
 
 @click.group()
@@ -43,8 +46,7 @@ def certs() -> None:
 
 @certs.command()
 @_DIR
-@click.option("--host", "hosts", multiple=True, metavar="NAME_OR_IP",
-              help="A name or address agents reach the coordinator by (repeat; localhost and 127.0.0.1 always).")
+@_HOSTS
 @_FORCE
 def init(directory: Path, hosts: tuple[str, ...], force: bool) -> None:
     """Write a new CA (ca.crt, ca.key) and the coordinator's certificate (coordinator.crt, .key) into DIR."""
@@ -55,6 +57,21 @@ def init(directory: Path, hosts: tuple[str, ...], force: bool) -> None:
             refuse_existing([directory / name for name in (CA_CERT, CA_KEY, COORDINATOR_CERT, COORDINATOR_KEY)])
         _make_dir(directory)
         written = [*write_issued(ca, directory, "ca", force), *write_issued(server, directory, "coordinator", force)]
+    except CertificateError as exc:
+        raise CertsProblem(str(exc)) from exc
+    click.echo(f"wrote {', '.join(map(str, written))}")
+
+
+@certs.command()
+@_DIR
+@_HOSTS
+@_FORCE
+def coordinator(directory: Path, hosts: tuple[str, ...], force: bool) -> None:
+    """Write coordinator.crt and .key anew from DIR's CA, for every --host (the nodes' and operators' certificates
+    stay valid): when agents or trainerctl dial the coordinator by an address its certificate does not name, or
+    a standby coordinator joins at another."""
+    try:
+        written = write_issued(make_server_certificate(load_ca(directory), hosts), directory, "coordinator", force)
     except CertificateError as exc:
         raise CertsProblem(str(exc)) from exc
     click.echo(f"wrote {', '.join(map(str, written))}")

@@ -24,7 +24,14 @@ from rich.console import Console
 from rich.table import Table
 
 from common.config_file import ConfigError, parse_host_port
-from common.tls_files import TLS_ENV, TLS_OPTION_NAMES, TlsFiles, read_tls_files, tls_settings_from_options
+from common.tls_files import (
+    TLS_ENV,
+    TLS_OPTION_NAMES,
+    TlsFiles,
+    read_tls_files,
+    tls_settings_from_options,
+    unnamed_address_hint,
+)
 from daemon.cli.status_json import GOODPUT_PHASES, RECOVERY_PHASES, status_to_json
 from daemon.events import EVENTS_PAGE
 from proto import trainerd_pb2 as pb
@@ -85,6 +92,9 @@ class Coordinators:
 
     def _tls_hint(self, errors: list[str]) -> str:
         text = " ".join(errors).lower()
+        unnamed = [hint for error in errors if (hint := unnamed_address_hint(error.split(": ", 1)[0], error))]
+        if self.tls and unnamed:
+            return f"; {unnamed[0]}"
         if self.tls and "certificate_verify_failed" in text:
             return "; the coordinator's certificate is not one the CA in --cacert signed for this address"
         if not any(sign in text for sign in _TLS_MISMATCH_SIGNS):

@@ -5,6 +5,7 @@ clients that must be refused are, each in one line; and plain text off loopback 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 from pathlib import Path
 
@@ -148,4 +149,29 @@ def test_trainerd_refuses_plain_text_off_loopback_unless_insecure_is_written(tmp
     procs.trainerd("trainerd", path)
     wait_until(lambda: (result := trainerctl(f"127.0.0.1:{port}", "status", "-o", "json")).returncode == 0
                and json.loads(result.stdout)["coordinator"]["is_leader"], 30, "trainerd leads in plain text",
+               on_timeout=procs.logs)
+
+
+def test_a_coordinator_dialled_at_an_address_its_certificate_lacks_says_so_and_a_reissued_one_serves(
+        tmp_path: Path, procs: Processes) -> None:
+    """127.0.0.2 is loopback too, but not among the names `trainerd certs init` gave the coordinator: trainerctl and
+    the agent say what to do in one line each; `trainerd certs coordinator` reissues the certificate from the same
+    CA, and the node and operator certificates made before it still work."""
+    pki = make_pki(tmp_path)
+    address = f"127.0.0.2:{free_port()}"
+    cluster = cluster_file(tmp_path, "c", listen=address, security=coordinator_tls(pki))
+    trainerd = procs.trainerd("trainerd", cluster)
+    agent = procs.agent("n1", address, env=tls_env(pki, "n1"))
+    hint = "the coordinator's certificate does not name 127.0.0.2: dial it by a name its certificate carries"
+    reissue = "`trainerd certs coordinator --dir DIR --host 127.0.0.2`"
+    wait_until(lambda: hint in trainerctl(address, "status", pki=pki, stem="bob").stderr, 30,
+               "trainerctl's hint", on_timeout=procs.logs)
+    one_line_failure(trainerctl(address, "status", pki=pki, stem="bob"), 3, "Hostname Verification", hint, reissue)
+    wait_until(lambda: hint in agent.log() and reissue in agent.log(), 30, "the agent's hint", on_timeout=procs.logs)
+
+    certs("coordinator", "--dir", str(pki), "--host", "127.0.0.2", "--force")
+    trainerd.signal(signal.SIGTERM)
+    assert trainerd.wait(timeout=30) == 0
+    procs.trainerd("trainerd-reissued", cluster)
+    wait_until(lambda: node_states(address, pki) == {"n1": "READY"}, 60, "n1 READY with the old node certificate",
                on_timeout=procs.logs)
