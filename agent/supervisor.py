@@ -293,7 +293,7 @@ class Supervisor:
             handle = await self._launcher.start(argv, env, cwd, managed.log_path)
         except OSError as exc:
             managed.output = None
-            self._fail_to_start(managed, f"cannot start {argv[0]!r}: {exc.strerror or exc}")
+            self._fail_to_start(managed, self._start_failure(argv[0], exc))
             return
         managed.handle, managed.pid = handle, handle.pid
         managed.running = managed.launched = True
@@ -301,6 +301,15 @@ class Supervisor:
         self._report(pb.AgentMessage(process_started=pb.ProcessStarted(
             generation=generation, role=managed.role, rank=managed.rank, pid=managed.pid)))
         managed.waiter = asyncio.get_running_loop().create_task(self._wait(managed, handle, generation))
+
+    def _start_failure(self, program: str, exc: OSError) -> str:
+        """Why `program` did not start; with `run_as`, as whom, and what that user lacks when it was refused."""
+        user = self.worker_user
+        if user is None:
+            return f"cannot start {program!r}: {exc.strerror or exc}"
+        lacks = (f" (run_as: {user.name} needs read and execute on it, on the directories above it and on the "
+                 f"training code)" if isinstance(exc, PermissionError) else "")
+        return f"cannot start {program!r} as user {user.name}: {exc.strerror or exc}{lacks}"
 
     async def _wait(self, managed: ManagedProcess, handle: ProcessHandle, generation: int) -> None:
         code = await handle.wait()

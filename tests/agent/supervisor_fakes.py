@@ -77,16 +77,20 @@ class FakeProcess:
 
 
 class FakeLauncher:
-    """Starts FakeProcesses, named by their log file ("rank0", "scheduler"); `cannot_execute` fails."""
+    """Starts FakeProcesses, named by their log file ("rank0", "scheduler"); `cannot_execute` (no such file) and
+    `not_permitted` (permission denied) fail."""
 
     def __init__(self, clock: FakeClock) -> None:
         self._clock = clock
         self.started: dict[str, FakeProcess] = {}
         self.cannot_execute: set[str] = set()
+        self.not_permitted: set[str] = set()
 
     async def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> FakeProcess:
         if argv[0] in self.cannot_execute:
             raise FileNotFoundError(errno.ENOENT, "No such file or directory", argv[0])
+        if argv[0] in self.not_permitted:
+            raise PermissionError(errno.EACCES, "Permission denied", argv[0])
         log_path.touch()
         process = FakeProcess(FIRST_FAKE_PID + len(self.started), argv, env, cwd, log_path, self._clock)
         self.started[log_path.stem] = process

@@ -8,6 +8,7 @@ import asyncio
 import os
 import signal
 import stat
+import sys
 import time
 from pathlib import Path
 
@@ -149,3 +150,31 @@ def test_a_named_workdir_is_made_as_the_user_and_only_where_the_user_may(
                                                                  ("worker", 1, 127)]
     assert refused[0].log_tail == (f"cannot prepare the working directory: /bin/mkdir: cannot create directory "
                                    f"'{roots_own / 'job'}': Permission denied")
+
+
+def test_an_interpreter_the_user_may_not_run_is_reported_with_who_and_what_they_lack(
+        shared_dir: Path, worker_user: WorkerUser) -> None:
+    """The agent's own interpreter here lies under /root, which the test user may not enter: what an operator
+    who set run_as on a host like this one sees in status."""
+    work_dir = shared_dir / "agent"
+    exits: list[pb.ProcessExited] = []
+
+    async def scenario() -> None:
+        supervisor = Supervisor(work_dir=work_dir, progress_socket=work_dir / "progress.sock",
+                                report=lambda m: exits.append(m.process_exited) if m.HasField("process_exited")
+                                else None, launcher=SubprocessLauncher(worker_user), stack_dumper=PySpyDumper(),
+                                clock=SystemClock(), allowed_entrypoints=[["{python}"]], worker_user=worker_user,
+                                python=sys.executable)
+        work_dir.mkdir()
+        try:
+            await supervisor.launch(pb.Launch(generation=1, job_name="job", rank_table_json="{}", processes=[
+                pb.ProcessSpec(role="worker", rank=0, argv=["{python}", "-c", "pass"])]))
+        finally:
+            await supervisor.shutdown(grace_s=5)
+
+    assert os.path.realpath(sys.executable).startswith("/root/"), sys.executable
+    run(scenario())
+    [exited] = exits
+    assert exited.exit_code == 127 and exited.log_tail == (
+        f"cannot start {sys.executable!r} as user {worker_user.name}: Permission denied (run_as: {worker_user.name} "
+        f"needs read and execute on it, on the directories above it and on the training code)")
