@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from daemon.cli.trainerctl import global_options_first
 from tests.harness import BIN
 from tests.ports import free_port
 
@@ -47,6 +48,18 @@ def test_trainerctl_usage_and_unreachable() -> None:
     assert_one_line_error(run("trainerctl", "status", "-o", "yaml"), 2, "'yaml' is not one of")
     result = run("trainerctl", "--coordinator", f"127.0.0.1:{free_port()}", "status")
     assert_one_line_error(result, 3, "cannot reach the coordinator")
+    # The connection options work after the command too, as kubectl's do.
+    for argv in (("status", "--coordinator", f"127.0.0.1:{free_port()}"),
+                 ("logs", "0", f"--coordinator=127.0.0.1:{free_port()}", "--tail", "3")):
+        assert_one_line_error(run("trainerctl", *argv), 3, "cannot reach the coordinator")
+    assert_one_line_error(run("trainerctl", "status", "--coordinator", "nohost"), 2, "not HOST:PORT")
+
+
+def test_connection_options_move_before_the_command_and_nothing_after_a_double_dash() -> None:
+    assert global_options_first(["skips", "add", "1:2", "--reason", "x", "--cert", "a.crt", "--key=a.key",
+                                 "--", "--coordinator", "y"]) == [
+        "--cert", "a.crt", "--key=a.key", "skips", "add", "1:2", "--reason", "x", "--", "--coordinator", "y"]
+    assert global_options_first(["--coordinator", "h:1", "status"]) == ["--coordinator", "h:1", "status"]
 
 
 def test_agent_rejects_bad_flags(tmp_path: Path) -> None:

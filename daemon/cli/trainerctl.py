@@ -455,9 +455,33 @@ def _register_subcommands() -> None:
     cli.add_command(checkpoint)
 
 
+GLOBAL_OPTIONS = ("--coordinator", "--cacert", "--cert", "--key")
+
+
+def global_options_first(argv: list[str]) -> list[str]:
+    """`argv` with the connection options moved before the command wherever they were written: `trainerctl
+    status --coordinator HOST:PORT` works, as kubectl's and etcdctl's flags do. Nothing after `--` moves."""
+    moved: list[str] = []
+    rest: list[str] = []
+    index = 0
+    while index < len(argv):
+        word = argv[index]
+        if word == "--":
+            rest.extend(argv[index:])
+            break
+        if rest and word.split("=", 1)[0] in GLOBAL_OPTIONS:
+            taken = 1 if "=" in word else 2
+            moved.extend(argv[index:index + taken])
+            index += taken
+            continue
+        rest.append(word)
+        index += 1
+    return moved + rest
+
+
 def main() -> None:
     _register_subcommands()
-    cli(prog_name="trainerctl")
+    cli(args=global_options_first(sys.argv[1:]), prog_name="trainerctl")
 
 
 if __name__ == "__main__":
