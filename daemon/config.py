@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shlex
 from pathlib import Path
 from typing import Literal
 
@@ -208,6 +210,18 @@ class JobSettings(StrictModel):
     # argv of every process; "{python}" stands for the agent's own interpreter.
     entrypoint: list[str] = Field(min_length=1)
     env: dict[str, str] = {}
+
+    @field_validator("entrypoint", mode="before")
+    @classmethod
+    def _words(cls, value: object) -> object:
+        """A command line written as one string gets the list it should be, to copy (no shell runs it)."""
+        if isinstance(value, str):
+            try:
+                words = shlex.split(value)
+            except ValueError:
+                words = value.split()
+            raise ValueError(f"must be a list of words, no shell runs it: write {json.dumps(words)}")
+        return value
     devices_per_node: int = Field(default=1, ge=1, le=64)
     min_nodes: int = Field(default=1, ge=1)
     max_nodes: int = Field(default=1, ge=1)

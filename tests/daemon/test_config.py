@@ -100,6 +100,12 @@ JOB = "job:\n  entrypoint: ['{python}', 'train.py']\n"
     ("text", "expected"),
     [
         (JOB + "  global_batch: 64\n", "job: global_batch and micro_batch go together"),
+        ("job:\n  entrypoint: \"{python} train.py --name 'my run'\"\n",
+         'job.entrypoint: must be a list of words, no shell runs it: write ["{python}", "train.py", "--name", '
+         '"my run"]'),
+        ("job:\n  entrypoint: \"{python} train.py --name 'unclosed\"\n",
+         'job.entrypoint: must be a list of words, no shell runs it: write ["{python}", "train.py", "--name", '
+         '"\'unclosed"]'),
         (JOB + "  progress_pattern: 'loss (?P<loss>\\S+)'\n", "job: progress_pattern: needs a named group 'step' (or 'global_step')"),
         (JOB + "  progress_pattern: '(?P<step>\\d+'\n", "job: progress_pattern: not a valid regular expression"),
         (JOB + "  progress_pattern: '(?P<step>\\d+) (?P<lr>\\S+)'\n", "job: progress_pattern: unknown named group 'lr'"),
