@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import grp
 import hashlib
+import json
 import os
 import pwd
 import socket
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from common.config_file import Address, ConfigError, StrictModel, load_yaml_mapping, validate
 from common.tls_files import TlsSettings
@@ -64,6 +65,15 @@ class AgentConfig(StrictModel):
     # The argv prefixes this agent runs, compared word by word with a Launch's argv before "{python}"
     # (the agent's own interpreter) is expanded; a Launch that starts with none is refused. [] runs nothing.
     allowed_entrypoints: list[Annotated[list[str], Field(min_length=1)]] = [["{python}"]]
+
+    @field_validator("allowed_entrypoints", mode="before")
+    @classmethod
+    def _prefixes(cls, value: object) -> object:
+        """A list of words where a list of prefixes belongs ("{python}" for [["{python}"]]) gets the form to write."""
+        if isinstance(value, list) and value and all(isinstance(word, str) for word in value):
+            raise ValueError(f"is a list of prefixes, each a list of words: write {json.dumps([value])} for one "
+                             f"prefix, or {json.dumps([[word] for word in value])} for each word alone")
+        return value
     # The training processes run as this user; none: as the agent's own user (single-machine use).
     run_as: RunAsSettings | None = None
     # The cluster's CA, this node's certificate (`trainerd certs node NAME`) and its key: the agent then

@@ -68,6 +68,16 @@ def test_an_empty_entrypoint_prefix_is_refused_as_it_would_allow_everything(tmp_
         load_agent_config(str(path), {})
 
 
+def test_a_prefix_written_as_a_flat_list_is_refused_with_the_lists_to_write(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text("coordinator: [h:1]\nallowed_entrypoints: ['{python}', /srv/train.py]\n")
+    with pytest.raises(ConfigError) as info:
+        load_agent_config(str(path), {})
+    assert str(info.value) == (f'{path}: allowed_entrypoints: is a list of prefixes, each a list of words: write '
+                               f'[["{{python}}", "/srv/train.py"]] for one prefix, or [["{{python}}"], '
+                               f'["/srv/train.py"]] for each word alone')
+
+
 def test_unknown_key_in_file(tmp_path: Path) -> None:
     path = tmp_path / "agent.yaml"
     path.write_text("coordinator: [h:1]\ncoordinatr: x\n")
