@@ -692,9 +692,7 @@ def _relaunch(world: JobWorld) -> list[Action]:
     generation, observation, record, spec = world.generation, world.observation, world.record, world.spec
     assert generation is not None and observation is not None
     if record.pausing:  # the generation ended some other way while it was to save first: no relaunch
-        paused = record.moved_to(JobState.PAUSED, pause_requested_generation=0)
-        return [CommitRecord(paused, "job_paused", f"job {spec.name} is PAUSED by the operator: generation "
-                                                   f"{generation.number} ended before it saved")]
+        return _paused(world, f"generation {generation.number} ended before it saved")
     actions: list[Action] = []
     busy = [n for n in generation.placement.nodes if not observation.node_idle(n) and n not in world.lost_nodes]
     unconfirmed = _unconfirmed_snapshot_holders(world, busy)

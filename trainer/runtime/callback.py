@@ -209,10 +209,10 @@ class _Run:
             if self.ctx.rank == 0:
                 self.reporter.bad_batch(self.step, start, self.consumed, BadBatchReason(reason), loss, grad_norm)
         self.reporter.step(self.step, loss, grad_norm, self.global_batch / max(elapsed, 1e-9), self.consumed, epoch)
-        self.checkpoints.after_step(self.step, self.consumed, self._next_epoch_position())
+        self.checkpoints.after_step(self.step, self.consumed, self._advance_epoch_position())
 
-    def _next_epoch_position(self) -> EpochPosition | None:
-        """The place in the epochs one step further on, what the checkpoint of this step keeps."""
+    def _advance_epoch_position(self) -> EpochPosition | None:
+        """Moves the place in the epochs one step on and returns it: what the checkpoint of this step keeps."""
         position = self.epoch_position
         if position is None:
             return None
