@@ -151,12 +151,16 @@ def test_killed_worker_resumes_from_memory_to_the_same_weights_as_a_run_without_
     assert job["last_failure"]["cause"] == "process_exited" and job["last_failure"]["signal"] == signal.SIGKILL
     recovery = job["last_recovery"]
     assert recovery["cause"] == "process_exited" and recovery["resumed_from"] == "memory"
-    # Not the disk checkpoint of the hundred: the snapshot at most memory_every steps before the fault
-    # (lost_steps: the furthest step the killed generation reported minus the step resumed from; the
-    # step status showed before the kill is at or before it), not the one the last heartbeat named.
+    # Not the disk checkpoint of the hundred: the newest complete snapshot, at most memory_every steps
+    # before the fault, plus the steps trained while the next one was written in the background when the
+    # kill landed in that write (torn, so rightly not used: CI saw 640 for a kill at 651), not the one the
+    # last heartbeat named (up to a heartbeat older). lost_steps: the furthest step
+    # the killed generation reported minus the step resumed from; the step status showed before the kill
+    # is at or before it.
     resumed = recovery["resumed_from_step"]
     assert resumed % memory_every == 0 and resumed > before["last_checkpoint_step"]
-    assert resumed >= before["step"] - memory_every and 0 <= recovery["lost_steps"] <= memory_every, recovery
+    assert resumed >= before["step"] - 2 * memory_every and 0 <= recovery["lost_steps"] <= 2 * memory_every, \
+        recovery
     started = [e for e in events(address) if e["kind"] == "generation_started"][-1]
     assert f"from the in-memory snapshot at step {resumed}" in started["message"]
     wait_until(lambda: not memory_dir.exists(), 10, "the agent dropping the completed job's snapshots")
