@@ -90,7 +90,12 @@ def test_the_converted_script_resumes_from_trainerds_checkpoint_inside_an_epoch_
         for i in range(2):
             procs.agent(f"{run_dir.name}-{i}", address)
         if run_dir.name == "faulty":
-            wait_for_job(address, "a checkpoint", lambda j: (j["last_checkpoint_step"] or 0) >= 2 * every, 240, procs)
+            running = wait_for_job(address, "a checkpoint", lambda j: (j["last_checkpoint_step"] or 0) >= 2 * every,
+                                   240, procs)
+            # The pace counts the 0.2 s the script sleeps after each step (after TrainerdCallback's step end):
+            # at most 32 samples per 0.2 s, not the thousands the step alone would read as (the coordinator
+            # places a requested checkpoint a couple of seconds of steps ahead at this pace).
+            assert 0 < running["samples_per_s"] <= 32 / 0.2, running
             rank1 = next(p for p in processes_mentioning(run_dir / "out")
                          if p.environ().get("RANK_ID") == "1" and p.environ().get("MS_ROLE") == "MS_WORKER")
             rank1.send_signal(signal.SIGKILL)

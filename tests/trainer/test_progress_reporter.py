@@ -20,7 +20,7 @@ from proto.progress_datagram import (
     StepReport,
     WorkerEvent,
 )
-from trainer.runtime.progress import ProgressReporter
+from trainer.runtime.progress import ProgressReporter, StepPace
 
 
 async def receive(path: Path, send, expected: int) -> tuple[list[ProgressMessage], ProgressReceiver]:
@@ -157,3 +157,18 @@ def test_an_event_waits_briefly_for_a_busy_agent_but_never_for_a_missing_one(tmp
         reporter.event(WorkerEvent.FINISHED, step=1)
         assert time.monotonic() - started < 0.1
         assert reporter.dropped == 1
+
+
+def test_the_pace_counts_the_time_between_steps() -> None:
+    """A job whose steps take 10 ms but which waits 90 ms for data before each trains 10 steps a second,
+    not 100: the coordinator's checkpoint lead is taken from this rate."""
+    now = [100.0]
+    pace = StepPace(clock=lambda: now[0])
+    rates = []
+    for _ in range(3):
+        now[0] += 0.09  # the data pipeline, callbacks: between the last step's end and this one's begin
+        began = now[0]
+        now[0] += 0.01  # the step
+        rates.append(pace.step_ended(64, began))
+    assert rates[0] == pytest.approx(64 / 0.01)  # the first step: timed from its begin, nothing before it known
+    assert rates[1:] == [pytest.approx(640.0), pytest.approx(640.0)]

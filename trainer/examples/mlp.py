@@ -57,7 +57,7 @@ from trainer.runtime.checkpointing import ResumeError, TrainingCheckpoints
 from trainer.runtime.communication import CommunicationError
 from trainer.runtime.guard import GuardedApplyGradients, StepGuard, mean_over_ranks
 from trainer.runtime.guard_policy import GuardSettings, skip_reason
-from trainer.runtime.progress import ProgressReporter
+from trainer.runtime.progress import ProgressReporter, StepPace
 from trainer.runtime.rank_context import BatchSettings, CheckpointSettings, RankContext, RankContextError
 
 log = logging.getLogger("trainer.examples.mlp")
@@ -268,8 +268,10 @@ def main(argv: list[str] | None = None) -> int:
                  where, start.step + 1, args.steps, batch.global_batch, batch.micro_batch, batch.grad_accum,
                  ctx.world_size)
         consumed = start.consumed_samples
+        pace = StepPace()
         with checkpoints:
             for step in range(start.step + 1, args.steps + 1):
+                began = time.perf_counter()
                 positions, next_consumed = stream.step_positions(consumed, batch.global_batch)
                 share = rank_share(positions, rank, ctx.world_size, batch.micro_batch)
                 x, y = step_batch(args, features, labels, share, stream.indices(share))
@@ -284,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                     if ctx.rank == 0:
                         reporter.bad_batch(step, int(positions[0]), next_consumed, reason, loss, grad_norm)
                 consumed = next_consumed
-                reporter.step(step, loss, grad_norm, batch.global_batch / elapsed, consumed)
+                reporter.step(step, loss, grad_norm, pace.step_ended(batch.global_batch, began), consumed)
                 checkpoints.after_step(step, consumed)
                 if step == start.step + 1 or step == args.steps:
                     log.info("%s: step %d loss %.4f grad norm %.3f (%.2f s)", where, step, loss, grad_norm, elapsed)

@@ -66,7 +66,7 @@ from trainer.runtime.elastic_dataset import SKIPS_FILE_ENV, find_epoch_sampler, 
 from trainer.runtime.guard_policy import skip_reason
 from trainer.runtime.guarded_cell import GuardedTrainOneStepCell
 from trainer.runtime.parameter_layouts import parameter_layouts
-from trainer.runtime.progress import ProgressReporter
+from trainer.runtime.progress import ProgressReporter, StepPace
 from trainer.runtime.rank_context import RankContext, trainerd_launch
 
 __all__ = ["GuardedTrainOneStepCell", "TrainerdCallback", "resume_epoch", "trainerd_dataset"]
@@ -142,6 +142,7 @@ class _Run:
         self.step = step
         self.consumed = consumed
         self.step_started = time.perf_counter()
+        self.pace = StepPace()
         self.where = f"job {ctx.job} generation {ctx.generation} rank {ctx.rank}/{ctx.world_size}"
 
     @classmethod
@@ -197,7 +198,6 @@ class _Run:
 
     def step_ended(self, outputs: Any, guarded: bool, epoch: int) -> None:
         loss, grad_norm, accepted = _read_outputs(outputs, guarded)
-        elapsed = time.perf_counter() - self.step_started
         self.step += 1
         positions, self.consumed = self.stream.step_positions(self.consumed, self.global_batch)
         reason = skip_reason(accepted, loss, grad_norm)
@@ -208,7 +208,8 @@ class _Run:
             self.checkpoints.record_skip(start, self.consumed)
             if self.ctx.rank == 0:
                 self.reporter.bad_batch(self.step, start, self.consumed, BadBatchReason(reason), loss, grad_norm)
-        self.reporter.step(self.step, loss, grad_norm, self.global_batch / max(elapsed, 1e-9), self.consumed, epoch)
+        self.reporter.step(self.step, loss, grad_norm, self.pace.step_ended(self.global_batch, self.step_started),
+                           self.consumed, epoch)
         self.checkpoints.after_step(self.step, self.consumed, self._advance_epoch_position())
 
     def _advance_epoch_position(self) -> EpochPosition | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from collections.abc import Callable
 from types import TracebackType
 
 from proto.progress_datagram import (
@@ -32,6 +33,26 @@ log = logging.getLogger(__name__)
 
 EVENT_WAIT_S = 1.0
 _RETRY_S = 0.005
+
+
+class StepPace:
+    """The samples per second a step report carries: the step's samples over the wall time since the
+    previous step ended, so the time between steps (the data pipeline, callbacks, saves) counts; the
+    first step is timed from when it began. The coordinator asks for a checkpoint a couple of seconds of
+    steps ahead at this pace: timed from step begin to step end only, a job with gaps between its steps
+    (`Model.train` with a slow dataset) read as many times faster than it trains, and a requested
+    checkpoint came hundreds of steps late."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self._last_end: float | None = None
+
+    def step_ended(self, samples: int, began_at: float) -> float:
+        """A step of `samples` that began at `began_at` (on this pace's clock) ended: its samples per second."""
+        now = self._clock()
+        since = began_at if self._last_end is None else self._last_end
+        self._last_end = now
+        return samples / max(now - since, 1e-9)
 
 
 class ProgressReporter:

@@ -39,7 +39,7 @@ from proto.progress_datagram import WorkerEvent
 from trainer.checkpoint.errors import CheckpointError
 from trainer.checkpoint.mindformers_import import TRACKER_FILE, committed_iteration, iteration_dir
 from trainer.runtime.guard_policy import skip_reason
-from trainer.runtime.progress import ProgressReporter
+from trainer.runtime.progress import ProgressReporter, StepPace
 from trainer.runtime.rank_context import RankContext, trainerd_launch
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,7 @@ class TrainerdMindFormersCallback(Callback):
         directory = checkpoint_dir or (str(ctx.checkpoints.directory) if ctx and ctx.checkpoints.directory else None)
         self._tracker = CommitTracker(Path(directory)) if directory and self._ctx and self._ctx.rank == 0 else None
         self._step_started = time.perf_counter()
+        self._pace = StepPace()
         self._step = 0
         if ctx is None:
             log.warning("TrainerdMindFormersCallback: not launched by trainerd (TRAINERD_JOB is not set); "
@@ -92,7 +93,6 @@ class TrainerdMindFormersCallback(Callback):
         if self._reporter is None:
             return
         cb_params = run_context.original_args()
-        elapsed = time.perf_counter() - self._step_started
         self._step = int(cb_params.cur_step_num) + self._offset
         loss, overflow, global_norm = read_outputs(cb_params.net_outputs)
         consumed = self._step * self.global_batch
@@ -102,7 +102,8 @@ class TrainerdMindFormersCallback(Callback):
             log.warning("step %d skipped by MindFormers (%s): loss %.4g, global norm %.4g", self._step, reason,
                         loss, global_norm)
             self._reporter.bad_batch(self._step, consumed - self.global_batch, consumed, reason, loss, global_norm)
-        self._reporter.step(self._step, loss, global_norm, self.global_batch / max(elapsed, 1e-9), consumed)
+        self._reporter.step(self._step, loss, global_norm, self._pace.step_ended(self.global_batch, self._step_started),
+                            consumed)
         self._report_commit()
 
     def on_train_end(self, run_context: RunContext) -> None:
