@@ -435,7 +435,8 @@ def print_status(data: dict) -> None:
         phases = "  ".join(f"{phase} {recovery[phase + '_s']:.2f}s" for phase in RECOVERY_PHASES
                            if recovery[phase + "_s"] is not None)
         source = f" ({recovery['resumed_from']})" if recovery["resumed_from"] else ""
-        lost = "" if recovery["lost_steps"] is None else f", {recovery['lost_steps']} steps lost"
+        lost_steps = recovery["lost_steps"]
+        lost = "" if lost_steps is None else f", {lost_steps} step{'' if lost_steps == 1 else 's'} lost"
         console.print(f"last recovery ({recovery['cause']}, from step {_or_dash(recovery['resumed_from_step'])}"
                       f"{source}{lost}): {phases or 'in progress'}")
     goodput = job["goodput"]

@@ -33,3 +33,20 @@ def test_status_shows_step_loss_and_gradient_norm(capsys: pytest.CaptureFixture[
     print_status(data)
     out = capsys.readouterr().out
     assert "step 42" in out and "loss 0.5000" in out and "grad norm 1" in out
+
+
+@pytest.mark.parametrize("lost_steps, shown", [(1, "(disk), 1 step lost): stop"), (2, "(disk), 2 steps lost): stop"),
+                                               (None, "(disk)): stop")])
+def test_status_counts_the_steps_the_last_recovery_lost(lost_steps, shown, capsys: pytest.CaptureFixture[str]) -> None:
+    async def go() -> dict:
+        sim = SimCluster(job_settings())
+        await sim.lead()
+        return status_to_json(status_to_proto(await sim.coordinator.view()))
+
+    data = asyncio.run(go())
+    data["job"]["last_recovery"] = {"cause": "resume", "resumed_from_step": 578, "resumed_from": "disk",
+                                    "lost_steps": lost_steps, "stop_s": 0.0, "relaunch_s": 0.0,
+                                    "first_step_s": 5.85, "total_s": 5.85}
+    print_status(data)
+    out = capsys.readouterr().out
+    assert f"last recovery (resume, from step 578 {shown}" in out, out
