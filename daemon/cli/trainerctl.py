@@ -437,8 +437,11 @@ def print_status(data: dict) -> None:
         source = f" ({recovery['resumed_from']})" if recovery["resumed_from"] else ""
         lost_steps = recovery["lost_steps"]
         lost = "" if lost_steps is None else f", {lost_steps} step{'' if lost_steps == 1 else 's'} lost"
-        console.print(f"last recovery ({recovery['cause']}, from step {_or_dash(recovery['resumed_from_step'])}"
-                      f"{source}{lost}): {phases or 'in progress'}")
+        if recovery["resumed_from_step"] is None and recovery["relaunch_s"] is not None:
+            start = "from the script's own checkpoint, if it keeps one"  # launched: where it resumes is not known
+        else:
+            start = f"from step {_or_dash(recovery['resumed_from_step'])}"
+        console.print(f"last recovery ({recovery['cause']}, {start}{source}{lost}): {phases or 'in progress'}")
     goodput = job["goodput"]
     if goodput is not None:
         spent = "  ".join(f"{phase.replace('_', ' ')} {goodput['phases'][phase + '_s']:.1f}s"

@@ -601,9 +601,13 @@ class JobController:
             # A resume (or a changed job run again) starts with its processes stopped long since: no stop phase.
             self.recovery.stopped_at = now if stopped_at is None else max(stopped_at, self.recovery.detected_at)
             self.recovery.launched_at = now
-            self.recovery.resumed_from_step = generation.start_step
+            # A script trainerd reads its progress from resumes from its own checkpoints, if it keeps any:
+            # where it resumes and how much it redoes are not known here (its printed steps say later).
+            own_resume = resume is None and previous is not None and bool(previous.progress) \
+                and not previous.runtime_progress
+            self.recovery.resumed_from_step = None if own_resume else generation.start_step
             self.recovery.resumed_from = "" if resume is None else resume.source.value
-            reached = None if previous is None else previous.max_step()
+            reached = None if previous is None or own_resume else previous.max_step()
             self.recovery.lost_steps = None if reached is None else max(0, reached - generation.start_step)
         self.generation = generation
         self._orders_seen[placement.world_size] = tuple(placement.nodes)

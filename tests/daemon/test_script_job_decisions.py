@@ -112,6 +112,28 @@ def test_a_script_without_graceful_exit_is_stopped_at_once_to_take_a_node_in() -
     run(scenario())
 
 
+def test_where_a_relaunched_script_resumes_and_what_it_lost_are_not_claimed() -> None:
+    """A script read from its output resumes from its own checkpoints, if any: the recovery names neither
+    the step it resumes from nor the steps lost (it said "from step 0, 319 steps lost" for a script that
+    resumed from its checkpoint of step 300); one with the runtime that has no checkpoint yet starts at 0."""
+    async def scenario() -> None:
+        for from_output, expected in ((True, (None, None)), (False, (0, 30))):
+            sim = await launched_cluster(nodes=("a", "b"), max_nodes=2, restart={"max": 3, "backoff_s": 0},
+                                         **NO_BATCH)
+            sim.step(30, epoch=2 if from_output else None, from_output=from_output)
+            await sim.tick()
+            sim.crash("a", 0, signal=9)
+            await sim.tick()
+            sim.exit_on_stop("a")
+            sim.exit_on_stop("b")
+            sim.confirm_stop()
+            await sim.tick()
+            assert sim.job.record.generation == 2
+            recovery = sim.job.view().last_recovery
+            assert (recovery.resumed_from_step, recovery.lost_steps) == expected, from_output
+    run(scenario())
+
+
 def test_a_script_with_graceful_exit_leaves_through_it_and_is_relaunched_on_the_larger_world() -> None:
     async def scenario() -> None:
         sim = await launched_cluster(nodes=("a", "b"), graceful_exit_file="exit.json", workdir="/srv/job",

@@ -35,18 +35,22 @@ def test_status_shows_step_loss_and_gradient_norm(capsys: pytest.CaptureFixture[
     assert "step 42" in out and "loss 0.5000" in out and "grad norm 1" in out
 
 
-@pytest.mark.parametrize("lost_steps, shown", [(1, "(disk), 1 step lost): stop"), (2, "(disk), 2 steps lost): stop"),
-                                               (None, "(disk)): stop")])
-def test_status_counts_the_steps_the_last_recovery_lost(lost_steps, shown, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("step, lost_steps, shown", [
+    (578, 1, "from step 578 (disk), 1 step lost): stop"), (578, 2, "from step 578 (disk), 2 steps lost): stop"),
+    (578, None, "from step 578 (disk)): stop"),
+    (None, None, "from the script's own checkpoint, if it keeps one): stop")])
+def test_status_says_where_the_last_recovery_resumed_and_what_it_lost(step, lost_steps, shown,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     async def go() -> dict:
         sim = SimCluster(job_settings())
         await sim.lead()
         return status_to_json(status_to_proto(await sim.coordinator.view()))
 
     data = asyncio.run(go())
-    data["job"]["last_recovery"] = {"cause": "resume", "resumed_from_step": 578, "resumed_from": "disk",
+    data["job"]["last_recovery"] = {"cause": "resume", "resumed_from_step": step,
+                                    "resumed_from": "" if step is None else "disk",
                                     "lost_steps": lost_steps, "stop_s": 0.0, "relaunch_s": 0.0,
                                     "first_step_s": 5.85, "total_s": 5.85}
     print_status(data)
     out = capsys.readouterr().out
-    assert f"last recovery (resume, from step 578 {shown}" in out, out
+    assert f"last recovery (resume, {shown}" in out, out
