@@ -22,15 +22,17 @@ is fed the bytes of one rank's stdout+stderr as they arrive and returns what the
 The global step. The step printed by LossMonitor restarts every epoch, so the parser derives one
 that only grows, for hang detection and status:
 
-    global step = (epoch − first epoch seen) × steps per epoch + step
+    global step = (epoch − first epoch) × steps per epoch + step
 
+The first epoch is 0 when the run printed an epoch 0 first (the official samples count from 0), else 1.
 Steps per epoch is learnt whenever the epoch changes: the largest step seen so far in any epoch,
 plus one when steps are counted from 0 (a step 0 was seen). Until the first epoch change it is
-unknown and the global step is the printed step. For a run that starts at epoch 1 (or 0) this is
-the true global step when every step is printed; when only every n-th step is printed it is an
-estimate that may lag but never decreases. A resumed run (first epoch seen > 1) counts from the
-start of the first epoch this process printed. A pattern with a `global_step` group gives it
-directly; one with `step` but no `epoch` takes the step as global.
+unknown and the global step is the printed step. This is the true global step when every step is
+printed, from the run's second epoch on; when only every n-th step is printed it is an estimate that
+may lag but never decreases. A resumed run (its first epoch printed is past the first) thus counts
+its first epoch's steps from 1, then jumps to the true count (a script that resumed from its own
+checkpoint at epoch 16 of 20 steps shows step 321 in its second epoch, not 21). A pattern with a
+`global_step` group gives it directly; one with `step` but no `epoch` takes the step as global.
 
 When the position goes backwards (the epoch or the step within the same epoch decreases, or a
 global step decreases: a second `Model.train` in the same process, a rollback), counting carries
@@ -118,7 +120,8 @@ class _GlobalStep:
         restarted = self._epoch is not None and (
             epoch < self._epoch or (epoch == self._epoch and step < self._epoch_largest))
         if self._epoch is None or restarted:
-            self._first_epoch, self._epoch_largest, self._largest = epoch, step, step
+            self._first_epoch = min(epoch, 1)
+            self._epoch_largest, self._largest = step, step
             self._zero_based, self._steps_per_epoch = False, None
         elif epoch > self._epoch:
             self._steps_per_epoch = self._largest + (1 if self._zero_based else 0)

@@ -129,10 +129,13 @@ def test_the_official_msrun_sample_format_counts_from_zero() -> None:
     assert derived == sorted(derived) and len(set(derived)) == len(derived)
 
 
-def test_a_resumed_run_counts_from_the_first_epoch_it_printed() -> None:
-    observations = feed_all("".join(loss_monitor_lines(epochs=2, batch_num=4, first_epoch=5)).encode())
+def test_a_resumed_run_counts_its_first_epoch_from_1_then_the_true_global_step() -> None:
+    """Steps per epoch are unknown until the epoch changes; from then on the step is the run's own
+    (a script that resumed after 4 epochs of 4 steps is at step 21 in epoch 6, not 5)."""
+    observations = feed_all("".join(loss_monitor_lines(epochs=3, batch_num=4, first_epoch=5)).encode())
     assert [(o.epoch, o.epoch_step, o.step) for o in observations] == [
-        (5, 1, 1), (5, 2, 2), (5, 3, 3), (5, 4, 4), (6, 1, 5), (6, 2, 6), (6, 3, 7), (6, 4, 8)]
+        (5, 1, 1), (5, 2, 2), (5, 3, 3), (5, 4, 4), (6, 1, 21), (6, 2, 22), (6, 3, 23), (6, 4, 24),
+        (7, 1, 25), (7, 2, 26), (7, 3, 27), (7, 4, 28)]
 
 
 def test_a_second_training_in_the_same_process_continues_the_count() -> None:

@@ -177,8 +177,9 @@ def test_the_output_is_read_until_the_exit_and_its_last_line_flushed(tmp_path: P
         await host.exited("rank1")
         kinds = [m.WhichOneof("body") for m in host.reports if m.WhichOneof("body") in ("progress", "process_exited")]
         assert kinds[-2:] == ["progress", "process_exited"]  # the last step goes out before the exit
-        assert progress_of(host, 1)[-1] == (51, 8, 0.03125, True)  # resumed at epoch 3: 5 epochs of 10, and 1
-        assert heartbeat_steps(host)[1] == 51
+        # Resumed at epoch 3, epochs of 10 steps: epoch 8's first step is the run's step 71.
+        assert progress_of(host, 1)[-1] == (71, 8, 0.03125, True)
+        assert heartbeat_steps(host)[1] == 71
 
     run(scenario())
 
