@@ -74,6 +74,8 @@ def test_agent_rejects_bad_flags(tmp_path: Path) -> None:
     (("skips", "add", "1:2"), "Missing option '--reason'"),
     (("resume", "--from-step", "0"), "0 is not in the range x>=1"),
     (("nodes", "drain"), "Missing argument 'NAME'"),
+    (("drain", "n1"), "No such command 'drain'. Did you mean 'trainerctl nodes drain'?"),
+    (("undrain", "n1"), "Did you mean 'trainerctl nodes undrain'?"),
 ])
 def test_trainerctl_refuses_malformed_operator_commands(argv: tuple[str, ...], fragment: str) -> None:
     assert_one_line_error(run("trainerctl", "--coordinator", "127.0.0.1:1", *argv), 2, fragment)
