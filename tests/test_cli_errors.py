@@ -43,6 +43,15 @@ def test_trainerd_missing_cluster_file(tmp_path: Path) -> None:
     assert_one_line_error(run("trainerd", "start", "--cluster", str(tmp_path / "none.yaml")), 2, "cannot read")
 
 
+@pytest.mark.parametrize(("argv", "fragment"), [
+    (("trainerd", "init"), "No such command 'init'. Did you mean 'trainerd certs init'?"),
+    (("trainerd", "node", "--dir", "x", "n1"), "Did you mean 'trainerd certs node'?"),
+    (("trainerd", "strat"), "No such command 'strat'. Did you mean 'start'?"),  # click's own, kept
+])
+def test_trainerd_points_a_command_to_its_group(argv: tuple[str, ...], fragment: str) -> None:
+    assert_one_line_error(run(*argv), 2, fragment)
+
+
 def test_trainerctl_usage_and_unreachable() -> None:
     assert_one_line_error(run("trainerctl", "--coordinator", "nohost", "status"), 2, "not HOST:PORT")
     assert_one_line_error(run("trainerctl", "status", "-o", "yaml"), 2, "'yaml' is not one of")

@@ -32,6 +32,7 @@ from common.tls_files import (
     tls_settings_from_options,
     unnamed_address_hint,
 )
+from daemon.cli.command_groups import PointingGroup
 from daemon.cli.status_json import GOODPUT_PHASES, RECOVERY_PHASES, status_to_json
 from daemon.events import EVENTS_PAGE
 from proto import trainerd_pb2 as pb
@@ -190,24 +191,7 @@ def call_control(coordinators: Coordinators, method: str, request, timeout: floa
         raise _failed(coordinators, leader, exc) from exc
 
 
-class _Commands(click.Group):
-    """trainerctl's commands. An unknown one that a group of them holds is pointed there: `trainerctl
-    drain n1` says "Did you mean 'trainerctl nodes drain'?" (drain and undrain are `nodes` commands)."""
-
-    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None,
-                                                                             list[str]]:
-        try:
-            return super().resolve_command(ctx, args)
-        except click.UsageError as exc:
-            name = args[0] if args else ""
-            homes = [group_name for group_name, group in sorted(self.commands.items())
-                     if isinstance(group, click.Group) and name in group.commands]
-            if not homes:
-                raise
-            raise click.UsageError(f"{exc.message} Did you mean 'trainerctl {homes[0]} {name}'?", ctx) from None
-
-
-@click.group(cls=_Commands)
+@click.group(cls=PointingGroup)
 @click.option("--coordinator", envvar="TRAINERD_COORDINATOR", metavar="HOST:PORT[,HOST:PORT]",
               help="Coordinator address(es); default $TRAINERD_COORDINATOR.")
 @click.option("--cacert", envvar=TLS_ENV["cacert"], metavar="FILE",

@@ -16,6 +16,7 @@ from common.config_file import ConfigError
 from common.tls_files import read_tls_files
 from daemon.app import ListenError, TrainerdApp, install_stop_signals
 from daemon.cli.certs_commands import certs
+from daemon.cli.command_groups import PointingGroup
 from daemon.config import load_cluster_config
 from daemon.etcd_process import EtcdNotFound, EtcdStartError
 from daemon.store.interface import StoreError
@@ -27,7 +28,7 @@ class StartRefused(click.ClickException):
     exit_code = 2
 
 
-@click.group()
+@click.group(cls=PointingGroup)
 def cli() -> None:
     """trainerd: the coordinator of fault-tolerant elastic MindSpore training."""
 
