@@ -23,11 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from safetensors import SafetensorError, safe_open
-
 from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint
 from trainer.checkpoint.json_fields import MAX_JSON_BYTES
 from trainer.checkpoint.layout import Chunk, Region, TensorLayout
+from trainer.checkpoint.native_import import safetensors_headers
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 # MindFormers 2.0.0 names them iteration_NNNNNNNN (checkpoint/utils.py); Megatron, whose layout it follows, iter_.
@@ -125,14 +124,6 @@ def read_common(directory: Path) -> tuple[int, int]:
     return step, step * batch
 
 
-def _headers(directory: Path, name: str) -> dict[str, tuple[str, tuple[int, ...]]]:
-    try:
-        with safe_open(directory / name, framework="numpy") as f:
-            return {key: (f.get_slice(key).get_dtype(), tuple(f.get_slice(key).get_shape())) for key in f.keys()}
-    except (SafetensorError, OSError) as exc:
-        raise CorruptCheckpoint(f"{name} is not a readable safetensors file: {exc}") from exc
-
-
 def _whole_tensors(directory: Path) -> dict[str, TensorLayout]:
     """A checkpoint without metadata.json (one device): every file holds whole tensors, each name once."""
     files = sorted(p.name for p in directory.glob("*.safetensors") if p.is_file())
@@ -140,7 +131,7 @@ def _whole_tensors(directory: Path) -> dict[str, TensorLayout]:
         raise CheckpointError(f"{directory} holds no .safetensors file")
     tensors: dict[str, TensorLayout] = {}
     for name in files:
-        for key, (dtype, shape) in _headers(directory, name).items():
+        for key, (dtype, shape) in safetensors_headers(directory, name).items():
             if key in tensors:
                 raise CorruptCheckpoint(f"'{key}' is in more than one file of {directory}, which has no metadata.json")
             tensors[key] = TensorLayout(dtype, shape, (Chunk(Region.full(shape), name, key),))
@@ -188,7 +179,7 @@ def _sharded_tensors(directory: Path, metadata: Any) -> dict[str, TensorLayout]:
             if file_name is None or Path(file_name).name != file_name:
                 raise CorruptCheckpoint(f"{where}: no file holds '{name}' at offset {list(offset)}")
             if file_name not in headers:
-                headers[file_name] = _headers(directory, file_name)
+                headers[file_name] = safetensors_headers(directory, file_name)
             held = headers[file_name].get(name)
             # MindFormers writes (0,) as the offset of a whole tensor whatever its rank.
             padded = offset + (0,) * (len(shape) - len(offset)) if offset == (0,) else offset

@@ -183,8 +183,8 @@ def _rank_file(directory: Path, rank: int) -> str:
     return f"rank_{rank}/{files[-1]}"
 
 
-def _header(directory: Path, name: str) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """key -> (dtype, shape) of one rank file, read from its header only."""
+def safetensors_headers(directory: Path, name: str) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """key -> (dtype, shape) of the safetensors file `directory / name`, read from its header only."""
     try:
         with safe_open(directory / name, framework="numpy") as f:
             return {key: (f.get_slice(key).get_dtype(), tuple(f.get_slice(key).get_shape())) for key in f.keys()}
@@ -206,7 +206,7 @@ def import_native(directory: Path, strategy_file: Path) -> NativeCheckpoint:
             "(pipeline-parallel checkpoints are not supported)"
         )
     files = [_rank_file(directory, rank) for rank in range(device_num)]
-    headers = [_header(directory, name) for name in files]
+    headers = [safetensors_headers(directory, name) for name in files]
     tensors = {}
     for name, (dtype, slice_shape) in headers[0].items():
         strategy = strategies.get(name)
