@@ -1,14 +1,24 @@
 """A Model.train script's dataset, read through trainerd's sample stream: exact data resume at any world size.
 
-    dataset = ds.GeneratorDataset(source, ["x", "y"], ...)       # the script's own; its sampling is replaced
-    dataset = trainerd_dataset(dataset, batch_size, steps_per_epoch)
+    dataset = ds.MnistDataset(path, ...).map(transforms, "image")  # the script's own; its sampling is replaced
+    dataset = trainerd_dataset(dataset, batch_size, steps_per_epoch)   # instead of .batch(batch_size)
     model.train(epochs, dataset, callbacks=[TrainerdCallback(), ...], initial_epoch=resume_epoch(dataset))
+
+The dataset is any pipeline that reads by index: a source MindSpore can give a sampler (a GeneratorDataset
+over a random-access source, MnistDataset, ImageFolderDataset, NumpySlicesDataset, ...),
+followed only by steps that keep one row per sample in the source's order (`.map`, `.project`, `.rename`).
+The source's sampler (its shuffle, `num_shards`/`shard_id` and sampler) is replaced, on a copy: the dataset
+passed in is left as it was. What cannot follow the stream is refused with a ValueError that says what to
+change: `.batch`, `.shuffle` or `.repeat` already applied, a source read in file order (TFRecordDataset,
+CSVDataset, ...), and MindDataset, which takes only MindSpore's built-in samplers.
 
 Every step reads the next global batch of the seeded stream (`trainer.data.sampler`), leaving out the skip
 ledger's ranges, and this rank its block of it (`EpochSampler`); a run that trainerd resumes from a
 checkpoint (TRAINERD_RESUME_FROM) starts at that checkpoint's stream position, inside its epoch, whatever
 world size wrote it. Model.train must be told the epoch (`initial_epoch=resume_epoch(dataset)`); the
-steps of that epoch already trained are skipped by the dataset (`set_init_step`) without being read.
+steps of that epoch already trained are skipped by the dataset (`set_init_step`) without being read. A
+`.map` with random augmentations draws other random numbers after a resume than the run would have without
+it (MindSpore skips the trained steps below the map); deterministic transforms resume bit-identical.
 
 The batch: a dataset row is one rank's share of a step, `micro_batch × grad_accum` samples, which
 `GuardedTrainOneStepCell` splits into `grad_accum` micro batches. Under trainerd the launch decides
@@ -19,10 +29,10 @@ world size) and `batch_size` must equal its micro batch; without that split, or 
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 from collections.abc import Mapping
-from typing import Any
 
 import mindspore.dataset as ds
 
@@ -35,38 +45,36 @@ from trainer.runtime.rank_context import BatchSettings, RankContext, trainerd_la
 SKIPS_FILE_ENV = "TRAINERD_SKIPS_FILE"
 
 
-def trainerd_dataset(dataset: ds.GeneratorDataset, batch_size: int, steps_per_epoch: int | None = None, *,
+def trainerd_dataset(dataset: ds.Dataset, batch_size: int, steps_per_epoch: int | None = None, *,
                      seed: int = 0, environ: Mapping[str, str] | None = None) -> ds.Dataset:
-    """`dataset`'s source read through the sample stream of `seed`, batched by step: each row is this rank's
-    share of one step. `steps_per_epoch` defaults to one pass over the source (its length // global batch).
+    """`dataset` read through the sample stream of `seed`, batched by step: each row is this rank's share of
+    one step. `steps_per_epoch` defaults to one pass over the source (its samples // global batch).
 
-    Takes the GeneratorDataset itself (not `.batch(...)` of it), with a random-access source; its column
-    names and worker settings are kept, its shuffling, sharding and sampler replaced. Call it after
-    `mindspore.communication.init()`. Under trainerd, a checkpoint that cannot be resumed ends the process
-    with the status the coordinator expects (65 unreadable, 2 another seed); a bad argument raises ValueError.
+    Takes the dataset before `.batch(...)`: a source that reads by index, with only `.map`, `.project` or
+    `.rename` after it (the module's docstring). Call it after `mindspore.communication.init()`. Under
+    trainerd, a checkpoint that cannot be resumed ends the process with the status the coordinator expects
+    (65 unreadable, 2 another seed); a dataset it cannot read this way, or a bad argument, raises ValueError.
     """
     env = os.environ if environ is None else environ
     ctx = trainerd_launch(env)
-    source = _random_access_source(dataset)
+    dataset = copy.deepcopy(dataset)
+    source = _indexed_source(dataset)
+    samples = _sample_count(source)
     rank, world_size = _communication_rank(ctx)
     batch = _batch_split(ctx, batch_size, world_size)
     skips = env.get(SKIPS_FILE_ENV)
-    stream = SampleStream(len(source), seed, SkipRanges.read(skips) if skips else SkipRanges())
+    stream = SampleStream(samples, seed, SkipRanges.read(skips) if skips else SkipRanges())
     if steps_per_epoch is None:
-        steps_per_epoch = len(source) // batch.global_batch
+        steps_per_epoch = samples // batch.global_batch
         if steps_per_epoch < 1:
-            raise ValueError(f"the source's {len(source)} samples are less than one global batch of "
+            raise ValueError(f"the source's {samples} samples are less than one global batch of "
                              f"{batch.global_batch}: give steps_per_epoch")
     start = _resume_point(ctx, seed) if ctx is not None else ResumePoint(0, 0)
     sampler = EpochSampler(stream, batch.global_batch, rank, world_size, steps_per_epoch,
                            first_step=start.step, first_consumed=start.consumed_samples,
                            first_epoch_position=start.epoch_position)
-    columns = {"column_names": dataset.column_names} if dataset.schema is None else {"schema": dataset.schema}
-    elastic = ds.GeneratorDataset(
-        source, **columns, sampler=sampler, num_parallel_workers=dataset.num_parallel_workers,
-        python_multiprocessing=dataset.python_multiprocessing,
-        max_rowsize=None if dataset.max_rowsize == -1 else dataset.max_rowsize,
-    ).batch(batch.per_rank, drop_remainder=True)
+    source.use_sampler(sampler)
+    elastic = dataset.batch(batch.per_rank, drop_remainder=True)
     elastic.set_init_step(sampler.skipped_steps)
     return elastic
 
@@ -92,17 +100,55 @@ def find_epoch_sampler(dataset: ds.Dataset) -> EpochSampler | None:
     return None
 
 
-def _random_access_source(dataset: ds.GeneratorDataset) -> Any:
-    if not isinstance(dataset, ds.GeneratorDataset):
-        raise ValueError(f"trainerd_dataset takes a GeneratorDataset (before .batch), not a {type(dataset).__name__}")
-    source = dataset.source
-    if not (hasattr(source, "__getitem__") and hasattr(source, "__len__")):
-        raise ValueError("trainerd_dataset needs a random-access source (__getitem__ and __len__), "
-                         f"not a {type(source).__name__}")
-    if dataset.column_types or dataset.has_batch_sampler or dataset.collate_fn is not None:
-        raise ValueError("trainerd_dataset does not take a GeneratorDataset with column_types, batch_sampler "
-                         "or collate_fn")
-    return source
+# Pipeline steps that keep one row per sample, in the order the source reads them.
+_ROW_STEPS = (ds.MapDataset, ds.ProjectDataset, ds.RenameDataset)
+_TOO_LATE = {
+    ds.BatchDataset: "call trainerd_dataset before .batch(...): it batches by step itself",
+    ds.ShuffleDataset: "drop .shuffle(...): trainerd_dataset orders the samples itself (seeded, the same order "
+                       "at every world size)",
+    ds.RepeatDataset: "drop .repeat(...): Model.train's epochs repeat the dataset",
+}
+_INDEXED = ("a GeneratorDataset over a random-access source, or a MindSpore dataset that takes a sampler "
+            "(MnistDataset, ImageFolderDataset, NumpySlicesDataset, ...), with only .map, .project or .rename "
+            "after it")
+
+
+def _indexed_source(dataset: ds.Dataset) -> ds.MappableDataset:
+    """The source under `dataset`'s row steps, one whose sampler trainerd can replace."""
+    node = dataset
+    while isinstance(node, _ROW_STEPS):
+        node = node.children[0]
+    name = type(node).__name__
+    for step, advice in _TOO_LATE.items():
+        if isinstance(node, step):
+            raise ValueError(f"trainerd_dataset got a {name}: {advice}")
+    if isinstance(node, ds.MindDataset):
+        raise ValueError("trainerd_dataset cannot read a MindDataset: it takes only MindSpore's built-in samplers, "
+                         "which cannot follow trainerd's sample stream from epoch to epoch; give it a "
+                         "GeneratorDataset whose source reads the records by index")
+    if not isinstance(node, ds.MappableDataset):
+        raise ValueError(f"trainerd_dataset reads the samples by index, which a {name} cannot do: give it {_INDEXED}")
+    if isinstance(node, ds.GeneratorDataset):
+        if not (hasattr(node.source, "__getitem__") and hasattr(node.source, "__len__")):
+            raise ValueError("trainerd_dataset needs a GeneratorDataset over a random-access source (__getitem__ "
+                             f"and __len__), not over a {type(node.source).__name__}")
+        if node.has_batch_sampler or node.collate_fn is not None:
+            raise ValueError("trainerd_dataset does not take a GeneratorDataset with batch_sampler or collate_fn: "
+                             "it batches by step itself")
+    if node.sampler is not None and node.sampler.child_sampler is not None:
+        raise ValueError(f"trainerd_dataset replaces the {name}'s sampler, and it has a chain of them: build it "
+                         "without sampler=")
+    return node
+
+
+def _sample_count(source: ds.MappableDataset) -> int:
+    """The samples the stream draws from: the source's, or its `num_samples` when that is fewer."""
+    if isinstance(source, ds.GeneratorDataset):
+        count = len(source.source)
+    else:
+        source.use_sampler(ds.SequentialSampler())  # counted without the script's sharding
+        count = source.get_dataset_size()
+    return min(count, source.num_samples) if source.num_samples else count
 
 
 def _communication_rank(ctx: RankContext | None) -> tuple[int, int]:
