@@ -1,0 +1,132 @@
+"""One rank's training under trainerd, whichever loop drives it: `TrainerdCallback` (Model.train) and
+`TrainerdLoop` (a loop of the script's own) both hand it each step's figures.
+
+It resumes the cells' parameters from the checkpoint trainerd chose before the first step (exiting with the
+status the coordinator acts on when that fails), and keeps the global step, the stream position and the place
+in the dataset's epochs; after each step it reports progress and bad batches to the agent and lets the
+checkpoints save (on the schedule, or when the coordinator asks).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import NoReturn
+
+import mindspore.dataset as ds
+from mindspore import nn
+
+from proto.exit_codes import EXIT_USAGE
+from proto.progress_datagram import BadBatchReason, WorkerEvent
+from trainer.checkpoint.manifest import EpochPosition
+from trainer.checkpoint.sharding import ShardedTensor
+from trainer.data.mindspore_sampler import EpochSampler
+from trainer.data.sampler import SampleStream
+from trainer.data.skip_ranges import SkipRanges
+from trainer.runtime.checkpointing import ResumeError, TrainingCheckpoints
+from trainer.runtime.elastic_dataset import find_epoch_sampler
+from trainer.runtime.guard_policy import skip_reason
+from trainer.runtime.progress import ProgressReporter, StepPace
+from trainer.runtime.rank_context import RankContext
+
+log = logging.getLogger(__name__)
+
+
+class TrainingRun:
+    """The global step, the stream position, the place in the epochs, and the checkpoints of one run."""
+
+    def __init__(self, ctx: RankContext, reporter: ProgressReporter, checkpoints: TrainingCheckpoints,
+                 stream: SampleStream, global_batch: int, sampler: EpochSampler | None, step: int,
+                 consumed: int) -> None:
+        self.ctx = ctx
+        self.reporter = reporter
+        self.checkpoints = checkpoints
+        self.stream = stream
+        self.global_batch = global_batch
+        # Where training stands in the dataset's epochs (None: not trainerd_dataset's, no epochs known).
+        self.epoch_position = None if sampler is None else EpochPosition(
+            sampler.first_epoch - 1, sampler.skipped_steps, sampler.steps_per_epoch)
+        self.step = step
+        self.consumed = consumed
+        self.step_started = time.perf_counter()
+        self.pace = StepPace()
+        self.where = f"job {ctx.job} generation {ctx.generation} rank {ctx.rank}/{ctx.world_size}"
+
+    @classmethod
+    def begin(cls, who: str, ctx: RankContext, reporter: ProgressReporter, cells: Sequence[nn.Cell],
+              dataset: ds.Dataset, sharded: Mapping[str, ShardedTensor], skips_file: str | None) -> TrainingRun:
+        """Resume into the parameters of `cells` (exiting as the coordinator expects when that fails), and
+        report `started`. `who` names the caller in the one line an exit prints."""
+        sampler = find_epoch_sampler(dataset)
+        grad_accum = ctx.batch.grad_accum if ctx.batch is not None else 1
+        if sampler is not None:
+            stream, global_batch = sampler.stream, sampler.global_batch
+        else:
+            # Not trainerd's stream: positions and bad-batch ranges count samples, no more.
+            stream = SampleStream(1, 0, SkipRanges.read(skips_file) if skips_file else SkipRanges())
+            global_batch = ctx.batch.global_batch if ctx.batch is not None else \
+                dataset.get_batch_size() * ctx.world_size
+            log.warning("Job %s generation %d rank %s: the dataset was not built by trainerd_dataset, so a resume "
+                        "restores the weights and the step but not the data position.", ctx.job, ctx.generation,
+                        ctx.rank)
+        try:
+            checkpoints = TrainingCheckpoints(ctx, ctx.checkpoints, reporter, cells, data_seed=stream.seed,
+                                              grad_accumulation=grad_accum, skip_ledger=stream.ledger.ranges,
+                                              sharded=sharded)
+            start = checkpoints.resume()
+        except ValueError as exc:
+            exit_with(who, str(exc), EXIT_USAGE)
+        except ResumeError as exc:
+            exit_with(who, str(exc), exc.exit_code)
+        if sampler is not None and (start.step, start.consumed_samples) != (sampler.first_step,
+                                                                             sampler.first_consumed):
+            exit_with(who, f"the dataset starts after step {sampler.first_step} at sample {sampler.first_consumed}, "
+                      f"but the checkpoint after step {start.step} at sample {start.consumed_samples}", EXIT_USAGE)
+        run = cls(ctx, reporter, checkpoints, stream, global_batch, sampler, start.step, start.consumed_samples)
+        reporter.event(WorkerEvent.STARTED, step=start.step)
+        log.info("%s: training from step %d (sample %d), global batch %d", run.where, start.step,
+                 start.consumed_samples, global_batch)
+        return run
+
+    def epoch_to_begin(self) -> int | None:
+        """The epoch (counting from 1) the dataset is in, the one that must begin next; None when unknown."""
+        return None if self.epoch_position is None else self.epoch_position.completed + 1
+
+    def step_ended(self, loss: float, grad_norm: float, accepted: bool, epoch: int) -> None:
+        self.step += 1
+        positions, self.consumed = self.stream.step_positions(self.consumed, self.global_batch)
+        reason = skip_reason(accepted, loss, grad_norm)
+        if reason is not None:
+            start = int(positions[0])
+            log.warning("%s: step %d skipped (%s): loss %.4g grad norm %.4g, samples %d:%d", self.where, self.step,
+                        reason, loss, grad_norm, start, self.consumed)
+            self.checkpoints.record_skip(start, self.consumed)
+            if self.ctx.rank == 0:
+                self.reporter.bad_batch(self.step, start, self.consumed, BadBatchReason(reason), loss, grad_norm)
+        self.reporter.step(self.step, loss, grad_norm, self.pace.step_ended(self.global_batch, self.step_started),
+                           self.consumed, epoch)
+        self.checkpoints.after_step(self.step, self.consumed, self._advance_epoch_position())
+
+    def finished(self) -> None:
+        """Training ended: wait for a save in flight, and report `finished`."""
+        self.checkpoints.close()
+        self.reporter.event(WorkerEvent.FINISHED, step=self.step)
+
+    def _advance_epoch_position(self) -> EpochPosition | None:
+        """Moves the place in the epochs one step on and returns it: what the checkpoint of this step keeps."""
+        position = self.epoch_position
+        if position is None:
+            return None
+        completed, done = position.completed, position.steps_done + 1
+        if done == position.steps_per_epoch:
+            completed, done = completed + 1, 0
+        self.epoch_position = EpochPosition(completed, done, position.steps_per_epoch)
+        return self.epoch_position
+
+
+def exit_with(who: str, message: str, code: int) -> NoReturn:
+    """End the process with the status the coordinator acts on, and its reason in one line."""
+    print(f"{who}: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
