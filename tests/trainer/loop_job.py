@@ -1,0 +1,72 @@
+"""A training loop of the script's own (MindSpore's functional style) written with TrainerdLoop, for the tests:
+callback_job.py's MLP and data, trained with value_and_grad and an optimizer call per batch.
+
+    python tests/trainer/loop_job.py --epochs 3 --steps-per-epoch 4 --output OUT
+
+Runs by hand (one process) or as one rank of a cluster (MS_ROLE set: it joins with init(), data parallel, the
+gradients averaged by DistributedGradReducer). --samples-file writes, per step, the first value of every
+sample this rank trained on (a test hook: which samples each epoch read).
+"""
+
+import argparse
+import os
+from pathlib import Path
+
+import mindspore as ms
+import mindspore.dataset as ds
+from callback_job import BATCH_SIZE, MLP, TrainData  # the same directory: sys.path[0] when run as a script
+from mindspore import nn
+from mindspore.communication import get_rank, init
+
+from trainer.examples.final_weights import save_weights
+from trainer.runtime.loop import TrainerdLoop, trainerd_dataset
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--steps-per-epoch", type=int, default=4)
+    parser.add_argument("--output", help="write the final weights to OUTPUT/final_rank<rank>.npz")
+    parser.add_argument("--samples-file", help="test only: append each step's samples (first feature) here")
+    return parser.parse_args()
+
+
+def main():
+    args = parse_args()
+    ms.set_context(mode=ms.GRAPH_MODE)
+    rank = 0
+    if "MS_ROLE" in os.environ:
+        init()
+        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
+        rank = get_rank()
+    ms.set_seed(1)
+
+    dataset = trainerd_dataset(ds.GeneratorDataset(TrainData(), ["x", "y"]), BATCH_SIZE, args.steps_per_epoch)
+    net = MLP()
+    optimizer = nn.Momentum(net.trainable_params(), learning_rate=0.05, momentum=0.9)
+    loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+    def forward(x, y):
+        return loss_fn(net(x), y)
+
+    grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
+    reducer = nn.DistributedGradReducer(optimizer.parameters) if "MS_ROLE" in os.environ else None
+
+    with TrainerdLoop(dataset, net, optimizer) as loop:
+        for epoch, batches in loop.epochs(args.epochs):
+            for x, y in batches:
+                loss, grads = grad_fn(x, y)
+                optimizer(reducer(grads) if reducer is not None else grads)
+                loop.step_ended(loss)
+                if args.samples_file:
+                    with open(args.samples_file, "a") as samples:
+                        samples.write(f"{epoch} {' '.join(f'{v:.6f}' for v in x.asnumpy()[:, 0])}\n")
+                print(f"epoch: {epoch}, loss is {loss}", flush=True)
+
+    if args.output:
+        save_weights(net, Path(args.output) / f"final_rank{rank}.npz")
+    print(f"rank {rank}: training finished after epoch {args.epochs}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

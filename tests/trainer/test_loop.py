@@ -1,0 +1,82 @@
+"""A training loop of the script's own with TrainerdLoop (loop_job.py), run as real MindSpore processes the way
+the agent launches them, reporting to a real progress receiver: every step reported, checkpoints on the schedule
+that verify, each epoch reading the next epoch of the sample stream (not the first one again, as a `for` over the
+dataset per epoch would), and a resume in the middle of an epoch that trains the same samples and ends with the
+same weights as the uninterrupted run."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from proto.progress_datagram import WorkerEvent
+from tests.harness import Processes
+from tests.trainer.mlp_runs import Run, run_example
+from tests.trainer.test_callback import one_rank_env, same, step_dir
+from trainer.checkpoint import verify_checkpoint
+
+JOB = [sys.executable, str(Path(__file__).with_name("loop_job.py"))]
+EPOCHS, STEPS_PER_EPOCH, EVERY = 3, 4, 5
+STEPS = EPOCHS * STEPS_PER_EPOCH
+
+
+@pytest.fixture(scope="module")
+def processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Processes]:
+    procs = Processes(tmp_path_factory.mktemp("loop"))
+    try:
+        yield procs
+    finally:
+        procs.cleanup()
+
+
+def run_loop(processes: Processes, root: Path, name: str, generation: int = 1, **env: str) -> tuple[Run, list[str]]:
+    """loop_job.py on one rank, checkpoints every 5 steps; the run and, per step, its epoch and samples."""
+    argv = ["--epochs", str(EPOCHS), "--steps-per-epoch", str(STEPS_PER_EPOCH), "--samples-file",
+            str(root / "samples.txt"), "--output", str(root / "out")]
+    procs, reports = asyncio.run(run_example(processes, root, one_rank_env(root, name, generation, **env), argv,
+                                             command=JOB))
+    run = Run(procs, reports, root / "out", processes.logs())
+    assert run.exit_codes() == {name: 0}, run.logs
+    return run, (root / "samples.txt").read_text().splitlines()
+
+
+@pytest.fixture(scope="module")
+def reference(processes: Processes, tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, list[str], Path]:
+    root = tmp_path_factory.mktemp("reference")
+    return (*run_loop(processes, root, "reference"), root)
+
+
+def test_every_step_is_reported_and_the_scheduled_checkpoints_verify(reference: tuple[Run, list[str], Path]) -> None:
+    run, _, root = reference
+    assert [s.step for s in run.steps(0)] == list(range(1, STEPS + 1))
+    assert [s.epoch for s in run.steps(0)] == [e for e in range(1, EPOCHS + 1) for _ in range(STEPS_PER_EPOCH)]
+    assert [e.event for e in run.events(0)] == [WorkerEvent.STARTED, WorkerEvent.FINISHED]
+    assert [c.step for c in run.checkpoints()] == [EVERY, 2 * EVERY]
+    for step in (EVERY, 2 * EVERY):
+        verify_checkpoint(step_dir(root, step))
+
+
+def test_each_epoch_reads_the_next_epoch_of_the_stream(reference: tuple[Run, list[str], Path]) -> None:
+    _, samples, _ = reference
+    epochs = {epoch: set() for epoch in range(1, EPOCHS + 1)}
+    for line in samples:
+        epoch, *values = line.split()
+        epochs[int(epoch)].update(values)
+    assert all(len(read) == STEPS_PER_EPOCH * 32 for read in epochs.values())  # 4 steps of the global batch
+    assert not (epochs[1] & epochs[2]) and not (epochs[2] & epochs[3]) and not (epochs[1] & epochs[3])
+
+
+def test_a_resume_inside_an_epoch_trains_the_same_samples_to_the_same_weights(
+        processes: Processes, reference: tuple[Run, list[str], Path], tmp_path: Path) -> None:
+    reference_run, reference_samples, reference_root = reference
+    shutil.copytree(step_dir(reference_root, EVERY), step_dir(tmp_path, EVERY))
+    run, samples = run_loop(processes, tmp_path, "resumed", generation=2,
+                            TRAINERD_RESUME_FROM=str(step_dir(tmp_path, EVERY)))
+    assert [s.step for s in run.steps(0)] == list(range(EVERY + 1, STEPS + 1))
+    assert samples == reference_samples[EVERY:]  # epoch 2 from its second step on, then epoch 3
+    assert same(run.weights(0), reference_run.weights(0))

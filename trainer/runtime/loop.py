@@ -1,0 +1,126 @@
+"""trainerd for a training loop of the script's own (MindSpore's functional style: `value_and_grad` and an
+optimizer call per batch), as `TrainerdCallback` is for `Model.train`:
+
+    from trainer.runtime.loop import TrainerdLoop, trainerd_dataset
+    dataset = trainerd_dataset(dataset, BATCH_SIZE)                  # your dataset, instead of .batch(...)
+    with TrainerdLoop(dataset, net, optimizer) as loop:             # resumes net and optimizer
+        for epoch, batches in loop.epochs(EPOCHS):                   # the epochs left, counted from 1
+            for data, label in batches:
+                loss, grads = grad_fn(data, label)
+                optimizer(grads)
+                loop.step_ended(loss)                               # progress; a checkpoint when due or asked
+
+What it gives: the parameters of the cells passed (the network and the optimizer, whose state is Parameters
+too) resumed from the checkpoint trainerd chose, at any world size, before the first step; each step's loss
+(and gradient norm, when given) and samples/s reported to the agent; trainerd's checkpoints after every
+TRAINERD_CHECKPOINT_EVERY-th step and at the step the coordinator asks for; and the data where the checkpoint
+left it, inside an epoch too.
+
+Why `loop.epochs` and not `for data, label in dataset` once per epoch, as MindSpore's tutorials write it:
+each `for` over a MindSpore dataset builds a new iterator, which starts the dataset's sampler again at its
+first pass, so every epoch would read the first one's samples again. `epochs` builds one iterator for the
+epochs left, and each `for` over `batches` reads the next epoch.
+
+Data parallel only (MindSpore's stand_alone or data_parallel mode): the cells' parameters are saved whole.
+A script whose parameters tensor or optimizer parallel cuts uses Model.train with TrainerdCallback, which
+saves each rank's slices. There is no in-step bad-batch guard here (GuardedTrainOneStepCell is Model.train's
+cell); a non-finite loss is reported as a step like any other.
+
+Outside trainerd (run by hand, or by msrun: TRAINERD_JOB is not set) it logs one line, reports and saves
+nothing, and `epochs` still reads the dataset's epochs one after another, so the script runs as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Iterator, Mapping
+from types import TracebackType
+from typing import Any
+
+import mindspore as ms
+import mindspore.dataset as ds
+import numpy as np
+from mindspore import Tensor, nn
+
+from proto.exit_codes import EXIT_USAGE
+from trainer.runtime.elastic_dataset import SKIPS_FILE_ENV, find_epoch_sampler, resume_epoch, trainerd_dataset
+from trainer.runtime.progress import ProgressReporter
+from trainer.runtime.rank_context import trainerd_launch
+from trainer.runtime.training_run import TrainingRun, exit_with
+
+__all__ = ["TrainerdLoop", "trainerd_dataset"]
+
+log = logging.getLogger(__name__)
+_WHO = "TrainerdLoop"
+_WHOLE_PARAMETER_MODES = ("stand_alone", "data_parallel")
+
+
+class TrainerdLoop:
+    """One rank's training loop under trainerd: resume at construction, `epochs` to iterate, `step_ended` after
+    each step. Use it as a context manager: leaving the block normally reports the run finished; leaving it
+    by an exception waits for a save in flight and lets the exception end the process."""
+
+    def __init__(self, dataset: ds.Dataset, *cells: nn.Cell, environ: Mapping[str, str] | None = None) -> None:
+        if find_epoch_sampler(dataset) is None:
+            raise ValueError("TrainerdLoop needs the dataset trainerd_dataset returned, which knows where "
+                             "training resumes")
+        if not cells:
+            raise ValueError("TrainerdLoop needs the cells whose parameters it saves and resumes "
+                             "(the network and the optimizer)")
+        env = os.environ if environ is None else environ
+        ctx = trainerd_launch(env)
+        self._dataset = dataset
+        self._epoch = resume_epoch(dataset) + 1
+        self._run: TrainingRun | None = None
+        self._reporter: ProgressReporter | None = None
+        if ctx is None:
+            log.warning("TrainerdLoop: this process was not launched by trainerd (TRAINERD_JOB is not set), "
+                        "so it reports no progress and saves no checkpoints.")
+            return
+        if ctx.is_scheduler:
+            return
+        mode = ms.get_auto_parallel_context("parallel_mode")
+        if mode not in _WHOLE_PARAMETER_MODES:
+            exit_with(_WHO, f"the parallel mode is {mode}, whose parameters may be cut over the ranks, and "
+                      "TrainerdLoop saves every parameter whole: use Model.train with TrainerdCallback", EXIT_USAGE)
+        self._reporter = ProgressReporter.for_rank(ctx)
+        self._run = TrainingRun.begin(_WHO, ctx, self._reporter, cells, dataset, {}, env.get(SKIPS_FILE_ENV))
+
+    def epochs(self, total: int) -> Iterator[tuple[int, Iterator[Any]]]:
+        """(epoch, batches) for each epoch from the one training resumes in up to `total` (counting from 1);
+        iterate `batches` once per epoch. Nothing when the resumed checkpoint already ended epoch `total`."""
+        if total < self._epoch:
+            return
+        batches = self._dataset.create_tuple_iterator(num_epochs=total - self._epoch + 1)
+        for epoch in range(self._epoch, total + 1):
+            self._epoch = epoch
+            if self._run is not None:
+                self._run.step_started = time.perf_counter()
+            yield epoch, batches
+
+    def step_ended(self, loss: Tensor | float, grad_norm: Tensor | float | None = None) -> None:
+        """One step is done: its loss (a Tensor is averaged) and, when the loop computes it, the global
+        gradient norm."""
+        if self._run is not None:
+            norm = math.nan if grad_norm is None else _number(grad_norm)
+            self._run.step_ended(_number(loss), norm, True, self._epoch)
+
+    def __enter__(self) -> TrainerdLoop:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._run is not None:
+            if exc_type is None:
+                self._run.finished()
+            else:
+                self._run.checkpoints.close()
+        if self._reporter is not None:
+            self._reporter.close()
+
+
+def _number(value: Tensor | float) -> float:
+    return float(np.mean(value.asnumpy())) if isinstance(value, Tensor) else float(value)
