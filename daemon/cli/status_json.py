@@ -1,6 +1,13 @@
-"""The stable JSON form of `trainerctl status -o json` (scripts depend on these names)."""
+"""The stable JSON form of `trainerctl status -o json` (scripts depend on these names).
+
+A number that is not finite is null: JSON has no NaN or infinity (Python's `json` would
+write `NaN`, which jq and most parsers refuse), and a rank reports NaN for a gradient norm it does not know
+(a train cell that gives none, a loop that passes none) as well as for a loss or norm that went non-finite.
+"""
 
 from __future__ import annotations
+
+import math
 
 from proto import trainerd_pb2 as pb
 
@@ -9,9 +16,20 @@ def _optional(message, field: str):
     return getattr(message, field) if message.HasField(field) else None
 
 
+def _finite(value):
+    """`value` with every float that is not finite replaced by None, in lists and dicts too."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    return value
+
+
 def status_to_json(reply: pb.StatusReply) -> dict:
     c = reply.coordinator
-    return {
+    return _finite({
         "coordinator": {
             "leader": c.leader_address or None,
             "leader_id": c.leader_id or None,
@@ -32,7 +50,7 @@ def status_to_json(reply: pb.StatusReply) -> dict:
             for n in reply.nodes
         ],
         "job": _job_to_json(reply.job) if reply.HasField("job") else None,
-    }
+    })
 
 
 RECOVERY_PHASES = ("stop", "relaunch", "first_step", "total")

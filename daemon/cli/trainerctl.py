@@ -213,7 +213,7 @@ def status(options: GlobalOptions, output: str) -> None:
     _, reply = fetch_status(_coordinators(options))
     data = status_to_json(reply)
     if output == "json":
-        click.echo(json.dumps(data, indent=2))
+        click.echo(json.dumps(data, indent=2, allow_nan=False))
         return
     print_status(data)
 
@@ -423,9 +423,9 @@ def print_status(data: dict) -> None:
         for column in ("rank", "node", "epoch", "step", "loss", "grad norm", "samples/s"):
             ranks.add_column(column)
         for rank in job["ranks"]:
-            rate = "-" if rank["from_output"] and not rank["samples_per_s"] else f"{rank['samples_per_s']:.0f}"
+            rate = None if rank["from_output"] and not rank["samples_per_s"] else rank["samples_per_s"]
             ranks.add_row(str(rank["rank"]), rank["node"], _or_dash(rank["epoch"]), str(rank["step"]),
-                          f"{rank['loss']:.4f}", _or_dash(rank["grad_norm"], ".3g"), rate)
+                          _or_dash(rank["loss"], ".4f"), _or_dash(rank["grad_norm"], ".3g"), _or_dash(rate, ".0f"))
         console.print(ranks)
     failure = job["last_failure"]
     if failure is not None:

@@ -123,7 +123,8 @@ class SimCluster:
                 self._report(agent, ProcessReport(name, ProcessRole.WORKER, rank, 200 + rank, True))
 
     def step(self, step: int, samples_per_s: float = 120.0, *, epoch: int | None = None, from_output: bool = False,
-             ranks: tuple[int, ...] | None = None, checkpoint_stall_s: float = 0.0) -> None:
+             ranks: tuple[int, ...] | None = None, checkpoint_stall_s: float = 0.0, loss: float = 0.5,
+             grad_norm: float = 1.0) -> None:
         """Every rank (or `ranks`) reports `step`: from the trainer runtime, or read from its output;
         `checkpoint_stall_s`: how long in all its step loop blocked on checkpoint saves."""
         generation = self.job.generation
@@ -131,7 +132,7 @@ class SimCluster:
             for rank in self._ranks_of(name):
                 if ranks is None or rank in ranks:
                     self.coordinator.progress_report(self.agents[name].session, generation.number, ProgressReport(
-                        rank, step, 0.5, 1.0, samples_per_s, step * GLOBAL_BATCH, epoch, from_output,
+                        rank, step, loss, grad_norm, samples_per_s, step * GLOBAL_BATCH, epoch, from_output,
                         checkpoint_stall_s))
 
     def crash(self, name: str, rank: int, exit_code: int = 1, signal: int = 0, cause: RootCause | None = None) -> None:

@@ -4,6 +4,8 @@ the job and per rank (`-o json` holds the same), from the coordinator's own view
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 
 import pytest
 
@@ -13,7 +15,9 @@ from daemon.grpc_services import status_to_proto
 from tests.daemon.job_sim import SimCluster, job_settings
 
 
-def test_status_shows_step_loss_and_gradient_norm(capsys: pytest.CaptureFixture[str]) -> None:
+def status_after_step_42(**figures: float) -> dict:
+    """`status -o json` once every rank of a running job reported step 42 (loss 0.5, gradient norm 1.0, or
+    `figures`)."""
     async def go() -> dict:
         sim = SimCluster(job_settings())
         await sim.lead()
@@ -22,17 +26,35 @@ def test_status_shows_step_loss_and_gradient_norm(capsys: pytest.CaptureFixture[
         await sim.tick()
         sim.started()
         await sim.tick(1.0)
-        sim.step(42)  # every rank: loss 0.5, global gradient norm 1.0
+        sim.step(42, **figures)
         await sim.tick()
         return status_to_json(status_to_proto(await sim.coordinator.view()))
 
-    data = asyncio.run(go())
+    return asyncio.run(go())
+
+
+def test_status_shows_step_loss_and_gradient_norm(capsys: pytest.CaptureFixture[str]) -> None:
+    data = status_after_step_42()
     job = data["job"]
     assert (job["step"], job["loss"], job["grad_norm"]) == (42, 0.5, 1.0)
     assert {(r["step"], r["grad_norm"]) for r in job["ranks"]} == {(42, 1.0)}
     print_status(data)
     out = capsys.readouterr().out
     assert "step 42" in out and "loss 0.5000" in out and "grad norm 1" in out
+
+
+def test_a_figure_a_rank_reports_as_nan_is_null_in_json_and_a_dash_in_the_table(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A rank whose loop passes no gradient norm (TrainerdLoop, a callback over a plain TrainOneStepCell) reports
+    NaN for it; `status -o json` stays JSON (no `NaN` literal, which jq refuses)."""
+    data = status_after_step_42(grad_norm=math.nan, loss=math.inf)
+    job = data["job"]
+    assert (job["step"], job["loss"], job["grad_norm"]) == (42, None, None)
+    assert {(r["step"], r["loss"], r["grad_norm"]) for r in job["ranks"]} == {(42, None, None)}
+    json.loads(json.dumps(data, allow_nan=False))
+    print_status(data)
+    out = capsys.readouterr().out
+    assert "step 42  loss -  grad norm -" in out, out
 
 
 @pytest.mark.parametrize("step, lost_steps, shown", [
