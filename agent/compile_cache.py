@@ -11,8 +11,13 @@ world size (MS_WORKER_NUM, RANK_SIZE), the batch split (TRAINERD_GLOBAL_BATCH, _
 _GRAD_ACCUM), the rank and any variable the job itself sets. A job that sets either variable itself
 keeps its own setting.
 
-A script whose graph depends on the resume point (a constant built from the resume step) must not
-use the cache: turn it off with `compile_cache: false` in the agent file.
+Off unless the agent file or flag asks for it (agent/config.py), since two kinds of script must not use it:
+- a functional training step (`value_and_grad` and an optimizer call, MindSpore's tutorials' style, and
+  trainerd's TrainerdLoop): MindSpore 2.10 runs it from the cache with parameters it never set, and the loss
+  is NaN or ~1e27 from the first step of every later start, resumed or not
+  (tests/agent/test_compile_cache_hazard.py keeps that fact checked); a step that is a Cell (Model.train,
+  TrainOneStepCell) is unaffected;
+- a script whose graph depends on the resume point (a constant built from the resume step).
 
 Every start touches its directory; beyond KEPT_CACHES directories (new world sizes, batch splits, jobs),
 the least recently used are removed, so that weeks of elastic jobs do not fill the agent's disk with

@@ -83,7 +83,10 @@ class AgentConfig(StrictModel):
     # imported MindSpore already (agent/warm_launcher.py); false: every process starts a new interpreter.
     warm_workers: bool = True
     # MindSpore's compile cache, in a directory per job configuration under work_dir (agent/compile_cache.py).
-    compile_cache: bool = True
+    # Off unless asked for: MindSpore 2.10 runs a functional training step (value_and_grad and an optimizer
+    # call, not a Cell) from its cache with parameters it never set, and the loss is NaN or 1e27 from the
+    # first step of every later start. Safe for jobs whose step is a Cell (Model.train, TrainOneStepCell).
+    compile_cache: bool = False
     # Serve this host's in-memory snapshot files to the other agents and copy theirs (agent/peer_service.py):
     # a generation spanning hosts then snapshots, and a relaunch resumes from what survives on live hosts.
     # Over TLS only with a node certificate that can serve (`trainerd certs node` since peer copies); in

@@ -266,7 +266,8 @@ class StartRefused(click.ClickException):
 @click.option("--key", envvar=TLS_ENV["key"], metavar="FILE", help="Its key.")
 @click.option("--warm-workers/--no-warm-workers", default=None,
               help="Start Python entrypoints in pre-started interpreters (default: on).")
-@click.option("--compile-cache/--no-compile-cache", default=None, help="MindSpore's compile cache (default: on).")
+@click.option("--compile-cache/--no-compile-cache", default=None,
+              help="MindSpore's compile cache (default: off; only for jobs whose step is a Cell, as Model.train's).")
 @click.option("--snapshot-peers/--no-snapshot-peers", default=None,
               help="Serve in-memory snapshots to the other agents and copy theirs (default: on).")
 @click.option("--log-level", default="INFO", show_default=True,

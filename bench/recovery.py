@@ -318,7 +318,7 @@ class TrainerdCluster:
             [str(BIN / "trainerd-agent"), "--coordinator", self.coordinator, "--node-name", node,
              "--cpu-devices", str(self.devices), "--work-dir", str(self.agent_dir(node)),
              "--memory-dir", str(self.memory_dir(node)),
-             *(() if self.warm else ("--no-warm-workers", "--no-compile-cache"))],
+             *(("--compile-cache",) if self.warm else ("--no-warm-workers", "--no-compile-cache"))],
             self.root / f"agent-{node}.log", self.env, self.root)
 
     def stop(self) -> None:

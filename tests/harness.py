@@ -79,11 +79,11 @@ class Processes:
                                  "--log-level", "DEBUG"])
 
     def agent(self, node_name: str, coordinator: str, cpu_devices: int = 1,
-              env: dict[str, str] | None = None) -> Proc:
+              env: dict[str, str] | None = None, flags: tuple[str, ...] = ()) -> Proc:
         return self.start(node_name, [
             str(BIN / "trainerd-agent"), "--coordinator", coordinator, "--node-name", node_name,
             "--cpu-devices", str(cpu_devices), "--work-dir", str(self.root / "agents" / node_name),
-            "--memory-dir", str(self.memory_root / node_name), "--log-level", "DEBUG",
+            "--memory-dir", str(self.memory_root / node_name), "--log-level", "DEBUG", *flags,
         ], env)
 
     def cleanup(self) -> None:

@@ -234,6 +234,7 @@ class ClusterBox:
             "--coordinator", ",".join(r.address for r in host.relays), "--node-name", host.name,
             "--host", host.address, "--cpu-devices", "1", "--work-dir", str(host.work_dir),
             "--memory-dir", str(self.memory_root / host.name), "--log-level", "DEBUG",
+            "--compile-cache",  # the jobs here step a Cell (the examples' Model.train and TrainStep)
         ], env)
         return host.agent
 
