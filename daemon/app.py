@@ -226,6 +226,7 @@ class TrainerdApp:
                     cluster_name=cluster.name,
                     work_root=self._config.resolve(cluster.local_agent.work_dir),
                     cpu_devices=cluster.local_agent.cpu_devices,
+                    compile_cache=cluster.local_agent.compile_cache,
                 )
                 await self._local_agents.start()
             stopping = asyncio.create_task(stop.wait())

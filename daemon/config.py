@@ -100,6 +100,8 @@ class LocalAgentSettings(StrictModel):
 
     work_dir: str = "run/agents"
     cpu_devices: int = Field(default=1, ge=1, le=64)
+    # The agents' compile cache (agent file `compile_cache`): only for a job whose step is a Cell.
+    compile_cache: bool = False
 
 
 class ClusterSettings(StrictModel):
