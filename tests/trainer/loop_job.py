@@ -4,8 +4,9 @@ callback_job.py's MLP and data, trained with value_and_grad and an optimizer cal
     python tests/trainer/loop_job.py --epochs 3 --steps-per-epoch 4 --output OUT
 
 Runs by hand (one process) or as one rank of a cluster (MS_ROLE set: it joins with init(), data parallel, the
-gradients averaged by DistributedGradReducer). --samples-file writes, per step, the first value of every
-sample this rank trained on (a test hook: which samples each epoch read).
+gradients averaged by DistributedGradReducer). Its updates go through the loop's bad-batch guard. Test hooks:
+--samples-file writes, per step, the first value of every sample this rank trained on (which samples each
+epoch read); --nan-step makes the samples of that step NaN (callback_job.py's hook).
 """
 
 import argparse
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import mindspore as ms
 import mindspore.dataset as ds
-from callback_job import BATCH_SIZE, MLP, TrainData  # the same directory: sys.path[0] when run as a script
+from callback_job import BATCH_SIZE, MLP, TrainData, nan_indices  # the same directory: sys.path[0] when run as a script
 from mindspore import nn
 from mindspore.communication import get_rank, init
 
@@ -28,20 +29,22 @@ def parse_args():
     parser.add_argument("--steps-per-epoch", type=int, default=4)
     parser.add_argument("--output", help="write the final weights to OUTPUT/final_rank<rank>.npz")
     parser.add_argument("--samples-file", help="test only: append each step's samples (first feature) here")
+    parser.add_argument("--nan-step", type=int, help="test only: the samples of this step are NaN")
     return parser.parse_args()
 
 
 def main():
     args = parse_args()
     ms.set_context(mode=ms.GRAPH_MODE)
-    rank = 0
+    rank, world_size = 0, int(os.environ.get("MS_WORKER_NUM", "1"))
     if "MS_ROLE" in os.environ:
         init()
         ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
         rank = get_rank()
     ms.set_seed(1)
 
-    dataset = trainerd_dataset(ds.GeneratorDataset(TrainData(), ["x", "y"]), BATCH_SIZE, args.steps_per_epoch)
+    bad = nan_indices(args.nan_step, 0, world_size) if args.nan_step else ()
+    dataset = trainerd_dataset(ds.GeneratorDataset(TrainData(bad), ["x", "y"]), BATCH_SIZE, args.steps_per_epoch)
     net = MLP()
     optimizer = nn.Momentum(net.trainable_params(), learning_rate=0.05, momentum=0.9)
     loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
@@ -56,7 +59,9 @@ def main():
         for epoch, batches in loop.epochs(args.epochs):
             for x, y in batches:
                 loss, grads = grad_fn(x, y)
-                optimizer(reducer(grads) if reducer is not None else grads)
+                grads = reducer(grads) if reducer is not None else grads
+                if loop.accepts(grads):
+                    optimizer(grads)
                 loop.step_ended(loss)
                 if args.samples_file:
                     with open(args.samples_file, "a") as samples:

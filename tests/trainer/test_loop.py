@@ -1,20 +1,22 @@
 """A training loop of the script's own with TrainerdLoop (loop_job.py), run as real MindSpore processes the way
 the agent launches them, reporting to a real progress receiver: every step reported, checkpoints on the schedule
 that verify, each epoch reading the next epoch of the sample stream (not the first one again, as a `for` over the
-dataset per epoch would), and a resume in the middle of an epoch that trains the same samples and ends with the
-same weights as the uninterrupted run."""
+dataset per epoch would), a resume in the middle of an epoch that trains the same samples and ends with the
+same weights as the uninterrupted run, and a NaN batch that the guard keeps out of the weights and reports."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from proto.progress_datagram import WorkerEvent
+from proto.progress_datagram import BadBatchReason, BadBatchReport, WorkerEvent
 from tests.harness import Processes
 from tests.trainer.mlp_runs import Run, run_example
 from tests.trainer.test_callback import one_rank_env, same, step_dir
@@ -34,10 +36,11 @@ def processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Processes]:
         procs.cleanup()
 
 
-def run_loop(processes: Processes, root: Path, name: str, generation: int = 1, **env: str) -> tuple[Run, list[str]]:
+def run_loop(processes: Processes, root: Path, name: str, generation: int = 1, *flags: str,
+             **env: str) -> tuple[Run, list[str]]:
     """loop_job.py on one rank, checkpoints every 5 steps; the run and, per step, its epoch and samples."""
     argv = ["--epochs", str(EPOCHS), "--steps-per-epoch", str(STEPS_PER_EPOCH), "--samples-file",
-            str(root / "samples.txt"), "--output", str(root / "out")]
+            str(root / "samples.txt"), "--output", str(root / "out"), *flags]
     procs, reports = asyncio.run(run_example(processes, root, one_rank_env(root, name, generation, **env), argv,
                                              command=JOB))
     run = Run(procs, reports, root / "out", processes.logs())
@@ -80,3 +83,16 @@ def test_a_resume_inside_an_epoch_trains_the_same_samples_to_the_same_weights(
     assert [s.step for s in run.steps(0)] == list(range(EVERY + 1, STEPS + 1))
     assert samples == reference_samples[EVERY:]  # epoch 2 from its second step on, then epoch 3
     assert same(run.weights(0), reference_run.weights(0))
+
+
+def test_a_nan_batch_is_kept_out_of_the_weights_reported_and_the_run_goes_on(
+        processes: Processes, reference: tuple[Run, list[str], Path], tmp_path: Path) -> None:
+    run, _ = run_loop(processes, tmp_path, "nan", 1, "--nan-step", "3")
+    (report,) = [m for m in run.reports if isinstance(m, BadBatchReport)]
+    assert (report.step, report.sample_start, report.sample_end) == (3, 64, 96)  # the third global batch of 32
+    assert report.reason in (BadBatchReason.NONFINITE_LOSS, BadBatchReason.NONFINITE_GRAD_NORM)
+    steps = run.steps(0)
+    assert [s.step for s in steps] == list(range(1, STEPS + 1))
+    assert all(math.isfinite(s.loss) for s in steps if s.step != 3)
+    assert all(np.isfinite(weights).all() for weights in run.weights(0).values())
+    assert not same(run.weights(0), reference[0].weights(0))  # the step's update was left out, not made

@@ -7,7 +7,9 @@ optimizer call per batch), as `TrainerdCallback` is for `Model.train`:
         for epoch, batches in loop.epochs(EPOCHS):                   # the epochs left, counted from 1
             for data, label in batches:
                 loss, grads = grad_fn(data, label)
-                optimizer(grads)
+                grads = grad_reducer(grads)                          # data parallel: the ranks' mean
+                if loop.accepts(grads):                              # optional: the bad-batch guard
+                    optimizer(grads)
                 loop.step_ended(loss)                               # progress; a checkpoint when due or asked
 
 What it gives: the parameters of the cells passed (the network and the optimizer, whose state is Parameters
@@ -21,13 +23,22 @@ each `for` over a MindSpore dataset builds a new iterator, which starts the data
 first pass, so every epoch would read the first one's samples again. `epochs` builds one iterator for the
 epochs left, and each `for` over `batches` reads the next epoch.
 
+The bad-batch guard, `loop.accepts(grads)` before the optimizer call, is the one GuardedTrainOneStepCell
+applies inside Model.train's step (`trainer.runtime.guard`, the job's `data_skip` settings): it judges the
+global norm of the gradients passed, which are the same on every rank once all-reduced, so every rank
+decides alike; False (a non-finite norm, or a spike) means leave the update out. `step_ended` then reports
+the step as a bad batch, its samples go into the skip ledger of later checkpoints, and after
+`max_consecutive_spikes` of them in a row the coordinator rolls back and skips them. The guard's state is
+saved with the cells, so a resumed run judges as the uninterrupted one would. A loop that does not call
+`accepts` has no guard: a non-finite loss is reported as a step like any other.
+
 Data parallel only (MindSpore's stand_alone or data_parallel mode): the cells' parameters are saved whole.
 A script whose parameters tensor or optimizer parallel cuts uses Model.train with TrainerdCallback, which
-saves each rank's slices. There is no in-step bad-batch guard here (GuardedTrainOneStepCell is Model.train's
-cell); a non-finite loss is reported as a step like any other.
+saves each rank's slices.
 
-Outside trainerd (run by hand, or by msrun: TRAINERD_JOB is not set) it logs one line, reports and saves
-nothing, and `epochs` still reads the dataset's epochs one after another, so the script runs as before.
+Outside trainerd (run by hand, or by msrun: TRAINERD_JOB is not set) it logs one line and reports and saves
+nothing; `accepts` still guards, and `epochs` still reads the dataset's epochs one after another, so the
+script runs as before.
 """
 
 from __future__ import annotations
@@ -36,17 +47,19 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
 import mindspore as ms
 import mindspore.dataset as ds
 import numpy as np
-from mindspore import Tensor, nn
+from mindspore import Tensor, nn, ops
 
 from proto.exit_codes import EXIT_USAGE
 from trainer.runtime.elastic_dataset import SKIPS_FILE_ENV, find_epoch_sampler, resume_epoch, trainerd_dataset
+from trainer.runtime.guard import StepGuard
+from trainer.runtime.guard_policy import GuardSettings
 from trainer.runtime.progress import ProgressReporter
 from trainer.runtime.rank_context import trainerd_launch
 from trainer.runtime.training_run import TrainingRun, exit_with
@@ -76,6 +89,12 @@ class TrainerdLoop:
         self._epoch = resume_epoch(dataset) + 1
         self._run: TrainingRun | None = None
         self._reporter: ProgressReporter | None = None
+        self._judged: tuple[float, bool] | None = None  # this step's (norm, accepted), once `accepts` ran
+        try:
+            guard = StepGuard(GuardSettings.from_environ(env))
+        except ValueError as exc:
+            exit_with(_WHO, str(exc), EXIT_USAGE)
+        self._judge = _GradientJudge(guard)
         if ctx is None:
             log.warning("TrainerdLoop: this process was not launched by trainerd (TRAINERD_JOB is not set), "
                         "so it reports no progress and saves no checkpoints.")
@@ -87,7 +106,8 @@ class TrainerdLoop:
             exit_with(_WHO, f"the parallel mode is {mode}, whose parameters may be cut over the ranks, and "
                       "TrainerdLoop saves every parameter whole: use Model.train with TrainerdCallback", EXIT_USAGE)
         self._reporter = ProgressReporter.for_rank(ctx)
-        self._run = TrainingRun.begin(_WHO, ctx, self._reporter, cells, dataset, {}, env.get(SKIPS_FILE_ENV))
+        self._run = TrainingRun.begin(_WHO, ctx, self._reporter, (*cells, guard), dataset, {},
+                                      env.get(SKIPS_FILE_ENV))
 
     def epochs(self, total: int) -> Iterator[tuple[int, Iterator[Any]]]:
         """(epoch, batches) for each epoch from the one training resumes in up to `total` (counting from 1);
@@ -101,12 +121,25 @@ class TrainerdLoop:
                 self._run.step_started = time.perf_counter()
             yield epoch, batches
 
+    def accepts(self, grads: Sequence[Tensor]) -> bool:
+        """Whether to apply this step's update: the guard's judgement of the global norm of `grads` (after the
+        all-reduce, so that every rank judges the same numbers). Call it at most once a step, before
+        `step_ended`, which reports a refused step as a bad batch."""
+        norm, accepted = self._judge(*grads)
+        self._judged = (float(norm.asnumpy()), bool(accepted.asnumpy()))
+        return self._judged[1]
+
     def step_ended(self, loss: Tensor | float, grad_norm: Tensor | float | None = None) -> None:
-        """One step is done: its loss (a Tensor is averaged) and, when the loop computes it, the global
-        gradient norm."""
-        if self._run is not None:
-            norm = math.nan if grad_norm is None else _number(grad_norm)
-            self._run.step_ended(_number(loss), norm, True, self._epoch)
+        """One step is done: its loss (a Tensor is averaged) and, when the loop computes it and did not call
+        `accepts`, the global gradient norm."""
+        judged, self._judged = self._judged, None
+        if self._run is None:
+            return
+        if judged is not None:
+            norm, accepted = judged
+        else:
+            norm, accepted = (math.nan if grad_norm is None else _number(grad_norm)), True
+        self._run.step_ended(_number(loss), norm, accepted, self._epoch)
 
     def __enter__(self) -> TrainerdLoop:
         return self
@@ -120,6 +153,20 @@ class TrainerdLoop:
                 self._run.checkpoints.close()
         if self._reporter is not None:
             self._reporter.close()
+
+
+class _GradientJudge(nn.Cell):
+    """`judge(*grads) -> (norm, accepted)`: the global norm of the gradients and the guard's decision on it. A
+    Cell, so that it compiles into one graph (and is safe with MindSpore's compile cache); the gradients come
+    as separate arguments, since MindSpore takes a tuple argument's Tensors for constants."""
+
+    def __init__(self, guard: StepGuard) -> None:
+        super().__init__(auto_prefix=False)
+        self.guard = guard
+
+    def construct(self, *grads: Tensor) -> tuple[Tensor, Tensor]:
+        norm = ops.sqrt(ops.addn([ops.reduce_sum(ops.square(grad)) for grad in grads]))
+        return norm, self.guard(norm, norm)  # a non-finite norm fails the guard's loss check too
 
 
 def _number(value: Tensor | float) -> float:
