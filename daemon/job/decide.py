@@ -12,7 +12,8 @@ A job's life, in the terms of the durable record (daemon/job/state.py):
   every rank reported a step, or every process ran for RUNNING_WITHOUT_PROGRESS_S (a script that
   prints nothing trainerd reads). It completes, or fails (a process exits, a node is lost, no new
   step for hang_timeout_s once a rank showed progress; every rank failing the same way before any
-  progress is the job's own error), or is reshaped (a node to take in, or a drained node to let
+  progress, or two or more ranks ending two generations in a row with the same error after it, is the
+  job's own error), or is reshaped (a node to take in, or a drained node to let
   go): at a checkpoint it asks for when the generation runs trainerd's runtime, else through the
   script's graceful exit, else at once. The stop is committed first (`stopped_generation`), then sent;
 - between generations: wait until every node confirmed the stop (or the stop grace passed: the
@@ -54,6 +55,10 @@ RUNNING_WITHOUT_PROGRESS_S = 60.0
 # After a failure before any progress, wait this long (or until every worker exited) to see whether
 # the other ranks fail the same way: then the job itself is broken.
 STARTUP_FAILURE_SETTLE_S = 5.0
+# After an error a worker printed (an exception, not a signal) once progress was seen, wait this long (or
+# until every worker exited) for the ranks that hit the same line: data-parallel ranks run in step, so
+# theirs come milliseconds later, and an error every rank raised is the job's code, not a node's.
+ERROR_SETTLE_S = 1.0
 # A graceful exit asked for a reshape that has not ended the generation after this long: stop it.
 GRACEFUL_EXIT_TIMEOUT_S = 30.0
 # A pause waits this long for the generation's checkpoint (or graceful exit) before it stops it as it is:
@@ -389,16 +394,27 @@ def _failure(world: JobWorld) -> Failure | None:
                 return _process_failure(FailureCause.CHECKPOINT_UNREADABLE, failed)
             if failed.exit_code == EXIT_USAGE:
                 return _process_failure(FailureCause.USAGE_ERROR, failed)
-        if not observation.progress_seen:
-            # A start-up failure: let the other ranks show whether they fail the same way (and the
-            # exit reports, with their root causes, catch up with the heartbeats).
-            settled = world.now - failed.observed_at >= STARTUP_FAILURE_SETTLE_S
+        printed = failed.same_cause_key is not None and not failed.signal
+        if not observation.progress_seen or printed:
+            # Let the other ranks show whether they fail the same way (and the exit reports, with their
+            # root causes, catch up with the heartbeats).
+            settle_s = ERROR_SETTLE_S if observation.progress_seen else STARTUP_FAILURE_SETTLE_S
+            settled = world.now - failed.observed_at >= settle_s
             if not settled and not observation.workers_exited(generation.placement.world_size):
                 return None
+        if not observation.progress_seen:
             job_error = _job_error(world)
             if job_error is not None:
                 return job_error
-        return _process_failure(FailureCause.PROCESS_EXITED, failed)
+        alike = _same_error_ranks(observation, failed)
+        if observation.progress_seen and _same_error_again(world.record.last_failure, failed, alike):
+            previous = world.record.last_failure
+            assert previous is not None
+            return _process_failure(FailureCause.JOB_ERROR, failed,
+                                    f"{failed.describe()}; ranks {_ranks(alike)} failed the same way, as ranks "
+                                    f"{_ranks(previous.same_error_ranks)} did when the generation before ended",
+                                    alike)
+        return _process_failure(FailureCause.PROCESS_EXITED, failed, same_error_ranks=alike)
     run = observation.bad_run()
     if len(run) >= world.spec.data_skip.max_consecutive_spikes:
         return Failure(FailureCause.BAD_BATCHES, f"steps {run[0].step}-{run[-1].step} were all skipped as bad "
@@ -429,9 +445,34 @@ def _too_much_skipped(world: JobWorld) -> str | None:
             f"is broken, not a batch")
 
 
-def _process_failure(cause: FailureCause, failed: ProcessReport, message: str | None = None) -> Failure:
+def _process_failure(cause: FailureCause, failed: ProcessReport, message: str | None = None,
+                     same_error_ranks: tuple[int, ...] = ()) -> Failure:
     return Failure(cause, failed.describe() if message is None else message, failed.node, failed.rank,
-                   failed.exit_code, failed.signal, "" if failed.cause is None else failed.cause.location)
+                   failed.exit_code, failed.signal, "" if failed.cause is None else failed.cause.location,
+                   "" if failed.cause is None else failed.cause.message, same_error_ranks)
+
+
+def _same_error_ranks(observation: GenerationObservation, failed: ProcessReport) -> tuple[int, ...]:
+    """The worker ranks that failed with `failed`'s error (its root cause's message and location)."""
+    key = failed.same_cause_key
+    if key is None:
+        return ()
+    return tuple(sorted(p.rank for p in observation.failures()
+                        if p.role is ProcessRole.WORKER and p.same_cause_key == key))
+
+
+def _same_error_again(previous: Failure | None, failed: ProcessReport, alike: tuple[int, ...]) -> bool:
+    """Two generations in a row ended by the same error, raised by two or more ranks each time: the
+    job's own code (its evaluation, its saving, its data pipeline), which a relaunch runs into again.
+    One raising rank is not enough: a corrupt sample or a bad device strikes one rank, and the
+    crash-step skip and the quarantine deal with those. The first time is relaunched all the same, for
+    an error every rank met at once may have passed (a shared file system that hiccupped)."""
+    return (previous is not None and previous.cause is FailureCause.PROCESS_EXITED and len(alike) >= 2
+            and len(previous.same_error_ranks) >= 2 and (previous.error, previous.location) == failed.same_cause_key)
+
+
+def _ranks(ranks: tuple[int, ...]) -> str:
+    return ", ".join(str(rank) for rank in ranks)
 
 
 def _job_error(world: JobWorld) -> Failure | None:
@@ -447,7 +488,7 @@ def _job_error(world: JobWorld) -> Failure | None:
     if len(workers) < 2 and generation.placement.world_size > 1:
         return None
     first = workers[0]
-    ranks = ", ".join(str(r) for r in sorted(p.rank for p in workers))
+    ranks = _ranks(tuple(sorted(p.rank for p in workers)))
     same = "before any progress" if len(workers) == 1 else f"ranks {ranks} failed the same way before any progress"
     return _process_failure(FailureCause.JOB_ERROR, first, f"{first.describe()}; {same}")
 
@@ -515,8 +556,12 @@ def _end_generation(world: JobWorld, failure: Failure) -> list[Action]:
         if failure.cause is FailureCause.PROCESS_EXITED and _singled_out_node(world) == failure.node:
             changes["node_failures"] = {**record.node_failures,
                                         failure.node: record.node_failures.get(failure.node, 0) + 1}
+        shared = len(failure.same_error_ranks) >= 2
+        if shared:
+            note = (f"; ranks {_ranks(failure.same_error_ranks)} failed the same way: the job's own error, not a "
+                    f"node's (if it ends the next generation too, the job fails)")
         step = _failing_step(world, failure)
-        if step is not None:
+        if step is not None and not shared:  # an error every rank raised is no sample's fault
             crashes = record.crash_steps.get(step, 0) + 1
             changes["crash_steps"] = {**record.crash_steps, step: crashes}
             if crashes >= spec.data_skip.crash_repeats:
@@ -563,13 +608,18 @@ def _end_generation(world: JobWorld, failure: Failure) -> list[Action]:
 
 
 def _singled_out_node(world: JobWorld) -> str | None:
-    """The node a crash points at, for the quarantine: every process that failed ran on it, and the
-    generation ran on other nodes too, where nothing failed. A crash of a one-node generation
-    singles out nothing (there is no healthy node to compare with; counting it would quarantine
-    node after node for a bug of the job's own): the restart budget bounds those."""
+    """The node a crash points at, for the quarantine: every process that failed as the first one did
+    (its error, or a signal) ran on it, and the generation ran on other nodes too. The collective
+    errors its crash caused on the other nodes do not clear it; the same error on another node does
+    (the job's code, not the node). A crash of a one-node generation singles out nothing (there is no
+    healthy node to compare with; counting it would quarantine node after node for a bug of the job's
+    own): the restart budget bounds those."""
     generation, observation = world.generation, world.observation
     assert generation is not None and observation is not None
-    nodes = {p.node for p in observation.failures()}
+    failures = observation.failures()
+    if not failures:
+        return None
+    nodes = {p.node for p in failures if p.same_cause_key == failures[0].same_cause_key}
     if len(generation.placement.nodes) < 2 or len(nodes) != 1:
         return None
     return nodes.pop()

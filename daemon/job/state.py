@@ -37,7 +37,9 @@ class FailureCause(StrEnum):
     USAGE_ERROR = "usage_error"  # a worker exited with EXIT_USAGE
     LAUNCH_FAILED = "launch_failed"  # the entrypoint could not be executed
     BAD_BATCHES = "bad_batches"  # too many consecutive steps skipped as bad
-    JOB_ERROR = "job_error"  # the ranks failed with the same error before any progress: the job is broken
+    # The ranks failed with the same error before any progress, or ended two generations in a row with
+    # the same error after it: the job is broken
+    JOB_ERROR = "job_error"
     BAD_DATA = "bad_data"  # more of the samples skipped as bad than data_skip.max_skipped_fraction
 
     @property
@@ -66,17 +68,23 @@ class Failure:
     exit_code: int = 0
     signal: int = 0
     location: str = ""  # "file:line" of the root cause, when the failed process's output had one
+    error: str = ""  # the root cause's own line (the exception), without who raised it
+    # The worker ranks that failed with this same error (message and location) in the generation: two
+    # or more mean the job's own code, not a node (decide.py, _same_error_again).
+    same_error_ranks: tuple[int, ...] = ()
 
     def to_json(self) -> dict:
         return {"cause": self.cause.value, "message": self.message, "node": self.node, "rank": self.rank,
-                "exit_code": self.exit_code, "signal": self.signal, "location": self.location}
+                "exit_code": self.exit_code, "signal": self.signal, "location": self.location,
+                "error": self.error, "same_error_ranks": list(self.same_error_ranks)}
 
     @classmethod
     def from_json(cls, data: dict) -> "Failure":
         """Raises ValueError for a cause this trainerd does not know (it is never guessed)."""
         return cls(FailureCause(data["cause"]), str(data["message"]), str(data.get("node", "")),
                    int(data.get("rank", -1)), int(data.get("exit_code", 0)), int(data.get("signal", 0)),
-                   str(data.get("location", "")))
+                   str(data.get("location", "")), str(data.get("error", "")),
+                   tuple(int(rank) for rank in data.get("same_error_ranks", ())))
 
 
 @dataclass(frozen=True)

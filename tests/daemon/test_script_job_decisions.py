@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import asyncio
 
-from daemon.job.decide import GRACEFUL_EXIT_TIMEOUT_S, RUNNING_WITHOUT_PROGRESS_S, STARTUP_FAILURE_SETTLE_S
+from daemon.job.decide import (
+    ERROR_SETTLE_S,
+    GRACEFUL_EXIT_TIMEOUT_S,
+    RUNNING_WITHOUT_PROGRESS_S,
+    STARTUP_FAILURE_SETTLE_S,
+)
 from daemon.job.observation import RootCause
 from daemon.job.state import FailureCause
 from proto.vocabulary import JobState
@@ -14,6 +19,8 @@ from tests.daemon.job_sim import SimCluster, launched_cluster, running_cluster
 
 FILE_MISSING = RootCause("FileNotFoundError: [Errno 2] No such file or directory: 'data/x'", "train.py:12",
                          "python_exception")
+EVAL_BUG = RootCause("ValueError: For 'Accuracy.update', it needs 2 inputs, but got 3", "train.py:36",
+                     "python_exception")
 PEER_GONE = RootCause("RuntimeError: Connection reset by peer", "comm.py:80", "mindspore_error")
 NO_BATCH = {"global_batch": None, "micro_batch": None}
 
@@ -70,7 +77,84 @@ def test_the_first_failure_by_time_is_kept_when_the_peers_collectives_break_afte
         failure = sim.job.record.last_failure
         assert (failure.cause, failure.rank, failure.node, failure.location) == (
             FailureCause.PROCESS_EXITED, 2, "c", "train.py:12")
-        assert sim.job.record.node_failures == {}  # two nodes failed: neither is singled out
+        # a's error is its collective breaking after c's crash, not c's error: c is singled out
+        assert sim.job.record.node_failures == {"c": 1}
+    run(scenario())
+
+
+async def every_rank_raises(sim: SimCluster, cause: RootCause) -> None:
+    """Mid-training, every rank of the generation exits with `cause`, rank 0's first."""
+    for slot in sorted(sim.job.generation.placement.ranks, key=lambda slot: slot.rank):
+        sim.crash(slot.node, slot.rank, cause=cause)
+        await sim.tick(0.01)
+
+
+async def relaunched(sim: SimCluster) -> None:
+    sim.confirm_stop()
+    await sim.tick(10.0)  # the crash backoff
+    sim.started()
+    sim.step(12)
+
+
+def test_an_error_every_rank_raises_blames_no_node_and_fails_the_job_once_it_ends_a_second_generation() -> None:
+    async def scenario() -> None:
+        # One crash would quarantine a node it singled out.
+        sim = await running_cluster(restart={"max": 10, "backoff_s": 1.0, "quarantine_after": 1})
+        await every_rank_raises(sim, EVAL_BUG)
+        record = sim.job.record
+        assert record.state is JobState.RECOVERING and record.last_failure.cause is FailureCause.PROCESS_EXITED
+        assert record.last_failure.same_error_ranks == (0, 1, 2)
+        assert (record.crash_restarts, record.node_failures, sim.job.view().quarantined) == (1, {}, frozenset())
+        recovery = [e for e in await sim.coordinator.events(0) if e.kind == "recovery_started"][-1]
+        assert "ranks 0, 1, 2 failed the same way: the job's own error, not a node's" in recovery.message
+        await relaunched(sim)
+        assert sim.job.record.generation == 2 and sim.world() == ["a", "b", "c"]
+        await every_rank_raises(sim, EVAL_BUG)
+        record = sim.job.record
+        assert record.state is JobState.FAILED and record.last_failure.cause is FailureCause.JOB_ERROR
+        assert record.last_failure.location == "train.py:36" and "Accuracy.update" in record.last_failure.message
+        assert "as ranks 0, 1, 2 did when the generation before ended" in record.last_failure.message
+        assert (record.crash_restarts, record.node_failures) == (1, {})
+    run(scenario())
+
+
+def test_the_ranks_that_meet_an_error_together_are_waited_for_only_a_moment() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster(restart={"max": 10, "backoff_s": 1.0, "quarantine_after": 3})
+        sim.crash("b", 1, cause=EVAL_BUG)
+        await sim.tick(ERROR_SETTLE_S - 0.5)
+        assert sim.state is JobState.RUNNING  # the others may be a moment behind with the same error
+        sim.crash("a", 0, cause=PEER_GONE)  # a collective broken by b's crash is not the same error
+        await sim.tick(0.5)
+        record = sim.job.record
+        assert record.state is JobState.RECOVERING and record.last_failure.rank == 1
+        assert record.last_failure.same_error_ranks == (1,) and record.node_failures == {"b": 1}
+    run(scenario())
+
+
+def test_one_rank_raising_the_same_error_twice_is_a_crash_and_a_changed_error_starts_over() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster(restart={"max": 10, "backoff_s": 1.0, "quarantine_after": 5})
+        for _ in range(2):  # one rank's error, twice: a node's or a sample's, relaunched each time
+            sim.crash("b", 1, cause=EVAL_BUG)
+            await sim.tick(ERROR_SETTLE_S)
+            assert sim.state is JobState.RECOVERING
+            await relaunched(sim)
+        await every_rank_raises(sim, EVAL_BUG)
+        assert sim.state is JobState.RECOVERING  # the first time every rank raised it
+        await relaunched(sim)
+        await every_rank_raises(sim, FILE_MISSING)
+        assert sim.state is JobState.RECOVERING  # another error: the script changed, or it is another fault
+        assert sim.job.record.last_failure.same_error_ranks == (0, 1, 2)
+    run(scenario())
+
+
+def test_a_killed_rank_is_acted_on_at_once() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster()
+        sim.crash("b", 1, exit_code=0, signal=9)
+        await sim.tick()
+        assert sim.state is JobState.RECOVERING and sim.job.record.node_failures == {"b": 1}
     run(scenario())
 
 

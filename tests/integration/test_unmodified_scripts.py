@@ -248,6 +248,29 @@ def test_one_ranks_own_error_is_the_root_cause_not_the_collective_errors_of_the_
     assert "ValueError: bad value at step 7" in failed["message"], failed
 
 
+def test_an_error_every_rank_raises_after_progress_quarantines_no_node_and_fails_the_job_the_second_time(
+        tmp_path: Path, procs: Processes) -> None:
+    # Every rank raises at global step 7, in epoch 2; the relaunch resumes from the script's epoch-1
+    # checkpoint (step 5) and meets it again. One crash singled out would quarantine a node.
+    job = msrun_style_job(tmp_path, "--epochs", "3", "--steps-per-epoch", "5", "--raise-at-step", "7",
+                          "--raise-rank", "-1", restart={"max": 5, "backoff_s": 0.2, "quarantine_after": 1})
+    address = start_two_agents(tmp_path, procs, job)
+    job = wait_for_job(address, "the end", lambda j: j["state"] in ENDED, 240, procs)
+    assert job["state"] == "FAILED", job
+    assert job["generation"] == 2 and job["crash_restarts"] == 1, job
+    failure = job["last_failure"]
+    assert failure["cause"] == "job_error" and "ValueError: bad value at step 7" in failure["message"], failure
+    assert "ranks 0, 1 failed the same way, as ranks 0, 1 did when the generation before ended" in failure["message"]
+    assert failure["location"].endswith(f"msrun_style.py:{script_line('raise ValueError(')}"), failure
+    assert not any(node["quarantined"] for node in status(address)["nodes"])
+    recovery = next(e for e in events(address) if e["kind"] == "recovery_started")
+    assert "ranks 0, 1 failed the same way: the job's own error, not a node's" in recovery["message"], recovery
+    assert "the job itself fails: fix it, then trainerctl resume" in \
+        next(e for e in events(address) if e["kind"] == "job_failed")["message"]
+    for rank in (0, 1):
+        assert "resuming" in rank_log(address, rank, "--generation", "2"), rank  # from its own checkpoint
+
+
 def test_trainerctl_logs_shows_a_ranks_output_from_a_running_and_from_a_finished_generation(
         tmp_path: Path, procs: Processes) -> None:
     epochs, steps_per_epoch = 3, 10
