@@ -5,7 +5,8 @@
 Runs by hand (one process) or as one rank of a cluster (MS_ROLE set: it joins with init(), data parallel).
 The flags after --output are test hooks: --nan-step makes the samples one rank reads at that step NaN
 (computed from trainerd's sample stream, which the dataset reads in the same order), --trace writes
-the weights after every step, --from-epoch-0 forgets to tell Model.train where a resume continues, and
+the weights after every step, --from-epoch-0 forgets to tell Model.train where a resume continues,
+--fit-valid trains with Model.fit and a validation set evaluated after every epoch, and
 --sharded-table adds a parameter cut over the ranks along dimension 0, with the layout tensor parallel would
 give it in the train network's parameter_layout_dict (the CPU cannot run tensor parallel itself).
 """
@@ -18,7 +19,7 @@ import mindspore.dataset as ds
 import numpy as np
 from mindspore import nn
 from mindspore.communication import get_rank, init
-from mindspore.train import Callback, LossMonitor, Model
+from mindspore.train import Accuracy, Callback, LossMonitor, Model
 
 from trainer.data import SampleStream, rank_share
 from trainer.runtime.callback import GuardedTrainOneStepCell, TrainerdCallback, resume_epoch, trainerd_dataset
@@ -37,6 +38,8 @@ def parse_args():
     parser.add_argument("--nan-rank", type=int, default=0, help="test only: ... that this rank reads are NaN")
     parser.add_argument("--trace", help="test only: write the weights after step s to TRACE/rank<rank>_step<s>.npz")
     parser.add_argument("--from-epoch-0", action="store_true", help="test only: start Model.train at epoch 0 always")
+    parser.add_argument("--fit-valid", action="store_true",
+                        help="train with Model.fit, evaluating the accuracy on a validation set after every epoch")
     parser.add_argument("--sharded-table", choices=["arange", "zeros"],
                         help="test only: a parameter 'table', this rank's rows of arange(48).reshape(8, 6) or zeros")
     parser.add_argument("--table-field-size", type=int, default=0, help="test only: the field_size of its layout")
@@ -111,14 +114,21 @@ def main():
                                  name="table", requires_grad=False)
         train_cell.parameter_layout_dict = {
             "table": ([world_size], [0, -1], [rows, TABLE_SHAPE[1]], args.table_field_size, True, "")}
-    model = Model(train_cell)
     callbacks = [TrainerdCallback(), LossMonitor(1)]
     if args.trace:
         os.makedirs(args.trace, exist_ok=True)
         callbacks.append(Trace(args.trace, rank, net))
     initial_epoch = 0 if args.from_epoch_0 else resume_epoch(dataset)
-    if initial_epoch < args.epochs:
-        model.train(args.epochs, dataset, callbacks=callbacks, initial_epoch=initial_epoch)
+    if args.fit_valid:
+        model = Model(train_cell, eval_network=nn.WithEvalCell(net, loss_fn), eval_indexes=[0, 1, 2],
+                      metrics={"accuracy": Accuracy()})
+        valid = ds.GeneratorDataset(TrainData(()), ["x", "y"], shuffle=False).take(64).batch(BATCH_SIZE)
+        if initial_epoch < args.epochs:
+            model.fit(args.epochs, dataset, valid, callbacks=callbacks, initial_epoch=initial_epoch)
+    else:
+        model = Model(train_cell)
+        if initial_epoch < args.epochs:
+            model.train(args.epochs, dataset, callbacks=callbacks, initial_epoch=initial_epoch)
 
     if args.output:
         os.makedirs(args.output, exist_ok=True)

@@ -141,6 +141,22 @@ def test_checkpoints_follow_the_schedule_and_the_request_and_verify(reference: t
     assert same({name: tensors[name] for name in WEIGHTS}, traced(root, 0, 10))
 
 
+def test_model_fit_evaluating_every_epoch_saves_and_trains_as_model_train_does(
+        processes: Processes, reference: tuple[Run, Path], tmp_path: Path) -> None:
+    # Model.fit enters and leaves the callbacks' contexts again for each evaluation, inside the training's:
+    # the first evaluation (after step 4) closed the checkpoint writer, and the save of step 5 failed.
+    control = tmp_path / "control.json"
+    control.write_text(json.dumps({"schema": 1, "generation": 1, "checkpoint_at_step": 7}))
+    run = run_job(processes, tmp_path, one_rank_env(tmp_path, "fit", TRAINERD_CONTROL_FILE=str(control)), *ARGV,
+                  "--fit-valid")
+    assert run.exit_codes() == {"fit": 0}, run.logs
+    assert [(c.step, c.path) for c in run.checkpoints()] == [(step, str(step_dir(tmp_path, step))) for step in (5, 7, 10)]
+    for step in (5, 7, 10):
+        assert verify_checkpoint(step_dir(tmp_path, step)).meta.step == step
+    assert [s.step for s in run.steps(0)] == list(range(1, STEPS + 1))
+    assert same(run.weights(0), reference[0].weights(0))  # evaluating changes no weight
+
+
 def test_a_nan_batch_is_reported_and_leaves_the_weights_unchanged(reference: tuple[Run, Path]) -> None:
     run, root = reference
     [report] = [m for m in run.reports if isinstance(m, BadBatchReport)]

@@ -81,6 +81,7 @@ class TrainerdCallback(Callback):
         self._skips_file = env.get(SKIPS_FILE_ENV)
         self._active: tuple[RankContext, ProgressReporter] | None = None
         self._run: TrainingRun | None = None
+        self._entered = 0  # Model.fit enters the callbacks again for each evaluation, inside the training's
         if ctx is None:
             log.warning("TrainerdCallback: this process was not launched by trainerd (TRAINERD_JOB is not set), "
                         "so it reports no progress and saves no checkpoints.")
@@ -125,9 +126,17 @@ class TrainerdCallback(Callback):
         if self._run is not None:
             self._run.finished()
 
+    def __enter__(self) -> "TrainerdCallback":
+        self._entered += 1
+        return self
+
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        """Model.train leaves its callbacks' contexts also when training fails: wait for a save in flight."""
+        """Model.train leaves its callbacks' contexts also when training fails: wait for a save in flight.
+        Only the outermost exit closes: Model.fit's evaluation between epochs enters and leaves them too."""
+        self._entered -= 1
+        if self._entered > 0:
+            return
         if self._run is not None:
             self._run.checkpoints.close()
         if self._active is not None:
