@@ -11,6 +11,7 @@ from pydantic import Field, field_validator, model_validator
 
 from common.config_file import Address, ConfigError, StrictModel, is_loopback, load_yaml_mapping, validate
 from common.tls_files import TlsSettings
+from daemon.msrun_entrypoint import script_msrun_runs
 from proto.progress_pattern import compile_progress_pattern
 from proto.vocabulary import RESERVED_ENV, forbidden_job_env
 
@@ -223,6 +224,17 @@ class JobSettings(StrictModel):
             except ValueError:
                 words = value.split()
             raise ValueError(f"must be a list of words, no shell runs it: write {json.dumps(words)}")
+        return value
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _not_msrun(cls, value: list[str]) -> list[str]:
+        """msrun would start a cluster of its own in every process the agents start."""
+        script = script_msrun_runs(value)
+        if script is not None:
+            raise ValueError(f"runs msrun, which starts the scheduler and workers itself: trainerd starts them (each "
+                             f"with msrun's environment), so give the command msrun runs, {json.dumps(script)}, and "
+                             f"the world size as max_nodes x devices_per_node (msrun's --worker_num)")
         return value
     devices_per_node: int = Field(default=1, ge=1, le=64)
     min_nodes: int = Field(default=1, ge=1)

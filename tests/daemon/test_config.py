@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from common.config_file import ConfigError
-from daemon.config import load_cluster_config
+from daemon.config import JobSettings, load_cluster_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,6 +47,11 @@ def test_the_jobs_working_directory(tmp_path: Path, local_agents: int, workdir: 
     config = load_cluster_config(write(tmp_path, f"cluster:\n  local_agents: {local_agents}\n" + job))
     assert config.job is not None
     assert config.job.workdir == (None if expected is None else str((tmp_path / expected).resolve()))
+
+
+def test_a_script_argument_that_names_msrun_is_no_msrun_entrypoint() -> None:
+    settings = JobSettings(entrypoint=["{python}", "train.py", "--launcher", "msrun"])
+    assert settings.entrypoint == ["{python}", "train.py", "--launcher", "msrun"]
 
 
 @pytest.mark.parametrize(
@@ -106,6 +111,14 @@ JOB = "job:\n  entrypoint: ['{python}', 'train.py']\n"
         ("job:\n  entrypoint: \"{python} train.py --name 'unclosed\"\n",
          'job.entrypoint: must be a list of words, no shell runs it: write ["{python}", "train.py", "--name", '
          '"\'unclosed"]'),
+        ('job:\n  entrypoint: [msrun, --worker_num=8, --local_worker_num, "8", --join=True, train.py, --epochs, "3"]\n',
+         'job.entrypoint: runs msrun, which starts the scheduler and workers itself: trainerd starts them (each with '
+         'msrun\'s environment), so give the command msrun runs, ["{python}", "train.py", "--epochs", "3"], and the '
+         'world size as max_nodes x devices_per_node (msrun\'s --worker_num)'),
+        ('job:\n  entrypoint: ["{python}", -m, mindspore.parallel.cluster.run, --master_port, "8118", run.sh]\n',
+         'give the command msrun runs, ["run.sh"], and'),
+        ('job:\n  entrypoint: ["{python}", /opt/venv/bin/msrun, --worker_num=2, pretrain.py]\n',
+         'give the command msrun runs, ["{python}", "pretrain.py"], and'),
         (JOB + "  progress_pattern: 'loss (?P<loss>\\S+)'\n", "job: progress_pattern: needs a named group 'step' (or 'global_step')"),
         (JOB + "  progress_pattern: '(?P<step>\\d+'\n", "job: progress_pattern: not a valid regular expression"),
         (JOB + "  progress_pattern: '(?P<step>\\d+) (?P<lr>\\S+)'\n", "job: progress_pattern: unknown named group 'lr'"),
