@@ -21,22 +21,22 @@ each row on an etcd and in a directory of its own; the default --max-per-s pair 
 default (2000) beside pacing off (1e9), the same code without the feature, and --max-opening 256 1000000
 puts the opening gate's default beside it off.
 
-What keeps a burst from breaking sessions (README, "How many agents one coordinator holds"): trainerd
-and the simulated agents run gRPC with its iomgr TCP endpoints, not its EventEngine ones (fewer streams
-go silent: common/grpc_core_settings.py); the gRPC core holds every call that waits for the
-coordinator's event loop instead of cancelling those past 1,000 (daemon/app.py call_backlog_options);
-at most 256 sessions are opened at once, the agents past that told when to come back, each at a turn
-of its own, and counted in the pace by their tickets (daemon/admission.py OpeningGate), which holds a
-reserve of two steps while any wait (daemon/heartbeat_pace.py); Hellos that write to etcd are admitted 64 at a
-time and deferred with a retry-after hint beyond 2 s of queue (HelloAdmission); the leader lease is
-refreshed by a thread of its own (daemon/store/lease_keeper.py); liveness deadlines allow for the
-leader's own read lag (daemon/read_lag.py); the garbage collector leaves the start-up heap alone and runs
-rarely (daemon/app.py settle_gc_for_serving); a deferred agent comes back on the connection it was
-deferred on, and an agent waits 60 s for each Welcome, as long as keepalive finds the coordinator
-alive (agent/session.py); a node whose agent gave up its Hello just as it was welcomed gets two of the agent's
-next Welcome waits before it is LOST (daemon/coordinator.py close_session). --trace shows one node's
-sessions on both sides. An agent redials after max(3 intervals, timeout/2) without
-an ack, so a coordinator that falls that far behind shows up here as broken sessions.
+What keeps a burst from breaking sessions (README, "How many agents one coordinator holds"; every run in
+bench/heartbeats.md): trainerd and the simulated agents run gRPC with its iomgr TCP endpoints, not its
+EventEngine ones (fewer streams go silent: common/grpc_core_settings.py); the gRPC core holds every call that
+waits for the coordinator's event loop instead of cancelling those past 1,000 (daemon/app.py
+call_backlog_options); at most 256 sessions are opened at once, the agents past that told when to come back,
+each at a turn of its own, and counted in the pace by their tickets (daemon/admission.py OpeningGate), which
+holds a reserve of two steps while any wait (daemon/heartbeat_pace.py); Hellos that write to etcd are admitted
+64 at a time and deferred with a retry-after hint beyond 2 s of queue (HelloAdmission); the leader lease is
+refreshed by a thread of its own (daemon/store/lease_keeper.py); liveness deadlines allow for the leader's own
+read lag (daemon/read_lag.py); the garbage collector leaves the start-up heap alone and runs rarely
+(daemon/app.py settle_gc_for_serving); a deferred agent comes back on the connection it was deferred on, and an
+agent waits 60 s for each Welcome, as long as keepalive finds the coordinator alive (agent/session.py); a node
+whose agent gave up its Hello just as it was welcomed gets two of the agent's next Welcome waits before it is
+LOST (daemon/coordinator.py close_session). --trace shows one node's sessions on both sides. An agent redials
+after max(3 intervals, timeout/2) without an ack, so a coordinator that falls that far behind shows up here as
+broken sessions.
 
 trainerd may open at most as many files as the machine allows (20,000 where the reference figures were
 taken, and it could not be raised): for 20,000 agents, two share each TCP connection

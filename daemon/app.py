@@ -61,9 +61,8 @@ def call_backlog_options(max_sessions: int) -> list[tuple[str, int]]:
     a failover thousands wait in the core, for up to 25 s (agent/session.py waits that out). At gRPC's
     defaults (1,000, hard limit 3,000) it cancels them at random past 1,000: the agent sees `CANCELLED`,
     or `INTERNAL` when its Hello write meets the ended stream, and tries again, which feeds the burst. At
-    10,000 agents at once that was 20,000 to 30,000 failed attempts (README, "How many agents one
-    coordinator holds"). The coordinator answers overload itself, with a retry-after hint the agents
-    follow (daemon/admission.py).
+    10,000 agents at once that was 20,000 to 30,000 failed attempts (bench/heartbeats.md). The coordinator
+    answers overload itself, with a retry-after hint the agents follow (daemon/admission.py).
 
     gRPC also cancels a call that waited 30 s (`grpc.server_max_unrequested_time_in_server`), though its
     agent would wait 60: at 20,000 agents at once, 788 to 7,077 attempts a run ended `CANCELLED` so, and

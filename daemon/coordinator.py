@@ -625,7 +625,7 @@ class Coordinator:
         wait in our gRPC queue as long as its agent waits for a Welcome (at most the next wait the Hello
         named), and the grace of any ended session comes on top. Without this, in a connect burst an agent
         whose session broke and whose next Hello was given a turn further off than the grace could go LOST
-        while it waited for the turn we gave it (README "How many agents one coordinator holds"). A host
+        while it waited for the turn we gave it (bench/heartbeats.md). A host
         that dies right after its Hello was deferred is LOST that much later."""
         turn_s = min(retry_after_s, MAX_RETRY_AFTER_S)  # an agent honours no more (HelloAdmission names any)
         for_s = RETRY_AFTER_SPREAD * turn_s + hello.next_welcome_wait_s + self._liveness.grace_s

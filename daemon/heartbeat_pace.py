@@ -19,7 +19,7 @@ turned away, and gRPC taking calls the leader cannot count yet. So while agents 
 leader holds a reserve (`update(..., burst=True)`): the pace RESERVE_STEPS sqrt(2) steps slower than
 the count needs. Without it the agents welcomed early in a burst, at the pace of the few held then, went
 three of their short intervals without an ack and redialled: most of the broken sessions of a
-10,000-agent burst (bench/heartbeats.py, README "How many agents one coordinator holds"). The reserve
+10,000-agent burst (bench/heartbeats.py; its runs in bench/heartbeats.md). The reserve
 is not part of the level that the headroom rule holds on to, so the pace returns to what the count
 needs once the burst is over.
 """
