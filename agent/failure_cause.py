@@ -3,11 +3,14 @@
 In order of preference:
 
 1. A Python exception: the exception line after the last traceback frame in the tail, with the
-   innermost frame of that traceback outside the Python installation and its packages (the
-   user's code), or the innermost frame when all are library code. Taking the last frame picks
-   the last block of a chain ("During handling of the above exception…", "The above exception
-   was the direct cause…"), and the user's own exception when MindSpore's dataset pipeline quotes
-   it under "- Python Call Stack:" inside its RuntimeError. An exception line whose message is
+   innermost frame of that traceback outside the Python installation, its packages and trainerd's own
+   (the user's code), or the innermost frame when all are library code. trainerd's own code counts as
+   a library's wherever it is installed: from a checkout (`pip install -e`, as `make` does) its files
+   are not under site-packages, and a user's misuse of `trainerd_dataset` was located at trainerd's
+   line instead of the user's call. The example jobs it ships (`trainer/examples/`) are jobs. Taking
+   the last frame picks the last block of a chain ("During handling of the above exception…", "The
+   above exception was the direct cause…"), and the user's own exception when MindSpore's dataset
+   pipeline quotes it under "- Python Call Stack:" inside its RuntimeError. An exception line whose message is
    empty (MindSpore's `RuntimeError: ` followed by "- Kernel error:" sections) takes the first
    line of text below it. What follows the first line ("- C++ Call Stack:", "- The Traceback of
    Net Construct Code:" sections) is never the message.
@@ -24,6 +27,7 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 MAX_MESSAGE_CHARS = 300
 
@@ -35,6 +39,10 @@ _MINDSPORE_LOG = re.compile(
     r"(?:[^\s\]]+\] )?(?P<message>.*)$")
 _SECTION_LINE = re.compile(r"^-+$|^- .*:\s*$")  # MindSpore's "-----" rules and "- Kernel error:" titles
 _LIBRARY_PATH = re.compile(r"/(?:site|dist)-packages/|/lib/python\d+\.\d+/|^<frozen ")
+_TRAINERD_ROOT = Path(__file__).resolve().parents[1]
+_TRAINERD_PACKAGES = tuple(f"{_TRAINERD_ROOT / package}/"
+                           for package in ("agent", "common", "daemon", "proto", "trainer"))
+_TRAINERD_EXAMPLES = f"{_TRAINERD_ROOT / 'trainer' / 'examples'}/"
 _MESSAGE_BELOW_LINES = 10  # how far below an empty `RuntimeError: ` its text is looked for
 _VARIABLE = re.compile(r"0x[0-9a-fA-F]+|\d+")
 
@@ -96,9 +104,15 @@ def _python_exception(lines: list[str], work_dir: str | None) -> FailureCause | 
             message = f"{exception['type']}: {text}"
     frames = [_FRAME.match(line) for line in lines[_block_start(lines, last_frame):last_frame + 1]]
     paths = [(frame["path"], frame["line"]) for frame in frames if frame is not None]
-    user = [frame for frame in paths if not _LIBRARY_PATH.search(frame[0])]
+    user = [frame for frame in paths if not _is_library(frame[0])]
     path, line = (user or paths)[-1]
     return FailureCause(CauseKind.PYTHON_EXCEPTION, _one_line(message), f"{_relative(path, work_dir)}:{line}")
+
+
+def _is_library(path: str) -> bool:
+    if _LIBRARY_PATH.search(path):
+        return True
+    return path.startswith(_TRAINERD_PACKAGES) and not path.startswith(_TRAINERD_EXAMPLES)
 
 
 def _block_start(lines: list[str], last_frame: int) -> int:

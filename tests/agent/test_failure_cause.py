@@ -55,6 +55,22 @@ def test_a_python_exception_with_the_line_that_raised_it(tmp_path: Path) -> None
     assert extract_failure_cause(output).location == f"{tmp_path.resolve()}/train.py:4"
 
 
+def test_an_error_raised_in_trainerds_own_code_points_at_the_users_line_also_from_a_checkout(tmp_path: Path) -> None:
+    # The repository's own trainer package, imported from the checkout (as `make` installs it, editable).
+    output = run_failing(tmp_path, f"""\
+        import sys
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+        import mindspore.dataset as ds
+        from trainer.runtime.elastic_dataset import trainerd_dataset
+
+        dataset = ds.NumpySlicesDataset([[1.0], [2.0]], ["x"]).batch(1)
+        trainerd_dataset(dataset, 1)
+        """)
+    cause = extract_failure_cause(output, work_dir=str(tmp_path))
+    assert cause.message.startswith("ValueError: ") and "before .batch" in cause.message, cause
+    assert cause.location == "train.py:7", cause
+
+
 def test_an_exception_raised_in_library_code_points_at_the_users_line(tmp_path: Path) -> None:
     output = run_failing(tmp_path, """\
         import json
