@@ -42,7 +42,7 @@ def parse_args():
     parser.add_argument("--step-sleep", type=float, default=0.0, help="test only: seconds to sleep after each step")
     parser.add_argument("--raise-at-startup", action="store_true", help="test only: open a missing file first")
     parser.add_argument("--raise-at-step", type=int, help="test only: raise ValueError at this global step ...")
-    parser.add_argument("--raise-rank", type=int, default=0, help="test only: ... on this rank")
+    parser.add_argument("--raise-rank", type=int, default=0, help="test only: ... on this rank (-1: on every rank)")
     return parser.parse_args()
 
 
@@ -87,7 +87,7 @@ class MLP(nn.Cell):
 
 
 class TestHooks(Callback):
-    """Test only: slow every step down, or fail on one rank at one global step."""
+    """Test only: slow every step down, or fail on one rank (or every rank) at one global step."""
 
     def __init__(self, rank, step_sleep, raise_at_step, raise_rank):
         super().__init__()
@@ -96,7 +96,7 @@ class TestHooks(Callback):
     def on_train_step_end(self, run_context):
         cb = run_context.original_args()
         step = (cb.cur_epoch_num - 1) * cb.batch_num + (cb.cur_step_num - 1) % cb.batch_num + 1
-        if self.rank == self.raise_rank and step == self.raise_at_step:
+        if self.raise_rank in (self.rank, -1) and step == self.raise_at_step:
             raise ValueError(f"bad value at step {step}")
         time.sleep(self.step_sleep)
 
