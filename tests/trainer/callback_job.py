@@ -6,7 +6,8 @@ Runs by hand (one process) or as one rank of a cluster (MS_ROLE set: it joins wi
 The flags after --output are test hooks: --nan-step makes the samples one rank reads at that step NaN
 (computed from trainerd's sample stream, which the dataset reads in the same order), --trace writes
 the weights after every step, --from-epoch-0 forgets to tell Model.train where a resume continues,
---fit-valid trains with Model.fit and a validation set evaluated after every epoch, and
+--fit-valid trains with Model.fit and a validation set evaluated after every epoch, --own-dataset reads the
+samples in order and batches them itself, without trainerd_dataset, and
 --sharded-table adds a parameter cut over the ranks along dimension 0, with the layout tensor parallel would
 give it in the train network's parameter_layout_dict (the CPU cannot run tensor parallel itself).
 """
@@ -38,6 +39,8 @@ def parse_args():
     parser.add_argument("--nan-rank", type=int, default=0, help="test only: ... that this rank reads are NaN")
     parser.add_argument("--trace", help="test only: write the weights after step s to TRACE/rank<rank>_step<s>.npz")
     parser.add_argument("--from-epoch-0", action="store_true", help="test only: start Model.train at epoch 0 always")
+    parser.add_argument("--own-dataset", action="store_true",
+                        help="batch the dataset itself (in order, no trainerd_dataset), as a MindDataset pipeline would")
     parser.add_argument("--fit-valid", action="store_true",
                         help="train with Model.fit, evaluating the accuracy on a validation set after every epoch")
     parser.add_argument("--sharded-table", choices=["arange", "zeros"],
@@ -89,8 +92,9 @@ class Trace(Callback):
                  **{p.name: p.asnumpy() for p in self.net.trainable_params()})
 
 
-def main():
-    args = parse_args()
+def join_cluster():
+    """Graph mode, data parallel in a cluster when launched as one of its ranks (MS_ROLE set), the seed;
+    returns (rank, world size)."""
     ms.set_context(mode=ms.GRAPH_MODE)
     rank, world_size = 0, int(os.environ.get("MS_WORKER_NUM", "1"))
     if "MS_ROLE" in os.environ:
@@ -98,10 +102,19 @@ def main():
         ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
         rank = get_rank()
     ms.set_seed(1)
+    return rank, world_size
+
+
+def main():
+    args = parse_args()
+    rank, world_size = join_cluster()
 
     bad = nan_indices(args.nan_step, args.nan_rank, world_size) if args.nan_step else ()
-    dataset = ds.GeneratorDataset(TrainData(bad), ["x", "y"])
-    dataset = trainerd_dataset(dataset, BATCH_SIZE, args.steps_per_epoch)
+    dataset = ds.GeneratorDataset(TrainData(bad), ["x", "y"], shuffle=not args.own_dataset)
+    if args.own_dataset:
+        dataset = dataset.take(args.steps_per_epoch * BATCH_SIZE).batch(BATCH_SIZE, drop_remainder=True)
+    else:
+        dataset = trainerd_dataset(dataset, BATCH_SIZE, args.steps_per_epoch)
 
     net = MLP()
     optimizer = nn.Momentum(net.trainable_params(), learning_rate=0.05, momentum=0.9)

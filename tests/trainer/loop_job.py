@@ -15,9 +15,14 @@ from pathlib import Path
 
 import mindspore as ms
 import mindspore.dataset as ds
-from callback_job import BATCH_SIZE, MLP, TrainData, nan_indices  # the same directory: sys.path[0] when run as a script
+from callback_job import (  # the same directory: sys.path[0] when run as a script
+    BATCH_SIZE,
+    MLP,
+    TrainData,
+    join_cluster,
+    nan_indices,
+)
 from mindspore import nn
-from mindspore.communication import get_rank, init
 
 from trainer.examples.final_weights import save_weights
 from trainer.runtime.loop import TrainerdLoop, trainerd_dataset
@@ -35,13 +40,7 @@ def parse_args():
 
 def main():
     args = parse_args()
-    ms.set_context(mode=ms.GRAPH_MODE)
-    rank, world_size = 0, int(os.environ.get("MS_WORKER_NUM", "1"))
-    if "MS_ROLE" in os.environ:
-        init()
-        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
-        rank = get_rank()
-    ms.set_seed(1)
+    rank, world_size = join_cluster()
 
     bad = nan_indices(args.nan_step, 0, world_size) if args.nan_step else ()
     dataset = trainerd_dataset(ds.GeneratorDataset(TrainData(bad), ["x", "y"]), BATCH_SIZE, args.steps_per_epoch)

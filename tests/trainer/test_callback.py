@@ -202,6 +202,46 @@ def test_a_resume_with_fewer_steps_per_epoch_continues_the_same_epoch_and_ends_w
     assert [(s.step, s.consumed_samples, s.epoch) for s in resumed.steps(0)] == [(11, 11 * GLOBAL_BATCH, 3)]
 
 
+def own_dataset_env(root: Path, name: str, **more: str) -> dict[str, dict[str, str]]:
+    """As one_rank_env, for a script that batches its own dataset: no batch split (the job sets none)."""
+    env = one_rank_env(root, name, **more)
+    return {name: {key: value for key, value in env[name].items()
+                   if key not in ("TRAINERD_GLOBAL_BATCH", "TRAINERD_MICRO_BATCH", "TRAINERD_GRAD_ACCUM")}}
+
+
+def test_a_dataset_of_the_scripts_own_resumes_inside_its_epoch_to_the_same_weights(
+        processes: Processes, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """No trainerd_dataset: the script batches its samples itself, in order (as a MindDataset pipeline does).
+    resume_epoch reads the checkpoint's place in the epochs and positions the dataset inside the epoch, so the
+    resumed run trains steps 6 to 12, not the epochs done again, and reads what the uninterrupted run read."""
+    argv = ["--epochs", str(EPOCHS), "--steps-per-epoch", str(STEPS_PER_EPOCH), "--own-dataset"]
+    root = tmp_path_factory.mktemp("own_dataset")
+    whole = run_job(processes, root, own_dataset_env(root, "whole"), *argv)
+    assert whole.exit_codes() == {"whole": 0}, whole.logs
+    assert [(s.step, s.epoch) for s in whole.steps(0)] == [
+        (n, (n - 1) // STEPS_PER_EPOCH + 1) for n in range(1, STEPS + 1)]
+    manifest = verify_checkpoint(step_dir(root, 5))
+    assert manifest.meta.epoch_position == EpochPosition(1, 1, STEPS_PER_EPOCH)
+
+    resumed_root = tmp_path_factory.mktemp("own_dataset_resumed")
+    copy = shutil.copytree(step_dir(root, 5), step_dir(resumed_root, 5))
+    resumed = run_job(processes, resumed_root, own_dataset_env(resumed_root, "resumed", TRAINERD_GENERATION="2",
+                                                               TRAINERD_RESUME_FROM=str(copy)), *argv)
+    assert resumed.exit_codes() == {"resumed": 0}, resumed.logs
+    assert [(s.step, s.epoch) for s in resumed.steps(0)] == [
+        (n, (n - 1) // STEPS_PER_EPOCH + 1) for n in range(6, STEPS + 1)]
+    printed = LOSS_LINE.findall(resumed.procs["resumed"].log())
+    assert printed[0] == ("2", "2") and printed[-1] == (str(EPOCHS), str(STEPS_PER_EPOCH)), printed
+    assert same(resumed.weights(0), whole.weights(0))
+
+    forgot = run_job(processes, resumed_root, own_dataset_env(resumed_root, "forgot", TRAINERD_GENERATION="3",
+                                                              TRAINERD_RESUME_FROM=str(copy)), *argv, "--from-epoch-0")
+    assert forgot.exit_codes() == {"forgot": EXIT_USAGE}, forgot.logs
+    assert error_lines(forgot, "forgot") == [
+        "TrainerdCallback: Model.train began epoch 1, but the dataset is in epoch 2 (after step 5): "
+        "pass initial_epoch=resume_epoch(dataset) to Model.train"]
+
+
 def test_a_nan_batch_on_one_rank_makes_both_ranks_skip(two_ranks: tuple[Run, Path]) -> None:
     run, root = two_ranks
     assert bad_batches(run) == [(0, NAN_STEP, 64, 96)]

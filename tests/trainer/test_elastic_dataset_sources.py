@@ -158,7 +158,10 @@ def numbers() -> ds.GeneratorDataset:
     (lambda tmp: numbers().repeat(2), "got a RepeatDataset: drop .repeat(...)"),
     (lambda tmp: numbers().take(8), "which a TakeDataset cannot do: give it a GeneratorDataset over a random-access"),
     (lambda tmp: ds.CSVDataset(write_csv(tmp / "data.csv")), "which a CSVDataset cannot do"),
-    (lambda tmp: ds.MindDataset(mind_records(tmp / "data.mindrecord")), "cannot read a MindDataset"),
+    (lambda tmp: ds.MindDataset(mind_records(tmp / "data.mindrecord")),
+     "cannot read a MindDataset: it takes only MindSpore's built-in samplers, which cannot follow trainerd's "
+     "sample stream from epoch to epoch; give it a GeneratorDataset whose source reads the records by index, or "
+     "batch the dataset yourself and leave trainerd_dataset out: resume_epoch(dataset) then resumes it by step"),
     (lambda tmp: ds.GeneratorDataset(lambda: iter([(np.array(1),)]), ["x"]),
      "needs a GeneratorDataset over a random-access source (__getitem__ and __len__), not over a function"),
     (lambda tmp: ds.GeneratorDataset([(np.array(1),)] * SAMPLES, ["x"], sampler=chained_sampler()),

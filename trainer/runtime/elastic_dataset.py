@@ -43,6 +43,9 @@ from trainer.runtime.checkpointing import ResumeError, ResumePoint, resume_point
 from trainer.runtime.rank_context import BatchSettings, RankContext, trainerd_launch
 
 SKIPS_FILE_ENV = "TRAINERD_SKIPS_FILE"
+# The data seed the checkpoints of a run on a dataset of the script's own keep: trainerd's stream orders
+# nothing there, its positions only count samples.
+OWN_DATASET_SEED = 0
 
 
 def trainerd_dataset(dataset: ds.Dataset, batch_size: int, steps_per_epoch: int | None = None, *,
@@ -79,13 +82,46 @@ def trainerd_dataset(dataset: ds.Dataset, batch_size: int, steps_per_epoch: int 
     return elastic
 
 
-def resume_epoch(dataset: ds.Dataset) -> int:
-    """The `initial_epoch` to pass Model.train for `dataset` (built by `trainerd_dataset`): 0 for a fresh
-    run, else the epochs the resumed checkpoint has completed."""
+def resume_epoch(dataset: ds.Dataset, *, environ: Mapping[str, str] | None = None) -> int:
+    """The `initial_epoch` to pass Model.train for `dataset`: 0 for a fresh run (or outside trainerd), else the
+    epochs the resumed checkpoint has completed.
+
+    A dataset `trainerd_dataset` built knows it. A dataset of the script's own (batched already: a
+    `MindDataset`, a `TFRecordDataset`, any pipeline) is positioned here, before Model.train reads it, at
+    the step of that epoch the checkpoint reached (`set_init_step`, as MindSpore's and MindFormers' own
+    resumes do), counted in its epochs of `get_dataset_size()` steps: the run then trains the steps and
+    epochs it asked for, and the finished ones not again. Which samples those steps read is the dataset's
+    own affair: the same ones as without the fault only where its order is (a seeded or no shuffle, the
+    same sharding).
+    """
     sampler = find_epoch_sampler(dataset)
-    if sampler is None:
-        raise ValueError("the dataset was not built by trainerd_dataset, so it does not know where training resumes")
-    return sampler.first_epoch - 1
+    if sampler is not None:
+        return sampler.first_epoch - 1
+    ctx = trainerd_launch(os.environ if environ is None else environ)
+    if ctx is None or ctx.is_scheduler:
+        return 0
+    completed, steps_done = own_dataset_position(dataset, _resume_point(ctx, OWN_DATASET_SEED, "resume_epoch"))
+    dataset.set_init_step(steps_done)
+    return completed
+
+
+def own_dataset_position(dataset: ds.Dataset, start: ResumePoint) -> tuple[int, int]:
+    """(epochs completed, steps of the next one done) at `start` in `dataset`'s epochs, a dataset of the
+    script's own: the checkpoint's place in its epochs, the same share of an epoch when their length
+    changed with the world size; from the step alone for a checkpoint that has no place. Raises ValueError
+    when the dataset cannot say how many steps an epoch has."""
+    steps_per_epoch = own_dataset_steps_per_epoch(dataset)
+    if start.epoch_position is not None:
+        return start.epoch_position.at(steps_per_epoch)
+    return divmod(start.step, steps_per_epoch)
+
+
+def own_dataset_steps_per_epoch(dataset: ds.Dataset) -> int:
+    size = dataset.get_dataset_size()
+    if size is None or size < 1:
+        raise ValueError(f"the dataset's size is unknown ({size}), and with it how many steps an epoch has: give "
+                         "it a size (a GeneratorDataset's source with __len__), or build it with trainerd_dataset")
+    return int(size)
 
 
 def find_epoch_sampler(dataset: ds.Dataset) -> EpochSampler | None:
@@ -108,6 +144,8 @@ _TOO_LATE = {
                        "at every world size)",
     ds.RepeatDataset: "drop .repeat(...): Model.train's epochs repeat the dataset",
 }
+_OWN_DATASET = ("batch the dataset yourself and leave trainerd_dataset out: resume_epoch(dataset) then resumes "
+                "it by step")
 _INDEXED = ("a GeneratorDataset over a random-access source, or a MindSpore dataset that takes a sampler "
             "(MnistDataset, ImageFolderDataset, NumpySlicesDataset, ...), with only .map, .project or .rename "
             "after it")
@@ -125,9 +163,10 @@ def _indexed_source(dataset: ds.Dataset) -> ds.MappableDataset:
     if isinstance(node, ds.MindDataset):
         raise ValueError("trainerd_dataset cannot read a MindDataset: it takes only MindSpore's built-in samplers, "
                          "which cannot follow trainerd's sample stream from epoch to epoch; give it a "
-                         "GeneratorDataset whose source reads the records by index")
+                         f"GeneratorDataset whose source reads the records by index, or {_OWN_DATASET}")
     if not isinstance(node, ds.MappableDataset):
-        raise ValueError(f"trainerd_dataset reads the samples by index, which a {name} cannot do: give it {_INDEXED}")
+        raise ValueError(f"trainerd_dataset reads the samples by index, which a {name} cannot do: give it {_INDEXED}, "
+                         f"or {_OWN_DATASET}")
     if isinstance(node, ds.GeneratorDataset):
         if not (hasattr(node.source, "__getitem__") and hasattr(node.source, "__len__")):
             raise ValueError("trainerd_dataset needs a GeneratorDataset over a random-access source (__getitem__ "
@@ -173,11 +212,11 @@ def _batch_split(ctx: RankContext | None, batch_size: int, world_size: int) -> B
     return BatchSettings.for_world(batch_size * world_size, batch_size, world_size)
 
 
-def _resume_point(ctx: RankContext, seed: int) -> ResumePoint:
+def _resume_point(ctx: RankContext, seed: int, who: str = "trainerd_dataset") -> ResumePoint:
     """Where TRAINERD_RESUME_FROM stands, from its manifest (TrainerdCallback loads and verifies the tensors
     when training begins); exits as the coordinator expects when the checkpoint cannot be used."""
     try:
         return resume_point(ctx.checkpoints, seed) or ResumePoint(0, 0)
     except ResumeError as exc:
-        print(f"trainerd_dataset: {exc}", file=sys.stderr, flush=True)
+        print(f"{who}: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(exc.exit_code) from exc

@@ -22,11 +22,15 @@ from proto.exit_codes import EXIT_USAGE
 from proto.progress_datagram import BadBatchReason, WorkerEvent
 from trainer.checkpoint.manifest import EpochPosition
 from trainer.checkpoint.sharding import ShardedTensor
-from trainer.data.mindspore_sampler import EpochSampler
 from trainer.data.sampler import SampleStream
 from trainer.data.skip_ranges import SkipRanges
 from trainer.runtime.checkpointing import ResumeError, TrainingCheckpoints
-from trainer.runtime.elastic_dataset import find_epoch_sampler
+from trainer.runtime.elastic_dataset import (
+    OWN_DATASET_SEED,
+    find_epoch_sampler,
+    own_dataset_position,
+    own_dataset_steps_per_epoch,
+)
 from trainer.runtime.guard_policy import skip_reason
 from trainer.runtime.progress import ProgressReporter, StepPace
 from trainer.runtime.rank_context import RankContext
@@ -38,16 +42,15 @@ class TrainingRun:
     """The global step, the stream position, the place in the epochs, and the checkpoints of one run."""
 
     def __init__(self, ctx: RankContext, reporter: ProgressReporter, checkpoints: TrainingCheckpoints,
-                 stream: SampleStream, global_batch: int, sampler: EpochSampler | None, step: int,
+                 stream: SampleStream, global_batch: int, epoch_position: EpochPosition | None, step: int,
                  consumed: int) -> None:
         self.ctx = ctx
         self.reporter = reporter
         self.checkpoints = checkpoints
         self.stream = stream
         self.global_batch = global_batch
-        # Where training stands in the dataset's epochs (None: not trainerd_dataset's, no epochs known).
-        self.epoch_position = None if sampler is None else EpochPosition(
-            sampler.first_epoch - 1, sampler.skipped_steps, sampler.steps_per_epoch)
+        # Where training stands in the dataset's epochs (None: a dataset of unknown size, no epochs known).
+        self.epoch_position = epoch_position
         self.step = step
         self.consumed = consumed
         self.step_started = time.perf_counter()
@@ -65,12 +68,12 @@ class TrainingRun:
             stream, global_batch = sampler.stream, sampler.global_batch
         else:
             # Not trainerd's stream: positions and bad-batch ranges count samples, no more.
-            stream = SampleStream(1, 0, SkipRanges.read(skips_file) if skips_file else SkipRanges())
+            stream = SampleStream(1, OWN_DATASET_SEED, SkipRanges.read(skips_file) if skips_file else SkipRanges())
             global_batch = ctx.batch.global_batch if ctx.batch is not None else \
                 dataset.get_batch_size() * ctx.world_size
-            log.warning("Job %s generation %d rank %s: the dataset was not built by trainerd_dataset, so a resume "
-                        "restores the weights and the step but not the data position.", ctx.job, ctx.generation,
-                        ctx.rank)
+            log.warning("Job %s generation %d rank %s: the dataset was not built by trainerd_dataset: a resume goes "
+                        "on at the step and in the epoch it stopped (resume_epoch), with whatever samples the "
+                        "dataset reads there.", ctx.job, ctx.generation, ctx.rank)
         try:
             checkpoints = TrainingCheckpoints(ctx, ctx.checkpoints, reporter, cells, data_seed=stream.seed,
                                               grad_accumulation=grad_accum, skip_ledger=stream.ledger.ranges,
@@ -84,7 +87,16 @@ class TrainingRun:
                                                                              sampler.first_consumed):
             exit_with(who, f"the dataset starts after step {sampler.first_step} at sample {sampler.first_consumed}, "
                       f"but the checkpoint after step {start.step} at sample {start.consumed_samples}", EXIT_USAGE)
-        run = cls(ctx, reporter, checkpoints, stream, global_batch, sampler, start.step, start.consumed_samples)
+        if sampler is not None:
+            position: EpochPosition | None = EpochPosition(sampler.first_epoch - 1, sampler.skipped_steps,
+                                                           sampler.steps_per_epoch)
+        else:
+            try:
+                position = EpochPosition(*own_dataset_position(dataset, start),
+                                         own_dataset_steps_per_epoch(dataset))
+            except ValueError:
+                position = None  # no epochs known: Model.train's are not checked, nor kept in checkpoints
+        run = cls(ctx, reporter, checkpoints, stream, global_batch, position, start.step, start.consumed_samples)
         reporter.event(WorkerEvent.STARTED, step=start.step)
         log.info("%s: training from step %d (sample %d), global batch %d", run.where, start.step,
                  start.consumed_samples, global_batch)
