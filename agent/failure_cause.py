@@ -12,8 +12,9 @@ In order of preference:
    above exception was the direct cause…"), and the user's own exception when MindSpore's dataset
    pipeline quotes it under "- Python Call Stack:" inside its RuntimeError. An exception line whose message is
    empty (MindSpore's `RuntimeError: ` followed by "- Kernel error:" sections) takes the first
-   line of text below it. What follows the first line ("- C++ Call Stack:", "- The Traceback of
-   Net Construct Code:" sections) is never the message.
+   line of text below it, and one that refers to a section (the dataset pipeline's "Refer to 'Dataset
+   Pipeline Error Message'") the first line of that section. What follows the first line ("- C++ Call
+   Stack:", "- The Traceback of Net Construct Code:" sections) is never the message.
 2. The last ERROR or CRITICAL line in MindSpore's log format, from C++
    `[ERROR] DISTRIBUTED(18267,7f49e4f9e6c0,python):2026-11-23-09:15:36.390.257
    [mindspore/ccsrc/cluster/topology/meta_server_node.cc:548] UpdateTopoState] The node: 1 is…`
@@ -43,7 +44,9 @@ _TRAINERD_ROOT = Path(__file__).resolve().parents[1]
 _TRAINERD_PACKAGES = tuple(f"{_TRAINERD_ROOT / package}/"
                            for package in ("agent", "common", "daemon", "proto", "trainer"))
 _TRAINERD_EXAMPLES = f"{_TRAINERD_ROOT / 'trainer' / 'examples'}/"
-_MESSAGE_BELOW_LINES = 10  # how far below an empty `RuntimeError: ` its text is looked for
+_MESSAGE_BELOW_LINES = 10  # how far below an empty `RuntimeError: ` (or a section title) its text is looked for
+_REFER_TO = re.compile(r"Refer to '(?P<section>[^']+)'")  # MindSpore naming the section that holds its error
+_SECTION_SEARCH_LINES = 40  # how far below such an exception line the section is looked for
 _VARIABLE = re.compile(r"0x[0-9a-fA-F]+|\d+")
 
 
@@ -97,9 +100,18 @@ def _python_exception(lines: list[str], work_dir: str | None) -> FailureCause | 
     if exception is None:
         return None
     message = lines[exception_at].rstrip()
-    if exception["text"] is not None and not exception["text"].strip():
-        below = lines[exception_at + 1:exception_at + 1 + _MESSAGE_BELOW_LINES]
-        text = next((line.strip() for line in below if line.strip() and not _SECTION_LINE.match(line.strip())), None)
+    referred = _REFER_TO.search(exception["text"] or "")
+    if referred is not None:
+        # MindSpore's dataset pipeline: "Exception thrown from dataset pipeline. Refer to 'Dataset Pipeline
+        # Error Message'." and the error itself under that section's title.
+        title = f"- {referred['section']}:"
+        below = lines[exception_at + 1:exception_at + 1 + _SECTION_SEARCH_LINES]
+        at = next((index for index, line in enumerate(below) if line.strip() == title), None)
+        text = None if at is None else _first_text(below[at + 1:at + 1 + _MESSAGE_BELOW_LINES])
+        if text is not None:
+            message = f"{exception['type']}: {text.removeprefix('[ERROR] ')}"
+    elif exception["text"] is not None and not exception["text"].strip():
+        text = _first_text(lines[exception_at + 1:exception_at + 1 + _MESSAGE_BELOW_LINES])
         if text is not None:
             message = f"{exception['type']}: {text}"
     frames = [_FRAME.match(line) for line in lines[_block_start(lines, last_frame):last_frame + 1]]
@@ -107,6 +119,11 @@ def _python_exception(lines: list[str], work_dir: str | None) -> FailureCause | 
     user = [frame for frame in paths if not _is_library(frame[0])]
     path, line = (user or paths)[-1]
     return FailureCause(CauseKind.PYTHON_EXCEPTION, _one_line(message), f"{_relative(path, work_dir)}:{line}")
+
+
+def _first_text(lines: list[str]) -> str | None:
+    """The first line of text that is not one of MindSpore's section rules or titles."""
+    return next((line.strip() for line in lines if line.strip() and not _SECTION_LINE.match(line.strip())), None)
 
 
 def _is_library(path: str) -> bool:

@@ -71,6 +71,28 @@ def test_an_error_raised_in_trainerds_own_code_points_at_the_users_line_also_fro
     assert cause.location == "train.py:7", cause
 
 
+def test_a_dataset_pipeline_error_is_the_error_of_the_section_it_refers_to(tmp_path: Path) -> None:
+    # MindRecord files written under a temporary name and renamed (their index keeps the old name):
+    # MindSpore's RuntimeError only refers to a section below it, which holds the error.
+    output = run_failing(tmp_path, """\
+        import os
+        import mindspore.dataset as ds
+        from mindspore.mindrecord import FileWriter
+
+        writer = FileWriter("a.mindrecord.tmp", 1)
+        writer.add_schema({"x": {"type": "int32"}})
+        writer.write_raw_data([{"x": 1}])
+        writer.commit()
+        os.rename("a.mindrecord.tmp", "a.mindrecord")
+        os.rename("a.mindrecord.tmp.db", "a.mindrecord.db")
+        ds.MindDataset("a.mindrecord").get_dataset_size()
+        """)
+    assert "Refer to 'Dataset Pipeline Error Message'" in output
+    cause = extract_failure_cause(output, work_dir=str(tmp_path))
+    assert cause.message.startswith("RuntimeError: Invalid file, mindrecord file: "), cause
+    assert "a.mindrecord.tmp can not be found" in cause.message and cause.location == "train.py:11", cause
+
+
 def test_an_exception_raised_in_library_code_points_at_the_users_line(tmp_path: Path) -> None:
     output = run_failing(tmp_path, """\
         import json
