@@ -6,7 +6,8 @@ callback_job.py's MLP and data, trained with value_and_grad and an optimizer cal
 Runs by hand (one process) or as one rank of a cluster (MS_ROLE set: it joins with init(), data parallel, the
 gradients averaged by DistributedGradReducer). Its updates go through the loop's bad-batch guard. Test hooks:
 --samples-file writes, per step, the first value of every sample this rank trained on (which samples each
-epoch read); --nan-step makes the samples of that step NaN (callback_job.py's hook).
+epoch read); --nan-step makes the samples of that step NaN (callback_job.py's hook); --own-dataset reads the
+samples in order and batches them itself, without trainerd_dataset.
 """
 
 import argparse
@@ -35,6 +36,8 @@ def parse_args():
     parser.add_argument("--output", help="write the final weights to OUTPUT/final_rank<rank>.npz")
     parser.add_argument("--samples-file", help="test only: append each step's samples (first feature) here")
     parser.add_argument("--nan-step", type=int, help="test only: the samples of this step are NaN")
+    parser.add_argument("--own-dataset", action="store_true",
+                        help="batch the dataset itself (in order, no trainerd_dataset), as a MindDataset pipeline would")
     return parser.parse_args()
 
 
@@ -43,7 +46,11 @@ def main():
     rank, world_size = join_cluster()
 
     bad = nan_indices(args.nan_step, 0, world_size) if args.nan_step else ()
-    dataset = trainerd_dataset(ds.GeneratorDataset(TrainData(bad), ["x", "y"]), BATCH_SIZE, args.steps_per_epoch)
+    dataset = ds.GeneratorDataset(TrainData(bad), ["x", "y"], shuffle=not args.own_dataset)
+    if args.own_dataset:
+        dataset = dataset.take(args.steps_per_epoch * BATCH_SIZE).batch(BATCH_SIZE, drop_remainder=True)
+    else:
+        dataset = trainerd_dataset(dataset, BATCH_SIZE, args.steps_per_epoch)
     net = MLP()
     optimizer = nn.Momentum(net.trainable_params(), learning_rate=0.05, momentum=0.9)
     loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")

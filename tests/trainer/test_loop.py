@@ -19,7 +19,7 @@ import pytest
 from proto.progress_datagram import BadBatchReason, BadBatchReport, WorkerEvent
 from tests.harness import Processes
 from tests.trainer.mlp_runs import Run, run_example
-from tests.trainer.test_callback import one_rank_env, same, step_dir
+from tests.trainer.test_callback import one_rank_env, own_dataset_env, same, step_dir
 from trainer.checkpoint import verify_checkpoint
 
 JOB = [sys.executable, str(Path(__file__).with_name("loop_job.py"))]
@@ -38,11 +38,13 @@ def processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Processes]:
 
 def run_loop(processes: Processes, root: Path, name: str, generation: int = 1, *flags: str,
              **env: str) -> tuple[Run, list[str]]:
-    """loop_job.py on one rank, checkpoints every 5 steps; the run and, per step, its epoch and samples."""
+    """loop_job.py on one rank, checkpoints every 5 steps; the run and, per step, its epoch and samples. With
+    --own-dataset the job sets no batch split (the script batches its own dataset)."""
     argv = ["--epochs", str(EPOCHS), "--steps-per-epoch", str(STEPS_PER_EPOCH), "--samples-file",
             str(root / "samples.txt"), "--output", str(root / "out"), *flags]
-    procs, reports = asyncio.run(run_example(processes, root, one_rank_env(root, name, generation, **env), argv,
-                                             command=JOB))
+    envs = own_dataset_env(root, name, TRAINERD_GENERATION=str(generation), **env) if "--own-dataset" in flags \
+        else one_rank_env(root, name, generation, **env)
+    procs, reports = asyncio.run(run_example(processes, root, envs, argv, command=JOB))
     run = Run(procs, reports, root / "out", processes.logs())
     assert run.exit_codes() == {name: 0}, run.logs
     return run, (root / "samples.txt").read_text().splitlines()
@@ -83,6 +85,22 @@ def test_a_resume_inside_an_epoch_trains_the_same_samples_to_the_same_weights(
     assert [s.step for s in run.steps(0)] == list(range(EVERY + 1, STEPS + 1))
     assert samples == reference_samples[EVERY:]  # epoch 2 from its second step on, then epoch 3
     assert same(run.weights(0), reference_run.weights(0))
+
+
+def test_a_dataset_of_the_scripts_own_resumes_at_its_step_inside_the_epoch_to_the_same_weights(
+        processes: Processes, tmp_path_factory: pytest.TempPathFactory) -> None:
+    root = tmp_path_factory.mktemp("own_dataset")
+    whole, whole_samples = run_loop(processes, root, "whole", 1, "--own-dataset")
+    assert [(s.step, s.epoch) for s in whole.steps(0)] == [
+        (n, (n - 1) // STEPS_PER_EPOCH + 1) for n in range(1, STEPS + 1)]
+    resumed_root = tmp_path_factory.mktemp("own_dataset_resumed")
+    shutil.copytree(step_dir(root, EVERY), step_dir(resumed_root, EVERY))
+    run, samples = run_loop(processes, resumed_root, "resumed", 2, "--own-dataset",
+                            TRAINERD_RESUME_FROM=str(step_dir(resumed_root, EVERY)))
+    assert [(s.step, s.epoch) for s in run.steps(0)] == [
+        (n, (n - 1) // STEPS_PER_EPOCH + 1) for n in range(EVERY + 1, STEPS + 1)]
+    assert samples == whole_samples[EVERY:]  # the in-order dataset: epoch 2 from its second step on, then epoch 3
+    assert same(run.weights(0), whole.weights(0))
 
 
 def test_a_nan_batch_is_kept_out_of_the_weights_reported_and_the_run_goes_on(

@@ -16,7 +16,9 @@ What it gives: the parameters of the cells passed (the network and the optimizer
 too) resumed from the checkpoint trainerd chose, at any world size, before the first step; each step's loss
 (and gradient norm, when given) and samples/s reported to the agent; trainerd's checkpoints after every
 TRAINERD_CHECKPOINT_EVERY-th step and at the step the coordinator asks for; and the data where the checkpoint
-left it, inside an epoch too.
+left it, inside an epoch too. A dataset of the script's own (batched already: one `trainerd_dataset` cannot
+take) resumes at the checkpoint's step of its epoch instead, whatever samples it reads there
+(`elastic_dataset.resume_epoch`).
 
 Why `loop.epochs` and not `for data, label in dataset` once per epoch, as MindSpore's tutorials write it:
 each `for` over a MindSpore dataset builds a new iterator, which starts the dataset's sampler again at its
@@ -57,7 +59,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from proto.exit_codes import EXIT_USAGE
-from trainer.runtime.elastic_dataset import SKIPS_FILE_ENV, find_epoch_sampler, resume_epoch, trainerd_dataset
+from trainer.runtime.elastic_dataset import SKIPS_FILE_ENV, resume_epoch, trainerd_dataset
 from trainer.runtime.guard import StepGuard
 from trainer.runtime.guard_policy import GuardSettings
 from trainer.runtime.progress import ProgressReporter
@@ -77,9 +79,6 @@ class TrainerdLoop:
     by an exception waits for a save in flight and lets the exception end the process."""
 
     def __init__(self, dataset: ds.Dataset, *cells: nn.Cell, environ: Mapping[str, str] | None = None) -> None:
-        if find_epoch_sampler(dataset) is None:
-            raise ValueError("TrainerdLoop needs the dataset trainerd_dataset returned, which knows where "
-                             "training resumes")
         if not cells:
             raise ValueError("TrainerdLoop needs the cells whose parameters it saves and resumes "
                              "(the network and the optimizer)")
