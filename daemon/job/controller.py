@@ -748,7 +748,12 @@ class JobController:
                                      f"{', '.join(map(str, good)) or 'none'}")
         resumed = self._started_over(from_step)
         state = resumed.state
-        where = "the newest checkpoint" if from_step is None else f"the checkpoint at step {from_step}"
+        if from_step is not None:
+            where = f"the checkpoint at step {from_step}"
+        else:
+            newest = max((c.step for c in self.catalog.entries() if c.good), default=None)
+            where = ("its first step: no checkpoint was committed (an in-memory snapshot still held goes first)"
+                     if newest is None else f"the newest checkpoint, step {newest} (or a newer in-memory snapshot)")
         await self._commit(CommitRecord(resumed, "job_resumed", recovery="resume", message=
                                         f"job {self.spec.name} is {state.value}: resumed by the operator from "
                                         f"{where}"), fence)

@@ -61,7 +61,9 @@ def test_a_paused_generation_saves_first_and_the_resume_starts_at_that_checkpoin
         assert await last_event(sim) == f"job job is PAUSED by the operator: stopped after the checkpoint at step {asked}"
         sim.confirm_stop()
         await sim.tick(30)  # paused for a while
-        await sim.coordinator.resume(from_step=None)
+        answer = await sim.coordinator.resume(from_step=None)
+        assert answer == (f"job job is RECOVERING: restarting from the newest checkpoint, step {asked} (or a newer "
+                          f"in-memory snapshot)")
         await sim.tick(0.1)
         assert sim.job.record.generation == 2
         assert sim.agents["a"].launches()[-1].checkpoint_path == f"/ckpt/step_{asked:08d}"

@@ -635,7 +635,9 @@ def test_resume_of_a_failed_job_that_never_launched_goes_to_pending() -> None:
         await sim.lead()
         record = sim.job.record.moved_to(JobState.FAILED)
         await sim.job._write_record(record, sim.coordinator.leadership.fence)
-        await sim.coordinator.resume(from_step=None)
+        answer = await sim.coordinator.resume(from_step=None)
+        assert answer == ("job job is PENDING: restarting from its first step: no checkpoint was committed (an "
+                          "in-memory snapshot still held goes first)")
         assert sim.state is JobState.PENDING
         SEEN_TRANSITIONS.add((JobState.FAILED, JobState.PENDING))
     run(scenario())
