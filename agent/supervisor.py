@@ -63,6 +63,7 @@ from proto.progress_datagram import (
     CheckpointReport,
     EventReport,
     ProgressMessage,
+    WorkerEvent,
 )
 from proto.progress_pattern import ProgressPatternError, compile_progress_pattern
 from proto.worker_files import CheckpointRequest, SkipList, encode_control, encode_skips, write_atomically
@@ -578,6 +579,8 @@ class Supervisor:
                     forwarding.sent = None
         managed.step = max(managed.step, message.step)
         if isinstance(message, EventReport):
+            if message.event is WorkerEvent.EVALUATING:
+                self._evaluating(message.rank)
             return
         if isinstance(message, CheckpointReport):
             self._checkpoint_saved(pb.CheckpointSaved(generation=message.generation, step=message.step,
@@ -598,6 +601,18 @@ class Supervisor:
             grad_norm=message.grad_norm, samples_per_s=message.samples_per_s,
             consumed_samples=message.consumed_samples, checkpoint_stall_s=message.checkpoint_stall_s,
             epoch=message.epoch))
+
+    def _evaluating(self, rank: int) -> None:
+        """The rank evaluates between steps: its newest step report goes again, marked so (the coordinator
+        takes it as a sign of life, not a step). Nothing before its first step report."""
+        forwarding = self._forwarding.get(rank)
+        newest = None if forwarding is None else (forwarding.pending or forwarding.sent)
+        if newest is None or newest.from_output:
+            return
+        progress = pb.Progress()
+        progress.CopyFrom(newest)
+        progress.evaluating = True
+        self._forward(progress)
 
     def _checkpoint_saved(self, saved: pb.CheckpointSaved) -> None:
         """A commit of this generation, by its rank 0 or by this agent for it: reported, and kept to report

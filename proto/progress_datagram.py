@@ -52,6 +52,7 @@ class MalformedProgress(ValueError):
 class WorkerEvent(StrEnum):
     STARTED = "started"    # communication is up, the first step is about to run
     FINISHED = "finished"  # training completed; the process exits 0 next
+    EVALUATING = "evaluating"  # between steps, evaluating (Model.fit's validation): alive, no new step
 
 
 @dataclass(frozen=True)

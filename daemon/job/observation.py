@@ -95,6 +95,7 @@ class ProgressReport:
     epoch: int | None = None  # Model.train's (runtime), or from output such as LossMonitor's "epoch: E step: S"
     from_output: bool = False  # read from the rank's output, not sent by the trainer runtime
     checkpoint_stall_s: float = 0.0  # the rank's step loop blocked on checkpoint saves, in all this generation
+    evaluating: bool = False  # no new step: the rank evaluates between steps (a sign of life, not of progress)
 
     @property
     def position(self) -> tuple[int, int]:
@@ -192,6 +193,8 @@ class GenerationObservation:
         from output is ignored: the runtime's steps are global, a LossMonitor's restart each epoch."""
         if report.from_output and self.runtime_progress:
             return
+        if report.evaluating and self.last_progress_at is not None:
+            self.last_progress_at = now  # evaluating between steps (Model.fit) is no hang
         known = self.progress.get(report.rank)
         switched = known is not None and known.from_output != report.from_output
         advanced = known is None or switched or report.position > known.position

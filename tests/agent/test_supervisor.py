@@ -11,7 +11,7 @@ from pathlib import Path
 
 from agent.supervisor import PROGRESS_FORWARD_INTERVAL_S
 from proto import trainerd_pb2 as pb
-from proto.progress_datagram import StepReport
+from proto.progress_datagram import EventReport, StepReport, WorkerEvent
 from tests.agent.supervisor_fakes import FIRST_FAKE_PID, PYTHON, START, Host, SignalSent, launch, run
 
 
@@ -205,6 +205,23 @@ def test_a_forwarded_step_carries_every_field_the_worker_reported(tmp_path: Path
         [sent] = host.sent("progress")
         assert (sent.step, sent.loss, sent.grad_norm, sent.samples_per_s, sent.consumed_samples,
                 sent.checkpoint_stall_s) == (7, 2.5, 0.75, 96.0, 56, 1.25)
+
+    run(scenario())
+
+
+def test_a_rank_that_evaluates_sends_its_last_step_again_marked_evaluating(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        host = Host(tmp_path)
+        await host.supervisor.launch(launch(1))
+        evaluating = EventReport("job", 1, 0, WorkerEvent.EVALUATING, 7)
+        host.progress(evaluating)  # before the rank's first step: nothing to repeat
+        assert host.sent("progress") == []
+        host.progress(StepReport("job", 1, 0, 7, loss=2.5, grad_norm=0.75, samples_per_s=96.0, consumed_samples=56))
+        host.clock.advance(PROGRESS_FORWARD_INTERVAL_S)
+        host.progress(evaluating)
+        first, again = host.sent("progress")
+        assert not first.evaluating and again.evaluating
+        assert (again.step, again.loss, again.consumed_samples) == (first.step, first.loss, first.consumed_samples)
 
     run(scenario())
 

@@ -220,6 +220,14 @@ def test_hang_after_hang_timeout_s_without_a_new_step(silent_s, hangs) -> None:
     assert record.last_failure.cause is FailureCause.HANG and record.crash_restarts == 1
 
 
+def test_a_rank_that_evaluates_between_steps_is_no_hang_until_it_falls_silent() -> None:
+    world = job_world(seen={"last_progress_at": NOW - 60.5})  # a hang, but for what follows
+    world.observation.record_progress(replace(progress(0, 10), evaluating=True), NOW - 1)  # Model.fit validates
+    assert decide(world) == []
+    assert world.observation.progress[0].step == 10  # no step came with it
+    assert commit_of(decide(replace(world, now=NOW + 60))).record.last_failure.cause is FailureCause.HANG
+
+
 def test_a_run_of_bad_batches_rolls_back_before_it_and_skips_it() -> None:
     bad = {s: SkippedBatch(s, (s - 1) * GLOBAL_BATCH, s * GLOBAL_BATCH, "grad_norm_spike", 2.0, 99.0)
            for s in (21, 22, 23)}

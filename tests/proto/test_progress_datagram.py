@@ -43,7 +43,8 @@ def valid_body() -> dict[str, Any]:
 
 
 def test_messages_round_trip() -> None:
-    for message in (STEP, EVENT, CHECKPOINT, CHECKPOINT_FAILED, BAD_BATCH):
+    evaluating = EventReport(job="llm", generation=3, rank=1, event=WorkerEvent.EVALUATING, step=200)
+    for message in (STEP, EVENT, evaluating, CHECKPOINT, CHECKPOINT_FAILED, BAD_BATCH):
         assert decode(encode(message)) == message
 
 

@@ -155,6 +155,9 @@ def test_model_fit_evaluating_every_epoch_saves_and_trains_as_model_train_does(
         assert verify_checkpoint(step_dir(tmp_path, step)).meta.step == step
     assert [s.step for s in run.steps(0)] == list(range(1, STEPS + 1))
     assert same(run.weights(0), reference[0].weights(0))  # evaluating changes no weight
+    # Each evaluation tells the agent it goes on (no step for that long is no hang), at the step it follows.
+    evaluating = {e.step for e in run.events(0) if e.event is WorkerEvent.EVALUATING}
+    assert evaluating == {STEPS_PER_EPOCH * epoch for epoch in range(1, EPOCHS + 1)}, run.events(0)
 
 
 def test_a_nan_batch_is_reported_and_leaves_the_weights_unchanged(reference: tuple[Run, Path]) -> None:

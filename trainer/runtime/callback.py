@@ -66,6 +66,9 @@ __all__ = ["GuardedTrainOneStepCell", "TrainerdCallback", "resume_epoch", "train
 
 log = logging.getLogger(__name__)
 _WHO = "TrainerdCallback"  # how its one-line exits begin
+# While Model.fit evaluates, the agent hears that the rank does, at most this often (and as it begins): far
+# inside any hang_timeout_s, and few datagrams for an evaluation of thousands of batches.
+EVALUATING_EVERY_S = 5.0
 
 
 class TrainerdCallback(Callback):
@@ -82,6 +85,7 @@ class TrainerdCallback(Callback):
         self._active: tuple[RankContext, ProgressReporter] | None = None
         self._run: TrainingRun | None = None
         self._entered = 0  # Model.fit enters the callbacks again for each evaluation, inside the training's
+        self._evaluating_told = 0.0  # when the agent last heard that this rank evaluates
         if ctx is None:
             log.warning("TrainerdCallback: this process was not launched by trainerd (TRAINERD_JOB is not set), "
                         "so it reports no progress and saves no checkpoints.")
@@ -121,6 +125,20 @@ class TrainerdCallback(Callback):
             cb_params = run_context.original_args()
             guarded = isinstance(cb_params.train_network, GuardedTrainOneStepCell)
             self._run.step_ended(*_read_outputs(cb_params.net_outputs, guarded), cb_params.cur_epoch_num)
+
+    def on_eval_begin(self, run_context: RunContext) -> None:
+        """Model.fit evaluates between epochs: no step for as long as that takes, which is no hang."""
+        self._evaluating(time.monotonic(), first=True)
+
+    def on_eval_step_end(self, run_context: RunContext) -> None:
+        self._evaluating(time.monotonic())
+
+    def _evaluating(self, now: float, first: bool = False) -> None:
+        if self._run is None or self._active is None:
+            return
+        if first or now - self._evaluating_told >= EVALUATING_EVERY_S:
+            self._evaluating_told = now
+            self._active[1].evaluating(self._run.step)
 
     def on_train_end(self, run_context: RunContext) -> None:
         if self._run is not None:

@@ -97,6 +97,12 @@ class ProgressReporter:
         message = EventReport(job=self._job, generation=self._generation, rank=self._rank, event=event, step=step)
         self._send(message, wait_s=self._event_wait_s)
 
+    def evaluating(self, step: int) -> None:
+        """Between steps, evaluating (Model.fit's validation): alive at `step`, which holds off the hang
+        judgement. Sent like a step report, never waiting."""
+        self._send(EventReport(job=self._job, generation=self._generation, rank=self._rank,
+                               event=WorkerEvent.EVALUATING, step=step))
+
     def checkpoint(self, step: int, consumed_samples: int, path: str) -> None:
         """Report that the checkpoint of `step` in directory `path` is committed (rank 0 only; may wait
         up to `event_wait_s`)."""
