@@ -579,8 +579,8 @@ class Supervisor:
                     forwarding.sent = None
         managed.step = max(managed.step, message.step)
         if isinstance(message, EventReport):
-            if message.event is WorkerEvent.EVALUATING:
-                self._evaluating(message.rank)
+            if message.event is not WorkerEvent.STARTED:
+                self._between_steps(message.rank, message.event)
             return
         if isinstance(message, CheckpointReport):
             self._checkpoint_saved(pb.CheckpointSaved(generation=message.generation, step=message.step,
@@ -602,17 +602,21 @@ class Supervisor:
             consumed_samples=message.consumed_samples, checkpoint_stall_s=message.checkpoint_stall_s,
             epoch=message.epoch))
 
-    def _evaluating(self, rank: int) -> None:
-        """The rank evaluates between steps: its newest step report goes again, marked so (the coordinator
-        takes it as a sign of life, not a step). Nothing before its first step report."""
+    def _between_steps(self, rank: int, event: WorkerEvent) -> None:
+        """The rank evaluates between steps, or has ended its training loop: its newest step report goes
+        again, marked so (the coordinator takes it as a sign of life, not a step; after the end, no step is
+        awaited). Nothing before its first step report."""
         forwarding = self._forwarding.get(rank)
         newest = None if forwarding is None else (forwarding.pending or forwarding.sent)
         if newest is None or newest.from_output:
             return
         progress = pb.Progress()
         progress.CopyFrom(newest)
-        progress.evaluating = True
+        progress.evaluating = event is WorkerEvent.EVALUATING
+        progress.training_finished = event is WorkerEvent.FINISHED
         self._forward(progress)
+        if progress.training_finished:
+            self._flush_progress(rank)  # at once: the process may exit next
 
     def _checkpoint_saved(self, saved: pb.CheckpointSaved) -> None:
         """A commit of this generation, by its rank 0 or by this agent for it: reported, and kept to report

@@ -184,7 +184,7 @@ def progress_report(p: pb.Progress) -> ProgressReport:
         check.sample_position(p.consumed_samples, "consumed_samples"),
         epoch=check.step(p.epoch, "epoch") if p.HasField("epoch") else None, from_output=p.from_output,
         checkpoint_stall_s=check.finite(p.checkpoint_stall_s, "checkpoint_stall_s", 0.0, check.MAX_STALL_S),
-        evaluating=p.evaluating)
+        evaluating=p.evaluating, training_finished=p.training_finished)
 
 
 def memory_snapshot(m: pb.MemorySnapshot) -> MemorySnapshot:

@@ -152,7 +152,7 @@ class ProcessStarted(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., role: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class Progress(_message.Message):
-    __slots__ = ("generation", "rank", "step", "loss", "grad_norm", "samples_per_s", "consumed_samples", "epoch", "from_output", "checkpoint_stall_s", "evaluating")
+    __slots__ = ("generation", "rank", "step", "loss", "grad_norm", "samples_per_s", "consumed_samples", "epoch", "from_output", "checkpoint_stall_s", "evaluating", "training_finished")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -164,6 +164,7 @@ class Progress(_message.Message):
     FROM_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_STALL_S_FIELD_NUMBER: _ClassVar[int]
     EVALUATING_FIELD_NUMBER: _ClassVar[int]
+    TRAINING_FINISHED_FIELD_NUMBER: _ClassVar[int]
     generation: int
     rank: int
     step: int
@@ -175,7 +176,8 @@ class Progress(_message.Message):
     from_output: bool
     checkpoint_stall_s: float
     evaluating: bool
-    def __init__(self, generation: _Optional[int] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., grad_norm: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., consumed_samples: _Optional[int] = ..., epoch: _Optional[int] = ..., from_output: _Optional[bool] = ..., checkpoint_stall_s: _Optional[float] = ..., evaluating: _Optional[bool] = ...) -> None: ...
+    training_finished: bool
+    def __init__(self, generation: _Optional[int] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., grad_norm: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., consumed_samples: _Optional[int] = ..., epoch: _Optional[int] = ..., from_output: _Optional[bool] = ..., checkpoint_stall_s: _Optional[float] = ..., evaluating: _Optional[bool] = ..., training_finished: _Optional[bool] = ...) -> None: ...
 
 class BadBatch(_message.Message):
     __slots__ = ("generation", "rank", "step", "sample_start", "sample_end", "reason", "loss", "grad_norm")

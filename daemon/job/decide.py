@@ -498,6 +498,8 @@ def _hang(world: JobWorld) -> Failure | None:
     that prints nothing trainerd reads is never judged (its exits and its nodes still are)."""
     generation, observation, spec = world.generation, world.observation, world.spec
     assert generation is not None and observation is not None
+    if observation.training_finished >= set(range(generation.placement.world_size)):
+        return None  # every rank ended its training: what they do before they exit awaits no step
     silent_since, behind = observation.silent_since(), observation.behind()
     if silent_since is None or behind is None or world.now - silent_since <= spec.hang_timeout_s:
         return None

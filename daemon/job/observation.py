@@ -96,6 +96,7 @@ class ProgressReport:
     from_output: bool = False  # read from the rank's output, not sent by the trainer runtime
     checkpoint_stall_s: float = 0.0  # the rank's step loop blocked on checkpoint saves, in all this generation
     evaluating: bool = False  # no new step: the rank evaluates between steps (a sign of life, not of progress)
+    training_finished: bool = False  # the rank's training loop has ended: no new step is awaited from it
 
     @property
     def position(self) -> tuple[int, int]:
@@ -187,6 +188,8 @@ class GenerationObservation:
     # Per rank: when and at which step its progress was first seen, and when it last advanced (a step rate).
     _first_progress: dict[int, tuple[float, int]] = field(default_factory=dict, repr=False)
     _progress_at: dict[int, float] = field(default_factory=dict, repr=False)
+    # Ranks whose training loop has ended (the process may still evaluate or export before it exits).
+    training_finished: set[int] = field(default_factory=set)
 
     def record_progress(self, report: ProgressReport, now: float) -> None:
         """A rank's progress. Once the trainer runtime reports for this generation, progress read
@@ -195,6 +198,8 @@ class GenerationObservation:
             return
         if report.evaluating and self.last_progress_at is not None:
             self.last_progress_at = now  # evaluating between steps (Model.fit) is no hang
+        if report.training_finished:
+            self.training_finished.add(report.rank)
         known = self.progress.get(report.rank)
         switched = known is not None and known.from_output != report.from_output
         advanced = known is None or switched or report.position > known.position

@@ -209,7 +209,7 @@ def test_a_forwarded_step_carries_every_field_the_worker_reported(tmp_path: Path
     run(scenario())
 
 
-def test_a_rank_that_evaluates_sends_its_last_step_again_marked_evaluating(tmp_path: Path) -> None:
+def test_a_rank_that_evaluates_or_ends_its_training_sends_its_last_step_again_marked_so(tmp_path: Path) -> None:
     async def scenario() -> None:
         host = Host(tmp_path)
         await host.supervisor.launch(launch(1))
@@ -222,6 +222,9 @@ def test_a_rank_that_evaluates_sends_its_last_step_again_marked_evaluating(tmp_p
         first, again = host.sent("progress")
         assert not first.evaluating and again.evaluating
         assert (again.step, again.loss, again.consumed_samples) == (first.step, first.loss, first.consumed_samples)
+        host.progress(EventReport("job", 1, 0, WorkerEvent.FINISHED, 7))  # within the interval: sent at once
+        finished = host.sent("progress")[-1]
+        assert finished.training_finished and not finished.evaluating and finished.step == 7
 
     run(scenario())
 

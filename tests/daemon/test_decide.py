@@ -228,6 +228,15 @@ def test_a_rank_that_evaluates_between_steps_is_no_hang_until_it_falls_silent() 
     assert commit_of(decide(replace(world, now=NOW + 60))).record.last_failure.cause is FailureCause.HANG
 
 
+def test_ranks_that_all_ended_their_training_are_no_hang_however_long_they_take_to_exit() -> None:
+    world = job_world(seen={"last_progress_at": NOW - 600})
+    for rank in (0, 1):  # a final evaluation or an export after the training loop
+        world.observation.record_progress(replace(progress(rank, 10), training_finished=True), NOW - 599)
+    assert commit_of(decide(world)).record.last_failure.cause is FailureCause.HANG  # rank 2 has not ended
+    world.observation.record_progress(replace(progress(2, 10), training_finished=True), NOW - 599)
+    assert decide(world) == []
+
+
 def test_a_run_of_bad_batches_rolls_back_before_it_and_skips_it() -> None:
     bad = {s: SkippedBatch(s, (s - 1) * GLOBAL_BATCH, s * GLOBAL_BATCH, "grad_norm_spike", 2.0, 99.0)
            for s in (21, 22, 23)}
