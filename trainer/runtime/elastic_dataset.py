@@ -36,6 +36,7 @@ from collections.abc import Mapping
 
 import mindspore.dataset as ds
 
+from trainer.checkpoint.manifest import EpochPosition
 from trainer.data.mindspore_sampler import EpochSampler
 from trainer.data.sampler import SampleStream
 from trainer.data.skip_ranges import SkipRanges
@@ -100,28 +101,24 @@ def resume_epoch(dataset: ds.Dataset, *, environ: Mapping[str, str] | None = Non
     ctx = trainerd_launch(os.environ if environ is None else environ)
     if ctx is None or ctx.is_scheduler:
         return 0
-    completed, steps_done = own_dataset_position(dataset, _resume_point(ctx, OWN_DATASET_SEED, "resume_epoch"))
-    dataset.set_init_step(steps_done)
-    return completed
+    position = own_dataset_position(dataset, _resume_point(ctx, OWN_DATASET_SEED, "resume_epoch"))
+    dataset.set_init_step(position.steps_done)
+    return position.completed
 
 
-def own_dataset_position(dataset: ds.Dataset, start: ResumePoint) -> tuple[int, int]:
-    """(epochs completed, steps of the next one done) at `start` in `dataset`'s epochs, a dataset of the
-    script's own: the checkpoint's place in its epochs, the same share of an epoch when their length
-    changed with the world size; from the step alone for a checkpoint that has no place. Raises ValueError
-    when the dataset cannot say how many steps an epoch has."""
-    steps_per_epoch = own_dataset_steps_per_epoch(dataset)
-    if start.epoch_position is not None:
-        return start.epoch_position.at(steps_per_epoch)
-    return divmod(start.step, steps_per_epoch)
-
-
-def own_dataset_steps_per_epoch(dataset: ds.Dataset) -> int:
+def own_dataset_position(dataset: ds.Dataset, start: ResumePoint) -> EpochPosition:
+    """Where `start` stands in the epochs of `dataset`, a dataset of the script's own (an epoch is its
+    `get_dataset_size()` steps): the checkpoint's place in its epochs, the same share of an epoch when their
+    length changed with the world size; from the step alone for a checkpoint that has no place. Raises
+    ValueError when the dataset cannot say how many steps an epoch has."""
     size = dataset.get_dataset_size()
     if size is None or size < 1:
         raise ValueError(f"the dataset's size is unknown ({size}), and with it how many steps an epoch has: give "
                          "it a size (a GeneratorDataset's source with __len__), or build it with trainerd_dataset")
-    return int(size)
+    steps_per_epoch = int(size)
+    if start.epoch_position is not None:
+        return EpochPosition(*start.epoch_position.at(steps_per_epoch), steps_per_epoch)
+    return EpochPosition(*divmod(start.step, steps_per_epoch), steps_per_epoch)
 
 
 def find_epoch_sampler(dataset: ds.Dataset) -> EpochSampler | None:

@@ -29,7 +29,6 @@ from trainer.runtime.elastic_dataset import (
     OWN_DATASET_SEED,
     find_epoch_sampler,
     own_dataset_position,
-    own_dataset_steps_per_epoch,
 )
 from trainer.runtime.guard_policy import skip_reason
 from trainer.runtime.progress import ProgressReporter, StepPace
@@ -92,8 +91,7 @@ class TrainingRun:
                                                            sampler.steps_per_epoch)
         else:
             try:
-                position = EpochPosition(*own_dataset_position(dataset, start),
-                                         own_dataset_steps_per_epoch(dataset))
+                position = own_dataset_position(dataset, start)
             except ValueError:
                 position = None  # no epochs known: Model.train's are not checked, nor kept in checkpoints
         run = cls(ctx, reporter, checkpoints, stream, global_batch, position, start.step, start.consumed_samples)
