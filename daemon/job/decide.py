@@ -414,7 +414,15 @@ def _failure(world: JobWorld) -> Failure | None:
                                     f"{failed.describe()}; ranks {_ranks(alike)} failed the same way, as ranks "
                                     f"{_ranks(previous.same_error_ranks)} did when the generation before ended",
                                     alike)
-        return _process_failure(FailureCause.PROCESS_EXITED, failed, same_error_ranks=alike)
+        crash = _process_failure(FailureCause.PROCESS_EXITED, failed, same_error_ranks=alike)
+        previous = world.record.last_failure
+        if observation.progress_seen and _follows_rank(previous, crash) and not _same_samples(world, previous, crash):
+            assert previous is not None
+            return replace(crash, cause=FailureCause.JOB_ERROR,
+                           message=f"{crash.message}; rank {crash.rank} failed the same way on node "
+                                   f"{_met_elsewhere(previous, crash)} before, at other samples: the error follows "
+                                   f"the rank, not a node or a batch")
+        return crash
     run = observation.bad_run()
     if len(run) >= world.spec.data_skip.max_consecutive_spikes:
         return Failure(FailureCause.BAD_BATCHES, f"steps {run[0].step}-{run[-1].step} were all skipped as bad "
@@ -471,6 +479,35 @@ def _same_error_again(previous: Failure | None, failed: ProcessReport, alike: tu
             and len(previous.same_error_ranks) >= 2 and (previous.error, previous.location) == failed.same_cause_key)
 
 
+def _follows_rank(previous: Failure | None, failure: Failure) -> bool:
+    """One rank alone raised the error that ended the generation before, as that same rank alone, but
+    now on another node: no fault of a node's explains it. The rank moves after its error was blamed
+    on its node twice (_relaunch_order), or once that node is quarantined."""
+    return (previous is not None and previous.cause is FailureCause.PROCESS_EXITED and bool(failure.error)
+            and not failure.signal and not previous.signal
+            and failure.same_error_ranks == previous.same_error_ranks == (failure.rank,)
+            and bool(_met_elsewhere(previous, failure))
+            and (previous.error, previous.location) == (failure.error, failure.location))
+
+
+def _met_elsewhere(previous: Failure, failure: Failure) -> str:
+    """The node other than `failure`'s that `previous` puts the rank's error on ("" for none): where
+    it ended the generation before, or, when that was this node, where it was blamed before that."""
+    for node in (previous.node, previous.blamed_node):
+        if node not in ("", failure.node):
+            return node
+    return ""
+
+
+def _same_samples(world: JobWorld, previous: Failure | None, failure: Failure) -> bool:
+    """`failure`'s rank failed at the very samples it failed at before: a batch may be at fault (the
+    crash-step skip deals with it), where other samples leave the job's own code for that rank (a
+    summary only rank 0 writes, a file only that rank opens). Without a sample position (steps read
+    from output) nothing can be skipped, and it counts as other samples."""
+    samples = _failing_samples(world, failure.rank)
+    return previous is not None and samples >= 0 and samples == previous.samples_at
+
+
 def _ranks(ranks: tuple[int, ...]) -> str:
     return ", ".join(str(rank) for rank in ranks)
 
@@ -522,6 +559,17 @@ def _failing_step(world: JobWorld, failure: Failure) -> int | None:
     return None if report is None or report.from_output else report.step + 1
 
 
+def _failing_samples(world: JobWorld, rank: int) -> int:
+    """Where the samples of the step `rank` failed on end, past the ledger's ranges the step passes over
+    (a skip added since moves them though the step starts where it did); -1 when that step (see
+    _failing_step) or the global batch is unknown."""
+    assert world.observation is not None
+    report = world.observation.progress.get(rank)
+    if report is None or report.from_output or world.spec.global_batch is None:
+        return -1
+    return _batch_end(_step_start(world, rank), world.spec.global_batch, world.skips)
+
+
 def _step_start(world: JobWorld, rank: int) -> int:
     """The sample position where the step after `rank`'s last reported one began."""
     assert world.generation is not None and world.observation is not None
@@ -549,13 +597,14 @@ def _end_generation(world: JobWorld, failure: Failure) -> list[Action]:
     """Commit the stop of the generation (and what the failure costs), then send it."""
     record, spec, generation, observation = world.record, world.spec, world.generation, world.observation
     assert generation is not None and observation is not None
+    failure = _with_history(world, failure)
     changes: dict = dict(stopped_generation=generation.number, last_failure=failure, restarts=record.restarts + 1)
     actions: list[Action] = []
-    note = ""
+    note = _forgive_node(world, failure, changes)
     if failure.cause.spends_budget:
         changes["crash_restarts"] = record.crash_restarts + 1
         changes["consecutive_crashes"] = record.consecutive_crashes + 1
-        if failure.cause is FailureCause.PROCESS_EXITED and _singled_out_node(world) == failure.node:
+        if failure.blamed and failure.blamed_node == failure.node:
             changes["node_failures"] = {**record.node_failures,
                                         failure.node: record.node_failures.get(failure.node, 0) + 1}
         shared = len(failure.same_error_ranks) >= 2
@@ -602,11 +651,53 @@ def _end_generation(world: JobWorld, failure: Failure) -> list[Action]:
         if failure.node and failure.node in updated.quarantined(spec.restart.quarantine_after) - \
                 record.quarantined(spec.restart.quarantine_after):
             quarantine = f"; node {failure.node} is quarantined after {spec.restart.quarantine_after} crashes"
+        elif failure.blamed >= 2 and failure.blamed_node == failure.node and len(generation.placement.nodes) >= 2:
+            quarantine = (f"; rank {failure.rank} failed the same way on node {failure.node} "
+                          f"{failure.blamed} generations in a row: it runs on another node next, to tell "
+                          f"a fault of the node's from the job's own")
+        elif failure.blamed and failure.blamed_node != failure.node:
+            quarantine = (f"; rank {failure.rank} failed the same way on node {failure.blamed_node}, at these "
+                          f"samples: node {failure.node} is not blamed")
         actions.insert(0, CommitRecord(updated, "recovery_started",
                                        f"job {spec.name} is RECOVERING ({failure.cause}): {failure.message}"
                                        f"{quarantine}{note}", recovery=failure.cause))
     actions.append(StopGeneration(failure.message, dump_stacks=failure.cause is FailureCause.HANG))
     return actions
+
+
+def _with_history(world: JobWorld, failure: Failure) -> Failure:
+    """`failure` with the samples its rank failed at and, when the crash singles out its node, the node
+    it is blamed on: its own, one more time in a row when the rank's same error ended the generation
+    before there too (twice moves the rank, see _relaunch_order); or, when the error followed the rank
+    from another node (at the same samples, or _failure would have failed the job), still that one."""
+    if failure.cause is not FailureCause.PROCESS_EXITED:
+        return failure
+    failure = replace(failure, samples_at=_failing_samples(world, failure.rank))
+    if not failure.node or _singled_out_node(world) != failure.node:
+        return failure
+    previous = world.record.last_failure
+    if previous is not None and _follows_rank(previous, failure) and previous.blamed:
+        return replace(failure, blamed_node=previous.blamed_node, blamed=previous.blamed)
+    again = (previous is not None and previous.blamed_node == failure.node and bool(failure.error)
+             and (previous.rank, previous.error, previous.location) == (failure.rank, failure.error, failure.location))
+    return replace(failure, blamed_node=failure.node, blamed=previous.blamed + 1 if again and previous else 1)
+
+
+def _forgive_node(world: JobWorld, failure: Failure, changes: dict) -> str:
+    """The job failed on its own error, which earlier singled out a node: the crashes that error was
+    counted against that node are taken back (lifting a quarantine they caused). Puts the node's new
+    count in `changes`; returns what to add to the event."""
+    record, after = world.record, world.spec.restart.quarantine_after
+    previous = record.last_failure
+    if (failure.cause is not FailureCause.JOB_ERROR or previous is None or not previous.blamed
+            or (previous.error, previous.location) != (failure.error, failure.location)):
+        return ""
+    node, counted = previous.blamed_node, record.node_failures.get(previous.blamed_node, 0)
+    left = max(0, counted - previous.blamed)
+    changes["node_failures"] = {**{n: c for n, c in record.node_failures.items() if n != node},
+                                **({node: left} if left else {})}
+    lifted = " and its quarantine is lifted" if counted >= after > left else ""
+    return f"; node {node} is no longer blamed for its {counted - left} crash(es) from this error{lifted}"
 
 
 def _singled_out_node(world: JobWorld) -> str | None:
@@ -764,7 +855,8 @@ def _relaunch(world: JobWorld) -> list[Action]:
         stopped_at = observation.stop_decided_at if observation.stop_decided_at is not None else world.now
     if world.now < stopped_at + restart_backoff_s(spec, record.consecutive_crashes):
         return actions
-    placement = place(spec, _usable_offers(world, frozenset(busy)), generation.placement.nodes, world.orders_seen)
+    order, moved = _relaunch_order(world)
+    placement = place(spec, _usable_offers(world, frozenset(busy)), order, None if moved else world.orders_seen)
     if placement is None:
         if record.state is not JobState.WAITING:
             actions.append(CommitRecord(record.moved_to(JobState.WAITING), "job_waiting",
@@ -775,6 +867,21 @@ def _relaunch(world: JobWorld) -> list[Action]:
         failed = record.moved_to(JobState.FAILED, last_failure=Failure(FailureCause.CHECKPOINT_UNREADABLE, checkpoint))
         return actions + [CommitRecord(failed, "job_failed", f"job {spec.name} is FAILED: {checkpoint}")]
     return actions + [_launch(world, placement, checkpoint)]
+
+
+def _relaunch_order(world: JobWorld) -> tuple[list[str], bool]:
+    """The node order for the next generation, and whether it was turned: after one rank's error singled
+    out its node twice in a row, the order is rotated by one node, so that the rank runs on another
+    node. Where the error then goes tells a fault of the node's (it stays, another rank meets it) from
+    the job's own (it follows the rank: _failure), without waiting for the quarantine."""
+    assert world.generation is not None and world.observation is not None
+    nodes = list(world.generation.placement.nodes)
+    failure, ended_by = world.record.last_failure, world.observation.first_failure()
+    if (failure is None or failure.blamed < 2 or failure.blamed_node != failure.node or len(nodes) < 2
+            or ended_by is None
+            or (ended_by.node, ended_by.rank) != (failure.node, failure.rank)):
+        return nodes, False  # (a generation stopped for a reshape leaves the failure before it behind)
+    return nodes[1:] + nodes[:1], True
 
 
 def _unconfirmed_snapshot_holders(world: JobWorld, busy: list[str]) -> list[str]:

@@ -38,7 +38,7 @@ class FailureCause(StrEnum):
     LAUNCH_FAILED = "launch_failed"  # the entrypoint could not be executed
     BAD_BATCHES = "bad_batches"  # too many consecutive steps skipped as bad
     # The ranks failed with the same error before any progress, or ended two generations in a row with
-    # the same error after it: the job is broken
+    # the same error after it, or one rank's error followed it to another node: the job is broken
     JOB_ERROR = "job_error"
     BAD_DATA = "bad_data"  # more of the samples skipped as bad than data_skip.max_skipped_fraction
 
@@ -72,11 +72,18 @@ class Failure:
     # The worker ranks that failed with this same error (message and location) in the generation: two
     # or more mean the job's own code, not a node (decide.py, _same_error_again).
     same_error_ranks: tuple[int, ...] = ()
+    # Where the samples of the step the rank failed on began (-1: unknown, e.g. steps read from output).
+    samples_at: int = -1
+    # The node this rank's error was counted against (for the quarantine), and in how many generations in
+    # a row; "" and 0 when it was counted against none (decide.py, _with_history).
+    blamed_node: str = ""
+    blamed: int = 0
 
     def to_json(self) -> dict:
         return {"cause": self.cause.value, "message": self.message, "node": self.node, "rank": self.rank,
                 "exit_code": self.exit_code, "signal": self.signal, "location": self.location,
-                "error": self.error, "same_error_ranks": list(self.same_error_ranks)}
+                "error": self.error, "same_error_ranks": list(self.same_error_ranks),
+                "samples_at": self.samples_at, "blamed_node": self.blamed_node, "blamed": self.blamed}
 
     @classmethod
     def from_json(cls, data: dict) -> "Failure":
@@ -84,7 +91,9 @@ class Failure:
         return cls(FailureCause(data["cause"]), str(data["message"]), str(data.get("node", "")),
                    int(data.get("rank", -1)), int(data.get("exit_code", 0)), int(data.get("signal", 0)),
                    str(data.get("location", "")), str(data.get("error", "")),
-                   tuple(int(rank) for rank in data.get("same_error_ranks", ())))
+                   tuple(int(rank) for rank in data.get("same_error_ranks", ())),
+                   int(data.get("samples_at", -1)), str(data.get("blamed_node", "")),
+                   int(data.get("blamed", 0)))
 
 
 @dataclass(frozen=True)

@@ -89,11 +89,15 @@ async def every_rank_raises(sim: SimCluster, cause: RootCause) -> None:
         await sim.tick(0.01)
 
 
-async def relaunched(sim: SimCluster) -> None:
+async def relaunched(sim: SimCluster, step: int = 12) -> None:
     sim.confirm_stop()
     await sim.tick(10.0)  # the crash backoff
     sim.started()
-    sim.step(12)
+    sim.step(step)
+
+
+def node_of(sim: SimCluster, rank: int) -> str:
+    return sim.job.generation.placement.node_of(rank)
 
 
 def test_an_error_every_rank_raises_blames_no_node_and_fails_the_job_once_it_ends_a_second_generation() -> None:
@@ -146,6 +150,103 @@ def test_one_rank_raising_the_same_error_twice_is_a_crash_and_a_changed_error_st
         await every_rank_raises(sim, FILE_MISSING)
         assert sim.state is JobState.RECOVERING  # another error: the script changed, or it is another fault
         assert sim.job.record.last_failure.same_error_ranks == (0, 1, 2)
+    run(scenario())
+
+
+def test_one_ranks_error_that_follows_it_to_another_node_fails_the_job_and_takes_back_the_nodes_crashes() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster(restart={"max": 10, "backoff_s": 1.0, "quarantine_after": 3})
+        sim.crash("b", 1, cause=EVAL_BUG)  # a bug only rank 1 runs into (after step 10)
+        await sim.tick(ERROR_SETTLE_S)
+        assert sim.state is JobState.RECOVERING and sim.job.record.node_failures == {"b": 1}
+        await relaunched(sim, step=12)
+        assert node_of(sim, 1) == "b"  # once is no pattern: the world keeps its order
+        sim.crash("b", 1, cause=EVAL_BUG)
+        await sim.tick(ERROR_SETTLE_S)
+        record = sim.job.record
+        assert record.state is JobState.RECOVERING and record.node_failures == {"b": 2}
+        assert (record.last_failure.blamed, record.last_failure.samples_at) == (2, 13 * 12)
+        recovery = [e for e in await sim.coordinator.events(0) if e.kind == "recovery_started"][-1]
+        assert "rank 1 failed the same way on node b 2 generations in a row: it runs on another node next" \
+            in recovery.message
+        await relaunched(sim, step=14)
+        assert sim.world() == ["b", "c", "a"] and node_of(sim, 1) == "c"
+        sim.crash("c", 1, cause=EVAL_BUG)
+        await sim.tick(ERROR_SETTLE_S)
+        record = sim.job.record
+        assert record.state is JobState.FAILED and record.last_failure.cause is FailureCause.JOB_ERROR
+        assert "the error follows the rank, not a node or a batch" in record.last_failure.message
+        assert "failed the same way on node b" in record.last_failure.message
+        assert record.node_failures == {} and record.crash_restarts == 2
+        failed = [e for e in await sim.coordinator.events(0) if e.kind == "job_failed"][-1]
+        assert "node b is no longer blamed for its 2 crash(es) from this error" in failed.message
+    run(scenario())
+
+
+def test_a_nodes_own_error_stays_with_the_node_when_its_rank_moves_and_quarantines_it() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster(restart={"max": 10, "backoff_s": 1.0, "quarantine_after": 3})
+        for step in (12, 14):  # b lacks a file the job reads, whichever rank runs there
+            sim.crash("b", 1, cause=FILE_MISSING)
+            await sim.tick(ERROR_SETTLE_S)
+            await relaunched(sim, step=step)
+        assert sim.world() == ["b", "c", "a"] and node_of(sim, 0) == "b"
+        sim.crash("b", 0, cause=FILE_MISSING)
+        await sim.tick(ERROR_SETTLE_S)
+        record = sim.job.record
+        assert record.state is JobState.RECOVERING and record.last_failure.cause is FailureCause.PROCESS_EXITED
+        assert record.node_failures == {"b": 3} and sim.job.view().quarantined == frozenset({"b"})
+        assert (record.last_failure.blamed_node, record.last_failure.blamed) == ("b", 1)  # another rank: a new count
+        await relaunched(sim, step=16)
+        assert "b" not in sim.world()
+    run(scenario())
+
+
+def test_a_rank_is_moved_once_for_its_error_not_again_at_a_reshape_after_it() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster(restart={"max": 10, "backoff_s": 1.0, "quarantine_after": 3})
+        for step in (12, 14):
+            sim.crash("b", 1, cause=EVAL_BUG)
+            await sim.tick(ERROR_SETTLE_S)
+            await relaunched(sim, step=step)
+        assert sim.world() == ["b", "c", "a"]
+        await sim.coordinator.set_drain("a", True)  # the generation ends for a reshape, not a failure
+        await sim.tick(0.1)
+        [request] = sim.agents["b"].checkpoint_requests()
+        sim.checkpoint(request.step)
+        await sim.tick(0.1)
+        assert sim.state is JobState.RECOVERING
+        sim.confirm_stop()
+        await sim.tick(0.1)
+        assert sim.world() == ["b", "c"]  # the failure before the reshape turns the order no more
+    run(scenario())
+
+
+def test_an_error_that_follows_a_rank_at_the_same_samples_may_be_a_batch_and_is_skipped_first() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster(restart={"max": 10, "backoff_s": 1.0, "quarantine_after": 1})
+        sim.crash("b", 1, cause=EVAL_BUG)
+        await sim.tick(ERROR_SETTLE_S)
+        assert sim.job.view().quarantined == frozenset({"b"})
+        await relaunched(sim, step=10)  # the same step again: the same samples
+        assert "b" not in sim.world() and node_of(sim, 1) == "c"
+        sim.crash("c", 1, cause=EVAL_BUG)
+        await sim.tick(ERROR_SETTLE_S)
+        record = sim.job.record
+        assert record.state is JobState.RECOVERING and record.last_failure.cause is FailureCause.PROCESS_EXITED
+        assert [(entry.start, entry.end) for entry in await sim.coordinator.skips()] == [(10 * 12, 11 * 12)]
+        assert record.node_failures == {"b": 1}  # the error came with the rank: c is not to blame
+        recovery = [e for e in await sim.coordinator.events(0) if e.kind == "recovery_started"][-1]
+        assert "rank 1 failed the same way on node b, at these samples: node c is not blamed" in recovery.message
+        await relaunched(sim, step=10)  # step 11 now trains on other samples
+        sim.crash("c", 1, cause=EVAL_BUG)
+        await sim.tick(ERROR_SETTLE_S)
+        record = sim.job.record
+        assert record.state is JobState.FAILED and record.last_failure.cause is FailureCause.JOB_ERROR
+        assert record.node_failures == {} and sim.job.view().quarantined == frozenset()
+        failed = [e for e in await sim.coordinator.events(0) if e.kind == "job_failed"][-1]
+        assert "node b is no longer blamed for its 1 crash(es) from this error and its quarantine is lifted" \
+            in failed.message
     run(scenario())
 
 

@@ -248,6 +248,30 @@ def test_one_ranks_own_error_is_the_root_cause_not_the_collective_errors_of_the_
     assert "ValueError: bad value at step 7" in failed["message"], failed
 
 
+def test_one_ranks_own_error_moves_the_rank_to_the_other_node_and_fails_the_job_when_it_follows_the_rank(
+        tmp_path: Path, procs: Processes) -> None:
+    # Rank 1 alone raises at global step 7, whichever node it runs on: a bug of the job's own that looks,
+    # at first, like a fault of rank 1's node.
+    job = msrun_style_job(tmp_path, "--epochs", "3", "--steps-per-epoch", "5", "--raise-at-step", "7",
+                          "--raise-rank", "1", restart={"max": 5, "backoff_s": 0.2, "quarantine_after": 3})
+    address = start_two_agents(tmp_path, procs, job)
+    job = wait_for_job(address, "the end", lambda j: j["state"] in ENDED, 300, procs)
+    assert job["state"] == "FAILED", job
+    assert job["generation"] == 3 and job["crash_restarts"] == 2, job
+    orders = [e["fields"]["nodes"] for e in events(address) if e["kind"] == "generation_started"]
+    assert orders[0] == orders[1] and orders[2] == orders[1][::-1], orders  # rank 1 moved after two crashes
+    failure = job["last_failure"]
+    assert failure["cause"] == "job_error" and failure["rank"] == 1 and failure["node"] == orders[2][1], failure
+    assert f"failed the same way on node {orders[1][1]} before" in failure["message"], failure
+    assert "the error follows the rank, not a node or a batch" in failure["message"], failure
+    assert not any(node["quarantined"] for node in status(address)["nodes"])
+    moved = [e for e in events(address) if e["kind"] == "recovery_started"][-1]
+    assert f"rank 1 failed the same way on node {orders[1][1]} 2 generations in a row: it runs on another node " \
+           f"next" in moved["message"], moved
+    failed = next(e for e in events(address) if e["kind"] == "job_failed")
+    assert f"node {orders[1][1]} is no longer blamed for its 2 crash(es) from this error" in failed["message"]
+
+
 def test_an_error_every_rank_raises_after_progress_quarantines_no_node_and_fails_the_job_the_second_time(
         tmp_path: Path, procs: Processes) -> None:
     # Every rank raises at global step 7, in epoch 2; the relaunch resumes from the script's epoch-1
