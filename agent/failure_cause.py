@@ -25,10 +25,11 @@ In order of preference:
 
 from __future__ import annotations
 
-import enum
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from proto.vocabulary import CauseKind
 
 MAX_MESSAGE_CHARS = 300
 
@@ -47,13 +48,6 @@ _TRAINERD_EXAMPLES = f"{_TRAINERD_ROOT / 'trainer' / 'examples'}/"
 _MESSAGE_BELOW_LINES = 10  # how far below an empty `RuntimeError: ` (or a section title) its text is looked for
 _REFER_TO = re.compile(r"Refer to '(?P<section>[^']+)'")  # MindSpore naming the section that holds its error
 _SECTION_SEARCH_LINES = 40  # how far below such an exception line the section is looked for
-_VARIABLE = re.compile(r"0x[0-9a-fA-F]+|\d+")
-
-
-class CauseKind(enum.StrEnum):
-    PYTHON_EXCEPTION = "python_exception"
-    MINDSPORE_ERROR = "mindspore_error"
-    LAST_LINE = "last_line"
 
 
 @dataclass(frozen=True)
@@ -72,19 +66,6 @@ def extract_failure_cause(tail: str, work_dir: str | None = None) -> FailureCaus
     lines = tail.splitlines()
     return (_python_exception(lines, work_dir) or _mindspore_error(lines)
             or _last_line(lines))
-
-
-def same_error(first: FailureCause, second: FailureCause) -> bool:
-    """Whether two ranks failed with the same error (for telling a job's fault from a node's).
-
-    Same kind, same location, and the same message once every number is ignored: ranks, PIDs,
-    addresses, ports, sizes and shard names differ between ranks that hit the same bug (rank 1's
-    'data/shard-1.bin' and rank 3's 'data/shard-3.bin' are the same missing data). Errors that
-    follow another rank's failure (a collective that failed, "Launch kernel failed: …AllReduce")
-    look alike on every surviving rank: compare the first failures of a generation, not those.
-    """
-    return (first.kind == second.kind and first.location == second.location
-            and _without_numbers(first.message) == _without_numbers(second.message))
 
 
 def _python_exception(lines: list[str], work_dir: str | None) -> FailureCause | None:
@@ -173,7 +154,3 @@ def _relative(path: str, work_dir: str | None) -> str:
 def _one_line(text: str) -> str:
     text = " ".join(text.split())
     return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS - 1] + "…"
-
-
-def _without_numbers(message: str) -> str:
-    return _VARIABLE.sub("#", message)

@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.failure_cause import CauseKind, extract_failure_cause
+from agent.failure_cause import extract_failure_cause
 from agent.generation_dirs import claim_generation_dir, generation_dir, prune_generation_dirs
 from agent.job_workdir import UnsafeJobPath, graceful_exit_path, job_workdir
 from agent.launch_policy import launch_refusal
@@ -66,6 +66,7 @@ from proto.progress_datagram import (
     WorkerEvent,
 )
 from proto.progress_pattern import ProgressPatternError, compile_progress_pattern
+from proto.vocabulary import CauseKind
 from proto.worker_files import CheckpointRequest, SkipList, encode_control, encode_skips, write_atomically
 
 log = logging.getLogger(__name__)

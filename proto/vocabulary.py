@@ -26,6 +26,15 @@ class ProcessRole(str, enum.Enum):
     WORKER = "worker"
 
 
+class CauseKind(enum.StrEnum):
+    """What a failed process's root cause is (the agent reads it from the output; the coordinator
+    compares errors by it, daemon/job/state.py error_key)."""
+
+    PYTHON_EXCEPTION = "python_exception"
+    MINDSPORE_ERROR = "mindspore_error"
+    LAST_LINE = "last_line"
+
+
 # Kernel states (ProcessStatus.os_state) of a process that is not running its code: stopped or traced
 # ("T", "t"), or stuck in an uninterruptible sleep ("D"). In a hang, such a rank is the one behind.
 FROZEN_OS_STATES = frozenset({"T", "t", "D"})

@@ -455,9 +455,11 @@ def _too_much_skipped(world: JobWorld) -> str | None:
 
 def _process_failure(cause: FailureCause, failed: ProcessReport, message: str | None = None,
                      same_error_ranks: tuple[int, ...] = ()) -> Failure:
+    root = failed.cause
     return Failure(cause, failed.describe() if message is None else message, failed.node, failed.rank,
-                   failed.exit_code, failed.signal, "" if failed.cause is None else failed.cause.location,
-                   "" if failed.cause is None else failed.cause.message, same_error_ranks)
+                   failed.exit_code, failed.signal, "" if root is None else root.location,
+                   "" if root is None else root.message, same_error_ranks,
+                   error_kind="" if root is None else root.kind)
 
 
 def _same_error_ranks(observation: GenerationObservation, failed: ProcessReport) -> tuple[int, ...]:
@@ -476,7 +478,7 @@ def _same_error_again(previous: Failure | None, failed: ProcessReport, alike: tu
     crash-step skip and the quarantine deal with those. The first time is relaunched all the same, for
     an error every rank met at once may have passed (a shared file system that hiccupped)."""
     return (previous is not None and previous.cause is FailureCause.PROCESS_EXITED and len(alike) >= 2
-            and len(previous.same_error_ranks) >= 2 and (previous.error, previous.location) == failed.same_cause_key)
+            and len(previous.same_error_ranks) >= 2 and previous.error_key == failed.same_cause_key)
 
 
 def _follows_rank(previous: Failure | None, failure: Failure) -> bool:
@@ -487,7 +489,7 @@ def _follows_rank(previous: Failure | None, failure: Failure) -> bool:
             and not failure.signal and not previous.signal
             and failure.same_error_ranks == previous.same_error_ranks == (failure.rank,)
             and bool(_met_elsewhere(previous, failure))
-            and (previous.error, previous.location) == (failure.error, failure.location))
+            and previous.error_key == failure.error_key)
 
 
 def _met_elsewhere(previous: Failure, failure: Failure) -> str:
@@ -679,7 +681,7 @@ def _with_history(world: JobWorld, failure: Failure) -> Failure:
     if previous is not None and _follows_rank(previous, failure) and previous.blamed:
         return replace(failure, blamed_node=previous.blamed_node, blamed=previous.blamed)
     again = (previous is not None and previous.blamed_node == failure.node and bool(failure.error)
-             and (previous.rank, previous.error, previous.location) == (failure.rank, failure.error, failure.location))
+             and previous.rank == failure.rank and previous.error_key == failure.error_key)
     return replace(failure, blamed_node=failure.node, blamed=previous.blamed + 1 if again and previous else 1)
 
 
@@ -690,7 +692,7 @@ def _forgive_node(world: JobWorld, failure: Failure, changes: dict) -> str:
     record, after = world.record, world.spec.restart.quarantine_after
     previous = record.last_failure
     if (failure.cause is not FailureCause.JOB_ERROR or previous is None or not previous.blamed
-            or (previous.error, previous.location) != (failure.error, failure.location)):
+            or previous.error_key != failure.error_key):
         return ""
     node, counted = previous.blamed_node, record.node_failures.get(previous.blamed_node, 0)
     left = max(0, counted - previous.blamed)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field, replace
 
-from daemon.job.state import SnapshotHolder
+from daemon.job.state import SnapshotHolder, error_key
 from proto.vocabulary import FROZEN_OS_STATES, ProcessRole
 
 
@@ -78,10 +78,10 @@ class ProcessReport:
 
     @property
     def same_cause_key(self) -> tuple[str, str] | None:
-        """What makes two failures the same error: the root cause's message and location."""
+        """What makes two failures the same error (state.error_key of its root cause); None without one."""
         if self.cause is None or not self.cause.message:
             return None
-        return self.cause.message, self.cause.location
+        return error_key(self.cause.message, self.cause.location, self.cause.kind)
 
 
 @dataclass(frozen=True)

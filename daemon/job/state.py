@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from daemon.errors import PermanentError
 from daemon.job.placement import Placement
-from proto.vocabulary import JobState
+from proto.vocabulary import CauseKind, JobState
 
 # Every write of the job state is checked against this table (DESIGN.md, "reconcile loop").
 ALLOWED_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
@@ -25,6 +26,19 @@ ALLOWED_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
 
 class IllegalTransition(PermanentError):
     """A move the transition table forbids: a bug in the decision that asked for it, never retried."""
+
+
+_NUMBER = re.compile(r"0x[0-9a-fA-F]+|\d+")
+
+
+def error_key(message: str, location: str, kind: str) -> tuple[str, str]:
+    """What makes two failures the same error (a job's fault, not a node's): the same location, and the
+    same message, where a Python exception's numbers are ignored: ranks, sizes and shard names differ
+    between ranks that hit the same line (rank 1's 'data/shard-1.bin' and rank 3's 'data/shard-3.bin'
+    are the same missing data). A MindSpore error or a last line (`kind`, RootCause.kind) is compared
+    whole: those mostly follow another rank's failure (a collective that broke, "The node: 3 is timed
+    out at 0x7f…"), and what differs in them says which peer and which process."""
+    return (_NUMBER.sub("#", message) if kind == CauseKind.PYTHON_EXCEPTION else message), location
 
 
 class FailureCause(StrEnum):
@@ -78,12 +92,18 @@ class Failure:
     # a row; "" and 0 when it was counted against none (decide.py, _with_history).
     blamed_node: str = ""
     blamed: int = 0
+    error_kind: str = ""  # the root cause's kind (RootCause.kind)
+
+    @property
+    def error_key(self) -> tuple[str, str]:
+        return error_key(self.error, self.location, self.error_kind)
 
     def to_json(self) -> dict:
         return {"cause": self.cause.value, "message": self.message, "node": self.node, "rank": self.rank,
                 "exit_code": self.exit_code, "signal": self.signal, "location": self.location,
                 "error": self.error, "same_error_ranks": list(self.same_error_ranks),
-                "samples_at": self.samples_at, "blamed_node": self.blamed_node, "blamed": self.blamed}
+                "samples_at": self.samples_at, "blamed_node": self.blamed_node, "blamed": self.blamed,
+                "error_kind": self.error_kind}
 
     @classmethod
     def from_json(cls, data: dict) -> "Failure":
@@ -93,7 +113,7 @@ class Failure:
                    str(data.get("location", "")), str(data.get("error", "")),
                    tuple(int(rank) for rank in data.get("same_error_ranks", ())),
                    int(data.get("samples_at", -1)), str(data.get("blamed_node", "")),
-                   int(data.get("blamed", 0)))
+                   int(data.get("blamed", 0)), str(data.get("error_kind", "")))
 
 
 @dataclass(frozen=True)

@@ -66,8 +66,8 @@ def test_a_failure_stored_before_it_had_a_location_reads_back_with_none() -> Non
 def test_where_a_failure_was_blamed_survives_etcd_and_a_record_from_before_blames_no_node() -> None:
     failure = Failure(FailureCause.PROCESS_EXITED, "rank 1 exited with code 1: ValueError: x", "b", 1, 1,
                       location="train.py:9", error="ValueError: x", same_error_ranks=(1,), samples_at=132,
-                      blamed_node="b", blamed=2)
+                      blamed_node="b", blamed=2, error_kind="python_exception")
     assert Failure.from_json(failure.to_json()) == failure  # a new leader moves the rank, and forgives, alike
-    older = {k: v for k, v in failure.to_json().items() if k not in ("samples_at", "blamed_node", "blamed")}
+    older = {k: v for k, v in failure.to_json().items() if k not in ("samples_at", "blamed_node", "blamed", "error_kind")}
     assert (Failure.from_json(older).samples_at, Failure.from_json(older).blamed_node,
             Failure.from_json(older).blamed) == (-1, "", 0)

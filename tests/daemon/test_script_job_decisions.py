@@ -54,6 +54,21 @@ def test_a_start_up_error_on_every_rank_fails_the_job_at_once_and_resume_restart
     run(scenario())
 
 
+def test_every_rank_missing_its_own_shard_is_one_error_of_the_jobs_not_a_crash_of_each_node() -> None:
+    async def scenario() -> None:
+        sim = await launched_cluster(**NO_BATCH)
+        for rank, name in enumerate(("a", "b", "c")):
+            sim.crash(name, rank, cause=RootCause(f"FileNotFoundError: [Errno 2] No such file or directory: "
+                                                  f"'data/shard-{rank}.bin'", "train.py:12", "python_exception"))
+        await sim.tick()
+        record = sim.job.record
+        assert record.state is JobState.FAILED and record.last_failure.cause is FailureCause.JOB_ERROR
+        assert "shard-0.bin" in record.last_failure.message and "ranks 0, 1, 2 failed the same way" in \
+            record.last_failure.message
+        assert (record.crash_restarts, record.node_failures) == (0, {})
+    run(scenario())
+
+
 def test_one_rank_failing_at_start_up_is_a_crash_once_the_settle_window_passed() -> None:
     async def scenario() -> None:
         sim = await launched_cluster(**NO_BATCH)
