@@ -6,7 +6,9 @@ Runs by hand (one process) or as one rank of a cluster (MS_ROLE set: it joins wi
 The flags after --output are test hooks: --nan-step makes the samples one rank reads at that step NaN
 (computed from trainerd's sample stream, which the dataset reads in the same order), --trace writes
 the weights after every step, --from-epoch-0 forgets to tell Model.train where a resume continues,
---fit-valid trains with Model.fit and a validation set evaluated after every epoch, --own-dataset reads the
+--fit-valid trains with Model.fit and a validation set evaluated after every epoch, --eval-callback evaluates
+it with Model.eval in a callback of the script's own after every epoch (as ModelZoo's EvalCallBack does) and
+once more after training, --own-dataset reads the
 samples in order and batches them itself, without trainerd_dataset, and
 --sharded-table adds a parameter cut over the ranks along dimension 0, with the layout tensor parallel would
 give it in the train network's parameter_layout_dict (the CPU cannot run tensor parallel itself).
@@ -43,6 +45,8 @@ def parse_args():
                         help="batch the dataset itself (in order, no trainerd_dataset), as a MindDataset pipeline would")
     parser.add_argument("--fit-valid", action="store_true",
                         help="train with Model.fit, evaluating the accuracy on a validation set after every epoch")
+    parser.add_argument("--eval-callback", action="store_true",
+                        help="evaluate with model.eval in a callback of the script's own after every epoch")
     parser.add_argument("--sharded-table", choices=["arange", "zeros"],
                         help="test only: a parameter 'table', this rank's rows of arange(48).reshape(8, 6) or zeros")
     parser.add_argument("--table-field-size", type=int, default=0, help="test only: the field_size of its layout")
@@ -92,6 +96,18 @@ class Trace(Callback):
                  **{p.name: p.asnumpy() for p in self.net.trainable_params()})
 
 
+class EvalCallBack(Callback):
+    """ModelZoo's way to evaluate while training: model.eval in epoch_end, with no callbacks of its own."""
+
+    def __init__(self, model, dataset):
+        super().__init__()
+        self.model, self.dataset = model, dataset
+
+    def on_train_epoch_end(self, run_context):
+        epoch = run_context.original_args().cur_epoch_num
+        print(f"epoch {epoch}: eval {self.model.eval(self.dataset, dataset_sink_mode=False)}", flush=True)
+
+
 def join_cluster():
     """Graph mode, data parallel in a cluster when launched as one of its ranks (MS_ROLE set), the seed;
     returns (rank, world size)."""
@@ -132,12 +148,17 @@ def main():
         os.makedirs(args.trace, exist_ok=True)
         callbacks.append(Trace(args.trace, rank, net))
     initial_epoch = 0 if args.from_epoch_0 else resume_epoch(dataset)
-    if args.fit_valid:
+    if args.fit_valid or args.eval_callback:
         model = Model(train_cell, eval_network=nn.WithEvalCell(net, loss_fn), eval_indexes=[0, 1, 2],
                       metrics={"accuracy": Accuracy()})
         valid = ds.GeneratorDataset(TrainData(()), ["x", "y"], shuffle=False).take(64).batch(BATCH_SIZE)
-        if initial_epoch < args.epochs:
+        if initial_epoch < args.epochs and args.fit_valid:
             model.fit(args.epochs, dataset, valid, callbacks=callbacks, initial_epoch=initial_epoch)
+        elif initial_epoch < args.epochs:
+            model.train(args.epochs, dataset, callbacks=[*callbacks, EvalCallBack(model, valid)],
+                        initial_epoch=initial_epoch)
+        if args.eval_callback:
+            print(f"after training: eval {model.eval(valid)}", flush=True)
     else:
         model = Model(train_cell)
         if initial_epoch < args.epochs:

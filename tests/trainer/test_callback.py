@@ -160,6 +160,21 @@ def test_model_fit_evaluating_every_epoch_saves_and_trains_as_model_train_does(
     assert evaluating == {STEPS_PER_EPOCH * epoch for epoch in range(1, EPOCHS + 1)}, run.events(0)
 
 
+def test_a_model_eval_that_the_scripts_own_callback_runs_is_reported_while_training_runs(
+        processes: Processes, reference: tuple[Run, Path], tmp_path: Path) -> None:
+    # ModelZoo's EvalCallBack calls model.eval(dataset) in epoch_end, with no callbacks: TrainerdCallback hears
+    # of it only through the Model.eval it watches while the training runs.
+    run = run_job(processes, tmp_path, one_rank_env(tmp_path, "eval"), *ARGV, "--eval-callback")
+    assert run.exit_codes() == {"eval": 0}, run.logs
+    assert run.logs.count("eval {'accuracy'") == EPOCHS + 1, run.logs  # each epoch's, and one after
+    assert same(run.weights(0), reference[0].weights(0))
+    events = [(e.event, e.step) for e in run.events(0)]
+    evaluating = [step for event, step in events if event is WorkerEvent.EVALUATING]
+    assert evaluating == [STEPS_PER_EPOCH * epoch for epoch in range(1, EPOCHS + 1)], events
+    # The evaluation after training is not reported: the agent has heard FINISHED, after which no step is awaited.
+    assert events[-1] == (WorkerEvent.FINISHED, STEPS), events
+
+
 def test_a_nan_batch_is_reported_and_leaves_the_weights_unchanged(reference: tuple[Run, Path]) -> None:
     run, root = reference
     [report] = [m for m in run.reports if isinstance(m, BadBatchReport)]

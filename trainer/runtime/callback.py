@@ -44,7 +44,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, NoReturn
 
@@ -56,6 +56,7 @@ from proto.exit_codes import EXIT_USAGE
 from trainer.checkpoint.errors import UnsupportedLayout
 from trainer.checkpoint.sharding import ShardedTensor
 from trainer.runtime.elastic_dataset import SKIPS_FILE_ENV, resume_epoch, trainerd_dataset
+from trainer.runtime.evaluation_watch import watch_model_eval
 from trainer.runtime.guarded_cell import GuardedTrainOneStepCell
 from trainer.runtime.parameter_layouts import parameter_layouts
 from trainer.runtime.progress import ProgressReporter
@@ -86,6 +87,7 @@ class TrainerdCallback(Callback):
         self._run: TrainingRun | None = None
         self._entered = 0  # Model.fit enters the callbacks again for each evaluation, inside the training's
         self._evaluating_told = 0.0  # when the agent last heard that this rank evaluates
+        self._unwatch_eval: Callable[[], None] = lambda: None
         if ctx is None:
             log.warning("TrainerdCallback: this process was not launched by trainerd (TRAINERD_JOB is not set), "
                         "so it reports no progress and saves no checkpoints.")
@@ -106,6 +108,7 @@ class TrainerdCallback(Callback):
         # Model.train counts this call's steps from 0; MindSpore's own resume starts the count at the global
         # step (Model._train's initial_step), so LossMonitor prints the step within the epoch.
         cb_params.cur_step_num = self._run.step
+        self._unwatch_eval = watch_model_eval(lambda first: self._evaluating(time.monotonic(), first))
 
     def on_train_epoch_begin(self, run_context: RunContext) -> None:
         """The dataset's epochs and Model.train's must agree; they do not when initial_epoch is wrong."""
@@ -127,7 +130,8 @@ class TrainerdCallback(Callback):
             self._run.step_ended(*_read_outputs(cb_params.net_outputs, guarded), cb_params.cur_epoch_num)
 
     def on_eval_begin(self, run_context: RunContext) -> None:
-        """Model.fit evaluates between epochs: no step for as long as that takes, which is no hang."""
+        """Model.fit evaluates between epochs: no step for as long as that takes, which is no hang (a
+        Model.eval that another callback runs is heard through evaluation_watch)."""
         self._evaluating(time.monotonic(), first=True)
 
     def on_eval_step_end(self, run_context: RunContext) -> None:
@@ -141,6 +145,7 @@ class TrainerdCallback(Callback):
             self._active[1].evaluating(self._run.step)
 
     def on_train_end(self, run_context: RunContext) -> None:
+        self._unwatch_eval()  # what runs after training awaits no step (the agent hears FINISHED)
         if self._run is not None:
             self._run.finished()
 
@@ -155,6 +160,7 @@ class TrainerdCallback(Callback):
         self._entered -= 1
         if self._entered > 0:
             return
+        self._unwatch_eval()
         if self._run is not None:
             self._run.checkpoints.close()
         if self._active is not None:
