@@ -7,7 +7,8 @@ Runs by hand (one process) or as one rank of a cluster (MS_ROLE set: it joins wi
 gradients averaged by DistributedGradReducer). Its updates go through the loop's bad-batch guard. Test hooks:
 --samples-file writes, per step, the first value of every sample this rank trained on (which samples each
 epoch read); --nan-step makes the samples of that step NaN (callback_job.py's hook); --own-dataset reads the
-samples in order and batches them itself, without trainerd_dataset.
+samples in order and batches them itself, without trainerd_dataset; --valid runs a validation pass after every
+epoch, through loop.evaluating.
 """
 
 import argparse
@@ -38,6 +39,7 @@ def parse_args():
     parser.add_argument("--nan-step", type=int, help="test only: the samples of this step are NaN")
     parser.add_argument("--own-dataset", action="store_true",
                         help="batch the dataset itself (in order, no trainerd_dataset), as a MindDataset pipeline would")
+    parser.add_argument("--valid", action="store_true", help="measure the accuracy on a validation set every epoch")
     return parser.parse_args()
 
 
@@ -73,6 +75,11 @@ def main():
                     with open(args.samples_file, "a") as samples:
                         samples.write(f"{epoch} {' '.join(f'{v:.6f}' for v in x.asnumpy()[:, 0])}\n")
                 print(f"epoch: {epoch}, loss is {loss}", flush=True)
+            if args.valid:
+                valid = ds.GeneratorDataset(TrainData(()), ["x", "y"], shuffle=False).take(64).batch(BATCH_SIZE)
+                right = sum(int((net(x).argmax(1) == y).sum().asnumpy())
+                            for x, y in loop.evaluating(valid.create_tuple_iterator()))
+                print(f"epoch {epoch}: validation accuracy {right / 64:.3f}", flush=True)
 
     if args.output:
         save_weights(net, Path(args.output) / f"final_rank{rank}.npz")

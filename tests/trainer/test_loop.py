@@ -2,7 +2,8 @@
 the agent launches them, reporting to a real progress receiver: every step reported, checkpoints on the schedule
 that verify, each epoch reading the next epoch of the sample stream (not the first one again, as a `for` over the
 dataset per epoch would), a resume in the middle of an epoch that trains the same samples and ends with the
-same weights as the uninterrupted run, and a NaN batch that the guard keeps out of the weights and reports."""
+same weights as the uninterrupted run, a NaN batch that the guard keeps out of the weights and reports, and a
+validation pass each epoch that tells the agent the rank evaluates."""
 
 from __future__ import annotations
 
@@ -114,3 +115,13 @@ def test_a_nan_batch_is_kept_out_of_the_weights_reported_and_the_run_goes_on(
     assert all(math.isfinite(s.loss) for s in steps if s.step != 3)
     assert all(np.isfinite(weights).all() for weights in run.weights(0).values())
     assert not same(run.weights(0), reference[0].weights(0))  # the step's update was left out, not made
+
+
+def test_a_validation_pass_between_epochs_tells_the_agent_the_rank_evaluates_and_changes_nothing(
+        processes: Processes, reference: tuple[Run, list[str], Path], tmp_path: Path) -> None:
+    run, samples = run_loop(processes, tmp_path, "valid", 1, "--valid")
+    assert run.logs.count("validation accuracy") == EPOCHS, run.logs
+    events = [(e.event, e.step) for e in run.events(0)]
+    assert events == [(WorkerEvent.STARTED, 0), *((WorkerEvent.EVALUATING, STEPS_PER_EPOCH * epoch)
+                                                   for epoch in range(1, EPOCHS + 1)), (WorkerEvent.FINISHED, STEPS)]
+    assert samples == reference[1] and same(run.weights(0), reference[0].weights(0))

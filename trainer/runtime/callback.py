@@ -56,7 +56,7 @@ from proto.exit_codes import EXIT_USAGE
 from trainer.checkpoint.errors import UnsupportedLayout
 from trainer.checkpoint.sharding import ShardedTensor
 from trainer.runtime.elastic_dataset import SKIPS_FILE_ENV, resume_epoch, trainerd_dataset
-from trainer.runtime.evaluation_watch import watch_model_eval
+from trainer.runtime.evaluation_watch import EvaluationPace, watch_model_eval
 from trainer.runtime.guarded_cell import GuardedTrainOneStepCell
 from trainer.runtime.parameter_layouts import parameter_layouts
 from trainer.runtime.progress import ProgressReporter
@@ -67,9 +67,6 @@ __all__ = ["GuardedTrainOneStepCell", "TrainerdCallback", "resume_epoch", "train
 
 log = logging.getLogger(__name__)
 _WHO = "TrainerdCallback"  # how its one-line exits begin
-# While Model.fit evaluates, the agent hears that the rank does, at most this often (and as it begins): far
-# inside any hang_timeout_s, and few datagrams for an evaluation of thousands of batches.
-EVALUATING_EVERY_S = 5.0
 
 
 class TrainerdCallback(Callback):
@@ -86,7 +83,7 @@ class TrainerdCallback(Callback):
         self._active: tuple[RankContext, ProgressReporter] | None = None
         self._run: TrainingRun | None = None
         self._entered = 0  # Model.fit enters the callbacks again for each evaluation, inside the training's
-        self._evaluating_told = 0.0  # when the agent last heard that this rank evaluates
+        self._evaluation_pace = EvaluationPace()
         self._unwatch_eval: Callable[[], None] = lambda: None
         if ctx is None:
             log.warning("TrainerdCallback: this process was not launched by trainerd (TRAINERD_JOB is not set), "
@@ -108,7 +105,7 @@ class TrainerdCallback(Callback):
         # Model.train counts this call's steps from 0; MindSpore's own resume starts the count at the global
         # step (Model._train's initial_step), so LossMonitor prints the step within the epoch.
         cb_params.cur_step_num = self._run.step
-        self._unwatch_eval = watch_model_eval(lambda first: self._evaluating(time.monotonic(), first))
+        self._unwatch_eval = watch_model_eval(self._evaluating)
 
     def on_train_epoch_begin(self, run_context: RunContext) -> None:
         """The dataset's epochs and Model.train's must agree; they do not when initial_epoch is wrong."""
@@ -132,16 +129,13 @@ class TrainerdCallback(Callback):
     def on_eval_begin(self, run_context: RunContext) -> None:
         """Model.fit evaluates between epochs: no step for as long as that takes, which is no hang (a
         Model.eval that another callback runs is heard through evaluation_watch)."""
-        self._evaluating(time.monotonic(), first=True)
+        self._evaluating(True)
 
     def on_eval_step_end(self, run_context: RunContext) -> None:
-        self._evaluating(time.monotonic())
+        self._evaluating(False)
 
-    def _evaluating(self, now: float, first: bool = False) -> None:
-        if self._run is None or self._active is None:
-            return
-        if first or now - self._evaluating_told >= EVALUATING_EVERY_S:
-            self._evaluating_told = now
+    def _evaluating(self, first: bool) -> None:
+        if self._run is not None and self._active is not None and self._evaluation_pace.due(first):
             self._active[1].evaluating(self._run.step)
 
     def on_train_end(self, run_context: RunContext) -> None:

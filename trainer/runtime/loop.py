@@ -11,6 +11,8 @@ optimizer call per batch), as `TrainerdCallback` is for `Model.train`:
                 if loop.accepts(grads):                              # optional: the bad-batch guard
                     optimizer(grads)
                 loop.step_ended(loss)                               # progress; a checkpoint when due or asked
+            for data, label in loop.evaluating(valid.create_tuple_iterator()):   # optional: a validation pass
+                ...
 
 What it gives: the parameters of the cells passed (the network and the optimizer, whose state is Parameters
 too) resumed from the checkpoint trainerd chose, at any world size, before the first step; each step's loss
@@ -34,6 +36,9 @@ the step as a bad batch, its samples go into the skip ledger of later checkpoint
 saved with the cells, so a resumed run judges as the uninterrupted one would. A loop that does not call
 `accepts` has no guard: a non-finite loss is reported as a step like any other.
 
+An evaluation between steps makes no step: iterate its batches through `loop.evaluating(...)`, which tells the
+agent the rank evaluates, so that one longer than the job's hang_timeout_s is no hang.
+
 Data parallel only (MindSpore's stand_alone or data_parallel mode): the cells' parameters are saved whole.
 A script whose parameters tensor or optimizer parallel cuts uses Model.train with TrainerdCallback, which
 saves each rank's slices.
@@ -49,9 +54,9 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import mindspore as ms
 import mindspore.dataset as ds
@@ -60,6 +65,7 @@ from mindspore import Tensor, nn, ops
 
 from proto.exit_codes import EXIT_USAGE
 from trainer.runtime.elastic_dataset import SKIPS_FILE_ENV, resume_epoch, trainerd_dataset
+from trainer.runtime.evaluation_watch import EvaluationPace
 from trainer.runtime.guard import StepGuard
 from trainer.runtime.guard_policy import GuardSettings
 from trainer.runtime.progress import ProgressReporter
@@ -71,6 +77,7 @@ __all__ = ["TrainerdLoop", "trainerd_dataset"]
 log = logging.getLogger(__name__)
 _WHO = "TrainerdLoop"
 _WHOLE_PARAMETER_MODES = ("stand_alone", "data_parallel")
+T = TypeVar("T")
 
 
 class TrainerdLoop:
@@ -89,6 +96,7 @@ class TrainerdLoop:
         self._run: TrainingRun | None = None
         self._reporter: ProgressReporter | None = None
         self._judged: tuple[float, bool] | None = None  # this step's (norm, accepted), once `accepts` ran
+        self._evaluation_pace = EvaluationPace()
         try:
             guard = StepGuard(GuardSettings.from_environ(env))
         except ValueError as exc:
@@ -139,6 +147,21 @@ class TrainerdLoop:
         else:
             norm, accepted = (math.nan if grad_norm is None else _number(grad_norm)), True
         self._run.step_ended(_number(loss), norm, accepted, self._epoch)
+
+    def evaluating(self, batches: Iterable[T]) -> Iterator[T]:
+        """`batches` of an evaluation the loop runs between its steps (a validation pass each epoch), passed
+        through. An evaluation makes no step, so one longer than the job's hang_timeout_s would be taken for a
+        hang: as it begins, and every few seconds while its batches come, this tells the agent that the rank
+        evaluates. A rank stuck inside it stops telling it, and is a hang."""
+        first = True
+        for batch in batches:
+            self._tell_evaluating(first)
+            first = False
+            yield batch
+
+    def _tell_evaluating(self, first: bool) -> None:
+        if self._run is not None and self._reporter is not None and self._evaluation_pace.due(first):
+            self._reporter.evaluating(self._run.step)
 
     def __enter__(self) -> TrainerdLoop:
         return self
