@@ -18,14 +18,16 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import mindspore.dataset as ds
 import numpy as np
 import pytest
 import yaml
+from mindformers.core.callback import EvalCallBack
 from mindformers.core.callback.build_callback import build_callback
 from mindformers.tools.register import MindFormerModuleType, MindFormerRegister
-from mindspore import Tensor
+from mindspore import Tensor, nn
 from mindspore.common import dtype as mstype
-from mindspore.train import RunContext
+from mindspore.train import Model, RunContext
 from mindspore.train.callback._callback import InternalCallbackParam
 
 from proto.progress_datagram import (
@@ -154,6 +156,28 @@ def test_the_callback_reports_steps_overflows_and_commits_from_mindformers_outpu
     assert of_type(messages, CheckpointReport) == [
         CheckpointReport("llm", 2, 0, 12, 48, str(ckpt / "iteration_00000012"))]
     assert of_type(messages, EventReport)[-1].event is WorkerEvent.FINISHED
+
+
+def test_an_evaluation_while_training_is_reported_as_mindformers_runs_it(
+        progress: ProgressSocket, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MindFormers' do_eval: its EvalCallBack calls model.eval(eval_dataset) between steps, with no callbacks."""
+    for name, value in {"TRAINERD_JOB": "llm", "TRAINERD_GENERATION": "1",
+                        "TRAINERD_PROGRESS_SOCKET": progress.path}.items():
+        monkeypatch.setenv(name, value)
+    callback = TrainerdMindFormersCallback(global_batch_size=4)
+    model = Model(nn.Dense(3, 2), nn.MSELoss(), metrics={"loss"})
+    data = ds.NumpySlicesDataset({"x": np.ones((8, 3), np.float32), "y": np.zeros((8, 2), np.float32)}).batch(4)
+    params = InternalCallbackParam(cur_step_num=0, net_outputs=None)
+    context = RunContext(params)
+    callback.on_train_begin(context)
+    params.cur_step_num, params.net_outputs = 1, net_outputs(2.5, False, 0.75)
+    callback.on_train_step_end(context)
+    mindformers_eval = EvalCallBack(eval_func=lambda: model.eval(data, dataset_sink_mode=False), step_interval=1)
+    mindformers_eval.on_train_step_end(context)
+    callback.on_train_end(context)
+    model.eval(data)  # after training: not reported (the agent has heard FINISHED)
+    events = [(e.event, e.step) for e in of_type(progress.take(), EventReport)]
+    assert events == [(WorkerEvent.STARTED, 0), (WorkerEvent.EVALUATING, 1), (WorkerEvent.FINISHED, 1)], events
 
 
 def tiny_llama_yaml(tmp_path: Path, samples: int) -> Path:

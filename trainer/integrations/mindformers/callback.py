@@ -9,6 +9,8 @@ of each generation's YAML (with `auto_register`, which imports `register/trainer
 - a step MindFormers skipped as a bad batch (rank 0): its update is skipped when the loss-scale overflow
   check fires (`overflow`) or, with `use_skip_data_by_global_norm`, when the global norm reaches
   `global_norm_spike_threshold`; the sample range is that step's global batch;
+- an evaluation while it trains (`do_eval`: MindFormers' EvalCallBack runs `model.eval`), as it begins and every
+  few seconds of it (`trainer.runtime.evaluation_watch`): no step for that long is no hang;
 - every checkpoint MindFormers commits (rank 0): when `latest_checkpointed_iteration.txt` in the
   checkpoint directory names a new iteration, its `iteration_NNNNNNNN` directory (also after async saves,
   whose tracker rank 0 writes a step or more later). trainerd resumes later generations from it.
@@ -26,7 +28,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ from mindspore.train import Callback, RunContext
 from proto.progress_datagram import WorkerEvent
 from trainer.checkpoint.errors import CheckpointError
 from trainer.checkpoint.mindformers_import import TRACKER_FILE, committed_iteration, iteration_dir
+from trainer.runtime.evaluation_watch import EvaluationPace, watch_model_eval
 from trainer.runtime.guard_policy import skip_reason
 from trainer.runtime.progress import ProgressReporter, StepPace
 from trainer.runtime.rank_context import RankContext, trainerd_launch
@@ -67,6 +70,8 @@ class TrainerdMindFormersCallback(Callback):
         self._tracker = CommitTracker(Path(directory)) if directory and self._ctx and self._ctx.rank == 0 else None
         self._step_started = time.perf_counter()
         self._pace = StepPace()
+        self._evaluation_pace = EvaluationPace()
+        self._unwatch_eval: Callable[[], None] = lambda: None
         self._step = 0
         if ctx is None:
             log.warning("TrainerdMindFormersCallback: not launched by trainerd (TRAINERD_JOB is not set); "
@@ -85,6 +90,7 @@ class TrainerdMindFormersCallback(Callback):
             # from an older checkpoint): MindFormers rewrites the tracker at its next save.
             self._tracker.seen = self._step
         self._reporter.event(WorkerEvent.STARTED, step=self._step)
+        self._unwatch_eval = watch_model_eval(self._evaluating)
 
     def on_train_step_begin(self, run_context: RunContext) -> None:
         self._step_started = time.perf_counter()
@@ -107,10 +113,15 @@ class TrainerdMindFormersCallback(Callback):
         self._report_commit()
 
     def on_train_end(self, run_context: RunContext) -> None:
+        self._unwatch_eval()
         if self._reporter is None:
             return
         self._report_commit()
         self._reporter.event(WorkerEvent.FINISHED, step=self._step)
+
+    def _evaluating(self, first: bool) -> None:
+        if self._reporter is not None and self._evaluation_pace.due(first):
+            self._reporter.evaluating(self._step)
 
     def _report_commit(self) -> None:
         if self._tracker is None or self._reporter is None:
