@@ -627,6 +627,8 @@ def _end_generation(world: JobWorld, failure: Failure) -> list[Action]:
                     actions.append(AddSkip(start, _batch_end(start, spec.global_batch, world.skips),
                                            f"step {step} crashed a worker {crashes} times", step))
                 changes["crash_steps"] = {k: v for k, v in record.crash_steps.items() if k != step}
+    if failure.cause is FailureCause.HANG:
+        note += _hang_hint(world, failure)
     if failure.cause is FailureCause.CHECKPOINT_UNREADABLE and generation.resume is not None:
         actions.append(MarkCheckpointBad(generation.resume.step, failure.message))
     if failure.cause is FailureCause.BAD_BATCHES:
@@ -665,6 +667,19 @@ def _end_generation(world: JobWorld, failure: Failure) -> list[Action]:
                                        f"{quarantine}{note}", recovery=failure.cause))
     actions.append(StopGeneration(failure.message, dump_stacks=failure.cause is FailureCause.HANG))
     return actions
+
+
+def _hang_hint(world: JobWorld, failure: Failure) -> str:
+    """What to tell of a hang of a rank whose steps come from its output: a long evaluation or save of the
+    script's own prints no step either (trainerd's runtime tells of those), so the likelier cause is named
+    with its remedy. Nothing for a rank whose process was seen frozen, which is a hang for sure."""
+    observation = world.observation
+    assert observation is not None
+    report = observation.progress.get(failure.rank)
+    if report is None or not report.from_output or failure.rank in observation.frozen_ranks():
+        return ""
+    return ("; its steps are read from its output, so an evaluation or a save of the script's own that prints "
+            "nothing for longer than hang_timeout_s looks the same: if that is it, raise job.hang_timeout_s")
 
 
 def _with_history(world: JobWorld, failure: Failure) -> Failure:

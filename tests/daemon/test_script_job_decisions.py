@@ -292,6 +292,10 @@ def test_a_silent_script_is_running_after_the_window_and_hangs_only_once_it_show
         assert failure.cause is FailureCause.HANG
         assert failure.message.endswith("(hang_timeout_s 30); rank 1 on node b was behind at epoch 1 step 3")
         assert all(agent.stops()[-1].dump_stacks for agent in sim.agents.values())
+        recovery = [e for e in await sim.coordinator.events(0) if e.kind == "recovery_started"][-1]
+        assert recovery.message.endswith("; its steps are read from its output, so an evaluation or a save of the "
+                                         "script's own that prints nothing for longer than hang_timeout_s looks the "
+                                         "same: if that is it, raise job.hang_timeout_s")
     run(scenario())
 
 
