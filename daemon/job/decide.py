@@ -418,10 +418,12 @@ def _failure(world: JobWorld) -> Failure | None:
         previous = world.record.last_failure
         if observation.progress_seen and _follows_rank(previous, crash) and not _same_samples(world, previous, crash):
             assert previous is not None
+            samples = "at other samples" if _failing_samples(world, crash.rank) >= 0 and previous.samples_at >= 0 \
+                else "its samples unknown (none can be skipped)"
             return replace(crash, cause=FailureCause.JOB_ERROR,
                            message=f"{crash.message}; rank {crash.rank} failed the same way on node "
-                                   f"{_met_elsewhere(previous, crash)} before, at other samples: the error follows "
-                                   f"the rank, not a node or a batch")
+                                   f"{_met_elsewhere(previous, crash)} before, {samples}: the error follows the "
+                                   f"rank, not a node or a batch")
         return crash
     run = observation.bad_run()
     if len(run) >= world.spec.data_skip.max_consecutive_spikes:
