@@ -116,6 +116,7 @@ class NodeView:
     last_heartbeat_age_s: float | None
     drained: bool = False
     quarantined: bool = False
+    crashes: int = 0  # the job's crashes counted against it (toward job.restart.quarantine_after)
 
 
 @dataclass(frozen=True)
@@ -730,6 +731,7 @@ class Coordinator:
             ages = {r.name: self._liveness.age(r.name) for r in records}
         job = None if self.job is None or self.leadership is None else self.job.view()
         quarantined = job.quarantined if job is not None else frozenset()
+        crashes = job.node_crashes if job is not None else {}
         nodes = tuple(NodeView(r.name, r.host, r.state, r.devices, ages.get(r.name), r.drained,
-                               r.name in quarantined) for r in records)
+                               r.name in quarantined, crashes.get(r.name, 0)) for r in records)
         return ClusterView(coordinator, nodes, job)

@@ -101,7 +101,7 @@ def status_to_proto(view: ClusterView) -> pb.StatusReply:
     for node in view.nodes:
         entry = reply.nodes.add(name=node.name, host=node.host, state=node.state.value,
                                 devices=devices_to_proto(node.devices), drained=node.drained,
-                                quarantined=node.quarantined)
+                                quarantined=node.quarantined, crashes=node.crashes)
         if node.last_heartbeat_age_s is not None:
             entry.last_heartbeat_age_s = node.last_heartbeat_age_s
     if view.job is not None:

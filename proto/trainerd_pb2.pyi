@@ -595,7 +595,7 @@ class CoordinatorInfo(_message.Message):
     def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("name", "host", "state", "devices", "last_heartbeat_age_s", "drained", "quarantined")
+    __slots__ = ("name", "host", "state", "devices", "last_heartbeat_age_s", "drained", "quarantined", "crashes")
     NAME_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -603,6 +603,7 @@ class NodeStatus(_message.Message):
     LAST_HEARTBEAT_AGE_S_FIELD_NUMBER: _ClassVar[int]
     DRAINED_FIELD_NUMBER: _ClassVar[int]
     QUARANTINED_FIELD_NUMBER: _ClassVar[int]
+    CRASHES_FIELD_NUMBER: _ClassVar[int]
     name: str
     host: str
     state: str
@@ -610,7 +611,8 @@ class NodeStatus(_message.Message):
     last_heartbeat_age_s: float
     drained: bool
     quarantined: bool
-    def __init__(self, name: _Optional[str] = ..., host: _Optional[str] = ..., state: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., last_heartbeat_age_s: _Optional[float] = ..., drained: _Optional[bool] = ..., quarantined: _Optional[bool] = ...) -> None: ...
+    crashes: int
+    def __init__(self, name: _Optional[str] = ..., host: _Optional[str] = ..., state: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., last_heartbeat_age_s: _Optional[float] = ..., drained: _Optional[bool] = ..., quarantined: _Optional[bool] = ..., crashes: _Optional[int] = ...) -> None: ...
 
 class RankStatus(_message.Message):
     __slots__ = ("rank", "node", "step", "loss", "samples_per_s", "epoch", "from_output", "grad_norm")

@@ -46,6 +46,7 @@ def status_to_json(reply: pb.StatusReply) -> dict:
                 "last_heartbeat_age_s": _optional(n, "last_heartbeat_age_s"),
                 "drained": n.drained,
                 "quarantined": n.quarantined,
+                "crashes": n.crashes,
             }
             for n in reply.nodes
         ],

@@ -393,6 +393,8 @@ def print_status(data: dict) -> None:
     for node in data["nodes"]:
         age = node["last_heartbeat_age_s"]
         service = "drained" if node["drained"] else "quarantined" if node["quarantined"] else "in service"
+        if node["crashes"]:
+            service += f" ({node['crashes']} crash{'es' if node['crashes'] > 1 else ''})"
         nodes.add_row(node["name"], node["state"], node["host"], str(len(node["devices"])),
                       "-" if age is None else f"{age:.1f}s ago", service)
     console.print(nodes)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import assert_never
 
@@ -127,6 +127,7 @@ class JobView:
     last_recovery: RecoveryTimeline | None
     quarantined: frozenset[str]
     skipped_batches: int
+    node_crashes: Mapping[str, int]  # the crashes counted against each node (JobRecord.node_failures)
     epoch: int | None = None  # the lowest epoch a rank reported from its output
     hang_detection: bool = False  # a rank of the live generation showed progress: hangs are judged
     goodput: GoodputSnapshot | None = None
@@ -838,7 +839,8 @@ class JobController:
                        self.record.restarts, self.record.crash_restarts, self.spec.restart.max, step,
                        good[-1] if good else None, loss, samples_per_s, ranks, self.record.last_failure,
                        self.recovery, self.record.quarantined(self.spec.restart.quarantine_after),
-                       len(self.ledger.entries()), epoch, hang_detection, goodput, grad_norm,
+                       len(self.ledger.entries()), dict(self.record.node_failures), epoch, hang_detection, goodput,
+                       grad_norm,
                        self._waiting_for if self.record.state in (JobState.PENDING, JobState.WAITING) else "",
                        self.record.pausing)
 

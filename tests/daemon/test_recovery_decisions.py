@@ -10,7 +10,8 @@ import logging
 import pytest
 
 from daemon.cli.status_json import status_to_json
-from daemon.grpc_services import job_to_proto
+from daemon.cli.trainerctl import print_status
+from daemon.grpc_services import job_to_proto, status_to_proto
 from daemon.job.controller import CommandRefused, changed_settings
 from daemon.job.decide import STOP_CONFIRM_MARGIN_S
 from daemon.job.observation import MemorySnapshot
@@ -459,7 +460,7 @@ def test_nodes_that_never_confirm_the_stop_are_left_out_after_the_grace() -> Non
     run(scenario())
 
 
-def test_repeatedly_crashing_node_is_quarantined_until_undrained() -> None:
+def test_repeatedly_crashing_node_is_quarantined_until_undrained(capsys: pytest.CaptureFixture[str]) -> None:
     async def scenario() -> None:
         sim = await running_cluster(restart={"max": 10, "backoff_s": 0, "quarantine_after": 2})
         for _ in range(2):
@@ -476,10 +477,15 @@ def test_repeatedly_crashing_node_is_quarantined_until_undrained() -> None:
                                  if e.kind == "recovery_started"][-1]
         status = await sim.coordinator.view()
         assert [n.quarantined for n in status.nodes] == [False, False, True]
+        shown = status_to_json(status_to_proto(status))
+        assert [(n["quarantined"], n["crashes"]) for n in shown["nodes"]] == [(False, 0), (False, 0), (True, 2)]
+        print_status(shown)
+        assert "quarantined (2 crashes)" in capsys.readouterr().out
         sim.step(11)
         await sim.tick(0.1)
         await sim.coordinator.set_drain("c", False)
         assert sim.job.view().quarantined == frozenset()
+        assert [n.crashes for n in (await sim.coordinator.view()).nodes] == [0, 0, 0]  # undrain clears the count
         await sim.tick(0.1)
         assert sim.agents["a"].checkpoint_requests()  # it will be taken back at a checkpoint
     run(scenario())

@@ -266,7 +266,7 @@ def test_one_ranks_own_error_moves_the_rank_to_the_other_node_and_fails_the_job_
     assert failure["message"].endswith(f"; rank 1 failed the same way on node {orders[1][1]} before, its samples "
                                        f"unknown (none can be skipped): the error follows the rank, not a node or a "
                                        f"batch"), failure
-    assert not any(node["quarantined"] for node in status(address)["nodes"])
+    assert not any(node["quarantined"] or node["crashes"] for node in status(address)["nodes"])
     moved = [e for e in events(address) if e["kind"] == "recovery_started"][-1]
     assert f"rank 1 failed the same way on node {orders[1][1]} 2 generations in a row: it runs on another node " \
            f"next" in moved["message"], moved
