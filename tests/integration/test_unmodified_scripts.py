@@ -228,13 +228,21 @@ def test_start_up_error_on_every_rank_fails_the_job_at_once_without_spending_res
     assert "FileNotFoundError: [Errno 2] No such file or directory: 'config/train.json'" in shown.stdout
 
 
+def failed_raising_at_step_7(tmp_path: Path, procs: Processes, rank: int, restart: dict,
+                             timeout_s: float) -> tuple[str, dict]:
+    """msrun_style.py on two agents, 3 epochs of 5 steps, whose `rank` (-1: every rank) raises ValueError at
+    global step 7: the coordinator's address and the job, once FAILED (asserted)."""
+    job = msrun_style_job(tmp_path, "--epochs", "3", "--steps-per-epoch", "5", "--raise-at-step", "7",
+                          "--raise-rank", str(rank), restart=restart)
+    address = start_two_agents(tmp_path, procs, job)
+    ended = wait_for_job(address, "the end", lambda j: j["state"] in ENDED, timeout_s, procs)
+    assert ended["state"] == "FAILED", ended
+    return address, ended
+
+
 def test_one_ranks_own_error_is_the_root_cause_not_the_collective_errors_of_the_others(
         tmp_path: Path, procs: Processes) -> None:
-    job = msrun_style_job(tmp_path, "--epochs", "3", "--steps-per-epoch", "5", "--raise-at-step", "7",
-                          "--raise-rank", "1", restart={"max": 0})
-    address = start_two_agents(tmp_path, procs, job)
-    job = wait_for_job(address, "the end", lambda j: j["state"] in ENDED, 180, procs)
-    assert job["state"] == "FAILED", job
+    address, job = failed_raising_at_step_7(tmp_path, procs, 1, {"max": 0}, 180)
     # An error after progress was seen is no start-up error: it spends the (empty) budget.
     assert job["generation"] == 1 and job["crash_restarts"] == 1, job
     started = next(e for e in events(address) if e["kind"] == "generation_started")
@@ -252,11 +260,8 @@ def test_one_ranks_own_error_moves_the_rank_to_the_other_node_and_fails_the_job_
         tmp_path: Path, procs: Processes) -> None:
     # Rank 1 alone raises at global step 7, whichever node it runs on: a bug of the job's own that looks,
     # at first, like a fault of rank 1's node.
-    job = msrun_style_job(tmp_path, "--epochs", "3", "--steps-per-epoch", "5", "--raise-at-step", "7",
-                          "--raise-rank", "1", restart={"max": 5, "backoff_s": 0.2, "quarantine_after": 3})
-    address = start_two_agents(tmp_path, procs, job)
-    job = wait_for_job(address, "the end", lambda j: j["state"] in ENDED, 300, procs)
-    assert job["state"] == "FAILED", job
+    address, job = failed_raising_at_step_7(tmp_path, procs, 1, {"max": 5, "backoff_s": 0.2, "quarantine_after": 3},
+                                            300)
     assert job["generation"] == 3 and job["crash_restarts"] == 2, job
     orders = [e["fields"]["nodes"] for e in events(address) if e["kind"] == "generation_started"]
     assert orders[0] == orders[1] and orders[2] == orders[1][::-1], orders  # rank 1 moved after two crashes
@@ -278,11 +283,8 @@ def test_an_error_every_rank_raises_after_progress_quarantines_no_node_and_fails
         tmp_path: Path, procs: Processes) -> None:
     # Every rank raises at global step 7, in epoch 2; the relaunch resumes from the script's epoch-1
     # checkpoint (step 5) and meets it again. One crash singled out would quarantine a node.
-    job = msrun_style_job(tmp_path, "--epochs", "3", "--steps-per-epoch", "5", "--raise-at-step", "7",
-                          "--raise-rank", "-1", restart={"max": 5, "backoff_s": 0.2, "quarantine_after": 1})
-    address = start_two_agents(tmp_path, procs, job)
-    job = wait_for_job(address, "the end", lambda j: j["state"] in ENDED, 240, procs)
-    assert job["state"] == "FAILED", job
+    address, job = failed_raising_at_step_7(tmp_path, procs, -1, {"max": 5, "backoff_s": 0.2, "quarantine_after": 1},
+                                            240)
     assert job["generation"] == 2 and job["crash_restarts"] == 1, job
     failure = job["last_failure"]
     assert failure["cause"] == "job_error" and "ValueError: bad value at step 7" in failure["message"], failure
