@@ -414,11 +414,12 @@ def _failure(world: JobWorld) -> Failure | None:
                                     f"{failed.describe()}; ranks {_ranks(alike)} failed the same way, as ranks "
                                     f"{_ranks(previous.same_error_ranks)} did when the generation before ended",
                                     alike)
-        crash = _process_failure(FailureCause.PROCESS_EXITED, failed, same_error_ranks=alike)
+        crash = replace(_process_failure(FailureCause.PROCESS_EXITED, failed, same_error_ranks=alike),
+                        samples_at=_failing_samples(world, failed.rank))
         previous = world.record.last_failure
-        if observation.progress_seen and _follows_rank(previous, crash) and not _same_samples(world, previous, crash):
+        if observation.progress_seen and _follows_rank(previous, crash) and not _same_samples(previous, crash):
             assert previous is not None
-            samples = "at other samples" if _failing_samples(world, crash.rank) >= 0 and previous.samples_at >= 0 \
+            samples = "at other samples" if crash.samples_at >= 0 and previous.samples_at >= 0 \
                 else "its samples unknown (none can be skipped)"
             return replace(crash, cause=FailureCause.JOB_ERROR,
                            message=f"{crash.message}; rank {crash.rank} failed the same way on node "
@@ -503,13 +504,12 @@ def _met_elsewhere(previous: Failure, failure: Failure) -> str:
     return ""
 
 
-def _same_samples(world: JobWorld, previous: Failure | None, failure: Failure) -> bool:
+def _same_samples(previous: Failure | None, failure: Failure) -> bool:
     """`failure`'s rank failed at the very samples it failed at before: a batch may be at fault (the
     crash-step skip deals with it), where other samples leave the job's own code for that rank (a
     summary only rank 0 writes, a file only that rank opens). Without a sample position (steps read
     from output) nothing can be skipped, and it counts as other samples."""
-    samples = _failing_samples(world, failure.rank)
-    return previous is not None and samples >= 0 and samples == previous.samples_at
+    return previous is not None and failure.samples_at >= 0 and failure.samples_at == previous.samples_at
 
 
 def _ranks(ranks: tuple[int, ...]) -> str:
@@ -685,14 +685,11 @@ def _hang_hint(world: JobWorld, failure: Failure) -> str:
 
 
 def _with_history(world: JobWorld, failure: Failure) -> Failure:
-    """`failure` with the samples its rank failed at and, when the crash singles out its node, the node
-    it is blamed on: its own, one more time in a row when the rank's same error ended the generation
+    """`failure` (its samples_at set where _failure made it) with, when the crash singles out its node, the
+    node it is blamed on: its own, one more time in a row when the rank's same error ended the generation
     before there too (twice moves the rank, see _relaunch_order); or, when the error followed the rank
     from another node (at the same samples, or _failure would have failed the job), still that one."""
-    if failure.cause is not FailureCause.PROCESS_EXITED:
-        return failure
-    failure = replace(failure, samples_at=_failing_samples(world, failure.rank))
-    if not failure.node or _singled_out_node(world) != failure.node:
+    if failure.cause is not FailureCause.PROCESS_EXITED or not failure.node or _singled_out_node(world) != failure.node:
         return failure
     previous = world.record.last_failure
     if previous is not None and _follows_rank(previous, failure) and previous.blamed:

@@ -56,7 +56,7 @@ from proto.exit_codes import EXIT_USAGE
 from trainer.checkpoint.errors import UnsupportedLayout
 from trainer.checkpoint.sharding import ShardedTensor
 from trainer.runtime.elastic_dataset import SKIPS_FILE_ENV, resume_epoch, trainerd_dataset
-from trainer.runtime.evaluation_watch import EvaluationPace, watch_model_eval
+from trainer.runtime.evaluation_watch import watch_model_eval
 from trainer.runtime.guarded_cell import GuardedTrainOneStepCell
 from trainer.runtime.parameter_layouts import parameter_layouts
 from trainer.runtime.progress import ProgressReporter
@@ -83,7 +83,6 @@ class TrainerdCallback(Callback):
         self._active: tuple[RankContext, ProgressReporter] | None = None
         self._run: TrainingRun | None = None
         self._entered = 0  # Model.fit enters the callbacks again for each evaluation, inside the training's
-        self._evaluation_pace = EvaluationPace()
         self._unwatch_eval: Callable[[], None] = lambda: None
         if ctx is None:
             log.warning("TrainerdCallback: this process was not launched by trainerd (TRAINERD_JOB is not set), "
@@ -135,8 +134,8 @@ class TrainerdCallback(Callback):
         self._evaluating(False)
 
     def _evaluating(self, first: bool) -> None:
-        if self._run is not None and self._active is not None and self._evaluation_pace.due(first):
-            self._active[1].evaluating(self._run.step)
+        if self._run is not None and self._active is not None:
+            self._active[1].evaluating(self._run.step, first)
 
     def on_train_end(self, run_context: RunContext) -> None:
         self._unwatch_eval()  # what runs after training awaits no step (the agent hears FINISHED)

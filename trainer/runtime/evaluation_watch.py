@@ -1,5 +1,4 @@
-"""Telling the agent that a rank evaluates, and, while a rank trains under TrainerdCallback, every `Model.eval`
-of its process doing so.
+"""While a rank trains under TrainerdCallback, every `Model.eval` of its process tells the agent it evaluates.
 
 An evaluation reports no step, so one longer than the job's `hang_timeout_s` would be taken for a hang,
 and, since it comes back at the same point after a restart, would end every generation there. `Model.fit`'s
@@ -13,30 +12,12 @@ batches are evaluated, and none once the evaluation itself hangs.
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable
 from typing import Any
 
 from mindspore.train import Callback, Model, RunContext
 
 Tell = Callable[[bool], None]  # tell(first): an evaluation began (True) or went on a step (False)
-# While a rank evaluates, the agent hears so at most this often (and as an evaluation begins): far inside any
-# hang_timeout_s, and few datagrams for an evaluation of thousands of batches.
-EVALUATING_EVERY_S = 5.0
-
-
-class EvaluationPace:
-    """When an evaluation's progress is worth telling the agent: as it begins, then every EVALUATING_EVERY_S."""
-
-    def __init__(self) -> None:
-        self._told: float | None = None
-
-    def due(self, first: bool) -> bool:
-        now = time.monotonic()
-        if first or self._told is None or now - self._told >= EVALUATING_EVERY_S:
-            self._told = now
-            return True
-        return False
 
 
 class EvaluationWatch(Callback):

@@ -65,7 +65,6 @@ from mindspore import Tensor, nn, ops
 
 from proto.exit_codes import EXIT_USAGE
 from trainer.runtime.elastic_dataset import SKIPS_FILE_ENV, resume_epoch, trainerd_dataset
-from trainer.runtime.evaluation_watch import EvaluationPace
 from trainer.runtime.guard import StepGuard
 from trainer.runtime.guard_policy import GuardSettings
 from trainer.runtime.progress import ProgressReporter
@@ -96,7 +95,6 @@ class TrainerdLoop:
         self._run: TrainingRun | None = None
         self._reporter: ProgressReporter | None = None
         self._judged: tuple[float, bool] | None = None  # this step's (norm, accepted), once `accepts` ran
-        self._evaluation_pace = EvaluationPace()
         try:
             guard = StepGuard(GuardSettings.from_environ(env))
         except ValueError as exc:
@@ -160,8 +158,8 @@ class TrainerdLoop:
             yield batch
 
     def _tell_evaluating(self, first: bool) -> None:
-        if self._run is not None and self._reporter is not None and self._evaluation_pace.due(first):
-            self._reporter.evaluating(self._run.step)
+        if self._run is not None and self._reporter is not None:
+            self._reporter.evaluating(self._run.step, first)
 
     def __enter__(self) -> TrainerdLoop:
         return self

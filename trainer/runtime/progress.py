@@ -32,6 +32,8 @@ from trainer.runtime.rank_context import RankContext
 log = logging.getLogger(__name__)
 
 EVENT_WAIT_S = 1.0
+# While a rank evaluates, the agent hears so as an evaluation begins and then at most this often.
+EVALUATING_EVERY_S = 5.0
 _RETRY_S = 0.005
 
 
@@ -73,6 +75,7 @@ class ProgressReporter:
         self.dropped = 0
         # Seconds this rank's step loop was blocked on checkpoint saves: every step report carries the sum.
         self.checkpoint_stall_s = 0.0
+        self._evaluating_told: float | None = None  # when the agent last heard that this rank evaluates
 
     @classmethod
     def for_rank(cls, ctx: RankContext) -> ProgressReporter:
@@ -97,9 +100,15 @@ class ProgressReporter:
         message = EventReport(job=self._job, generation=self._generation, rank=self._rank, event=event, step=step)
         self._send(message, wait_s=self._event_wait_s)
 
-    def evaluating(self, step: int) -> None:
-        """Between steps, evaluating (Model.fit's validation): alive at `step`, which holds off the hang
-        judgement. Sent like a step report, never waiting."""
+    def evaluating(self, step: int, first: bool) -> None:
+        """Between steps, evaluating: alive at `step`, which holds off the hang judgement. Called as an
+        evaluation begins (`first`) and at each of its steps; sent as it begins and then at most every
+        EVALUATING_EVERY_S (far inside any hang_timeout_s, and few datagrams for an evaluation of thousands
+        of batches), like a step report, never waiting."""
+        now = time.monotonic()
+        if not first and self._evaluating_told is not None and now - self._evaluating_told < EVALUATING_EVERY_S:
+            return
+        self._evaluating_told = now
         self._send(EventReport(job=self._job, generation=self._generation, rank=self._rank,
                                event=WorkerEvent.EVALUATING, step=step))
 

@@ -40,7 +40,7 @@ from mindspore.train import Callback, RunContext
 from proto.progress_datagram import WorkerEvent
 from trainer.checkpoint.errors import CheckpointError
 from trainer.checkpoint.mindformers_import import TRACKER_FILE, committed_iteration, iteration_dir
-from trainer.runtime.evaluation_watch import EvaluationPace, watch_model_eval
+from trainer.runtime.evaluation_watch import watch_model_eval
 from trainer.runtime.guard_policy import skip_reason
 from trainer.runtime.progress import ProgressReporter, StepPace
 from trainer.runtime.rank_context import RankContext, trainerd_launch
@@ -70,7 +70,6 @@ class TrainerdMindFormersCallback(Callback):
         self._tracker = CommitTracker(Path(directory)) if directory and self._ctx and self._ctx.rank == 0 else None
         self._step_started = time.perf_counter()
         self._pace = StepPace()
-        self._evaluation_pace = EvaluationPace()
         self._unwatch_eval: Callable[[], None] = lambda: None
         self._step = 0
         if ctx is None:
@@ -120,8 +119,8 @@ class TrainerdMindFormersCallback(Callback):
         self._reporter.event(WorkerEvent.FINISHED, step=self._step)
 
     def _evaluating(self, first: bool) -> None:
-        if self._reporter is not None and self._evaluation_pace.due(first):
-            self._reporter.evaluating(self._step)
+        if self._reporter is not None:
+            self._reporter.evaluating(self._step, first)
 
     def _report_commit(self) -> None:
         if self._tracker is None or self._reporter is None:
