@@ -381,6 +381,12 @@ def skips_add(options: GlobalOptions, sample_range: tuple[int, int], reason: str
     click.echo(call_control(_coordinators(options), "AddSkip", request).message)
 
 
+def _name_column(table: Table, title: str, names: list[str]) -> None:
+    """A column of node names that a narrow terminal never cuts: rich would shorten both
+    'trainerd-local-0' and 'trainerd-local-1' to 'trainerd-loc…' and the rows could not be told apart."""
+    table.add_column(title, no_wrap=True, min_width=max(map(len, names), default=0))
+
+
 def print_status(data: dict) -> None:
     # Lines are never wrapped: an operator greps them and a failure's message must stay whole.
     console = Console(soft_wrap=True)
@@ -388,7 +394,8 @@ def print_status(data: dict) -> None:
     role = "leader" if c["is_leader"] else "standby"
     console.print(f"coordinator {c['answered_by']} ({role}); leader {c['leader'] or 'none'}")
     nodes = Table(title="nodes")
-    for column in ("name", "state", "host", "devices", "last heartbeat", "service"):
+    _name_column(nodes, "name", [node["name"] for node in data["nodes"]])
+    for column in ("state", "host", "devices", "last heartbeat", "service"):
         nodes.add_column(column)
     for node in data["nodes"]:
         age = node["last_heartbeat_age_s"]
@@ -422,7 +429,9 @@ def print_status(data: dict) -> None:
                       "job.progress_pattern, or the trainer runtime)")
     if job["ranks"]:
         ranks = Table(title="ranks")
-        for column in ("rank", "node", "epoch", "step", "loss", "grad norm", "samples/s"):
+        ranks.add_column("rank")
+        _name_column(ranks, "node", [rank["node"] for rank in job["ranks"]])
+        for column in ("epoch", "step", "loss", "grad norm", "samples/s"):
             ranks.add_column(column)
         for rank in job["ranks"]:
             rate = None if rank["from_output"] and not rank["samples_per_s"] else rank["samples_per_s"]

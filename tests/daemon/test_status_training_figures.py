@@ -76,3 +76,20 @@ def test_status_says_where_the_last_recovery_resumed_and_what_it_lost(step, lost
     print_status(data)
     out = capsys.readouterr().out
     assert f"last recovery (resume, {shown}" in out, out
+
+
+def test_a_narrow_terminal_never_cuts_the_node_names_that_tell_the_rows_apart(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    data = status_after_step_42()
+    long_names = {node["name"]: f"trainerd-local-{i}" for i, node in enumerate(data["nodes"])}
+    for node in data["nodes"]:
+        node["name"] = long_names[node["name"]]
+        node["crashes"] = 1  # 'in service (1 crash)' widens the table past 80 columns
+    for rank in data["job"]["ranks"]:
+        rank["node"] = long_names[rank["node"]]
+    monkeypatch.setenv("COLUMNS", "80")
+    print_status(data)
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines() if "│" in line) <= 80  # the tables fit the terminal
+    for name in long_names.values():
+        assert out.count(f" {name} ") == 2  # its row in the nodes table and its rank's in the ranks table
