@@ -165,7 +165,7 @@ def test_node_joins_goes_lost_after_timeout_and_returns() -> None:
         assert await stored_node_state(store, "n1") == "LOST"
         assert session.closed.is_set()
         events = await EventLog(store, "job", clock).read()
-        assert [e.kind for e in events] == ["node_joined", "node_lost"]
+        assert [e.kind for e in events] == ["coordinator_leads", "node_joined", "node_lost"]
 
         await coordinator.open_session(hello("n1", devices=2), lambda m: None)
         assert await stored_node_state(store, "n1") == "READY"
@@ -237,7 +237,7 @@ def test_hostile_hellos_are_refused(bad: AgentHello) -> None:
     run(scenario())
 
 
-def test_new_leader_adopts_known_nodes_for_one_window() -> None:
+def test_new_leader_adopts_known_nodes_for_one_window_and_the_events_say_from_when_it_leads() -> None:
     async def scenario() -> None:
         clock = FakeClock()
         store = InMemoryStore(clock)
@@ -259,6 +259,13 @@ def test_new_leader_adopts_known_nodes_for_one_window() -> None:
         await new.tick()
         assert await stored_node_state(store, "n1") == "READY"
         assert await stored_node_state(store, "n2") == "LOST"
+        # The events say from when each coordinator led: an operator reading them after a failover (or a
+        # restart of trainerd) sees why they went on after a gap.
+        events = await new.events(0)
+        assert [(e.kind, e.fields.get("coordinator") or e.fields.get("node")) for e in events] == [
+            ("coordinator_leads", "a"), ("node_joined", "n1"), ("node_joined", "n2"), ("coordinator_leads", "b"),
+            ("node_lost", "n2")]
+        assert events[3].message == "coordinator b at b:7420 leads"
 
     run(scenario())
 
@@ -354,16 +361,16 @@ def test_a_hello_cancelled_while_its_node_is_recorded_still_records_it_and_its_e
         store.compare_and_swap = write  # type: ignore[method-assign]
         answered.set()
         for _ in range(100):
-            if [e.kind for e in await coordinator.events(0)] == ["node_joined"]:
+            if [e.kind for e in await coordinator.events(0)] == ["coordinator_leads", "node_joined"]:
                 break
             await asyncio.sleep(0.01)
-        assert [e.kind for e in await coordinator.events(0)] == ["node_joined"]
+        assert [e.kind for e in await coordinator.events(0)] == ["coordinator_leads", "node_joined"]
         assert await stored_node_state(store, "n1") == "READY"
         await coordinator.open_session(hello("n1", devices=devices_next_time), lambda m: None)
         view = {n.name: n for n in (await coordinator.view()).nodes}
         assert view["n1"].state is NodeState.READY and len(view["n1"].devices) == devices_next_time
         assert coordinator.session_count == 1
-        kinds = [e.kind for e in await coordinator.events(0)]
+        kinds = [e.kind for e in await coordinator.events(0)][1:]  # after the coordinator's own
         assert kinds == (["node_joined"] if devices_next_time == 1 else ["node_joined", "node_ready"])
 
     run(scenario())
@@ -387,7 +394,7 @@ def test_a_write_that_landed_unheard_is_recorded_by_the_next_hello_that_wants_it
             await coordinator.open_session(hello("n1"), lambda m: None)
         store.compare_and_swap = write  # type: ignore[method-assign]
         assert await stored_node_state(store, "n1") == "READY" and coordinator.session_count == 0
-        assert await coordinator.events(0) == []
+        assert [e.kind for e in await coordinator.events(0)] == ["coordinator_leads"]
         if devices_next_time == 2:
             with pytest.raises(WriteConflict):
                 await coordinator.open_session(hello("n1", devices=2), lambda m: None)
@@ -395,7 +402,7 @@ def test_a_write_that_landed_unheard_is_recorded_by_the_next_hello_that_wants_it
         assert len({n.name: n for n in (await coordinator.view()).nodes}["n1"].devices) == devices_next_time
         # One event for the node either way; after the conflict the re-read copy knows the node, so a
         # Hello with other devices announces it as a known node's.
-        kinds = [e.kind for e in await coordinator.events(0)]
+        kinds = [e.kind for e in await coordinator.events(0)][1:]  # after the coordinator's own
         assert kinds == (["node_joined"] if devices_next_time == 1 else ["node_ready"])
 
     run(scenario())
