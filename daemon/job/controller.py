@@ -232,7 +232,9 @@ class JobController:
             kv = await self._store.get(key)
             if kv is not None:
                 self.generation = GenerationRecord.from_json(codec.decode(kv.value, key=key))
-                self.observation = GenerationObservation(self.generation.number, started_at=now)
+                self.observation = GenerationObservation(
+                    self.generation.number, started_at=now,
+                    ran_before_takeover=self.record.state is JobState.RUNNING and not self.record.between_generations)
                 if self.record.between_generations:
                     self.observation.stop_decided_at = now
         if self.record.state is JobState.RECOVERING:
@@ -639,6 +641,10 @@ class JobController:
         """Every node of a live generation gets its Launch (agents ignore a repeat)."""
         generation, observation = self.generation, self.observation
         if generation is None or observation is None or self.record.between_generations:
+            return
+        if observation.ran_before_takeover:
+            # Sent again, it would start a node's lost processes afresh from the generation's first checkpoint,
+            # beside peers far past it: such a node ends the generation instead (decide, PROCESSES_GONE).
             return
         if (generation.resume is not None and generation.resume.source is ResumeSource.DISK
                 and not inside_root(self.spec.checkpoint.dir, generation.resume.path)):

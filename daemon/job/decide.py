@@ -381,6 +381,12 @@ def _failure(world: JobWorld) -> Failure | None:
     if lost:
         return Failure(FailureCause.NODE_LOST, f"node {lost[0]} was lost while running generation {generation.number}",
                        lost[0])
+    gone = [n for n in nodes if observation.processes_gone(n)]
+    if gone:
+        return Failure(FailureCause.PROCESSES_GONE,
+                       f"node {gone[0]} runs none of its processes of generation {generation.number}: its agent "
+                       f"started again (with trainerd, for a local agent), and they died with the one before",
+                       gone[0])
     failed = observation.first_failure()
     if failed is not None:
         if any(n in world.disconnected for n in nodes):

@@ -166,6 +166,9 @@ class GenerationObservation:
     processes: dict[tuple[str, ProcessRole, int], ProcessReport] = field(default_factory=dict)
     progress: dict[int, ProgressReport] = field(default_factory=dict)
     launched: set[str] = field(default_factory=set)
+    # Adopted by a new leader while the job was RUNNING: every node got its Launch and ran its processes, so
+    # a node running nothing of it now lost them, and is not sent the Launch again.
+    ran_before_takeover: bool = False
     stop_sent: dict[str, float] = field(default_factory=dict)  # node -> when its Stop was sent
     stopped: set[str] = field(default_factory=set)
     agent_generation: dict[str, int] = field(default_factory=dict)  # from each node's last heartbeat
@@ -255,6 +258,13 @@ class GenerationObservation:
             if counts_on and elapsed > 0 and report.step > first_step:
                 rates.append((report.step - first_step) / elapsed)
         return max(rates, default=None)
+
+    def processes_gone(self, node: str) -> bool:
+        """The node ran its processes of this generation, but its agent now runs another (a restarted agent
+        runs none): they are gone without an exit report, killed with the agent that started them."""
+        seen = self.agent_generation.get(node)
+        ran_here = self.ran_before_takeover or any(key[0] == node for key in self.processes)
+        return seen is not None and seen != self.number and ran_here
 
     def node_idle(self, node: str) -> bool:
         """Nothing of this generation runs on `node`: it confirmed a Stop, or its reports show none running."""

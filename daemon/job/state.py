@@ -46,6 +46,9 @@ class FailureCause(StrEnum):
 
     PROCESS_EXITED = "process_exited"  # a worker or the scheduler died
     NODE_LOST = "node_lost"  # a node's session broke, or it went silent
+    # A node's agent came back running none of the generation's processes: it restarted (with trainerd, for
+    # its local agents) and the processes died with it, though the node itself is back
+    PROCESSES_GONE = "processes_gone"
     HANG = "hang"  # no rank made progress for hang_timeout_s
     CHECKPOINT_UNREADABLE = "checkpoint_unreadable"  # the chosen checkpoint failed to load
     USAGE_ERROR = "usage_error"  # a worker exited with EXIT_USAGE
@@ -60,7 +63,8 @@ class FailureCause(StrEnum):
     def spends_budget(self) -> bool:
         """Crashes spend the restart budget; a node leaving does not (DESIGN.md, "Recovery"), nor
         a broken job or broken data, which fail at once."""
-        return self not in (FailureCause.NODE_LOST, FailureCause.JOB_ERROR, FailureCause.BAD_DATA)
+        return self not in (FailureCause.NODE_LOST, FailureCause.PROCESSES_GONE, FailureCause.JOB_ERROR,
+                            FailureCause.BAD_DATA)
 
     @property
     def permanent(self) -> bool:

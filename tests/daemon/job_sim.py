@@ -75,10 +75,12 @@ class SimCluster:
         leadership = await self.coordinator._election.campaign()
         await self.coordinator._take_office(leadership)
 
-    async def connect(self, name: str, devices: int = 1) -> SimAgent:
-        """A new agent, or one that comes back after `disconnect` as a restarted agent (no generation)."""
+    async def connect(self, name: str, devices: int = 1, restarted: bool = True) -> SimAgent:
+        """A new agent, or one that comes back after `disconnect` as a restarted agent (no generation), or
+        (`restarted=False`) as the same agent, still running its generation."""
         agent = self.agents.setdefault(name, SimAgent(name))
-        agent.generation = 0
+        if restarted:
+            agent.generation = 0
         hello = AgentHello(name, f"10.0.0.{len(self.agents)}", tuple(DeviceInfo(i, "", "cpu") for i in range(devices)),
                            "t", agent.token, self.peer_port)
         agent.session, welcome = await self.coordinator.open_session(hello, self._sender(agent))
@@ -186,16 +188,18 @@ class SimCluster:
         return [e.kind for e in await self.coordinator.events(0)]
 
 
-async def take_over(sim: SimCluster, spec: JobSettings | None = None) -> SimCluster:
+async def take_over(sim: SimCluster, spec: JobSettings | None = None, agents_restarted: bool = False) -> SimCluster:
     """The leader dies; a standby on the same etcd (with `spec`, default the leader's) takes over and every
-    agent reconnects to it."""
+    agent reconnects to it: still running its generation, or (`agents_restarted`, as trainerd's local agents
+    when trainerd restarts) running none."""
     standby = SimCluster(spec or sim.spec, store=sim.store, clock=sim.clock, name="c2", peer_port=sim.peer_port)
     sim.store.stop_keepalive(sim.coordinator.leadership.lease)
     sim.clock.advance(3.5)
     sim.store.expire_leases()
     await standby.lead()
-    for name in sim.agents:
-        await standby.connect(name)
+    for name, agent in sim.agents.items():
+        standby.agents[name] = SimAgent(name, generation=agent.generation, memory=agent.memory, held=agent.held)
+        await standby.connect(name, restarted=agents_restarted)
     return standby
 
 

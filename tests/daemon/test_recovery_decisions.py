@@ -761,17 +761,15 @@ def test_a_new_leader_carries_on_without_relaunching_or_stopping_a_healthy_gener
     async def scenario() -> None:
         sim = await running_cluster()
         launches_before = sum(len(a.launches()) for a in sim.agents.values())
-        standby = await take_over(sim)
-        for agent in standby.agents.values():
-            agent.generation = 1  # the agents kept running generation 1
+        standby = await take_over(sim)  # the agents kept running generation 1
         await standby.tick(0.1)  # heartbeats: every agent runs generation 1
         standby.started()
         standby.step(12)
         await standby.tick(0.5)
         assert standby.state is JobState.RUNNING and standby.job.record.generation == 1
         assert all(not a.stops() for a in standby.agents.values())
-        assert sum(len(a.launches()) for a in standby.agents.values()) == 3  # re-sent; agents ignore repeats
         assert launches_before == 3
+        assert sum(len(a.launches()) for a in standby.agents.values()) == 0  # every node ran it: none re-sent
         assert standby.job.view().last_checkpoint_step == 10
 
         # The old leader's fenced writes are refused.
@@ -791,6 +789,67 @@ def test_a_new_leader_finishes_a_recovery_the_old_one_started() -> None:
         await standby.tick(1.0)
         assert standby.job.record.generation == 2
         assert sum(len(a.launches()) for a in standby.agents.values()) == 3  # generation 2, once per node
+    run(scenario())
+
+
+def test_trainerd_restarted_with_its_local_agents_starts_a_new_generation_from_the_newest_checkpoint() -> None:
+    """trainerd stopped and started again: its local agents died with it, and their processes with them. Launched
+    again in place, generation 1 would resume from its own first checkpoint (deleted by `keep` by then: its
+    ranks exited 'checkpoint unreadable', a crash restart spent), not from the newest."""
+    async def scenario() -> None:
+        sim = await running_cluster()
+        sim.step(20)
+        sim.checkpoint(20)
+        sim.step(23)
+        await sim.tick()
+        standby = await take_over(sim, agents_restarted=True)
+        await standby.tick(0.1)  # their heartbeats: no generation
+        assert all(not a.launches() for a in standby.agents.values())  # generation 1 is not launched again
+        assert standby.state is JobState.RECOVERING
+        failure = standby.job.record.last_failure
+        assert failure.cause is FailureCause.PROCESSES_GONE and failure.node == "a"
+        assert "node a runs none of its processes of generation 1: its agent started again" in failure.message
+        await standby.tick(1.0)  # nothing runs to stop
+        assert standby.job.record.generation == 2 and standby.world() == ["a", "b", "c"]
+        assert {a.launches()[-1].checkpoint_path for a in standby.agents.values()} == {"/ckpt/step_00000020"}
+        record = standby.job.record
+        assert (record.crash_restarts, record.node_failures) == (0, {})  # no crash, no node blamed
+        assert "recovery_started" in await standby.event_kinds()
+    run(scenario())
+
+
+def test_a_standby_takes_over_a_generation_only_some_of_whose_agents_restarted_by_ending_it() -> None:
+    """Nodes a and b ran on; node c's agent restarted with the old leader. c started afresh beside a and b far
+    past it would wait in their collectives: the generation ends, every node relaunches from the newest."""
+    async def scenario() -> None:
+        sim = await running_cluster()
+        sim.agents["c"].generation = 0
+        standby = await take_over(sim)
+        await standby.tick(0.1)
+        assert all(not a.launches() for a in standby.agents.values())
+        assert standby.job.record.last_failure.cause is FailureCause.PROCESSES_GONE
+        assert standby.job.record.last_failure.node == "c"
+        assert {a.stops()[-1].generation for a in standby.agents.values()} == {1}
+    run(scenario())
+
+
+def test_an_agent_that_restarted_within_the_session_grace_ends_its_generation_at_once() -> None:
+    """systemd restarted a crashed agent within session_grace_s: the node is not LOST, but the processes
+    its predecessor ran were killed (agent/orphans.py). Their peers would wait in collectives until the hang
+    timeout; the generation ends at the agent's first heartbeat, with no budget spent."""
+    async def scenario() -> None:
+        sim = await running_cluster()
+        sim.disconnect("b")
+        await sim.tick(0.5)
+        await sim.connect("b")  # restarted: no generation
+        await sim.tick(0.1)
+        assert sim.state is JobState.RECOVERING
+        failure = sim.job.record.last_failure
+        assert (failure.cause, failure.node) == (FailureCause.PROCESSES_GONE, "b")
+        sim.confirm_stop("a", "c")
+        await sim.tick(1.0)
+        assert sim.job.record.generation == 2 and sim.world() == ["a", "b", "c"]
+        assert sim.job.record.crash_restarts == 0
     run(scenario())
 
 

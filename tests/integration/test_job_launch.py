@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import psutil
 from tests.harness import Processes, processes_mentioning, status, trainerctl
 from tests.integration.cluster_files import cluster_file
 from tests.integration.conftest import REFERENCE_STEPS, FaultFreeRun
+from tests.integration.test_recovery import final_weights
 from tests.ports import free_port, scheduler_port
 from tests.waiting import wait_until
 
@@ -81,3 +83,33 @@ def _events(address: str) -> list[dict]:
     result = trainerctl("events", "-o", "json", coordinator=address)
     assert result.returncode == 0, result.stderr
     return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def test_trainerd_started_again_goes_on_from_the_newest_checkpoint_to_the_same_weights(
+        tmp_path: Path, procs: Processes, fault_free_mlp: FaultFreeRun) -> None:
+    """Stopping trainerd stops its local agents and their processes. Started again, it leads again (an event
+    says so) and ends the generation whose processes are gone, and the next one resumes from the newest
+    checkpoint: relaunched in place, the generation went back to its own start (here: from scratch)."""
+    address = f"127.0.0.1:{free_port()}"
+    job = {**mlp_job(tmp_path, steps=REFERENCE_STEPS), "checkpoint": {"every_steps": 50, "keep": 2}}
+    config = cluster_file(tmp_path, "c", listen=address, local_agents=2, job=job)
+    first = procs.trainerd("trainerd", config)
+    saved = wait_until(lambda: (job := job_state(address)) and (job["last_checkpoint_step"] or 0) >= 150
+                       and job["last_checkpoint_step"], 120, "a checkpoint at step 150", interval=0.2,
+                       on_timeout=procs.logs)
+    first.signal(signal.SIGTERM)
+    first.wait(timeout=30)
+    assert training_processes(tmp_path) == []
+
+    procs.trainerd("trainerd", config)
+    ended = wait_for_state(address, {"COMPLETED", "FAILED"}, 180, procs)
+    assert ended["state"] == "COMPLETED", ended
+    assert ended["generation"] == 2 and ended["crash_restarts"] == 0, ended
+    assert ended["last_failure"]["cause"] == "processes_gone", ended["last_failure"]
+    events = _events(address)
+    assert [e["kind"] for e in events].count("coordinator_leads") == 2
+    [second] = [e for e in events if e["kind"] == "generation_started" and e["fields"]["generation"] == 2]
+    assert second["fields"]["resume_step"] >= saved, second
+    weights, reference = final_weights(tmp_path / "out", 2), final_weights(fault_free_mlp.root / "out", 2)
+    for name, expected in reference.items():
+        assert np.array_equal(weights[name], expected), f"{name} differs from the run without the restart"
