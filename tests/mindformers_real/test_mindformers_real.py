@@ -213,7 +213,10 @@ def test_tiny_llama_trains_checkpoints_imports_and_resumes(tmp_path: Path, progr
     base = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINERD_", "MS_", "RANK_"))}
     env = {**base, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), base.get("PYTHONPATH")])),
            "TRAINERD_JOB": "llm", "TRAINERD_GENERATION": "0", "TRAINERD_PROGRESS_SOCKET": progress.path,
-           "TRAINERD_CHECKPOINT_DIR": str(ckpt), "TRAINERD_CHECKPOINT_EVERY": "4", "TRAINERD_CHECKPOINT_KEEP": "3"}
+           "TRAINERD_CHECKPOINT_DIR": str(ckpt), "TRAINERD_CHECKPOINT_EVERY": "4", "TRAINERD_CHECKPOINT_KEEP": "3",
+           # With no agent's generation directory to write into, the launcher writes each generation's YAML to
+           # the temporary directory: this test's, not /tmp, where every run left two.
+           "TMPDIR": str(tmp_path)}
 
     run_generation(user_yaml, env, tmp_path)
     first = progress.take()
@@ -237,6 +240,7 @@ def test_tiny_llama_trains_checkpoints_imports_and_resumes(tmp_path: Path, progr
     resume = {**env, "TRAINERD_GENERATION": "1", "TRAINERD_RESUME_FROM": str(ckpt / "iteration_00000004"),
               "TRAINERD_RESUME_SAMPLES": "8"}
     run_generation(user_yaml, resume, tmp_path)
+    assert len(list(tmp_path.glob("trainerd-llm-g*-rank0-*.yaml"))) == 2  # generations 0 and 1
     second = progress.take()
     assert of_type(second, EventReport)[0] == EventReport("llm", 1, 0, WorkerEvent.STARTED, 4)
     resumed = {s.step: s for s in of_type(second, StepReport)}
