@@ -268,7 +268,7 @@ class Coordinator:
         self._ready_nodes = len(known)
         self._pace()  # the pace they will all be back at, before the window they get to come back in
         # Why the events go on after a gap: a failover, or a restart of trainerd (which, with local agents,
-        # stopped their processes too: the nodes that run nothing of the generation launch it again). First,
+        # stopped their processes too: the job's next pass ends that generation, PROCESSES_GONE). First,
         # before what the job's load finds (a changed cluster file).
         await self._events.append("coordinator_leads", f"coordinator {self.me.id} at {self.me.address} leads",
                                   leadership.fence, coordinator=self.me.id)
