@@ -345,7 +345,7 @@ class JobController:
         it dropped those of an abandoned future)."""
         observation = self.observation
         if observation is not None:
-            observation.agent_generation[node] = generation
+            observation.heard(node, generation)
             observation.heard_at[node] = self._clock.now()
             if generation != observation.number:
                 # An agent on another generation (a restarted one runs none) holds nothing of this one.

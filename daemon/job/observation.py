@@ -172,6 +172,9 @@ class GenerationObservation:
     stop_sent: dict[str, float] = field(default_factory=dict)  # node -> when its Stop was sent
     stopped: set[str] = field(default_factory=set)
     agent_generation: dict[str, int] = field(default_factory=dict)  # from each node's last heartbeat
+    # Each node's heartbeats in a row that named another generation, since its last process report of this
+    # one: one can be stale (the agent builds a heartbeat, then writes it after the reports queued before it).
+    other_generation_heartbeats: dict[str, int] = field(default_factory=dict)
     heard_at: dict[str, float] = field(default_factory=dict)  # when each node's last heartbeat arrived
     checkpoints: set[int] = field(default_factory=set)  # steps this generation committed
     # The newest complete in-memory snapshot each node's agent reports holding (from its heartbeats while
@@ -262,9 +265,14 @@ class GenerationObservation:
     def processes_gone(self, node: str) -> bool:
         """The node ran its processes of this generation, but its agent now runs another (a restarted agent
         runs none): they are gone without an exit report, killed with the agent that started them."""
-        seen = self.agent_generation.get(node)
         ran_here = self.ran_before_takeover or any(key[0] == node for key in self.processes)
-        return seen is not None and seen != self.number and ran_here
+        return ran_here and self.other_generation_heartbeats.get(node, 0) >= 2
+
+    def heard(self, node: str, generation: int) -> None:
+        """A heartbeat of `node`'s agent, naming the generation it runs."""
+        self.agent_generation[node] = generation
+        other = generation != self.number
+        self.other_generation_heartbeats[node] = self.other_generation_heartbeats.get(node, 0) + 1 if other else 0
 
     def node_idle(self, node: str) -> bool:
         """Nothing of this generation runs on `node`: it confirmed a Stop, or its reports show none running."""
@@ -316,6 +324,7 @@ class GenerationObservation:
             report = replace(report, observed_at=known.observed_at, log_tail=report.log_tail or known.log_tail,
                              cause=report.cause or known.cause)
         self.processes[key] = report
+        self.other_generation_heartbeats[report.node] = 0
         running = self._running.setdefault(report.node, set())
         if report.running:
             running.add(key)
