@@ -173,7 +173,8 @@ class GenerationObservation:
     stopped: set[str] = field(default_factory=set)
     agent_generation: dict[str, int] = field(default_factory=dict)  # from each node's last heartbeat
     # Each node's heartbeats in a row that named another generation, since its last process report of this
-    # one: one can be stale (the agent builds a heartbeat, then writes it after the reports queued before it).
+    # one: one can be stale (an older agent builds a heartbeat before its turn to write, so one written after the
+    # reports of a generation launched meanwhile can name the generation before).
     other_generation_heartbeats: dict[str, int] = field(default_factory=dict)
     heard_at: dict[str, float] = field(default_factory=dict)  # when each node's last heartbeat arrived
     checkpoints: set[int] = field(default_factory=set)  # steps this generation committed
@@ -189,7 +190,8 @@ class GenerationObservation:
     newest_position: tuple[int, int] | None = None  # the furthest any rank got (ProgressReport.position)
     stop_decided_at: float | None = None
     all_stopped_at: float | None = None
-    # Keys of the running processes per node: node_idle is asked for every node on every report.
+    # Keys of the running processes per node (a node reported any process of this generation: its key is
+    # here): node_idle and processes_gone are asked for every node on every pass.
     _running: dict[str, set] = field(default_factory=dict, repr=False)
     # Per rank: when and at which step its progress was first seen, and when it last advanced (a step rate).
     _first_progress: dict[int, tuple[float, int]] = field(default_factory=dict, repr=False)
@@ -265,7 +267,7 @@ class GenerationObservation:
     def processes_gone(self, node: str) -> bool:
         """The node ran its processes of this generation, but its agent now runs another (a restarted agent
         runs none): they are gone without an exit report, killed with the agent that started them."""
-        ran_here = self.ran_before_takeover or any(key[0] == node for key in self.processes)
+        ran_here = self.ran_before_takeover or node in self._running
         return ran_here and self.other_generation_heartbeats.get(node, 0) >= 2
 
     def heard(self, node: str, generation: int) -> None:
