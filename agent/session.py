@@ -320,9 +320,11 @@ class CoordinatorLink:
         sequence = 0
         while True:
             sequence += 1
-            body = handler.heartbeat_body()
-            body.sequence = sequence
             async with write_lock:
+                # Built once it is this heartbeat's turn, not before: built first, it could wait behind the
+                # reports of a generation launched meanwhile and then name the generation before.
+                body = handler.heartbeat_body()
+                body.sequence = sequence
                 await call.write(pb.AgentMessage(heartbeat=body))
             await self._clock.asleep(self.interval_s)
 

@@ -260,6 +260,60 @@ def test_every_attempt_waits_the_whole_welcome_wait_and_names_it_in_its_hello(tm
     asyncio.run(asyncio.wait_for(scenario(), 20))
 
 
+class SlowWriteCall:
+    """A session call whose writes of reports wait until `release` is set (a stream under back-pressure);
+    notes every message written."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.written: list[pb.AgentMessage] = []
+
+    async def write(self, message: pb.AgentMessage) -> None:
+        if message.WhichOneof("body") != "heartbeat":
+            await self.release.wait()
+        self.written.append(message)
+
+
+class SwitchingHandler(RecordingHandler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.generation = 7
+
+    def heartbeat_body(self) -> pb.Heartbeat:
+        return pb.Heartbeat(generation=self.generation)
+
+
+def test_a_heartbeat_written_after_a_generations_reports_names_that_generation(tmp_path: Path) -> None:
+    """A heartbeat waits its turn behind the reports queued before it. It must say what the agent runs
+    when it is written: the coordinator ends a generation whose node names another one in its heartbeats
+    after its processes reported (processes_gone), so one built before a launch and written after its
+    reports would tell of a node that lost its processes."""
+    handler = SwitchingHandler()
+    call = SlowWriteCall()
+
+    async def scenario() -> None:
+        link = make_link(["127.0.0.1:1"], tmp_path)
+        link.interval_s = 0.01
+        lock = asyncio.Lock()
+        forwarder = asyncio.create_task(link._forward_outbox(call, lock))
+        link.send(pb.AgentMessage(process_started=pb.ProcessStarted(generation=8, rank=0, pid=42)))
+        while not lock.locked():  # the report's write has the turn and waits
+            await asyncio.sleep(0)
+        beats = asyncio.create_task(link._heartbeats(call, lock, handler))
+        await asyncio.sleep(0.05)  # the heartbeat waits for its turn
+        handler.generation = 8  # the launch of generation 8, whose report is being written
+        call.release.set()
+        while len(call.written) < 2:
+            await asyncio.sleep(0.01)
+        forwarder.cancel()
+        beats.cancel()
+        await asyncio.gather(forwarder, beats, return_exceptions=True)
+        assert call.written[0].WhichOneof("body") == "process_started"
+        assert call.written[1].heartbeat.generation == 8
+
+    asyncio.run(asyncio.wait_for(scenario(), 20))
+
+
 FROZEN_COORDINATOR = """
 import asyncio
 import grpc
