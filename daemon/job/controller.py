@@ -606,8 +606,10 @@ class JobController:
             self.recovery.launched_at = now
             # A script trainerd reads its progress from resumes from its own checkpoints, if it keeps any:
             # where it resumes and how much it redoes are not known here (its printed steps say later).
-            own_resume = resume is None and previous is not None and bool(previous.progress) \
-                and not previous.runtime_progress
+            # A leader that took the generation over running may have heard no step of it: the record says.
+            own_resume = resume is None and previous is not None and (
+                not previous.runtime_progress if previous.progress
+                else previous.ran_before_takeover and self.record.steps_from_output)
             self.recovery.resumed_from_step = None if own_resume else generation.start_step
             self.recovery.resumed_from = "" if resume is None else resume.source.value
             reached = None if previous is None or own_resume else previous.max_step()

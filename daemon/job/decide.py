@@ -353,8 +353,11 @@ def _watch_generation(world: JobWorld) -> list[Action]:
                               f"{generation.number} within {GRACEFUL_EXIT_TIMEOUT_S:g}s; stopping it")
     if record.state is not JobState.RUNNING:
         why = _running_reason(world)
-        return [] if why is None else [CommitRecord(record.moved_to(JobState.RUNNING), "job_running",
-                                                    f"job {world.spec.name} is RUNNING: {why}")]
+        if why is None:
+            return []
+        from_output = bool(observation.progress) and not observation.runtime_progress
+        return [CommitRecord(record.moved_to(JobState.RUNNING, steps_from_output=from_output), "job_running",
+                             f"job {world.spec.name} is RUNNING: {why}")]
     return _reshape(world)
 
 

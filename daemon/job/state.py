@@ -145,6 +145,9 @@ class JobRecord:
     # The generation an operator asked to pause: it saves a checkpoint (or leaves through the graceful
     # exit) first, and the job is PAUSED once it has, or once the wait for it is over (also after a takeover).
     pause_requested_generation: int = 0
+    # The generation that last became RUNNING reported its steps only in its output (an unmodified script,
+    # which resumes from its own checkpoints if it keeps any): a new leader cannot tell from its own reports.
+    steps_from_output: bool = False
 
     def moved_to(self, state: JobState, **changes) -> "JobRecord":
         if state is not self.state and state not in ALLOWED_TRANSITIONS[self.state]:
@@ -172,7 +175,8 @@ class JobRecord:
                 "crash_steps": {str(step): count for step, count in self.crash_steps.items()},
                 "resume_from_step": self.resume_from_step,
                 "exit_requested_generation": self.exit_requested_generation,
-                "pause_requested_generation": self.pause_requested_generation}
+                "pause_requested_generation": self.pause_requested_generation,
+                "steps_from_output": self.steps_from_output}
 
     @classmethod
     def from_json(cls, data: dict) -> "JobRecord":
@@ -185,7 +189,7 @@ class JobRecord:
                    {str(k): int(v) for k, v in data.get("node_failures", {}).items()},
                    {int(k): int(v) for k, v in data.get("crash_steps", {}).items()},
                    None if resume_from is None else int(resume_from), int(data.get("exit_requested_generation", 0)),
-                   int(data.get("pause_requested_generation", 0)))
+                   int(data.get("pause_requested_generation", 0)), bool(data.get("steps_from_output", False)))
 
 
 class ResumeSource(StrEnum):

@@ -37,6 +37,10 @@ def test_record_round_trips_through_json() -> None:
     assert JobRecord.from_json(asked.to_json()) == asked
     older = {k: v for k, v in asked.to_json().items() if k != "exit_requested_generation"}
     assert JobRecord.from_json(older).exit_requested_generation == 0
+    script = JobRecord(JobState.RUNNING, 2, 2, steps_from_output=True)
+    assert JobRecord.from_json(script.to_json()) == script
+    older = {k: v for k, v in script.to_json().items() if k != "steps_from_output"}
+    assert JobRecord.from_json(older).steps_from_output is False
 
 
 def test_failure_cause_is_stored_as_its_plain_name_and_read_back_strictly() -> None:

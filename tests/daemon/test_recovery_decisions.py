@@ -858,8 +858,8 @@ def test_an_agent_that_restarted_within_the_session_grace_ends_its_generation_at
 
 
 def test_one_stale_heartbeat_after_a_nodes_processes_started_ends_nothing() -> None:
-    """An agent builds a heartbeat, then writes it after the reports queued before it: the first heartbeat
-    after a relaunch can name the generation before, though the node's new processes already reported.
+    """An older agent built a heartbeat, then wrote it after the reports queued before it: the first heartbeat
+    after a relaunch could name the generation before, though the node's new processes already reported.
     Seen in CI: generation 2 was ended 0.2 s after its launch, its node taken for one whose agent restarted."""
     async def scenario() -> None:
         sim = await running_cluster()

@@ -15,7 +15,7 @@ from daemon.job.decide import (
 from daemon.job.observation import RootCause
 from daemon.job.state import FailureCause
 from proto.vocabulary import JobState
-from tests.daemon.job_sim import SimCluster, launched_cluster, running_cluster
+from tests.daemon.job_sim import SimCluster, launched_cluster, running_cluster, take_over
 
 FILE_MISSING = RootCause("FileNotFoundError: [Errno 2] No such file or directory: 'data/x'", "train.py:12",
                          "python_exception")
@@ -335,6 +335,26 @@ def test_where_a_relaunched_script_resumes_and_what_it_lost_are_not_claimed() ->
             assert sim.job.record.generation == 2
             recovery = sim.job.view().last_recovery
             assert (recovery.resumed_from_step, recovery.lost_steps) == expected, from_output
+    run(scenario())
+
+
+def test_a_new_leader_claims_no_resume_step_for_a_script_whose_agents_restarted_with_trainerd() -> None:
+    """trainerd restarted with its local agents under a script job: the new leader heard no step of the
+    generation, yet the script resumes from its own checkpoints as before (it said "from step 0")."""
+    async def scenario() -> None:
+        for from_output, expected in ((True, None), (False, 0)):
+            sim = await launched_cluster(nodes=("a", "b"), max_nodes=2, **NO_BATCH)
+            sim.step(30, epoch=2 if from_output else None, from_output=from_output)
+            await sim.tick()
+            assert sim.state is JobState.RUNNING
+            standby = await take_over(sim, agents_restarted=True)
+            await standby.tick(0.1)
+            await standby.tick(1.0)  # the second heartbeat naming no generation
+            assert standby.job.record.last_failure.cause is FailureCause.PROCESSES_GONE
+            await standby.tick(1.0)
+            assert standby.job.record.generation == 2
+            recovery = standby.job.view().last_recovery
+            assert (recovery.resumed_from_step, recovery.lost_steps) == (expected, None), from_output
     run(scenario())
 
 
