@@ -549,7 +549,7 @@ class JobController:
         after = self.record
         observation = self.observation
         if after.last_failure is not None and after.last_failure is not before.last_failure:
-            self.goodput.fault_detected(fault_time(after.last_failure, observation, now))
+            self.goodput.fault_detected(fault_time(after.last_failure, observation, now, self.goodput.known_until))
         self._account()
         if after.stopped_generation > before.stopped_generation and observation is not None:
             observation.stop_decided_at = now

@@ -84,16 +84,24 @@ def phase_of(moment: JobMoment, high_water: Position | None, previous: Phase | N
     return Phase.LOST_WORK if high_water is not None and moment.position < high_water else Phase.PRODUCTIVE
 
 
-def fault_time(failure: Failure, observation: GenerationObservation | None, now: float) -> float:
+def fault_time(failure: Failure, observation: GenerationObservation | None, now: float,
+               known_until: float | None = None) -> float:
     """When the fault behind `failure` most likely happened, from what the leader saw (never after `now`):
     the first failed exit's arrival, the lost node's last heartbeat (else the last step), the last step
-    before a hang. A run of bad batches is no outage: it is detected at once (its steps are redone, lost work)."""
+    before a hang. A run of bad batches is no outage: it is detected at once (its steps are redone, lost work).
+    Processes gone with a restarted agent died after the last step; when this leader took the generation
+    over and saw none, after `known_until` (GoodputAccountant.known_until): the moment its predecessor
+    last saved the totals, when trainerd itself may have stopped, taking its local agents with it."""
     if observation is None:
         return now
     at: float | None = None
     match failure.cause:
         case FailureCause.NODE_LOST:
             at = observation.heard_at.get(failure.node, observation.last_progress_at)
+        case FailureCause.PROCESSES_GONE:
+            at = observation.last_progress_at
+            if at is None and observation.ran_before_takeover:
+                at = known_until
         case FailureCause.HANG:
             at = observation.silent_since()
         case FailureCause.BAD_BATCHES:
@@ -151,7 +159,8 @@ class GoodputAccountant:
     `observe` is called whenever the job's state, generation or progress may have changed (every
     reconcile pass, every commit and launch, every progress report), so a phase is never more than one
     pass late. Taking over from a `saved` snapshot, the seconds between that save and now (by the two
-    leaders' wall clocks, nothing when they disagree) go to the phase it names.
+    leaders' wall clocks, nothing when they disagree) go to the phase it names, as part of its current
+    segment: a fault found after the takeover (processes that died with trainerd) can move them to detection.
     """
 
     def __init__(self, clock: Clock, saved: GoodputSnapshot | None = None) -> None:
@@ -162,10 +171,13 @@ class GoodputAccountant:
         self.high_water = saved.high_water
         self._stall_generation = saved.stall_generation
         self._stall_counted_s = saved.stall_counted_s
+        unseen_s = max(0.0, clock.wall() - saved.saved_wall) if self._phase is not None else 0.0
         if self._phase is not None:
-            self._seconds[self._phase] += max(0.0, clock.wall() - saved.saved_wall)
+            self._seconds[self._phase] += unseen_s
         self._last = clock.now()
-        self._segment_s = 0.0  # seconds of the current phase since it began, still in that phase
+        # The moment (on this leader's clock) up to which the phase is known: the saved totals' moment.
+        self.known_until = self._last - unseen_s
+        self._segment_s = unseen_s  # seconds of the current phase since it began, still in that phase
 
     @property
     def phase(self) -> Phase | None:

@@ -231,6 +231,30 @@ def test_a_new_leader_carries_the_totals_on_and_counts_the_takeover_in_the_phase
     run(go())
 
 
+def test_the_time_trainerd_was_down_with_its_local_agents_is_no_productive_time() -> None:
+    """trainerd stopped and started again: its local agents and their processes died with it. Nothing
+    trained from the last save of the totals on; those seconds, and the new leader's until it found the
+    processes gone, are detection (they were productive, the phase saved)."""
+    async def go() -> None:
+        sim = SimCluster(job_settings())
+        await running_from(sim, "a", "b", "c")
+        for step in range(2, 22):
+            await sim.tick(1)
+            sim.step(step)
+        saved = sim.job._goodput_store.get(keys.job_goodput("job"))
+        assert saved is not None and saved.phase is P.PRODUCTIVE
+        standby = await take_over(sim, agents_restarted=True)
+        await standby.tick(0.1)
+        await standby.tick(1.0)  # the second heartbeat naming no generation: processes_gone
+        assert standby.state is JobState.RECOVERING
+        goodput = standby.job.view().goodput
+        assert goodput is not None
+        assert goodput.wall_s == pytest.approx(sim.clock.now() - START)
+        assert goodput.seconds[P.PRODUCTIVE] == pytest.approx(saved.seconds[P.PRODUCTIVE])
+        assert goodput.seconds[P.DETECTION] == pytest.approx(sim.clock.wall() - saved.saved_wall)
+    run(go())
+
+
 def test_unreadable_saved_totals_start_over_and_do_not_stop_the_leader(caplog: pytest.LogCaptureFixture) -> None:
     async def go() -> None:
         sim = SimCluster(job_settings())
