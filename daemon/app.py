@@ -37,6 +37,10 @@ from proto.vocabulary import MAX_WELCOME_WAIT_S
 
 log = logging.getLogger(__name__)
 
+# How long a trainerd stopping with local agents waits for the checkpoint it asked its job for: a save of
+# the running job, not a hang's worth (a second Ctrl-C, or SIGTERM, stops at once).
+SAVE_BEFORE_STOP_S = 60.0
+
 COORDINATOR_SERVICE = "trainerd.v1.Coordinator"
 CONTROL_SERVICE = "trainerd.v1.Control"
 
@@ -233,6 +237,8 @@ class TrainerdApp:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in done - {stopping}:
                 task.result()  # re-raise what ended the coordinator, or why etcd cannot be kept running
+            if self._local_agents is not None:
+                await self._save_before_stopping(stop)
         finally:
             # The supervisor ends before _shutdown stops etcd (no death to restart from); the
             # coordinator resigns its leadership.
@@ -240,6 +246,22 @@ class TrainerdApp:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self._shutdown()
+
+    async def _save_before_stopping(self, stop: asyncio.Event) -> None:
+        """The local agents, and the training processes they run, stop with trainerd: the running generation
+        saves a checkpoint first, unless it takes longer than SAVE_BEFORE_STOP_S or the stop is asked again."""
+        assert self.coordinator is not None
+        stop.clear()
+        saving = asyncio.create_task(self.coordinator.save_before_stopping(SAVE_BEFORE_STOP_S))
+        again = asyncio.create_task(stop.wait())
+        await asyncio.wait({saving, again}, return_when=asyncio.FIRST_COMPLETED)
+        if not saving.done():
+            log.warning("stopping at once, without the checkpoint")
+        elif saving.exception() is not None:
+            log.warning("the checkpoint before stopping was not asked for: %s", saving.exception())
+        for task in (saving, again):
+            task.cancel()
+        await asyncio.gather(saving, again, return_exceptions=True)
 
     def _publish_leadership(self, is_leader: bool) -> None:
         """Health of the Coordinator service follows leadership, so probes find the leader."""

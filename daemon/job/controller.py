@@ -43,6 +43,7 @@ from daemon.job.decide import (
     RequestExit,
     StopGeneration,
     bad_memory_steps_after,
+    checkpoint_lead_steps,
     decide,
     record_after_checkpoint,
     waiting_for,
@@ -706,6 +707,30 @@ class JobController:
             self._send(node, RequestExitCommand(generation.number))
 
     # ------------------------------------------------------------ operator commands
+
+    async def checkpoint_before_stopping(self, fence: Fence) -> tuple[int, int] | None:
+        """trainerd is stopping and takes its local agents, and the processes they run, with it: a running
+        generation of trainerd's runtime is asked for a checkpoint a little ahead, so that trainerd started
+        again resumes there instead of at the last periodic one (the agents' in-memory snapshots die with
+        them). Returns the generation and the step asked for; None when nothing can save."""
+        record, observation = self.record, self.observation
+        if (record.state is not JobState.RUNNING or record.between_generations or observation is None
+                or not observation.uses_runtime):
+            return None
+        newest = observation.max_step()
+        if newest is None:
+            return None
+        action = RequestCheckpoint(newest + checkpoint_lead_steps(observation, self.spec),
+                                   "trainerd is stopping, and its local agents with it")
+        await self._request_checkpoint(action, fence)
+        return observation.number, action.step
+
+    def saved_since_asked(self, generation: int, step: int) -> bool | None:
+        """`generation` committed a checkpoint at `step` or later; None once it cannot any more (it ended)."""
+        observation = self.observation
+        if observation is None or observation.number != generation or self.record.between_generations:
+            return None
+        return any(saved >= step for saved in observation.checkpoints)
 
     async def pause(self, fence: Fence, now: bool = False) -> str:
         """A running generation that can save (trainerd's runtime, or a script with a graceful exit file)

@@ -786,7 +786,7 @@ def _ask_checkpoint(world: JobWorld, reason: str) -> list[Action]:
     newest = observation.max_step()
     if newest is None or (request is not None and world.now - request.asked_at < CHECKPOINT_REQUEST_RETRY_S):
         return []
-    return [RequestCheckpoint(newest + _checkpoint_lead_steps(world), reason)]
+    return [RequestCheckpoint(newest + checkpoint_lead_steps(observation, world.spec), reason)]
 
 
 def _ask_exit(world: JobWorld, reason: str) -> list[Action]:
@@ -840,11 +840,9 @@ def _start_reshape(world: JobWorld, reason: str, how: str) -> list[Action]:
             StopGeneration(reason)]
 
 
-def _checkpoint_lead_steps(world: JobWorld) -> int:
+def checkpoint_lead_steps(observation: GenerationObservation, spec: JobSettings) -> int:
     """How far ahead of the fastest rank a requested checkpoint goes: CHECKPOINT_LEAD_S of steps, at
     the reported sample rate over the global batch, else at the rate the steps arrived."""
-    observation, spec = world.observation, world.spec
-    assert observation is not None
     rates = [p.samples_per_s for p in observation.progress.values()
              if math.isfinite(p.samples_per_s) and p.samples_per_s > 0]
     if spec.global_batch is not None and rates:

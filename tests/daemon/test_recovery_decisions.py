@@ -820,6 +820,55 @@ def test_trainerd_restarted_with_its_local_agents_starts_a_new_generation_from_t
     run(scenario())
 
 
+def test_trainerd_stopping_with_its_local_agents_asks_for_a_checkpoint_and_waits_for_it() -> None:
+    """Its local agents, their processes and their in-memory snapshots stop with trainerd: the running
+    generation saves first, so that trainerd started again resumes there, not at the last periodic checkpoint."""
+    async def scenario() -> None:
+        sim = await running_cluster()
+        sim.step(23)
+        await sim.tick()
+        saving = asyncio.create_task(sim.coordinator.save_before_stopping(60.0))
+        while not sim.agents["a"].checkpoint_requests():
+            assert not saving.done()
+            await asyncio.sleep(0)
+        asked = {a.checkpoint_requests()[-1].step for a in sim.agents.values()}
+        assert len(asked) == 1 and min(asked) > 23  # every node, a little ahead of the newest step
+        started = sim.clock.now()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not saving.done()  # waits for the checkpoint
+        sim.checkpoint(min(asked))
+        await asyncio.wait_for(saving, 1)
+        assert sim.clock.now() - started < 2
+        assert "checkpoint_requested" in await sim.event_kinds()
+
+        # Unanswered, the wait ends at its bound; a generation that ended ends it at once.
+        sim.step(40)
+        await sim.tick()
+        started = sim.clock.now()
+        waiting = asyncio.create_task(sim.coordinator.save_before_stopping(30.0))
+        await asyncio.wait_for(waiting, 1)
+        assert sim.clock.now() - started >= 30
+        sim.crash("b", 1)
+        await sim.tick()
+        assert sim.job.record.between_generations
+        before = sim.clock.now()
+        await asyncio.wait_for(sim.coordinator.save_before_stopping(30.0), 1)
+        assert sim.clock.now() == before  # nothing runs that could save: nothing asked
+    run(scenario())
+
+
+def test_trainerd_stopping_asks_no_checkpoint_of_a_script_read_from_its_output() -> None:
+    async def scenario() -> None:
+        sim = await launched_cluster(global_batch=None, micro_batch=None)
+        sim.step(5, epoch=1, from_output=True)
+        await sim.tick()
+        assert sim.state is JobState.RUNNING
+        await asyncio.wait_for(sim.coordinator.save_before_stopping(30.0), 1)
+        assert all(not a.checkpoint_requests() for a in sim.agents.values())
+    run(scenario())
+
+
 def test_a_standby_takes_over_a_generation_only_some_of_whose_agents_restarted_by_ending_it() -> None:
     """Nodes a and b ran on; node c's agent restarted with the old leader. c started afresh beside a and b far
     past it would wait in their collectives: the generation ends, every node relaunches from the newest."""

@@ -87,9 +87,10 @@ def _events(address: str) -> list[dict]:
 
 def test_trainerd_started_again_goes_on_from_the_newest_checkpoint_to_the_same_weights(
         tmp_path: Path, procs: Processes, fault_free_mlp: FaultFreeRun) -> None:
-    """Stopping trainerd stops its local agents and their processes. Started again, it leads again (an event
-    says so) and ends the generation whose processes are gone, and the next one resumes from the newest
-    checkpoint: relaunched in place, the generation went back to its own start (here: from scratch)."""
+    """Stopping trainerd stops its local agents and their processes, after the running generation saved a
+    checkpoint it asked for. Started again, it leads again (an event says so) and ends the generation whose
+    processes are gone, and the next one resumes from that checkpoint: relaunched in place, the generation
+    went back to its own start (here: from scratch); without the save, to the last periodic checkpoint."""
     address = f"127.0.0.1:{free_port()}"
     job = {**mlp_job(tmp_path, steps=REFERENCE_STEPS), "checkpoint": {"every_steps": 50, "keep": 2}}
     config = cluster_file(tmp_path, "c", listen=address, local_agents=2, job=job)
@@ -108,8 +109,10 @@ def test_trainerd_started_again_goes_on_from_the_newest_checkpoint_to_the_same_w
     assert ended["last_failure"]["cause"] == "processes_gone", ended["last_failure"]
     events = _events(address)
     assert [e["kind"] for e in events].count("coordinator_leads") == 2
+    [asked] = [e for e in events if e["kind"] == "checkpoint_requested"]
+    assert "trainerd is stopping" in asked["message"] and asked["fields"]["step"] > saved, asked
     [second] = [e for e in events if e["kind"] == "generation_started" and e["fields"]["generation"] == 2]
-    assert second["fields"]["resume_step"] >= saved, second
+    assert second["fields"]["resume_step"] >= asked["fields"]["step"], second
     weights, reference = final_weights(tmp_path / "out", 2), final_weights(fault_free_mlp.root / "out", 2)
     for name, expected in reference.items():
         assert np.array_equal(weights[name], expected), f"{name} differs from the run without the restart"
