@@ -605,7 +605,8 @@ class Coordinator:
             log.info("job %s: checkpoint at step %d saved; stopping", job.spec.name, step)
         else:
             log.warning("job %s: no checkpoint at step %d %s; stopping without it", job.spec.name, step,
-                        f"within {timeout_s:.0f}s" if saved is False else f"(generation {generation} ended)")
+                        f"within {timeout_s:.0f}s" if saved is False
+                        else f"(its save failed, or generation {generation} ended)")
 
     async def _job_command(self, command):
         leadership = await self._require_leadership()

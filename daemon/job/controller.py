@@ -726,11 +726,14 @@ class JobController:
         return observation.number, action.step
 
     def saved_since_asked(self, generation: int, step: int) -> bool | None:
-        """`generation` committed a checkpoint at `step` or later; None once it cannot any more (it ended)."""
+        """`generation` committed a checkpoint at `step` or later; None once it cannot any more (it ended,
+        or a rank's save of that checkpoint failed)."""
         observation = self.observation
         if observation is None or observation.number != generation or self.record.between_generations:
             return None
-        return any(saved >= step for saved in observation.checkpoints)
+        if any(saved >= step for saved in observation.checkpoints):
+            return True
+        return None if any(failed >= step for failed in observation.failed_checkpoints) else False
 
     async def pause(self, fence: Fence, now: bool = False) -> str:
         """A running generation that can save (trainerd's runtime, or a script with a graceful exit file)

@@ -849,6 +849,17 @@ def test_trainerd_stopping_with_its_local_agents_asks_for_a_checkpoint_and_waits
         waiting = asyncio.create_task(sim.coordinator.save_before_stopping(30.0))
         await asyncio.wait_for(waiting, 1)
         assert sim.clock.now() - started >= 30
+        # A failed save (a full disk) ends the wait at once.
+        sim.step(60)
+        await sim.tick()
+        failing = asyncio.create_task(sim.coordinator.save_before_stopping(30.0))
+        while not failing.done() and len(sim.agents["a"].checkpoint_requests()) < 3:
+            await asyncio.sleep(0)
+        started = sim.clock.now()
+        step = sim.agents["a"].checkpoint_requests()[-1].step
+        sim.coordinator.checkpoint_failed(sim.agents["a"].session, 1, 0, step, "No space left on device")
+        await asyncio.wait_for(failing, 1)
+        assert sim.clock.now() - started < 2
         sim.crash("b", 1)
         await sim.tick()
         assert sim.job.record.between_generations
