@@ -189,7 +189,7 @@ class JobRecord:
                    {str(k): int(v) for k, v in data.get("node_failures", {}).items()},
                    {int(k): int(v) for k, v in data.get("crash_steps", {}).items()},
                    None if resume_from is None else int(resume_from), int(data.get("exit_requested_generation", 0)),
-                   int(data.get("pause_requested_generation", 0)), bool(data.get("steps_from_output", False)))
+                   int(data.get("pause_requested_generation", 0)), data.get("steps_from_output") is True)
 
 
 class ResumeSource(StrEnum):
