@@ -240,17 +240,27 @@ class Coordinator:
                     await self._tick_guard.run(self.tick)
                     metrics.PASS_DURATION.observe(loop.time() - started)
             log.warning("%s lost its leader lease; standing down", self.me.id)
-        except (asyncio.CancelledError, StoreError, LeadershipLost):
+        except (asyncio.CancelledError, StoreError, LeadershipLost) as exc:
             # Shutting down, etcd failed under us, or another coordinator leads: hand over now rather
             # than keep the lease alive (our own keepalive would otherwise hold the leader key while we
             # no longer lead).
-            try:
-                await asyncio.shield(self._election.resign(leadership))
-            except StoreError as exc:
-                log.warning("could not resign leadership (%s); the lease will expire", exc)
+            await asyncio.shield(self._hand_over(leadership, shutting_down=isinstance(exc, asyncio.CancelledError)))
             raise
         finally:
             self._leave_office()
+
+    async def _hand_over(self, leadership: Leadership, shutting_down: bool) -> None:
+        """Resign; first, when this coordinator is shutting down (its term still good), let the job save
+        what the next leader carries on from."""
+        try:
+            if shutting_down and self.job is not None and self.leadership is leadership:
+                await self.job.stand_down(leadership.fence)
+        except (StoreError, LeadershipLost) as exc:
+            log.warning("could not save the job's goodput totals before standing down: %s", exc)
+        try:
+            await self._election.resign(leadership)
+        except StoreError as exc:
+            log.warning("could not resign leadership (%s); the lease will expire", exc)
 
     def _excuse_own_stall(self, late_s: float) -> None:
         """The pass woke `late_s` (real seconds) after it was due: the event loop was that far behind,

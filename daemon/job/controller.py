@@ -804,6 +804,12 @@ class JobController:
 
     # ------------------------------------------------------------ goodput
 
+    async def stand_down(self, fence: Fence) -> None:
+        """This leader stops: the goodput totals are saved as of now, so the next leader accounts exactly the
+        time without one, and knows the furthest step reached (lost work when it is trained again)."""
+        self._account()
+        await self._save_goodput(fence, at_once=True)
+
     def _account(self) -> None:
         """Let the goodput accountant see the job as it is now (daemon/job/goodput.py)."""
         record, generation, observation = self.record, self.generation, self.observation
@@ -813,11 +819,12 @@ class JobController:
         position = observation.newest_position if live and observation is not None else None
         self.goodput.observe(JobMoment(record.state, record.generation > 0, live, progressing, position))
 
-    async def _save_goodput(self, fence: Fence) -> None:
-        """Save the totals every GOODPUT_SAVE_INTERVAL_S and on every change of phase."""
+    async def _save_goodput(self, fence: Fence, at_once: bool = False) -> None:
+        """Save the totals every GOODPUT_SAVE_INTERVAL_S and on every change of phase; `at_once`: now."""
         now, phase = self._clock.now(), self.goodput.phase
         saved = self._goodput_saved
-        if saved is not None and saved[1] is phase and (phase is None or now - saved[0] < GOODPUT_SAVE_INTERVAL_S):
+        if not at_once and saved is not None and saved[1] is phase and (
+                phase is None or now - saved[0] < GOODPUT_SAVE_INTERVAL_S):
             return
         await self._goodput_store.put(keys.job_goodput(self.spec.name), self.goodput.snapshot(), fence)
         self._goodput_saved = (now, phase)

@@ -193,7 +193,8 @@ async def take_over(sim: SimCluster, spec: JobSettings | None = None, agents_res
     agent reconnects to it: still running its generation, or (`agents_restarted`, as trainerd's local agents
     when trainerd restarts) running none."""
     standby = SimCluster(spec or sim.spec, store=sim.store, clock=sim.clock, name="c2", peer_port=sim.peer_port)
-    sim.store.stop_keepalive(sim.coordinator.leadership.lease)
+    if sim.coordinator.leadership is not None:  # it dies leading (one that stood down resigned its lease)
+        sim.store.stop_keepalive(sim.coordinator.leadership.lease)
     sim.clock.advance(3.5)
     sim.store.expire_leases()
     await standby.lead()

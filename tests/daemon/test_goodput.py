@@ -46,6 +46,16 @@ async def running_from(sim: SimCluster, *nodes: str, startup_s: float = 2.0) -> 
     assert sim.state is JobState.RUNNING
 
 
+async def at_step_21() -> SimCluster:
+    """Nodes a, b and c RUNNING from 2 s after the launch, a step a second, up to step 21."""
+    sim = SimCluster(job_settings())
+    await running_from(sim, "a", "b", "c")
+    for step in range(2, 22):
+        await sim.tick(1)
+        sim.step(step)
+    return sim
+
+
 async def complete(sim: SimCluster, after_s: float) -> None:
     await sim.tick(after_s)
     sim.finish_all()
@@ -210,11 +220,7 @@ def test_status_shows_the_ratio_and_every_phase(capsys: pytest.CaptureFixture[st
 
 def test_a_new_leader_carries_the_totals_on_and_counts_the_takeover_in_the_phase_saved() -> None:
     async def go() -> None:
-        sim = SimCluster(job_settings())
-        await running_from(sim, "a", "b", "c")  # startup 2 s
-        for step in range(2, 22):
-            await sim.tick(1)
-            sim.step(step)
+        sim = await at_step_21()  # startup 2 s
         standby = await take_over(sim)  # 3.5 s without a leader, the last save up to 5 s before
         assert standby.job.record.state is JobState.RUNNING
         await standby.tick(1)
@@ -236,11 +242,7 @@ def test_the_time_trainerd_was_down_with_its_local_agents_is_no_productive_time(
     trained from the last save of the totals on; those seconds, and the new leader's until it found the
     processes gone, are detection (they were productive, the phase saved)."""
     async def go() -> None:
-        sim = SimCluster(job_settings())
-        await running_from(sim, "a", "b", "c")
-        for step in range(2, 22):
-            await sim.tick(1)
-            sim.step(step)
+        sim = await at_step_21()
         saved = sim.job._goodput_store.get(keys.job_goodput("job"))
         assert saved is not None and saved.phase is P.PRODUCTIVE
         standby = await take_over(sim, agents_restarted=True)
@@ -252,6 +254,32 @@ def test_the_time_trainerd_was_down_with_its_local_agents_is_no_productive_time(
         assert goodput.wall_s == pytest.approx(sim.clock.now() - START)
         assert goodput.seconds[P.PRODUCTIVE] == pytest.approx(saved.seconds[P.PRODUCTIVE])
         assert goodput.seconds[P.DETECTION] == pytest.approx(sim.clock.wall() - saved.saved_wall)
+    run(go())
+
+
+def test_a_leader_that_stops_saves_its_totals_as_of_its_stop() -> None:
+    """Saved every few seconds, the totals a new leader took over were up to 5 s old: the steps reached since
+    were not known to be redone (lost work, not productive), and the seconds since went to the phase saved."""
+    async def go() -> None:
+        sim = await at_step_21()
+        await sim.tick(0.5)
+        sim.step(25)  # reported after the last pass
+        sim.clock.advance(0.5)
+        await sim.coordinator._hand_over(sim.coordinator.leadership, shutting_down=True)
+        sim.coordinator._leave_office()
+        saved = sim.job._goodput_store.get(keys.job_goodput("job"))
+        assert saved is not None
+        assert (saved.high_water, saved.saved_wall) == ((-1, 25), sim.clock.wall())
+        assert saved.wall_s == pytest.approx(sim.clock.now() - START)
+        standby = await take_over(sim, agents_restarted=True)
+        await standby.tick(0.1)
+        await standby.tick(1.0)  # processes_gone
+        assert standby.state is JobState.RECOVERING
+        goodput = standby.job.view().goodput
+        assert goodput is not None
+        assert goodput.seconds[P.PRODUCTIVE] == pytest.approx(saved.seconds[P.PRODUCTIVE])
+        assert goodput.seconds[P.DETECTION] == pytest.approx(sim.clock.wall() - saved.saved_wall)
+        assert goodput.high_water == (-1, 25)
     run(go())
 
 
