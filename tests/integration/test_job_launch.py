@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -85,6 +86,9 @@ def _events(address: str) -> list[dict]:
     return [json.loads(line) for line in result.stdout.splitlines()]
 
 
+DOWN_S = 3.0  # how long trainerd stays stopped before it is started again
+
+
 def test_trainerd_started_again_goes_on_from_the_newest_checkpoint_to_the_same_weights(
         tmp_path: Path, procs: Processes, fault_free_mlp: FaultFreeRun) -> None:
     """Stopping trainerd stops its local agents and their processes, after the running generation saved a
@@ -101,10 +105,13 @@ def test_trainerd_started_again_goes_on_from_the_newest_checkpoint_to_the_same_w
     first.signal(signal.SIGTERM)
     first.wait(timeout=30)
     assert training_processes(tmp_path) == []
+    time.sleep(DOWN_S)
 
     procs.trainerd("trainerd", config)
     ended = wait_for_state(address, {"COMPLETED", "FAILED"}, 180, procs)
     assert ended["state"] == "COMPLETED", ended
+    # Nothing trained while trainerd was down: those seconds are detection (the only fault), not productive.
+    assert ended["goodput"]["phases"]["detection_s"] >= DOWN_S, ended["goodput"]
     assert ended["generation"] == 2 and ended["crash_restarts"] == 0, ended
     assert ended["last_failure"]["cause"] == "processes_gone", ended["last_failure"]
     events = _events(address)
