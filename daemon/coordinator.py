@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 
 MAX_DEVICES_PER_NODE = 64
 STORE_RETRY_S = 1.0
+# How long a coordinator that shuts down gives the job's last save of its goodput totals before it resigns.
+STAND_DOWN_SAVE_S = 2.0
 # A pass woken later than this is taken as the coordinator's own stall (scheduling jitter is milliseconds).
 OWN_STALL_EXCUSED_FROM_S = 0.25
 # The leader deletes old events this often (and at once when it takes office).
@@ -254,9 +256,12 @@ class Coordinator:
         what the next leader carries on from."""
         try:
             if shutting_down and self.job is not None and self.leadership is leadership:
-                await self.job.stand_down(leadership.fence)
-        except (StoreError, LeadershipLost) as exc:
-            log.warning("could not save the job's goodput totals before standing down: %s", exc)
+                # Best effort, and brief: with etcd out of reach, the resignation's own wait is enough.
+                async with asyncio.timeout(STAND_DOWN_SAVE_S):
+                    await self.job.stand_down(leadership.fence)
+        except (StoreError, LeadershipLost, TimeoutError) as exc:
+            log.warning("could not save the job's goodput totals before standing down: %s",
+                        str(exc) or f"no answer within {STAND_DOWN_SAVE_S:g}s")
         try:
             await self._election.resign(leadership)
         except StoreError as exc:

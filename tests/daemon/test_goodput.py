@@ -20,6 +20,7 @@ from prometheus_client import REGISTRY
 from common.clock import FakeClock
 from daemon.cli.status_json import status_to_json
 from daemon.cli.trainerctl import print_status
+from daemon.coordinator import STAND_DOWN_SAVE_S
 from daemon.grpc_services import status_to_proto
 from daemon.job.goodput import GoodputAccountant, GoodputSnapshot, JobMoment, Phase
 from daemon.store import keys
@@ -281,6 +282,22 @@ def test_a_leader_that_stops_saves_its_totals_as_of_its_stop() -> None:
         assert goodput.seconds[P.DETECTION] == pytest.approx(sim.clock.wall() - saved.saved_wall)
         assert goodput.high_water == (-1, 25)
     run(go())
+
+
+def test_a_stopping_leader_whose_save_gets_no_answer_still_resigns(caplog: pytest.LogCaptureFixture) -> None:
+    """The save before standing down is best effort: with etcd out of reach it must not hold the stop."""
+    async def go() -> None:
+        sim = await at_step_21()
+
+        async def unanswered(fence) -> None:
+            await asyncio.Event().wait()
+
+        sim.job.stand_down = unanswered
+        leadership = sim.coordinator.leadership
+        await asyncio.wait_for(sim.coordinator._hand_over(leadership, shutting_down=True), STAND_DOWN_SAVE_S + 2)
+        assert not leadership.lease.alive  # resigned all the same
+    run(go())
+    assert f"no answer within {STAND_DOWN_SAVE_S:g}s" in caplog.text
 
 
 def test_unreadable_saved_totals_start_over_and_do_not_stop_the_leader(caplog: pytest.LogCaptureFixture) -> None:
