@@ -600,28 +600,26 @@ class Coordinator:
         return await self._job_command(lambda job, fence: job.resume(fence, from_step))
 
     async def save_before_stopping(self, timeout_s: float) -> None:
-        """Ask the running generation for a checkpoint and wait, at most `timeout_s`, until it is committed
-        (JobController.checkpoint_before_stopping). A standby, or a job that cannot save, returns at once."""
+        """trainerd stops and its local agents with it: the running generation saves a checkpoint, or leaves
+        through the script's graceful exit, first (JobController.prepare_to_stop); wait for that, at most
+        `timeout_s`. A standby, or a job with nothing running that could save, returns at once."""
         leadership = self.leadership
         if leadership is None or self.job is None:
             return
         job = self.job
         async with self._reconcile_lock:
-            asked = await job.checkpoint_before_stopping(leadership.fence)
-        if asked is None:
-            return
-        generation, step = asked
-        log.info("saving a checkpoint of job %s at step %d before stopping (at most %.0fs; stop again to stop "
-                 "at once)", job.spec.name, step, timeout_s)
-        deadline = self._clock.now() + timeout_s
-        while (saved := job.saved_since_asked(generation, step)) is False and self._clock.now() < deadline:
-            await self._clock.asleep(0.2)
-        if saved:
-            log.info("job %s: checkpoint at step %d saved; stopping", job.spec.name, step)
+            ready = job.prepare_to_stop()
+            await job.reconcile(leadership.fence, self._cluster_facts())
+        if not ready.done():
+            log.info("job %s saves before trainerd stops (at most %.0fs; stop again to stop at once)",
+                     job.spec.name, timeout_s)
+        try:  # wall time, not the coordinator's clock: the bound is the operator's (and systemd's) patience
+            async with asyncio.timeout(timeout_s):
+                how = await ready
+        except TimeoutError:
+            log.warning("job %s saved nothing within %.0fs; stopping without it", job.spec.name, timeout_s)
         else:
-            log.warning("job %s: no checkpoint at step %d %s; stopping without it", job.spec.name, step,
-                        f"within {timeout_s:.0f}s" if saved is False
-                        else f"(its save failed, or generation {generation} ended)")
+            log.info("job %s: %s; stopping", job.spec.name, how)
 
     async def _job_command(self, command):
         leadership = await self._require_leadership()

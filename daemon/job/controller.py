@@ -15,6 +15,7 @@ job.checkpoint.dir, when it is recorded and again before a worker is told to res
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -39,11 +40,11 @@ from daemon.job.decide import (
     LaunchGeneration,
     MarkCheckpointBad,
     NotePlaceableSince,
+    ReadyToStop,
     RequestCheckpoint,
     RequestExit,
     StopGeneration,
     bad_memory_steps_after,
-    checkpoint_lead_steps,
     decide,
     record_after_checkpoint,
     waiting_for,
@@ -176,6 +177,7 @@ class JobController:
         self._checkpoint_request: CheckpointRequest | None = None
         self._exit_request: ExitRequest | None = None
         self._pause_asked_at: float | None = None
+        self._stopping: asyncio.Future[str] | None = None  # trainerd is stopping: see prepare_to_stop
         self._unrecorded_checkpoints: list[CheckpointEntry] = []
         self._unrecorded_failed_saves: deque[FailedSave] = deque()
         self.recovery: RecoveryTimeline | None = None
@@ -460,7 +462,8 @@ class JobController:
                          frozenset(facts.disconnected), frozenset(facts.lost), frozenset(facts.drained),
                          self.catalog.entries(), self.ledger.ranges(), self._placeable_since,
                          self._checkpoint_request, now, self._exit_request, self._bad_memory_steps,
-                         dict(self._orders_seen), self.ledger.found_bad(), self._pause_asked_at)
+                         dict(self._orders_seen), self.ledger.found_bad(), self._pause_asked_at,
+                         stopping=self._stopping is not None)
         actions = decide(world)
         self._waiting_for = "" if any(isinstance(a, LaunchGeneration) for a in actions) else waiting_for(world)
         for action in actions:
@@ -480,6 +483,9 @@ class JobController:
                     await self._request_checkpoint(action, fence)
                 case RequestExit():
                     self._request_exit(action)
+                case ReadyToStop():
+                    if self._stopping is not None and not self._stopping.done():
+                        self._stopping.set_result(action.how)
                 case MarkCheckpointBad():
                     resume = None if self.generation is None else self.generation.resume
                     if resume is not None and resume.source is ResumeSource.MEMORY and resume.step == action.step:
@@ -708,32 +714,13 @@ class JobController:
 
     # ------------------------------------------------------------ operator commands
 
-    async def checkpoint_before_stopping(self, fence: Fence) -> tuple[int, int] | None:
-        """trainerd is stopping and takes its local agents, and the processes they run, with it: a running
-        generation of trainerd's runtime is asked for a checkpoint a little ahead, so that trainerd started
-        again resumes there instead of at the last periodic one (the agents' in-memory snapshots die with
-        them). Returns the generation and the step asked for; None when nothing can save."""
-        record, observation = self.record, self.observation
-        if (record.state is not JobState.RUNNING or record.between_generations or observation is None
-                or not observation.uses_runtime):
-            return None
-        newest = observation.max_step()
-        if newest is None:
-            return None
-        action = RequestCheckpoint(newest + checkpoint_lead_steps(observation, self.spec),
-                                   "trainerd is stopping, and its local agents with it")
-        await self._request_checkpoint(action, fence)
-        return observation.number, action.step
-
-    def saved_since_asked(self, generation: int, step: int) -> bool | None:
-        """`generation` committed a checkpoint at `step` or later; None once it cannot any more (it ended,
-        or a rank's save of that checkpoint failed)."""
-        observation = self.observation
-        if observation is None or observation.number != generation or self.record.between_generations:
-            return None
-        if any(saved >= step for saved in observation.checkpoints):
-            return True
-        return None if any(failed >= step for failed in observation.failed_checkpoints) else False
+    def prepare_to_stop(self) -> asyncio.Future[str]:
+        """trainerd is stopping and takes its local agents, the processes they run and their in-memory snapshots
+        with it: from the next pass on, a running generation saves first and nothing new is launched
+        (decide._save_before_stopping). The future is resolved with how the job became ready to stop."""
+        if self._stopping is None:
+            self._stopping = asyncio.get_running_loop().create_future()
+        return self._stopping
 
     async def pause(self, fence: Fence, now: bool = False) -> str:
         """A running generation that can save (trainerd's runtime, or a script with a graceful exit file)

@@ -22,6 +22,10 @@ A job's life, in the terms of the durable record (daemon/job/state.py):
   out the crash backoff, then launch the next generation on the largest valid world, from the
   newest good checkpoint (or a newer in-memory snapshot every node of the new placement holds);
   WAITING while no valid world exists.
+
+When trainerd stops and takes its local agents, and the processes they run, with it (`stopping`), a
+RUNNING generation saves first, as for a reshape, and nothing new is launched; ReadyToStop tells the
+controller when the stop may go ahead.
 """
 
 from __future__ import annotations
@@ -64,6 +68,8 @@ GRACEFUL_EXIT_TIMEOUT_S = 30.0
 # A pause waits this long for the generation's checkpoint (or graceful exit) before it stops it as it is:
 # long enough for a large model's save, short enough for an operator who wants the hosts.
 PAUSE_SAVE_WAIT_S = 120.0
+# Why a generation saves (or leaves) when trainerd stops with its local agents.
+STOPPING = "trainerd is stopping, and its local agents with it"
 # In-memory snapshots that failed to load: at most this many are remembered (bad_memory_steps_after).
 REMEMBERED_BAD_MEMORY_STEPS = 8
 
@@ -119,6 +125,14 @@ class RequestExit:
 
 
 @dataclass(frozen=True)
+class ReadyToStop:
+    """trainerd may stop now (`JobWorld.stopping`): the generation saved, or left through the script's
+    graceful exit, or nothing runs that could."""
+
+    how: str
+
+
+@dataclass(frozen=True)
 class MarkCheckpointBad:
     step: int
     problem: str
@@ -151,7 +165,7 @@ class EndStopPhase:
 
 
 Action = (CommitRecord | StopGeneration | LaunchGeneration | RequestCheckpoint | RequestExit | MarkCheckpointBad
-          | AddSkip | NotePlaceableSince | EndStopPhase)
+          | AddSkip | NotePlaceableSince | EndStopPhase | ReadyToStop)
 
 ACTIVE_STATES = frozenset({JobState.PENDING, JobState.RUNNING, JobState.RECOVERING, JobState.WAITING})
 
@@ -199,6 +213,8 @@ class JobWorld:
     found_bad: tuple[tuple[int, int], ...] = ()
     # When the operator's pause of the live generation was asked for (a new leader: when it took over).
     pause_asked_at: float | None = None
+    # trainerd is stopping and its local agents with it: save first, launch nothing (kept in memory only).
+    stopping: bool = False
 
 
 def decide(world: JobWorld) -> list[Action]:
@@ -230,6 +246,8 @@ def record_after_checkpoint(record: JobRecord) -> JobRecord | None:
 
 def _transitions(world: JobWorld) -> list[Action]:
     record = world.record
+    if world.stopping and (record.state is not JobState.RUNNING or record.between_generations):
+        return [ReadyToStop(f"job {world.spec.name} is {record.state.value}: no running generation to save")]
     if record.state not in ACTIVE_STATES:
         return _stop_leftovers(world)
     if world.generation is None:
@@ -336,6 +354,10 @@ def _watch_generation(world: JobWorld) -> list[Action]:
     if exit_request is not None and every_rank_finished:
         if record.pausing:
             return _paused(world, "every rank left at the graceful exit")
+        if world.stopping:
+            return [*_start_reshape(world, exit_request.reason, "every rank left at the graceful exit; trainerd "
+                                    "relaunches it when it is started again"),
+                    ReadyToStop(f"every rank of generation {generation.number} left at the graceful exit")]
         return _start_reshape(world, exit_request.reason, "every rank left at the graceful exit; relaunching")
     if every_rank_finished:
         done = record.moved_to(JobState.COMPLETED, stopped_generation=generation.number)
@@ -351,6 +373,8 @@ def _watch_generation(world: JobWorld) -> list[Action]:
     if exit_request is not None and world.now - exit_request.asked_at >= GRACEFUL_EXIT_TIMEOUT_S:
         return _start_reshape(world, exit_request.reason, f"the graceful exit did not end generation "
                               f"{generation.number} within {GRACEFUL_EXIT_TIMEOUT_S:g}s; stopping it")
+    if world.stopping:
+        return _save_before_stopping(world)
     if record.state is not JobState.RUNNING:
         why = _running_reason(world)
         if why is None:
@@ -786,7 +810,7 @@ def _ask_checkpoint(world: JobWorld, reason: str) -> list[Action]:
     newest = observation.max_step()
     if newest is None or (request is not None and world.now - request.asked_at < CHECKPOINT_REQUEST_RETRY_S):
         return []
-    return [RequestCheckpoint(newest + checkpoint_lead_steps(observation, world.spec), reason)]
+    return [RequestCheckpoint(newest + _checkpoint_lead_steps(observation, world.spec), reason)]
 
 
 def _ask_exit(world: JobWorld, reason: str) -> list[Action]:
@@ -821,6 +845,29 @@ def _pause(world: JobWorld) -> list[Action]:
     return _paused(world, "stopped at once; the script resumes from its own checkpoints")
 
 
+def _save_before_stopping(world: JobWorld) -> list[Action]:
+    """trainerd is stopping, and the generation's processes and in-memory snapshots with its local agents: a
+    generation of trainerd's runtime saves a checkpoint a little ahead, a script with a graceful exit leaves
+    through it (its clean exits then end the generation, see _watch_generation), so that trainerd started
+    again resumes there rather than at the last periodic checkpoint. What cannot save stops as it is."""
+    generation, observation = world.generation, world.observation
+    assert generation is not None and observation is not None
+    if observation.uses_runtime:
+        step, request = _requested_checkpoint(world), world.checkpoint_request
+        if step is not None:
+            return [ReadyToStop(f"generation {generation.number} saved a checkpoint at step {step}")]
+        if request is not None and any(failed >= request.step for failed in observation.failed_checkpoints):
+            return [ReadyToStop(f"generation {generation.number} failed to save its checkpoint at step "
+                                f"{request.step}; it stops without it")]
+        if observation.max_step() is None:
+            return [ReadyToStop(f"generation {generation.number} reported no step yet: nothing to save")]
+        return _ask_checkpoint(world, STOPPING)
+    if world.spec.graceful_exit_file is not None:
+        return _ask_exit(world, STOPPING)
+    return [ReadyToStop(f"generation {generation.number} reports its steps only in its output and has no "
+                        f"graceful exit file: it resumes from its own checkpoints")]
+
+
 def _paused(world: JobWorld, how: str) -> list[Action]:
     generation, record = world.generation, world.record
     assert generation is not None
@@ -840,7 +887,7 @@ def _start_reshape(world: JobWorld, reason: str, how: str) -> list[Action]:
             StopGeneration(reason)]
 
 
-def checkpoint_lead_steps(observation: GenerationObservation, spec: JobSettings) -> int:
+def _checkpoint_lead_steps(observation: GenerationObservation, spec: JobSettings) -> int:
     """How far ahead of the fastest rank a requested checkpoint goes: CHECKPOINT_LEAD_S of steps, at
     the reported sample rate over the global batch, else at the rate the steps arrived."""
     rates = [p.samples_per_s for p in observation.progress.values()

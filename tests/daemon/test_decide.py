@@ -13,6 +13,7 @@ from daemon.job.catalog import CheckpointEntry
 from daemon.job.decide import (
     MIN_CHECKPOINT_LEAD_STEPS,
     REMEMBERED_BAD_MEMORY_STEPS,
+    STOPPING,
     AddSkip,
     CheckpointRequest,
     CommitRecord,
@@ -22,6 +23,7 @@ from daemon.job.decide import (
     LaunchGeneration,
     MarkCheckpointBad,
     NotePlaceableSince,
+    ReadyToStop,
     RequestCheckpoint,
     RequestExit,
     StopGeneration,
@@ -325,6 +327,37 @@ def test_a_script_job_with_graceful_exit_is_asked_to_leave_and_its_clean_exits_e
     assert commit.message.endswith("every rank left at the graceful exit; relaunching")
     late = commit_of(decide(job_world(**script, exit_request=ExitRequest(reason, NOW - 30))))
     assert late.message.endswith("the graceful exit did not end generation 1 within 30s; stopping it")
+
+
+def test_trainerd_stopping_has_the_runtime_save_first_and_is_ready_once_the_asked_step_is_committed() -> None:
+    assert decide(job_world(stopping=True)) == [RequestCheckpoint(30, STOPPING)]
+    asked = CheckpointRequest(30, NOW - 1)
+    assert decide(job_world(stopping=True, checkpoint_request=asked, seen={"checkpoints": {20}})) == []
+    assert decide(job_world(stopping=True, checkpoint_request=asked, seen={"checkpoints": {30}})) == [
+        ReadyToStop("generation 1 saved a checkpoint at step 30")]
+    assert decide(job_world(stopping=True, checkpoint_request=asked, seen={"failed_checkpoints": {30}})) == [
+        ReadyToStop("generation 1 failed to save its checkpoint at step 30; it stops without it")]
+
+
+def test_trainerd_stopping_launches_nothing() -> None:
+    for state, on, stopped in ((JobState.PENDING, None, False), (JobState.RECOVERING, NODES, True)):
+        *notes, ready = decide(job_world(state=state, on=on, stopped=stopped, stopping=True))
+        assert ready == ReadyToStop(f"job job is {state.value}: no running generation to save")
+        assert all(isinstance(note, NotePlaceableSince) for note in notes)  # no launch
+
+
+def test_trainerd_stopping_has_a_script_leave_through_its_graceful_exit_or_stops_it_as_it_is() -> None:
+    script = {"on": ("a", "b"), "from_output": True, "stopping": True}
+    commit, request = decide(job_world(spec={"graceful_exit_file": "exit.json"}, **script))
+    assert (commit.event, request) == ("exit_requested", RequestExit(STOPPING))
+    left = (exited("a", 0), exited("b", 1))
+    *ended, ready = decide(job_world(spec={"graceful_exit_file": "exit.json"}, **script, reports=left,
+                                     exit_request=ExitRequest(STOPPING, NOW - 1)))
+    assert commit_of(ended).record.between_generations and ready == ReadyToStop(
+        "every rank of generation 1 left at the graceful exit")
+    assert decide(job_world(**script)) == [ReadyToStop(
+        "generation 1 reports its steps only in its output and has no graceful exit file: it resumes from its "
+        "own checkpoints")]
 
 
 def test_a_generation_that_committed_a_checkpoint_uses_the_runtime_even_with_progress_from_output() -> None:

@@ -833,39 +833,51 @@ def test_trainerd_stopping_with_its_local_agents_asks_for_a_checkpoint_and_waits
             await asyncio.sleep(0)
         asked = {a.checkpoint_requests()[-1].step for a in sim.agents.values()}
         assert len(asked) == 1 and min(asked) > 23  # every node, a little ahead of the newest step
-        started = sim.clock.now()
-        for _ in range(5):
-            await asyncio.sleep(0)
+        for _ in range(3):
+            await sim.tick(1.0)
         assert not saving.done()  # waits for the checkpoint
-        sim.checkpoint(min(asked))
+        sim.checkpoint(min(asked) - 1)  # an older one does not end the wait
+        await sim.tick()
+        assert not saving.done()
+        sim.checkpoint(min(asked))  # the commit's report ends it, without waiting for a pass
         await asyncio.wait_for(saving, 1)
-        assert sim.clock.now() - started < 2
         assert "checkpoint_requested" in await sim.event_kinds()
+        sim.crash("b", 1)  # nothing is launched any more: trainerd is stopping
+        await sim.tick(1.0)
+        sim.confirm_stop()
+        await sim.tick(60.0)
+        assert sim.job.record.generation == 1 and all(len(a.launches()) == 1 for a in sim.agents.values())
+    run(scenario())
 
-        # Unanswered, the wait ends at its bound; a generation that ended ends it at once.
-        sim.step(40)
-        await sim.tick()
-        started = sim.clock.now()
-        waiting = asyncio.create_task(sim.coordinator.save_before_stopping(30.0))
-        await asyncio.wait_for(waiting, 1)
-        assert sim.clock.now() - started >= 30
-        # A failed save (a full disk) ends the wait at once.
-        sim.step(60)
-        await sim.tick()
-        failing = asyncio.create_task(sim.coordinator.save_before_stopping(30.0))
-        while not failing.done() and len(sim.agents["a"].checkpoint_requests()) < 3:
+
+def test_trainerd_stops_without_the_checkpoint_when_none_comes_or_its_save_failed(caplog) -> None:
+    caplog.set_level(logging.INFO, "daemon.coordinator")
+
+    async def scenario() -> None:
+        unanswered = await running_cluster()
+        unanswered.step(23)
+        await asyncio.wait_for(unanswered.coordinator.save_before_stopping(0.2), 5)
+        assert caplog.records[-1].getMessage() == "job job saved nothing within 0s; stopping without it"
+
+        failed = await running_cluster()  # a full disk: the wait ends at once
+        failed.step(23)
+        saving = asyncio.create_task(failed.coordinator.save_before_stopping(60.0))
+        while not failed.agents["a"].checkpoint_requests():
             await asyncio.sleep(0)
-        started = sim.clock.now()
-        step = sim.agents["a"].checkpoint_requests()[-1].step
-        sim.coordinator.checkpoint_failed(sim.agents["a"].session, 1, 0, step, "No space left on device")
-        await asyncio.wait_for(failing, 1)
-        assert sim.clock.now() - started < 2
-        sim.crash("b", 1)
-        await sim.tick()
-        assert sim.job.record.between_generations
-        before = sim.clock.now()
-        await asyncio.wait_for(sim.coordinator.save_before_stopping(30.0), 1)
-        assert sim.clock.now() == before  # nothing runs that could save: nothing asked
+        step = failed.agents["a"].checkpoint_requests()[-1].step
+        failed.coordinator.checkpoint_failed(failed.agents["a"].session, 1, 0, step, "No space left on device")
+        await asyncio.wait_for(saving, 1)
+        assert caplog.records[-1].getMessage() == (f"job job: generation 1 failed to save its checkpoint at step "
+                                                   f"{step}; it stops without it; stopping")
+
+        ended = await running_cluster()  # nothing runs that could save: nothing asked
+        ended.crash("b", 1)
+        await ended.tick()
+        assert ended.job.record.between_generations
+        await asyncio.wait_for(ended.coordinator.save_before_stopping(60.0), 1)
+        assert all(not a.checkpoint_requests() for a in ended.agents.values())
+        assert caplog.records[-1].getMessage() == ("job job: job job is RECOVERING: no running generation to save; "
+                                                   "stopping")
     run(scenario())
 
 
@@ -877,6 +889,39 @@ def test_trainerd_stopping_asks_no_checkpoint_of_a_script_read_from_its_output()
         assert sim.state is JobState.RUNNING
         await asyncio.wait_for(sim.coordinator.save_before_stopping(30.0), 1)
         assert all(not a.checkpoint_requests() for a in sim.agents.values())
+    run(scenario())
+
+
+def test_trainerd_stopping_has_a_script_with_a_graceful_exit_leave_through_it_and_relaunches_it_when_started_again(
+) -> None:
+    """The script saves its own checkpoint on its way out; its clean exits end the generation (not COMPLETED),
+    nothing is relaunched while trainerd stops, and trainerd started again launches the next generation."""
+    async def scenario() -> None:
+        sim = await launched_cluster(nodes=("a", "b"), graceful_exit_file="exit.json", global_batch=None,
+                                     micro_batch=None)
+        sim.step(2, from_output=True)
+        await sim.tick()
+        saving = asyncio.create_task(sim.coordinator.save_before_stopping(60.0))
+        while not sim.agents["a"].exit_requests():
+            await asyncio.sleep(0)
+        assert [r.generation for n in ("a", "b") for r in sim.agents[n].exit_requests()] == [1, 1]
+        await sim.tick(1.0)
+        assert not saving.done() and not sim.agents["a"].stops()
+        sim.finish_all()  # every rank leaves at the same step boundary
+        await asyncio.wait_for(saving, 1)
+        assert sim.state is JobState.RECOVERING and sim.job.record.stopped_generation == 1
+        events = await sim.coordinator.events(0)
+        assert events[-1].message == ("job job is RECOVERING: trainerd is stopping, and its local agents with it; "
+                                      "every rank left at the graceful exit; trainerd relaunches it when it is "
+                                      "started again")
+        sim.confirm_stop()
+        await sim.tick(1.0)
+        assert all(len(a.launches()) == 1 for a in sim.agents.values())
+
+        started_again = await take_over(sim, agents_restarted=True)
+        await started_again.tick(1.0)
+        assert started_again.job.record.generation == 2 and started_again.world() == ["a", "b"]
+        assert started_again.job.record.crash_restarts == 0
     run(scenario())
 
 
