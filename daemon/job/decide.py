@@ -247,7 +247,7 @@ def record_after_checkpoint(record: JobRecord) -> JobRecord | None:
 def _transitions(world: JobWorld) -> list[Action]:
     record = world.record
     if world.stopping and (record.state is not JobState.RUNNING or record.between_generations):
-        return [ReadyToStop(f"job {world.spec.name} is {record.state.value}: no running generation to save")]
+        return [ReadyToStop(f"{record.state.value}, no running generation to save")]
     if record.state not in ACTIVE_STATES:
         return _stop_leftovers(world)
     if world.generation is None:

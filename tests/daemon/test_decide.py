@@ -342,7 +342,7 @@ def test_trainerd_stopping_has_the_runtime_save_first_and_is_ready_once_the_aske
 def test_trainerd_stopping_launches_nothing() -> None:
     for state, on, stopped in ((JobState.PENDING, None, False), (JobState.RECOVERING, NODES, True)):
         *notes, ready = decide(job_world(state=state, on=on, stopped=stopped, stopping=True))
-        assert ready == ReadyToStop(f"job job is {state.value}: no running generation to save")
+        assert ready == ReadyToStop(f"{state.value}, no running generation to save")
         assert all(isinstance(note, NotePlaceableSince) for note in notes)  # no launch
 
 

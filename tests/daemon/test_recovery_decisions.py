@@ -876,8 +876,7 @@ def test_trainerd_stops_without_the_checkpoint_when_none_comes_or_its_save_faile
         assert ended.job.record.between_generations
         await asyncio.wait_for(ended.coordinator.save_before_stopping(60.0), 1)
         assert all(not a.checkpoint_requests() for a in ended.agents.values())
-        assert caplog.records[-1].getMessage() == ("job job: job job is RECOVERING: no running generation to save; "
-                                                   "stopping")
+        assert caplog.records[-1].getMessage() == "job job: RECOVERING, no running generation to save; stopping"
     run(scenario())
 
 
