@@ -15,12 +15,21 @@ In order of preference:
    line of text below it, and one that refers to a section (the dataset pipeline's "Refer to 'Dataset
    Pipeline Error Message'") the first line of that section. What follows the first line ("- C++ Call
    Stack:", "- The Traceback of Net Construct Code:" sections) is never the message.
-2. The last ERROR or CRITICAL line in MindSpore's log format, from C++
+   A crash in native code reported after it (see 2) replaces it when the crashing thread was running
+   Python code: the exception was handled and printed, and training went on. One with no Python frame
+   after an exception is the interpreter's teardown after that exception, which stays the cause.
+2. The interpreter's own report of a crash in native code (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL),
+   which its fault handler prints (the agent runs every training process with `PYTHONFAULTHANDLER=1`):
+   `Fatal Python error: Segmentation fault`, located at the innermost frame of the crashing thread that
+   is the user's code (else its innermost frame; none when that thread ran no Python). A rank that
+   crashes in a MindSpore kernel or a C extension then reads as its Python line, and the same crash
+   on every rank as one error.
+3. The last ERROR or CRITICAL line in MindSpore's log format, from C++
    `[ERROR] DISTRIBUTED(18267,7f49e4f9e6c0,python):2026-11-23-09:15:36.390.257
    [mindspore/ccsrc/cluster/topology/meta_server_node.cc:548] UpdateTopoState] The node: 1 is…`
    or from Python (mindspore/log.py) `[ERROR] ME(12345:139872,MainProcess):2026-11-23-09:00:00.123.456
    [mindspore/train/model.py:123] message`: its message, and its `file:line` as the location.
-3. The last line with text (a log line's message when it is in MindSpore's format).
+4. The last line with text (a log line's message when it is in MindSpore's format).
 """
 
 from __future__ import annotations
@@ -48,6 +57,11 @@ _TRAINERD_EXAMPLES = f"{_TRAINERD_ROOT / 'trainer' / 'examples'}/"
 _MESSAGE_BELOW_LINES = 10  # how far below an empty `RuntimeError: ` (or a section title) its text is looked for
 _REFER_TO = re.compile(r"Refer to '(?P<section>[^']+)'")  # MindSpore naming the section that holds its error
 _SECTION_SEARCH_LINES = 40  # how far below such an exception line the section is looked for
+# The fault handler's report (Python's faulthandler module): its first line, then every Python thread's
+# stack, most recent call first, the crashing thread's under its own header.
+_FATAL_ERROR = re.compile(r"^Fatal Python error: \S")
+_CURRENT_THREAD = re.compile(r"^Current thread 0x[0-9a-f]+ \(most recent call first\):$")
+_FAULT_FRAME = re.compile(r'^  File "(?P<path>[^"]+)", line (?P<line>\d+) in ')
 
 
 @dataclass(frozen=True)
@@ -64,13 +78,20 @@ def extract_failure_cause(tail: str, work_dir: str | None = None) -> FailureCaus
     error reads the same on every node.
     """
     lines = tail.splitlines()
-    return (_python_exception(lines, work_dir) or _mindspore_error(lines)
-            or _last_line(lines))
+    exception, crash = _python_exception(lines, work_dir), _fatal_error(lines, work_dir)
+    if crash is not None and (exception is None or crash[0] > _last_frame(lines) and crash[1].location):
+        return crash[1]
+    return exception or _mindspore_error(lines) or _last_line(lines)
+
+
+def _last_frame(lines: list[str]) -> int:
+    """The index of the last line of a Python traceback in `lines`; -1 without one."""
+    return next((index for index in range(len(lines) - 1, -1, -1) if _FRAME.match(lines[index])), -1)
 
 
 def _python_exception(lines: list[str], work_dir: str | None) -> FailureCause | None:
-    last_frame = next((index for index in range(len(lines) - 1, -1, -1) if _FRAME.match(lines[index])), None)
-    if last_frame is None:
+    last_frame = _last_frame(lines)
+    if last_frame < 0:
         return None
     exception_at = next((index for index in range(last_frame + 1, len(lines))
                          if lines[index].strip() and not lines[index][0].isspace()
@@ -100,6 +121,25 @@ def _python_exception(lines: list[str], work_dir: str | None) -> FailureCause | 
     user = [frame for frame in paths if not _is_library(frame[0])]
     path, line = (user or paths)[-1]
     return FailureCause(CauseKind.PYTHON_EXCEPTION, _one_line(message), f"{_relative(path, work_dir)}:{line}")
+
+
+def _fatal_error(lines: list[str], work_dir: str | None) -> tuple[int, FailureCause] | None:
+    """The fault handler's last report in `lines`: where it starts, and the cause it gives (see the
+    module docstring, 2)."""
+    start = next((index for index in range(len(lines) - 1, -1, -1) if _FATAL_ERROR.match(lines[index])), None)
+    if start is None:
+        return None
+    current = next((index for index in range(start + 1, len(lines)) if _CURRENT_THREAD.match(lines[index])), None)
+    frames = []
+    for line in [] if current is None else lines[current + 1:]:
+        frame = _FAULT_FRAME.match(line)
+        if frame is None:
+            break
+        frames.append((frame["path"], frame["line"]))
+    user = [frame for frame in frames if not _is_library(frame[0])]
+    innermost = (user or frames)[:1]  # the fault handler lists the most recent call first
+    location = "".join(f"{_relative(path, work_dir)}:{line}" for path, line in innermost) or None
+    return start, FailureCause(CauseKind.FATAL_ERROR, _one_line(lines[start]), location)
 
 
 def _first_text(lines: list[str]) -> str | None:

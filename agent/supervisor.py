@@ -81,6 +81,10 @@ STACK_DUMP_TIMEOUT_S = 10.0
 FOREIGN_PROGRESS_WARNING_INTERVAL_S = 60.0
 # What MindSpore's OnRequestExit callback looks for in its config file.
 GRACEFUL_EXIT_REQUEST = b'{"GracefulExit": 1}'
+# Every training process runs with Python's fault handler on, unless the agent's or the job's environment
+# sets the variable itself: a crash in native code (a MindSpore kernel, a C extension) then prints the
+# Python line that ran into it, which becomes the failure's cause (agent/failure_cause.py).
+FAULT_HANDLER_ENV = {"PYTHONFAULTHANDLER": "1"}
 
 
 class LaunchRefused(Exception):
@@ -235,7 +239,7 @@ class Supervisor:
                 if workdir is None:
                     self._fail_to_start(managed, refusal)
                     continue
-                env = {**os.environ, **dict(spec.env), "RANK_TABLE_FILE": str(rank_table),
+                env = {**FAULT_HANDLER_ENV, **os.environ, **dict(spec.env), "RANK_TABLE_FILE": str(rank_table),
                        "TRAINERD_PROGRESS_SOCKET": str(self.progress_socket),
                        "TRAINERD_CONTROL_FILE": str(control), "TRAINERD_SKIPS_FILE": str(skips), **memory_env}
                 await self._start(managed, expand_argv(spec.argv, self._python), env, workdir, pattern)

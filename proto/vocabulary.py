@@ -31,6 +31,7 @@ class CauseKind(enum.StrEnum):
     compares errors by it, daemon/job/state.py error_key)."""
 
     PYTHON_EXCEPTION = "python_exception"
+    FATAL_ERROR = "fatal_error"  # a crash in native code, as the interpreter's fault handler reported it
     MINDSPORE_ERROR = "mindspore_error"
     LAST_LINE = "last_line"
 

@@ -24,7 +24,7 @@ class RootCause:
 
     message: str  # e.g. "FileNotFoundError: [Errno 2] No such file or directory: 'data'"
     location: str = ""  # innermost "file:line" of a Python traceback, when there is one
-    kind: str = ""  # "python_exception", "mindspore_error" or "last_line"
+    kind: str = ""  # a CauseKind value: "python_exception", "fatal_error", "mindspore_error" or "last_line"
 
     @property
     def line(self) -> str:

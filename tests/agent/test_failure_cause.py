@@ -7,6 +7,7 @@ its data file, and single-process failures.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from agent.failure_cause import MAX_MESSAGE_CHARS, FailureCause, extract_failure_cause
+from agent.supervisor import FAULT_HANDLER_ENV
 from daemon.job.state import error_key
 from proto.vocabulary import CauseKind
 
@@ -23,10 +25,12 @@ MAX_TAIL = 64 * 1024
 
 
 def run_failing(tmp_path: Path, source: str) -> str:
-    """The merged stdout+stderr of `python train.py` run in tmp_path, which must fail."""
+    """The merged stdout+stderr of `python train.py` run in tmp_path, which must fail, with the fault handler
+    on as the agent runs every training process (agent/supervisor.py FAULT_HANDLER_ENV)."""
     (tmp_path / "train.py").write_text(textwrap.dedent(source))
     result = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, timeout=60, check=False)
+                            stderr=subprocess.STDOUT, text=True, timeout=60, check=False,
+                            env={**os.environ, **FAULT_HANDLER_ENV})
     assert result.returncode != 0, result.stdout
     return result.stdout
 
@@ -139,6 +143,73 @@ def test_a_syntax_error(tmp_path: Path) -> None:
     cause = extract_failure_cause(output, work_dir=str(tmp_path))
     assert cause.kind is CauseKind.PYTHON_EXCEPTION
     assert cause.message == "SyntaxError: '(' was never closed" and cause.location == "train.py:2"
+
+
+SEGFAULT_IN_A_THREAD = """\
+    import ctypes, threading, time
+
+    def read(address):
+        return ctypes.string_at(address)
+
+    threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+    print("epoch: 1 step: 3, loss is 0.5", flush=True)
+    read(0)
+    """
+
+
+def test_a_crash_in_native_code_is_the_line_of_the_users_code_that_ran_into_it(tmp_path: Path) -> None:
+    """The fault handler lists every thread; the crashing one's innermost frame of the user's code is the
+    location (ctypes' own frame is library code), so the same crash on two ranks is one error."""
+    output = run_failing(tmp_path, SEGFAULT_IN_A_THREAD)
+    cause = extract_failure_cause(output, work_dir=str(tmp_path))
+    assert cause == FailureCause(CauseKind.FATAL_ERROR, "Fatal Python error: Segmentation fault", "train.py:4")
+    again = extract_failure_cause(run_failing(tmp_path, SEGFAULT_IN_A_THREAD), work_dir=str(tmp_path))
+    assert error_key(again.message, again.location, again.kind) == error_key(cause.message, cause.location,
+                                                                              cause.kind)
+    aborted = run_failing(tmp_path, """\
+        import os
+        print("epoch: 1 step: 3, loss is 0.5", flush=True)
+        os.abort()
+        """)
+    assert extract_failure_cause(aborted, work_dir=str(tmp_path)) == FailureCause(
+        CauseKind.FATAL_ERROR, "Fatal Python error: Aborted", "train.py:3")
+
+
+def test_mindspore_leaves_the_fault_handler_in_place(tmp_path: Path) -> None:
+    """Nothing `import mindspore` loads replaces the fault handler: a crash after it is still reported."""
+    output = run_failing(tmp_path, """\
+        import ctypes
+        import mindspore, mindspore.communication, mindspore.dataset
+        ctypes.string_at(0)
+        """)
+    assert extract_failure_cause(output, work_dir=str(tmp_path)) == FailureCause(
+        CauseKind.FATAL_ERROR, "Fatal Python error: Segmentation fault", "train.py:3")
+
+
+def test_a_crash_after_an_exception_that_was_handled_is_the_cause(tmp_path: Path) -> None:
+    output = run_failing(tmp_path, """\
+        import ctypes, traceback
+        try:
+            int("x")
+        except ValueError:
+            traceback.print_exc()  # handled: training goes on
+        ctypes.string_at(0)
+        """)
+    assert extract_failure_cause(output, work_dir=str(tmp_path)) == FailureCause(
+        CauseKind.FATAL_ERROR, "Fatal Python error: Segmentation fault", "train.py:6")
+
+
+def test_a_crash_with_no_python_frame_after_an_exception_is_the_teardown_and_the_exception_stays_the_cause(
+        ) -> None:
+    # What the fault handler prints when the crashing thread runs no Python code: here, the interpreter's
+    # teardown after the uncaught exception above it.
+    tail = ('Traceback (most recent call last):\n  File "/job/train.py", line 9, in <module>\n'
+            "ValueError: bad shape\nFatal Python error: Segmentation fault\n\n"
+            "Current thread 0x00007f2c1c1f8740 (most recent call first):\n  <no Python frame>\n")
+    assert extract_failure_cause(tail, work_dir="/job") == FailureCause(
+        CauseKind.PYTHON_EXCEPTION, "ValueError: bad shape", "train.py:9")
+    alone = extract_failure_cause(tail.split("ValueError: bad shape\n")[1])
+    assert alone == FailureCause(CauseKind.FATAL_ERROR, "Fatal Python error: Segmentation fault", None)
 
 
 def test_a_mindspore_error_is_its_first_line_not_its_cpp_call_stack() -> None:

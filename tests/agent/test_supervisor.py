@@ -28,10 +28,22 @@ def test_launch_starts_every_process_with_the_agent_python_and_the_generation_fi
         rank1 = host.launcher.started["rank1"]
         assert rank1.argv == [PYTHON, "train.py"]
         assert rank1.env["RANK_ID"] == "1"
+        assert rank1.env["PYTHONFAULTHANDLER"] == "1"  # a crash in native code prints its Python line
         assert rank1.env["TRAINERD_PROGRESS_SOCKET"] == str(tmp_path / "progress.sock")
         assert Path(rank1.env["RANK_TABLE_FILE"]).read_text() == "{}"
         assert [(s.role, s.rank, s.pid) for s in host.sent("process_started")] == [
             ("scheduler", -1, FIRST_FAKE_PID), ("worker", 0, FIRST_FAKE_PID + 1), ("worker", 1, FIRST_FAKE_PID + 2)]
+
+    run(scenario())
+
+
+def test_a_job_that_sets_the_fault_handler_variable_itself_keeps_its_value(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        host = Host(tmp_path)
+        request = launch(1)
+        request.processes[1].env["PYTHONFAULTHANDLER"] = ""  # off: the job's own choice
+        await host.supervisor.launch(request)
+        assert host.launcher.started["rank0"].env["PYTHONFAULTHANDLER"] == ""
 
     run(scenario())
 

@@ -269,7 +269,7 @@ def test_a_signal_death_has_a_cause_and_a_stop_or_a_clean_exit_has_none(tmp_path
 
         crashed = exit_of(host, 0)
         assert crashed.signal == signal.SIGSEGV
-        assert (crashed.cause.kind, crashed.cause.message) == ("last_line", "Fatal Python error: Segmentation fault")
+        assert (crashed.cause.kind, crashed.cause.message) == ("fatal_error", "Fatal Python error: Segmentation fault")
         assert not exit_of(host, 1).HasField("cause")
         assert not exit_of(host, -1).HasField("cause") and exit_of(host, -1).expected
 

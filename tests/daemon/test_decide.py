@@ -371,6 +371,11 @@ def test_a_failure_is_told_by_its_root_cause_line_when_there_is_one() -> None:
         "rank 1 on node n0 exited with code 1: FileNotFoundError: [Errno 2] No such file or directory: 'data/x' "
         "(train.py:12)")
     assert exited("n0", 1, 1).describe() == "rank 1 on node n0 exited with code 1: boom"
+    crashed = RootCause("Fatal Python error: Segmentation fault", "train.py:4", "fatal_error")
+    assert exited("n0", 1, signal=11, cause=crashed).describe() == (
+        "rank 1 on node n0 was killed by signal 11 (SIGSEGV): Fatal Python error: Segmentation fault (train.py:4)")
+    cut_off = RootCause("epoch: 1 step: 3, loss is 0.5", "", "last_line")  # where it was cut off, not why
+    assert exited("n0", 1, signal=11, cause=cut_off).describe() == "rank 1 on node n0 was killed by signal 11 (SIGSEGV)"
 
 
 def test_the_first_failure_is_the_earliest_observed_and_its_peers_errors_do_not_replace_it() -> None:
