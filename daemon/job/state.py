@@ -62,9 +62,8 @@ class FailureCause(StrEnum):
     @property
     def spends_budget(self) -> bool:
         """Crashes spend the restart budget; a node leaving does not (DESIGN.md, "Recovery"), nor
-        a broken job or broken data, which fail at once."""
-        return self not in (FailureCause.NODE_LOST, FailureCause.PROCESSES_GONE, FailureCause.JOB_ERROR,
-                            FailureCause.BAD_DATA)
+        what fails the job at once (`permanent`): no restart follows to spend it on."""
+        return not self.permanent and self not in (FailureCause.NODE_LOST, FailureCause.PROCESSES_GONE)
 
     @property
     def permanent(self) -> bool:

@@ -191,10 +191,12 @@ def test_a_lost_node_ends_the_generation_without_spending_the_budget() -> None:
     (EXIT_CHECKPOINT_UNREADABLE, 0, FailureCause.CHECKPOINT_UNREADABLE, JobState.RECOVERING),
 ])
 def test_a_process_exit_ends_the_generation_and_spends_the_budget(exit_code, signal, cause, state) -> None:
+    """A crash spends one restart of the budget; what fails the job at once spends none (none follows)."""
     actions = decide(job_world(resume_step=10, reports=(exited("b", 1, exit_code, signal),)))
     record = commit_of(actions).record
     assert (record.state, record.last_failure.cause, record.last_failure.node) == (state, cause, "b")
-    assert (record.crash_restarts, record.consecutive_crashes, record.stopped_generation) == (1, 1, 1)
+    spent = 0 if state is JobState.FAILED else 1
+    assert (record.crash_restarts, record.consecutive_crashes, record.stopped_generation) == (spent, spent, 1)
     assert isinstance(actions[-1], StopGeneration)
     marked = [a for a in actions if isinstance(a, MarkCheckpointBad)]
     assert marked == ([MarkCheckpointBad(10, record.last_failure.message)]
