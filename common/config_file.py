@@ -30,6 +30,10 @@ def parse_host_port(text: str) -> tuple[str, int]:
     """Split `host:port` (IPv6 as `[::1]:port`); raise ValueError with a readable reason."""
     if not isinstance(text, str) or ":" not in text:
         raise ValueError(f"{text!r} is not HOST:PORT")
+    scheme, separator, rest = text.partition("://")
+    if separator:
+        raise ValueError(f"{text!r} is a URL, not HOST:PORT: write {rest.rstrip('/')!r} (TLS comes from the "
+                         f"certificate options, not a scheme)" if scheme.isalpha() else f"{text!r} is not HOST:PORT")
     host, _, port_text = text.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
@@ -70,7 +74,9 @@ M = TypeVar("M", bound=BaseModel)
 
 def describe_validation_error(source: str, exc: pydantic.ValidationError, prefix: str = "",
                               model: type[BaseModel] | None = None) -> str:
-    first = exc.errors()[0]
+    errors = exc.errors()
+    # A misspelt key is told first: the "Field required" of the key it was meant to be follows from it.
+    first = next((error for error in errors if error["type"] == "extra_forbidden"), errors[0])
     where = ".".join(str(part) for part in first["loc"])
     if prefix:
         where = f"{prefix}.{where}" if where else prefix
@@ -81,9 +87,9 @@ def describe_validation_error(source: str, exc: pydantic.ValidationError, prefix
         close = difflib.get_close_matches(str(first["loc"][-1]), known, n=1)
         if close:
             message += f" (did you mean {close[0]}?)"
-    more = len(exc.errors()) - 1
+    more = len(errors) - 1
     suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
-    return f"{source}: {where}: {message}{suffix}"
+    return f"{source}: {where}: {message}{suffix}" if where else f"{source}: {message}{suffix}"
 
 
 def _keys_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:

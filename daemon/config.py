@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -206,6 +207,19 @@ class DataSkipSettings(StrictModel):
     max_skipped_fraction: float = Field(default=0.05, gt=0, le=1)
 
 
+# The word of an argv that stands for the agent's own interpreter.
+PYTHON_WORD = "{python}"
+
+
+def _is_python(word: str) -> bool:
+    return re.fullmatch(r"python[\d.]*", PurePath(word).name) is not None
+
+
+def with_python(argv: list[str]) -> list[str]:
+    """`argv` with a first word that names a python (`python3`, `/usr/bin/python`) as {python}."""
+    return [PYTHON_WORD, *argv[1:]] if argv and _is_python(argv[0]) else argv
+
+
 class JobSettings(StrictModel):
     """The training job: what to run, on how many devices, with which batch."""
 
@@ -223,7 +237,7 @@ class JobSettings(StrictModel):
                 words = shlex.split(value)
             except ValueError:
                 words = value.split()
-            raise ValueError(f"must be a list of words, no shell runs it: write {json.dumps(words)}")
+            raise ValueError(f"must be a list of words, no shell runs it: write {json.dumps(with_python(words))}")
         return value
 
     @field_validator("entrypoint")
@@ -325,6 +339,21 @@ class JobSettings(StrictModel):
 class ClusterConfig(StrictModel):
     cluster: ClusterSettings = ClusterSettings()
     job: JobSettings | None = None
+
+    @model_validator(mode="after")
+    def _local_agents_run_their_own_python(self) -> "ClusterConfig":
+        """Local agents keep the agent's default allowed_entrypoints, their own interpreter alone: any
+        other argv would pass here and then fail every launch (agent/launch_policy.py)."""
+        if not self.cluster.local_agents or self.job is None:
+            return self
+        for key, argv in (("entrypoint", self.job.entrypoint), ("node_check", self.job.node_check or [])):
+            if argv and argv[0] != PYTHON_WORD:
+                fix = (f"write {json.dumps(with_python(argv))}" if _is_python(argv[0]) else
+                       f'run a Python script as ["{PYTHON_WORD}", "SCRIPT", ...], or start trainerd-agent on the '
+                       f"host yourself with it in the agent file's allowed_entrypoints")
+                raise ValueError(f"job.{key}: local agents run only their own interpreter, {PYTHON_WORD} (a python "
+                                 f"from PATH is never run): {fix}")
+        return self
 
     # Relative paths in the file (etcd.data_dir, work dirs) are resolved against this.
     base_dir: str = Field(default=".", exclude=True)

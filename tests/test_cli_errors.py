@@ -32,6 +32,10 @@ def assert_one_line_error(result: subprocess.CompletedProcess, code: int, *fragm
     ("cluster: [\n", "malformed YAML"),
     ("cluster:\n  coordinator: {listen: 'x'}\n", "cluster.coordinator.listen"),
     ("job:\n  entrypoint: [a]\n  global_batch: 10\n  micro_batch: 4\n", "job: global_batch 10 cannot be kept"),
+    # Local agents would refuse every launch of it: the file is refused before anything starts.
+    ("cluster:\n  local_agents: 2\njob:\n  entrypoint: [python, train.py]\n",
+     'job.entrypoint: local agents run only their own interpreter, {python} (a python from PATH is never run): '
+     'write ["{python}", "train.py"]'),
 ])
 def test_trainerd_rejects_a_bad_cluster_file(tmp_path: Path, text: str, fragment: str) -> None:
     path = tmp_path / "cluster.yaml"
@@ -62,6 +66,8 @@ def test_trainerctl_usage_and_unreachable() -> None:
                  ("logs", "0", f"--coordinator=127.0.0.1:{free_port()}", "--tail", "3")):
         assert_one_line_error(run("trainerctl", *argv), 3, "cannot reach the coordinator")
     assert_one_line_error(run("trainerctl", "status", "--coordinator", "nohost"), 2, "not HOST:PORT")
+    assert_one_line_error(run("trainerctl", "--coordinator", "https://10.0.0.5:7420/", "status"), 2,
+                          "'https://10.0.0.5:7420/' is a URL, not HOST:PORT: write '10.0.0.5:7420'")
 
 
 def test_connection_options_move_before_the_command_and_nothing_after_a_double_dash() -> None:

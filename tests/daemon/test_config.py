@@ -98,6 +98,14 @@ def test_the_example_cluster_file_is_valid() -> None:
     assert config.job.checkpoint.dir == "/mnt/shared/checkpoints/mlp"
 
 
+def test_the_script_example_runs_where_it_is_on_one_machine() -> None:
+    """Copied beside a train.py and started as it is (local agents), it runs that train.py."""
+    configs = Path(__file__).parents[2] / "configs"
+    config = load_cluster_config(configs / "cluster.script.yaml")
+    assert config.cluster.local_agents and config.job.workdir == str(configs)
+    assert config.job.entrypoint[:2] == ["{python}", "train.py"]
+
+
 JOB = "job:\n  entrypoint: ['{python}', 'train.py']\n"
 
 
@@ -123,6 +131,16 @@ JOB = "job:\n  entrypoint: ['{python}', 'train.py']\n"
         (JOB + "  progress_pattern: '(?P<step>\\d+'\n", "job: progress_pattern: not a valid regular expression"),
         (JOB + "  progress_pattern: '(?P<step>\\d+) (?P<lr>\\S+)'\n", "job: progress_pattern: unknown named group 'lr'"),
         (JOB + "  graceful_exit_file: ''\n", "job: graceful_exit_file must not be empty"),
+        ("job:\n  entrypoint: python3 train.py --epochs 10\n",  # the suggestion is what then runs
+         'job.entrypoint: must be a list of words, no shell runs it: write ["{python}", "train.py", "--epochs", "10"]'),
+        ("job:\n  entrypiont: ['{python}', train.py]\n",  # a misspelt key, not the "Field required" it causes
+         "job.entrypiont: unknown key (did you mean entrypoint?) (and 1 more problem)"),
+        ("cluster:\n  local_agents: 2\njob:\n  entrypoint: [/usr/bin/python3, train.py]\n",
+         'job.entrypoint: local agents run only their own interpreter, {python} (a python from PATH is never run): '
+         'write ["{python}", "train.py"]'),
+        ("cluster:\n  local_agents: 2\n" + JOB + "  node_check: [/opt/bin/check.sh]\n",
+         'job.node_check: local agents run only their own interpreter, {python} (a python from PATH is never run): '
+         'run a Python script as ["{python}", "SCRIPT", ...], or start trainerd-agent on the host yourself'),
         (JOB + "  env: {LD_PRELOAD: /tmp/x.so}\n", "job: env may not set LD_PRELOAD: the dynamic loader"),
         (JOB + "  env: {PYTHONPATH: /tmp}\n", "job: env may not set PYTHONPATH: it changes which code"),
         (JOB + "  env: {TRAINERD_DEBUG: '1'}\n", "job: env may not set TRAINERD_DEBUG: TRAINERD_ names are trainerd's"),
@@ -142,6 +160,11 @@ def test_job_mistakes_name_the_key(tmp_path: Path, text: str, expected: str) -> 
         load_cluster_config(path)
     assert expected in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_agents_of_ones_own_may_be_allowed_other_entrypoints(tmp_path: Path) -> None:
+    config = load_cluster_config(write(tmp_path, "job:\n  entrypoint: [/opt/bin/run.sh, --fast]\n"))
+    assert config.job.entrypoint == ["/opt/bin/run.sh", "--fast"]  # each agent's allowed_entrypoints decides
 
 
 def test_a_script_that_does_its_own_batching_needs_no_batch_settings(tmp_path: Path) -> None:
