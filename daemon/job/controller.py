@@ -613,10 +613,10 @@ class JobController:
             self.recovery.launched_at = now
             # A script trainerd reads its progress from resumes from its own checkpoints, if it keeps any:
             # where it resumes and how much it redoes are not known here (its printed steps say later).
-            # A leader that took the generation over running may have heard no step of it: the record says.
+            # A leader that took the job over (running, paused or failed) may have heard no step of it: the
+            # record says how its last running generation reported them.
             own_resume = resume is None and previous is not None and (
-                not previous.runtime_progress if previous.progress
-                else previous.ran_before_takeover and self.record.steps_from_output)
+                not previous.runtime_progress if previous.progress else self.record.steps_from_output)
             self.recovery.resumed_from_step = None if own_resume else generation.start_step
             self.recovery.resumed_from = "" if resume is None else resume.source.value
             reached = None if previous is None or own_resume else previous.max_step()
@@ -776,8 +776,12 @@ class JobController:
             where = f"the checkpoint at step {from_step}"
         else:
             newest = max((c.step for c in self.catalog.entries() if c.good), default=None)
-            where = ("its first step: no checkpoint was committed (an in-memory snapshot still held goes first)"
-                     if newest is None else f"the newest checkpoint, step {newest} (or a newer in-memory snapshot)")
+            if newest is None and record.steps_from_output:  # a script read from its output
+                where = "the script's own newest checkpoint, if it keeps one"
+            elif newest is None:
+                where = "its first step: no checkpoint was committed (an in-memory snapshot still held goes first)"
+            else:
+                where = f"the newest checkpoint, step {newest} (or a newer in-memory snapshot)"
         await self._commit(CommitRecord(resumed, "job_resumed", recovery="resume", message=
                                         f"job {self.spec.name} is {state.value}: resumed by the operator from "
                                         f"{where}"), fence)

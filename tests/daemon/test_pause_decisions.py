@@ -168,6 +168,26 @@ def test_a_script_without_graceful_exit_is_paused_at_once() -> None:
     run(scenario())
 
 
+def test_a_paused_script_is_resumed_from_its_own_checkpoint_also_by_a_new_leader() -> None:
+    """It has no checkpoint of trainerd's: the resume says where it does start, and so does the recovery."""
+    async def scenario() -> None:
+        sim = await launched_cluster(nodes=("a", "b"), **NO_BATCH)
+        sim.step(2, from_output=True)
+        await sim.tick()
+        await sim.coordinator.pause()
+        sim.confirm_stop()
+        await sim.tick(1.0)
+        standby = await take_over(sim)  # trainerd restarted while the job was PAUSED: no step heard since
+        await standby.tick(1.0)
+        assert standby.state is JobState.PAUSED
+        assert (await standby.coordinator.resume(None)).endswith(
+            "restarting from the script's own newest checkpoint, if it keeps one")
+        await standby.tick(1.0)
+        assert standby.job.record.generation == 2
+        assert shown(standby)["last_recovery"]["resumed_from_step"] is None  # not "from step 0"
+    run(scenario())
+
+
 def test_a_script_with_graceful_exit_leaves_through_it_and_is_then_paused() -> None:
     async def scenario() -> None:
         sim = await launched_cluster(nodes=("a", "b"), graceful_exit_file="exit.json", **NO_BATCH)
