@@ -11,17 +11,18 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from agent.output_progress import OutputProgress, OutputProgressParser
+from agent.output_progress import EpochShape, OutputProgress, OutputProgressParser
 
 MAX_READ_BYTES = 1 << 20
 MAX_FINISH_BYTES = 8 << 20
 
 
 class OutputFollower:
-    def __init__(self, log_path: Path, progress_pattern: re.Pattern[str] | None = None) -> None:
+    def __init__(self, log_path: Path, progress_pattern: re.Pattern[str] | None = None,
+                 shape: EpochShape | None = None) -> None:
         """Starts at the log's current end: only what is appended from now on is read."""
         self._path = log_path
-        self._parser = OutputProgressParser(progress_pattern)
+        self._parser = OutputProgressParser(progress_pattern, shape)
         try:
             self.offset = log_path.stat().st_size
         except OSError:
@@ -37,6 +38,10 @@ class OutputFollower:
             return []
         self.offset += len(data)
         return self._parser.feed(data)
+
+    @property
+    def epoch_shape(self) -> EpochShape | None:
+        return self._parser.epoch_shape
 
     def finish(self) -> list[OutputProgress]:
         """What the rest of the log says, the last unterminated line included (the process has exited)."""

@@ -31,7 +31,9 @@ unknown and the global step is the printed step. This is the true global step wh
 printed, from the run's second epoch on; when only every n-th step is printed it is an estimate that
 may lag but never decreases. A resumed run (its first epoch printed is past the first) thus counts
 its first epoch's steps from 1, then jumps to the true count (a script that resumed from its own
-checkpoint at epoch 16 of 20 steps shows step 321 in its second epoch, not 21). A pattern with a
+checkpoint at epoch 16 of 20 steps shows step 321 in its second epoch, not 21), unless the parser is
+given the `EpochShape` an earlier run of the same command at the same world size learnt (the agent
+keeps it across generations, agent/supervisor.py): then the count is true from the first line. A pattern with a
 `global_step` group gives it directly; one with `step` but no `epoch` takes the step as global.
 
 When the position goes backwards (the epoch or the step within the same epoch decreases, or a
@@ -95,10 +97,20 @@ def parse_loss(text: str) -> float | None:
     return float(match.group()) if match else None
 
 
+@dataclass(frozen=True)
+class EpochShape:
+    """How a run numbers its epochs and how many steps each has (module docstring, the global step)."""
+
+    first_epoch: int  # 0 or 1
+    steps_per_epoch: int
+    zero_based: bool  # steps are counted from 0 within an epoch
+
+
 class _GlobalStep:
     """Derives the never-decreasing global step from printed positions (module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, shape: EpochShape | None = None) -> None:
+        self._given = shape  # applies to the first epoch printed; a restart of the counting forgets it
         self.last: int | None = None
         self._base = 0  # global step = base + position − origin
         self._origin = 0
@@ -119,7 +131,11 @@ class _GlobalStep:
         """A step counted within its epoch."""
         restarted = self._epoch is not None and (
             epoch < self._epoch or (epoch == self._epoch and step < self._epoch_largest))
-        if self._epoch is None or restarted:
+        if self._epoch is None and self._given is not None and epoch >= self._given.first_epoch:
+            self._first_epoch, self._steps_per_epoch = self._given.first_epoch, self._given.steps_per_epoch
+            self._epoch_largest, self._largest = step, step
+            self._zero_based = self._given.zero_based
+        elif self._epoch is None or restarted:
             self._first_epoch = min(epoch, 1)
             self._epoch_largest, self._largest = step, step
             self._zero_based, self._steps_per_epoch = False, None
@@ -133,6 +149,13 @@ class _GlobalStep:
         if self._steps_per_epoch is None:
             return self._advance(step, restarted)
         return self._advance((epoch - self._first_epoch) * self._steps_per_epoch + step, restarted)
+
+    @property
+    def shape(self) -> EpochShape | None:
+        """What this run's printed epochs showed so far; None before its first epoch change."""
+        if self._steps_per_epoch is None:
+            return None
+        return EpochShape(self._first_epoch, self._steps_per_epoch, self._zero_based)
 
     def _advance(self, position: int, restarted: bool) -> int:
         if restarted and self.last is not None:
@@ -149,10 +172,11 @@ class OutputProgressParser:
     UTF-8 are replaced. Any split of the same bytes gives the same observations.
     """
 
-    def __init__(self, progress_pattern: re.Pattern[str] | None = None) -> None:
+    def __init__(self, progress_pattern: re.Pattern[str] | None = None, shape: EpochShape | None = None) -> None:
+        """`shape`: how an earlier run of the same command at the same world size numbered its epochs."""
         self._pattern = progress_pattern
         self._line = bytearray()
-        self._global = _GlobalStep()
+        self._global = _GlobalStep(shape)
         self._epoch: int | None = None
         self._epoch_step: int | None = None
 
@@ -168,6 +192,10 @@ class OutputProgressParser:
     def close(self) -> list[OutputProgress]:
         """The observation of a last line that ended without a newline (the process exited)."""
         return self._end_line()
+
+    @property
+    def epoch_shape(self) -> EpochShape | None:
+        return self._global.shape
 
     def _keep(self, piece: bytes) -> None:
         room = MAX_LINE_BYTES - len(self._line)

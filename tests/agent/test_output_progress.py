@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from agent.output_progress import (
     MAX_LINE_BYTES,
+    EpochShape,
     OutputProgress,
     OutputProgressParser,
     parse_loss,
@@ -136,6 +137,23 @@ def test_a_resumed_run_counts_its_first_epoch_from_1_then_the_true_global_step()
     assert [(o.epoch, o.epoch_step, o.step) for o in observations] == [
         (5, 1, 1), (5, 2, 2), (5, 3, 3), (5, 4, 4), (6, 1, 21), (6, 2, 22), (6, 3, 23), (6, 4, 24),
         (7, 1, 25), (7, 2, 26), (7, 3, 27), (7, 4, 28)]
+
+
+def test_a_resumed_run_given_the_shape_an_earlier_run_learnt_counts_true_from_its_first_line() -> None:
+    first = OutputProgressParser()
+    feed_all("".join(loss_monitor_lines(epochs=2, batch_num=4)).encode(), first)
+    assert first.epoch_shape == EpochShape(1, 4, False)
+    resumed = OutputProgressParser(shape=first.epoch_shape)
+    observations = feed_all("".join(loss_monitor_lines(epochs=2, batch_num=4, first_epoch=5)).encode(), resumed)
+    assert [o.step for o in observations] == list(range(17, 25))  # epoch 5 step 1 is the run's step 17
+    # The official samples' format, counted from 0: the shape keeps that too.
+    zero = [f"epoch: {epoch}, step: {i}, loss is 2.30\n" for epoch in range(2) for i in range(10)]
+    learnt = OutputProgressParser()
+    feed_all("".join(zero).encode(), learnt)
+    assert learnt.epoch_shape == EpochShape(0, 10, True)
+    later = [f"epoch: {epoch}, step: {i}, loss is 2.30\n" for epoch in (3, 4) for i in range(10)]
+    assert [o.step for o in feed_all("".join(later).encode(), OutputProgressParser(shape=learnt.epoch_shape))] == (
+        list(range(30, 50)))
 
 
 def test_a_second_training_in_the_same_process_continues_the_count() -> None:

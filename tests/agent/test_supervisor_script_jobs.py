@@ -148,6 +148,30 @@ def test_loss_monitor_lines_become_progress_reports_from_the_output(tmp_path: Pa
     run(scenario())
 
 
+def test_a_relaunch_of_the_same_script_counts_its_steps_true_from_its_first_line(tmp_path: Path) -> None:
+    """Generation 1 showed 3 steps an epoch; generation 2 resumes at epoch 3 (its own checkpoint): its first
+    line is the run's step 8, not step 2 (status would go back, goodput count the epoch as lost work)."""
+    async def scenario() -> None:
+        host = Host(tmp_path)
+        await host.supervisor.launch(launch(1, workers=1))
+        host.launcher.started["rank0"].write("".join(f"epoch: {e} step: {s}, loss is 0.5\n"
+                                                     for e in (1, 2) for s in (1, 2, 3)))
+        host.supervisor.read_output()
+        await host.supervisor.stop(pb.Stop(generation=1, grace_s=1.0))
+        for generation, script, first in ((2, "train.py", 8), (3, "other.py", 2)):  # another command: unknown
+            relaunch = launch(generation, workers=1)
+            for process in relaunch.processes:
+                process.argv[1] = script
+            await host.supervisor.launch(relaunch)
+            host.launcher.started["rank0"].write("epoch: 3 step: 2, loss is 0.5\n")
+            host.clock.advance(OUTPUT_POLL_INTERVAL_S)
+            host.supervisor.read_output()
+            assert progress_of(host, 0)[-1][:2] == (first, 3), generation
+            await host.supervisor.stop(pb.Stop(generation=generation, grace_s=1.0))
+
+    run(scenario())
+
+
 def test_a_jobs_progress_pattern_is_used_and_an_unknown_loss_is_nan(tmp_path: Path) -> None:
     async def scenario() -> None:
         host = Host(tmp_path)
