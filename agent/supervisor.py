@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.epoch_shapes import EpochShapes, ShapeKey
 from agent.failure_cause import extract_failure_cause
 from agent.generation_dirs import claim_generation_dir, generation_dir, prune_generation_dirs
 from agent.job_workdir import UnsafeJobPath, graceful_exit_path, job_workdir
@@ -47,7 +48,7 @@ from agent.log_reader import describe_process, log_name, log_path, read_log_rang
 from agent.memory_snapshots import MemorySnapshotDir
 from agent.orphans import ProcessRegistry
 from agent.output_follower import OutputFollower
-from agent.output_progress import EpochShape, OutputProgress
+from agent.output_progress import OutputProgress
 from agent.peer_client import PeerClient
 from agent.process_state import descends_from, os_state
 from agent.snapshot_keeper import HeldReports, SnapshotKeeper
@@ -79,8 +80,6 @@ OUTPUT_POLL_INTERVAL_S = 0.5
 STACK_DUMP_TIMEOUT_S = 10.0
 # At most one warning this often about progress datagrams from processes that are not their rank's.
 FOREIGN_PROGRESS_WARNING_INTERVAL_S = 60.0
-# How many (job, argv, world size) epoch shapes of scripts' output are kept (Supervisor._epoch_shapes).
-MAX_EPOCH_SHAPES = 32
 # What MindSpore's OnRequestExit callback looks for in its config file.
 GRACEFUL_EXIT_REQUEST = b'{"GracefulExit": 1}'
 # Every training process runs with Python's fault handler on, unless the agent's or the job's environment
@@ -108,7 +107,7 @@ class ManagedProcess:
     waiter: asyncio.Task | None = None
     cwd: Path | None = None
     output: OutputFollower | None = None  # a worker's progress read from its log
-    epoch_shape_key: tuple[str, tuple[str, ...], str] = ("", (), "")  # (job, argv, world size)
+    epoch_shape_key: ShapeKey = ("", (), "")  # its output's epoch shape is kept under this (agent/epoch_shapes.py)
     runtime_reports: bool = False  # it sent a progress datagram: its output is not read for progress
     # Started, or failed to start. Until then it is not reported: a heartbeat taken while the launch
     # awaits an earlier process's start would tell a not-yet-started worker as exited with code 0,
@@ -181,9 +180,7 @@ class Supervisor:
         self._foreign_warned_at: float | None = None
         self._workdir: Path | None = None
         self._graceful_exit_file = ""
-        # How the output of each (job, worker argv, world size) numbered its epochs, learnt by the generations
-        # before: a relaunch's count of steps is then true from its first printed line.
-        self._epoch_shapes: dict[tuple[str, tuple[str, ...], str], EpochShape] = {}
+        self._epoch_shapes = EpochShapes(work_dir)
         self._lock = asyncio.Lock()
         self._registry = ProcessRegistry(work_dir / "processes.json")
         self.memory = memory  # where the workers' in-memory snapshots go (agent/memory_snapshots.py)
@@ -555,11 +552,8 @@ class Supervisor:
 
     def _observe_output(self, managed: ManagedProcess, generation: int, observations: list[OutputProgress]) -> None:
         shape = None if managed.output is None else managed.output.epoch_shape
-        if shape is not None and self._epoch_shapes.get(managed.epoch_shape_key) != shape:
-            self._epoch_shapes.pop(managed.epoch_shape_key, None)
-            self._epoch_shapes[managed.epoch_shape_key] = shape
-            while len(self._epoch_shapes) > MAX_EPOCH_SHAPES:  # the oldest learnt goes first
-                del self._epoch_shapes[next(iter(self._epoch_shapes))]
+        if shape is not None:
+            self._epoch_shapes.remember(managed.epoch_shape_key, shape)
         for observation in observations:
             if observation.loss is None and observation.samples_per_s is None and observation.step <= managed.step:
                 continue  # a step-time line after its step: nothing new to report

@@ -168,6 +168,11 @@ def test_a_relaunch_of_the_same_script_counts_its_steps_true_from_its_first_line
             host.supervisor.read_output()
             assert progress_of(host, 0)[-1][:2] == (first, 3), generation
             await host.supervisor.stop(pb.Stop(generation=generation, grace_s=1.0))
+        restarted = Host(tmp_path)  # the agent started again (local agents do, with trainerd)
+        await restarted.supervisor.launch(launch(4, workers=1))
+        restarted.launcher.started["rank0"].write("epoch: 3 step: 2, loss is 0.5\n")
+        restarted.supervisor.read_output()
+        assert progress_of(restarted, 0)[-1][:2] == (8, 3)
 
     run(scenario())
 
