@@ -190,6 +190,9 @@ class TrainerdApp:
             me = LeaderRecord(id=f"{socket.gethostname()}:{os.getpid()}",
                               address=cluster.coordinator.advertised)
             job_name = self._config.job.name if self._config.job else cluster.name
+            if self._config.job is None:
+                log.warning("the cluster file has no job: section; trainerd keeps its nodes' membership and runs "
+                            "nothing (add a job and start it again)")
             gate = OpeningGate(SystemClock(), cluster.coordinator.max_opening_sessions)
             coordinator = self.coordinator = Coordinator(
                 store=self._store, clock=SystemClock(), me=me, job_name=job_name, job=self._config.job,

@@ -117,9 +117,9 @@ def main() -> int:
             if job is not None:
                 state = job["state"]
                 line = (f"job {job['name']}: {state:<10} generation {job['generation']}  world size "
-                        f"{job['world_size']}  step {job['step']}  loss "
+                        f"{job['world_size']}  step {'-' if job['step'] is None else job['step']}  loss "
                         f"{'-' if job['loss'] is None else format(job['loss'], '.4f')}  checkpoint "
-                        f"{job['last_checkpoint_step']}  skipped batches {job['skipped_batches']}")
+                        f"{job['last_checkpoint_step'] or '-'}  skipped ranges {job['skipped_batches']}")
                 if line != last_line:
                     print(line, flush=True)
                     last_line = line
