@@ -129,6 +129,9 @@ def test_unmodified_script_runs_on_output_progress_and_resumes_from_its_own_chec
                        lambda j: j["state"] in ENDED or (j["generation"] == 2 and j["state"] == "RUNNING"), 180, procs)
     assert job["epoch"] is not None, job
     assert job["state"] == "RUNNING", job
+    # The run's own step from the relaunch's first line (the agents learnt an epoch's steps in generation 1),
+    # not a count from 1 in the resumed epoch: status does not go back, nor goodput count that epoch as lost.
+    assert (job["epoch"] - 1) * steps_per_epoch < job["step"] <= job["epoch"] * steps_per_epoch, job
     assert Path(worker_of_rank(tmp_path, 1).cwd()) == workdir, "rank 1 runs in another directory after the restart"
     job = wait_for_job(address, "the end", lambda j: j["state"] in ENDED, 240, procs)
     assert job["state"] == "COMPLETED", job
