@@ -15,7 +15,7 @@ import signal
 from dataclasses import dataclass, field, replace
 
 from daemon.job.state import SnapshotHolder, error_key
-from proto.vocabulary import FROZEN_OS_STATES, ProcessRole
+from proto.vocabulary import FROZEN_OS_STATES, CauseKind, ProcessRole
 
 
 @dataclass(frozen=True)
@@ -78,8 +78,11 @@ class ProcessReport:
 
     @property
     def same_cause_key(self) -> tuple[str, str] | None:
-        """What makes two failures the same error (state.error_key of its root cause); None without one."""
+        """What makes two failures the same error (state.error_key of its root cause); None without one, and
+        for a crash in native code in no Python line (its report alone says nothing of whose code crashed)."""
         if self.cause is None or not self.cause.message:
+            return None
+        if self.cause.kind == CauseKind.FATAL_ERROR and not self.cause.location:
             return None
         return error_key(self.cause.message, self.cause.location, self.cause.kind)
 

@@ -368,6 +368,18 @@ def test_a_generation_that_committed_a_checkpoint_uses_the_runtime_even_with_pro
     assert decide(world) == [RequestCheckpoint(30, "world size can grow from 2 to 3")]
 
 
+def test_a_crash_in_native_code_on_every_rank_is_the_jobs_error_only_when_it_names_a_line_of_python() -> None:
+    at_line = RootCause("Fatal Python error: Segmentation fault", "train.py:4", "fatal_error")
+    nowhere = RootCause("Fatal Python error: Segmentation fault", "", "fatal_error")  # in a thread of C++ alone
+    both = (exited("a", 0, signal=11, cause=at_line), exited("b", 1, signal=11, cause=at_line))
+    failed = commit_of(decide(job_world(step=None, reports=both)))
+    assert (failed.record.state, failed.record.last_failure.cause) == (JobState.FAILED, FailureCause.JOB_ERROR)
+    unknown = (exited("a", 0, signal=11, cause=nowhere), exited("b", 1, signal=11, cause=nowhere))
+    crashed = commit_of(decide(job_world(step=None, reports=unknown)))
+    assert (crashed.record.state, crashed.record.last_failure.cause) == (JobState.RECOVERING,
+                                                                        FailureCause.PROCESS_EXITED)
+
+
 def test_a_failure_is_told_by_its_root_cause_line_when_there_is_one() -> None:
     assert exited("n0", 1, 1, cause=FILE_MISSING).describe() == (
         "rank 1 on node n0 exited with code 1: FileNotFoundError: [Errno 2] No such file or directory: 'data/x' "
