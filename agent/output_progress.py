@@ -158,6 +158,9 @@ class _GlobalStep:
         return EpochShape(self._first_epoch, self._steps_per_epoch, self._zero_based)
 
     def _advance(self, position: int, restarted: bool) -> int:
+        # A given shape that was wrong (the data changed, the command did not) is learnt again at the next
+        # epoch change, which may put the position back: counting carries on from the last step then.
+        restarted = restarted or (self._last_position is not None and position < self._last_position)
         if restarted and self.last is not None:
             self._base, self._origin = self.last, position - 1
         self._last_position = position
