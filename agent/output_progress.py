@@ -33,7 +33,7 @@ may lag but never decreases. A resumed run (its first epoch printed is past the 
 its first epoch's steps from 1, then jumps to the true count (a script that resumed from its own
 checkpoint at epoch 16 of 20 steps shows step 321 in its second epoch, not 21), unless the parser is
 given the `EpochShape` an earlier run of the same command at the same world size learnt (the agent
-keeps it across generations, agent/supervisor.py): then the count is true from the first line. A pattern with a
+keeps it across generations, agent/epoch_shapes.py): then the count is true from the first line. A pattern with a
 `global_step` group gives it directly; one with `step` but no `epoch` takes the step as global.
 
 When the position goes backwards (the epoch or the step within the same epoch decreases, or a
