@@ -15,7 +15,7 @@ from pydantic import Field, field_validator, model_validator
 
 from common.config_file import Address, ConfigError, StrictModel, load_yaml_mapping, validate
 from common.tls_files import TlsSettings
-from proto.vocabulary import NODE_NAME_PATTERN
+from proto.vocabulary import DEFAULT_ALLOWED_ENTRYPOINTS, NODE_NAME_PATTERN
 
 
 class DiscoverySettings(StrictModel):
@@ -64,7 +64,8 @@ class AgentConfig(StrictModel):
     discovery: DiscoverySettings = DiscoverySettings()
     # The argv prefixes this agent runs, compared word by word with a Launch's argv before "{python}"
     # (the agent's own interpreter) is expanded; a Launch that starts with none is refused. [] runs nothing.
-    allowed_entrypoints: list[Annotated[list[str], Field(min_length=1)]] = [["{python}"]]
+    allowed_entrypoints: list[Annotated[list[str], Field(min_length=1)]] = [
+        list(prefix) for prefix in DEFAULT_ALLOWED_ENTRYPOINTS]
 
     @field_validator("allowed_entrypoints", mode="before")
     @classmethod

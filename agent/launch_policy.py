@@ -10,21 +10,20 @@ the coordinator applies to the cluster file too).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import PurePath
 
 from proto import trainerd_pb2 as pb
-from proto.vocabulary import forbidden_job_env
+from proto.vocabulary import PYTHON_WORD, forbidden_job_env, names_a_python, starts_with_one_of
 
 
 def entrypoint_refusal(argv: Sequence[str], allowed_entrypoints: Sequence[Sequence[str]],
                        verb: str = "run") -> str | None:
     """Why `argv` may not run (it starts with none of the allowed prefixes), or None when it may."""
-    allowed = [list(prefix) for prefix in allowed_entrypoints]
-    if any(list(argv[:len(prefix)]) == prefix for prefix in allowed):
+    if starts_with_one_of(argv, allowed_entrypoints):
         return None
+    allowed = [list(prefix) for prefix in allowed_entrypoints]
     hint = ""
-    if argv and PurePath(argv[0]).name.startswith("python") and any(p[:1] == ["{python}"] for p in allowed):
-        hint = " (write {python} for the agent's own interpreter; a python from PATH is never run)"
+    if argv and names_a_python(argv[0]) and any(p[:1] == [PYTHON_WORD] for p in allowed):
+        hint = f" (write {PYTHON_WORD} for the agent's own interpreter; a python from PATH is never run)"
     return (f"refused to {verb} {list(argv)!r:.300}: it starts with none of allowed_entrypoints {allowed!r:.300} "
             f"in the agent file{hint}")
 

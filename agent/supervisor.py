@@ -67,7 +67,7 @@ from proto.progress_datagram import (
     WorkerEvent,
 )
 from proto.progress_pattern import ProgressPatternError, compile_progress_pattern
-from proto.vocabulary import CauseKind
+from proto.vocabulary import PYTHON_WORD, CauseKind
 from proto.worker_files import CheckpointRequest, SkipList, encode_control, encode_skips, write_atomically
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ def log_tail(path: Path, limit: int = LOG_TAIL_BYTES) -> str:
 
 def expand_argv(argv, python: str) -> list[str]:
     """`{python}` is the agent's own interpreter: never a bare `python` that PATH might resolve."""
-    return [python if arg == "{python}" else arg for arg in argv]
+    return [python if arg == PYTHON_WORD else arg for arg in argv]
 
 
 class Supervisor:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-import re
 import shlex
-from pathlib import Path, PurePath
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -14,7 +13,15 @@ from common.config_file import Address, ConfigError, StrictModel, is_loopback, l
 from common.tls_files import TlsSettings
 from daemon.msrun_entrypoint import script_msrun_runs
 from proto.progress_pattern import compile_progress_pattern
-from proto.vocabulary import RESERVED_ENV, forbidden_job_env
+from proto.vocabulary import (
+    DEFAULT_ALLOWED_ENTRYPOINTS,
+    PYTHON_WORD,
+    RESERVED_ENV,
+    forbidden_job_env,
+    names_a_python,
+    starts_with_one_of,
+    with_python,
+)
 
 
 class CoordinatorSettings(StrictModel):
@@ -207,19 +214,6 @@ class DataSkipSettings(StrictModel):
     max_skipped_fraction: float = Field(default=0.05, gt=0, le=1)
 
 
-# The word of an argv that stands for the agent's own interpreter.
-PYTHON_WORD = "{python}"
-
-
-def _is_python(word: str) -> bool:
-    return re.fullmatch(r"python[\d.]*", PurePath(word).name) is not None
-
-
-def with_python(argv: list[str]) -> list[str]:
-    """`argv` with a first word that names a python (`python3`, `/usr/bin/python`) as {python}."""
-    return [PYTHON_WORD, *argv[1:]] if argv and _is_python(argv[0]) else argv
-
-
 class JobSettings(StrictModel):
     """The training job: what to run, on how many devices, with which batch."""
 
@@ -347,8 +341,8 @@ class ClusterConfig(StrictModel):
         if not self.cluster.local_agents or self.job is None:
             return self
         for key, argv in (("entrypoint", self.job.entrypoint), ("node_check", self.job.node_check or [])):
-            if argv and argv[0] != PYTHON_WORD:
-                fix = (f"write {json.dumps(with_python(argv))}" if _is_python(argv[0]) else
+            if argv and not starts_with_one_of(argv, DEFAULT_ALLOWED_ENTRYPOINTS):
+                fix = (f"write {json.dumps(with_python(argv))}" if names_a_python(argv[0]) else
                        f'run a Python script as ["{PYTHON_WORD}", "SCRIPT", ...], or start trainerd-agent on the '
                        f"host yourself with it in the agent file's allowed_entrypoints")
                 raise ValueError(f"job.{key}: local agents run only their own interpreter, {PYTHON_WORD} (a python "

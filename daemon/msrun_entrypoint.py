@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+from proto.vocabulary import PYTHON_WORD
+
 # msrun's module (the `msrun` console script runs its main).
 MSRUN_MODULE = "mindspore.parallel.cluster.run"
 
@@ -37,6 +39,6 @@ def script_msrun_runs(argv: list[str]) -> list[str] | None:
     while i < len(rest) and rest[i].startswith("-"):
         i += 1 if "=" in rest[i] else 2
     if i >= len(rest):
-        return ["{python}", "train.py"]  # msrun without a script: show the shape
+        return [PYTHON_WORD, "train.py"]  # msrun without a script: show the shape
     script = rest[i]
-    return (["{python}", script] if script.endswith(".py") else [script]) + rest[i + 1:]
+    return ([PYTHON_WORD, script] if script.endswith(".py") else [script]) + rest[i + 1:]

@@ -4,6 +4,9 @@ variables trainerd sets and those a job may not."""
 from __future__ import annotations
 
 import enum
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import PurePath
 
 
 class NodeState(str, enum.Enum):
@@ -55,6 +58,28 @@ MAX_WELCOME_WAIT_S = 60.0
 # Match with re.fullmatch: with re.match the `$` also accepts a trailing newline ("n1\n"). The anchors stay
 # for pydantic's `pattern=` (agent/config.py), which searches rather than matches the whole string.
 NODE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+
+# The first word of an argv that stands for the agent's own interpreter (the agent expands it at launch):
+# a bare `python` would be whichever one PATH finds on each host. An agent runs only this by default
+# (its `allowed_entrypoints`), and local agents run nothing else.
+PYTHON_WORD = "{python}"
+DEFAULT_ALLOWED_ENTRYPOINTS: tuple[tuple[str, ...], ...] = ((PYTHON_WORD,),)
+
+
+def names_a_python(word: str) -> bool:
+    """Whether an argv's first word names a Python interpreter (`python`, `python3.11`, `/usr/bin/python3`)."""
+    return re.fullmatch(r"python[\d.]*", PurePath(word).name) is not None
+
+
+def starts_with_one_of(argv: Sequence[str], prefixes: Iterable[Sequence[str]]) -> bool:
+    """Whether `argv` begins with one of `prefixes`, word by word (as an agent's allowed_entrypoints are read)."""
+    return any(list(argv[:len(prefix)]) == list(prefix) for prefix in prefixes)
+
+
+def with_python(argv: list[str]) -> list[str]:
+    """`argv` with a first word that names a python as PYTHON_WORD: the form to suggest to whoever wrote it."""
+    return [PYTHON_WORD, *argv[1:]] if argv and names_a_python(argv[0]) else argv
+
 
 # Environment variables of training processes that trainerd sets; a job's `env` may not set them.
 # The coordinator sets them all but AGENT_ENV, whose paths only the agent knows.
