@@ -288,7 +288,7 @@ class Supervisor:
         """Report a process that could not be started as exited 127, with `message` as its log."""
         with open(managed.log_path, "ab") as log_file:
             log_file.write(message.encode() + b"\n")
-        log.error("generation %d %s %d: %s", self.generation, managed.role, managed.rank, message)
+        log.error("%s: %s", describe_process(self.generation, managed.role, managed.rank), message)
         managed.exit_code, managed.launched = EXIT_CANNOT_EXECUTE, True
         self._report(pb.AgentMessage(process_exited=pb.ProcessExited(
             generation=self.generation, role=managed.role, rank=managed.rank, exit_code=EXIT_CANNOT_EXECUTE,
@@ -341,9 +341,9 @@ class Supervisor:
         # The last line a killed process printed (a LossMonitor line, say) is where it was cut off, not why.
         told = cause if cause is not None and not (managed.signal and cause.kind == CauseKind.LAST_LINE) else None
         level = logging.WARNING if failed else logging.INFO
-        log.log(level, "generation %d %s %d (pid %d) exited: code %d signal %d%s", generation, managed.role,
-                managed.rank, managed.pid, managed.exit_code, managed.signal,
-                f"; cause: {told.message} at {told.location or 'unknown location'}" if told else "")
+        log.log(level, "%s (pid %d) exited: code %d signal %d%s",
+                describe_process(generation, managed.role, managed.rank), managed.pid, managed.exit_code,
+                managed.signal, f"; cause: {told.message} at {told.location or 'unknown location'}" if told else "")
         if managed.role == "worker":
             self._flush_progress(managed.rank)
         self._report(pb.AgentMessage(process_exited=pb.ProcessExited(
@@ -412,8 +412,8 @@ class Supervisor:
             stacks = managed.log_path.with_name(f"{log_name(managed.role, managed.rank)}.stacks.txt")
             stacks.write_text(header + text, encoding="utf-8", errors="replace")
         except OSError as exc:
-            log.warning("generation %d %s %d: cannot write its stacks: %s", self.generation, managed.role,
-                        managed.rank, exc)
+            log.warning("%s: cannot write its stacks: %s",
+                        describe_process(self.generation, managed.role, managed.rank), exc)
 
     async def fence(self, grace_s: float, reason: str) -> bool:
         """Stop this generation's processes on the agent's own decision (agent/fence.py): SIGTERM, SIGKILL
@@ -441,8 +441,8 @@ class Supervisor:
         if pending:
             for managed, handle in live:
                 if managed.running:
-                    log.warning("generation %d %s %d (pid %d) ignored SIGTERM for %.1fs; killing its process group",
-                                self.generation, managed.role, managed.rank, managed.pid, grace_s)
+                    log.warning("%s (pid %d) ignored SIGTERM for %.1fs; killing its process group",
+                                describe_process(self.generation, managed.role, managed.rank), managed.pid, grace_s)
                     handle.signal_group(signal.SIGKILL)
             await asyncio.wait(pending)
         for _, handle in live:  # children a process left behind in its group

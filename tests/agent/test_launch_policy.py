@@ -3,6 +3,7 @@ which code runs. A refused Launch starts nothing and reports every process as ex
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -27,12 +28,16 @@ def refused(host: Host, the_launch: pb.Launch) -> str:
     return run(scenario())
 
 
-def test_by_default_only_the_agents_own_interpreter_runs(tmp_path: Path) -> None:
+def test_by_default_only_the_agents_own_interpreter_runs(tmp_path: Path, caplog) -> None:
+    caplog.set_level(logging.ERROR, "agent")
     message = refused(Host(tmp_path), launch(1, entrypoint="/bin/sh"))
     assert message == ("refused to launch ['/bin/sh', 'train.py']: it starts with none of allowed_entrypoints "
                        "[['{python}']] in the agent file")
     log_file = tmp_path / "generations" / "000001" / "rank0.log"
     assert log_file.read_text() == message + "\n"
+    # The agent's own log names each process as status does (the scheduler has no rank to show).
+    assert [r.getMessage() for r in caplog.records][1:3] == [
+        f"the scheduler of generation 1: {message}", f"worker 0 of generation 1: {message}"]
 
 
 def test_a_python_from_path_is_refused_with_what_to_write_instead(tmp_path: Path) -> None:
