@@ -18,6 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from common.clock import SystemClock
 from common.config_file import parse_host_port
 from common.grpc_keepalive import keepalive_options
+from common.listen_check import why_cannot_listen
 from common.tls_files import TlsFiles, TlsSettings
 from daemon import metrics
 from daemon.admission import OpeningGate
@@ -176,6 +177,11 @@ class TrainerdApp:
         # Bind first: a second trainerd with the same address fails here, before it touches etcd.
         self._server = grpc_server(check_peers=self._tls is not None,
                                    max_sessions=cluster.coordinator.max_sessions)
+        for key, address in (("listen", cluster.coordinator.listen),
+                             ("metrics_listen", cluster.coordinator.metrics_listen)):
+            reason = why_cannot_listen(address) if address else None
+            if reason is not None:
+                raise ListenError(f"cannot listen on {address}: {reason} (cluster.coordinator.{key})")
         try:
             add_listener(self._server, cluster.coordinator.listen, self._tls)
         except RuntimeError as exc:
@@ -209,7 +215,11 @@ class TrainerdApp:
             metrics.SESSIONS.set_function(lambda: coordinator.session_count)
             metrics.SESSIONS_OPENING.set_function(lambda: gate.opening)
             if cluster.coordinator.metrics_listen:
-                start_metrics_server(cluster.coordinator.metrics_listen, cluster.tls)
+                try:
+                    start_metrics_server(cluster.coordinator.metrics_listen, cluster.tls)
+                except OSError as exc:  # taken since it was checked above
+                    raise ListenError(f"cannot listen on {cluster.coordinator.metrics_listen}: {exc.strerror or exc} "
+                                      f"(cluster.coordinator.metrics_listen)") from exc
             pb_grpc.add_CoordinatorServicer_to_server(
                 CoordinatorService(self.coordinator, cluster.coordinator.max_sessions, gate=gate), self._server)
             pb_grpc.add_ControlServicer_to_server(ControlService(self.coordinator), self._server)

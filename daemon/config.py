@@ -9,7 +9,15 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from common.config_file import Address, ConfigError, StrictModel, is_loopback, load_yaml_mapping, validate
+from common.config_file import (
+    Address,
+    ConfigError,
+    StrictModel,
+    is_loopback,
+    load_yaml_mapping,
+    parse_host_port,
+    validate,
+)
 from common.tls_files import TlsSettings
 from daemon.msrun_entrypoint import script_msrun_runs
 from proto.progress_pattern import compile_progress_pattern
@@ -113,6 +121,10 @@ class LocalAgentSettings(StrictModel):
     compile_cache: bool = False
 
 
+# Hosts a listener binds on every address of its family.
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+
+
 class ClusterSettings(StrictModel):
     name: str = Field(default="trainerd", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     coordinator: CoordinatorSettings = CoordinatorSettings()
@@ -126,6 +138,25 @@ class ClusterSettings(StrictModel):
     tls: TlsSettings | None = None
     # ... unless this says, in so many words, that the cluster's network is trusted with plain text.
     insecure: bool = False
+
+    @model_validator(mode="after")
+    def _one_listener_per_address(self) -> "ClusterSettings":
+        """trainerd's own listeners (the coordinator's, its metrics', the embedded etcd's) each need an address
+        of their own; a wildcard host (0.0.0.0, ::) takes its port on every address."""
+        listeners = {"coordinator.listen": self.coordinator.listen,
+                     "coordinator.metrics_listen": self.coordinator.metrics_listen}
+        if not self.etcd.endpoints:
+            listeners |= {"etcd.client_listen": self.etcd.client_listen, "etcd.peer_listen": self.etcd.peer_listen}
+        seen: dict[tuple[str, int], str] = {}
+        for key, address in listeners.items():
+            if address is None:
+                continue
+            host, port = parse_host_port(address)
+            for (other_host, other_port), other_key in seen.items():
+                if port == other_port and (host == other_host or {host, other_host} & WILDCARD_HOSTS):
+                    raise ValueError(f"{key} {address} is the address of {other_key} too: give each its own port")
+            seen[(host, port)] = key
+        return self
 
     @model_validator(mode="after")
     def _secure_unless_loopback(self) -> "ClusterSettings":

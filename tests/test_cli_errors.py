@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 from pathlib import Path
 
@@ -41,6 +42,22 @@ def test_trainerd_rejects_a_bad_cluster_file(tmp_path: Path, text: str, fragment
     path = tmp_path / "cluster.yaml"
     path.write_text(text)
     assert_one_line_error(run("trainerd", "start", "--cluster", str(path)), 2, str(path), fragment)
+
+
+@pytest.mark.parametrize("key", ["listen", "metrics_listen"])
+def test_trainerd_on_a_port_that_is_taken_says_which_in_one_line(tmp_path: Path, key: str) -> None:
+    taken = free_port()
+    addresses = {"listen": f"127.0.0.1:{free_port()}", "metrics_listen": f"127.0.0.1:{free_port()}"}
+    addresses[key] = f"127.0.0.1:{taken}"
+    path = tmp_path / "cluster.yaml"
+    path.write_text(f"cluster:\n  coordinator: {{listen: '{addresses['listen']}', "
+                    f"metrics_listen: '{addresses['metrics_listen']}'}}\n")
+    with socket.create_server(("127.0.0.1", taken)):
+        result = run("trainerd", "start", "--cluster", str(path))
+    assert_one_line_error(result, 1, f"trainerd: cannot listen on 127.0.0.1:{taken}: the address is in use",
+                          f"(cluster.coordinator.{key})")
+    assert "add_port" not in result.stderr  # gRPC's own error lines are not shown: it was not asked
+    assert not (tmp_path / "etcd").exists() and "etcd" not in result.stderr  # it stopped before starting one
 
 
 def test_trainerd_missing_cluster_file(tmp_path: Path) -> None:

@@ -133,6 +133,13 @@ JOB = "job:\n  entrypoint: ['{python}', 'train.py']\n"
         (JOB + "  graceful_exit_file: ''\n", "job: graceful_exit_file must not be empty"),
         ("job:\n  entrypoint: python3 train.py --epochs 10\n",  # the suggestion is what then runs
          'job.entrypoint: must be a list of words, no shell runs it: write ["{python}", "train.py", "--epochs", "10"]'),
+        ("cluster:\n  coordinator: {listen: '127.0.0.1:7420', metrics_listen: '127.0.0.1:7420'}\n",
+         "cluster: coordinator.metrics_listen 127.0.0.1:7420 is the address of coordinator.listen too: give each its "
+         "own port"),
+        ("cluster:\n  coordinator: {listen: '127.0.0.1:2379'}\n",  # the embedded etcd's default client port
+         "cluster: etcd.client_listen 127.0.0.1:2379 is the address of coordinator.listen too"),
+        ("cluster:\n  insecure: true\n  coordinator: {listen: '0.0.0.0:9000', metrics_listen: '127.0.0.1:9000'}\n",
+         "coordinator.metrics_listen 127.0.0.1:9000 is the address of coordinator.listen too"),
         ("job:\n  entrypiont: ['{python}', train.py]\n",  # a misspelt key, not the "Field required" it causes
          "job.entrypiont: unknown key (did you mean entrypoint?) (and 1 more problem)"),
         ("cluster:\n  local_agents: 2\njob:\n  entrypoint: [/usr/bin/python3, train.py]\n",
@@ -238,3 +245,13 @@ def test_tls_files_are_taken_from_the_cluster_files_directory(tmp_path: Path) ->
     assert config.cluster.tls is not None
     assert (config.cluster.tls.ca_file, config.cluster.tls.key_file) == (
         str(tmp_path / "pki/ca.crt"), str(tmp_path / "pki/coordinator.key"))
+
+
+@pytest.mark.parametrize("text", [
+    # the same port on two addresses of the host
+    "cluster:\n  insecure: true\n  coordinator: {listen: '10.0.0.1:7420', metrics_listen: '127.0.0.1:7420'}\n",
+    # an etcd of the operator's: the embedded one's default ports are not trainerd's
+    "cluster:\n  coordinator: {listen: '127.0.0.1:2379'}\n  etcd: {endpoints: ['10.0.0.5:2379']}\n",
+])
+def test_listeners_on_addresses_of_their_own_are_accepted(tmp_path: Path, text: str) -> None:
+    load_cluster_config(write(tmp_path, text))
