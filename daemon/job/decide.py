@@ -768,12 +768,10 @@ def _singled_out_node(world: JobWorld) -> str | None:
 
 
 def _reshape(world: JobWorld) -> list[Action]:
-    """Take in nodes that joined, or let drained ones go (no restart budget spent). A generation
-    that runs trainerd's runtime saves a checkpoint first, when asked; a script that does not
-    leaves through its own graceful exit when it has one (job.graceful_exit_file), else it is
-    stopped at once and resumes from its own checkpoints."""
-    generation, observation, spec = world.generation, world.observation, world.spec
-    assert generation is not None and observation is not None
+    """Take in nodes that joined, or let drained ones go (no restart budget spent), once the generation
+    saved what it can (_save_first)."""
+    generation, spec = world.generation, world.spec
+    assert generation is not None
     if world.exit_request is not None:
         return []  # the ranks are leaving (see _watch_generation)
     draining = [n for n in generation.placement.nodes if n in world.drained]
@@ -783,13 +781,11 @@ def _reshape(world: JobWorld) -> list[Action]:
         return []
     reason = (f"node {draining[0]} is drained" if draining or wanted is None
               else f"world size can grow from {generation.placement.world_size} to {wanted.world_size}")
-    if not observation.uses_runtime:
-        if spec.graceful_exit_file is not None:
-            return _ask_exit(world, reason)
-        return _start_reshape(world, reason, "relaunching now; the script resumes from its own checkpoints")
-    if _requested_checkpoint(world) is None:
-        return _ask_checkpoint(world, reason)
-    return _start_reshape(world, reason, "relaunching from the checkpoint just saved")
+    saved = _save_first(world, reason)
+    if isinstance(saved, list):
+        return saved
+    return _start_reshape(world, reason, "relaunching from the checkpoint just saved" if saved.step is not None
+                          else f"relaunching now; {saved.why_none}")
 
 
 def _requested_checkpoint(world: JobWorld) -> int | None:
@@ -826,46 +822,64 @@ def _ask_exit(world: JobWorld, reason: str) -> list[Action]:
 
 
 def _pause(world: JobWorld) -> list[Action]:
-    """The operator asked to pause the running generation: it saves a checkpoint first (trainerd's
-    runtime) or leaves at a step boundary through the script's graceful exit, so that the resume loses
-    no steps; then the job is PAUSED. A generation that can do neither, or has not within
-    PAUSE_SAVE_WAIT_S, is stopped as it is."""
-    observation, spec = world.observation, world.spec
-    assert observation is not None
-    reason = "paused by the operator"
+    """The operator asked to pause the running generation: it saves first (_save_first), so that the
+    resume loses no steps; then the job is PAUSED. One that has not within PAUSE_SAVE_WAIT_S is stopped
+    as it is."""
     if world.pause_asked_at is not None and world.now - world.pause_asked_at >= PAUSE_SAVE_WAIT_S:
         return _paused(world, f"nothing was saved within {PAUSE_SAVE_WAIT_S:g}s; stopped as it was")
-    if observation.uses_runtime:
-        step = _requested_checkpoint(world)
-        if step is None:
-            return _ask_checkpoint(world, reason)
-        return _paused(world, f"stopped after the checkpoint at step {step}")
-    if spec.graceful_exit_file is not None:
-        return _ask_exit(world, reason)
-    return _paused(world, "stopped at once; the script resumes from its own checkpoints")
+    saved = _save_first(world, "paused by the operator")
+    if isinstance(saved, list):
+        return saved
+    return _paused(world, f"stopped after the checkpoint at step {saved.step}" if saved.step is not None
+                   else f"stopped at once; {saved.why_none}")
 
 
 def _save_before_stopping(world: JobWorld) -> list[Action]:
-    """trainerd is stopping, and the generation's processes and in-memory snapshots with its local agents: a
-    generation of trainerd's runtime saves a checkpoint a little ahead, a script with a graceful exit leaves
-    through it (its clean exits then end the generation, see _watch_generation), so that trainerd started
-    again resumes there rather than at the last periodic checkpoint. What cannot save stops as it is."""
-    generation, observation = world.generation, world.observation
-    assert generation is not None and observation is not None
+    """trainerd is stopping, and the generation's processes and in-memory snapshots with its local agents:
+    the generation saves first (_save_first), so that trainerd started again resumes there rather than at
+    the last periodic checkpoint. trainerd bounds the wait itself (Coordinator.save_before_stopping)."""
+    generation = world.generation
+    assert generation is not None
+    saved = _save_first(world, STOPPING)
+    if isinstance(saved, list):
+        return saved
+    if saved.step is not None:
+        return [ReadyToStop(f"generation {generation.number} saved a checkpoint at step {saved.step}")]
+    return [ReadyToStop(f"generation {generation.number} stops without a checkpoint: {saved.why_none}")]
+
+
+@dataclass(frozen=True)
+class _Saved:
+    """What a generation asked to save first (_save_first) left for the one after it."""
+
+    step: int | None  # the checkpoint it saved when asked; None: none
+    why_none: str = ""  # a few words on why there is none
+
+
+def _save_first(world: JobWorld, reason: str) -> list[Action] | _Saved:
+    """Have the running generation save before it is stopped, for `reason` (a reshape, a pause, trainerd's
+    own stop). trainerd's runtime saves a checkpoint a little ahead of its fastest rank; a script with a
+    graceful exit (job.graceful_exit_file) leaves through it at a step boundary, and its clean exits then
+    end the generation (_watch_generation). Returns the actions that ask (none while the answer is awaited),
+    or, once the generation saved or cannot, what it left: the requested checkpoint, or why there is none
+    (its save failed; it reported no step yet, so there is little to lose, and a generation of the runtime
+    is not told from a script before its first step; a script without a graceful exit resumes from its own
+    checkpoints)."""
+    observation = world.observation
+    assert observation is not None
     if observation.uses_runtime:
         step, request = _requested_checkpoint(world), world.checkpoint_request
         if step is not None:
-            return [ReadyToStop(f"generation {generation.number} saved a checkpoint at step {step}")]
+            return _Saved(step)
         if request is not None and any(failed >= request.step for failed in observation.failed_checkpoints):
-            return [ReadyToStop(f"generation {generation.number} failed to save its checkpoint at step "
-                                f"{request.step}; it stops without it")]
-        if observation.max_step() is None:
-            return [ReadyToStop(f"generation {generation.number} reported no step yet: nothing to save")]
-        return _ask_checkpoint(world, STOPPING)
-    if world.spec.graceful_exit_file is not None:
-        return _ask_exit(world, STOPPING)
-    return [ReadyToStop(f"generation {generation.number} reports its steps only in its output and has no "
-                        f"graceful exit file: it resumes from its own checkpoints")]
+            return _Saved(None, f"its save at step {request.step} failed")
+        if observation.max_step() is not None:
+            return _ask_checkpoint(world, reason)
+    elif world.spec.graceful_exit_file is not None:
+        return _ask_exit(world, reason)  # a script that prints no step may still have trained
+    if observation.max_step() is None:  # trainerd's runtime before its first step, or a script
+        return _Saved(None, "it reported no step yet")
+    return _Saved(None, "the script resumes from its own checkpoints")
 
 
 def _paused(world: JobWorld, how: str) -> list[Action]:

@@ -295,6 +295,28 @@ def test_a_drained_node_is_let_go_at_a_checkpoint() -> None:
         RequestCheckpoint(30, "node b is drained")]
 
 
+@pytest.mark.parametrize(("seen", "how"), [
+    ({"failed_checkpoints": {30}}, "its save at step 30 failed"),  # a full disk: asking again would fail too
+    ({"failed_checkpoints": {20}}, None),  # an older periodic save failed: the one asked for may not
+])
+def test_a_drained_node_is_let_go_when_the_checkpoint_asked_for_failed(seen, how) -> None:
+    world = job_world(offers=("a", "c"), drained=frozenset({"b"}), checkpoint_request=CheckpointRequest(30, NOW - 1),
+                      seen=seen)
+    if how is None:
+        assert decide(world) == []
+        return
+    actions = decide(world)
+    assert commit_of(actions).message == f"job job is RECOVERING: node b is drained; relaunching now; {how}"
+    assert actions[-1] == StopGeneration("node b is drained")
+
+
+def test_a_generation_that_reported_no_step_yet_is_reshaped_without_a_checkpoint() -> None:
+    """Nothing was trained that a checkpoint would keep: waiting for a step to save it would only delay."""
+    actions = decide(job_world(on=("a", "b"), step=None))
+    assert commit_of(actions).message == ("job job is RECOVERING: world size can grow from 2 to 3; relaunching now; "
+                                          "it reported no step yet")
+
+
 @pytest.mark.parametrize("later_step, requested", [(None, 10 + MIN_CHECKPOINT_LEAD_STEPS), (20, 40)])
 def test_without_a_batch_split_the_checkpoint_lead_comes_from_the_step_rate(later_step, requested) -> None:
     world = job_world(spec=NO_BATCH, on=("a", "b"))
@@ -304,12 +326,12 @@ def test_without_a_batch_split_the_checkpoint_lead_comes_from_the_step_rate(late
     assert decide(world) == [RequestCheckpoint(requested, "world size can grow from 2 to 3")]
 
 
-@pytest.mark.parametrize("step", [10, None])  # progress read from output, or none at all
-def test_a_script_job_without_graceful_exit_is_reshaped_at_once(step) -> None:
+@pytest.mark.parametrize(("step", "how"), [(10, "the script resumes from its own checkpoints"),  # from output
+                                           (None, "it reported no step yet")])  # no progress at all
+def test_a_script_job_without_graceful_exit_is_reshaped_at_once(step, how) -> None:
     actions = decide(job_world(on=("a", "b"), step=step, from_output=True))
     commit = commit_of(actions)
-    assert commit.message == ("job job is RECOVERING: world size can grow from 2 to 3; relaunching now; the script "
-                              "resumes from its own checkpoints")
+    assert commit.message == f"job job is RECOVERING: world size can grow from 2 to 3; relaunching now; {how}"
     assert (commit.record.stopped_generation, commit.record.crash_restarts, commit.recovery) == (1, 0, "reshape")
     assert actions[-1] == StopGeneration("world size can grow from 2 to 3")
 
@@ -338,7 +360,7 @@ def test_trainerd_stopping_has_the_runtime_save_first_and_is_ready_once_the_aske
     assert decide(job_world(stopping=True, checkpoint_request=asked, seen={"checkpoints": {30}})) == [
         ReadyToStop("generation 1 saved a checkpoint at step 30")]
     assert decide(job_world(stopping=True, checkpoint_request=asked, seen={"failed_checkpoints": {30}})) == [
-        ReadyToStop("generation 1 failed to save its checkpoint at step 30; it stops without it")]
+        ReadyToStop("generation 1 stops without a checkpoint: its save at step 30 failed")]
 
 
 def test_trainerd_stopping_launches_nothing() -> None:
@@ -358,8 +380,7 @@ def test_trainerd_stopping_has_a_script_leave_through_its_graceful_exit_or_stops
     assert commit_of(ended).record.between_generations and ready == ReadyToStop(
         "every rank of generation 1 left at the graceful exit")
     assert decide(job_world(**script)) == [ReadyToStop(
-        "generation 1 reports its steps only in its output and has no graceful exit file: it resumes from its "
-        "own checkpoints")]
+        "generation 1 stops without a checkpoint: the script resumes from its own checkpoints")]
 
 
 def test_a_generation_that_committed_a_checkpoint_uses_the_runtime_even_with_progress_from_output() -> None:

@@ -867,8 +867,8 @@ def test_trainerd_stops_without_the_checkpoint_when_none_comes_or_its_save_faile
         step = failed.agents["a"].checkpoint_requests()[-1].step
         failed.coordinator.checkpoint_failed(failed.agents["a"].session, 1, 0, step, "No space left on device")
         await asyncio.wait_for(saving, 1)
-        assert caplog.records[-1].getMessage() == (f"job job: generation 1 failed to save its checkpoint at step "
-                                                   f"{step}; it stops without it; stopping")
+        assert caplog.records[-1].getMessage() == (f"job job: generation 1 stops without a checkpoint: its save at "
+                                                   f"step {step} failed; stopping")
 
         ended = await running_cluster()  # nothing runs that could save: nothing asked
         ended.crash("b", 1)
