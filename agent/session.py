@@ -63,6 +63,17 @@ def backoff_delay(attempt: int, rng: random.Random, cap_s: float = BACKOFF_CAP_S
     return delay
 
 
+async def _write_first(call: grpc.aio.StreamStreamCall, message: pb.AgentMessage) -> None:
+    """Write a session's first message. A call the coordinator ended before it (a refusal, a coordinator
+    stopping) raises its status as AioRpcError, as a refusal read later would: grpc.aio raises
+    InvalidStateError ("RPC already finished"), which says neither why nor when to come back."""
+    try:
+        await call.write(message)
+    except asyncio.InvalidStateError:
+        raise grpc.aio.AioRpcError(await call.code(), await call.initial_metadata(), await call.trailing_metadata(),
+                                   await call.details()) from None
+
+
 def retry_after_s(exc: grpc.aio.AioRpcError) -> float:
     """The coordinator's hint of when to try again (0: none)."""
     hint = dict(exc.trailing_metadata() or ()).get(RETRY_AFTER_MS_METADATA)
@@ -255,7 +266,7 @@ class CoordinatorLink:
         hello.CopyFrom(self._hello)
         hello.resume_token = self._identity.load_token(hello.node_name)
         hello.next_welcome_wait_s = self._welcome_timeout_s
-        await call.write(pb.AgentMessage(hello=hello))
+        await _write_first(call, pb.AgentMessage(hello=hello))
         # The whole of its patience, from the first Hello: a Hello with no answer yet has most often
         # waited in the coordinator's gRPC queue (in a connect burst of 10,000 agents, up to 25 s on
         # two cores), and one given up goes to the back of that queue again and costs the coordinator

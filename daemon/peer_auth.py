@@ -13,16 +13,23 @@ Without TLS (loopback, or `insecure: true`) the interceptor is not installed: th
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
 import inspect
 from contextvars import ContextVar
 from typing import Any
 
 import grpc
+from google.protobuf.message import Message
 
 from common.cert_identity import CertificateError, PeerIdentity, PeerKind, peer_identity
 from daemon.errors import PermanentError
 from daemon.method_handlers import Behavior, WrappingInterceptor
+
+# How long a refused stream's first message is waited for (_take_first_message): an agent writes its Hello
+# at once.
+FIRST_MESSAGE_WAIT_S = 5.0
 
 
 class PermissionDenied(PermanentError):
@@ -83,6 +90,16 @@ def require_node(node_name: str) -> None:
         raise PermissionDenied(f"the certificate of node {identity.name} cannot open a session as node {node_name}")
 
 
+async def _take_first_message(context: grpc.aio.ServicerContext) -> None:
+    """Read a refused stream's first message before the refusal ends the call: a client whose first write
+    meets a stream already ended sees INTERNAL ("Internal error from Core"), not the refusal that says which
+    certificate to use (grpc/grpc#36066; the Session servicer reads the Hello first for the same reason).
+    At most FIRST_MESSAGE_WAIT_S, and whatever the read ends in, the refusal follows."""
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(FIRST_MESSAGE_WAIT_S):
+            await context.read()
+
+
 def _checked(behavior: Behavior, method: str) -> Behavior:
     """`behavior`, run only after `authorize` admitted the call; a coroutine finds the identity in _PEER
     (an async generator, Health/Watch, needs none)."""
@@ -97,7 +114,13 @@ def _checked(behavior: Behavior, method: str) -> Behavior:
         return streaming
 
     async def call(request: Any, context: grpc.aio.ServicerContext):
-        token = _PEER.set(peer(context))
+        try:
+            identity = peer(context)
+        except PermissionDenied:
+            if not isinstance(request, Message):  # a request stream (an agent's Session)
+                await _take_first_message(context)
+            raise
+        token = _PEER.set(identity)
         try:
             return await behavior(request, context)
         finally:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 
-from agent.session import CoordinatorLink, IdentityFile
+from agent.session import CoordinatorLink, IdentityFile, _write_first
 from common.clock import SystemClock
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
@@ -216,6 +216,35 @@ def test_a_standby_refusal_makes_the_link_dial_the_leader_it_names(tmp_path: Pat
                     await leader.next_received("heartbeat")
 
     asyncio.run(asyncio.wait_for(scenario(), 20))
+
+
+class HastyStandby(pb_grpc.CoordinatorServicer):
+    """A standby that refuses a session without reading its Hello."""
+
+    def __init__(self, leader_address: str) -> None:
+        self.leader_address = leader_address
+
+    async def Session(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
+        context.set_trailing_metadata(((LEADER_ADDRESS_METADATA, self.leader_address),))
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "not the leader")
+
+
+def test_a_session_refused_before_its_hello_was_written_is_told_as_the_refusal() -> None:
+    """grpc.aio answers a write on a call that already ended with InvalidStateError, which names neither the
+    status nor the leader to dial; the link's first write raises the call's status instead."""
+    async def scenario() -> grpc.aio.AioRpcError:
+        async with serving(HastyStandby("10.0.0.9:7420")) as address, grpc.aio.insecure_channel(address) as ch:
+            call = pb_grpc.CoordinatorStub(ch).Session()
+            await call.code()  # the refusal has arrived: the Hello comes too late
+            try:
+                await _write_first(call, pb.AgentMessage(hello=pb.Hello(node_name="n1")))
+            except grpc.aio.AioRpcError as exc:
+                return exc
+            raise AssertionError("the write of a finished call succeeded")
+
+    refusal = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert (refusal.code(), refusal.details()) == (grpc.StatusCode.UNAVAILABLE, "not the leader")
+    assert dict(refusal.trailing_metadata())[LEADER_ADDRESS_METADATA] == "10.0.0.9:7420"
 
 
 def test_a_deferred_hello_comes_back_on_the_same_connection_and_any_other_failure_on_a_new_one(

@@ -121,6 +121,21 @@ async def session(address: str, credentials: grpc.ChannelCredentials | None, nod
         return Answer(grpc.StatusCode.OK, reply.WhichOneof("body"))
 
 
+async def session_written_late(address: str, credentials: grpc.ChannelCredentials, delay_s: float) -> Answer:
+    """Open a Session and write its Hello only after `delay_s`, as an agent on a busy host may."""
+    async with channel(address, credentials) as ch:
+        call = pb_grpc.CoordinatorStub(ch).Session(timeout=RPC_TIMEOUT_S)
+        try:
+            await asyncio.sleep(delay_s)
+            await call.write(pb.AgentMessage(hello=pb.Hello(node_name="n1", host="10.0.0.1")))
+            await call.read()
+        except grpc.aio.AioRpcError as exc:
+            return Answer(exc.code(), exc.details() or "")
+        finally:
+            call.cancel()
+        return Answer(grpc.StatusCode.OK, "")
+
+
 async def health_check(address: str, credentials: grpc.ChannelCredentials) -> Answer:
     async with channel(address, credentials) as ch:
         reply = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=RPC_TIMEOUT_S)
@@ -191,6 +206,17 @@ def test_a_node_certificate_speaks_only_for_its_node(pki: Path) -> None:
                               "the certificate of node n1 cannot open a session as node n2")
     assert nodes == []  # the refused Hello never reached the coordinator
     assert own == Answer(grpc.StatusCode.OK, "welcome")
+
+
+def test_a_refused_session_says_why_even_to_an_agent_that_writes_its_hello_late(pki: Path) -> None:
+    """The refusal waits for the Hello: had the stream ended first, the agent's write would fail with
+    INTERNAL "Internal error from Core" (grpc/grpc#36066), which names no certificate."""
+    async def scenario() -> Answer:
+        async with tls_coordinator(pki) as (address, _):
+            return await session_written_late(address, tls_files(pki, "alice").channel_credentials(), 0.5)
+
+    assert run(scenario()) == Answer(grpc.StatusCode.PERMISSION_DENIED, "the certificate of operator alice cannot "
+                                     "call Session: it needs an agent's node certificate")
 
 
 def test_any_certificate_of_the_cluster_may_ask_for_health(pki: Path) -> None:
