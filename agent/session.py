@@ -49,7 +49,8 @@ CHANNEL_OPTIONS = [
 ]
 BACKOFF_BASE_S = 0.2
 BACKOFF_CAP_S = 5.0
-MAX_INTERVAL_S = 600.0  # the longest heartbeat interval an ack may ask for
+MAX_INTERVAL_S = 600.0  # the longest heartbeat interval a Welcome or an ack may ask for
+MAX_STOP_GRACE_S = 3600.0  # the longest grace a Welcome may give the processes to stop (the cluster file: 300)
 
 
 def backoff_delay(attempt: int, rng: random.Random, cap_s: float = BACKOFF_CAP_S,
@@ -61,6 +62,24 @@ def backoff_delay(attempt: int, rng: random.Random, cap_s: float = BACKOFF_CAP_S
     if retry_after_s > 0:
         delay = max(delay, retry_after_s * rng.uniform(1.0, RETRY_AFTER_SPREAD))
     return delay
+
+
+def _sane_pace(interval_s: float, timeout_s: float) -> bool:
+    """Whether a coordinator's heartbeat pace can be kept: a finite interval of at most MAX_INTERVAL_S, and a
+    timeout of at least two intervals."""
+    return (math.isfinite(interval_s) and math.isfinite(timeout_s) and 0 < interval_s <= MAX_INTERVAL_S
+            and 2 * interval_s <= timeout_s)
+
+
+def _unusable_terms(welcome: pb.Welcome) -> str | None:
+    """What of a Welcome's terms the agent cannot keep to (a few words), or None. A timeout of 0 is a leader
+    that acknowledges no heartbeats: no fencing."""
+    interval, timeout, grace = welcome.heartbeat_interval_s, welcome.heartbeat_timeout_s, welcome.stop_grace_s
+    if not _sane_pace(interval, timeout if timeout != 0 else 2 * interval):
+        return f"heartbeat interval {interval!r:.20} and timeout {timeout!r:.20}"
+    if not (math.isfinite(grace) and 0 <= grace <= MAX_STOP_GRACE_S):
+        return f"stop grace {grace!r:.20}"
+    return None
 
 
 async def _write_first(call: grpc.aio.StreamStreamCall, message: pb.AgentMessage) -> None:
@@ -202,6 +221,9 @@ class CoordinatorLink:
             except TimeoutError:
                 established = False
                 log.warning("coordinator %s sent no Welcome within %.0fs", address, self._welcome_timeout_s)
+            except Exception:  # noqa: BLE001 - a bug here must not leave the agent without a session for good
+                established = False
+                log.exception("session with %s failed unexpectedly; reconnecting", address)
             finally:
                 if self.connected.is_set():
                     self.connected.clear()
@@ -281,6 +303,11 @@ class CoordinatorLink:
         if first.WhichOneof("body") != "welcome":
             log.warning("coordinator %s did not start with Welcome; reconnecting", address)
             return False
+        unusable = _unusable_terms(first.welcome)
+        if unusable is not None:
+            log.warning("coordinator %s sent a Welcome whose %s the agent cannot keep to; reconnecting", address,
+                        unusable)
+            return False
         self.welcome = first.welcome
         self.contact.welcomed(FenceTerms(first.welcome.heartbeat_timeout_s, first.welcome.stop_grace_s)
                               if first.welcome.heartbeat_timeout_s > 0 else None)
@@ -352,8 +379,7 @@ class CoordinatorLink:
     def _follow_pace(self, ack: pb.HeartbeatAck) -> None:
         """The leader names the pace in every ack; a sane one is taken (an older leader names none)."""
         terms = self.contact.terms
-        if not (math.isfinite(ack.interval_s) and math.isfinite(ack.timeout_s)
-                and 0 < ack.interval_s <= MAX_INTERVAL_S and 2 * ack.interval_s <= ack.timeout_s):
+        if not _sane_pace(ack.interval_s, ack.timeout_s):
             return
         if ack.interval_s != self.interval_s:
             log.info("the coordinator asks for a heartbeat every %.2fs (fencing after %.1fs unanswered)",

@@ -5,6 +5,7 @@ the leader's address in the trailing metadata."""
 from __future__ import annotations
 
 import asyncio
+import math
 import signal
 import subprocess
 import sys
@@ -216,6 +217,47 @@ def test_a_standby_refusal_makes_the_link_dial_the_leader_it_names(tmp_path: Pat
                     await leader.next_received("heartbeat")
 
     asyncio.run(asyncio.wait_for(scenario(), 20))
+
+
+class HostileWelcomes(LeaderCoordinator):
+    """Answers the first Hellos with Welcomes whose terms cannot be kept, then welcomes as a leader."""
+
+    BAD_TERMS = [{"heartbeat_interval_s": math.nan}, {"heartbeat_interval_s": -1.0},
+                 {"heartbeat_interval_s": 1.0, "heartbeat_timeout_s": math.inf},
+                 {"heartbeat_interval_s": 1.0, "heartbeat_timeout_s": 1.5},
+                 {"heartbeat_interval_s": 1.0, "heartbeat_timeout_s": 5.0, "stop_grace_s": math.nan}]
+
+    def __init__(self) -> None:
+        super().__init__("hostile")
+        self.bad = list(self.BAD_TERMS)
+
+    async def Session(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
+        if self.bad:
+            first = await context.read()
+            await context.write(pb.CoordinatorMessage(welcome=pb.Welcome(
+                node_name=first.hello.node_name, coordinator_id="hostile", **self.bad.pop(0))))
+            await asyncio.Event().wait()  # held open: the agent must leave by itself
+        await super().Session(request_iterator, context)
+
+
+def test_a_welcome_whose_terms_cannot_be_kept_is_left_and_the_agent_tries_again(tmp_path: Path, caplog) -> None:
+    coordinator = HostileWelcomes()
+    handler = RecordingHandler()
+
+    async def scenario() -> None:
+        async with serving(coordinator) as address:
+            link = make_link([address], tmp_path)
+            async with running(link, handler):
+                await asyncio.wait_for(link.connected.wait(), 20)  # after five backoffs
+                assert link.interval_s == HEARTBEAT_INTERVAL_S
+                await coordinator.next_received("heartbeat")
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+    left = [r.getMessage() for r in caplog.records if "cannot keep to" in r.getMessage()]
+    assert [message.split("Welcome whose ")[1].split(" the agent")[0] for message in left] == [
+        "heartbeat interval nan and timeout 0.0", "heartbeat interval -1.0 and timeout 0.0",
+        "heartbeat interval 1.0 and timeout inf", "heartbeat interval 1.0 and timeout 1.5", "stop grace nan"]
+    assert handler.connected.count(True) == 1  # no bad Welcome was taken for a session
 
 
 class HastyStandby(pb_grpc.CoordinatorServicer):
