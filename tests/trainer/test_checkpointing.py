@@ -281,6 +281,20 @@ def test_a_checkpoint_directory_the_agent_could_not_be_told_about_is_refused(tmp
         checkpoints(CheckpointSettings(directory=Path("/ckpt/../etc")), cells(), Reporter())
 
 
+def test_a_checkpoint_directory_another_job_saved_into_is_refused_before_a_step(tmp_path: Path) -> None:
+    """A job renamed to start afresh with its directory left as it was: saving there would overwrite the
+    other job's steps and prune its newest checkpoints."""
+    reporter, _ = train(tmp_path, every=1, steps=3)  # job "unit"
+    ctx = RankContext.from_environ({"TRAINERD_JOB": "unit2"})
+    with pytest.raises(ValueError, match=f"checkpoint directory {tmp_path / 'ckpt'} holds the checkpoints of job "
+                                         "'unit' \\(its trainerd-job file\\): give job 'unit2' a checkpoint.dir of its own"):
+        TrainingCheckpoints(ctx, CheckpointSettings(directory=tmp_path / "ckpt", every=1), Reporter(), cells(),
+                            data_seed=SEED, grad_accumulation=2)
+    assert sorted(path.name for path in (tmp_path / "ckpt").iterdir()) == [
+        "step_00000001", "step_00000002", "step_00000003", "trainerd-job"]  # nothing of the other job's was touched
+    train(tmp_path, every=1, steps=1)  # the job that claimed it saves there again
+
+
 def test_without_a_directory_nothing_is_saved_and_requests_are_ignored(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -46,6 +46,7 @@ from common.clock import Clock, SystemClock
 from proto.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
 from proto.progress_datagram import CheckpointReport, MalformedProgress, encode, failure_reason
 from trainer.checkpoint import CheckpointError, CheckpointMeta, CheckpointWriter, load_checkpoint
+from trainer.checkpoint.directory_owner import DirectoryOfAnotherJob, claim_for_job
 from trainer.checkpoint.manifest import EpochPosition, read_manifest, step_dir_name
 from trainer.checkpoint.sharding import ShardedTensor
 from trainer.checkpoint.step_dirs import check_inside_root
@@ -172,6 +173,13 @@ class TrainingCheckpoints:
                             self._where)
             return
         self._check_reportable(settings.directory)
+        try:
+            claim_for_job(settings.directory, ctx.job)
+        except DirectoryOfAnotherJob as exc:
+            raise ValueError(str(exc)) from None
+        except OSError as exc:  # a full or read-only disk: each save then fails and says so, as without the claim
+            log.warning("%s: cannot claim checkpoint directory %s for the job: %s", self._where, settings.directory,
+                        exc.strerror or exc)
         control = None if settings.control_file is None else ControlFile(settings.control_file)
         self._schedule = CheckpointSchedule(settings.every or 0, ctx.generation, control, self._where)
         if settings.outbox is not None:
