@@ -29,7 +29,8 @@ In order of preference:
    [mindspore/ccsrc/cluster/topology/meta_server_node.cc:548] UpdateTopoState] The node: 1 is…`
    or from Python (mindspore/log.py) `[ERROR] ME(12345:139872,MainProcess):2026-11-23-09:00:00.123.456
    [mindspore/train/model.py:123] message`: its message, and its `file:line` as the location.
-4. The last line with text (a log line's message when it is in MindSpore's format).
+4. The last line with text (a log line's message when it is in MindSpore's format), passing over
+   MindSpore's DEBUG and INFO lines: a process that printed why it exits logs its teardown after it.
 """
 
 from __future__ import annotations
@@ -171,16 +172,21 @@ def _mindspore_error(lines: list[str]) -> FailureCause | None:
 
 
 def _last_line(lines: list[str]) -> FailureCause | None:
+    """The last line with text that is not MindSpore's DEBUG or INFO logging (what a process logs as it
+    exits, after the line that said why); the last such log line when there is nothing else."""
+    chatter = None
     for line in reversed(lines):
         text = line.strip()
         if not text or _SECTION_LINE.match(text):
             continue
         logged = _MINDSPORE_LOG.match(text)
-        if logged is not None:
-            return FailureCause(CauseKind.LAST_LINE, _one_line(logged["message"]),
-                                f"{logged['file']}:{logged['line']}")
-        return FailureCause(CauseKind.LAST_LINE, _one_line(text), None)
-    return None
+        if logged is None:
+            return FailureCause(CauseKind.LAST_LINE, _one_line(text), None)
+        cause = FailureCause(CauseKind.LAST_LINE, _one_line(logged["message"]), f"{logged['file']}:{logged['line']}")
+        if logged["level"] not in ("DEBUG", "INFO"):
+            return cause
+        chatter = chatter or cause
+    return chatter
 
 
 def _relative(path: str, work_dir: str | None) -> str:

@@ -294,6 +294,22 @@ def test_failing_all_else_the_last_line() -> None:
     assert extract_failure_cause("\n \r\n") is None
 
 
+def test_the_line_that_said_why_is_not_hidden_by_mindspores_info_logging_at_exit() -> None:
+    """A rank that exits with a one-line reason (trainerd's runtime refusing a checkpoint, exit 65) and
+    then logs MindSpore's teardown at INFO level: the reason is the cause."""
+    tail = ("trainerd_dataset: cannot resume from checkpoint /ckpt/step_00000450: manifest.json is missing\n"
+            "[INFO] DISTRIBUTED(25711,7f1c2b7fe640,python):2026-11-29-20:01:02.123.456 "
+            "[mindspore/ccsrc/cluster/rpc/core/communicator/tcp_server.cc:314] operator()] Event base dispatch "
+            "success!\n"
+            "[DEBUG] ME(25711:140711421467520,MainProcess):2026-11-29-20:01:02.200.000 [mindspore/log.py:1] bye\n")
+    assert extract_failure_cause(tail) == FailureCause(
+        CauseKind.LAST_LINE, "trainerd_dataset: cannot resume from checkpoint /ckpt/step_00000450: manifest.json "
+        "is missing", None)
+    info_only = tail.split("\n", 1)[1]
+    assert extract_failure_cause(info_only) == FailureCause(  # nothing else: the last of them
+        CauseKind.LAST_LINE, "bye", "mindspore/log.py:1")
+
+
 def test_the_message_is_one_capped_line() -> None:
     cause = extract_failure_cause("ValueError: " + "x" * 1000 + "\n")
     assert cause.kind is CauseKind.LAST_LINE
