@@ -6,8 +6,6 @@ trainerd runs one when the cluster file names no etcd endpoints; the tests run o
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import functools
 import importlib.util
 import json
 import logging
@@ -20,14 +18,13 @@ from pathlib import Path
 import grpc
 from aetcd import rpc
 
+from common.child_lifetime import end_with_parent
 from common.listen_check import why_cannot_listen
 from daemon.errors import PermanentError
 
 log = logging.getLogger(__name__)
 
 LOG_FILE = "etcd.log"
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-_LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 class EtcdNotFound(PermanentError):
@@ -114,7 +111,7 @@ class EmbeddedEtcd:
             process = self._process = subprocess.Popen(
                 self._command(binary), stdin=subprocess.DEVNULL, stdout=log_file,
                 stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=functools.partial(_end_with_parent, os.getpid()))
+                preexec_fn=end_with_parent())
         try:
             await self._wait_ready(process, timeout_s)
         except BaseException:
@@ -210,15 +207,6 @@ class EmbeddedEtcd:
             log.warning("etcd (pid %d) ignored SIGTERM for %.1f s; killing it", process.pid, grace_s)
             _signal_group(process, signal.SIGKILL)
             process.wait()
-
-
-def _end_with_parent(parent: int) -> None:
-    """Run in etcd's process before it execs: it gets SIGTERM when the process that started it dies, even
-    by SIGKILL, rather than live on holding its ports (Linux's PR_SET_PDEATHSIG). The parent must be the
-    thread that stays for the parent's life: trainerd and the tests start etcd from their main thread."""
-    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent:  # the parent died before the line above
-        os._exit(1)
 
 
 def _etcd_serving(data_dir: Path) -> int | None:
