@@ -11,9 +11,9 @@ import socket
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from common.config_file import Address, ConfigError, StrictModel, load_yaml_mapping, validate
+from common.config_file import Address, ConfigError, StrictModel, load_yaml_mapping, parse_host_port, validate
 from common.tls_files import TlsSettings
 from proto.vocabulary import DEFAULT_ALLOWED_ENTRYPOINTS, NODE_NAME_PATTERN
 
@@ -52,8 +52,19 @@ class AgentConfig(StrictModel):
     # One or more coordinator addresses (leader and standbys); the agent finds the leader.
     coordinator: list[Address] = Field(min_length=1)
     node_name: str = Field(default_factory=socket.gethostname, pattern=NODE_NAME_PATTERN)
-    # Address the other nodes reach this host at (the MindSpore scheduler may run here).
-    host: str = "127.0.0.1"
+    # Address the other nodes reach this host at (the MindSpore scheduler may run here). Default: this
+    # host's own address on its route to the first coordinator (127.0.0.1 toward a loopback coordinator).
+    host: str = Field(default="", validate_default=True)
+    @field_validator("host")
+    @classmethod
+    def _host_toward_the_coordinator(cls, host: str, info: ValidationInfo) -> str:
+        """The default host. A loopback address (the default before) put a host the others cannot reach into
+        a job spanning hosts, whose ranks then waited for it in MindSpore's cluster set-up for 10 minutes."""
+        coordinators = info.data.get("coordinator")
+        if host or not coordinators:  # no valid coordinator: that error is told
+            return host
+        return address_toward(coordinators[0])
+
     # Hosts without NPUs train on this many CPU "devices" (0: discover NPUs, fail when none).
     cpu_devices: int = Field(default=0, ge=0, le=64)
     work_dir: str = "/var/lib/trainerd-agent"
@@ -93,6 +104,22 @@ class AgentConfig(StrictModel):
     # Over TLS only with a node certificate that can serve (`trainerd certs node` since peer copies); in
     # plain text only when `host` is a loopback address (nothing listens beyond loopback without TLS).
     snapshot_peers: bool = True
+
+
+def address_toward(address: str) -> str:
+    """This host's own address on its route to `address` (HOST:PORT): the source address the kernel picks
+    for a datagram socket connected there (nothing is sent). ValueError when the name does not resolve
+    or there is no route."""
+    host, port = parse_host_port(address)
+    try:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.connect(sockaddr)
+            return str(probe.getsockname()[0])
+    except OSError as exc:
+        raise ValueError(f"not given, and this host's address toward the coordinator {address} cannot be found "
+                         f"({exc.strerror or exc}): set it (--host) to the address other nodes reach this host "
+                         f"at") from None
 
 
 def memory_root(config: AgentConfig) -> Path:

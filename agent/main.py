@@ -255,7 +255,8 @@ class StartRefused(click.ClickException):
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), help="Agent file (YAML).")
 @click.option("--coordinator", help="Coordinator HOST:PORT (comma-separated for standbys).")
 @click.option("--node-name", help="This node's name (default: the host name).")
-@click.option("--host", help="Address other nodes reach this host at.")
+@click.option("--host", help="Address other nodes reach this host at (default: this host's address on its "
+              "route to the first coordinator).")
 @click.option("--cpu-devices", type=int, help="Train on N CPU devices (hosts without NPUs).")
 @click.option("--work-dir", type=click.Path(file_okay=False), help="Logs, rank tables and state.")
 @click.option("--memory-dir", type=click.Path(file_okay=False),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import socket
 
+import psutil
+
 from common.listen_check import why_cannot_listen
 from tests.ports import free_port
 
@@ -19,8 +21,10 @@ def test_a_free_port_can_be_listened_on_and_a_taken_one_says_why() -> None:
 
 
 def test_an_address_that_is_not_this_hosts() -> None:
-    # 192.0.2.0/24 is TEST-NET-1: documentation only, never a local address.
-    assert why_cannot_listen(f"192.0.2.1:{free_port()}") == "the address is not one of this host's"
+    own = {a.address for addresses in psutil.net_if_addrs().values() for a in addresses}
+    # TEST-NET-3, for documentation; some machines take an address of such a range all the same.
+    foreign = next(f"203.0.113.{n}" for n in range(1, 255) if f"203.0.113.{n}" not in own)
+    assert why_cannot_listen(f"{foreign}:{free_port()}") == "the address is not one of this host's"
 
 
 def test_what_it_cannot_judge_is_left_to_grpc() -> None:
