@@ -103,6 +103,7 @@ class ManagedProcess:
     exit_code: int = 0
     signal: int = 0
     expected: bool = False
+    fenced_because: str = ""  # its agent stopped it on its own (fence): why
     step: int = 0
     waiter: asyncio.Task | None = None
     cwd: Path | None = None
@@ -337,7 +338,11 @@ class Supervisor:
             managed.output = None
         tail = log_tail(managed.log_path)
         failed = code != 0 and not managed.expected
-        cause = self._root_cause(managed) if failed else None
+        cause: pb.RootCause | None = None
+        if managed.fenced_because:
+            cause = pb.RootCause(kind=CauseKind.FENCED, message=f"stopped by its agent: {managed.fenced_because}")
+        elif failed:
+            cause = self._root_cause(managed)
         # The last line a killed process printed (a LossMonitor line, say) is where it was cut off, not why.
         told = cause if cause is not None and not (managed.signal and cause.kind == CauseKind.LAST_LINE) else None
         level = logging.WARNING if failed else logging.INFO
@@ -424,6 +429,9 @@ class Supervisor:
                 return False
             log.warning("fencing generation %d: %s; stopping its processes (SIGKILL after %.1fs)", self.generation,
                         reason, grace_s)
+            for managed in self.processes.values():
+                if managed.running:
+                    managed.fenced_because = reason
             await self._stop_all(grace_s, expected=False)
             return True
 

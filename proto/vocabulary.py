@@ -37,6 +37,9 @@ class CauseKind(enum.StrEnum):
     FATAL_ERROR = "fatal_error"  # a crash in native code, as the interpreter's fault handler reported it
     MINDSPORE_ERROR = "mindspore_error"
     LAST_LINE = "last_line"
+    # Not the process's own failure: its agent stopped it, having heard no coordinator for the heartbeat
+    # timeout (agent/fence.py): the world it trained in had moved on without its node
+    FENCED = "fenced"
 
 
 # Kernel states (ProcessStatus.os_state) of a process that is not running its code: stopped or traced

@@ -40,7 +40,7 @@ from daemon.job.observation import GenerationObservation, MemorySnapshot, Proces
 from daemon.job.placement import NodeOffer, Placement, place
 from daemon.job.state import Failure, FailureCause, GenerationRecord, JobRecord, SnapshotHolder
 from proto.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
-from proto.vocabulary import JobState, ProcessRole
+from proto.vocabulary import CauseKind, JobState, ProcessRole
 
 # After the stop grace the agents had to SIGKILL; this much more is allowed for their answer.
 STOP_CONFIRM_MARGIN_S = 2.0
@@ -414,6 +414,12 @@ def _failure(world: JobWorld) -> Failure | None:
                        f"node {gone[0]} runs none of its processes of generation {generation.number}: its agent "
                        f"started again (with trainerd, for a local agent), and they died with the one before",
                        gone[0])
+    fenced = [(p.node, p.cause.message) for p in observation.processes.values()
+              if p.failed and p.cause is not None and p.cause.kind == CauseKind.FENCED]
+    if fenced:
+        node, message = fenced[0]
+        return Failure(FailureCause.FENCED, f"node {node} stopped its processes of generation {generation.number} "
+                       f"itself: {message}", node)
     failed = observation.first_failure()
     if failed is not None:
         if any(n in world.disconnected for n in nodes):

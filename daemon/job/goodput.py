@@ -89,7 +89,8 @@ def fault_time(failure: Failure, observation: GenerationObservation | None, now:
     """When the fault behind `failure` most likely happened, from what the leader saw (never after `now`):
     the first failed exit's arrival, the lost node's last heartbeat (else the last step), the last step
     before a hang. A run of bad batches is no outage: it is detected at once (its steps are redone, lost work).
-    Processes gone with a restarted agent died after the last step; when this leader took the generation
+    Processes gone with a restarted agent, or stopped by their own agent when no coordinator answered it
+    (fenced), died after the last step; when this leader took the generation
     over and saw none, after `known_until` (GoodputAccountant.known_until): the moment its predecessor
     last saved the totals, when trainerd itself may have stopped, taking its local agents with it."""
     if observation is None:
@@ -98,7 +99,7 @@ def fault_time(failure: Failure, observation: GenerationObservation | None, now:
     match failure.cause:
         case FailureCause.NODE_LOST:
             at = observation.heard_at.get(failure.node, observation.last_progress_at)
-        case FailureCause.PROCESSES_GONE:
+        case FailureCause.PROCESSES_GONE | FailureCause.FENCED:
             at = observation.last_progress_at
             if at is None and observation.ran_before_takeover:
                 at = known_until

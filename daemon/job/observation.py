@@ -84,6 +84,8 @@ class ProcessReport:
             return None
         if self.cause.kind == CauseKind.FATAL_ERROR and not self.cause.location:
             return None
+        if self.cause.kind == CauseKind.FENCED:  # its agent stopped it: no error of its own
+            return None
         return error_key(self.cause.message, self.cause.location, self.cause.kind)
 
 

@@ -49,6 +49,10 @@ class FailureCause(StrEnum):
     # A node's agent came back running none of the generation's processes: it restarted (with trainerd, for
     # its local agents) and the processes died with it, though the node itself is back
     PROCESSES_GONE = "processes_gone"
+    # A node's agent stopped the generation's processes itself: it heard no coordinator for the heartbeat
+    # timeout (a coordinator down, a cut link), and fenced them so that they train no further in a world
+    # that may have moved on without the node
+    FENCED = "fenced"
     HANG = "hang"  # no rank made progress for hang_timeout_s
     CHECKPOINT_UNREADABLE = "checkpoint_unreadable"  # the chosen checkpoint failed to load
     USAGE_ERROR = "usage_error"  # a worker exited with EXIT_USAGE
@@ -63,7 +67,8 @@ class FailureCause(StrEnum):
     def spends_budget(self) -> bool:
         """Crashes spend the restart budget; a node leaving does not (DESIGN.md, "Recovery"), nor
         what fails the job at once (`permanent`): no restart follows to spend it on."""
-        return not self.permanent and self not in (FailureCause.NODE_LOST, FailureCause.PROCESSES_GONE)
+        return not self.permanent and self not in (FailureCause.NODE_LOST, FailureCause.PROCESSES_GONE,
+                                                   FailureCause.FENCED)
 
     @property
     def permanent(self) -> bool:

@@ -190,6 +190,9 @@ def test_fence_terms_then_kills_after_the_grace_and_reports_the_exits_as_unexpec
         exits = {(e.role, e.rank): (e.signal, e.expected) for e in host.sent("process_exited")}
         assert exits == {("scheduler", -1): (signal.SIGTERM, False), ("worker", 0): (signal.SIGTERM, False),
                          ("worker", 1): (signal.SIGKILL, False)}
+        # Each says why, so that the coordinator takes none of them for the process's own crash.
+        assert {(e.cause.kind, e.cause.message) for e in host.sent("process_exited")} == {
+            ("fenced", "stopped by its agent: cut off")}
         assert not host.sent("stopped")  # no coordinator asked for this stop
         assert not await host.supervisor.fence(2.0, "cut off")
 

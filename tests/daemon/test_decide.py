@@ -271,6 +271,21 @@ def test_a_crash_past_the_restart_budget_fails_the_job() -> None:
     assert isinstance(actions[-1], StopGeneration)
 
 
+def test_processes_their_own_agent_fenced_are_no_crash_of_the_node() -> None:
+    """A coordinator down past the heartbeat timeout: every agent stopped its processes, and reports
+    their SIGTERM once it reconnects. Not the node's crash, nor the job's own error on every rank."""
+    fenced = RootCause("stopped by its agent: no coordinator answered for 5.1s (heartbeat timeout 5.0s)", "",
+                       "fenced")
+    reports = tuple(exited(node, rank, signal=15, cause=fenced) for rank, node in enumerate(NODES))
+    actions = decide(job_world(record={"node_failures": {"a": 2}}, reports=reports))
+    commit = commit_of(actions)
+    assert commit.record.last_failure.cause is FailureCause.FENCED
+    assert commit.message == ("job job is RECOVERING (fenced): node a stopped its processes of generation 1 itself: "
+                              "stopped by its agent: no coordinator answered for 5.1s (heartbeat timeout 5.0s)")
+    assert (commit.record.crash_restarts, commit.record.consecutive_crashes, commit.record.node_failures) == (
+        0, 0, {"a": 2})  # no quarantine for the coordinator's outage
+
+
 def test_the_crash_that_reaches_quarantine_after_says_so() -> None:
     commit = commit_of(decide(job_world(record={"node_failures": {"c": 2}}, reports=(exited("c", 2, 1),))))
     assert commit.message.endswith("; node c is quarantined after 3 crashes")

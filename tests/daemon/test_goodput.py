@@ -23,6 +23,7 @@ from daemon.cli.trainerctl import print_status
 from daemon.coordinator import STAND_DOWN_SAVE_S
 from daemon.grpc_services import status_to_proto
 from daemon.job.goodput import GoodputAccountant, GoodputSnapshot, JobMoment, Phase
+from daemon.job.observation import RootCause
 from daemon.store import keys
 from proto.vocabulary import JobState
 from tests.daemon.job_sim import SESSION_GRACE_S, SimCluster, job_settings, take_over
@@ -162,6 +163,25 @@ async def hang(sim: SimCluster) -> None:
     await complete(sim, 6)
 
 
+async def fenced_by_its_agent(sim: SimCluster) -> None:
+    """The agent heard no coordinator for the heartbeat timeout (its link, or every coordinator, down) and
+    stopped its processes; it reports their exits when it is back. Nothing trained since the last step."""
+    await running_from(sim, "a")  # step 1 at 1002
+    await sim.tick(10)
+    sim.step(10)  # at 1012: the last step
+    await sim.tick(20)
+    sim.crash("a", 0, exit_code=0, signal=15, cause=RootCause(
+        "stopped by its agent: no coordinator answered for 5.1s (heartbeat timeout 5.0s)", "", "fenced"))
+    await sim.tick()
+    assert sim.state is JobState.RECOVERING
+    sim.confirm_stop()
+    await sim.tick(1.0)
+    sim.started()
+    await sim.tick(2)
+    sim.step(11)
+    await complete(sim, 6)
+
+
 async def checkpoint_stalls(sim: SimCluster) -> None:
     await running_from(sim, "a")  # step 1 at 1002
     await sim.tick(10)
@@ -182,6 +202,7 @@ SCENARIOS: list[tuple[Callable[[SimCluster], Awaitable[None]], dict, dict[Phase,
     (pause_and_resume, {"max_nodes": 1}, {P.STARTUP: 4, P.PRODUCTIVE: 18, P.PAUSED: 60, P.LOST_WORK: 3}),
     (hang, {"max_nodes": 1}, {P.STARTUP: 4, P.PRODUCTIVE: 14, P.DETECTION: 61, P.RELAUNCH: 1}),
     (checkpoint_stalls, {"max_nodes": 1}, {P.STARTUP: 2, P.PRODUCTIVE: 18.5, P.CHECKPOINT_STALL: 1.5}),
+    (fenced_by_its_agent, {"max_nodes": 1}, {P.STARTUP: 4, P.PRODUCTIVE: 16, P.DETECTION: 20, P.RELAUNCH: 1}),
 ]
 
 
