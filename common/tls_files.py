@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 
 from common.config_file import ConfigError, StrictModel
@@ -61,11 +62,11 @@ def read_tls_files(settings: TlsSettings, source: str, names: tuple[str, str, st
     cert = _read(settings.cert_file, f"{source}: {cert_name}")
     key = _read(settings.key_file, f"{source}: {key_name}")
     try:
-        x509.load_pem_x509_certificates(ca)
+        authorities = x509.load_pem_x509_certificates(ca)
     except ValueError:
         raise ConfigError(f"{source}: {ca_name}: {settings.ca_file} holds no PEM certificate") from None
     try:
-        leaf = x509.load_pem_x509_certificates(cert)[0]
+        leaf, *intermediates = x509.load_pem_x509_certificates(cert)
     except ValueError:
         raise ConfigError(f"{source}: {cert_name}: {settings.cert_file} holds no PEM certificate") from None
     try:
@@ -74,7 +75,34 @@ def read_tls_files(settings: TlsSettings, source: str, names: tuple[str, str, st
         raise ConfigError(f"{source}: {key_name}: {settings.key_file} is not an unencrypted PEM private key") from None
     if private_key.public_key() != leaf.public_key():
         raise ConfigError(f"{source}: {key_name}: {settings.key_file} is not the key of {settings.cert_file}")
+    if not _issued_by(leaf, authorities, intermediates):
+        raise ConfigError(f"{source}: {cert_name}: {settings.cert_file} was not issued by the CA in "
+                          f"{settings.ca_file}: a cluster's coordinator, agents and operators all use certificates "
+                          f"of its one CA (`trainerd certs ... --dir` of the directory holding its ca.key)")
     return TlsFiles(ca, cert, key)
+
+
+def _issued_by(leaf: x509.Certificate, authorities: list[x509.Certificate],
+               intermediates: list[x509.Certificate]) -> bool:
+    """Whether `leaf` was signed by one of `authorities`, directly or through the `intermediates` its file
+    carries. Signatures only: a peer checks dates, names and usages when it connects."""
+    current = leaf
+    for _ in range(len(intermediates) + 1):
+        if any(_signed(current, authority) for authority in authorities):
+            return True
+        issuer = next((cert for cert in intermediates if _signed(current, cert)), None)
+        if issuer is None:
+            return False
+        current = issuer
+    return False
+
+
+def _signed(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(issuer)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
 
 
 def tls_settings_from_options(cacert: str | None, cert: str | None, key: str | None) -> TlsSettings | None:

@@ -178,6 +178,24 @@ def test_tls_option_mistakes_are_one_line(cert_dir: Path, program: str, files: d
     assert len(result.stderr.splitlines()) == 1, result.stderr
 
 
+@pytest.mark.parametrize("program", ["trainerctl", "trainerd-agent"])
+def test_a_certificate_of_another_ca_is_refused_at_start_in_one_line(cert_dir: Path, tmp_path: Path,
+                                                                      program: str) -> None:
+    """The coordinator would refuse it in the TLS handshake, which the agent saw only as 'Secure read failed'
+    on every try."""
+    other = tmp_path / "other"
+    for argv in (("init",), ("node", "n1")):
+        assert run("trainerd", "certs", *argv, "--dir", str(other)).returncode == 0
+    tls = ["--cacert", str(cert_dir / "ca.crt"), "--cert", str(other / "n1.crt"), "--key", str(other / "n1.key")]
+    coordinator = f"127.0.0.1:{free_port()}"
+    argv = (["trainerctl", "--coordinator", coordinator, *tls, "status"] if program == "trainerctl" else
+            ["trainerd-agent", "--coordinator", coordinator, "--node-name", "n1", "--cpu-devices", "1",
+             "--work-dir", str(tmp_path / "agent"), *tls])
+    result = run(*argv)
+    assert_one_line_error(result, 2, f"--cert: {other}/n1.crt was not issued by the CA in {cert_dir}/ca.crt")
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
 def test_tls_options_come_from_the_environment_too(cert_dir: Path) -> None:
     env = {**os.environ, "TRAINERD_CERT": str(cert_dir / "coordinator.crt")}
     result = run("trainerctl", "--coordinator", f"127.0.0.1:{free_port()}", "status", env=env)
