@@ -310,6 +310,7 @@ class Supervisor:
         managed.handle, managed.pid = handle, handle.pid
         managed.running = managed.launched = True
         self._registry.add(managed.pid)
+        log.info("%s started (pid %d)", describe_process(generation, managed.role, managed.rank), managed.pid)
         self._report(pb.AgentMessage(process_started=pb.ProcessStarted(
             generation=generation, role=managed.role, rank=managed.rank, pid=managed.pid)))
         managed.waiter = asyncio.get_running_loop().create_task(self._wait(managed, handle, generation))

@@ -269,6 +269,10 @@ def test_the_log_gives_a_killed_process_no_cause_from_the_line_it_was_cut_off_at
         await host.exited("rank1")
 
     run(scenario())
+    started = [r.getMessage() for r in caplog.records if " started (pid " in r.getMessage()]
+    assert started == [f"the scheduler of generation 1 started (pid {FIRST_FAKE_PID})",  # how a user finds a pid
+                       f"worker 0 of generation 1 started (pid {FIRST_FAKE_PID + 1})",
+                       f"worker 1 of generation 1 started (pid {FIRST_FAKE_PID + 2})"]
     exits = [r.getMessage() for r in caplog.records if "exited: code" in r.getMessage()]
     assert exits[0] == f"worker 0 of generation 1 (pid {FIRST_FAKE_PID + 1}) exited: code 0 signal 9", exits
     assert exits[1].endswith("exited: code 1 signal 0; cause: RuntimeError: boom at t.py:3"), exits
