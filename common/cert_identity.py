@@ -8,6 +8,7 @@ A node's certificate says CN=NAME and the SAN URI `trainerd://node/NAME`; an ope
 from __future__ import annotations
 
 import enum
+import ipaddress
 import re
 from dataclasses import dataclass
 
@@ -93,6 +94,21 @@ def serves_as_node(certificate: bytes | str) -> bool:
         return False
     return (identity.kind is PeerKind.NODE and ExtendedKeyUsageOID.SERVER_AUTH in usages
             and node_server_name(identity.name) in names)
+
+
+def names_host(certificate: bytes | str, host: str) -> bool:
+    """Whether the certificate's subject alternative names include `host`, an IP address or a DNS name: the
+    address clients that dial `host` check it against."""
+    try:
+        names = _parse(certificate).extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except (CertificateError, x509.ExtensionNotFound):
+        return False
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        dns_names = {name.lower().rstrip(".") for name in names.get_values_for_type(x509.DNSName)}
+        return host.lower().rstrip(".") in dns_names
+    return address in names.get_values_for_type(x509.IPAddress)
 
 
 def _parse(certificate: bytes | str) -> x509.Certificate:

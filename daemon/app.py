@@ -15,6 +15,7 @@ import grpc
 import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from common.cert_identity import names_host
 from common.clock import SystemClock
 from common.config_file import parse_host_port
 from common.grpc_keepalive import keepalive_options
@@ -22,7 +23,7 @@ from common.listen_check import why_cannot_listen
 from common.tls_files import TlsFiles, TlsSettings
 from daemon import metrics
 from daemon.admission import OpeningGate
-from daemon.config import ClusterConfig
+from daemon.config import WILDCARD_HOSTS, ClusterConfig
 from daemon.coordinator import Coordinator
 from daemon.errors import PermanentError
 from daemon.etcd_process import EmbeddedEtcd
@@ -232,6 +233,7 @@ class TrainerdApp:
                 await self._health.set(COORDINATOR_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
             log.info("trainerd %s serving on %s (%s)", me.id, cluster.coordinator.listen,
                      "TLS, client certificates of its CA only" if self._tls else "plain text")
+            self._warn_of_an_unnamed_address()
 
             tick_s = min(0.5, cluster.heartbeat.interval_s / 2)
             leading = asyncio.create_task(self.coordinator.run(tick_s), name="coordinator")
@@ -259,6 +261,18 @@ class TrainerdApp:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self._shutdown()
+
+    def _warn_of_an_unnamed_address(self) -> None:
+        """A standby names the leader's advertised address to agents, which refuse a certificate that does not
+        name it; say so at start, not in every agent's log after a failover."""
+        advertised = self._config.cluster.coordinator.advertised
+        host, _ = parse_host_port(advertised)
+        if self._tls is None or host in WILDCARD_HOSTS or names_host(self._tls.cert, host):
+            return
+        cert_file = self._config.cluster.tls.cert_file if self._config.cluster.tls else "its certificate"
+        log.warning("the coordinator's certificate (%s) does not name %s, the address it advertises: agents sent "
+                    "there refuse it; reissue it with `trainerd certs coordinator --dir DIR --host %s --force` "
+                    "(and every other name agents dial)", cert_file, host, host)
 
     async def _save_before_stopping(self, stop: asyncio.Event) -> None:
         """The local agents, and the training processes they run, stop with trainerd: the running generation

@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from common.cert_identity import names_host
 from common.tls_files import TlsFiles, TlsSettings, read_tls_files
 from daemon.app import add_listener, grpc_server, start_metrics_server
 from daemon.cli.trainerd_main import cli as trainerd_cli
@@ -27,7 +28,9 @@ from daemon.peer_auth import METHOD_ACCESS, Access
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
 from tests.daemon.job_sim import SimCluster, job_settings
+from tests.harness import start_trainerd_in
 from tests.ports import free_port
+from tests.waiting import wait_until
 
 RPC_TIMEOUT_S = 5.0
 READS = {"GetStatus": pb.StatusRequest(), "ListEvents": pb.EventsRequest(), "ListSkips": pb.SkipsRequest(),
@@ -280,3 +283,30 @@ def test_metrics_over_https_need_a_client_certificate_of_the_cluster(pki: Path, 
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_whether_a_certificate_names_the_address_a_client_dials(pki: Path) -> None:
+    certificate = (pki / "coordinator.crt").read_bytes()  # `trainerd certs init`: localhost and 127.0.0.1
+    assert names_host(certificate, "127.0.0.1") and names_host(certificate, "LocalHost.")
+    assert not names_host(certificate, "10.0.0.9") and not names_host(certificate, "head.example.org")
+    assert not names_host(b"not a certificate", "127.0.0.1")
+
+
+def test_trainerd_says_at_start_that_its_certificate_does_not_name_the_address_it_advertises(
+        pki: Path, tmp_path: Path) -> None:
+    """A standby hands that address to agents as the leader's, and they refuse the certificate there."""
+    listen, client, peer = free_port(), free_port(), free_port()
+    trainerd, log_path = start_trainerd_in(tmp_path, (
+        f"cluster:\n  coordinator: {{listen: '127.0.0.1:{listen}', advertise: '10.0.0.9:{listen}'}}\n"
+        f"  etcd: {{client_listen: '127.0.0.1:{client}', peer_listen: '127.0.0.1:{peer}'}}\n"
+        f"  tls: {{ca_file: {pki}/ca.crt, cert_file: {pki}/coordinator.crt, key_file: {pki}/coordinator.key}}\n"))
+    try:
+        wait_until(lambda: "is now the leader" in log_path.read_text(), timeout=60, what="trainerd to lead",
+                   on_timeout=lambda: log_path.read_text()[-3000:])
+        warnings = [line for line in log_path.read_text().splitlines() if "does not name" in line]
+        assert len(warnings) == 1 and warnings[0].endswith(
+            "does not name 10.0.0.9, the address it advertises: agents sent there refuse it; reissue it with "
+            "`trainerd certs coordinator --dir DIR --host 10.0.0.9 --force` (and every other name agents dial)")
+    finally:
+        trainerd.terminate()
+        trainerd.wait(timeout=30)

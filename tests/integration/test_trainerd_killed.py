@@ -5,25 +5,20 @@ from __future__ import annotations
 
 import re
 import signal
-import subprocess
 from pathlib import Path
 
 import psutil
 
-from tests.harness import BIN, processes_mentioning
+from tests.harness import processes_mentioning, start_trainerd_in
 from tests.ports import free_port
 from tests.waiting import wait_until
 
 
 def test_the_embedded_etcd_and_the_local_agents_end_with_a_trainerd_killed_by_sigkill(tmp_path: Path) -> None:
     listen, client, peer = free_port(), free_port(), free_port()
-    (tmp_path / "cluster.yaml").write_text(
+    trainerd, log_path = start_trainerd_in(tmp_path, (
         f"cluster:\n  local_agents: 2\n  coordinator: {{listen: '127.0.0.1:{listen}'}}\n"
-        f"  etcd: {{client_listen: '127.0.0.1:{client}', peer_listen: '127.0.0.1:{peer}'}}\n")
-    log_path = tmp_path / "trainerd.log"
-    with open(log_path, "wb") as log:
-        trainerd = subprocess.Popen([str(BIN / "trainerd"), "start", "--cluster", "cluster.yaml"], cwd=tmp_path,
-                                    stdout=log, stderr=subprocess.STDOUT)
+        f"  etcd: {{client_listen: '127.0.0.1:{client}', peer_listen: '127.0.0.1:{peer}'}}\n"))
     try:
         def children() -> list[int] | None:
             text = log_path.read_text(errors="replace")
