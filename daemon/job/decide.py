@@ -1091,7 +1091,16 @@ def _shortage(world: JobWorld) -> str:
     usable = _usable_offers(world)
     devices = sum(min(len(o.devices), spec.devices_per_node) for o in usable)
     return (f"{len(usable)} usable node(s) with {devices} device(s); it needs at least {spec.min_nodes} "
-            f"node(s) and a world size in {spec.allowed_world_sizes()}")
+            f"node(s) and a world size of {_either(sorted(spec.allowed_world_sizes()))}")
+
+
+def _either(sizes: list[int]) -> str:
+    """`2`, `2 or 3`, `2, 4 or 8`; "none" when no size keeps the batch."""
+    if not sizes:
+        return "none (no world size keeps the global batch)"
+    if len(sizes) == 1:
+        return str(sizes[0])
+    return f"{', '.join(map(str, sizes[:-1]))} or {sizes[-1]}"
 
 
 def _choose_checkpoint(world: JobWorld,

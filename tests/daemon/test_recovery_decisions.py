@@ -83,7 +83,7 @@ def test_status_says_what_a_job_that_cannot_launch_waits_for() -> None:
         await sim.connect("a", devices=2)
         await sim.tick()
         assert shown_waiting_for(sim) == ("1 usable node(s) with 2 device(s); it needs at least 2 node(s) and a "
-                                          "world size in [6, 4]")
+                                          "world size of 4 or 6")
         await sim.connect("b", devices=1)  # fewer devices than devices_per_node: 3 in all, still no size fits
         await sim.tick()
         assert "2 usable node(s) with 3 device(s)" in shown_waiting_for(sim)
