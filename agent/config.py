@@ -104,6 +104,9 @@ class AgentConfig(StrictModel):
     # Over TLS only with a node certificate that can serve (`trainerd certs node` since peer copies); in
     # plain text only when `host` is a loopback address (nothing listens beyond loopback without TLS).
     snapshot_peers: bool = True
+    # The port that service listens on, on `host` (0: one the kernel picks, which a firewall between the
+    # hosts must then let through among its ephemeral ports).
+    snapshot_peer_port: int = Field(default=0, ge=0, le=65535)
 
 
 def address_toward(address: str) -> str:

@@ -188,7 +188,7 @@ def build_agent(config: AgentConfig, devices: list[Device], notifier: SystemdNot
         log.warning("serving no in-memory snapshots to other agents: %s; a job spanning hosts resumes "
                     "from disk checkpoints only", refusal)
     else:
-        peer_server, peer_client = PeerServer(memory, config.host, tls), PeerClient(tls)
+        peer_server, peer_client = PeerServer(memory, config.host, tls, config.snapshot_peer_port), PeerClient(tls)
     peer_port = 0
     if peer_server is not None:
         try:
@@ -271,10 +271,12 @@ class StartRefused(click.ClickException):
               help="MindSpore's compile cache (default: off; only for jobs whose step is a Cell, as Model.train's).")
 @click.option("--snapshot-peers/--no-snapshot-peers", default=None,
               help="Serve in-memory snapshots to the other agents and copy theirs (default: on).")
+@click.option("--snapshot-peer-port", type=int, default=None,
+              help="The port that serves them, on --host (default: one the kernel picks).")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def cli(config_file, coordinator, node_name, host, cpu_devices, work_dir, memory_dir, cacert, cert, key,
-        warm_workers, compile_cache, snapshot_peers, log_level) -> None:
+        warm_workers, compile_cache, snapshot_peers, snapshot_peer_port, log_level) -> None:
     """Register this host's devices with trainerd and run its training processes."""
     try:
         tls_options = tls_settings_from_options(cacert, cert, key)
@@ -282,6 +284,7 @@ def cli(config_file, coordinator, node_name, host, cpu_devices, work_dir, memory
             "coordinator": coordinator, "node_name": node_name, "host": host,
             "cpu_devices": cpu_devices, "work_dir": work_dir, "memory_dir": memory_dir,
             "warm_workers": warm_workers, "compile_cache": compile_cache, "snapshot_peers": snapshot_peers,
+            "snapshot_peer_port": snapshot_peer_port,
             "tls": None if tls_options is None else tls_options.model_dump(),
         })
         tls = None

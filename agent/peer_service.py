@@ -25,6 +25,7 @@ from agent.job_workdir import is_plain_job_name
 from agent.memory_snapshots import MemorySnapshotDir
 from agent.thread_priority import lower_this_threads_priority
 from common.cert_identity import CertificateError, PeerKind, peer_identity, serves_as_node
+from common.listen_check import why_cannot_listen
 from common.tls_files import TlsFiles
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
@@ -73,6 +74,9 @@ class PeerServer:
             address = f"127.0.0.1:{self._port}"
         else:
             address = f"[{self._host}]:{self._port}" if ":" in self._host else f"{self._host}:{self._port}"
+        reason = why_cannot_listen(address) if self._port else None
+        if reason is not None:
+            raise OSError(f"the snapshot peer server cannot listen on {address}: {reason}")
         try:  # grpc answers 0 or raises, depending on its version
             port = (server.add_insecure_port(address) if self._tls is None
                     else server.add_secure_port(address, self._tls.server_credentials()))

@@ -29,6 +29,7 @@ from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
 from tests.agent.snapshot_files import TENSORS, host_snapshot
 from tests.daemon.test_certs import hand_made
+from tests.ports import free_port
 from tests.waiting import wait_until
 from trainer.checkpoint import load_checkpoint
 
@@ -155,6 +156,16 @@ def test_without_tls_the_server_listens_on_loopback_only(tmp_path: Path, serve, 
     assert listening_addresses(port) and set(listening_addresses(port)) <= loopback
     client = client_of(None)
     assert client.list_snapshots(pb.PeerAgent(node="a", address=f"127.0.0.1:{port}"), JOB, 10)
+
+
+def test_a_pinned_port_is_served_and_a_taken_one_says_why(tmp_path: Path, serve, client_of) -> None:
+    """`snapshot_peer_port`, for a firewall between the hosts."""
+    port = free_port()
+    assert serve(holder_memory(tmp_path, 1), None, port=port) == port
+    assert client_of(None).list_snapshots(pb.PeerAgent(node="a", address=f"127.0.0.1:{port}"), JOB, 10)
+    with pytest.raises(OSError, match=f"^the snapshot peer server cannot listen on 127.0.0.1:{port}: the address "
+                                      "is in use"):
+        serve(holder_memory(tmp_path / "other", 1), None, port=port)
 
 
 def test_hostile_requests_are_invalid_arguments(tmp_path: Path, serve) -> None:
