@@ -157,6 +157,8 @@ class Agent:
         try:
             await stop.wait()
         finally:
+            log.info("stopping: the training processes stop with the agent (drain the node first to let a "
+                     "running job go at a checkpoint)")
             self._notifier.stopping()
             await self.supervisor.shutdown()
             if memory is not None:
