@@ -431,7 +431,8 @@ def print_status(data: dict) -> None:
         ranks = Table(title="ranks")
         ranks.add_column("rank")
         _name_column(ranks, "node", [rank["node"] for rank in job["ranks"]])
-        for column in ("epoch", "step", "loss", "grad norm", "samples/s"):
+        # Each rank's measure of the job's rate (the global batch over its step time), not its own share.
+        for column in ("epoch", "step", "loss", "grad norm", "job samples/s"):
             ranks.add_column(column)
         for rank in job["ranks"]:
             rate = None if rank["from_output"] and not rank["samples_per_s"] else rank["samples_per_s"]
