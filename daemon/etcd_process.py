@@ -18,7 +18,6 @@ from pathlib import Path
 import grpc
 from aetcd import rpc
 
-from common.child_lifetime import end_with_parent
 from common.listen_check import why_cannot_listen
 from daemon.errors import PermanentError
 
@@ -110,8 +109,7 @@ class EmbeddedEtcd:
         with open(self.log_path, "ab") as log_file:
             process = self._process = subprocess.Popen(
                 self._command(binary), stdin=subprocess.DEVNULL, stdout=log_file,
-                stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=end_with_parent())
+                stderr=subprocess.STDOUT, start_new_session=True)
         try:
             await self._wait_ready(process, timeout_s)
         except BaseException:

@@ -9,8 +9,6 @@ import signal
 import sys
 from pathlib import Path
 
-from common.child_lifetime import end_with_parent
-
 log = logging.getLogger(__name__)
 
 
@@ -42,7 +40,7 @@ class LocalAgents:
                 "--work-dir", str(work_dir),
                 *(["--compile-cache"] if self._compile_cache else []),
                 stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file,
-                start_new_session=True, preexec_fn=end_with_parent(),
+                start_new_session=True,
             )
             log_file.close()
             self._processes.append(process)

@@ -1,10 +1,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,9 +9,6 @@ import pytest
 
 from daemon.etcd_process import EmbeddedEtcd, EtcdNotFound, EtcdStartError, find_etcd_binary
 from tests.ports import free_port
-from tests.waiting import wait_until
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _executable(path: Path) -> Path:
@@ -87,40 +81,3 @@ def test_an_etcd_left_running_on_the_data_directory_is_named_not_taken_for_the_n
     with pytest.raises(EtcdStartError, match=f"etcd pid {etcd_server.pid}, with this data directory, still runs "
                                              "\\(left by a trainerd that was killed\\?\\): stop it, then start again"):
         asyncio.run(again.start(timeout_s=10))
-
-
-ETCD_CHILD = """
-import asyncio, sys, time
-sys.path.insert(0, sys.argv[1])
-from daemon.etcd_process import EmbeddedEtcd
-server = EmbeddedEtcd(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
-asyncio.run(server.start(timeout_s=10))
-print(server.pid, flush=True)
-time.sleep(600)
-"""
-
-
-def test_etcd_ends_when_the_process_that_started_it_is_killed(tmp_path: Path) -> None:
-    parent = subprocess.Popen([sys.executable, "-c", ETCD_CHILD, str(REPO), str(tmp_path / "etcd"),
-                               str(free_port()), str(free_port())], stdout=subprocess.PIPE, text=True)
-    etcd_pid = None
-    try:
-        assert parent.stdout is not None
-        etcd_pid = int(parent.stdout.readline())
-        assert _running(etcd_pid)
-        parent.kill()  # SIGKILL: no handler, no clean-up runs
-        parent.wait(timeout=10)
-        wait_until(lambda: not _running(etcd_pid), timeout=10, what=f"etcd pid {etcd_pid} to end")
-    finally:
-        parent.kill()
-        parent.wait(timeout=10)
-        if etcd_pid is not None and _running(etcd_pid):  # the test failed: leave no etcd behind
-            os.kill(etcd_pid, signal.SIGKILL)
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (an ended child of PID 1 is reaped at once; checked all the same)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
