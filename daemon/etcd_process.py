@@ -18,7 +18,6 @@ from pathlib import Path
 import grpc
 from aetcd import rpc
 
-from common.listen_check import why_cannot_listen
 from daemon.errors import PermanentError
 
 log = logging.getLogger(__name__)
@@ -69,11 +68,6 @@ class EmbeddedEtcd:
         return f"127.0.0.1:{self.client_port}"
 
     @property
-    def pid(self) -> int | None:
-        """The etcd process's, while it runs."""
-        return self._process.pid if self._process is not None and self._process.poll() is None else None
-
-    @property
     def log_path(self) -> Path:
         return self.data_dir / LOG_FILE
 
@@ -104,7 +98,6 @@ class EmbeddedEtcd:
         if self._process is not None and self._process.poll() is None:
             raise EtcdStartError(f"etcd at {self.endpoint} is already running")
         binary = find_etcd_binary()
-        self._check_ports()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log_file:
             process = self._process = subprocess.Popen(
@@ -116,18 +109,6 @@ class EmbeddedEtcd:
             await self.stop()
             raise
         log.info("etcd %s (pid %d) serves %s", binary, process.pid, self.endpoint)
-
-    def _check_ports(self) -> None:
-        """Refuse ports something else listens on, before etcd is started: an etcd that another one left
-        running there would answer the readiness check for the one that fails to bind."""
-        for which, port in (("client", self.client_port), ("peer", self.peer_port)):
-            reason = why_cannot_listen(f"127.0.0.1:{port}")
-            if reason is None:
-                continue
-            left = _etcd_serving(self.data_dir / "data")
-            hint = (f"; etcd pid {left}, with this data directory, still runs (left by a trainerd that was "
-                    f"killed?): stop it, then start again" if left is not None else "")
-            raise EtcdStartError(f"cannot start etcd: its {which} port 127.0.0.1:{port}: {reason}{hint}")
 
     async def _wait_ready(self, process: subprocess.Popen, timeout_s: float) -> None:
         loop = asyncio.get_running_loop()
@@ -205,21 +186,6 @@ class EmbeddedEtcd:
             log.warning("etcd (pid %d) ignored SIGTERM for %.1f s; killing it", process.pid, grace_s)
             _signal_group(process, signal.SIGKILL)
             process.wait()
-
-
-def _etcd_serving(data_dir: Path) -> int | None:
-    """The pid of a process whose command line names `data_dir` as its --data-dir, or None."""
-    wanted = ["--data-dir", str(data_dir)]
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if any(argv[i:i + 2] == wanted for i in range(len(argv) - 1)):
-            return int(entry.name)
-    return None
 
 
 def _signal_group(process: subprocess.Popen, signum: int) -> None:

