@@ -41,3 +41,13 @@ def why_cannot_listen(address: str) -> str | None:
                 reasons.append(_REASONS.get(exc.errno or 0, exc.strerror or str(exc)))
     # A name with several addresses (localhost: 127.0.0.1 and ::1) is served when gRPC binds any of them.
     return reasons[0] if infos and len(reasons) == len(infos) else None
+
+
+def accepts_connections(host: str, port: int, timeout_s: float = 1.0) -> bool:
+    """Whether something listens at `host:port` now: a connection is accepted. Unlike binding, this is not
+    fooled by a listener that has just closed (its port can be held a moment longer by the kernel)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False

