@@ -4,6 +4,7 @@ Pure: no MindFormers and no MindSpore (the callback's registration file is only 
 from __future__ import annotations
 
 import json
+import signal
 import stat
 import subprocess
 import sys
@@ -15,9 +16,10 @@ import yaml
 from proto.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
 from trainer.checkpoint.mindformers_import import TRACKER_FILE
 from trainer.integrations.mindformers.generation_config import CALLBACK_AUTO_REGISTER, CALLBACK_TYPE
-from trainer.integrations.mindformers.launch import REGISTER_DIR, LaunchError, prepare
+from trainer.integrations.mindformers.launch import REGISTER_DIR, LaunchError, prepare, use_parallel
 
 USER = {
+    "use_parallel": True,
     "runner_config": {"batch_size": 2, "gradient_accumulation_steps": 1},
     "parallel_config": {"data_parallel": 2},
     "callbacks": [{"type": "MFLossMonitor"}],
@@ -25,11 +27,11 @@ USER = {
 RUNNER = ["python", "run_mindformer.py", "--run_mode", "train"]
 
 
-def worker_env(tmp_path: Path, world_size: int, rank: int = 0, **extra: str) -> dict[str, str]:
+def worker_env(tmp_path: Path, world_size: int, rank: int = 0, role: str = "MS_WORKER", **extra: str) -> dict[str, str]:
     generation_dir = tmp_path / "generations" / "000003"  # the agent's, where it writes control.json
     generation_dir.mkdir(parents=True, exist_ok=True)
     return {
-        "MS_ROLE": "MS_WORKER", "MS_SCHED_HOST": "127.0.0.1", "MS_SCHED_PORT": "8118",
+        "MS_ROLE": role, "MS_SCHED_HOST": "127.0.0.1", "MS_SCHED_PORT": "8118",
         "MS_WORKER_NUM": str(world_size), "RANK_SIZE": str(world_size), "RANK_ID": str(rank),
         "MS_NODE_ID": str(rank), "DEVICE_ID": "0", "TRAINERD_LOCAL_RANK": str(rank), "TRAINERD_JOB": "llm",
         "TRAINERD_GENERATION": "3", "TRAINERD_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
@@ -127,3 +129,55 @@ def test_a_world_size_the_global_batch_does_not_allow_is_one_line(tmp_path: Path
     assert done.stderr == (f"trainerd MindFormers launcher: {user_yaml}: global batch 4 is not a multiple of "
                            "batch_size 2 × data_parallel 3 at world size 3: choose world sizes that divide it "
                            "(job.world_sizes)\n")
+
+
+@pytest.mark.parametrize("config, command, expected", [
+    ({}, RUNNER, False),  # MindFormers' default
+    ({"use_parallel": True}, RUNNER, True),
+    ({"use_parallel": True}, [*RUNNER, "--use_parallel", "False"], False),  # the runner's flag wins
+    ({"use_parallel": False}, [*RUNNER, "--use_parallel=true"], True),
+    ({"use_parallel": False}, [*RUNNER, "--use_parallel", "False", "--use_parallel", "True"], True),  # the last
+    ({"base_config": "base.yaml"}, RUNNER, None),  # only the base config can tell
+    ({}, [*RUNNER, "--use_parallel", "yes"], None),  # MindFormers refuses it itself
+    ({"use_parallel": "maybe"}, RUNNER, None),
+])
+def test_whether_the_runner_runs_in_parallel(config: dict, command: list[str], expected: bool | None) -> None:
+    assert use_parallel(config, command)[0] is expected
+
+
+def test_a_job_not_in_parallel_on_several_ranks_is_one_line_before_mindformers_starts(tmp_path: Path) -> None:
+    user = tmp_path / "llama.yaml"
+    user.write_text(yaml.safe_dump({**USER, "use_parallel": True}))
+    done = subprocess.run([sys.executable, "-m", "trainer.integrations.mindformers.launch", "--config", str(user), "--",
+                           *RUNNER, "--use_parallel", "False"], env=worker_env(tmp_path, 2), capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == EXIT_USAGE
+    assert done.stderr == (f"trainerd MindFormers launcher: {user}: use_parallel is False (--use_parallel False), so "
+                           f"each of the 2 ranks would train alone: give the runner --use_parallel True (or the YAML "
+                           f"use_parallel: True), or run the job on one device\n")
+
+
+def test_the_one_rank_of_a_job_not_in_parallel_trains_and_its_scheduler_runs_nothing(tmp_path: Path) -> None:
+    """A scheduler that ran the runner would train a second copy of the job beside the rank, saving into the
+    same checkpoint directory (a single-device MindFormers YAML under trainerd did)."""
+    user = tmp_path / "llama.yaml"
+    user.write_text(yaml.safe_dump({k: v for k, v in USER.items() if k != "use_parallel"}))
+    assert prepare(user, RUNNER, worker_env(tmp_path, 1)) is not None
+    assert prepare(user, RUNNER, worker_env(tmp_path, 1, role="MS_SCHED")) is None
+
+    ran = tmp_path / "the runner ran"
+    scheduler = subprocess.Popen([sys.executable, "-m", "trainer.integrations.mindformers.launch", "--config",
+                                  str(user), "--", "/bin/sh", "-c", f"touch '{ran}'"],
+                                 env=worker_env(tmp_path, 1, role="MS_SCHED"), stdout=subprocess.PIPE, text=True)
+    try:
+        assert scheduler.stdout is not None
+        assert "this scheduler has no cluster to serve: it waits for the generation to end" in scheduler.stdout.readline()
+        with pytest.raises(subprocess.TimeoutExpired):
+            scheduler.wait(timeout=1)
+        scheduler.send_signal(signal.SIGTERM)  # the generation's stop
+        assert scheduler.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        scheduler.kill()
+        scheduler.wait(timeout=10)
+    assert not ran.exists()
+    assert list((tmp_path / "generations" / "000003").glob("*-scheduler-*.yaml")) == []  # nor its YAML

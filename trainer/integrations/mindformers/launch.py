@@ -10,7 +10,13 @@ samples that checkpoint consumed, TRAINERD_GLOBAL_BATCH/MICRO_BATCH), writes the
 <REGISTER_DIR>` appended: run_mindformer.py then builds the trainerd callback from the YAML's `callbacks`.
 
 Run outside trainerd (TRAINERD_JOB unset) it execs the command with the user's YAML and the register path
-only, so the same entrypoint runs by hand. A problem is one line on stderr and exit code 2 (65 when the
+only, so the same entrypoint runs by hand.
+
+A job that does not run in parallel (`use_parallel` False: MindFormers' default, the YAML's, or the runner's
+`--use_parallel False`) never joins a cluster: its one rank trains alone, and the generation's scheduler, which
+has no cluster to serve, does not run the runner (it would train a second copy beside the rank, into the same
+checkpoint directory) but waits for the generation to end. On more than one rank it is refused: each would
+train alone. A problem is one line on stderr and exit code 2 (65 when the
 checkpoint to resume from cannot be read, so that trainerd resumes from another).
 """
 
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -136,12 +143,42 @@ def runner_argv(command: Sequence[str], config_path: Path) -> list[str]:
     return [*command, "--config", str(config_path), "--register_path", str(REGISTER_DIR)]
 
 
-def prepare(user_yaml: Path, command: Sequence[str], environ: Mapping[str, str]) -> list[str]:
-    """The argv to exec; writes the generation's YAML when trainerd launched this process."""
+def use_parallel(config: Mapping[str, Any], command: Sequence[str]) -> tuple[bool | None, str]:
+    """Whether MindFormers' runner will join a cluster, and who says so: the runner's last `--use_parallel`
+    (run_mindformer.py's overrides the YAML's), else the YAML's `use_parallel`, else MindFormers' default,
+    False. None where only a `base_config` could tell, or the value is one MindFormers itself refuses."""
+    given = None
+    for at, arg in enumerate(command):
+        if arg == "--use_parallel" and at + 1 < len(command):
+            given = command[at + 1]
+        elif arg.startswith("--use_parallel="):
+            given = arg.split("=", 1)[1]
+    if given is not None:
+        word = given.lower()
+        return (word == "true" if word in ("true", "false") else None), f"--use_parallel {given}"
+    if "use_parallel" in config:
+        value = config["use_parallel"]
+        return (value if isinstance(value, bool) else None), f"the YAML's use_parallel: {value}"
+    if "base_config" in config:
+        return None, "its base_config"
+    return False, "MindFormers' default: the YAML sets no use_parallel"
+
+
+def prepare(user_yaml: Path, command: Sequence[str], environ: Mapping[str, str]) -> list[str] | None:
+    """The argv to exec; writes the generation's YAML when trainerd launched this process. None: nothing to
+    run, for the scheduler of a job that does not run in parallel."""
     settings = settings_from_environ(environ)
     if settings is None:
         return runner_argv(command, user_yaml.resolve())
     config = _read_yaml(user_yaml)
+    parallel, said_by = use_parallel(config, command)
+    if parallel is False:
+        if settings.world_size > 1:
+            raise LaunchError(f"{user_yaml}: use_parallel is False ({said_by}), so each of the {settings.world_size} "
+                              f"ranks would train alone: give the runner --use_parallel True (or the YAML "
+                              f"use_parallel: True), or run the job on one device")
+        if environ.get("MS_ROLE") == "MS_SCHED":
+            return None
     try:
         generated = generation_config(config, settings)
     except GenerationConfigError as exc:
@@ -153,6 +190,16 @@ def prepare(user_yaml: Path, command: Sequence[str], environ: Mapping[str, str])
 def _fail(message: str, code: int) -> NoReturn:
     print(f"trainerd MindFormers launcher: {message}", file=sys.stderr, flush=True)
     raise SystemExit(code)
+
+
+def _serve_nothing() -> NoReturn:
+    """The scheduler of a job whose one rank joins no cluster: it lives as the generation's scheduler would,
+    until the generation is stopped (SIGTERM, which ends it as it ends MindSpore's scheduler)."""
+    print("trainerd MindFormers launcher: use_parallel is False, so the job's one rank trains alone and this "
+          "scheduler has no cluster to serve: it waits for the generation to end", flush=True)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    while True:
+        signal.pause()
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
@@ -167,6 +214,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         argv_out = prepare(options.config, args[split + 1:], os.environ)
     except LaunchError as exc:
         _fail(str(exc), exc.exit_code)
+    if argv_out is None:
+        _serve_nothing()
     try:
         os.execvp(argv_out[0], argv_out)
     except OSError as exc:
