@@ -21,7 +21,7 @@ test: $(STAMP)
 
 # Opt-in, and not in CI's `make test`: MindFormers 2.0.0 cannot be resolved by pip (it requires hyper-parallel,
 # which is not on PyPI), so it goes into a venv of its own without its dependencies, after the extra that lists
-# them (README, "### MindFormers"). About 3.5 GB; the suite takes ~40 s on 2 cores.
+# them (README, "### MindFormers"). About 3.5 GB; the suite takes ~2.5 min on 2 cores.
 MF_VENV := .venv-mindformers
 MF_PY := $(MF_VENV)/bin/python
 MF_STAMP := $(MF_VENV)/.installed

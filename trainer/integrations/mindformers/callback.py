@@ -13,7 +13,9 @@ of each generation's YAML (with `auto_register`, which imports `register/trainer
   few seconds of it (`trainer.runtime.evaluation_watch`): no step for that long is no hang;
 - every checkpoint MindFormers commits (rank 0): when `latest_checkpointed_iteration.txt` in the
   checkpoint directory names a new iteration, its `iteration_NNNNNNNN` directory (also after async saves,
-  whose tracker rank 0 writes a step or more later). trainerd resumes later generations from it.
+  whose tracker rank 0 writes a step or more later). trainerd resumes later generations from it. Rank 0 then
+  removes the iterations earlier generations left that fall out of the newest TRAINERD_CHECKPOINT_KEEP
+  (`retention`): MindFormers removes only those its own process saved.
 
 MindFormers' train cells return (loss, overflow, loss_scale, learning_rate, global_norm[, local norms]);
 a cell without clipping gives no global norm, reported as NaN.
@@ -40,6 +42,7 @@ from mindspore.train import Callback, RunContext
 from proto.progress_datagram import WorkerEvent
 from trainer.checkpoint.errors import CheckpointError
 from trainer.checkpoint.mindformers_import import TRACKER_FILE, committed_iteration, iteration_dir
+from trainer.integrations.mindformers.retention import prune_earlier_iterations
 from trainer.runtime.evaluation_watch import watch_model_eval
 from trainer.runtime.guard_policy import skip_reason
 from trainer.runtime.progress import ProgressReporter, StepPace
@@ -67,11 +70,13 @@ class TrainerdMindFormersCallback(Callback):
         self._ctx: RankContext | None = None if ctx is None or ctx.is_scheduler else ctx
         self._reporter = ProgressReporter.for_rank(self._ctx) if self._ctx is not None else None
         directory = checkpoint_dir or (str(ctx.checkpoints.directory) if ctx and ctx.checkpoints.directory else None)
-        self._tracker = CommitTracker(Path(directory)) if directory and self._ctx and self._ctx.rank == 0 else None
+        self._tracker = CommitTracker(Path(directory), self._ctx.checkpoints.keep) \
+            if directory and self._ctx and self._ctx.rank == 0 else None
         self._step_started = time.perf_counter()
         self._pace = StepPace()
         self._unwatch_eval: Callable[[], None] = lambda: None
         self._step = 0
+        self._resumed_from = 0
         if ctx is None:
             log.warning("TrainerdMindFormersCallback: not launched by trainerd (TRAINERD_JOB is not set); "
                         "reporting nothing.")
@@ -84,6 +89,7 @@ class TrainerdMindFormersCallback(Callback):
         started = int(run_context.original_args().cur_step_num)
         self._offset = self.initial_step if started < self.initial_step else 0
         self._step = started + self._offset
+        self._resumed_from = self._step
         if self._tracker is not None:
             # Report iterations after the resumed one, even where the tracker named a later one (a resume
             # from an older checkpoint): MindFormers rewrites the tracker at its next save.
@@ -130,13 +136,16 @@ class TrainerdMindFormersCallback(Callback):
             path = iteration_dir(self._tracker.root, iteration)
             self._reporter.checkpoint(iteration, iteration * self.global_batch, str(path))
             log.info("checkpoint of step %d committed in %s", iteration, path)
+            prune_earlier_iterations(self._tracker.root, self._tracker.keep, iteration, self._resumed_from)
 
 
 class CommitTracker:
-    """Watches Checkpoint 2.0's commit point, `latest_checkpointed_iteration.txt`, with one `stat` per call."""
+    """Watches Checkpoint 2.0's commit point, `latest_checkpointed_iteration.txt`, with one `stat` per call;
+    `keep` is how many committed iterations retention keeps."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, keep: int) -> None:
         self.root = root
+        self.keep = keep
         self.seen: int | None = None
         self._stamp: tuple[int, int] | None = None
 
