@@ -2,7 +2,8 @@
 
 A Launch comes from whatever answers on the coordinator address. The agent file's
 `allowed_entrypoints` names the argv prefixes it runs (by default only its own interpreter,
-"{python}"), compared with the argv as it arrives, before "{python}" is expanded; and no process may
+"{python}"), compared with the argv as it arrives, before "{python}" is expanded, beside trainerd's own
+scheduler (`proto.vocabulary.SCHEDULER_ARGV`, exactly); and no process may
 be given a variable that changes which code it runs (`proto.vocabulary.forbidden_job_env`, the rule
 the coordinator applies to the cluster file too).
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from proto import trainerd_pb2 as pb
-from proto.vocabulary import PYTHON_WORD, forbidden_job_env, names_a_python, starts_with_one_of
+from proto.vocabulary import PYTHON_WORD, SCHEDULER_ARGV, forbidden_job_env, names_a_python, starts_with_one_of
 
 
 def entrypoint_refusal(argv: Sequence[str], allowed_entrypoints: Sequence[Sequence[str]],
@@ -32,7 +33,7 @@ def launch_refusal(launch: pb.Launch, allowed_entrypoints: Sequence[Sequence[str
     """Why none of `launch`'s processes may start, in one line, or None when they all may."""
     for spec in launch.processes:
         argv = list(spec.argv)
-        refusal = entrypoint_refusal(argv, allowed_entrypoints, "launch")
+        refusal = None if tuple(argv) == SCHEDULER_ARGV else entrypoint_refusal(argv, allowed_entrypoints, "launch")
         if refusal is not None:
             return refusal
         for name in sorted(spec.env):

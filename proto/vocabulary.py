@@ -67,6 +67,10 @@ NODE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 # (its `allowed_entrypoints`), and local agents run nothing else.
 PYTHON_WORD = "{python}"
 DEFAULT_ALLOWED_ENTRYPOINTS: tuple[tuple[str, ...], ...] = ((PYTHON_WORD,),)
+# The scheduler of a job the agent's own interpreter runs: MindSpore's scheduler and none of the job's code
+# (trainer/runtime/scheduler.py says why). An agent runs it whatever its allowed_entrypoints: it is trainerd's
+# own code with no arguments, in the interpreter the agent itself runs.
+SCHEDULER_ARGV: tuple[str, ...] = (PYTHON_WORD, "-m", "trainer.runtime.scheduler")
 
 
 def names_a_python(word: str) -> bool:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from daemon.config import JobSettings
 from daemon.job.placement import Placement
 from daemon.job.state import ResumePoint, ResumeSource
-from proto.vocabulary import ProcessRole
+from proto.vocabulary import PYTHON_WORD, SCHEDULER_ARGV, ProcessRole
 
 SCHEDULER_RANK = -1
 
@@ -85,6 +85,13 @@ def _common_env(spec: JobSettings, placement: Placement, generation: int,
     return env
 
 
+def scheduler_argv(spec: JobSettings) -> tuple[str, ...]:
+    """What the scheduler runs: trainerd's own for a job the agent's interpreter runs, none of the job's code
+    (a script that never calls init() would train a second copy in it); the job's command otherwise, as msrun
+    runs it, since only that command's interpreter is sure to have the job's MindSpore."""
+    return SCHEDULER_ARGV if spec.entrypoint[:1] == [PYTHON_WORD] else tuple(spec.entrypoint)
+
+
 def node_processes(spec: JobSettings, placement: Placement, generation: int, node: str,
                    resume: ResumePoint | None = None, peers_serve: bool = False) -> list[ProcessPlan]:
     """The processes `node` runs: the scheduler first (on the node of rank 0), then its workers.
@@ -93,7 +100,7 @@ def node_processes(spec: JobSettings, placement: Placement, generation: int, nod
     argv = tuple(spec.entrypoint)
     plans: list[ProcessPlan] = []
     if placement.ranks[0].node == node:
-        plans.append(ProcessPlan(ProcessRole.SCHEDULER, SCHEDULER_RANK, -1, -1, argv, {
+        plans.append(ProcessPlan(ProcessRole.SCHEDULER, SCHEDULER_RANK, -1, -1, scheduler_argv(spec), {
             **common, "MS_ROLE": "MS_SCHED", "RANK_ID": "0", "TRAINERD_LOCAL_RANK": "-1",
         }))
     for slot in placement.ranks:

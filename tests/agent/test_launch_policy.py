@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from proto import trainerd_pb2 as pb
+from proto.vocabulary import SCHEDULER_ARGV
 from tests.agent.supervisor_fakes import Host, launch, run
 
 
@@ -75,3 +76,16 @@ def test_the_variables_the_coordinator_sets_are_accepted(tmp_path: Path) -> None
     host = Host(tmp_path)
     run(host.supervisor.launch(the_launch))
     assert host.launcher.started["rank0"].env["MS_ROLE"] == "MS_WORKER"
+
+
+def test_trainerds_own_scheduler_runs_whatever_the_allowed_entrypoints_but_only_exactly(tmp_path: Path) -> None:
+    """It is trainerd's code in the agent's own interpreter (proto.vocabulary.SCHEDULER_ARGV), with no argument."""
+    the_launch = launch(1)
+    the_launch.processes[0].argv[:] = list(SCHEDULER_ARGV)
+    host = Host(tmp_path, allowed_entrypoints=[["{python}", "train.py"]])
+    run(host.supervisor.launch(the_launch))
+    assert sorted(host.launcher.started) == ["rank0", "rank1", "scheduler"]
+
+    the_launch.processes[0].argv.append("--evil")
+    assert "refused to launch ['{python}', '-m', 'trainer.runtime.scheduler', '--evil']" in refused(
+        Host(tmp_path / "other", allowed_entrypoints=[["{python}", "train.py"]]), the_launch)

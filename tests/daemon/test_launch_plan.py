@@ -7,11 +7,11 @@ import json
 import pytest
 
 from daemon.config import JobSettings
-from daemon.job.launch_plan import node_processes, scheduler_port
+from daemon.job.launch_plan import node_processes, scheduler_argv, scheduler_port
 from daemon.job.placement import NodeOffer, place
 from daemon.job.rank_table import build_rank_table, rank_table_json
 from daemon.membership import DeviceInfo
-from proto.vocabulary import AGENT_ENV, RESERVED_ENV, ProcessRole, forbidden_job_env
+from proto.vocabulary import AGENT_ENV, RESERVED_ENV, SCHEDULER_ARGV, ProcessRole, forbidden_job_env
 from trainer.runtime.guard_policy import GuardSettings
 
 
@@ -44,6 +44,17 @@ def test_single_node_single_device() -> None:
                        "DEVICE_ID": "0", "TRAINERD_GENERATION": "3", "TRAINERD_GRAD_ACCUM": "8"}.items():
         assert worker.env[key] == value, key
     assert worker.argv == ("{python}", "-m", "trainer.examples.mlp")
+    assert sched.argv == SCHEDULER_ARGV == ("{python}", "-m", "trainer.runtime.scheduler")
+
+
+@pytest.mark.parametrize("entrypoint, scheduler", [
+    (["{python}", "train.py", "--epochs", "3"], SCHEDULER_ARGV),  # none of the job's code in the scheduler
+    (["/opt/conda/bin/python", "train.py"], ("/opt/conda/bin/python", "train.py")),  # as msrun: its MindSpore
+    (["bash", "run.sh"], ("bash", "run.sh")),
+])
+def test_the_scheduler_is_trainerds_own_where_the_agents_interpreter_runs_the_job(entrypoint: list[str],
+                                                                                  scheduler: tuple[str, ...]) -> None:
+    assert scheduler_argv(spec(entrypoint=entrypoint)) == scheduler
 
 
 def test_two_hosts_of_eight() -> None:

@@ -3,21 +3,25 @@
     entrypoint: [python, -m, trainer.integrations.mindformers.launch, --config, llama.yaml, --,
                  python, run_mindformer.py, --run_mode, train, --use_parallel, "True"]
 
-Every process of a generation (the scheduler too) runs it. It reads what trainerd decided from the
-environment the agent gives (world size, TRAINERD_CHECKPOINT_DIR/EVERY/KEEP, TRAINERD_RESUME_FROM and the
-samples that checkpoint consumed, TRAINERD_GLOBAL_BATCH/MICRO_BATCH), writes the generation's YAML
-(`generation_config`), and execs the command after `--` with `--config <that YAML> --register_path
-<REGISTER_DIR>` appended: run_mindformer.py then builds the trainerd callback from the YAML's `callbacks`.
+Every worker of a generation runs it, and so does the scheduler where the entrypoint is not the agent's own
+`{python}` (under `{python}` the scheduler is trainerd's own, trainer/runtime/scheduler.py). It reads what
+trainerd decided from the environment the agent gives (world size, TRAINERD_CHECKPOINT_DIR/EVERY/KEEP,
+TRAINERD_RESUME_FROM and the samples that checkpoint consumed, TRAINERD_GLOBAL_BATCH/MICRO_BATCH), writes the
+generation's YAML (`generation_config`), and execs the command after `--` with `--config <that YAML>
+--register_path <REGISTER_DIR>` appended: run_mindformer.py then builds the trainerd callback from the YAML's
+`callbacks`.
 
 Run outside trainerd (TRAINERD_JOB unset) it execs the command with the user's YAML and the register path
 only, so the same entrypoint runs by hand.
 
 A job that does not run in parallel (`use_parallel` False: MindFormers' default, the YAML's, or the runner's
-`--use_parallel False`) never joins a cluster: its one rank trains alone, and the generation's scheduler, which
-has no cluster to serve, does not run the runner (it would train a second copy beside the rank, into the same
-checkpoint directory) but waits for the generation to end. On more than one rank it is refused: each would
-train alone. A problem is one line on stderr and exit code 2 (65 when the
-checkpoint to resume from cannot be read, so that trainerd resumes from another).
+`--use_parallel False`) never joins a cluster: its one rank trains alone, and a scheduler that runs the
+launcher has no cluster to serve: it does not run the runner (that would train a second copy beside the rank,
+into the same checkpoint directory) but waits for the generation to end. On more than one rank such a job is
+refused: each rank would train alone.
+
+A problem is one line on stderr and exit code 2 (65 when the checkpoint to resume from cannot be read, so that
+trainerd resumes from another).
 """
 
 from __future__ import annotations
