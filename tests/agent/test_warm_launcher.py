@@ -21,6 +21,12 @@ from agent.import_env import import_env_mismatch
 from agent.launcher import SubprocessLauncher
 from agent.warm_launcher import WarmLauncher, warm_entrypoint
 from agent.warm_worker import module_file
+from daemon.config import JobSettings
+from daemon.job.launch_plan import node_processes
+from daemon.job.placement import NodeOffer, place
+from daemon.job.state import ResumePoint, ResumeSource, SnapshotHolder
+from daemon.membership import DeviceInfo
+from proto.vocabulary import ProcessRole
 from tests.agent.test_launcher import alive
 
 PY = sys.executable
@@ -301,6 +307,36 @@ def test_the_compile_cache_directory_follows_the_job_configuration_not_the_gener
     assert enabled["MS_COMPILER_CACHE_PATH"] == str(tmp_path / "cache" / key)
     assert (tmp_path / "cache" / key).is_dir()
     assert own["MS_COMPILER_CACHE_ENABLE"] == "0" and "MS_COMPILER_CACHE_PATH" not in own  # the job's own choice
+
+
+def test_every_relaunch_of_one_placement_finds_the_graph_its_first_generation_compiled(tmp_path: Path) -> None:
+    """The coordinator's own launch plans, from scratch, from disk and from memory at two steps: each rank's
+    cache directory is the same in all four (a relaunch from memory compiled anew while its resume step was
+    part of the key), and another world size or batch split has its own."""
+    job = JobSettings.model_validate(dict(name="j", entrypoint=["{python}", "-m", "trainer.examples.mlp"],
+                                          devices_per_node=1, min_nodes=2, max_nodes=3, global_batch=48,
+                                          micro_batch=8))
+    offers = [NodeOffer(f"n{i}", f"10.0.0.{i + 1}", (DeviceInfo(0, "", "cpu"),)) for i in range(3)]
+    holders = tuple(SnapshotHolder(rank, f"n{rank}", f"10.0.0.{rank + 1}:7000") for rank in range(3))
+    resumes = [None, ResumePoint(400, 400 * 48, "/ckpt/step_00000400"),
+               ResumePoint(128, 128 * 48, "", ResumeSource.MEMORY, holders),
+               ResumePoint(256, 256 * 48, "", ResumeSource.MEMORY, holders)]
+
+    def keys(placement, generation: int, resume) -> dict[int, str]:
+        return {plan.rank: cache_key(plan.argv, plan.env, tmp_path)
+                for node in placement.nodes
+                for plan in node_processes(job, placement, generation, node, resume, peers_serve=True)
+                if plan.role is ProcessRole.WORKER}
+
+    three = place(job, offers)
+    assert three is not None and three.world_size == 3
+    first = keys(three, 1, None)
+    assert len(set(first.values())) == 3  # a directory per rank
+    for generation, resume in enumerate(resumes[1:], start=2):
+        assert keys(three, generation, resume) == first, resume
+    two = place(job, offers[:2])
+    assert two is not None and two.world_size == 2
+    assert not set(keys(two, 5, resumes[2]).values()) & set(first.values())  # another world size, batch split
 
 
 def test_the_least_recently_used_compile_caches_go_beyond_the_kept_number(tmp_path: Path, monkeypatch) -> None:
