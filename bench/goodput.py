@@ -42,6 +42,9 @@ from tests.waiting import wait_until  # noqa: E402
 FAULT_KINDS = ("worker_crash", "host_cut", "hang", "coordinator_kill", "etcd_member_loss")
 HOSTS = 3
 HANG_TIMEOUT_S = 20
+# The faulted run's events are printed after its figures (what each fault set going, as the coordinator told
+# it), but for these, one every checkpoint.
+UNTOLD_EVENTS = frozenset({"checkpoint_saved"})
 PHASES = ("productive_s", "lost_work_s", "detection_s", "relaunch_s", "startup_s", "checkpoint_stall_s",
           "waiting_s", "paused_s")
 
@@ -107,7 +110,9 @@ def run(steps: int, faulted: bool, args, root: Path) -> dict:
                 if job["step"] is not None and job["state"] == "RUNNING":
                     furthest[generation] = max(furthest.get(generation, 0), job["step"])
                     worlds.add(job["world_size"])
-                if job["last_recovery"] is not None:
+                if job["last_recovery"] is not None and job["state"] == "RUNNING":
+                    # Only while the generation runs is the last recovery the one that started it: once it is
+                    # stopping, status shows the next one, not yet launched.
                     recovery[generation] = job["last_recovery"]
                 if job["state"] in ("COMPLETED", "FAILED"):
                     break
@@ -120,7 +125,8 @@ def run(steps: int, faulted: bool, args, root: Path) -> dict:
         job = job_json(box)
         assert job is not None
         attribute(faults, furthest, recovery)
-        return {"job": job, "wall_s": wall_s, "faults": faults, "out": out, "worlds": worlds}
+        timeline = [(event.at, event.kind, event.message) for event in box.events() if event.kind not in UNTOLD_EVENTS]
+        return {"job": job, "wall_s": wall_s, "faults": faults, "out": out, "worlds": worlds, "timeline": timeline}
 
 
 def attribute(faults: list[Fault], furthest: dict[int, int], recovery: dict[int, dict]) -> None:
@@ -234,6 +240,10 @@ def main() -> None:
               + ("" if faulted["worlds"] == {HOSTS} else
                  " (the world shrank on the way: steps at another world size sum their micro-batches in another "
                  "order)"))
+        print("the faulted run, as the coordinator told it:")
+        first = faulted["timeline"][0][0] if faulted["timeline"] else 0.0
+        for at, kind, message in faulted["timeline"]:
+            print(f"  {at - first:7.1f}s {kind:>18}  {message}")
         print(json.dumps({"clean": clean["job"].get("goodput"), "faulted": faulted["job"].get("goodput")}))
 
 
