@@ -107,13 +107,14 @@ def run(steps: int, faulted: bool, args, root: Path) -> dict:
             job = job_json(box)
             if job is not None:
                 generation = job["generation"]
-                if job["step"] is not None and job["state"] == "RUNNING":
-                    furthest[generation] = max(furthest.get(generation, 0), job["step"])
-                    worlds.add(job["world_size"])
-                if job["last_recovery"] is not None and job["state"] == "RUNNING":
+                if job["state"] == "RUNNING":
+                    if job["step"] is not None:
+                        furthest[generation] = max(furthest.get(generation, 0), job["step"])
+                        worlds.add(job["world_size"])
                     # Only while the generation runs is the last recovery the one that started it: once it is
                     # stopping, status shows the next one, not yet launched.
-                    recovery[generation] = job["last_recovery"]
+                    if job["last_recovery"] is not None:
+                        recovery[generation] = job["last_recovery"]
                 if job["state"] in ("COMPLETED", "FAILED"):
                     break
                 if faulted and time.monotonic() >= next_fault and job["state"] == "RUNNING":
@@ -125,7 +126,8 @@ def run(steps: int, faulted: bool, args, root: Path) -> dict:
         job = job_json(box)
         assert job is not None
         attribute(faults, furthest, recovery)
-        timeline = [(event.at, event.kind, event.message) for event in box.events() if event.kind not in UNTOLD_EVENTS]
+        timeline = [(event.at, event.kind, event.message) for event in box.events()
+                    if event.kind not in UNTOLD_EVENTS] if faulted else []
         return {"job": job, "wall_s": wall_s, "faults": faults, "out": out, "worlds": worlds, "timeline": timeline}
 
 
