@@ -16,6 +16,8 @@ Wire format (strict JSON, UTF-8, at most MAX_DATAGRAM_BYTES):
      "reason": "[Errno 28] No space left on device"}
     {"schema": 1, "kind": "bad_batch", "job": "mnist", "generation": 3, "rank": 0, "step": 121,
      "sample_start": 7680, "sample_end": 7744, "reason": "nonfinite_loss", "loss": "NaN", "grad_norm": "NaN"}
+    {"schema": 1, "kind": "guard_notice", "job": "mnist", "generation": 3, "rank": 1, "step": 200,
+     "notice": "device_suspected", "detail": "grad_norm_spike: loss 0.31 grad norm 9.1e+03, replayed: ..."}
 
 `loss` and `grad_norm` may be non-finite (that is how a bad batch shows); strict JSON has no NaN,
 so they travel as the strings "NaN", "Infinity" and "-Infinity". Readers ignore fields they do not
@@ -130,7 +132,25 @@ class BadBatchReport:
     grad_norm: float  # likewise
 
 
-ProgressMessage = StepReport | EventReport | CheckpointReport | CheckpointFailedReport | BadBatchReport
+class GuardNotice(StrEnum):
+    """What a replay of a refused step found, other than bad data (`trainer.runtime.step_replay`)."""
+
+    DEVICE_SUSPECTED = "device_suspected"  # this rank's own gradients differed between the step and its replay
+    GUARD_REBASELINED = "guard_rebaselined"  # too many spikes in a window: the guard's statistics were reset
+
+
+@dataclass(frozen=True)
+class GuardNoticeReport:
+    job: str
+    generation: int
+    rank: int
+    step: int
+    notice: GuardNotice
+    detail: str  # one line of printable characters, at most MAX_FAILURE_REASON
+
+
+ProgressMessage = (StepReport | EventReport | CheckpointReport | CheckpointFailedReport | BadBatchReport
+                   | GuardNoticeReport)
 
 
 def encode(message: ProgressMessage) -> bytes:
@@ -154,6 +174,9 @@ def encode(message: ProgressMessage) -> bytes:
                  "path": message.path}
     elif isinstance(message, CheckpointFailedReport):
         body |= {"kind": "checkpoint_failed", "step": message.step, "reason": message.reason}
+    elif isinstance(message, GuardNoticeReport):
+        body |= {"kind": "guard_notice", "step": message.step, "notice": str(message.notice),
+                 "detail": message.detail}
     else:
         body |= {
             "kind": "bad_batch", "step": message.step, "sample_start": message.sample_start,
@@ -208,10 +231,13 @@ def decode(data: bytes) -> ProgressMessage:
             path=_checkpoint_path(body, common["step"]),
         )
     if kind == "checkpoint_failed":
-        reason = _field(body, "reason", str)
-        if not 0 < len(reason) <= MAX_FAILURE_REASON or _CONTROL_CHARACTER.search(reason):
-            raise MalformedProgress(f"field 'reason' must have 1 to {MAX_FAILURE_REASON} printable characters")
-        return CheckpointFailedReport(**common, reason=reason)
+        return CheckpointFailedReport(**common, reason=_one_line(body, "reason"))
+    if kind == "guard_notice":
+        notice = _field(body, "notice", str)
+        try:
+            return GuardNoticeReport(**common, notice=GuardNotice(notice), detail=_one_line(body, "detail"))
+        except ValueError:
+            raise MalformedProgress(f"unknown guard notice {notice!r:.40}") from None
     if kind == "bad_batch":
         start, end = _int(body, "sample_start", _MAX_INT64), _int(body, "sample_end", _MAX_INT64)
         if end <= start:
@@ -224,6 +250,13 @@ def decode(data: bytes) -> ProgressMessage:
         return BadBatchReport(**common, sample_start=start, sample_end=end, reason=reason,
                               loss=_float(body, "loss"), grad_norm=_float(body, "grad_norm"))
     raise MalformedProgress(f"unknown kind {kind!r:.40}")
+
+
+def _one_line(body: dict[str, Any], key: str) -> str:
+    text = _field(body, key, str)
+    if not 0 < len(text) <= MAX_FAILURE_REASON or _CONTROL_CHARACTER.search(text):
+        raise MalformedProgress(f"field {key!r} must have 1 to {MAX_FAILURE_REASON} printable characters")
+    return text
 
 
 def _refuse_constant(name: str) -> Any:

@@ -26,6 +26,7 @@ from trainer.runtime.guard import (
     ACCEPTED_STEPS,
     LOG_NORM_MEAN,
     LOG_NORM_VAR,
+    NOT_FORCED,
     GuardedApplyGradients,
     StepGuard,
     mean_over_ranks,
@@ -69,7 +70,7 @@ class Rig:
         for grad_sum, grad in zip(self.grad_sums, grads):
             grad_sum.set_data(ms.Tensor(grad * MICRO_BATCHES))
         losses = (ms.Tensor(loss, ms.float32), ms.Tensor(loss, ms.float32))
-        loss_t, norm_t, accepted = self.apply(ms.Tensor(MICRO_BATCHES, ms.float32), *losses)
+        loss_t, norm_t, accepted, _ = self.apply(NOT_FORCED, ms.Tensor(MICRO_BATCHES, ms.float32), *losses)
         assert all(not grad_sum.asnumpy().any() for grad_sum in self.grad_sums), "the sums are cleared"
         loss, norm = float(loss_t.asnumpy()), float(norm_t.asnumpy())
         return loss, norm, skip_reason(bool(accepted.asnumpy()), loss, norm)
@@ -84,8 +85,7 @@ class Rig:
 
 
 def guard_state(guard: StepGuard) -> GuardState:
-    return GuardState(float(guard.log_norm_mean.asnumpy()), float(guard.log_norm_var.asnumpy()),
-                      int(guard.accepted_steps.asnumpy()))
+    return guard.state()
 
 
 def gradients(rng: np.random.Generator, scale: float = 1.0) -> list[np.ndarray]:
@@ -255,15 +255,16 @@ class _GuardOnly(nn.Cell):
         super().__init__(auto_prefix=False)
         self.guard = guard
 
-    def construct(self, loss: ms.Tensor, norm: ms.Tensor) -> ms.Tensor:
-        return self.guard(loss, norm)
+    def construct(self, loss: ms.Tensor, norm: ms.Tensor, force: ms.Tensor) -> ms.Tensor:
+        return self.guard(loss, norm, force)
 
 
 def assert_same_state(cell: _GuardOnly, state: GuardState, where: str) -> None:
     """The log is the one operation the twins do not share bit for bit (guard_policy's docstring)."""
     ours = guard_state(cell.guard)
     assert ours.accepted_steps == state.accepted_steps, where
-    np.testing.assert_allclose([ours.log_norm_mean, ours.log_norm_var], [state.log_norm_mean, state.log_norm_var],
+    np.testing.assert_allclose([ours.log_norm_mean, ours.log_norm_var, ours.log_loss_mean, ours.log_loss_var],
+                               [state.log_norm_mean, state.log_norm_var, state.log_loss_mean, state.log_loss_var],
                                rtol=2e-6, atol=1e-7, err_msg=where)
 
 
@@ -275,7 +276,7 @@ def follow(settings: GuardSettings, norms: list[float],
     for i, norm in enumerate(norms):
         loss = 0.5 if losses is None else losses[i]
         reason, state = decide(settings, state, loss, norm)
-        accepted = bool(cell(ms.Tensor(loss, ms.float32), ms.Tensor(norm, ms.float32)).asnumpy())
+        accepted = bool(cell(ms.Tensor(loss, ms.float32), ms.Tensor(norm, ms.float32), NOT_FORCED).asnumpy())
         where = f"step {i}: loss {loss} norm {norm}"
         assert skip_reason(accepted, loss, norm) == reason, where
         assert_same_state(cell, state, where)
@@ -337,12 +338,12 @@ def test_the_cell_follows_the_pure_rule_at_the_edges() -> None:
 def test_the_pure_rule() -> None:
     settings = GuardSettings(spike_factor=3.0, spike_zscore=2.0, spike_ceiling=10.0, warmup_steps=2, mean_horizon=2)
     reason, state = decide(settings, GuardState(), 1.0, 1.0)
-    assert (reason, state) == (None, GuardState(0.0, 0.0, 1))  # log 1 = 0
+    assert (reason, state) == (None, GuardState(0.0, 0.0, 1, 0.0, 0.0))  # log 1 = 0
     reason, state = decide(settings, state, 1.0, math.exp(2.0))  # no spike check in the warm-up
-    assert reason is None and astuple(state) == (pytest.approx(1.0), pytest.approx(1.0), 2)  # of 0 and 2
+    assert reason is None and astuple(state)[:3] == (pytest.approx(1.0), pytest.approx(1.0), 2)  # of 0 and 2
     assert decide(settings, state, 1.0, math.exp(1.0 + 2.01)) == ("grad_norm_spike", state)  # 2.01 > 2 × 1
     reason, state = decide(settings, state, 1.0, math.exp(1.0 + 1.99))  # then EMAs with weight 1/2
-    assert reason is None and astuple(state) == (pytest.approx(1.995), pytest.approx(1.490025), 3)
+    assert reason is None and astuple(state)[:3] == (pytest.approx(1.995), pytest.approx(1.490025), 3)
     assert decide(settings, state, NAN, NAN) == ("nonfinite_loss", state)
     assert decide(settings, state, 1.0, -INF) == ("nonfinite_grad_norm", state)
     spread = GuardState(0.0, 4.0, 10)  # 2 standard deviations are 4 > log 10: the ceiling holds

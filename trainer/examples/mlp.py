@@ -26,10 +26,13 @@ error (including a checkpoint of another --seed), 65 for a checkpoint that canno
 
 Bad batches: each step reads the next global batch of the sample stream (`trainer.data.sampler`),
 leaving out the skip ledger's ranges (TRAINERD_SKIPS_FILE). The update is guarded inside the step
-(`trainer.runtime.guard`): a non-finite loss or gradient norm, or a norm spike, skips it on every
-rank; rank 0 reports the step's sample range and later checkpoints record it. For tests and demos,
+(`trainer.runtime.guard`): a non-finite loss or gradient norm, or a norm spike, keeps it out on every
+rank, and the step is computed again before anything is blamed (`trainer.runtime.step_replay`): bad
+data is skipped (rank 0 reports the step's sample range and later checkpoints record it), a device
+fault keeps the replay's result, a healthy excursion of the norm is applied. For tests and demos,
 --bad-samples, --spike-samples and --crash-samples make the samples at those stream positions NaN,
-20 times too large, or fatal to the worker that reads them.
+20 times too large, or fatal to the worker that reads them, and --corrupt-grad RANK:STEP corrupts one
+rank's gradients once, as a flaky device would (`trainer.examples.faults`).
 """
 
 from __future__ import annotations
@@ -51,14 +54,17 @@ from proto.exit_codes import EXIT_OK, EXIT_USAGE
 from proto.progress_datagram import WorkerEvent
 from trainer.data.sampler import SampleStream, rank_share
 from trainer.data.skip_ranges import SkipRanges
+from trainer.examples.faults import GradientCorruption, WithGradientFault
 from trainer.examples.final_weights import save_weights
 from trainer.runtime import communication
 from trainer.runtime.checkpointing import ResumeError, TrainingCheckpoints
 from trainer.runtime.communication import CommunicationError
-from trainer.runtime.guard import GuardedApplyGradients, StepGuard, mean_over_ranks
-from trainer.runtime.guard_policy import GuardSettings, skip_reason
+from trainer.runtime.guard import FORCED, NOT_FORCED, GuardedApplyGradients, StepGuard, mean_over_ranks
+from trainer.runtime.guard_policy import GuardSettings
 from trainer.runtime.progress import ProgressReporter, StepPace
 from trainer.runtime.rank_context import BatchSettings, CheckpointSettings, RankContext, RankContextError
+from trainer.runtime.step_replay import Attempt, StepJudge, StepOutcome
+from trainer.runtime.training_run import settle_outcome
 
 log = logging.getLogger("trainer.examples.mlp")
 
@@ -77,6 +83,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="test data: samples at these stream positions are scaled by 20 (a gradient spike)")
     parser.add_argument("--crash-samples", type=sample_ranges, default=(), metavar="A:B[,C:D...]",
                         help="test data: a worker reading a sample at these stream positions is killed (SIGKILL)")
+    parser.add_argument("--corrupt-grad", type=GradientCorruption.parse, metavar="RANK:STEP",
+                        help="test fault: rank RANK's gradients of step STEP are multiplied by 1e4, once, in the "
+                        "first generation (a flaky device)")
     parser.add_argument("--global-batch", type=int, help=f"samples per optimizer step over all ranks "
                         f"(default: TRAINERD_GLOBAL_BATCH, else {DEFAULT_GLOBAL_BATCH})")
     parser.add_argument("--micro-batch", type=int, help="samples per forward pass on one rank "
@@ -197,11 +206,12 @@ class AccumulateGradients(nn.Cell):
 
 
 class TrainStep:
-    """One optimizer step: `grad_accum` micro batches on this rank, then one all-reduced, guarded update.
+    """One optimizer step: `grad_accum` micro batches on this rank, then one all-reduced, guarded update,
+    computed again when the guard refuses it (`trainer.runtime.step_replay`).
 
     Two compiled graphs; the number of micro batches, which changes with the world size, is an input
     rather than a constant baked into them. The update is judged inside the second graph
-    (`trainer.runtime.guard`): a non-finite loss or gradient norm, or a norm spike, skips it on
+    (`trainer.runtime.guard`): a non-finite loss or gradient norm, or a norm spike, keeps it out on
     every rank alike. If you enable MindSpore's compile cache (MS_COMPILER_CACHE_ENABLE), give each
     world size and batch split its own MS_COMPILER_CACHE_PATH: MindSpore 2.10 hands back a cached
     graph without checking input shapes or baked-in constants.
@@ -214,13 +224,21 @@ class TrainStep:
         self._apply = GuardedApplyGradients(optimizer, grad_sums, reducer, loss_reducer, guard,
                                             max_grad_norm=MAX_GRAD_NORM)
         self._micro_batches = ms.Tensor(grad_accum, ms.float32)
+        self._judge = StepJudge(guard.settings, guard.state, guard.rebaseline)
 
-    def __call__(self, features: np.ndarray, labels: np.ndarray) -> tuple[float, float, bool]:
-        """Run one step on this rank's (grad_accum, micro_batch, ...) share: the global mean loss, the
-        global gradient norm, and whether the update was applied."""
-        losses = [self._accumulate(ms.Tensor(x), ms.Tensor(y)) for x, y in zip(features, labels)]
-        loss, norm, accepted = self._apply(self._micro_batches, *losses)
-        return float(loss.asnumpy()), float(norm.asnumpy()), bool(accepted.asnumpy())
+    def __call__(self, features: np.ndarray, labels: np.ndarray) -> StepOutcome:
+        """Run one step on this rank's (grad_accum, micro_batch, ...) share: what became of it, with the
+        global mean loss and gradient norm of the attempt that stands."""
+        batch = [(ms.Tensor(x), ms.Tensor(y)) for x, y in zip(features, labels)]
+
+        def attempt(force: bool) -> Attempt:
+            losses = [self._accumulate(x, y) for x, y in batch]
+            loss, norm, accepted, local_norm = self._apply(FORCED if force else NOT_FORCED, self._micro_batches,
+                                                           *losses)
+            return Attempt(float(loss.asnumpy()), float(norm.asnumpy()), bool(accepted.asnumpy()),
+                           float(local_norm.asnumpy()))
+
+        return self._judge.run(attempt)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,14 +264,15 @@ def main(argv: list[str] | None = None) -> int:
     features, labels = synthetic_dataset(args.seed)
     stream = SampleStream(DATASET_SIZE, args.seed, ledger)
     network = MLP()
+    faulty = WithGradientFault(network) if args.corrupt_grad is not None else None
     optimizer = nn.Adam(network.trainable_params(), learning_rate=args.lr)
     guard = StepGuard(guard_settings)
-    train_step = TrainStep(network, optimizer, communication.gradient_reducer(ctx, optimizer.parameters),
+    train_step = TrainStep(faulty or network, optimizer, communication.gradient_reducer(ctx, optimizer.parameters),
                            mean_over_ranks(ctx.world_size), guard, batch.grad_accum)
 
     with ProgressReporter.for_rank(ctx) as reporter:
         try:
-            checkpoints = TrainingCheckpoints(ctx, checkpoint_plan, reporter, (network, optimizer, guard),
+            checkpoints = TrainingCheckpoints(ctx, checkpoint_plan, reporter, (faulty or network, optimizer, guard),
                                               data_seed=args.seed, grad_accumulation=batch.grad_accum,
                                               skip_ledger=ledger.ranges)
             start = checkpoints.resume()
@@ -275,16 +294,13 @@ def main(argv: list[str] | None = None) -> int:
                 positions, next_consumed = stream.step_positions(consumed, batch.global_batch)
                 share = rank_share(positions, rank, ctx.world_size, batch.micro_batch)
                 x, y = step_batch(args, features, labels, share, stream.indices(share))
+                if faulty is not None and args.corrupt_grad.strikes(rank, ctx.generation, step):
+                    faulty.fault.arm()
                 started = time.perf_counter()
-                loss, grad_norm, accepted = train_step(x, y)
+                outcome = train_step(x, y)
                 elapsed = time.perf_counter() - started
-                reason = skip_reason(accepted, loss, grad_norm)
-                if reason is not None:
-                    log.warning("%s: step %d skipped (%s): loss %.4g grad norm %.4g, samples %d:%d", where, step,
-                                reason, loss, grad_norm, positions[0], next_consumed)
-                    checkpoints.record_skip(int(positions[0]), next_consumed)
-                    if ctx.rank == 0:
-                        reporter.bad_batch(step, int(positions[0]), next_consumed, reason, loss, grad_norm)
+                loss, grad_norm = outcome.standing.loss, outcome.standing.norm
+                settle_outcome(reporter, checkpoints, where, rank, step, (int(positions[0]), next_consumed), outcome)
                 consumed = next_consumed
                 reporter.step(step, loss, grad_norm, pace.step_ended(batch.global_batch, began), consumed)
                 checkpoints.after_step(step, consumed)

@@ -44,6 +44,7 @@ from proto.exit_codes import EXIT_OK, EXIT_USAGE
 from trainer.data.sampler import SampleStream
 from trainer.data.skip_ranges import SkipRanges
 from trainer.examples import tiny_corpus
+from trainer.examples.faults import CorruptGradientAt, GradientCorruption, WithGradientFault
 from trainer.examples.final_weights import save_weights
 from trainer.runtime import communication
 from trainer.runtime.callback import GuardedTrainOneStepCell, TrainerdCallback, resume_epoch, trainerd_dataset
@@ -74,6 +75,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="test data: the samples at these stream positions have a NaN loss mask")
     parser.add_argument("--spike-samples", type=sample_ranges, default=(), metavar="A:B[,C:D...]",
                         help="test data: the samples at these stream positions have their loss scaled by 20")
+    parser.add_argument("--corrupt-grad", type=GradientCorruption.parse, metavar="RANK:STEP",
+                        help="test fault: rank RANK's gradients of step STEP are multiplied by 1e4, once, in the "
+                        "first generation (a flaky device)")
     args = parser.parse_args(argv)
     for flag in ("steps", "steps_per_epoch", "log_every"):
         if getattr(args, flag) < 1:
@@ -267,7 +271,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
 
     network = TransformerLM(len(vocab))
-    train_network = GuardedTrainOneStepCell(MaskedLMLoss(network), adamw(network, args))
+    callbacks = [TrainerdCallback(), PrintLoss(rank, args.log_every)]
+    if args.corrupt_grad is None:
+        train_network = GuardedTrainOneStepCell(MaskedLMLoss(network), adamw(network, args))
+    else:
+        faulty = WithGradientFault(network)
+        train_network = GuardedTrainOneStepCell(MaskedLMLoss(faulty), adamw(network, args))
+        callbacks.append(CorruptGradientAt(faulty.fault, args.corrupt_grad, ctx.rank, ctx.generation))
     model = Model(train_network)
     epochs = args.steps // args.steps_per_epoch
     initial_epoch = resume_epoch(dataset)
@@ -275,8 +285,7 @@ def main(argv: list[str] | None = None) -> int:
              "steps", rank, ctx.world_size, sum(p.size for p in network.trainable_params()), len(vocab),
              len(windows), SEQ_LEN, initial_epoch + 1, epochs, args.steps_per_epoch)
     if initial_epoch < epochs:
-        model.train(epochs, dataset, callbacks=[TrainerdCallback(), PrintLoss(rank, args.log_every)],
-                    dataset_sink_mode=False, initial_epoch=initial_epoch)
+        model.train(epochs, dataset, callbacks=callbacks, dataset_sink_mode=False, initial_epoch=initial_epoch)
     if args.output is not None:
         save_weights(network, args.output / f"final_rank{rank}.npz")
     log.info("rank %d: finished", rank)

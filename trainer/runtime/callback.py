@@ -122,8 +122,10 @@ class TrainerdCallback(Callback):
     def on_train_step_end(self, run_context: RunContext) -> None:
         if self._run is not None:
             cb_params = run_context.original_args()
-            guarded = isinstance(cb_params.train_network, GuardedTrainOneStepCell)
-            self._run.step_ended(*_read_outputs(cb_params.net_outputs, guarded), cb_params.cur_epoch_num)
+            network = cb_params.train_network
+            guarded = isinstance(network, GuardedTrainOneStepCell)
+            self._run.step_ended(*_read_outputs(cb_params.net_outputs, guarded), cb_params.cur_epoch_num,
+                                 network.last_outcome if guarded else None)
 
     def on_eval_begin(self, run_context: RunContext) -> None:
         """Model.fit evaluates between epochs: no step for as long as that takes, which is no hang (a

@@ -213,8 +213,7 @@ class TrainingCheckpoints:
 
         meta = manifest.meta
         try:
-            check_guard_state(tensors.keys(), *self._cells)
-            load_numpy_into(tensors, *self._cells)
+            load_numpy_into(check_guard_state(tensors, *self._cells), *self._cells)
         except CheckpointError as exc:
             raise CheckpointUnreadable(f"cannot resume from checkpoint {path}: {exc}") from exc
         self._completed = meta.step

@@ -20,8 +20,16 @@ trainerd), each input's leading dimension is split into n equal micro batches, r
 loss and the gradients are their means. `trainerd_dataset` makes each row the n micro batches of one step,
 so the global batch stays what the job asked for at any world size.
 
-The guard's state (`guard.log_norm_mean`, `guard.log_norm_var`, `guard.accepted_steps`) is Parameters of this
-cell, so TrainerdCallback's checkpoints, which hold every parameter of the train network, carry it across a resume.
+Replay before blame (`trainer.runtime.step_replay`): when the guard refuses a step, the cell computes it once
+more on the same weights and batch before returning, and `last_outcome` says what the step was: bad data
+(skipped; TrainerdCallback reports it and the ledger keeps its samples), a device fault (the replay's clean
+result stands, and a rank whose own gradients differed between the two is named), or a healthy excursion of
+the norm (applied). The step is two graphs' worth of Python: one compiled graph per attempt, and the judge
+between them, which costs nothing on an accepted step.
+
+The guard's state (`guard.log_norm_mean`, `guard.log_norm_var`, `guard.log_loss_mean`, `guard.log_loss_var`,
+`guard.accepted_steps`) is Parameters of this cell, so TrainerdCallback's checkpoints, which hold every
+parameter of the train network, carry it across a resume.
 """
 
 from __future__ import annotations
@@ -34,14 +42,16 @@ from mindspore import nn, ops
 from mindspore.context import ParallelMode
 from mindspore.parallel._utils import _get_device_num, _get_gradients_mean, _get_parallel_mode
 
-from trainer.runtime.guard import StepGuard, mean_over_ranks
+from trainer.runtime.guard import FORCED, NOT_FORCED, StepGuard, global_norm, mean_over_ranks
 from trainer.runtime.guard_policy import GuardSettings
 from trainer.runtime.rank_context import trainerd_launch
+from trainer.runtime.step_replay import Attempt, StepJudge, StepOutcome
 
 
 class GuardedTrainOneStepCell(nn.Cell):
     """`cell(*inputs) -> (loss, grad_norm, accepted)`: the global mean loss (float32), the global gradient
-    norm before clipping (float32), and whether the optimizer updated (a bool scalar).
+    norm before clipping (float32), and whether the optimizer updated (a bool scalar), of the attempt that
+    stands; `cell.last_outcome` is the step's `StepOutcome`.
 
     `network` is the network with its loss (e.g. `nn.WithLossCell`), `sens` as for `nn.TrainOneStepCell`;
     `guard_settings` default to the launch's (`GuardSettings.from_environ`: TRAINERD_SPIKE_FACTOR, ...);
@@ -51,6 +61,56 @@ class GuardedTrainOneStepCell(nn.Cell):
     def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, sens: float | None = None, *,
                  guard_settings: GuardSettings | None = None, max_grad_norm: float | None = None,
                  grad_accum: int | None = None, environ: Mapping[str, str] | None = None) -> None:
+        super().__init__(auto_prefix=False)
+        if guard_settings is None:
+            guard_settings = GuardSettings.from_environ(os.environ if environ is None else environ)
+        self.attempt = _GuardedStep(network, optimizer, sens, guard_settings, max_grad_norm, grad_accum, environ)
+        self._judge = StepJudge(guard_settings, self.attempt.guard.state, self.attempt.guard.rebaseline)
+        self.last_outcome: StepOutcome | None = None
+
+    @property
+    def network(self) -> nn.Cell:
+        return self.attempt.network
+
+    @property
+    def optimizer(self) -> nn.Optimizer:
+        return self.attempt.optimizer
+
+    @property
+    def guard(self) -> StepGuard:
+        return self.attempt.guard
+
+    @property
+    def grad_accum(self) -> int:
+        return self.attempt.grad_accum
+
+    def construct(self, *inputs: ms.Tensor) -> tuple[ms.Tensor, ms.Tensor, ms.Tensor]:
+        """The first attempt alone: what MindSpore compiles when it compiles the cell itself (Model.build, a
+        parallel layout's compile); training runs through __call__."""
+        loss, norm, accepted, _ = self.attempt(NOT_FORCED, *inputs)
+        return loss, norm, accepted
+
+    def __call__(self, *inputs: ms.Tensor) -> tuple[ms.Tensor, ms.Tensor, ms.Tensor]:
+        outputs: list[tuple[ms.Tensor, ...]] = []
+
+        def attempt(force: bool) -> Attempt:
+            result = self.attempt(FORCED if force else NOT_FORCED, *inputs)
+            outputs.append(result)
+            loss, norm, accepted, local_norm = result
+            return Attempt(float(loss.asnumpy()), float(norm.asnumpy()), bool(accepted.asnumpy()),
+                           float(local_norm.asnumpy()))
+
+        self.last_outcome = self._judge.run(attempt)
+        loss, norm, accepted, _ = outputs[-1]
+        return loss, norm, accepted
+
+
+class _GuardedStep(nn.Cell):
+    """One attempt at a step, compiled: `step(force, *inputs) -> (loss, norm, accepted, local_norm)`."""
+
+    def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, sens: float | None,
+                 guard_settings: GuardSettings, max_grad_norm: float | None, grad_accum: int | None,
+                 environ: Mapping[str, str] | None) -> None:
         super().__init__(auto_prefix=False)
         if sens == 0:
             raise ValueError("sens cannot be 0")
@@ -76,13 +136,11 @@ class GuardedTrainOneStepCell(nn.Cell):
             world_size = _get_device_num()
             self.grad_reducer = nn.DistributedGradReducer(self.weights, _get_gradients_mean(), world_size)
         self.loss_reducer = mean_over_ranks(world_size)
-        if guard_settings is None:
-            guard_settings = GuardSettings.from_environ(os.environ if environ is None else environ)
         self.guard = StepGuard(guard_settings)
         self.clip = max_grad_norm is not None
         self.max_grad_norm = ms.Tensor(max_grad_norm if max_grad_norm is not None else 0.0, ms.float32)
 
-    def construct(self, *inputs: ms.Tensor) -> tuple[ms.Tensor, ms.Tensor, ms.Tensor]:
+    def construct(self, force: ms.Tensor, *inputs: ms.Tensor) -> tuple[ms.Tensor, ...]:
         if self.grad_accum == 1:
             loss, grads = self._loss_and_grads(*inputs)
         else:
@@ -96,16 +154,17 @@ class GuardedTrainOneStepCell(nn.Cell):
                 grads = tuple([total + grad for total, grad in zip(grads, micro_grads)])
             loss = loss / self.grad_accum
             grads = tuple([total / self.grad_accum for total in grads])
+        local_norm = global_norm(grads)
         grads = self.grad_reducer(grads)
         loss = self.loss_reducer(ops.cast(loss, ms.float32))
-        norm = ops.sqrt(ops.addn([ops.reduce_sum(ops.square(ops.cast(grad, ms.float32))) for grad in grads]))
-        accepted = self.guard(loss, norm)
+        norm = global_norm(grads)
+        accepted = self.guard(loss, norm, force)
         if accepted:
             if self.clip:
                 scale = self.max_grad_norm / ops.maximum(norm, self.max_grad_norm)
                 grads = tuple([grad * ops.cast(scale, grad.dtype) for grad in grads])
             self.optimizer(grads)
-        return loss, norm, accepted
+        return loss, norm, accepted, local_norm
 
     def _loss_and_grads(self, *inputs: ms.Tensor) -> tuple[ms.Tensor, tuple[ms.Tensor, ...]]:
         """`nn.TrainOneStepCell`'s forward and backward."""

@@ -65,7 +65,7 @@ from mindspore import Tensor, nn, ops
 
 from proto.exit_codes import EXIT_USAGE
 from trainer.runtime.elastic_dataset import SKIPS_FILE_ENV, resume_epoch, trainerd_dataset
-from trainer.runtime.guard import StepGuard
+from trainer.runtime.guard import NOT_FORCED, StepGuard
 from trainer.runtime.guard_policy import GuardSettings
 from trainer.runtime.progress import ProgressReporter
 from trainer.runtime.rank_context import trainerd_launch
@@ -186,7 +186,7 @@ class _GradientJudge(nn.Cell):
 
     def construct(self, *grads: Tensor) -> tuple[Tensor, Tensor]:
         norm = ops.sqrt(ops.addn([ops.reduce_sum(ops.square(grad)) for grad in grads]))
-        return norm, self.guard(norm, norm)  # a non-finite norm fails the guard's loss check too
+        return norm, self.guard(norm, norm, NOT_FORCED)  # a non-finite norm fails the guard's loss check too
 
 
 def _number(value: Tensor | float) -> float:

@@ -22,10 +22,13 @@ from proto.progress_datagram import (
     CheckpointFailedReport,
     CheckpointReport,
     EventReport,
+    GuardNotice,
+    GuardNoticeReport,
     ProgressMessage,
     StepReport,
     WorkerEvent,
     encode,
+    failure_reason,
 )
 from trainer.runtime.rank_context import RankContext
 
@@ -133,6 +136,12 @@ class ProgressReporter:
         message = BadBatchReport(job=self._job, generation=self._generation, rank=self._rank, step=step,
                                  sample_start=sample_start, sample_end=sample_end, reason=reason, loss=loss,
                                  grad_norm=grad_norm)
+        self._send(message, wait_s=self._event_wait_s)
+
+    def guard_notice(self, step: int, notice: GuardNotice, detail: str) -> None:
+        """Report what a replay of step `step` found other than bad data (may wait up to `event_wait_s`)."""
+        message = GuardNoticeReport(job=self._job, generation=self._generation, rank=self._rank, step=step,
+                                    notice=notice, detail=failure_reason(ValueError(detail)))
         self._send(message, wait_s=self._event_wait_s)
 
     def close(self) -> None:

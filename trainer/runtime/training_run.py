@@ -10,6 +10,7 @@ checkpoints save (on the schedule, or when the coordinator asks).
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -19,7 +20,7 @@ import mindspore.dataset as ds
 from mindspore import nn
 
 from proto.exit_codes import EXIT_USAGE
-from proto.progress_datagram import BadBatchReason, WorkerEvent
+from proto.progress_datagram import GuardNotice, WorkerEvent
 from trainer.checkpoint.manifest import EpochPosition
 from trainer.checkpoint.sharding import ShardedTensor
 from trainer.data.sampler import SampleStream
@@ -33,6 +34,7 @@ from trainer.runtime.elastic_dataset import (
 from trainer.runtime.guard_policy import skip_reason
 from trainer.runtime.progress import ProgressReporter, StepPace
 from trainer.runtime.rank_context import RankContext
+from trainer.runtime.step_replay import MAX_SPIKES_IN_WINDOW, SPIKE_WINDOW, Attempt, StepOutcome, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -104,17 +106,18 @@ class TrainingRun:
         """The epoch (counting from 1) the dataset is in, the one that must begin next; None when unknown."""
         return None if self.epoch_position is None else self.epoch_position.completed + 1
 
-    def step_ended(self, loss: float, grad_norm: float, accepted: bool, epoch: int) -> None:
+    def step_ended(self, loss: float, grad_norm: float, accepted: bool, epoch: int,
+                   outcome: StepOutcome | None = None) -> None:
+        """One step ended: its loss and norm, whether its update was applied, and, from a train cell that
+        replays refused steps, what it was (without one, a refused step is taken for bad data)."""
         self.step += 1
         positions, self.consumed = self.stream.step_positions(self.consumed, self.global_batch)
-        reason = skip_reason(accepted, loss, grad_norm)
-        if reason is not None:
-            start = int(positions[0])
-            log.warning("%s: step %d skipped (%s): loss %.4g grad norm %.4g, samples %d:%d", self.where, self.step,
-                        reason, loss, grad_norm, start, self.consumed)
-            self.checkpoints.record_skip(start, self.consumed)
-            if self.ctx.rank == 0:
-                self.reporter.bad_batch(self.step, start, self.consumed, BadBatchReason(reason), loss, grad_norm)
+        if outcome is None:
+            reason = skip_reason(accepted, loss, grad_norm)
+            outcome = StepOutcome(Verdict.ACCEPTED if reason is None else Verdict.BAD_DATA,
+                                  Attempt(loss, grad_norm, accepted, math.nan), reason=reason)
+        settle_outcome(self.reporter, self.checkpoints, self.where, self.ctx.rank, self.step,
+                       (int(positions[0]), self.consumed), outcome)
         self.reporter.step(self.step, loss, grad_norm, self.pace.step_ended(self.global_batch, self.step_started),
                            self.consumed, epoch)
         self.checkpoints.after_step(self.step, self.consumed, self._advance_epoch_position())
@@ -134,6 +137,37 @@ class TrainingRun:
             completed, done = completed + 1, 0
         self.epoch_position = EpochPosition(completed, done, position.steps_per_epoch)
         return self.epoch_position
+
+
+def settle_outcome(reporter: ProgressReporter, checkpoints: TrainingCheckpoints, where: str, rank: int | None,
+                   step: int, samples: tuple[int, int], outcome: StepOutcome) -> None:
+    """Log and report what became of step `step` (global samples [start, end)): bad data goes into the
+    checkpoints' skip ledger on every rank and is reported by rank 0; a device fault is reported by each rank
+    whose own result differed on the replay; a rebaselined guard is reported by rank 0."""
+    verdict, (start, end) = outcome.verdict, samples
+    if verdict is Verdict.ACCEPTED:
+        return
+    if verdict is Verdict.BAD_DATA:
+        log.warning("%s: step %d skipped as bad data (%s), samples %d:%d", where, step, outcome.describe(), start,
+                    end)
+        checkpoints.record_skip(start, end)
+        if rank == 0 and outcome.reason is not None:
+            reporter.bad_batch(step, start, end, outcome.reason, outcome.standing.loss, outcome.standing.norm)
+    elif verdict is Verdict.DEVICE_FAULT:
+        mine = "this rank's gradients differed on the replay" if outcome.local_differs else "another rank's did"
+        log.warning("%s: step %d came out otherwise on its replay (%s): %s; the replay stands, no samples skipped",
+                    where, step, outcome.describe(), mine)
+        if outcome.local_differs:
+            reporter.guard_notice(step, GuardNotice.DEVICE_SUSPECTED, outcome.describe())
+    elif verdict is Verdict.REBASELINED:
+        log.warning("%s: step %d made more than %d reproduced spikes in %d steps (%s): the rule is out of step "
+                    "with training, so the guard learns its statistics afresh and no samples are skipped", where,
+                    step, MAX_SPIKES_IN_WINDOW, SPIKE_WINDOW, outcome.describe())
+        if rank == 0:
+            reporter.guard_notice(step, GuardNotice.GUARD_REBASELINED, outcome.describe())
+    else:
+        log.info("%s: step %d: a spike of the norm with an ordinary loss, reproduced (%s): applied", where, step,
+                 outcome.describe())
 
 
 def exit_with(who: str, message: str, code: int) -> NoReturn:
