@@ -63,6 +63,7 @@ from proto.progress_datagram import (
     CheckpointFailedReport,
     CheckpointReport,
     EventReport,
+    GuardNoticeReport,
     ProgressMessage,
     WorkerEvent,
 )
@@ -611,6 +612,11 @@ class Supervisor:
         if isinstance(message, CheckpointFailedReport):
             self._report(pb.AgentMessage(checkpoint_failed=pb.CheckpointFailed(
                 generation=message.generation, rank=message.rank, step=message.step, reason=message.reason)))
+            return
+        if isinstance(message, GuardNoticeReport):
+            self._report(pb.AgentMessage(guard_notice=pb.GuardNotice(
+                generation=message.generation, rank=message.rank, step=message.step, notice=str(message.notice),
+                detail=message.detail)))
             return
         if isinstance(message, BadBatchReport):
             self._report(pb.AgentMessage(bad_batch=pb.BadBatch(

@@ -22,7 +22,7 @@ from daemon.errors import PermanentError, RetryableError
 from daemon.events import EVENTS_PAGE, Event, EventLog
 from daemon.heartbeat_pace import HeartbeatPacer, Pace
 from daemon.job.controller import KEPT_GENERATION_RECORDS, ClusterFacts, CommandRefused, JobController, JobView
-from daemon.job.observation import MemorySnapshot, ProcessReport, ProgressReport, SkippedBatch
+from daemon.job.observation import MemorySnapshot, ProcessReport, ProgressReport, SkippedBatch, WorkerNotice
 from daemon.job.placement import NodeOffer
 from daemon.job.skip_ledger import SkipEntry, checked
 from daemon.job.state import GenerationRecord
@@ -531,6 +531,11 @@ class Coordinator:
 
     def checkpoint_failed(self, session: AgentSession, generation: int, rank: int, step: int, reason: str) -> None:
         if self.job is not None and self.job.checkpoint_failed(generation, session.node, rank, step, reason):
+            self.request_reconcile()
+
+    def guard_notice(self, session: AgentSession, generation: int, rank: int, notice: WorkerNotice) -> None:
+        if self.job is not None:
+            self.job.guard_notice(generation, session.node, rank, notice)
             self.request_reconcile()
 
     def bad_batch(self, session: AgentSession, generation: int, rank: int, report: SkippedBatch) -> None:

@@ -38,7 +38,15 @@ from daemon.job.commands import (
 )
 from daemon.job.controller import JobView
 from daemon.job.goodput import Phase
-from daemon.job.observation import MemorySnapshot, ProcessReport, ProgressReport, RootCause, SkippedBatch
+from daemon.job.observation import (
+    GUARD_NOTICES,
+    MemorySnapshot,
+    ProcessReport,
+    ProgressReport,
+    RootCause,
+    SkippedBatch,
+    WorkerNotice,
+)
 from daemon.log_relay import MAX_LOG_READ_BYTES, LogChunk
 from daemon.membership import DeviceInfo
 from daemon.message_checks import MAX_RANK, MalformedMessage
@@ -421,6 +429,14 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         elif kind == "bad_batch":
             rank, batch = skipped_batch(message.bad_batch)
             coordinator.bad_batch(session, check.generation(message.bad_batch.generation), rank, batch)
+        elif kind == "guard_notice":
+            found = message.guard_notice
+            if found.notice not in GUARD_NOTICES or found.step < 1 or not found.detail:
+                raise MalformedMessage(f"a guard notice needs a known notice, a step from 1 and a detail, got "
+                                       f"{check.one_line(found.notice, 40)!r} at step {found.step}")
+            coordinator.guard_notice(session, check.generation(found.generation), check.rank(found.rank),
+                                     WorkerNotice(check.step(found.step), found.notice,
+                                                  check.one_line(found.detail, check.MAX_FAILURE_REASON_CHARS)))
         elif kind == "checkpoint_saved":
             saved = message.checkpoint_saved
             if saved.step < 1 or not saved.path:

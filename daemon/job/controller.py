@@ -52,11 +52,13 @@ from daemon.job.decide import (
 from daemon.job.goodput import GoodputAccountant, GoodputSnapshot, JobMoment, Phase, fault_time
 from daemon.job.launch_plan import node_processes, ring_predecessor, scheduler_port
 from daemon.job.observation import (
+    DEVICE_SUSPECTED,
     GenerationObservation,
     MemorySnapshot,
     ProcessReport,
     ProgressReport,
     SkippedBatch,
+    WorkerNotice,
 )
 from daemon.job.placement import NodeOffer
 from daemon.job.rank_table import rank_table_json
@@ -139,6 +141,17 @@ class JobView:
 
 
 @dataclass(frozen=True)
+class GuardFinding:
+    """A rank's word of what a replay of its step found other than bad data, waiting for its event."""
+
+    generation: int
+    rank: int
+    node: str
+    device_id: int | None
+    notice: WorkerNotice
+
+
+@dataclass(frozen=True)
 class FailedSave:
     """A rank's report that its save of `step` failed, waiting for its event."""
 
@@ -180,6 +193,7 @@ class JobController:
         self._stopping: asyncio.Future[str] | None = None  # trainerd is stopping: see prepare_to_stop
         self._unrecorded_checkpoints: list[CheckpointEntry] = []
         self._unrecorded_failed_saves: deque[FailedSave] = deque()
+        self._unrecorded_findings: deque[GuardFinding] = deque()
         self.recovery: RecoveryTimeline | None = None
         self._bad_memory_steps: frozenset[int] = frozenset()  # in-memory snapshots a generation could not load
         self._waiting_for = ""  # as of the last reconcile pass
@@ -228,6 +242,7 @@ class JobController:
         self._pause_asked_at = None
         self._unrecorded_checkpoints = []
         self._unrecorded_failed_saves = deque()
+        self._unrecorded_findings = deque()
         now = self._clock.now()
         await self._load_orders_seen()
         if self.record.generation:
@@ -408,6 +423,15 @@ class JobController:
         self._unrecorded_failed_saves.append(FailedSave(generation, step, rank, node, reason))
         return True
 
+    def guard_notice(self, generation: int, node: str, rank: int, notice: WorkerNotice) -> None:
+        """A worker's replay of a refused step found a device fault or re-baselined its guard: an event."""
+        observation = self._placed(generation, node, rank, "a guard notice")
+        if observation is None or self.generation is None or not observation.add_guard_notice(rank, notice.step):
+            return
+        slot = next((s for s in self.generation.placement.ranks if s.rank == rank), None)
+        self._unrecorded_findings.append(GuardFinding(generation, rank, node, None if slot is None else slot.device_id,
+                                                      notice))
+
     def bad_batch(self, generation: int, node: str, rank: int, report: SkippedBatch) -> None:
         """A worker's guard skipped a step: its samples go into the ledger at the next reconcile."""
         observation = self._placed(generation, node, rank, "a bad batch")
@@ -458,6 +482,7 @@ class JobController:
         await self._record_checkpoints(fence)
         await self._record_skips(fence)
         await self._record_failed_saves(fence)
+        await self._record_guard_findings(fence)
         world = JobWorld(self.spec, self.record, self.generation, self.observation, tuple(facts.offers),
                          frozenset(facts.disconnected), frozenset(facts.lost), frozenset(facts.drained),
                          self.catalog.entries(), self.ledger.ranges(), self._placeable_since,
@@ -534,6 +559,23 @@ class JobController:
                 generation=failed.generation, step=failed.step, rank=failed.rank, node=failed.node,
                 reason=failed.reason)
             self._unrecorded_failed_saves.popleft()
+
+    async def _record_guard_findings(self, fence: Fence) -> None:
+        while self._unrecorded_findings:
+            found = self._unrecorded_findings[0]
+            notice = found.notice
+            if notice.kind == DEVICE_SUSPECTED:
+                device = "" if found.device_id is None else f" (device {found.device_id})"
+                message = (f"job {self.spec.name}: rank {found.rank} on node {found.node}{device} computed step "
+                           f"{notice.step} otherwise when it was replayed ({notice.detail}): its device is "
+                           f"suspected; the step was taken from the replay and no samples were skipped")
+            else:
+                message = (f"job {self.spec.name}: the bad-batch guard re-baselined at step {notice.step} "
+                           f"({notice.detail}): more reproduced spikes than a bad batch makes, so its statistics "
+                           f"are learnt afresh and none of those steps is skipped")
+            await self._events.append(notice.kind, message, fence, generation=found.generation, step=notice.step,
+                                      rank=found.rank, node=found.node)
+            self._unrecorded_findings.popleft()
 
     async def _record_skips(self, fence: Fence) -> None:
         while self._unrecorded_skips:

@@ -124,6 +124,20 @@ class SkippedBatch:
     grad_norm: float
 
 
+DEVICE_SUSPECTED = "device_suspected"
+GUARD_REBASELINED = "guard_rebaselined"
+GUARD_NOTICES = (DEVICE_SUSPECTED, GUARD_REBASELINED)
+
+
+@dataclass(frozen=True)
+class WorkerNotice:
+    """What a worker's replay of a refused step found other than bad data (`kind` one of GUARD_NOTICES)."""
+
+    step: int
+    kind: str
+    detail: str
+
+
 REMEMBERED_STEPS = 1024
 """Per generation, how many committed, failed and skipped steps the leader remembers, to tell a report told
 again from a new one. Beyond this the oldest are forgotten, so an agent that reports step after step cannot
@@ -190,6 +204,7 @@ class GenerationObservation:
     held_snapshots: dict[str, tuple[MemorySnapshot, ...]] = field(default_factory=dict)
     failed_checkpoints: set[int] = field(default_factory=set)  # steps whose save a rank reported failed
     bad_batches: dict[int, SkippedBatch] = field(default_factory=dict)  # by step
+    guard_notices: set[tuple[int, int]] = field(default_factory=set)  # (rank, step) told
     last_progress_at: float | None = None  # the newest step of any rank; None: no progress yet
     runtime_progress: bool = False  # a rank reported progress through the trainer runtime
     newest_position: tuple[int, int] | None = None  # the furthest any rank got (ProgressReport.position)
@@ -316,6 +331,15 @@ class GenerationObservation:
     def add_failed_checkpoint(self, step: int) -> bool:
         """A rank's save of `step` failed; False when a failure of that step was told already."""
         return _told_first(self.failed_checkpoints, step)
+
+    def add_guard_notice(self, rank: int, step: int) -> bool:
+        """Whether a guard notice of `rank` at `step` is news (one told again after a reconnect is not)."""
+        if (rank, step) in self.guard_notices:
+            return False
+        self.guard_notices.add((rank, step))
+        if len(self.guard_notices) > REMEMBERED_STEPS:
+            self.guard_notices.discard(min(self.guard_notices, key=lambda told: told[1]))
+        return True
 
     def add_bad_batch(self, report: SkippedBatch) -> bool:
         """A rank's guard skipped `report.step`; False when that step was told already."""

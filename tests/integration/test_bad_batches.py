@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -33,8 +35,11 @@ def step_range(step: int) -> tuple[int, int]:
     return (step - 1) * GLOBAL_BATCH, step * GLOBAL_BATCH
 
 
-def test_nan_and_spike_batches_are_skipped_in_the_step_and_land_in_the_ledger(
+def test_a_nan_batch_is_skipped_and_lands_in_the_ledger_and_a_spike_with_an_ordinary_loss_is_applied(
         tmp_path: Path, procs: Processes) -> None:
+    """The NaN batch reproduces on its replay: bad data. The x20 batch at step 201 makes a norm spike that
+    reproduces too, but its loss (0.74, against a running mean of 0.55 and a spread of 0.58 in the log) is no
+    more than the loss's own swings: the rule applies it, clipped, as it does a healthy model's excursions."""
     nan, spike = step_range(101), step_range(201)
     entrypoint = mlp_with(tmp_path, 300, "--bad-samples", "%d:%d" % nan, "--spike-samples", "%d:%d" % spike)
     job = recovery_job(tmp_path, steps=300, nodes=(2, 2), global_batch=GLOBAL_BATCH, micro_batch=32,
@@ -45,14 +50,14 @@ def test_nan_and_spike_batches_are_skipped_in_the_step_and_land_in_the_ledger(
     job = wait_for_job(address, "the end", lambda j: j["state"] in ("COMPLETED", "FAILED"), 240, procs)
     assert job["state"] == "COMPLETED" and job["generation"] == 1, job
     entries = ledger(address)
-    assert [(e["start"], e["end"]) for e in entries] == [nan, spike]
-    assert entries[0]["reason"].startswith("nonfinite") and entries[1]["reason"].startswith("grad_norm_spike")
-    assert [e["step"] for e in entries] == [101, 201] and {e["generation"] for e in entries} == {1}
-    assert job["skipped_batches"] == 2
+    assert [(e["start"], e["end"]) for e in entries] == [nan]
+    assert entries[0]["reason"].startswith("nonfinite")
+    assert [e["step"] for e in entries] == [101] and {e["generation"] for e in entries} == {1}
+    assert job["skipped_batches"] == 1
     weights = final_weights(tmp_path / "out", 2)
     assert all(np.isfinite(w).all() for w in weights.values())
     manifest = json.loads((tmp_path / "checkpoints" / "step_00000300" / "manifest.json").read_text())
-    assert json.dumps([list(nan), list(spike)]) in json.dumps(manifest)
+    assert json.dumps([list(nan)]) in json.dumps(manifest)
 
 
 def test_a_step_that_crashes_workers_is_skipped_after_crash_repeats(tmp_path: Path, procs: Processes) -> None:
@@ -94,3 +99,32 @@ def test_the_ledger_is_honoured_after_the_world_size_changes(tmp_path: Path, pro
     assert job["state"] == "COMPLETED", job  # restart.max 0: one crash would have failed it
     assert job["generation"] == 2 and job["world_size"] == 1
     assert [(e["start"], e["end"], e["reason"]) for e in ledger(address)] == [(*crash, "operator: known corrupt")]
+
+
+def test_a_device_that_corrupts_one_step_is_blamed_not_the_data_and_the_weights_stay_exact(
+        tmp_path: Path, procs: Processes) -> None:
+    """--corrupt-grad 1:200: rank 1's gradients of step 200 come out 1e4 times too large, once, as a flaky
+    device's would. The replay computes the step right: a device_suspected event names rank 1's node, no
+    samples are skipped, and the final weights are those of a run without the fault, bit for bit."""
+    clean = tmp_path / "clean"
+    # By hand, one process with 2 micro batches of 32 adds the same two gradients the 2 ranks all-reduce.
+    subprocess.run([sys.executable, "-m", "trainer.examples.mlp", "--steps", "300", "--global-batch", "64",
+                    "--micro-batch", "32", "--output", str(clean)], check=True, timeout=240, capture_output=True)
+    entrypoint = mlp_with(tmp_path, 300, "--corrupt-grad", "1:200")
+    job = recovery_job(tmp_path, steps=300, nodes=(2, 2), global_batch=GLOBAL_BATCH, micro_batch=32,
+                       entrypoint=entrypoint)
+    address = start_trainerd(tmp_path, procs, job)
+    for i in range(2):
+        procs.agent(f"n{i}", address)
+    job = wait_for_job(address, "the end", lambda j: j["state"] in ("COMPLETED", "FAILED"), 240, procs)
+    assert job["state"] == "COMPLETED" and job["generation"] == 1, job
+    assert ledger(address) == [] and job["skipped_batches"] == 0
+    suspected = [e for e in events(address) if e["kind"] == "device_suspected"]
+    assert len(suspected) == 1, suspected
+    fields = suspected[0]["fields"]
+    assert fields["rank"] == 1 and fields["node"] in ("n0", "n1")
+    assert f"rank 1 on node {fields['node']} (device 0)" in suspected[0]["message"]
+    assert "step 200" in suspected[0]["message"] and "no samples were skipped" in suspected[0]["message"]
+    faulted, reference = final_weights(tmp_path / "out", 2), np.load(clean / "final_rank0.npz")
+    for name in reference.files:
+        assert np.array_equal(faulted[name], reference[name]), name

@@ -102,7 +102,7 @@ class GuardSettings:
     spike_ceiling: float = 12.0
     warmup_steps: int = 10
     mean_horizon: int = 100
-    loss_factor: float = 4.0
+    loss_factor: float = 2.0
     loss_zscore: float = 4.0
 
     def __post_init__(self) -> None:
