@@ -64,6 +64,7 @@ from proto.progress_datagram import (
     CheckpointReport,
     EventReport,
     ProgressMessage,
+    WarningReport,
     WorkerEvent,
 )
 from proto.progress_pattern import ProgressPatternError, compile_progress_pattern
@@ -611,6 +612,10 @@ class Supervisor:
         if isinstance(message, CheckpointFailedReport):
             self._report(pb.AgentMessage(checkpoint_failed=pb.CheckpointFailed(
                 generation=message.generation, rank=message.rank, step=message.step, reason=message.reason)))
+            return
+        if isinstance(message, WarningReport):
+            self._report(pb.AgentMessage(worker_warning=pb.WorkerWarning(
+                generation=message.generation, rank=message.rank, step=message.step, text=message.text)))
             return
         if isinstance(message, BadBatchReport):
             self._report(pb.AgentMessage(bad_batch=pb.BadBatch(

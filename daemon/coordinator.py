@@ -533,6 +533,10 @@ class Coordinator:
         if self.job is not None and self.job.checkpoint_failed(generation, session.node, rank, step, reason):
             self.request_reconcile()
 
+    def worker_warning(self, session: AgentSession, generation: int, rank: int, text: str) -> None:
+        if self.job is not None and self.job.worker_warning(generation, session.node, rank, text):
+            self.request_reconcile()
+
     def bad_batch(self, session: AgentSession, generation: int, rank: int, report: SkippedBatch) -> None:
         if self.job is not None:
             self.job.bad_batch(generation, session.node, rank, report)

@@ -16,6 +16,8 @@ Wire format (strict JSON, UTF-8, at most MAX_DATAGRAM_BYTES):
      "reason": "[Errno 28] No space left on device"}
     {"schema": 1, "kind": "bad_batch", "job": "mnist", "generation": 3, "rank": 0, "step": 121,
      "sample_start": 7680, "sample_end": 7744, "reason": "nonfinite_loss", "loss": "NaN", "grad_norm": "NaN"}
+    {"schema": 1, "kind": "warning", "job": "mnist", "generation": 1, "rank": 0, "step": 0,
+     "text": "Model.train's callbacks hold a ModelCheckpoint beside TrainerdCallback: ..."}
 
 `loss` and `grad_norm` may be non-finite (that is how a bad batch shows); strict JSON has no NaN,
 so they travel as the strings "NaN", "Infinity" and "-Infinity". Readers ignore fields they do not
@@ -41,6 +43,7 @@ _MAX_INT32 = (1 << 31) - 1
 _NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 MAX_CHECKPOINT_PATH = 1024
 MAX_FAILURE_REASON = 1000
+MAX_WARNING_TEXT = 1000
 # Control characters (and DEL) in a path would let a hostile datagram forge lines in the agent's log.
 _CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -130,7 +133,25 @@ class BadBatchReport:
     grad_norm: float  # likewise
 
 
-ProgressMessage = StepReport | EventReport | CheckpointReport | CheckpointFailedReport | BadBatchReport
+@dataclass(frozen=True)
+class WarningReport:
+    """What the worker runtime found risky about the job (it may work): the coordinator records it as a
+    `job_warning` event, once per text, and `trainerctl status` shows it."""
+
+    job: str
+    generation: int
+    rank: int
+    step: int
+    text: str  # one line of printable characters, at most MAX_WARNING_TEXT (see `warning_text`)
+
+
+def warning_text(text: str) -> str:
+    """`text` as a WarningReport's text: one line, control characters replaced, cut to length."""
+    text = _CONTROL_CHARACTER.sub(" ", text) or "(no text)"
+    return text if len(text) <= MAX_WARNING_TEXT else text[:MAX_WARNING_TEXT - 3] + "..."
+
+
+ProgressMessage = StepReport | EventReport | CheckpointReport | CheckpointFailedReport | BadBatchReport | WarningReport
 
 
 def encode(message: ProgressMessage) -> bytes:
@@ -154,6 +175,8 @@ def encode(message: ProgressMessage) -> bytes:
                  "path": message.path}
     elif isinstance(message, CheckpointFailedReport):
         body |= {"kind": "checkpoint_failed", "step": message.step, "reason": message.reason}
+    elif isinstance(message, WarningReport):
+        body |= {"kind": "warning", "step": message.step, "text": message.text}
     else:
         body |= {
             "kind": "bad_batch", "step": message.step, "sample_start": message.sample_start,
@@ -223,6 +246,11 @@ def decode(data: bytes) -> ProgressMessage:
             raise MalformedProgress(f"unknown bad batch reason {reason!r:.40}") from None
         return BadBatchReport(**common, sample_start=start, sample_end=end, reason=reason,
                               loss=_float(body, "loss"), grad_norm=_float(body, "grad_norm"))
+    if kind == "warning":
+        text = _field(body, "text", str)
+        if not 0 < len(text) <= MAX_WARNING_TEXT or _CONTROL_CHARACTER.search(text):
+            raise MalformedProgress(f"field 'text' must have 1 to {MAX_WARNING_TEXT} printable characters")
+        return WarningReport(**common, text=text)
     raise MalformedProgress(f"unknown kind {kind!r:.40}")
 
 

@@ -24,8 +24,10 @@ from proto.progress_datagram import (
     EventReport,
     ProgressMessage,
     StepReport,
+    WarningReport,
     WorkerEvent,
     encode,
+    warning_text,
 )
 from trainer.runtime.rank_context import RankContext
 
@@ -133,6 +135,13 @@ class ProgressReporter:
         message = BadBatchReport(job=self._job, generation=self._generation, rank=self._rank, step=step,
                                  sample_start=sample_start, sample_end=sample_end, reason=reason, loss=loss,
                                  grad_norm=grad_norm)
+        self._send(message, wait_s=self._event_wait_s)
+
+    def warning(self, step: int, text: str) -> None:
+        """Report what may work but is risky about the job, found at `step` (rank 0 only; the coordinator keeps
+        it as a job warning; may wait up to `event_wait_s`)."""
+        message = WarningReport(job=self._job, generation=self._generation, rank=self._rank, step=step,
+                                text=warning_text(text))
         self._send(message, wait_s=self._event_wait_s)
 
     def close(self) -> None:
