@@ -65,6 +65,7 @@ from proto.progress_datagram import (
     EventReport,
     GuardNoticeReport,
     ProgressMessage,
+    WarningReport,
     WorkerEvent,
 )
 from proto.progress_pattern import ProgressPatternError, compile_progress_pattern
@@ -617,6 +618,10 @@ class Supervisor:
             self._report(pb.AgentMessage(guard_notice=pb.GuardNotice(
                 generation=message.generation, rank=message.rank, step=message.step, notice=str(message.notice),
                 detail=message.detail)))
+            return
+        if isinstance(message, WarningReport):
+            self._report(pb.AgentMessage(worker_warning=pb.WorkerWarning(
+                generation=message.generation, rank=message.rank, step=message.step, text=message.text)))
             return
         if isinstance(message, BadBatchReport):
             self._report(pb.AgentMessage(bad_batch=pb.BadBatch(

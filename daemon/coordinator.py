@@ -538,6 +538,10 @@ class Coordinator:
             self.job.guard_notice(generation, session.node, rank, notice)
             self.request_reconcile()
 
+    def worker_warning(self, session: AgentSession, generation: int, rank: int, text: str) -> None:
+        if self.job is not None and self.job.worker_warning(generation, session.node, rank, text):
+            self.request_reconcile()
+
     def bad_batch(self, session: AgentSession, generation: int, rank: int, report: SkippedBatch) -> None:
         if self.job is not None:
             self.job.bad_batch(generation, session.node, rank, report)

@@ -451,6 +451,12 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             reason = check.one_line(failed.reason, check.MAX_FAILURE_REASON_CHARS)
             coordinator.checkpoint_failed(session, check.generation(failed.generation), check.rank(failed.rank),
                                           check.step(failed.step), reason)
+        elif kind == "worker_warning":
+            warning = message.worker_warning
+            if not warning.text:
+                raise MalformedMessage("a worker warning needs a text")
+            coordinator.worker_warning(session, check.generation(warning.generation), check.rank(warning.rank),
+                                       check.one_line(warning.text, check.MAX_WARNING_CHARS))
         elif kind == "log_data":
             data = message.log_data
             check.count(data.data, MAX_LOG_READ_BYTES, "bytes of log data")

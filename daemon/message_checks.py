@@ -25,6 +25,7 @@ MAX_HELLO_TEXT_CHARS = 255
 MAX_PATH_CHARS = 4096
 MAX_REASON_CHARS = 100
 MAX_FAILURE_REASON_CHARS = 1000  # proto.progress_datagram.MAX_FAILURE_REASON: why a checkpoint save failed
+MAX_WARNING_CHARS = 1000  # proto.progress_datagram.MAX_WARNING_TEXT: what a worker found risky about its job
 MAX_CAUSE_CHARS = 500
 MAX_LOCATION_CHARS = 300
 MAX_LOG_TAIL_CHARS = 4000

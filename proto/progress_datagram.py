@@ -18,6 +18,8 @@ Wire format (strict JSON, UTF-8, at most MAX_DATAGRAM_BYTES):
      "sample_start": 7680, "sample_end": 7744, "reason": "nonfinite_loss", "loss": "NaN", "grad_norm": "NaN"}
     {"schema": 1, "kind": "guard_notice", "job": "mnist", "generation": 3, "rank": 1, "step": 200,
      "notice": "device_suspected", "detail": "grad_norm_spike: loss 0.31 grad norm 9.1e+03, replayed: ..."}
+    {"schema": 1, "kind": "warning", "job": "mnist", "generation": 1, "rank": 0, "step": 0,
+     "text": "Model.train's callbacks hold a ModelCheckpoint beside TrainerdCallback: ..."}
 
 `loss` and `grad_norm` may be non-finite (that is how a bad batch shows); strict JSON has no NaN,
 so they travel as the strings "NaN", "Infinity" and "-Infinity". Readers ignore fields they do not
@@ -43,6 +45,7 @@ _MAX_INT32 = (1 << 31) - 1
 _NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 MAX_CHECKPOINT_PATH = 1024
 MAX_FAILURE_REASON = 1000
+MAX_WARNING_TEXT = 1000
 # Control characters (and DEL) in a path would let a hostile datagram forge lines in the agent's log.
 _CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -149,8 +152,26 @@ class GuardNoticeReport:
     detail: str  # one line of printable characters, at most MAX_FAILURE_REASON
 
 
+@dataclass(frozen=True)
+class WarningReport:
+    """What the worker runtime found risky about the job (it may work): the coordinator records it as a
+    `job_warning` event, once per text, and `trainerctl status` shows it."""
+
+    job: str
+    generation: int
+    rank: int
+    step: int
+    text: str  # one line of printable characters, at most MAX_WARNING_TEXT (see `warning_text`)
+
+
+def warning_text(text: str) -> str:
+    """`text` as a WarningReport's text: one line, control characters replaced, cut to length."""
+    text = _CONTROL_CHARACTER.sub(" ", text) or "(no text)"
+    return text if len(text) <= MAX_WARNING_TEXT else text[:MAX_WARNING_TEXT - 3] + "..."
+
+
 ProgressMessage = (StepReport | EventReport | CheckpointReport | CheckpointFailedReport | BadBatchReport
-                   | GuardNoticeReport)
+                   | GuardNoticeReport | WarningReport)
 
 
 def encode(message: ProgressMessage) -> bytes:
@@ -177,6 +198,8 @@ def encode(message: ProgressMessage) -> bytes:
     elif isinstance(message, GuardNoticeReport):
         body |= {"kind": "guard_notice", "step": message.step, "notice": str(message.notice),
                  "detail": message.detail}
+    elif isinstance(message, WarningReport):
+        body |= {"kind": "warning", "step": message.step, "text": message.text}
     else:
         body |= {
             "kind": "bad_batch", "step": message.step, "sample_start": message.sample_start,
@@ -249,6 +272,11 @@ def decode(data: bytes) -> ProgressMessage:
             raise MalformedProgress(f"unknown bad batch reason {reason!r:.40}") from None
         return BadBatchReport(**common, sample_start=start, sample_end=end, reason=reason,
                               loss=_float(body, "loss"), grad_norm=_float(body, "grad_norm"))
+    if kind == "warning":
+        text = _field(body, "text", str)
+        if not 0 < len(text) <= MAX_WARNING_TEXT or _CONTROL_CHARACTER.search(text):
+            raise MalformedProgress(f"field 'text' must have 1 to {MAX_WARNING_TEXT} printable characters")
+        return WarningReport(**common, text=text)
     raise MalformedProgress(f"unknown kind {kind!r:.40}")
 
 

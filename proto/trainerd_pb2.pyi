@@ -247,8 +247,20 @@ class CheckpointFailed(_message.Message):
     reason: str
     def __init__(self, generation: _Optional[int] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class WorkerWarning(_message.Message):
+    __slots__ = ("generation", "rank", "step", "text")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    rank: int
+    step: int
+    text: str
+    def __init__(self, generation: _Optional[int] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., text: _Optional[str] = ...) -> None: ...
+
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "heartbeat", "process_started", "process_exited", "progress", "bad_batch", "stopped", "checkpoint_saved", "log_data", "node_check_result", "checkpoint_failed", "guard_notice")
+    __slots__ = ("hello", "heartbeat", "process_started", "process_exited", "progress", "bad_batch", "stopped", "checkpoint_saved", "log_data", "node_check_result", "checkpoint_failed", "guard_notice", "worker_warning")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     PROCESS_STARTED_FIELD_NUMBER: _ClassVar[int]
@@ -261,6 +273,7 @@ class AgentMessage(_message.Message):
     NODE_CHECK_RESULT_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FAILED_FIELD_NUMBER: _ClassVar[int]
     GUARD_NOTICE_FIELD_NUMBER: _ClassVar[int]
+    WORKER_WARNING_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     heartbeat: Heartbeat
     process_started: ProcessStarted
@@ -273,7 +286,8 @@ class AgentMessage(_message.Message):
     node_check_result: NodeCheckResult
     checkpoint_failed: CheckpointFailed
     guard_notice: GuardNotice
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., process_started: _Optional[_Union[ProcessStarted, _Mapping]] = ..., process_exited: _Optional[_Union[ProcessExited, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., bad_batch: _Optional[_Union[BadBatch, _Mapping]] = ..., stopped: _Optional[_Union[Stopped, _Mapping]] = ..., checkpoint_saved: _Optional[_Union[CheckpointSaved, _Mapping]] = ..., log_data: _Optional[_Union[LogData, _Mapping]] = ..., node_check_result: _Optional[_Union[NodeCheckResult, _Mapping]] = ..., checkpoint_failed: _Optional[_Union[CheckpointFailed, _Mapping]] = ..., guard_notice: _Optional[_Union[GuardNotice, _Mapping]] = ...) -> None: ...
+    worker_warning: WorkerWarning
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., process_started: _Optional[_Union[ProcessStarted, _Mapping]] = ..., process_exited: _Optional[_Union[ProcessExited, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., bad_batch: _Optional[_Union[BadBatch, _Mapping]] = ..., stopped: _Optional[_Union[Stopped, _Mapping]] = ..., checkpoint_saved: _Optional[_Union[CheckpointSaved, _Mapping]] = ..., log_data: _Optional[_Union[LogData, _Mapping]] = ..., node_check_result: _Optional[_Union[NodeCheckResult, _Mapping]] = ..., checkpoint_failed: _Optional[_Union[CheckpointFailed, _Mapping]] = ..., guard_notice: _Optional[_Union[GuardNotice, _Mapping]] = ..., worker_warning: _Optional[_Union[WorkerWarning, _Mapping]] = ...) -> None: ...
 
 class NodeCheckResult(_message.Message):
     __slots__ = ("check_id", "passed", "detail")

@@ -140,6 +140,10 @@ class JobView:
     pausing: bool = False  # RUNNING, asked to pause: it saves a checkpoint (or leaves gracefully) first
 
 
+# The distinct worker warnings one coordinator records for a job (a script has a few at most).
+MAX_JOB_WARNINGS = 100
+
+
 @dataclass(frozen=True)
 class GuardFinding:
     """A rank's word of what a replay of its step found other than bad data, waiting for its event."""
@@ -194,6 +198,9 @@ class JobController:
         self._unrecorded_checkpoints: list[CheckpointEntry] = []
         self._unrecorded_failed_saves: deque[FailedSave] = deque()
         self._unrecorded_findings: deque[GuardFinding] = deque()
+        # Worker warnings (generation, rank, node, text) waiting for their event, and the texts told already.
+        self._unrecorded_warnings: deque[tuple[int, int, str, str]] = deque()
+        self._warned: set[str] = set()
         self.recovery: RecoveryTimeline | None = None
         self._bad_memory_steps: frozenset[int] = frozenset()  # in-memory snapshots a generation could not load
         self._waiting_for = ""  # as of the last reconcile pass
@@ -243,6 +250,7 @@ class JobController:
         self._unrecorded_checkpoints = []
         self._unrecorded_failed_saves = deque()
         self._unrecorded_findings = deque()
+        self._unrecorded_warnings = deque()
         now = self._clock.now()
         await self._load_orders_seen()
         if self.record.generation:
@@ -432,6 +440,20 @@ class JobController:
         self._unrecorded_findings.append(GuardFinding(generation, rank, node, None if slot is None else slot.device_id,
                                                       notice))
 
+    def worker_warning(self, generation: int, node: str, rank: int, text: str) -> bool:
+        """A worker found something risky about the job (it may work): recorded as a job_warning event by the
+        next reconcile, once per text while this coordinator leads (each generation finds it again). True
+        when new."""
+        if self._placed(generation, node, rank, "a warning") is None or text in self._warned:
+            return False
+        if len(self._warned) >= MAX_JOB_WARNINGS:  # an agent sending text after text cannot grow the memory
+            self._dropped.warning(node, "job %s: node %s sent more than %d distinct warnings; dropped",
+                                  self.spec.name, node, MAX_JOB_WARNINGS)
+            return False
+        self._warned.add(text)
+        self._unrecorded_warnings.append((generation, rank, node, text))
+        return True
+
     def bad_batch(self, generation: int, node: str, rank: int, report: SkippedBatch) -> None:
         """A worker's guard skipped a step: its samples go into the ledger at the next reconcile."""
         observation = self._placed(generation, node, rank, "a bad batch")
@@ -483,6 +505,7 @@ class JobController:
         await self._record_skips(fence)
         await self._record_failed_saves(fence)
         await self._record_guard_findings(fence)
+        await self._record_warnings(fence)
         world = JobWorld(self.spec, self.record, self.generation, self.observation, tuple(facts.offers),
                          frozenset(facts.disconnected), frozenset(facts.lost), frozenset(facts.drained),
                          self.catalog.entries(), self.ledger.ranges(), self._placeable_since,
@@ -576,6 +599,13 @@ class JobController:
             await self._events.append(notice.kind, message, fence, generation=found.generation, step=notice.step,
                                       rank=found.rank, node=found.node)
             self._unrecorded_findings.popleft()
+
+    async def _record_warnings(self, fence: Fence) -> None:
+        while self._unrecorded_warnings:
+            generation, rank, node, text = self._unrecorded_warnings[0]
+            await self._events.append("job_warning", f"job {self.spec.name}: {text}", fence, generation=generation,
+                                      rank=rank, node=node)
+            self._unrecorded_warnings.popleft()
 
     async def _record_skips(self, fence: Fence) -> None:
         while self._unrecorded_skips:

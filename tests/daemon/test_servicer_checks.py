@@ -501,3 +501,26 @@ def test_a_node_whose_agent_was_turned_away_at_the_door_is_not_lost_before_its_t
             await channel.close()
             await server.stop(None)
     run(scenario())
+
+
+def test_a_worker_warning_is_one_job_warning_event_however_often_it_is_told() -> None:
+    """Each generation's rank 0 finds the same risk again (a ModelCheckpoint beside TrainerdCallback): one
+    `job_warning` event of its text, made one line; a malformed one is dropped, and the job runs on."""
+    async def scenario() -> None:
+        sim = await running_cluster(nodes=("a", "b"))
+        service = CoordinatorService(sim.coordinator)
+        text = "Model.train's callbacks hold a ModelCheckpoint\nforged line"
+        for _ in range(3):
+            service._dispatch(sim.agents["a"].session, pb.AgentMessage(worker_warning=pb.WorkerWarning(
+                generation=1, rank=0, step=0, text=text)))
+        before = dropped("malformed")
+        service._dispatch(sim.agents["a"].session, pb.AgentMessage(worker_warning=pb.WorkerWarning(
+            generation=1, rank=0, step=0, text="")))
+        assert dropped("malformed") - before == 1
+        assert not sim.job.worker_warning(1, "b", 0, "rank 0 runs on node a")  # not placed there: dropped
+        await sim.tick()
+        warnings = [e for e in await sim.coordinator.events(0) if e.kind == "job_warning"]
+        assert [(e.message, e.fields) for e in warnings] == [
+            (f"job {sim.job.spec.name}: {text.replace(chr(10), ' ')}", {"generation": 1, "rank": 0, "node": "a"})]
+        assert sim.state is JobState.RUNNING
+    run(scenario())

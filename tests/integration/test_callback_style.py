@@ -15,10 +15,15 @@ from pathlib import Path
 import numpy as np
 
 from tests.harness import Processes, processes_mentioning
-from tests.integration.test_recovery import final_weights, start_trainerd, wait_for_job
+from tests.integration.test_recovery import events, final_weights, start_trainerd, wait_for_job
 from tests.ports import scheduler_port
 
 JOBS = Path(__file__).with_name("jobs")
+# The issue-46 script: callback_style.py that kept msrun_style.py's ModelCheckpoint (and its own resume, which
+# then finds its files) beside TrainerdCallback.
+KEPT_MODEL_CHECKPOINT = ("\n    callbacks = [LossMonitor(1), TimeMonitor(), TrainerdCallback(),",
+                         "\n    callbacks = [LossMonitor(1), TimeMonitor(), TrainerdCallback(), "
+                         "ModelCheckpoint(prefix='mlp', directory=ckpt_dir, config=config),")
 MAX_CHANGED_LINES = 5
 LOSS_LINE = re.compile(r"^epoch: (\d+) step: (\d+), loss is ", re.MULTILINE)
 
@@ -117,3 +122,33 @@ def test_the_converted_script_resumes_from_trainerds_checkpoint_inside_an_epoch_
     assert sorted(weights) == sorted(reference)
     for name in reference:
         assert np.array_equal(weights[name], reference[name]), f"{name} differs from the run without the fault"
+
+
+def test_a_model_checkpoint_beside_the_callback_is_a_job_warning_at_the_first_start_and_the_recipe_none(
+        tmp_path: Path, procs: Processes) -> None:
+    """The risk that failed the issue's job at its first recovery, days in, is told in the first generation
+    while it runs; the recipe's script, which replaced ModelCheckpoint, is not warned."""
+    text = (JOBS / "callback_style.py").read_text()
+    assert text.count(KEPT_MODEL_CHECKPOINT[0]) == 1
+    kept = JOBS / "kept_model_checkpoint.py"  # beside the others: it imports nothing else
+    kept.write_text(text.replace(*KEPT_MODEL_CHECKPOINT))
+    try:
+        warned = {}
+        for name, script in (("kept", kept), ("recipe", JOBS / "callback_style.py")):
+            run_dir = tmp_path / name
+            run_dir.mkdir()
+            job = callback_style_job(run_dir, epochs=3, steps_per_epoch=10, every=5)
+            job["entrypoint"][1] = str(script)
+            address = start_trainerd(run_dir, procs, job, name=f"trainerd-{name}")
+            for i in range(2):  # short names: the agent's unix socket path is at most 107 bytes
+                procs.agent(f"{name}-{i}", address)
+            running = wait_for_job(address, "a checkpoint", lambda j: (j["last_checkpoint_step"] or 0) >= 5, 240,
+                                   procs)
+            assert running["generation"] == 1 and running["state"] == "RUNNING", running
+            warned[script] = [e for e in events(address) if e["kind"] == "job_warning"]
+        [warning] = warned[kept]
+        assert warning["fields"]["generation"] == 1 and "ModelCheckpoint beside TrainerdCallback" in \
+            warning["message"], warning
+        assert warned[JOBS / "callback_style.py"] == []
+    finally:
+        kept.unlink()

@@ -14,6 +14,7 @@ from proto.progress_datagram import (
     MAX_CHECKPOINT_PATH,
     MAX_DATAGRAM_BYTES,
     MAX_FAILURE_REASON,
+    MAX_WARNING_TEXT,
     BadBatchReason,
     BadBatchReport,
     CheckpointFailedReport,
@@ -21,10 +22,12 @@ from proto.progress_datagram import (
     EventReport,
     MalformedProgress,
     StepReport,
+    WarningReport,
     WorkerEvent,
     decode,
     encode,
     failure_reason,
+    warning_text,
 )
 
 STEP = StepReport(job="llm", generation=3, rank=1, step=120, loss=0.31, grad_norm=1.7,
@@ -36,6 +39,7 @@ CHECKPOINT_FAILED = CheckpointFailedReport(job="llm", generation=3, rank=1, step
                                            reason="[Errno 28] No space left on device")
 BAD_BATCH = BadBatchReport(job="llm", generation=3, rank=0, step=121, sample_start=7680, sample_end=7744,
                            reason=BadBatchReason.GRAD_NORM_SPIKE, loss=2.5, grad_norm=91.0)
+WARNING = WarningReport(job="llm", generation=1, rank=0, step=0, text="a ModelCheckpoint beside TrainerdCallback")
 
 
 def valid_body() -> dict[str, Any]:
@@ -44,7 +48,7 @@ def valid_body() -> dict[str, Any]:
 
 def test_messages_round_trip() -> None:
     evaluating = EventReport(job="llm", generation=3, rank=1, event=WorkerEvent.EVALUATING, step=200)
-    for message in (STEP, EVENT, evaluating, CHECKPOINT, CHECKPOINT_FAILED, BAD_BATCH):
+    for message in (STEP, EVENT, evaluating, CHECKPOINT, CHECKPOINT_FAILED, BAD_BATCH, WARNING):
         assert decode(encode(message)) == message
 
 
@@ -283,3 +287,21 @@ def test_a_mindformers_iteration_directory_is_a_checkpoint_path() -> None:
     assert decode(encode(report)) == report
     with pytest.raises(MalformedProgress, match="must name the directory of step 400"):
         encode(CheckpointReport(**{**CHECKPOINT.__dict__, "path": "/ckpt/llm/iteration_00000399"}))
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"text": ""}, "'text' must have 1 to"),
+    ({"text": "t" * (MAX_WARNING_TEXT + 1)}, "'text' must have 1 to"),
+    ({"text": "risky\n2026 INFO forged"}, "'text' must have 1 to .* printable characters"),
+    ({"text": 1}, "'text' must be of type str"),
+])
+def test_bad_warnings_are_refused_by_name(change: dict[str, Any], reason: str) -> None:
+    with pytest.raises(MalformedProgress, match=reason):
+        decode(json.dumps(json.loads(encode(WARNING)) | change).encode())
+
+
+def test_a_warning_text_is_one_line_no_longer_than_a_report_takes() -> None:
+    assert warning_text("two\nlines") == "two lines"
+    long = warning_text("x" * 5000)
+    assert len(long) == MAX_WARNING_TEXT and long.endswith("...")
+    encode(WarningReport(**{**WARNING.__dict__, "text": long}))

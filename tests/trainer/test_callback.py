@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from proto.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
-from proto.progress_datagram import BadBatchReport, WorkerEvent
+from proto.progress_datagram import BadBatchReport, WarningReport, WorkerEvent
 from tests.harness import Processes
 from tests.ports import free_port
 from tests.trainer.mlp_runs import FAST_START_ENV, Run, cluster_env, run_example
@@ -252,12 +252,20 @@ def test_a_dataset_of_the_scripts_own_resumes_inside_its_epoch_to_the_same_weigh
     assert printed[0] == ("2", "2") and printed[-1] == (str(EPOCHS), str(STEPS_PER_EPOCH)), printed
     assert same(resumed.weights(0), whole.weights(0))
 
-    forgot = run_job(processes, resumed_root, own_dataset_env(resumed_root, "forgot", TRAINERD_GENERATION="3",
-                                                              TRAINERD_RESUME_FROM=str(copy)), *argv, "--from-epoch-0")
+
+
+def test_several_epochs_of_a_dataset_no_resume_could_position_are_refused_at_the_first_start(
+        processes: Processes, tmp_path: Path) -> None:
+    """The script's own dataset, never given to resume_epoch: its first resume after epoch 1 would read the
+    epoch from its start at the wrong epoch. Told at the job's first start, before its first step."""
+    argv = ["--epochs", str(EPOCHS), "--steps-per-epoch", str(STEPS_PER_EPOCH), "--own-dataset", "--from-epoch-0"]
+    forgot = run_job(processes, tmp_path, own_dataset_env(tmp_path, "forgot"), *argv)
     assert forgot.exit_codes() == {"forgot": EXIT_USAGE}, forgot.logs
     assert error_lines(forgot, "forgot") == [
-        "TrainerdCallback: Model.train began epoch 1, but the dataset is in epoch 2 (after step 5): "
-        "pass initial_epoch=resume_epoch(dataset) to Model.train"]
+        f"TrainerdCallback: Model.train runs {EPOCHS} epochs of a dataset resume_epoch did not position, so a resume "
+        "after its first epoch could not go on where it stopped: pass initial_epoch=resume_epoch(dataset) to "
+        "Model.train"]
+    assert forgot.steps(0) == [] and forgot.events(0) == []
 
 
 def test_a_nan_batch_on_one_rank_makes_both_ranks_skip(two_ranks: tuple[Run, Path]) -> None:
@@ -343,18 +351,31 @@ def error_lines(run: Run, name: str) -> list[str]:
     return [line for line in log.splitlines() if line.startswith(("TrainerdCallback: ", "trainerd_dataset: "))]
 
 
-def test_a_resume_without_its_epoch_or_from_an_unreadable_checkpoint_exits_with_one_line(
+def test_a_resume_whose_model_train_began_behind_the_dataset_counts_the_datasets_epochs_to_the_same_weights(
     processes: Processes, reference: tuple[Run, Path], tmp_path: Path,
 ) -> None:
-    copy = shutil.copytree(step_dir(reference[1], 5), step_dir(tmp_path, 5))
-    forgot = run_job(processes, tmp_path, one_rank_env(tmp_path, "forgot_epoch", TRAINERD_RESUME_FROM=str(copy)),
-                     *ARGV, "--from-epoch-0")
-    assert forgot.exit_codes() == {"forgot_epoch": EXIT_USAGE}, forgot.logs
-    assert error_lines(forgot, "forgot_epoch") == [
-        "TrainerdCallback: Model.train began epoch 1, but the dataset is in epoch 2 (after step 5): "
-        "pass initial_epoch=resume_epoch(dataset) to Model.train"]
-    assert forgot.steps(0) == []  # refused before the first step
+    """Model.train always starts at epoch 1 (the issue's script took its epoch from a checkpoint of its own,
+    older than trainerd's): the resume inside epoch 2 is renumbered as the dataset's epochs, stops after epoch 3
+    rather than run a fourth, warns, and ends bit-identical to the run without the fault."""
+    reference_run, reference_root = reference
+    copy = shutil.copytree(step_dir(reference_root, 5), step_dir(tmp_path, 5))
+    env = one_rank_env(tmp_path, "behind", generation=2, TRAINERD_RESUME_FROM=str(copy))
+    behind = run_job(processes, tmp_path, env, *ARGV, "--from-epoch-0")
+    assert behind.exit_codes() == {"behind": 0}, behind.logs
+    assert [(s.step, s.epoch) for s in behind.steps(0)] == [
+        (n, (n - 1) // STEPS_PER_EPOCH + 1) for n in range(6, STEPS + 1)]
+    printed = LOSS_LINE.findall(behind.procs["behind"].log())
+    assert printed[0] == ("2", "2") and printed[-1] == (str(EPOCHS), str(STEPS_PER_EPOCH)), printed
+    [warning] = [m for m in behind.reports if isinstance(m, WarningReport)]
+    assert warning.text == ("Model.train began epoch 1, but trainerd's checkpoint is in epoch 2 (after step 5): its "
+                            f"epochs are counted as the dataset's, and it stops after epoch {EPOCHS}; pass "
+                            "initial_epoch=resume_epoch(dataset) to Model.train to avoid this")
+    assert same(behind.weights(0), reference_run.weights(0))
 
+
+def test_a_resume_from_an_unreadable_checkpoint_exits_with_one_line(
+    processes: Processes, tmp_path: Path,
+) -> None:
     missing = step_dir(tmp_path, 6)
     unreadable = run_job(processes, tmp_path, one_rank_env(tmp_path, "unreadable", TRAINERD_RESUME_FROM=str(missing)),
                          *ARGV)

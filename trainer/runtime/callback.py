@@ -26,8 +26,14 @@ What each gives:
   skipped inside the step on every rank; micro batches accumulate when the launch splits the global batch.
 Each part works without the others, but exact data resume needs trainerd_dataset, and bad-batch reports
 need the guarded cell. Model.train must run with dataset_sink_mode=False (its default in 2.10; CPU never
-sinks), where callbacks see every step. Replace ModelCheckpoint rather than keep it: a script resuming from its own
-checkpoints would start Model.train at an epoch of its own, which the callback refuses.
+sinks), where callbacks see every step.
+
+What a resume needs is told at the job's first start (`trainer.runtime.epoch_agreement`): Model.train running
+several epochs of a dataset of the script's own that resume_epoch never saw is refused there (exit 2, one
+line), and a ModelCheckpoint beside the callback is a `job_warning` (replace it rather than keep it: a script
+resuming from its own checkpoints starts Model.train at an epoch of its own). At a resume, Model.train begun
+behind the dataset's epoch (initial_epoch not from resume_epoch) is renumbered as the dataset's epochs and
+stopped after the last one asked for, with a warning; Model.train ahead of it would end early and is refused.
 
 Outside trainerd (run by hand, or by msrun: TRAINERD_JOB is not set) the callback logs one line and does
 nothing; the cell still guards, and the dataset still reads the stream, so the script runs as before.
@@ -50,12 +56,18 @@ from typing import Any, NoReturn
 
 import numpy as np
 from mindspore import Tensor
-from mindspore.train import Callback, RunContext
+from mindspore.train import Callback, ModelCheckpoint, RunContext
 
 from proto.exit_codes import EXIT_USAGE
 from trainer.checkpoint.errors import UnsupportedLayout
 from trainer.checkpoint.sharding import ShardedTensor
-from trainer.runtime.elastic_dataset import SKIPS_FILE_ENV, resume_epoch, trainerd_dataset
+from trainer.runtime.elastic_dataset import SKIPS_FILE_ENV, positioned_for_resume, resume_epoch, trainerd_dataset
+from trainer.runtime.epoch_agreement import (
+    RESUME_EPOCH_ADVICE,
+    epoch_shift,
+    model_checkpoint_warning,
+    unpositioned_dataset_refusal,
+)
 from trainer.runtime.evaluation_watch import watch_model_eval
 from trainer.runtime.guarded_cell import GuardedTrainOneStepCell
 from trainer.runtime.parameter_layouts import parameter_layouts
@@ -82,6 +94,10 @@ class TrainerdCallback(Callback):
         self._skips_file = env.get(SKIPS_FILE_ENV)
         self._active: tuple[RankContext, ProgressReporter] | None = None
         self._run: TrainingRun | None = None
+        # Epochs by which Model.train's count is behind the dataset's (None: no epoch begun yet), and the last
+        # epoch Model.train was asked for (`epoch_agreement`).
+        self._epoch_shift: int | None = None
+        self._last_epoch = 0
         self._entered = 0  # Model.fit enters the callbacks again for each evaluation, inside the training's
         self._unwatch_eval: Callable[[], None] = lambda: None
         if ctx is None:
@@ -99,21 +115,68 @@ class TrainerdCallback(Callback):
         if cb_params.dataset_sink_mode:
             _exit("Model.train runs with dataset_sink_mode=True, where callbacks see an epoch, not a step: "
                   "pass dataset_sink_mode=False", EXIT_USAGE)
-        self._run = TrainingRun.begin(_WHO, ctx, reporter, (cb_params.train_network,), cb_params.train_dataset,
+        dataset = cb_params.train_dataset
+        size = dataset.get_dataset_size()
+        refusal = unpositioned_dataset_refusal(cb_params.epoch_num, positioned_for_resume(dataset),
+                                               size is not None and size > 0)
+        if refusal is not None:
+            _exit(refusal, EXIT_USAGE)
+        self._run = TrainingRun.begin(_WHO, ctx, reporter, (cb_params.train_network,), dataset,
                                       _sharded_parameters(ctx, cb_params), self._skips_file)
+        if any(isinstance(callback, ModelCheckpoint) for callback in cb_params.list_callback):
+            self._warn(model_checkpoint_warning())
         # Model.train counts this call's steps from 0; MindSpore's own resume starts the count at the global
         # step (Model._train's initial_step), so LossMonitor prints the step within the epoch.
         cb_params.cur_step_num = self._run.step
         self._unwatch_eval = watch_model_eval(self._evaluating)
 
     def on_train_epoch_begin(self, run_context: RunContext) -> None:
-        """The dataset's epochs and Model.train's must agree; they do not when initial_epoch is wrong."""
-        if self._run is None:
+        """The dataset's epochs and Model.train's must agree. When Model.train began behind a dataset positioned
+        for the resume (initial_epoch not from resume_epoch), its epochs are renumbered as the dataset's here
+        (the callbacks' step and epoch ends see the dataset's number) and it is stopped after its last one;
+        what cannot be mended exits (`epoch_agreement`)."""
+        if self._run is None or self._active is None:
             return
-        epoch, expected = run_context.original_args().cur_epoch_num, self._run.epoch_to_begin()
+        cb_params = run_context.original_args()
+        epoch, expected = cb_params.cur_epoch_num, self._run.epoch_to_begin()
+        if self._epoch_shift is None:  # Model.train's first epoch
+            self._last_epoch = epoch + cb_params.epoch_num - 1  # Model.train's `epoch`: the epochs asked for
+            self._epoch_shift = 0 if expected is None else self._agree(epoch, expected, cb_params.train_dataset)
+        epoch = cb_params.cur_epoch_num = epoch + self._epoch_shift
         if expected is not None and epoch != expected:
             _exit(f"Model.train began epoch {epoch}, but the dataset is in epoch {expected} (after step "
-                  f"{self._run.step}): pass initial_epoch=resume_epoch(dataset) to Model.train", EXIT_USAGE)
+                  f"{self._run.step}): {RESUME_EPOCH_ADVICE}", EXIT_USAGE)
+
+    def on_train_epoch_end(self, run_context: RunContext) -> None:
+        """Model.train renumbered from behind would go on past the last epoch asked for: stop it there."""
+        if self._epoch_shift and run_context.original_args().cur_epoch_num >= self._last_epoch:
+            run_context.request_stop()
+
+    def _agree(self, epoch: int, expected: int, dataset: Any) -> int:
+        """The epochs by which Model.train, beginning `epoch`, is renumbered to the dataset's `expected`;
+        exits (usage) when it cannot be."""
+        assert self._run is not None and self._active is not None
+        shift = epoch_shift(epoch, expected, positioned_for_resume(dataset))
+        if shift is None and epoch > expected:
+            _exit(f"Model.train began epoch {epoch}, but trainerd's checkpoint is in epoch {expected} (after step "
+                  f"{self._run.step}), so Model.train would end {epoch - expected} epochs early (an initial_epoch "
+                  f"from a checkpoint of the script's own?): {RESUME_EPOCH_ADVICE}", EXIT_USAGE)
+        if shift is None:
+            _exit(f"Model.train began epoch {epoch}, but the dataset is in epoch {expected} (after step "
+                  f"{self._run.step}): {RESUME_EPOCH_ADVICE}", EXIT_USAGE)
+        if shift:
+            self._warn(f"Model.train began epoch {epoch}, but trainerd's checkpoint is in epoch "
+                       f"{expected} (after step {self._run.step}): its epochs are counted as the dataset's, "
+                       f"and it stops after epoch {self._last_epoch}; {RESUME_EPOCH_ADVICE} to avoid this")
+        return shift
+
+    def _warn(self, text: str) -> None:
+        """Log `text`; rank 0 tells the coordinator too (every rank finds the same), as a job warning."""
+        assert self._run is not None and self._active is not None
+        log.warning("TrainerdCallback: %s", text)
+        ctx, reporter = self._active
+        if ctx.rank == 0:
+            reporter.warning(self._run.step, text)
 
     def on_train_step_begin(self, run_context: RunContext) -> None:
         if self._run is not None:

@@ -41,6 +41,7 @@ from trainer.data.mindspore_sampler import EpochSampler
 from trainer.data.sampler import SampleStream
 from trainer.data.skip_ranges import SkipRanges
 from trainer.runtime.checkpointing import ResumeError, ResumePoint, resume_point
+from trainer.runtime.epoch_agreement import RESUME_EPOCH_MARK
 from trainer.runtime.rank_context import BatchSettings, RankContext, trainerd_launch
 
 SKIPS_FILE_ENV = "TRAINERD_SKIPS_FILE"
@@ -94,16 +95,30 @@ def resume_epoch(dataset: ds.Dataset, *, environ: Mapping[str, str] | None = Non
     epochs it asked for, and the finished ones not again. Which samples those steps read is the dataset's
     own affair: the same ones as without the fault only where its order is (a seeded or no shuffle, the
     same sharding).
+
+    It marks `dataset` as asked about (`epoch_agreement.RESUME_EPOCH_MARK`): TrainerdCallback refuses at the
+    first start a Model.train of several epochs over a dataset of the script's own without that mark, which
+    could not resume after its first epoch.
     """
     sampler = find_epoch_sampler(dataset)
     if sampler is not None:
-        return sampler.first_epoch - 1
-    ctx = trainerd_launch(os.environ if environ is None else environ)
-    if ctx is None or ctx.is_scheduler:
-        return 0
-    position = own_dataset_position(dataset, _resume_point(ctx, OWN_DATASET_SEED, "resume_epoch"))
-    dataset.set_init_step(position.steps_done)
-    return position.completed
+        epoch = sampler.first_epoch - 1
+    else:
+        ctx = trainerd_launch(os.environ if environ is None else environ)
+        if ctx is None or ctx.is_scheduler:
+            epoch = 0
+        else:
+            position = own_dataset_position(dataset, _resume_point(ctx, OWN_DATASET_SEED, "resume_epoch"))
+            dataset.set_init_step(position.steps_done)
+            epoch = position.completed
+    setattr(dataset, RESUME_EPOCH_MARK, epoch)
+    return epoch
+
+
+def positioned_for_resume(dataset: ds.Dataset) -> bool:
+    """Whether a resume finds `dataset` at the checkpoint's place in its epoch: trainerd_dataset built it, or
+    resume_epoch was asked about it."""
+    return hasattr(dataset, RESUME_EPOCH_MARK) or find_epoch_sampler(dataset) is not None
 
 
 def own_dataset_position(dataset: ds.Dataset, start: ResumePoint) -> EpochPosition:

@@ -26,9 +26,11 @@ from proto.progress_datagram import (
     GuardNoticeReport,
     ProgressMessage,
     StepReport,
+    WarningReport,
     WorkerEvent,
     encode,
     failure_reason,
+    warning_text,
 )
 from trainer.runtime.rank_context import RankContext
 
@@ -142,6 +144,13 @@ class ProgressReporter:
         """Report what a replay of step `step` found other than bad data (may wait up to `event_wait_s`)."""
         message = GuardNoticeReport(job=self._job, generation=self._generation, rank=self._rank, step=step,
                                     notice=notice, detail=failure_reason(ValueError(detail)))
+        self._send(message, wait_s=self._event_wait_s)
+
+    def warning(self, step: int, text: str) -> None:
+        """Report what may work but is risky about the job, found at `step` (rank 0 only; the coordinator keeps
+        it as a job warning; may wait up to `event_wait_s`)."""
+        message = WarningReport(job=self._job, generation=self._generation, rank=self._rank, step=step,
+                                text=warning_text(text))
         self._send(message, wait_s=self._event_wait_s)
 
     def close(self) -> None:
