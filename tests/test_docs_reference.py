@@ -231,4 +231,4 @@ def test_nothing_cites_a_design_outside_the_repository():
     tracked = subprocess.run(["git", "grep", "-l", "-I", "-E", pattern], cwd=ROOT,
                              capture_output=True, text=True)
     assert tracked.returncode in (0, 1), tracked.stderr
-    assert tracked.stdout.strip() == "", f"files citing ../shared: {tracked.stdout.split()}"
+    assert tracked.stdout.strip() == "", f"files citing a design outside the repository: {tracked.stdout.split()}"
