@@ -56,6 +56,12 @@ FIELD_NOTES: dict[str, str] = {
     "cluster.etcd.password": "etcd password.",
     "cluster.heartbeat.interval_s": "How often each agent sends a heartbeat (stretched at scale, see "
                                     "`max_per_s`).",
+    "node_name": "This node's name, unique in the cluster (default: the host name); its certificate must name it.",
+    "work_dir": "The agent's directory: logs of its newest generations, rank tables, the compile cache, its state.",
+    "tls.key_file": "This node's private key.",
+    "cluster.tls.key_file": "The coordinator's private key.",
+    "job.micro_batch": "The batch one rank takes per micro-step; with `global_batch`, gradient accumulation = "
+                       "global / (micro x world size).",
     "discovery.dev_dir": "Where the Ascend device files (`davinci*`) are looked for.",
     "discovery.hccn_conf": "The file that gives each device's RoCE address.",
     "run_as.user": "The unprivileged user the training processes run as (the agent itself stays root).",
@@ -89,7 +95,6 @@ def _field_comments(cls: type) -> dict[str, str]:
     body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
     dedented = textwrap.dedent("\n".join(lines)).splitlines()
     notes: dict[str, str] = {}
-    previous: tuple[int, str] | None = None  # (end line, field) of the field just before
     for node in body:
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             name = node.target.id
@@ -105,11 +110,8 @@ def _field_comments(cls: type) -> dict[str, str]:
         line = dedented[node.lineno - 1]
         inline = line.split("  # ", 1)[1].strip() if "  # " in line else ""
         text = " ".join(part for part in (" ".join(above), inline) if part)
-        if not text and previous is not None and previous[0] == node.lineno - 1 and previous[1] in notes:
-            text = notes[previous[1]]  # one comment above a group of fields (ca_file, cert_file, key_file)
         if text:
             notes[name] = text
-        previous = (node.end_lineno or node.lineno, name)
     return notes
 
 
@@ -148,7 +150,7 @@ def _default_text(field: Any) -> str:
         return "unset"
     if isinstance(default, bool):
         return f"`{str(default).lower()}`"
-    if default in ([], {}, ()):
+    if default in ([], {}, (), ""):
         return "empty"
     return f"`{default}`"
 
