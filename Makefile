@@ -41,9 +41,10 @@ lint: docs
 	$(VENV)/bin/mypy daemon agent proto common trainer scripts
 
 # The documentation site (mkdocs.yml, docs/), into build/site. --strict: a dead link, a missing anchor or a page
-# left out of the navigation fails it. The reference pages are generated from the code as it builds.
+# left out of the navigation fails it (not with --quiet, which hides the warnings --strict counts). The reference
+# pages are generated from the code as it builds.
 docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet -d build/site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d build/site
 
 demo: $(STAMP)
 	$(PY) scripts/demo.py
