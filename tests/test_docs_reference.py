@@ -232,3 +232,11 @@ def test_nothing_cites_a_design_outside_the_repository():
                              capture_output=True, text=True)
     assert tracked.returncode in (0, 1), tracked.stderr
     assert tracked.stdout.strip() == "", f"files citing a design outside the repository: {tracked.stdout.split()}"
+
+
+def test_measurements_stay_on_the_benchmarks_page():
+    """The guide says what the system does; figures and how they were measured belong on benchmarks.md."""
+    offending = [str(path.relative_to(DOCS)) for path in DOCS.rglob("*.md")
+                 if path.name != "benchmarks.md" and re.search(r"\bMeasured\b", path.read_text())]
+    assert not offending, f"measurements outside docs/benchmarks.md: {offending}"
+    assert not re.search(r"\bMeasured\b", (ROOT / "README.md").read_text())
