@@ -240,3 +240,25 @@ def test_measurements_stay_on_the_benchmarks_page():
                  if path.name != "benchmarks.md" and re.search(r"\bMeasured\b", path.read_text())]
     assert not offending, f"measurements outside docs/benchmarks.md: {offending}"
     assert not re.search(r"\bMeasured\b", (ROOT / "README.md").read_text())
+
+
+def test_yaml_examples_in_the_docs_are_valid(site):
+    """Every YAML example parses, and every cluster-file example (top-level `cluster` or `job`) is accepted
+    by the cluster file's model: an example cannot teach a key that no longer exists."""
+    import yaml
+
+    from daemon.config import ClusterConfig
+
+    blocks = [(page, block) for page, text in site.items()
+              for block in re.findall(r"^```yaml\n(.*?)^```", text, re.S | re.M)]
+    blocks += [("README.md", block) for block in
+               re.findall(r"^```yaml\n(.*?)^```", (ROOT / "README.md").read_text(), re.S | re.M)]
+    assert blocks
+    checked = 0
+    for page, block in blocks:
+        data = yaml.safe_load(block)
+        assert isinstance(data, dict), f"{page}: a YAML example that is no mapping"
+        if data and set(data) <= {"cluster", "job"}:
+            ClusterConfig.model_validate(data)
+            checked += 1
+    assert checked >= 5
