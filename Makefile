@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-mindformers lint demo proto bench clean
+.PHONY: venv test test-mindformers lint docs demo proto bench clean
 
 venv: $(STAMP)
 
@@ -21,7 +21,7 @@ test: $(STAMP)
 
 # Opt-in, and not in CI's `make test`: MindFormers 2.0.0 cannot be resolved by pip (it requires hyper-parallel,
 # which is not on PyPI), so it goes into a venv of its own without its dependencies, after the extra that lists
-# them (README, "### MindFormers"). About 3.5 GB; the suite takes ~2.5 min on 2 cores.
+# them (docs/jobs/mindformers.md). About 3.5 GB; the suite takes ~2.5 min on 2 cores.
 MF_VENV := .venv-mindformers
 MF_PY := $(MF_VENV)/bin/python
 MF_STAMP := $(MF_VENV)/.installed
@@ -36,9 +36,15 @@ $(MF_STAMP): pyproject.toml
 test-mindformers: $(MF_STAMP)
 	$(MF_PY) -m pytest -q tests/mindformers_real
 
-lint: $(STAMP)
+lint: docs
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy daemon agent proto common trainer scripts
+
+# The documentation site (mkdocs.yml, docs/), into build/site. --strict: a dead link, a missing anchor or a page
+# left out of the navigation fails it (not with --quiet, which hides the warnings --strict counts). The reference
+# pages are generated from the code as it builds.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d build/site
 
 demo: $(STAMP)
 	$(PY) scripts/demo.py

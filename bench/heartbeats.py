@@ -21,7 +21,7 @@ each row on an etcd and in a directory of its own; the default --max-per-s pair 
 default (2000) beside pacing off (1e9), the same code without the feature, and --max-opening 256 1000000
 puts the opening gate's default beside it off.
 
-What keeps a burst from breaking sessions (README, "How many agents one coordinator holds"; every run in
+What keeps a burst from breaking sessions (docs/operations/scaling.md; every run in
 bench/heartbeats.md): trainerd and the simulated agents run gRPC with its iomgr TCP endpoints, not its
 EventEngine ones (fewer streams go silent: common/grpc_core_settings.py); the gRPC core holds every call that
 waits for the coordinator's event loop instead of cancelling those past 1,000 (daemon/app.py

@@ -1,5 +1,5 @@
 """The cluster's certificates: a private CA, the coordinator's server certificate, and client certificates
-that say who a peer is (DESIGN.md, "Secure by default").
+that say who a peer is (docs/security.md).
 
 A node's identity is its certificate: CN=NAME and the SAN URI `trainerd://node/NAME`; an agent may speak
 only for that node. An operator's certificate carries `trainerd://operator/NAME`, or

@@ -192,7 +192,7 @@ class CheckpointSettings(StrictModel):
     every_steps: int = Field(default=100, ge=0)
     keep: int = Field(default=3, ge=1, le=1000)
     # Workers also snapshot their state into their agent's shared memory every this many steps (0: never),
-    # so that a worker crash loses at most that many steps (README, "In-memory snapshots"). "auto": as
+    # so that a worker crash loses at most that many steps (docs/concepts/snapshots.md). "auto": as
     # often as keeps the snapshot's stall under 2% of the step time, as the workers measure it, and at most
     # one per 10 s of training (trainer/runtime/snapshot_interval.py), never further apart than 1000 steps
     # or every_steps. A generation spanning hosts takes them only when every node's agent serves SnapshotPeer

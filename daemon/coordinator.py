@@ -688,8 +688,8 @@ class Coordinator:
         two of the agent's next Welcome waits on top of the grace: in a connect burst an agent can give up
         its Hello just as the Welcome is written (the call waited that long in the gRPC queue). Its next
         Hello may first go to the other coordinator, as slow to answer in a burst, then waits in our queue.
-        Without this, such nodes went LOST while their agents waited to be let back in (README, "How many
-        agents one coordinator holds"). A host that truly dies between its Hello and its first heartbeat
+        Without this, such nodes went LOST while their agents waited to be let back in
+        (docs/operations/scaling.md). A host that truly dies between its Hello and its first heartbeat
         (milliseconds apart) is LOST that much later."""
         session.closed.set()
         if self._sessions.get(session.node) is session:

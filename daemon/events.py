@@ -9,6 +9,7 @@ the newest key alone. Keys are zero-padded, so they sort as the numbers do.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from dataclasses import dataclass, field
 
@@ -29,7 +30,7 @@ COMPACTION_PAGES_PER_PASS = 20
 class Event:
     seq: int
     at: float  # wall-clock seconds
-    kind: str  # e.g. node_joined, node_lost, generation_started
+    kind: str  # an EventKind's value: node_joined, node_lost, generation_started, ...
     message: str
     fields: dict = field(default_factory=dict)
 
@@ -133,3 +134,64 @@ class EventLog:
         except (codec.BadValue, KeyError, TypeError, ValueError):
             return False
         return at < self._clock.wall() - max_age_s
+
+
+class EventKind(enum.StrEnum):
+    """Every kind of event the coordinator appends: one list, which docs/reference/events.md is generated
+    from and tests/test_docs_reference.py checks against every kind the code appends. The comment above a
+    kind is its documentation."""
+
+    # A coordinator took the lead (a failover, or trainerd started again); names it and its address.
+    COORDINATOR_LEADS = "coordinator_leads"
+    # A node registered for the first time.
+    NODE_JOINED = "node_joined"
+    # A known node is READY again (it came back from LOST, or with other devices).
+    NODE_READY = "node_ready"
+    # A node is LOST: its session broke and it did not return within the grace, or it went silent.
+    NODE_LOST = "node_lost"
+    # A node LOST for longer than cluster.heartbeat.forget_lost_after_s left the node records.
+    NODE_FORGOTTEN = "node_forgotten"
+    # An operator drained a node (trainerctl nodes drain): a running job lets it go at a checkpoint.
+    NODE_DRAINED = "node_drained"
+    # An operator put a node back in service (trainerctl nodes undrain), lifting a quarantine.
+    NODE_UNDRAINED = "node_undrained"
+    # A node back from LOST or from a quarantine runs job.node_check before it is offered work.
+    NODE_CHECK_STARTED = "node_check_started"
+    # It passed (exit 0): the node is offered work again.
+    NODE_CHECK_PASSED = "node_check_passed"
+    # It failed or timed out: the node stays out until it returns again or is undrained; the reason is given.
+    NODE_CHECK_FAILED = "node_check_failed"
+    # The job in the cluster file differs from the one in etcd; names what changed.
+    JOB_CHANGED = "job_changed"
+    # A generation was launched: its nodes, world size, gradient accumulation and where it resumes from.
+    GENERATION_STARTED = "generation_started"
+    # Every rank of the generation reported a step: the job is RUNNING (after a recovery: its phases).
+    JOB_RUNNING = "job_running"
+    # Fewer usable devices than the job needs: it waits for nodes; says what it waits for.
+    JOB_WAITING = "job_waiting"
+    # A generation failed and the job recovers: the cause, the root cause, a quarantine if one began.
+    RECOVERY_STARTED = "recovery_started"
+    # The world changes size (a node joined, was drained or undrained) at a checkpoint.
+    RESHAPE_STARTED = "reshape_started"
+    # Every rank finished: the job is COMPLETED.
+    JOB_COMPLETED = "job_completed"
+    # The job is FAILED: the cause (restart budget spent, a job error, bad data, a usage error, ...).
+    JOB_FAILED = "job_failed"
+    # An operator asked to pause (trainerctl pause): the generation saves first.
+    PAUSE_REQUESTED = "pause_requested"
+    # trainerctl resume came before the job was PAUSED: the pause is called off.
+    PAUSE_CANCELLED = "pause_cancelled"
+    # The job is PAUSED.
+    JOB_PAUSED = "job_paused"
+    # An operator resumed a PAUSED or FAILED job (trainerctl resume), its restart budget refilled.
+    JOB_RESUMED = "job_resumed"
+    # The coordinator asked the generation for a checkpoint at a step ahead (growth, drain, pause, stop).
+    CHECKPOINT_REQUESTED = "checkpoint_requested"
+    # A script with job.graceful_exit_file is asked to leave through its graceful exit.
+    EXIT_REQUESTED = "exit_requested"
+    # A checkpoint was committed and entered the catalog.
+    CHECKPOINT_SAVED = "checkpoint_saved"
+    # A save failed (a full disk, an unwritable directory): the rank, the reason, the last good checkpoint.
+    CHECKPOINT_FAILED = "checkpoint_failed"
+    # Samples entered the skip ledger: a bad batch, a step that crashed repeatedly, or trainerctl skips add.
+    SAMPLES_SKIPPED = "samples_skipped"

@@ -1,6 +1,6 @@
 """Which nodes are alive, from session events and heartbeats kept in the leader's memory.
 
-A heartbeat is a dictionary write, never an etcd write (FACTS.md: etcd cannot absorb thousands of
+A heartbeat is a dictionary write, never an etcd write (docs/concepts/architecture.md: etcd cannot absorb thousands of
 keepalives per second); etcd learns about a node only when its state changes. Time comes from an
 injected clock so the timeouts are tested without sleeping.
 """

@@ -1,4 +1,4 @@
-"""Dependencies point one way (DESIGN.md): the coordinator, the agent and trainerctl run on hosts without
+"""Dependencies point one way (docs/concepts/architecture.md): the coordinator, the agent and trainerctl run on hosts without
 MindSpore and must never import it; they share contracts with workers through proto/, never through the
 worker runtime; and proto/ stays pure (no pydantic, no YAML)."""
 

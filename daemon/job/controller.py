@@ -312,7 +312,7 @@ class JobController:
     # ------------------------------------------------------------ reports from agents
 
     def _current(self, generation: int) -> GenerationObservation | None:
-        """Reports about another generation than the current one are ignored (DESIGN.md)."""
+        """Reports about another generation than the current one are ignored (docs/concepts/generations.md)."""
         observation = self.observation
         return observation if observation is not None and observation.number == generation else None
 

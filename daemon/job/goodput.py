@@ -1,4 +1,4 @@
-"""Goodput: every second of a job's wall time, accounted to exactly one phase (DESIGN.md, "Goodput").
+"""Goodput: every second of a job's wall time, accounted to exactly one phase (docs/concepts/goodput.md).
 
 The wall time runs from when the coordinator first took the job on (its submission) to COMPLETED.
 Each second goes to the phase the job was in, derived from the leader's own observations:

@@ -19,7 +19,8 @@ SCHEDULER_RANK = -1
 
 # What msrun 2.10 gives every process beyond the cluster variables (parallel/cluster/process_entity:
 # MS_TOPO_TIMEOUT is its --cluster_time_out default; without it the scheduler waits 30 minutes for
-# workers), then faster cluster formation and quieter logs (FACTS.md). A job's `env` may override them.
+# workers), then faster cluster formation and quieter logs (MS_RETRY_INTERVAL_*, GLOG_v). A job's `env` may
+# override them.
 DEFAULT_ENV = {
     "MS_TOPO_TIMEOUT": "600",
     "GLOG_v": "3",

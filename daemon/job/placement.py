@@ -1,7 +1,7 @@
 """Which devices a generation runs on, and with how much gradient accumulation.
 
 Pure: from the nodes on offer and the previous generation's node order, choose the world size
-(the largest allowed one that fits, DESIGN.md "Recovery" step 3) and give every rank a device.
+(the largest allowed one that fits, docs/concepts/generations.md) and give every rank a device.
 """
 
 from __future__ import annotations

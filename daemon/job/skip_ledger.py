@@ -1,7 +1,7 @@
 """The skip ledger in etcd (`jobs/{job}/skips/{id}`): sample ranges every later generation leaves out.
 
 Ranges are half-open [start, end) in sample positions of the job's global sample stream, which
-depends only on the data seed (DESIGN.md, "Bad batches"), so an entry means the same samples at
+depends only on the data seed (docs/concepts/bad-batches.md), so an entry means the same samples at
 every world size. Entries come from the workers' guard (a batch skipped in the step), from the
 coordinator (a step that keeps crashing workers, a run of spikes rolled back) and from operators
 (`trainerctl skips add`). An entry is never rewritten: its id is its range, so the same report

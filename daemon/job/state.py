@@ -10,7 +10,7 @@ from daemon.errors import PermanentError
 from daemon.job.placement import Placement
 from proto.vocabulary import CauseKind, JobState
 
-# Every write of the job state is checked against this table (DESIGN.md, "reconcile loop").
+# Every write of the job state is checked against this table (docs/concepts/reconcile-loop.md).
 ALLOWED_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.PENDING: frozenset({JobState.RUNNING, JobState.RECOVERING, JobState.FAILED, JobState.PAUSED,
                                  JobState.COMPLETED}),
@@ -65,7 +65,7 @@ class FailureCause(StrEnum):
 
     @property
     def spends_budget(self) -> bool:
-        """Crashes spend the restart budget; a node leaving does not (DESIGN.md, "Recovery"), nor
+        """Crashes spend the restart budget; a node leaving does not (docs/concepts/recovery.md), nor
         what fails the job at once (`permanent`): no restart follows to spend it on."""
         return not self.permanent and self not in (FailureCause.NODE_LOST, FailureCause.PROCESSES_GONE,
                                                    FailureCause.FENCED)

@@ -1,4 +1,4 @@
-"""How long each phase of a recovery took (DESIGN.md, "Recovery" step 7), measured by the leader.
+"""How long each phase of a recovery took (docs/concepts/recovery.md), measured by the leader.
 
 stop: the stop decided -> every node idle (or left out after the grace); relaunch: -> the Launch
 sent (includes the crash backoff and any WAITING); first_step: -> every rank reported a step.

@@ -1,4 +1,4 @@
-"""Every etcd key trainerd uses, built in one place (DESIGN.md, "etcd keys")."""
+"""Every etcd key trainerd uses, built in one place (docs/concepts/architecture.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """This suite runs against MindFormers 2.0.0 itself, which `make test`'s venv does not install (pip cannot
-resolve it: README, "### MindFormers"); `make test-mindformers` builds the venv that has it. Without it the run
+resolve it: docs/jobs/mindformers.md); `make test-mindformers` builds the venv that has it. Without it the run
 fails with one line: these tests are never skipped. (The folder is not named `mindformers`: on pytest's
 sys.path that would shadow the package.)"""
 

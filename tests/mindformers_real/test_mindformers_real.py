@@ -1,6 +1,6 @@
 """trainerd's MindFormers integration against MindFormers 2.0.0's real classes, on real MindSpore on CPU.
 
-Run by `make test-mindformers` (its own venv: README, "### MindFormers"), not by `make test`. The training test
+Run by `make test-mindformers` (its own venv: docs/jobs/mindformers.md), not by `make test`. The training test
 runs the tiny LLaMA of tests/mindformers_support through trainerd's launcher and MindFormers' Trainer twice (a
 run and a resume), about a minute each on a 2-core machine.
 """

@@ -26,7 +26,7 @@ from tests.harness import Proc, Processes
 GLOBAL_BATCH = 64
 RUN_TIMEOUT_S = 90
 EXAMPLE = [sys.executable, "-m", "trainer.examples.mlp"]
-# What the agent sets for speed (FACTS.md): quiet logs, fast retries while the cluster forms.
+# What the agent sets for speed (daemon/job/launch_plan.py DEFAULT_ENV): quiet logs, fast retries while the cluster forms.
 FAST_START_ENV = {"GLOG_v": "3", "MS_RETRY_INTERVAL_LOWER": "1", "MS_RETRY_INTERVAL_UPPER": "1"}
 
 

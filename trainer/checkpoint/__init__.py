@@ -1,4 +1,4 @@
-"""Sharded safetensors checkpoints that load at any world size (DESIGN.md, "Checkpoints").
+"""Sharded safetensors checkpoints that load at any world size (docs/concepts/checkpoints.md).
 
 numpy and the safetensors file format (read and written here, with per-segment CRC-32 checks; see
 `digest`, `chunk_reader`, `direct_io`, `direct_writer`); MindSpore only in `trainer.checkpoint.mindspore_io`,
