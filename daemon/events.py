@@ -195,3 +195,10 @@ class EventKind(enum.StrEnum):
     CHECKPOINT_FAILED = "checkpoint_failed"
     # Samples entered the skip ledger: a bad batch, a step that crashed repeatedly, or trainerctl skips add.
     SAMPLES_SKIPPED = "samples_skipped"
+    # A rank's replay of a step its guard refused came out otherwise: its device computed wrong. The step was
+    # taken from the replay, and no samples were skipped.
+    DEVICE_SUSPECTED = "device_suspected"
+    # More reproduced spikes than bad data makes in a window: the guard learns its statistics afresh.
+    GUARD_REBASELINED = "guard_rebaselined"
+    # The worker runtime found something risky about the job at its start (it may work): what and why.
+    JOB_WARNING = "job_warning"

@@ -588,15 +588,17 @@ class JobController:
             found = self._unrecorded_findings[0]
             notice = found.notice
             if notice.kind == DEVICE_SUSPECTED:
+                kind = "device_suspected"
                 device = "" if found.device_id is None else f" (device {found.device_id})"
                 message = (f"job {self.spec.name}: rank {found.rank} on node {found.node}{device} computed step "
                            f"{notice.step} otherwise when it was replayed ({notice.detail}): its device is "
                            f"suspected; the step was taken from the replay and no samples were skipped")
             else:
+                kind = "guard_rebaselined"
                 message = (f"job {self.spec.name}: the bad-batch guard re-baselined at step {notice.step} "
                            f"({notice.detail}): more reproduced spikes than a bad batch makes, so its statistics "
                            f"are learnt afresh and none of those steps is skipped")
-            await self._events.append(notice.kind, message, fence, generation=found.generation, step=notice.step,
+            await self._events.append(kind, message, fence, generation=found.generation, step=notice.step,
                                       rank=found.rank, node=found.node)
             self._unrecorded_findings.popleft()
 
