@@ -13,6 +13,8 @@ import json
 import logging
 import re
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import grpc
 
@@ -50,6 +52,8 @@ from proto import trainerd_pb2_grpc as pb_grpc
 from proto.vocabulary import MAX_WELCOME_WAIT_S, NODE_NAME_PATTERN
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 HELLO_TIMEOUT_S = 10.0
 DEFAULT_MAX_SESSIONS = 20000
@@ -385,22 +389,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     def _handle(self, session: AgentSession, kind: str, message: pb.AgentMessage) -> pb.CoordinatorMessage | None:
         coordinator, node = self._coordinator, session.node
         if kind == "heartbeat":
-            heartbeat = message.heartbeat
-            generation = check.generation(heartbeat.generation)
-            check.count(heartbeat.processes, check.MAX_PROCESSES_PER_HEARTBEAT, "processes in a heartbeat")
-            sent_at = check.finite(heartbeat.sent_at, "sent_at")
-            reports = [process_status_report(node, status) for status in heartbeat.processes]
-            lag = time.time() - sent_at if sent_at > 0 else None
-            memory = memory_snapshot(heartbeat.memory_snapshot) if heartbeat.HasField("memory_snapshot") else None
-            coordinator.heartbeat(session, generation, lag, memory, held_snapshots(heartbeat.held_snapshots))
-            metrics.HEARTBEATS.inc()
-            if lag is not None:
-                metrics.HEARTBEAT_LAG.observe(max(0.0, lag))
-            for report in reports:
-                coordinator.process_report(session, generation, report)
-            pace = coordinator.pace
-            return pb.CoordinatorMessage(heartbeat_ack=pb.HeartbeatAck(
-                sequence=heartbeat.sequence, interval_s=pace.interval_s, timeout_s=pace.timeout_s))
+            return self._heartbeat(session, message.heartbeat)
         elif kind == "process_exited":
             exited = message.process_exited
             coordinator.process_report(session, check.generation(exited.generation),
@@ -440,8 +429,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             check.count(data.data, MAX_LOG_READ_BYTES, "bytes of log data")
             check.text(data.error, 1000, "error")
             coordinator.log_data(session, data.request_id, LogChunk(
-                bytes(data.data), check.bounded_int(data.offset, 0, check.MAX_STEP, "offset"),
-                check.bounded_int(data.size, 0, check.MAX_STEP, "size"), data.running, data.error))
+                bytes(data.data), check.bounded_int(data.offset, 0, check.MAX_FILE_OFFSET, "offset"),
+                check.bounded_int(data.size, 0, check.MAX_FILE_OFFSET, "size"), data.running, data.error))
         elif kind == "node_check_result":
             result = message.node_check_result
             coordinator.node_check_result(session, result.check_id, result.passed,
@@ -451,6 +440,44 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         else:
             raise MalformedMessage("no body")
         return None
+
+    def _heartbeat(self, session: AgentSession, heartbeat: pb.Heartbeat) -> pb.CoordinatorMessage:
+        """A heartbeat is always acknowledged: it proves the agent is alive and still belongs, whatever else
+        it carries. A field out of bounds drops that field's report alone (a process's status, a snapshot
+        claim, the send time), counted and logged as a malformed message would be: before, one bad status
+        dropped the whole heartbeat, unacknowledged, and the agent redialled every few seconds for good."""
+        node = session.node
+        generation = self._field(session, "heartbeat", lambda: check.generation(heartbeat.generation))
+        sent_at = self._field(session, "heartbeat", lambda: check.finite(heartbeat.sent_at, "sent_at"))
+        statuses = self._field(session, "heartbeat", lambda: check.bounded_list(
+            heartbeat.processes, check.MAX_PROCESSES_PER_HEARTBEAT, "processes in a heartbeat")) or ()
+        reports = [self._field(session, "heartbeat", lambda s=status: process_status_report(node, s))
+                   for status in statuses]
+        memory = (self._field(session, "heartbeat", lambda: memory_snapshot(heartbeat.memory_snapshot))
+                  if heartbeat.HasField("memory_snapshot") else None)
+        held = self._field(session, "heartbeat", lambda: held_snapshots(heartbeat.held_snapshots)) or ()
+        lag = time.time() - sent_at if sent_at is not None and sent_at > 0 else None
+        self._coordinator.heartbeat(session, generation, lag, memory, held)
+        metrics.HEARTBEATS.inc()
+        if lag is not None:
+            metrics.HEARTBEAT_LAG.observe(max(0.0, lag))
+        if generation is not None:
+            for report in reports:
+                if report is not None:
+                    self._coordinator.process_report(session, generation, report)
+        pace = self._coordinator.pace
+        return pb.CoordinatorMessage(heartbeat_ack=pb.HeartbeatAck(
+            sequence=heartbeat.sequence, interval_s=pace.interval_s, timeout_s=pace.timeout_s))
+
+    def _field(self, session: AgentSession, kind: str, read: Callable[[], T]) -> T | None:
+        """`read()`, or None when the field it reads is malformed: dropped, counted and logged."""
+        try:
+            return read()
+        except MalformedMessage as exc:
+            metrics.AGENT_MESSAGES_DROPPED.labels("malformed").inc()
+            self._warnings.warning(session.node, "node %s sent a malformed field in a %s message; dropped: %s",
+                                   session.node, kind, exc)
+            return None
 
     async def _write(self, context: grpc.aio.ServicerContext, outbox: asyncio.Queue, write_lock: asyncio.Lock) -> None:
         while True:

@@ -2,19 +2,27 @@
 
 A peer's message is data, never trusted: every number that reaches arithmetic is finite and in a
 range the coordinator's int64 wire fields and its decisions can hold, every string and list has a
-bound. A message that breaks one is dropped whole (daemon/grpc_services.py counts and logs it).
+bound. A message that breaks one is dropped whole (daemon/grpc_services.py counts and logs it), but for a
+heartbeat: there only the field's report goes, and the heartbeat is still acknowledged.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sized
+from collections.abc import Sequence, Sized
+from typing import TypeVar
 
 from proto.vocabulary import ProcessRole
+from trainer.checkpoint.json_fields import MAX_EXTENT
+
+T = TypeVar("T")
 
 MAX_RANK = 1 << 20  # ranks are 0 to MAX_RANK - 1; -1 is the scheduler
 MAX_GENERATION = 1 << 40
-MAX_STEP = 1 << 62  # steps, epochs, sample positions: with room for the sums the decisions make
+# Steps and epochs: no further than a checkpoint's manifest can record (its integers stop at 2**48), so a
+# step a node claims is one the job could resume from, and the sums the decisions make stay far from overflow.
+MAX_STEP = MAX_EXTENT
+MAX_FILE_OFFSET = 1 << 62  # offsets and sizes in a log file
 MAX_SAMPLE_POSITION = 10**15  # consumed samples and skipped ranges (the skip ledger's bound)
 MAX_SAMPLES_PER_S = 1e12
 # A year: a rank's checkpoint stall in one generation is far less.
@@ -83,6 +91,12 @@ def text(value: str, limit: int, what: str) -> str:
 def count(items: Sized, limit: int, what: str) -> None:
     if len(items) > limit:
         raise MalformedMessage(f"{len(items)} {what}, more than {limit}")
+
+
+def bounded_list(items: Sequence[T], limit: int, what: str) -> Sequence[T]:
+    """`items`, when there are at most `limit` of them."""
+    count(items, limit, what)
+    return items
 
 
 def one_line(value: str, limit: int) -> str:

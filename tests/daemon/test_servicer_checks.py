@@ -501,3 +501,33 @@ def test_a_node_whose_agent_was_turned_away_at_the_door_is_not_lost_before_its_t
             await channel.close()
             await server.stop(None)
     run(scenario())
+
+
+def test_a_heartbeat_with_a_field_out_of_bounds_is_acked_and_only_that_field_is_dropped() -> None:
+    """Issue 47: a generation resumed at step 2**62 made every honest heartbeat malformed (its processes'
+    steps passed the bound); each was dropped whole and never acked, so the agents redialled every 3 s and
+    the job stayed RECOVERING. Over real gRPC: a heartbeat with one bad status, a step past the checkpoint
+    format's 2**48 and a bad snapshot claim is acked, and its good status still counts."""
+    async def scenario() -> None:
+        sim = await running_cluster(nodes=("a",))
+        sim.disconnect("a")  # its agent comes back over gRPC, within the session grace
+        server, channel = await serve_sessions(CoordinatorService(sim.coordinator))
+        try:
+            call = pb_grpc.CoordinatorStub(channel).Session()
+            await call.write(pb.AgentMessage(hello=hello(node_name="a")))
+            assert (await call.read()).WhichOneof("body") == "welcome"
+            before = dropped("malformed")
+            await call.write(pb.AgentMessage(heartbeat=pb.Heartbeat(sequence=7, generation=1, processes=[
+                pb.ProcessStatus(role="worker", rank=0, pid=200, state=pb.PROCESS_EXITED, exit_code=1),
+                pb.ProcessStatus(role="scheduler", rank=-1, pid=100, state=pb.PROCESS_RUNNING, step=1 << 62),
+            ], held_snapshots=[pb.MemorySnapshot(step=1 << 62, ranks=[0], world_size=1, generation=1)])))
+            reply = await call.read()
+            assert reply.WhichOneof("body") == "heartbeat_ack" and reply.heartbeat_ack.sequence == 7
+            assert dropped("malformed") - before == 2
+            await sim.tick()
+            assert sim.job.record.last_failure is not None and sim.job.record.last_failure.rank == 0
+            call.cancel()
+        finally:
+            await channel.close()
+            await server.stop(None)
+    run(scenario())
