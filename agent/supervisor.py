@@ -647,6 +647,8 @@ class Supervisor:
             return
         if self._newest_commit is None or saved.step >= self._newest_commit.step:
             self._newest_commit = saved
+        for rank in list(self._forwarding):  # the step goes first: the coordinator believes no commit beyond it
+            self._flush_progress(rank)
         self._report(pb.AgentMessage(checkpoint_saved=saved))
 
     def _drop_foreign_progress(self, message: ProgressMessage, managed: ManagedProcess, sender_pid: int) -> None:
@@ -680,16 +682,17 @@ class Supervisor:
         self._report(pb.AgentMessage(progress=progress))
 
     def resend_reports(self) -> None:
-        """A new session began (a reconnect, maybe to a new leader): send the current generation's newest
-        checkpoint commit and each rank's newest progress again. Those sent before may have been lost
+        """A new session began (a reconnect, maybe to a new leader): send each rank's newest progress and the
+        current generation's newest checkpoint commit again, in that order (the coordinator believes no commit
+        beyond the steps reported). Those sent before may have been lost
         with the old session, or reached a leader that lost office before it recorded them: without
         them a new leader's status shows no step until the next report, and its checkpoint catalog
         misses a commit it would resume from. The coordinator takes a report it already has as a no-op.
         What is held is one message per rank and one commit, replaced as newer ones come."""
-        if self._newest_commit is not None:
-            self._report(pb.AgentMessage(checkpoint_saved=self._newest_commit))
         for rank, forwarding in list(self._forwarding.items()):
             if forwarding.pending is not None:
                 self._flush_progress(rank)  # newer than what was sent
             elif forwarding.sent is not None:
                 self._report(pb.AgentMessage(progress=forwarding.sent))
+        if self._newest_commit is not None:  # after the steps: the coordinator believes no commit beyond them
+            self._report(pb.AgentMessage(checkpoint_saved=self._newest_commit))

@@ -80,6 +80,7 @@ def test_a_checkpoint_counts_only_from_rank_0s_node_and_inside_the_checkpoint_di
         assert launch.checkpoint_path == "/ckpt/step_00000010"
         assert {p.env["TRAINERD_RESUME_FROM"] for p in launch.processes} == {"/ckpt/step_00000010"}
 
+        sim.step(20)
         sim.coordinator.checkpoint_saved(a, 2, 20, 20 * GLOBAL_BATCH, "/ckpt/./sub/../step_00000020")
         await sim.tick()
         assert [c.step for c in sim.job.catalog.entries()] == [10, 20]
