@@ -70,7 +70,7 @@ from daemon.store import codec, keys
 from daemon.store.codec import BadValue
 from daemon.store.fenced_cache import FencedCache
 from daemon.store.interface import Fence, Store
-from proto.vocabulary import JobState, ProcessRole
+from proto.vocabulary import CauseKind, JobState, ProcessRole
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +140,15 @@ class JobView:
 
 
 @dataclass(frozen=True)
+class LaunchRefusal:
+    """A node's agent refused the generation's Launch (CauseKind.LAUNCH_REFUSED), waiting for its event."""
+
+    generation: int
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class FailedSave:
     """A rank's report that its save of `step` failed, waiting for its event."""
 
@@ -181,6 +190,7 @@ class JobController:
         self._stopping: asyncio.Future[str] | None = None  # trainerd is stopping: see prepare_to_stop
         self._unrecorded_checkpoints: list[CheckpointEntry] = []
         self._unrecorded_failed_saves: deque[FailedSave] = deque()
+        self._unrecorded_refusals: deque[LaunchRefusal] = deque()
         self.recovery: RecoveryTimeline | None = None
         self._bad_memory_steps: frozenset[int] = frozenset()  # in-memory snapshots a generation could not load
         self._waiting_for = ""  # as of the last reconcile pass
@@ -231,6 +241,7 @@ class JobController:
         self._pause_asked_at = None
         self._unrecorded_checkpoints = []
         self._unrecorded_failed_saves = deque()
+        self._unrecorded_refusals = deque()
         now = self._clock.now()
         await self._load_orders_seen()
         if self.record.generation:
@@ -322,6 +333,11 @@ class JobController:
             return False
         before = observation.processes.get((report.node, report.role, report.rank))
         observation.record_process(replace(report, observed_at=self._clock.now()))
+        refused = report.cause is not None and report.cause.kind == CauseKind.LAUNCH_REFUSED and not report.running
+        if refused and report.node not in observation.launch_refused:
+            assert report.cause is not None
+            observation.launch_refused.add(report.node)
+            self._unrecorded_refusals.append(LaunchRefusal(generation, report.node, report.cause.message))
         observation.launched.add(report.node)
         self._note_idle(observation)
         return before is None or before.running != report.running
@@ -501,6 +517,7 @@ class JobController:
         await self._record_checkpoints(fence)
         await self._record_skips(fence)
         await self._record_failed_saves(fence)
+        await self._record_refusals(fence)
         world = JobWorld(self.spec, self.record, self.generation, self.observation, tuple(facts.offers),
                          frozenset(facts.disconnected), frozenset(facts.lost), frozenset(facts.drained),
                          self.catalog.entries(), self.ledger.ranges(), self._placeable_since,
@@ -532,10 +549,13 @@ class JobController:
                 case MarkCheckpointBad():
                     resume = None if self.generation is None else self.generation.resume
                     if resume is not None and resume.source is ResumeSource.MEMORY and resume.step == action.step:
-                        log.error("job %s: the in-memory snapshot of step %d could not be loaded; it is not "
-                                  "used again: %s", self.spec.name, action.step, action.problem)
                         self._bad_memory_steps = bad_memory_steps_after(self._bad_memory_steps, action.step,
                                                                         self.catalog.entries())
+                        await self._events.append(
+                            "snapshot_unusable", f"job {self.spec.name}: the in-memory snapshot of step "
+                            f"{action.step} could not be loaded and is not used again (the next generation resumes "
+                            f"from the next newest source): {action.problem}", fence, step=action.step,
+                            problem=action.problem)
                     else:
                         await self.catalog.mark_bad(action.step, action.problem, fence)
                 case AddSkip():
@@ -577,6 +597,17 @@ class JobController:
                 generation=failed.generation, step=failed.step, rank=failed.rank, node=failed.node,
                 reason=failed.reason)
             self._unrecorded_failed_saves.popleft()
+
+    async def _record_refusals(self, fence: Fence) -> None:
+        """Each node whose agent refused a generation's Launch: one `launch_refused` event with the agent's
+        reason (a refusal once left the job PENDING with no word of why)."""
+        while self._unrecorded_refusals:
+            refusal = self._unrecorded_refusals[0]
+            await self._events.append(
+                "launch_refused", f"job {self.spec.name}: node {refusal.node} refused to launch generation "
+                f"{refusal.generation}: {refusal.reason}", fence, generation=refusal.generation, node=refusal.node,
+                reason=refusal.reason)
+            self._unrecorded_refusals.popleft()
 
     async def _record_skips(self, fence: Fence) -> None:
         while self._unrecorded_skips:

@@ -11,7 +11,7 @@ import asyncio
 import pytest
 
 from daemon.grpc_services import held_snapshots
-from daemon.job.observation import MemorySnapshot
+from daemon.job.observation import MemorySnapshot, RootCause
 from daemon.job.placement import Placement, RankSlot
 from daemon.job.snapshot_claims import admitted
 from daemon.job.state import GenerationRecord, ResumeSource, SnapshotHolder
@@ -247,3 +247,26 @@ def test_copies_of_a_predecessor_made_in_a_later_generation_bind() -> None:
     assert claims.held == () and "ranks 1 of step 20" in claims.refused[0]
     assert admitted("a", None, (held(20, 0),), placements, 2, 30).refused[0].startswith("node a is not in")
     assert admitted("c", None, (held(20, 2, world_size=2),), placements, 2, 30).held == ()
+
+
+def test_a_snapshot_the_agents_cannot_assemble_is_named_in_the_events_and_the_next_source_is_used() -> None:
+    """Issue 47: an assembled snapshot that fails verification never launches (the agent starts no worker on it
+    and reports each exited 65: tests/agent/test_snapshot_keeper.py); the coordinator says which snapshot and
+    why in a `snapshot_unusable` event and relaunches from the next newest source."""
+    async def scenario() -> None:
+        sim = await running_cluster(peer_port=PEER_PORT)
+        hold_ring(sim, 20)
+        sim.step(23)
+        await sim.tick()
+        await lose(sim, "b")
+        assert (sim.job.generation.resume.source, sim.job.generation.resume.step) == (ResumeSource.MEMORY, 20)
+        problem = "cannot resume from the in-memory snapshot of step 20: rank 1's file fails its digest"
+        sim.started()
+        sim.crash("a", 0, exit_code=65, cause=RootCause(problem, kind="last_line"))
+        await sim.tick()
+        sim.confirm_stop()
+        await sim.tick(1.0)
+        unusable = [e for e in await sim.coordinator.events(0) if e.kind == "snapshot_unusable"]
+        assert [e.fields["step"] for e in unusable] == [20] and problem in unusable[0].message
+        assert (sim.job.generation.resume.source, sim.job.generation.resume.step) == (ResumeSource.DISK, 10)
+    run(scenario())
