@@ -9,6 +9,7 @@ per node), and nothing an agent sends ends its session loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import re
@@ -19,6 +20,7 @@ from typing import TypeVar
 import grpc
 
 from common.clock import Clock, SystemClock
+from common.peer_text import escaped
 from daemon import message_checks as check
 from daemon import metrics
 from daemon.admission import HelloAdmission, HelloDeferred, OpeningGate
@@ -67,13 +69,13 @@ def hello_from_proto(message: pb.Hello) -> AgentHello:
     try:
         if not re.fullmatch(NODE_NAME_PATTERN, message.node_name):
             raise MalformedMessage(f"invalid node name {message.node_name[:80]!r}")
-        for what in ("host", "agent_version", "resume_token"):
-            check.text(getattr(message, what), check.MAX_HELLO_TEXT_CHARS, what)
+        for what in ("host", "agent_version", "resume_token"):  # logged, stored, printed: no control character
+            check.printable(getattr(message, what), check.MAX_HELLO_TEXT_CHARS, what)
         check.count(message.devices, MAX_DEVICES_PER_NODE, "devices")
         for device in message.devices:
             check.bounded_int(device.device_id, 0, check.MAX_DEVICE_ID, "device id")
-            check.text(device.device_ip, check.MAX_HELLO_TEXT_CHARS, "device ip")
-            check.text(device.kind, 16, "device kind")
+            check.printable(device.device_ip, check.MAX_HELLO_TEXT_CHARS, "device ip")
+            check.printable(device.kind, 16, "device kind")
         peer_port = check.bounded_int(message.peer_port, 0, 65535, "peer port")
         next_welcome_wait_s = check.finite(message.next_welcome_wait_s, "next welcome wait", 0.0,
                                            MAX_WELCOME_WAIT_S)
@@ -170,7 +172,7 @@ def process_exited_report(node: str, exited: pb.ProcessExited) -> ProcessReport:
                           check.one_line(exited.cause.kind, 40))
     return ProcessReport(node, role, rank, check.bounded_int(exited.pid, 0, 1 << 31, "pid"), False,
                          exited.exit_code, check.bounded_int(exited.signal, 0, 255, "signal"), exited.expected,
-                         exited.log_tail[-check.MAX_LOG_TAIL_CHARS:], cause=cause)
+                         escaped(exited.log_tail[-check.MAX_LOG_TAIL_CHARS:], keep="\n"), cause=cause)
 
 
 def process_started_report(node: str, started: pb.ProcessStarted) -> ProcessReport:
@@ -416,7 +418,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 raise MalformedMessage(f"a checkpoint needs a step from 1 and a path, got step {saved.step}")
             coordinator.checkpoint_saved(session, check.generation(saved.generation), check.step(saved.step),
                                          check.sample_position(saved.consumed_samples, "consumed_samples"),
-                                         check.text(saved.path, check.MAX_PATH_CHARS, "path"))
+                                         check.printable(saved.path, check.MAX_PATH_CHARS, "path"))
         elif kind == "checkpoint_failed":
             failed = message.checkpoint_failed
             if failed.step < 1 or not failed.reason:
@@ -428,13 +430,14 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             data = message.log_data
             check.count(data.data, MAX_LOG_READ_BYTES, "bytes of log data")
             check.text(data.error, 1000, "error")
+            data.error = escaped(data.error)
             coordinator.log_data(session, data.request_id, LogChunk(
                 bytes(data.data), check.bounded_int(data.offset, 0, check.MAX_FILE_OFFSET, "offset"),
                 check.bounded_int(data.size, 0, check.MAX_FILE_OFFSET, "size"), data.running, data.error))
         elif kind == "node_check_result":
             result = message.node_check_result
             coordinator.node_check_result(session, result.check_id, result.passed,
-                                          check.text(result.detail, 1000, "detail"))
+                                          escaped(check.text(result.detail, 1000, "detail")))
         elif kind == "hello":
             raise MalformedMessage("a second Hello")
         else:
@@ -451,7 +454,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         sent_at = self._field(session, "heartbeat", lambda: check.finite(heartbeat.sent_at, "sent_at"))
         statuses = self._field(session, "heartbeat", lambda: check.bounded_list(
             heartbeat.processes, check.MAX_PROCESSES_PER_HEARTBEAT, "processes in a heartbeat")) or ()
-        reports = [self._field(session, "heartbeat", lambda s=status: process_status_report(node, s))
+        reports = [self._field(session, "heartbeat", functools.partial(process_status_report, node, status))
                    for status in statuses]
         memory = (self._field(session, "heartbeat", lambda: memory_snapshot(heartbeat.memory_snapshot))
                   if heartbeat.HasField("memory_snapshot") else None)

@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence, Sized
 from typing import TypeVar
 
+from common.peer_text import escaped
 from proto.vocabulary import ProcessRole
 from trainer.checkpoint.json_fields import MAX_EXTENT
 
@@ -99,7 +100,16 @@ def bounded_list(items: Sequence[T], limit: int, what: str) -> Sequence[T]:
     return items
 
 
+def printable(value: str, limit: int, what: str) -> str:
+    """A peer's text that means something as it is (a host, a path): at most `limit` characters, none of them
+    a control character (escaping would change what it names)."""
+    text(value, limit, what)
+    if not value.isprintable():
+        raise MalformedMessage(f"{what} {escaped(value[:80])!r} holds a character that is not printable")
+    return value
+
+
 def one_line(value: str, limit: int) -> str:
-    """A peer's text as one printable line of at most `limit` characters: it goes into logs,
-    events and status."""
-    return "".join(c if c.isprintable() else " " for c in value[:limit]).strip()
+    """A peer's text as one printable line of at most `limit` characters, its control characters escaped
+    (common/peer_text.py): it goes into logs, events and status."""
+    return escaped(value[:limit].strip())

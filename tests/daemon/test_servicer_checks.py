@@ -18,6 +18,7 @@ from daemon.app import grpc_server
 from daemon.coordinator import SessionRefused
 from daemon.grpc_services import ControlService, CoordinatorService, hello_from_proto
 from daemon.job.observation import REMEMBERED_STEPS
+from daemon.node_checks import NodeCheckCommand
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
 from proto.vocabulary import RETRY_AFTER_SPREAD, JobState
@@ -46,6 +47,7 @@ def hello(**fields) -> pb.Hello:
 
 @pytest.mark.parametrize("fields", [
     {"node_name": "n1\n"}, {"node_name": "x" * 64}, {"node_name": ""}, {"host": "h" * 256},
+    {"host": "10.0.0.1\nWARNING forged"}, {"host": "\x1b]0;owned\x07"}, {"agent_version": "v\r"},
     {"agent_version": "v" * 10_000}, {"resume_token": "t" * 10_000},
     {"devices": [pb.Device(device_id=i, kind="cpu") for i in range(65)]},
     {"devices": [pb.Device(device_id=-1, kind="cpu")]}, {"devices": [pb.Device(device_id=1 << 20, kind="cpu")]},
@@ -148,7 +150,7 @@ def test_a_failed_save_is_one_event_with_its_reason_and_the_job_runs_on() -> Non
         failed = [e for e in await sim.coordinator.events(0) if e.kind == "checkpoint_failed"]
         assert len(failed) == 1, failed
         assert failed[0].fields == {"generation": 1, "step": 20, "rank": 1, "node": "b",
-                                    "reason": reason.replace("\n", " ")}
+                                    "reason": reason.replace("\n", "\\n")}
         assert "No space left on device" in failed[0].message and "last committed checkpoint is step 10" in \
             failed[0].message
         assert sim.state is JobState.RUNNING and [c.step for c in sim.job.catalog.entries()] == [10]
@@ -530,4 +532,24 @@ def test_a_heartbeat_with_a_field_out_of_bounds_is_acked_and_only_that_field_is_
         finally:
             await channel.close()
             await server.stop(None)
+    run(scenario())
+
+
+def test_peer_text_is_escaped_before_it_is_logged_stored_or_printed(caplog) -> None:
+    """Issue 47: a node check's detail and a log tail reached the log and `trainerctl events` raw: a newline
+    forged a log line, an OSC escape retitled the terminal. They are escaped at the servicer."""
+    async def scenario() -> None:
+        sim = await running_cluster(nodes=("a", "b"), min_nodes=2, max_nodes=2, node_check=["{python}", "check.py"])
+        sim.disconnect("b")
+        await sim.tick(SESSION_GRACE_S + 1)
+        agent = await sim.connect("b")  # back from LOST: it runs the node check
+        service = CoordinatorService(sim.coordinator)
+        [check] = [c for c in agent.commands if isinstance(c, NodeCheckCommand)]
+        service._dispatch(agent.session, pb.AgentMessage(node_check_result=pb.NodeCheckResult(
+            check_id=check.check_id, passed=False, detail="bad disk\nI1207 forged line \x1b]0;owned\x07")))
+        await asyncio.sleep(0.05)
+        [failed] = [e for e in await sim.coordinator.events(0) if e.kind == "node_check_failed"]
+        assert failed.fields["reason"] == "bad disk\\nI1207 forged line \\x1b]0;owned\\x07"
+        assert failed.message.isprintable()
+        assert all(r.getMessage().isprintable() for r in caplog.records)
     run(scenario())
