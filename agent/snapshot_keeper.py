@@ -6,8 +6,10 @@ At a Launch (`launch_env`, after the previous generation's processes stopped):
 - for a generation that resumes from a snapshot (TRAINERD_RESUME_MEMORY_STEP), names it to the workers
   (TRAINERD_RESUME_FROM): the one committed here for a one-host snapshot, else the checkpoint assembled
   under `.resume/` from the ranks' files held here and those fetched from the holders the Launch names
-  (`snapshot_sources`). When that fails, the workers get no TRAINERD_RESUME_FROM and exit 65 (the
-  checkpoint cannot be loaded): the coordinator marks the step bad and relaunches from disk;
+  (`snapshot_sources`), verified against the ranks' reports. When that fails it raises SnapshotUnavailable:
+  the workers are never started on it (a worker given no snapshot once trained on from the step it was told),
+  but reported exited 65 (the checkpoint cannot be loaded), so the coordinator marks the step bad and
+  relaunches from the next newest source;
 - starts the ring copier (agent/peer_copier.py) of the node the Launch names in `copy_from`, so that this
   host holds a second copy of that node's own ranks' files;
 - with `checkpoint.saved_by: agent` (TRAINERD_CHECKPOINT_SAVED_BY), makes the generation's outbox, names it
@@ -28,7 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.checkpoint_persister import CheckpointPersister, FailedSave, Outbox, PersistedSave
-from agent.memory_snapshots import OUTBOX_DIR, HostScope, MemoryDirError, MemorySnapshotDir, SnapshotAssemblyError
+from agent.memory_snapshots import (
+    MANIFEST_NAME,
+    OUTBOX_DIR,
+    HostScope,
+    MemoryDirError,
+    MemorySnapshotDir,
+    SnapshotAssemblyError,
+)
 from agent.peer_client import PeerClient
 from agent.peer_copier import PeerCopier
 from proto import trainerd_pb2 as pb
@@ -37,6 +46,10 @@ log = logging.getLogger(__name__)
 
 # How long a relaunch waits for one rank's files from a peer before it gives up on the snapshot.
 FETCH_TIMEOUT_S = 120.0
+
+
+class SnapshotUnavailable(Exception):
+    """The in-memory snapshot a generation resumes from cannot be had here (one line: which, and why)."""
 
 
 @dataclass(frozen=True)
@@ -79,31 +92,40 @@ class SnapshotKeeper:
         except MemoryDirError as exc:
             log.error("generation %d of job %s takes no in-memory snapshots: %s", launch.generation,
                       launch.job_name, exc)
+            if memory_step:
+                raise SnapshotUnavailable(f"the in-memory snapshot of step {memory_step} cannot be had here: "
+                                          f"{exc}") from None
             return {"TRAINERD_MEMORY_EVERY": "0"}
         outbox_env = self._start_persisting(launch, env, directory)
         if every in ("", "0") and not memory_step:
             return {"TRAINERD_MEMORY_EVERY": "0", **outbox_env}
         memory_env = {"TRAINERD_MEMORY_DIR": str(directory), **outbox_env}
-        if memory_step.isdigit():
-            path = await self._resume_path(launch, int(memory_step))
-            if path is not None:
-                memory_env["TRAINERD_RESUME_FROM"] = str(path)
+        if memory_step:
+            if not memory_step.isdigit():
+                raise SnapshotUnavailable(f"the in-memory snapshot to resume from names no step: {memory_step!r:.40}")
+            memory_env["TRAINERD_RESUME_FROM"] = str(await self._resume_path(launch, int(memory_step)))
         if host is not None and every not in ("", "0") and launch.HasField("copy_from"):
             self._start_copying(launch.job_name, launch.copy_from, host.world_size)
         return memory_env
 
-    async def _resume_path(self, launch: pb.Launch, step: int) -> Path | None:
-        """Where the workers read the snapshot of `step`, or None when it cannot be had here."""
+    async def _resume_path(self, launch: pb.Launch, step: int) -> Path:
+        """Where the workers read the snapshot of `step`.
+
+        Raises:
+            SnapshotUnavailable: it cannot be had here (not held, a holder unreachable, a file that fails
+                verification against its rank's report).
+        """
         job = launch.job_name
         if not launch.snapshot_sources:
-            return self.memory.resume_path(job, step)
+            path = self.memory.resume_path(job, step)
+            if not (path / MANIFEST_NAME).is_file():
+                raise self._unavailable(launch, step, "it is not held here (no committed manifest)")
+            return path
         holders = {source.rank: source.holder for source in launch.snapshot_sources}
         world_size = len(holders)
         if sorted(holders) != list(range(world_size)):
-            log.error("generation %d of job %s: the snapshot of step %d names holders of ranks %s, not of "
-                      "each rank once; resuming from it is impossible", launch.generation, job, step,
-                      sorted(holders))
-            return None
+            raise self._unavailable(launch, step, f"the Launch names holders of ranks {sorted(holders)!r:.200}, "
+                                                  f"not of each rank once")
         # A client of its own, closed after: the holders' addresses change as agents restart (their port is
         # the system's choice), so channels kept from one relaunch to the next would only pile up.
         peers = None if self._peers is None else self._peers.clone()
@@ -116,12 +138,16 @@ class SnapshotKeeper:
         try:
             return await asyncio.to_thread(self.memory.assemble, job, step, world_size, fetch)
         except SnapshotAssemblyError as exc:
-            log.error("generation %d of job %s cannot resume from the in-memory snapshot of step %d: %s",
-                      launch.generation, job, step, exc)
-            return None
+            raise self._unavailable(launch, step, str(exc)) from None
         finally:
             if peers is not None:
                 peers.close()
+
+    @staticmethod
+    def _unavailable(launch: pb.Launch, step: int, why: str) -> SnapshotUnavailable:
+        log.error("generation %d of job %s cannot resume from the in-memory snapshot of step %d: %s",
+                  launch.generation, launch.job_name, step, why)
+        return SnapshotUnavailable(f"cannot resume from the in-memory snapshot of step {step}: {why}")
 
     def _start_copying(self, job: str, source: pb.PeerAgent, world_size: int) -> None:
         if self._peers is None:

@@ -51,13 +51,13 @@ from agent.output_follower import OutputFollower
 from agent.output_progress import OutputProgress
 from agent.peer_client import PeerClient
 from agent.process_state import descends_from, os_state
-from agent.snapshot_keeper import HeldReports, SnapshotKeeper
+from agent.snapshot_keeper import HeldReports, SnapshotKeeper, SnapshotUnavailable
 from agent.stack_dump import StackDumper
 from agent.workdir_files import WorkdirFiles
 from agent.worker_user import WorkerUser
 from common.clock import Clock
 from proto import trainerd_pb2 as pb
-from proto.exit_codes import EXIT_CANNOT_EXECUTE
+from proto.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CHECKPOINT_UNREADABLE
 from proto.progress_datagram import (
     BadBatchReport,
     CheckpointFailedReport,
@@ -231,19 +231,26 @@ class Supervisor:
                     workdir = await self._prepare_workdir(launch)
                 except LaunchRefused as exc:
                     refusal = str(exc)
+            unavailable = ""  # why the snapshot the workers resume from cannot be had: they are not started
             if refusal:
                 log.error("generation %d of job %s not launched: %s", launch.generation, launch.job_name, refusal)
             else:
                 pattern = self._progress_pattern(launch)
-                memory_env = ({"TRAINERD_MEMORY_EVERY": "0"} if self._snapshots is None
-                              else await self._snapshots.launch_env(launch))
+                try:
+                    memory_env = ({"TRAINERD_MEMORY_EVERY": "0"} if self._snapshots is None
+                                  else await self._snapshots.launch_env(launch))
+                except SnapshotUnavailable as exc:
+                    memory_env, unavailable = {}, str(exc)
                 log.info("launching generation %d of job %s in %s: %d process(es)", launch.generation,
                          launch.job_name, workdir, len(launch.processes))
             for spec in launch.processes:
                 managed = ManagedProcess(spec.role, spec.rank, gen_dir / f"{log_name(spec.role, spec.rank)}.log")
                 self.processes[(spec.role, spec.rank)] = managed
                 if workdir is None:
-                    self._fail_to_start(managed, refusal)
+                    self._fail_to_start(managed, refusal, kind=CauseKind.LAUNCH_REFUSED)
+                    continue
+                if unavailable and spec.role == "worker":
+                    self._fail_to_start(managed, unavailable, EXIT_CHECKPOINT_UNREADABLE)
                     continue
                 env = {**FAULT_HANDLER_ENV, **os.environ, **dict(spec.env), "RANK_TABLE_FILE": str(rank_table),
                        "TRAINERD_PROGRESS_SOCKET": str(self.progress_socket),
@@ -287,15 +294,17 @@ class Supervisor:
                       "MindSpore's LossMonitor lines instead", launch.generation, launch.job_name, exc)
             return None
 
-    def _fail_to_start(self, managed: ManagedProcess, message: str) -> None:
-        """Report a process that could not be started as exited 127, with `message` as its log."""
+    def _fail_to_start(self, managed: ManagedProcess, message: str, exit_code: int = EXIT_CANNOT_EXECUTE,
+                       kind: str = CauseKind.LAST_LINE) -> None:
+        """Report a process that was not started as exited `exit_code`, with `message` as its log and root
+        cause (of `kind`: CauseKind.LAUNCH_REFUSED when this agent refused the Launch)."""
         with open(managed.log_path, "ab") as log_file:
             log_file.write(message.encode() + b"\n")
         log.error("%s: %s", describe_process(self.generation, managed.role, managed.rank), message)
-        managed.exit_code, managed.launched = EXIT_CANNOT_EXECUTE, True
+        managed.exit_code, managed.launched = exit_code, True
         self._report(pb.AgentMessage(process_exited=pb.ProcessExited(
-            generation=self.generation, role=managed.role, rank=managed.rank, exit_code=EXIT_CANNOT_EXECUTE,
-            log_tail=message, cause=pb.RootCause(message=message, kind="last_line"))))
+            generation=self.generation, role=managed.role, rank=managed.rank, exit_code=exit_code,
+            log_tail=message, cause=pb.RootCause(message=message, kind=kind))))
 
     async def _start(self, managed: ManagedProcess, argv: list[str], env: dict[str, str], cwd: Path,
                      pattern: re.Pattern[str] | None) -> None:
@@ -308,6 +317,10 @@ class Supervisor:
         except OSError as exc:
             managed.output = None
             self._fail_to_start(managed, self._start_failure(argv[0], exc))
+            return
+        except ValueError as exc:  # what the system cannot pass, e.g. a variable named "A=B": once lost unreported
+            managed.output = None
+            self._fail_to_start(managed, f"refused to launch {argv[0]!r:.200}: {exc}", kind=CauseKind.LAUNCH_REFUSED)
             return
         managed.handle, managed.pid = handle, handle.pid
         managed.running = managed.launched = True
@@ -658,6 +671,8 @@ class Supervisor:
             return
         if self._newest_commit is None or saved.step >= self._newest_commit.step:
             self._newest_commit = saved
+        for rank in list(self._forwarding):  # the step goes first: the coordinator believes no commit beyond it
+            self._flush_progress(rank)
         self._report(pb.AgentMessage(checkpoint_saved=saved))
 
     def _drop_foreign_progress(self, message: ProgressMessage, managed: ManagedProcess, sender_pid: int) -> None:
@@ -691,16 +706,17 @@ class Supervisor:
         self._report(pb.AgentMessage(progress=progress))
 
     def resend_reports(self) -> None:
-        """A new session began (a reconnect, maybe to a new leader): send the current generation's newest
-        checkpoint commit and each rank's newest progress again. Those sent before may have been lost
+        """A new session began (a reconnect, maybe to a new leader): send each rank's newest progress and the
+        current generation's newest checkpoint commit again, in that order (the coordinator believes no commit
+        beyond the steps reported). Those sent before may have been lost
         with the old session, or reached a leader that lost office before it recorded them: without
         them a new leader's status shows no step until the next report, and its checkpoint catalog
         misses a commit it would resume from. The coordinator takes a report it already has as a no-op.
         What is held is one message per rank and one commit, replaced as newer ones come."""
-        if self._newest_commit is not None:
-            self._report(pb.AgentMessage(checkpoint_saved=self._newest_commit))
         for rank, forwarding in list(self._forwarding.items()):
             if forwarding.pending is not None:
                 self._flush_progress(rank)  # newer than what was sent
             elif forwarding.sent is not None:
                 self._report(pb.AgentMessage(progress=forwarding.sent))
+        if self._newest_commit is not None:  # after the steps: the coordinator believes no commit beyond them
+            self._report(pb.AgentMessage(checkpoint_saved=self._newest_commit))

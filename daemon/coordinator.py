@@ -448,15 +448,16 @@ class Coordinator:
         metrics.HEARTBEAT_INTERVAL.set(pace.interval_s)
         return pace
 
-    def heartbeat(self, session: AgentSession, generation: int, handled_minus_sent_s: float | None = None,
+    def heartbeat(self, session: AgentSession, generation: int | None, handled_minus_sent_s: float | None = None,
                   memory: MemorySnapshot | None = None, held: tuple[MemorySnapshot, ...] = ()) -> None:
-        """`handled_minus_sent_s`: now by our wall clock minus the heartbeat's `sent_at` by the agent's;
-        `memory`, `held`: the in-memory snapshots the agent holds, whole and in part."""
+        """`generation`: the one the agent runs (None: its heartbeat named none readable, and counts for
+        liveness alone); `handled_minus_sent_s`: now by our wall clock minus the heartbeat's `sent_at` by the
+        agent's; `memory`, `held`: the in-memory snapshots the agent holds, whole and in part."""
         if not session.closed.is_set():
             self._liveness.heard_from(session.node)
             if handled_minus_sent_s is not None:
                 self._read_lag.observe(session, handled_minus_sent_s)
-            if self.job is not None:
+            if self.job is not None and generation is not None:
                 self.job.heartbeat(session.node, generation, memory, held)
 
     def _peer_port(self, node: str) -> int:

@@ -9,14 +9,18 @@ per node), and nothing an agent sends ends its session loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import re
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import grpc
 
 from common.clock import Clock, SystemClock
+from common.peer_text import escaped
 from daemon import message_checks as check
 from daemon import metrics
 from daemon.admission import HelloAdmission, HelloDeferred, OpeningGate
@@ -59,6 +63,8 @@ from proto.vocabulary import MAX_WELCOME_WAIT_S, NODE_NAME_PATTERN
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 HELLO_TIMEOUT_S = 10.0
 DEFAULT_MAX_SESSIONS = 20000
 # An agent reports a few snapshot steps (its own newest two, two copies of its ring predecessor's).
@@ -71,13 +77,13 @@ def hello_from_proto(message: pb.Hello) -> AgentHello:
     try:
         if not re.fullmatch(NODE_NAME_PATTERN, message.node_name):
             raise MalformedMessage(f"invalid node name {message.node_name[:80]!r}")
-        for what in ("host", "agent_version", "resume_token"):
-            check.text(getattr(message, what), check.MAX_HELLO_TEXT_CHARS, what)
+        for what in ("host", "agent_version", "resume_token"):  # logged, stored, printed: no control character
+            check.printable(getattr(message, what), check.MAX_HELLO_TEXT_CHARS, what)
         check.count(message.devices, MAX_DEVICES_PER_NODE, "devices")
         for device in message.devices:
             check.bounded_int(device.device_id, 0, check.MAX_DEVICE_ID, "device id")
-            check.text(device.device_ip, check.MAX_HELLO_TEXT_CHARS, "device ip")
-            check.text(device.kind, 16, "device kind")
+            check.printable(device.device_ip, check.MAX_HELLO_TEXT_CHARS, "device ip")
+            check.printable(device.kind, 16, "device kind")
         peer_port = check.bounded_int(message.peer_port, 0, 65535, "peer port")
         next_welcome_wait_s = check.finite(message.next_welcome_wait_s, "next welcome wait", 0.0,
                                            MAX_WELCOME_WAIT_S)
@@ -174,7 +180,7 @@ def process_exited_report(node: str, exited: pb.ProcessExited) -> ProcessReport:
                           check.one_line(exited.cause.kind, 40))
     return ProcessReport(node, role, rank, check.bounded_int(exited.pid, 0, 1 << 31, "pid"), False,
                          exited.exit_code, check.bounded_int(exited.signal, 0, 255, "signal"), exited.expected,
-                         exited.log_tail[-check.MAX_LOG_TAIL_CHARS:], cause=cause)
+                         escaped(exited.log_tail[-check.MAX_LOG_TAIL_CHARS:], keep="\n"), cause=cause)
 
 
 def process_started_report(node: str, started: pb.ProcessStarted) -> ProcessReport:
@@ -393,22 +399,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     def _handle(self, session: AgentSession, kind: str, message: pb.AgentMessage) -> pb.CoordinatorMessage | None:
         coordinator, node = self._coordinator, session.node
         if kind == "heartbeat":
-            heartbeat = message.heartbeat
-            generation = check.generation(heartbeat.generation)
-            check.count(heartbeat.processes, check.MAX_PROCESSES_PER_HEARTBEAT, "processes in a heartbeat")
-            sent_at = check.finite(heartbeat.sent_at, "sent_at")
-            reports = [process_status_report(node, status) for status in heartbeat.processes]
-            lag = time.time() - sent_at if sent_at > 0 else None
-            memory = memory_snapshot(heartbeat.memory_snapshot) if heartbeat.HasField("memory_snapshot") else None
-            coordinator.heartbeat(session, generation, lag, memory, held_snapshots(heartbeat.held_snapshots))
-            metrics.HEARTBEATS.inc()
-            if lag is not None:
-                metrics.HEARTBEAT_LAG.observe(max(0.0, lag))
-            for report in reports:
-                coordinator.process_report(session, generation, report)
-            pace = coordinator.pace
-            return pb.CoordinatorMessage(heartbeat_ack=pb.HeartbeatAck(
-                sequence=heartbeat.sequence, interval_s=pace.interval_s, timeout_s=pace.timeout_s))
+            return self._heartbeat(session, message.heartbeat)
         elif kind == "process_exited":
             exited = message.process_exited
             coordinator.process_report(session, check.generation(exited.generation),
@@ -443,7 +434,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 raise MalformedMessage(f"a checkpoint needs a step from 1 and a path, got step {saved.step}")
             coordinator.checkpoint_saved(session, check.generation(saved.generation), check.step(saved.step),
                                          check.sample_position(saved.consumed_samples, "consumed_samples"),
-                                         check.text(saved.path, check.MAX_PATH_CHARS, "path"))
+                                         check.printable(saved.path, check.MAX_PATH_CHARS, "path"))
         elif kind == "checkpoint_failed":
             failed = message.checkpoint_failed
             if failed.step < 1 or not failed.reason:
@@ -461,18 +452,57 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             data = message.log_data
             check.count(data.data, MAX_LOG_READ_BYTES, "bytes of log data")
             check.text(data.error, 1000, "error")
+            data.error = escaped(data.error)
             coordinator.log_data(session, data.request_id, LogChunk(
-                bytes(data.data), check.bounded_int(data.offset, 0, check.MAX_STEP, "offset"),
-                check.bounded_int(data.size, 0, check.MAX_STEP, "size"), data.running, data.error))
+                bytes(data.data), check.bounded_int(data.offset, 0, check.MAX_FILE_OFFSET, "offset"),
+                check.bounded_int(data.size, 0, check.MAX_FILE_OFFSET, "size"), data.running, data.error))
         elif kind == "node_check_result":
             result = message.node_check_result
             coordinator.node_check_result(session, result.check_id, result.passed,
-                                          check.text(result.detail, 1000, "detail"))
+                                          escaped(check.text(result.detail, 1000, "detail")))
         elif kind == "hello":
             raise MalformedMessage("a second Hello")
         else:
             raise MalformedMessage("no body")
         return None
+
+    def _heartbeat(self, session: AgentSession, heartbeat: pb.Heartbeat) -> pb.CoordinatorMessage:
+        """A heartbeat is always acknowledged: it proves the agent is alive and still belongs, whatever else
+        it carries. A field out of bounds drops that field's report alone (a process's status, a snapshot
+        claim, the send time), counted and logged as a malformed message would be: before, one bad status
+        dropped the whole heartbeat, unacknowledged, and the agent redialled every few seconds for good."""
+        node = session.node
+        generation = self._field(session, "heartbeat", lambda: check.generation(heartbeat.generation))
+        sent_at = self._field(session, "heartbeat", lambda: check.finite(heartbeat.sent_at, "sent_at"))
+        statuses = self._field(session, "heartbeat", lambda: check.bounded_list(
+            heartbeat.processes, check.MAX_PROCESSES_PER_HEARTBEAT, "processes in a heartbeat")) or ()
+        reports = [self._field(session, "heartbeat", functools.partial(process_status_report, node, status))
+                   for status in statuses]
+        memory = (self._field(session, "heartbeat", lambda: memory_snapshot(heartbeat.memory_snapshot))
+                  if heartbeat.HasField("memory_snapshot") else None)
+        held = self._field(session, "heartbeat", lambda: held_snapshots(heartbeat.held_snapshots)) or ()
+        lag = time.time() - sent_at if sent_at is not None and sent_at > 0 else None
+        self._coordinator.heartbeat(session, generation, lag, memory, held)
+        metrics.HEARTBEATS.inc()
+        if lag is not None:
+            metrics.HEARTBEAT_LAG.observe(max(0.0, lag))
+        if generation is not None:
+            for report in reports:
+                if report is not None:
+                    self._coordinator.process_report(session, generation, report)
+        pace = self._coordinator.pace
+        return pb.CoordinatorMessage(heartbeat_ack=pb.HeartbeatAck(
+            sequence=heartbeat.sequence, interval_s=pace.interval_s, timeout_s=pace.timeout_s))
+
+    def _field(self, session: AgentSession, kind: str, read: Callable[[], T]) -> T | None:
+        """`read()`, or None when the field it reads is malformed: dropped, counted and logged."""
+        try:
+            return read()
+        except MalformedMessage as exc:
+            metrics.AGENT_MESSAGES_DROPPED.labels("malformed").inc()
+            self._warnings.warning(session.node, "node %s sent a malformed field in a %s message; dropped: %s",
+                                   session.node, kind, exc)
+            return None
 
     async def _write(self, context: grpc.aio.ServicerContext, outbox: asyncio.Queue, write_lock: asyncio.Lock) -> None:
         while True:

@@ -2,19 +2,28 @@
 
 A peer's message is data, never trusted: every number that reaches arithmetic is finite and in a
 range the coordinator's int64 wire fields and its decisions can hold, every string and list has a
-bound. A message that breaks one is dropped whole (daemon/grpc_services.py counts and logs it).
+bound. A message that breaks one is dropped whole (daemon/grpc_services.py counts and logs it), but for a
+heartbeat: there only the field's report goes, and the heartbeat is still acknowledged.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sized
+from collections.abc import Sequence, Sized
+from typing import TypeVar
 
+from common.peer_text import escaped
 from proto.vocabulary import ProcessRole
+from trainer.checkpoint.json_fields import MAX_EXTENT
+
+T = TypeVar("T")
 
 MAX_RANK = 1 << 20  # ranks are 0 to MAX_RANK - 1; -1 is the scheduler
 MAX_GENERATION = 1 << 40
-MAX_STEP = 1 << 62  # steps, epochs, sample positions: with room for the sums the decisions make
+# Steps and epochs: no further than a checkpoint's manifest can record (its integers stop at 2**48), so a
+# step a node claims is one the job could resume from, and the sums the decisions make stay far from overflow.
+MAX_STEP = MAX_EXTENT
+MAX_FILE_OFFSET = 1 << 62  # offsets and sizes in a log file
 MAX_SAMPLE_POSITION = 10**15  # consumed samples and skipped ranges (the skip ledger's bound)
 MAX_SAMPLES_PER_S = 1e12
 # A year: a rank's checkpoint stall in one generation is far less.
@@ -86,7 +95,22 @@ def count(items: Sized, limit: int, what: str) -> None:
         raise MalformedMessage(f"{len(items)} {what}, more than {limit}")
 
 
+def bounded_list(items: Sequence[T], limit: int, what: str) -> Sequence[T]:
+    """`items`, when there are at most `limit` of them."""
+    count(items, limit, what)
+    return items
+
+
+def printable(value: str, limit: int, what: str) -> str:
+    """A peer's text that means something as it is (a host, a path): at most `limit` characters, none of them
+    a control character (escaping would change what it names)."""
+    text(value, limit, what)
+    if not value.isprintable():
+        raise MalformedMessage(f"{what} {escaped(value[:80])!r} holds a character that is not printable")
+    return value
+
+
 def one_line(value: str, limit: int) -> str:
-    """A peer's text as one printable line of at most `limit` characters: it goes into logs,
-    events and status."""
-    return "".join(c if c.isprintable() else " " for c in value[:limit]).strip()
+    """A peer's text as one printable line of at most `limit` characters, its control characters escaped
+    (common/peer_text.py): it goes into logs, events and status."""
+    return escaped(value[:limit].strip())

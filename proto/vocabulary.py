@@ -40,6 +40,9 @@ class CauseKind(enum.StrEnum):
     # Not the process's own failure: its agent stopped it, having heard no coordinator for the heartbeat
     # timeout (agent/fence.py): the world it trained in had moved on without its node
     FENCED = "fenced"
+    # Not started at all: the agent refused the Launch (an entrypoint or a variable it does not allow, an unsafe
+    # path, an environment the system cannot pass); the coordinator records it as a `launch_refused` event
+    LAUNCH_REFUSED = "launch_refused"
 
 
 # Kernel states (ProcessStatus.os_state) of a process that is not running its code: stopped or traced
@@ -103,23 +106,39 @@ RESERVED_ENV = AGENT_ENV | frozenset({
     "TRAINERD_SPIKE_ZSCORE", "TRAINERD_SPIKE_CEILING",
 })
 
-# Variables that make a process run code other than its argv says: a library the dynamic loader
-# preloads (LD_PRELOAD, LD_AUDIT, LD_LIBRARY_PATH), a Python path, home or start-up file, a file
-# bash reads first, glibc's charset modules. Whoever may set them runs any code in every training
-# process, so a job's `env` may not (the coordinator refuses the file) and an agent refuses a Launch
-# that sets them; the agent's own environment (its service unit) is where such paths belong.
-_LOADER_ENV_PREFIX = "LD_"
-_CODE_LOADING_ENV = frozenset({"PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONINSPECT", "PYTHONUSERBASE",
-                               "PYTHONPYCACHEPREFIX", "BASH_ENV", "GCONV_PATH"})
+# A job's variable names are identifiers: anything else ("A=B", "BASH_FUNC_f%%") is no variable a program
+# reads by name, but may be one a shell imports (bash turns BASH_FUNC_name%% into a function it runs).
+ENV_NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*"
+
+# Variables that load code or configuration into a process, beside what its argv says: whoever may set them
+# runs any code in every training process, so a job's `env` may not (the coordinator refuses the file) and an
+# agent refuses a Launch that sets them; the agent's own environment (its service unit) is where such paths
+# belong. The dynamic loader's (every LD_*) and glibc's (tunables, charset and locale modules, host aliases);
+# a shell's start-up files and options (BASH_ENV and ENV are sourced, PS4 and PROMPT_COMMAND expanded);
+# which programs a name runs (PATH: a bash entrypoint's every command); the interpreter's paths, start-up
+# file, hooks and warning filters (a filter names a category, which is imported); OpenSSL's configuration
+# (it loads engines and providers); the CANN operator packages (custom operators are shared libraries);
+# and other runtimes' option variables that name code.
+REFUSED_ENV_PREFIXES = ("LD_", "BASH_FUNC_")
+REFUSED_ENV = frozenset({
+    "GLIBC_TUNABLES", "GCONV_PATH", "LOCPATH", "NLSPATH", "HOSTALIASES", "RESOLV_HOST_CONF",
+    "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS4", "PROMPT_COMMAND", "PATH", "CDPATH",
+    "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONINSPECT", "PYTHONUSERBASE", "PYTHONPYCACHEPREFIX",
+    "PYTHONWARNINGS", "PYTHONBREAKPOINT", "PYTHONEXECUTABLE", "PYTHONPLATLIBDIR",
+    "OPENSSL_CONF", "OPENSSL_ENGINES", "OPENSSL_MODULES",
+    "ASCEND_CUSTOM_OPP_PATH", "ASCEND_OPP_PATH", "ASCEND_AICPU_PATH", "TBE_IMPL_PATH",
+    "NODE_OPTIONS", "PERL5OPT", "PERL5LIB", "RUBYOPT", "RUBYLIB",
+})
 _TRAINERD_ENV_PREFIX = "TRAINERD_"
 
 
 def forbidden_job_env(name: str) -> str | None:
-    """Why a training process may not be given `name` by its job, or None when it may."""
-    if name.startswith(_LOADER_ENV_PREFIX):
-        return "the dynamic loader would load the code it names into every process"
-    if name in _CODE_LOADING_ENV:
-        return "it changes which code the process runs"
+    """Why a training process may not be given `name` by its job, or None when it may (one line, for the
+    coordinator's check of the cluster file and the agent's of a Launch alike)."""
+    if not re.fullmatch(ENV_NAME_PATTERN, name):
+        return f"a variable's name is a letter or _ then letters, digits and _ ({ENV_NAME_PATTERN})"
+    if name.startswith(REFUSED_ENV_PREFIXES) or name in REFUSED_ENV:
+        return "it loads code or configuration into the process"
     if name.startswith(_TRAINERD_ENV_PREFIX) and name not in RESERVED_ENV:
         return f"{_TRAINERD_ENV_PREFIX} names are trainerd's own"
     return None

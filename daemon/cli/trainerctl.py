@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from common.config_file import ConfigError, parse_host_port
+from common.peer_text import escaped
 from common.tls_files import (
     TLS_ENV,
     TLS_OPTION_NAMES,
@@ -235,7 +236,8 @@ def events(options: GlobalOptions, output: str, follow: bool) -> None:
                                        "message": event.message, "fields": json.loads(event.fields_json or "{}")}))
             else:
                 stamp = datetime.datetime.fromtimestamp(event.at).strftime("%Y-%m-%d %H:%M:%S")
-                click.echo(f"{stamp}  {event.kind:<20} {event.message}")
+                # Escaped again here: events written before peer text was escaped at the servicer hold it raw.
+                click.echo(f"{stamp}  {escaped(event.kind):<20} {escaped(event.message)}")
         if len(reply.events) == EVENTS_PAGE:
             continue  # a full page: there may be more at once
         if not follow:

@@ -60,9 +60,10 @@ from daemon.job.observation import (
     SkippedBatch,
     WorkerNotice,
 )
-from daemon.job.placement import NodeOffer
+from daemon.job.placement import NodeOffer, Placement
 from daemon.job.rank_table import rank_table_json
 from daemon.job.skip_ledger import BadRange, SkipEntry, SkipLedger, checked, samples_not_skipped
+from daemon.job.snapshot_claims import admitted
 from daemon.job.state import Failure, GenerationRecord, JobRecord, ResumePoint, ResumeSource
 from daemon.job.timeline import RecoveryTimeline
 from daemon.leader import LeadershipLost
@@ -71,7 +72,7 @@ from daemon.store import codec, keys
 from daemon.store.codec import BadValue
 from daemon.store.fenced_cache import FencedCache
 from daemon.store.interface import Fence, Store
-from proto.vocabulary import JobState, ProcessRole
+from proto.vocabulary import CauseKind, JobState, ProcessRole
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +157,15 @@ class GuardFinding:
 
 
 @dataclass(frozen=True)
+class LaunchRefusal:
+    """A node's agent refused the generation's Launch (CauseKind.LAUNCH_REFUSED), waiting for its event."""
+
+    generation: int
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class FailedSave:
     """A rank's report that its save of `step` failed, waiting for its event."""
 
@@ -201,11 +211,14 @@ class JobController:
         # Worker warnings (generation, rank, node, text) waiting for their event, and the texts told already.
         self._unrecorded_warnings: deque[tuple[int, int, str, str]] = deque()
         self._warned: set[str] = set()
+        self._unrecorded_refusals: deque[LaunchRefusal] = deque()
         self.recovery: RecoveryTimeline | None = None
         self._bad_memory_steps: frozenset[int] = frozenset()  # in-memory snapshots a generation could not load
         self._waiting_for = ""  # as of the last reconcile pass
         # The node order of the last generation at each world size (decide.JobWorld.orders_seen).
         self._orders_seen: dict[int, tuple[str, ...]] = {}
+        # The placement of each kept generation: whom it told to hold which in-memory snapshots.
+        self._placements: dict[int, Placement] = {}
         self._dropped = RateLimitedLog(log, clock)
         self._goodput_store = FencedCache(store, keys.job_goodput(spec.name), _saved_goodput)
         self.goodput = GoodputAccountant(clock)
@@ -251,6 +264,7 @@ class JobController:
         self._unrecorded_failed_saves = deque()
         self._unrecorded_findings = deque()
         self._unrecorded_warnings = deque()
+        self._unrecorded_refusals = deque()
         now = self._clock.now()
         await self._load_orders_seen()
         if self.record.generation:
@@ -342,6 +356,11 @@ class JobController:
             return False
         before = observation.processes.get((report.node, report.role, report.rank))
         observation.record_process(replace(report, observed_at=self._clock.now()))
+        refused = report.cause is not None and report.cause.kind == CauseKind.LAUNCH_REFUSED and not report.running
+        if refused and report.node not in observation.launch_refused:
+            assert report.cause is not None
+            observation.launch_refused.add(report.node)
+            self._unrecorded_refusals.append(LaunchRefusal(generation, report.node, report.cause.message))
         observation.launched.add(report.node)
         self._note_idle(observation)
         return before is None or before.running != report.running
@@ -376,7 +395,7 @@ class JobController:
             if generation != observation.number:
                 # An agent on another generation (a restarted one runs none) holds nothing of this one.
                 memory, held = None, ()
-            _note_snapshots(observation, node, memory, held)
+            self._note_snapshots(observation, node, memory, held)
             self._note_idle(observation)
 
     def progress_report(self, generation: int, node: str, report: ProgressReport) -> None:
@@ -394,7 +413,7 @@ class JobController:
         if observation is not None:
             observation.stopped.add(node)
             if memory is not None or held:
-                _note_snapshots(observation, node, memory, held)
+                self._note_snapshots(observation, node, memory, held)
             self._note_idle(observation)
 
     def checkpoint_saved(self, generation: int, node: str, step: int, consumed_samples: int, path: str) -> bool:
@@ -412,6 +431,12 @@ class JobController:
             self._dropped.warning(node, "job %s: node %s reported a checkpoint of step %d at %r, outside "
                                   "job.checkpoint.dir %s; dropped", self.spec.name, node, step, path[:200],
                                   self.spec.checkpoint.dir)
+            return False
+        reached = self._reached_step(observation)
+        if step > reached:
+            metrics.AGENT_MESSAGES_DROPPED.labels("beyond_progress").inc()
+            self._dropped.warning(node, "job %s: node %s reported a checkpoint of step %d, beyond step %d, the "
+                                  "newest the job reported; dropped", self.spec.name, node, step, reached)
             return False
         if not observation.add_checkpoint(step):
             return False
@@ -477,6 +502,38 @@ class JobController:
             return
         self._unrecorded_skips.append(entry)
 
+    def _reached_step(self, observation: GenerationObservation) -> int:
+        """The newest step the job can have reached: the furthest any rank of this generation reported, where
+        the generation resumed from, or the newest checkpoint recorded. No node's claim goes beyond it (an
+        agent sends its ranks' progress before a commit or a heartbeat that names a snapshot of it)."""
+        start = 0 if self.generation is None else self.generation.start_step
+        committed = max((entry.step for entry in self.catalog.entries()), default=0)
+        return max(observation.max_step() or 0, start, committed)
+
+    def _note_snapshots(self, observation: GenerationObservation, node: str, memory: MemorySnapshot | None,
+                        held: tuple[MemorySnapshot, ...]) -> None:
+        """What the node's agent holds now replaces what it held before, as far as it binds
+        (daemon/job/snapshot_claims.py): a claim the coordinator never asked for is dropped, with a warning."""
+        claims = admitted(node, memory, held, self._placements, observation.number, self._reached_step(observation))
+        if claims.refused:
+            metrics.AGENT_MESSAGES_DROPPED.labels("unbound_snapshot").inc(len(claims.refused))
+            self._dropped.warning(node, "job %s: node %s claimed in-memory snapshots it cannot hold; dropped: %s",
+                                  self.spec.name, node, "; ".join(claims.refused))
+        if claims.memory is None:
+            observation.memory_snapshots.pop(node, None)
+        else:
+            observation.memory_snapshots[node] = claims.memory
+        if claims.held:
+            observation.held_snapshots[node] = claims.held
+        else:
+            observation.held_snapshots.pop(node, None)
+
+    def _remember_placement(self, generation: GenerationRecord) -> None:
+        """Whom each kept generation told to hold which snapshots: its placement (as many as etcd keeps)."""
+        self._placements[generation.number] = generation.placement
+        for number in [n for n in self._placements if n <= generation.number - KEPT_GENERATION_RECORDS]:
+            del self._placements[number]
+
     def _note_idle(self, observation: GenerationObservation) -> None:
         if (observation.stop_decided_at is None or observation.all_stopped_at is not None
                 or self.generation is None or self.generation.number != observation.number):
@@ -488,6 +545,7 @@ class JobController:
         """The node order of the newest kept generation at each world size, from their records: a new leader
         regrows a world on the nodes it had as the old one would, giving each node its ranks of then."""
         self._orders_seen = {}
+        self._placements = {}
         records, _ = await self._store.get_prefix(keys.generations(self.spec.name))
         for kv in records:  # by key: oldest generation first
             try:
@@ -496,6 +554,7 @@ class JobController:
                 log.warning("job %s: skipping generation record %s: %s", self.spec.name, kv.key, exc)
                 continue
             self._orders_seen[generation.placement.world_size] = tuple(generation.placement.nodes)
+            self._remember_placement(generation)
 
     # ------------------------------------------------------------ reconcile
 
@@ -506,6 +565,7 @@ class JobController:
         await self._record_failed_saves(fence)
         await self._record_guard_findings(fence)
         await self._record_warnings(fence)
+        await self._record_refusals(fence)
         world = JobWorld(self.spec, self.record, self.generation, self.observation, tuple(facts.offers),
                          frozenset(facts.disconnected), frozenset(facts.lost), frozenset(facts.drained),
                          self.catalog.entries(), self.ledger.ranges(), self._placeable_since,
@@ -537,10 +597,13 @@ class JobController:
                 case MarkCheckpointBad():
                     resume = None if self.generation is None else self.generation.resume
                     if resume is not None and resume.source is ResumeSource.MEMORY and resume.step == action.step:
-                        log.error("job %s: the in-memory snapshot of step %d could not be loaded; it is not "
-                                  "used again: %s", self.spec.name, action.step, action.problem)
                         self._bad_memory_steps = bad_memory_steps_after(self._bad_memory_steps, action.step,
                                                                         self.catalog.entries())
+                        await self._events.append(
+                            "snapshot_unusable", f"job {self.spec.name}: the in-memory snapshot of step "
+                            f"{action.step} could not be loaded and is not used again (the next generation resumes "
+                            f"from the next newest source): {action.problem}", fence, step=action.step,
+                            problem=action.problem)
                     else:
                         await self.catalog.mark_bad(action.step, action.problem, fence)
                 case AddSkip():
@@ -608,6 +671,17 @@ class JobController:
             await self._events.append("job_warning", f"job {self.spec.name}: {text}", fence, generation=generation,
                                       rank=rank, node=node)
             self._unrecorded_warnings.popleft()
+
+    async def _record_refusals(self, fence: Fence) -> None:
+        """Each node whose agent refused a generation's Launch: one `launch_refused` event with the agent's
+        reason (a refusal once left the job PENDING with no word of why)."""
+        while self._unrecorded_refusals:
+            refusal = self._unrecorded_refusals[0]
+            await self._events.append(
+                "launch_refused", f"job {self.spec.name}: node {refusal.node} refused to launch generation "
+                f"{refusal.generation}: {refusal.reason}", fence, generation=refusal.generation, node=refusal.node,
+                reason=refusal.reason)
+            self._unrecorded_refusals.popleft()
 
     async def _record_skips(self, fence: Fence) -> None:
         while self._unrecorded_skips:
@@ -697,6 +771,7 @@ class JobController:
             self.recovery.lost_steps = None if reached is None else max(0, reached - generation.start_step)
         self.generation = generation
         self._orders_seen[placement.world_size] = tuple(placement.nodes)
+        self._remember_placement(generation)
         self.observation = GenerationObservation(number, started_at=now)
         self._checkpoint_request = None
         self._exit_request = None
@@ -972,16 +1047,3 @@ def _saved_goodput(data: dict) -> GoodputSnapshot:
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         log.warning("the saved goodput totals cannot be read (%s); counting starts over", exc)
         return GoodputSnapshot(phase=None)
-
-
-def _note_snapshots(observation: GenerationObservation, node: str, memory: MemorySnapshot | None,
-                    held: tuple[MemorySnapshot, ...]) -> None:
-    """What the node's agent holds now replaces what it held before."""
-    if memory is None:
-        observation.memory_snapshots.pop(node, None)
-    else:
-        observation.memory_snapshots[node] = memory
-    if held:
-        observation.held_snapshots[node] = held
-    else:
-        observation.held_snapshots.pop(node, None)

@@ -203,6 +203,7 @@ class GenerationObservation:
     # A generation spanning hosts: the snapshot steps of which each node's agent holds some ranks' files.
     held_snapshots: dict[str, tuple[MemorySnapshot, ...]] = field(default_factory=dict)
     failed_checkpoints: set[int] = field(default_factory=set)  # steps whose save a rank reported failed
+    launch_refused: set[str] = field(default_factory=set)  # nodes whose agent refused the generation's Launch
     bad_batches: dict[int, SkippedBatch] = field(default_factory=dict)  # by step
     guard_notices: set[tuple[int, int]] = field(default_factory=set)  # (rank, step) told
     last_progress_at: float | None = None  # the newest step of any rank; None: no progress yet

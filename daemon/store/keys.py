@@ -57,5 +57,14 @@ def event(job_name: str, seq: int) -> str:
     return events(job_name) + f"{seq:012d}"
 
 
+def node_events(job_name: str) -> str:
+    """Events about nodes (daemon/events.py NODE_EVENT_KINDS), numbered with the job's events, kept apart."""
+    return job(job_name) + "node_events/"
+
+
+def node_event(job_name: str, seq: int) -> str:
+    return node_events(job_name) + f"{seq:012d}"
+
+
 def job_goodput(job_name: str) -> str:
     return job(job_name) + "goodput"

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from agent.launcher import SubprocessLauncher
 from proto import trainerd_pb2 as pb
-from proto.vocabulary import SCHEDULER_ARGV
+from proto.vocabulary import SCHEDULER_ARGV, CauseKind
 from tests.agent.supervisor_fakes import Host, launch, run
 
 
@@ -61,12 +62,18 @@ def test_an_empty_allowed_entrypoints_runs_nothing(tmp_path: Path) -> None:
     assert "allowed_entrypoints [] in the agent file" in refused(Host(tmp_path, allowed_entrypoints=[]), launch(1))
 
 
-@pytest.mark.parametrize("name", ["LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONSTARTUP", "TRAINERD_HOOK"])
+@pytest.mark.parametrize("name", [
+    "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONSTARTUP", "TRAINERD_HOOK",
+    # issue 47: an exported bash function ran a command as root through a bash entrypoint; the others load
+    # code or configuration (a warning filter's category is imported, OpenSSL loads engines, CANN custom ops)
+    "BASH_FUNC_ls%%", "BASH_FUNC_x", "BASH_ENV", "ENV", "PATH", "PYTHONWARNINGS", "OPENSSL_CONF", "GCONV_PATH",
+    "ASCEND_CUSTOM_OPP_PATH", "GLIBC_TUNABLES", "A=B", "1X", "",
+])
 def test_an_environment_that_changes_which_code_runs_is_refused(tmp_path: Path, name: str) -> None:
     the_launch = launch(1, workers=2)
     the_launch.processes[2].env[name] = "/tmp/evil"  # one worker is enough to refuse them all
     message = refused(Host(tmp_path), the_launch)
-    assert message.startswith(f"refused to launch ['{{python}}', 'train.py']: its environment sets '{name}' (")
+    assert message.startswith(f"refused to launch ['{{python}}', 'train.py']: its environment sets {name!r} (")
 
 
 def test_the_variables_the_coordinator_sets_are_accepted(tmp_path: Path) -> None:
@@ -89,3 +96,27 @@ def test_trainerds_own_scheduler_runs_whatever_the_allowed_entrypoints_but_only_
     the_launch.processes[0].argv.append("--evil")
     assert "refused to launch ['{python}', '-m', 'trainer.runtime.scheduler', '--evil']" in refused(
         Host(tmp_path / "other", allowed_entrypoints=[["{python}", "train.py"]]), the_launch)
+
+
+def test_a_refused_launch_says_so_in_its_root_cause(tmp_path: Path) -> None:
+    """The coordinator turns a refusal into a `launch_refused` event (CauseKind.LAUNCH_REFUSED)."""
+    host = Host(tmp_path, allowed_entrypoints=[])
+    refused(host, launch(1))
+    assert {e.cause.kind for e in host.sent("process_exited")} == {CauseKind.LAUNCH_REFUSED}
+
+
+def test_what_the_system_cannot_pass_is_reported_not_lost(tmp_path: Path) -> None:
+    """Issue 47: a variable the process cannot be given raised ValueError out of the Launch, unreported, and the
+    job sat PENDING. With the real launcher (the OS takes no NUL in a value) each process is reported refused."""
+    async def scenario() -> None:
+        host = Host(tmp_path)
+        host.supervisor._launcher = SubprocessLauncher()
+        the_launch = launch(1, workers=1)
+        for process in the_launch.processes:
+            process.env["GOOD_NAME"] = "a\0b"
+        await host.supervisor.launch(the_launch)
+        exits = host.sent("process_exited")
+        assert [(e.rank, e.exit_code, e.cause.kind) for e in exits] == [
+            (-1, 127, CauseKind.LAUNCH_REFUSED), (0, 127, CauseKind.LAUNCH_REFUSED)]
+        assert "null" in exits[0].cause.message
+    run(scenario())

@@ -59,11 +59,12 @@ def test_the_newest_commit_and_each_ranks_newest_progress_are_sent_again_and_not
         host.progress(step(1, 1))
         host.progress(commit(2))
         host.progress(commit(4))
-        assert summary(host.reports) == [("progress", 1, 0, 1), ("progress", 1, 1, 1),
+        # A commit sends the held-back step 3 first: the coordinator believes no commit beyond the steps reported.
+        assert summary(host.reports) == [("progress", 1, 0, 1), ("progress", 1, 1, 1), ("progress", 1, 0, 3),
                                          ("checkpoint_saved", 1, 2, 16, "/ckpt/step_00000002"),
                                          ("checkpoint_saved", 1, 4, 32, "/ckpt/step_00000004")]
-        newest = [("checkpoint_saved", 1, 4, 32, "/ckpt/step_00000004"), ("progress", 1, 0, 3), ("progress", 1, 1, 1)]
-        for _ in range(2):  # the held-back step 3 goes out the first time, and is the newest sent after
+        newest = [("progress", 1, 0, 3), ("progress", 1, 1, 1), ("checkpoint_saved", 1, 4, 32, "/ckpt/step_00000004")]
+        for _ in range(2):  # the newest of each, the steps before the commit
             host.reports.clear()
             host.supervisor.resend_reports()
             assert summary(host.reports) == newest
@@ -146,8 +147,8 @@ def test_a_reconnected_agent_sends_its_newest_reports_on_the_new_session(tmp_pat
 
             server.end_session()  # as a leader that lost office: the agent dials again
             await server.heartbeats(1, 3)
-            assert summary(server.reports(1)) == [("checkpoint_saved", 1, 5, 40, "/ckpt/step_00000005"),
-                                                  ("progress", 1, 0, 7)]
+            assert summary(server.reports(1)) == [("progress", 1, 0, 7),
+                                                  ("checkpoint_saved", 1, 5, 40, "/ckpt/step_00000005")]
             assert server.sessions[1][2].WhichOneof("body") == "heartbeat"  # they went first
         finally:
             session.cancel()

@@ -1,7 +1,7 @@
 """The supervisor's in-memory snapshots across hosts (agent/snapshot_keeper.py), with the fake launcher and a
 real SnapshotPeer server on loopback for the other host: a relaunch assembles the snapshot it resumes from out
-of its own files and a peer's, a snapshot that cannot be had leaves the workers no path to it (they exit 65
-and the coordinator falls back to disk), and a generation spanning hosts reports what it holds and copies its
+of its own files and a peer's, a snapshot that cannot be had starts no worker (each is reported exited 65 and
+the coordinator falls back to the next newest source), and a generation spanning hosts reports what it holds and copies its
 ring predecessor's snapshots."""
 
 from __future__ import annotations
@@ -85,8 +85,11 @@ def test_a_relaunch_assembles_its_snapshot_from_its_own_files_and_a_peers(tmp_pa
     run(scenario())
 
 
-def test_a_snapshot_that_cannot_be_fetched_leaves_the_workers_no_path_to_it(tmp_path: Path, peers: PeerClient,
-                                                                            caplog) -> None:
+def test_a_snapshot_that_cannot_be_fetched_starts_no_worker_and_is_reported_unloadable(
+        tmp_path: Path, peers: PeerClient, caplog) -> None:
+    """Issue 47: when assembly failed the workers were started anyway, without a snapshot, at the step the Launch
+    named (2**62 once). Now none starts: each is reported exited 65 with why, and the coordinator marks the step
+    bad and relaunches from the next newest source."""
     async def scenario() -> None:
         memory = host_memory(tmp_path, "h0", 0, (50,))
         host = Host(tmp_path / "work", memory=memory, peers=peers)
@@ -95,9 +98,11 @@ def test_a_snapshot_that_cannot_be_fetched_leaves_the_workers_no_path_to_it(tmp_
         with caplog.at_level(logging.ERROR, "agent.snapshot_keeper"):
             await host.supervisor.launch(relaunch(4, [pb.SnapshotSource(rank=0, holder=gone),
                                                       pb.SnapshotSource(rank=1, holder=gone)]))
-        env = host.launcher.started["rank0"].env
-        assert env["TRAINERD_RESUME_FROM"] == "" and env["TRAINERD_RESUME_MEMORY_STEP"] == "50"  # -> exit 65
-        [error] = [r.message for r in caplog.records]
+        assert "rank0" not in host.launcher.started
+        [exited] = host.sent("process_exited")
+        assert (exited.rank, exited.exit_code) == (0, 65)
+        assert exited.cause.message.startswith("cannot resume from the in-memory snapshot of step 50: ")
+        [error] = [r.message for r in caplog.records if r.name == "agent.snapshot_keeper"]
         assert "cannot resume from the in-memory snapshot of step 50" in error and "rank 1" in error, error
         assert not (memory.job_dir(JOB) / ".resume" / step_dir_name(50)).exists()
 

@@ -160,8 +160,12 @@ class SimCluster:
             self.coordinator.stopped_report(self.agents[name].session, generation.number, memory)
 
     def checkpoint(self, step: int) -> None:
+        """Rank 0's node commits `step`. No commit beyond the steps the job reported is believed, and an agent
+        sends its ranks' progress before a commit: a step no rank reported yet is rank 0's first."""
         generation = self.job.generation
         first = self.agents[generation.placement.nodes[0]]
+        if (self.job.observation.max_step() or 0) < step:
+            self.step(step, ranks=(0,))
         self.coordinator.checkpoint_saved(first.session, generation.number, step, step * GLOBAL_BATCH,
                                           f"/ckpt/step_{step:08d}")
 

@@ -148,8 +148,14 @@ JOB = "job:\n  entrypoint: ['{python}', 'train.py']\n"
         ("cluster:\n  local_agents: 2\n" + JOB + "  node_check: [/opt/bin/check.sh]\n",
          'job.node_check: local agents run only their own interpreter, {python} (a python from PATH is never run): '
          'run a Python script as ["{python}", "SCRIPT", ...], or start trainerd-agent on the host yourself'),
-        (JOB + "  env: {LD_PRELOAD: /tmp/x.so}\n", "job: env may not set LD_PRELOAD: the dynamic loader"),
-        (JOB + "  env: {PYTHONPATH: /tmp}\n", "job: env may not set PYTHONPATH: it changes which code"),
+        (JOB + "  env: {LD_PRELOAD: /tmp/x.so}\n", "job: env may not set LD_PRELOAD: it loads code or configuration"),
+        (JOB + "  env: {PYTHONPATH: /tmp}\n", "job: env may not set PYTHONPATH: it loads code or configuration"),
+        # issue 47: an exported bash function ran as root through a bash entrypoint; names must be identifiers
+        (JOB + "  env: {'BASH_FUNC_ls%%': '() { id; }'}\n", "job: env may not set BASH_FUNC_ls%%: a variable's name"),
+        (JOB + "  env: {'A=B': x}\n", "job: env may not set A=B: a variable's name is a letter or _"),
+        (JOB + "  env: {PYTHONWARNINGS: 'ignore::evil.Category'}\n", "job: env may not set PYTHONWARNINGS: it loads"),
+        (JOB + "  env: {PATH: /tmp/bin}\n", "job: env may not set PATH: it loads code"),
+        (JOB + "  env: {ASCEND_CUSTOM_OPP_PATH: /tmp/ops}\n", "job: env may not set ASCEND_CUSTOM_OPP_PATH: it loads"),
         (JOB + "  env: {TRAINERD_DEBUG: '1'}\n", "job: env may not set TRAINERD_DEBUG: TRAINERD_ names are trainerd's"),
         (JOB + "  data_skip:\n    spike_zscore: .inf\n", "job.data_skip.spike_zscore: Input should be a finite number"),
         (JOB + "  data_skip:\n    spike_ceiling: 1\n", "job.data_skip.spike_ceiling: Input should be greater than 1"),

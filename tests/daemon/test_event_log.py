@@ -8,8 +8,10 @@ import asyncio
 import pytest
 
 from common.clock import FakeClock
-from daemon.events import COMPACTION_PAGES_PER_PASS, EVENTS_PAGE, EventLog
+from daemon.coordinator import EVENT_COMPACTION_INTERVAL_S, AgentHello
+from daemon.events import COMPACTION_PAGES_PER_PASS, EVENTS_PAGE, NODE_EVENT_KINDS, EventLog
 from daemon.leader import LeaderElection, LeaderRecord, LeadershipLost
+from daemon.membership import DeviceInfo
 from daemon.store import keys
 from daemon.store.memory import InMemoryStore
 from tests.daemon.job_sim import SimCluster, job_settings
@@ -143,5 +145,29 @@ def test_the_leader_compacts_when_it_takes_office_and_then_once_a_minute() -> No
         assert [e.seq for e in await sim.coordinator.events(0)][0] == 302
         await sim.tick(31)
         events = await sim.coordinator.events(0)
-        assert len(events) == 100 and events[-1].seq == 400 + 1 + 150 + 1  # and generation 1 started
+        job_events = [e.seq for e in events if e.kind not in NODE_EVENT_KINDS]
+        node_events = [e.seq for e in events if e.kind in NODE_EVENT_KINDS]
+        assert len(job_events) == 100 and job_events[-1] == 400 + 1 + 150 + 1  # and generation 1 started
+        assert node_events == list(range(402 + 50, 402 + 150))  # the newest 100 of their own
+    run(scenario())
+
+
+def test_node_churn_never_erases_the_jobs_newest_events() -> None:
+    """Issue 47: one node certificate's 150 Hello/close cycles, each with a new host, wrote 150 node_ready events,
+    and the next compaction (keep 100) left no job event. Node events are now bounded apart from the job's."""
+    async def scenario() -> None:
+        sim = SimCluster(job_settings(min_nodes=2, max_nodes=2), events_keep=100)
+        await sim.lead()
+        await sim.connect("a")
+        await sim.tick()
+        job_kinds = [e.kind for e in await sim.coordinator.events(0) if e.kind not in NODE_EVENT_KINDS]
+        assert job_kinds == ["coordinator_leads"]
+        for cycle in range(150):
+            hello = AgentHello("x", f"10.1.{cycle // 250}.{cycle % 250}", (DeviceInfo(0, "", "cpu"),), "t", "", 0)
+            session, _ = await sim.coordinator.open_session(hello, lambda command: None)
+            sim.coordinator.close_session(session)
+        await sim.tick(EVENT_COMPACTION_INTERVAL_S + 1)
+        events = await sim.coordinator.events(0)
+        assert [e.kind for e in events if e.kind not in NODE_EVENT_KINDS] == job_kinds
+        assert [e.kind for e in events].count("node_ready") == 99  # and x's node_joined, the newest 100 of them
     run(scenario())

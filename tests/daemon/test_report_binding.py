@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from daemon.job.observation import ProcessReport, ProgressReport, SkippedBatch
+from daemon.job.observation import ProcessReport, ProgressReport, RootCause, SkippedBatch
 from daemon.store import codec, keys
 from proto.exit_codes import EXIT_USAGE
-from proto.vocabulary import JobState, ProcessRole
+from proto.vocabulary import CauseKind, JobState, ProcessRole
 from tests.daemon.job_sim import GLOBAL_BATCH, SimCluster, running_cluster, take_over
 
 
@@ -80,6 +80,7 @@ def test_a_checkpoint_counts_only_from_rank_0s_node_and_inside_the_checkpoint_di
         assert launch.checkpoint_path == "/ckpt/step_00000010"
         assert {p.env["TRAINERD_RESUME_FROM"] for p in launch.processes} == {"/ckpt/step_00000010"}
 
+        sim.step(20)
         sim.coordinator.checkpoint_saved(a, 2, 20, 20 * GLOBAL_BATCH, "/ckpt/./sub/../step_00000020")
         await sim.tick()
         assert [c.step for c in sim.job.catalog.entries()] == [10, 20]
@@ -157,4 +158,20 @@ def test_a_generation_that_moved_on_takes_no_commit_progress_or_exit_from_the_on
         assert sim.state is not JobState.FAILED and sim.job.record.generation == 2
         assert all(r.step != 99 for r in sim.job.view().ranks)
         assert sim.job.record.last_failure is None or sim.job.record.last_failure.rank == 1
+    run(scenario())
+
+
+def test_a_launch_an_agent_refused_is_one_launch_refused_event_per_node_with_its_reason() -> None:
+    """Issue 47: a refused Launch left the job PENDING with no event. The agent reports each process it did not
+    start with a root cause of kind launch_refused; the coordinator records one event per node, saying why."""
+    async def scenario() -> None:
+        sim = await running_cluster(nodes=("a", "b"))
+        reason = "refused to launch ['{python}', 'train.py']: its environment sets 'PATH' (it loads code)"
+        for role, rank in ((ProcessRole.SCHEDULER, -1), (ProcessRole.WORKER, 0)):
+            sim.coordinator.process_report(sim.agents["a"].session, 1, ProcessReport(
+                "a", role, rank, 0, False, exit_code=127, cause=RootCause(reason, kind=CauseKind.LAUNCH_REFUSED)))
+        await sim.tick()
+        refused = [e for e in await sim.coordinator.events(0) if e.kind == "launch_refused"]
+        assert [(e.fields["node"], e.fields["generation"], e.fields["reason"]) for e in refused] == [("a", 1, reason)]
+        assert "node a refused to launch generation 1: " + reason in refused[0].message
     run(scenario())

@@ -18,6 +18,7 @@ from daemon.app import grpc_server
 from daemon.coordinator import SessionRefused
 from daemon.grpc_services import ControlService, CoordinatorService, hello_from_proto
 from daemon.job.observation import REMEMBERED_STEPS
+from daemon.node_checks import NodeCheckCommand
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
 from proto.vocabulary import RETRY_AFTER_SPREAD, JobState
@@ -46,6 +47,7 @@ def hello(**fields) -> pb.Hello:
 
 @pytest.mark.parametrize("fields", [
     {"node_name": "n1\n"}, {"node_name": "x" * 64}, {"node_name": ""}, {"host": "h" * 256},
+    {"host": "10.0.0.1\nWARNING forged"}, {"host": "\x1b]0;owned\x07"}, {"agent_version": "v\r"},
     {"agent_version": "v" * 10_000}, {"resume_token": "t" * 10_000},
     {"devices": [pb.Device(device_id=i, kind="cpu") for i in range(65)]},
     {"devices": [pb.Device(device_id=-1, kind="cpu")]}, {"devices": [pb.Device(device_id=1 << 20, kind="cpu")]},
@@ -148,7 +150,7 @@ def test_a_failed_save_is_one_event_with_its_reason_and_the_job_runs_on() -> Non
         failed = [e for e in await sim.coordinator.events(0) if e.kind == "checkpoint_failed"]
         assert len(failed) == 1, failed
         assert failed[0].fields == {"generation": 1, "step": 20, "rank": 1, "node": "b",
-                                    "reason": reason.replace("\n", " ")}
+                                    "reason": reason.replace("\n", "\\n")}
         assert "No space left on device" in failed[0].message and "last committed checkpoint is step 10" in \
             failed[0].message
         assert sim.state is JobState.RUNNING and [c.step for c in sim.job.catalog.entries()] == [10]
@@ -521,6 +523,56 @@ def test_a_worker_warning_is_one_job_warning_event_however_often_it_is_told() ->
         await sim.tick()
         warnings = [e for e in await sim.coordinator.events(0) if e.kind == "job_warning"]
         assert [(e.message, e.fields) for e in warnings] == [
-            (f"job {sim.job.spec.name}: {text.replace(chr(10), ' ')}", {"generation": 1, "rank": 0, "node": "a"})]
+            (f"job {sim.job.spec.name}: {text.replace(chr(10), chr(92) + 'n')}", {"generation": 1, "rank": 0, "node": "a"})]
         assert sim.state is JobState.RUNNING
+    run(scenario())
+
+
+def test_a_heartbeat_with_a_field_out_of_bounds_is_acked_and_only_that_field_is_dropped() -> None:
+    """Issue 47: a generation resumed at step 2**62 made every honest heartbeat malformed (its processes'
+    steps passed the bound); each was dropped whole and never acked, so the agents redialled every 3 s and
+    the job stayed RECOVERING. Over real gRPC: a heartbeat with one bad status, a step past the checkpoint
+    format's 2**48 and a bad snapshot claim is acked, and its good status still counts."""
+    async def scenario() -> None:
+        sim = await running_cluster(nodes=("a",))
+        sim.disconnect("a")  # its agent comes back over gRPC, within the session grace
+        server, channel = await serve_sessions(CoordinatorService(sim.coordinator))
+        try:
+            call = pb_grpc.CoordinatorStub(channel).Session()
+            await call.write(pb.AgentMessage(hello=hello(node_name="a")))
+            assert (await call.read()).WhichOneof("body") == "welcome"
+            before = dropped("malformed")
+            await call.write(pb.AgentMessage(heartbeat=pb.Heartbeat(sequence=7, generation=1, processes=[
+                pb.ProcessStatus(role="worker", rank=0, pid=200, state=pb.PROCESS_EXITED, exit_code=1),
+                pb.ProcessStatus(role="scheduler", rank=-1, pid=100, state=pb.PROCESS_RUNNING, step=1 << 62),
+            ], held_snapshots=[pb.MemorySnapshot(step=1 << 62, ranks=[0], world_size=1, generation=1)])))
+            reply = await call.read()
+            assert reply.WhichOneof("body") == "heartbeat_ack" and reply.heartbeat_ack.sequence == 7
+            assert dropped("malformed") - before == 2
+            await sim.tick()
+            assert sim.job.record.last_failure is not None and sim.job.record.last_failure.rank == 0
+            call.cancel()
+        finally:
+            await channel.close()
+            await server.stop(None)
+    run(scenario())
+
+
+def test_peer_text_is_escaped_before_it_is_logged_stored_or_printed(caplog) -> None:
+    """Issue 47: a node check's detail and a log tail reached the log and `trainerctl events` raw: a newline
+    forged a log line, an OSC escape retitled the terminal. They are escaped at the servicer."""
+    async def scenario() -> None:
+        sim = await running_cluster(nodes=("a", "b"), min_nodes=2, max_nodes=2, node_check=["{python}", "check.py"])
+        sim.disconnect("b")
+        await sim.tick(SESSION_GRACE_S + 1)
+        agent = await sim.connect("b")  # back from LOST: it runs the node check
+        service = CoordinatorService(sim.coordinator)
+        [check] = [c for c in agent.commands if isinstance(c, NodeCheckCommand)]
+        service._dispatch(agent.session, pb.AgentMessage(node_check_result=pb.NodeCheckResult(
+            check_id=check.check_id, passed=False, detail="bad disk\nI1207 forged line \x1b]0;owned\x07")))
+        await asyncio.sleep(0.05)
+        [failed] = [e for e in await sim.coordinator.events(0) if e.kind == "node_check_failed"]
+        assert failed.fields["reason"] == "bad disk\\nI1207 forged line \\x1b]0;owned\\x07"
+        assert failed.message.isprintable()
+        assert all(r.getMessage().isprintable() for r in caplog.records)
     run(scenario())

@@ -11,7 +11,9 @@ import asyncio
 import pytest
 
 from daemon.grpc_services import held_snapshots
-from daemon.job.observation import MemorySnapshot
+from daemon.job.observation import MemorySnapshot, RootCause
+from daemon.job.placement import Placement, RankSlot
+from daemon.job.snapshot_claims import admitted
 from daemon.job.state import GenerationRecord, ResumeSource, SnapshotHolder
 from daemon.message_checks import MalformedMessage
 from proto import trainerd_pb2 as pb
@@ -160,3 +162,111 @@ def test_a_stop_confirmation_names_fresher_holdings_than_the_heartbeats() -> Non
 def test_hostile_holdings_are_refused(hostile) -> None:
     with pytest.raises(MalformedMessage):
         held_snapshots(hostile)
+
+
+async def crash_and_relaunch(sim: SimCluster) -> None:
+    """Rank 1 crashes; every node confirms the stop; the next generation is launched."""
+    sim.crash("b", 1)
+    await sim.tick()
+    sim.confirm_stop()
+    await sim.tick(1.0)
+    assert sim.job.record.generation == 2
+
+
+def test_a_node_outside_the_placement_claiming_every_rank_is_not_believed() -> None:
+    """Issue 47: a host with a valid node certificate, never in the placement, claimed every rank's files
+    and the relaunch fetched them all from it. Claims bind only from the nodes told to hold them."""
+    async def scenario() -> None:
+        sim = await running_cluster(peer_port=PEER_PORT)
+        outsider = await sim.connect("x")  # READY and serving, but max_nodes 3: not in the generation
+        outsider.generation = 1  # it says it runs the generation, as a forger would
+        outsider.held = (held(20, 0, 1, 2),)
+        sim.step(23)
+        await sim.tick()
+        assert "x" not in sim.job.observation.held_snapshots
+        await crash_and_relaunch(sim)
+        resume = sim.job.generation.resume
+        assert (resume.source, resume.step) == (ResumeSource.DISK, 10)
+        assert all(h.node != "x" for h in resume.holders)
+    run(scenario())
+
+
+def test_a_placed_node_is_believed_only_for_its_own_ranks_and_its_ring_predecessors() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster(peer_port=PEER_PORT)
+        # a runs rank 0 and copies c (rank 2); it claims b's rank 1 too, which nobody else holds.
+        sim.agents["a"].held = (held(20, 0, 1, 2),)
+        sim.agents["c"].held = (held(20, 2),)
+        sim.step(23)
+        await sim.tick()
+        await crash_and_relaunch(sim)
+        assert (sim.job.generation.resume.source, sim.job.generation.resume.step) == (ResumeSource.DISK, 10)
+    run(scenario())
+
+
+@pytest.mark.parametrize("step", [10**9, 1 << 62])
+def test_a_step_beyond_the_newest_reported_is_not_believed(step: int) -> None:
+    """Issue 47: claims at step 10**9 (files the forger wrote) and at 2**62 (no files: the agents launched at
+    TRAINERD_RESUME_STEP=2**62) from the job's own nodes: the job has reported step 23, so neither binds."""
+    async def scenario() -> None:
+        sim = await running_cluster(peer_port=PEER_PORT)
+        hold_ring(sim, step)
+        sim.step(23)
+        await sim.tick()
+        assert sim.job.observation.held_snapshots == {}
+        await crash_and_relaunch(sim)
+        assert (sim.job.generation.resume.source, sim.job.generation.resume.step) == (ResumeSource.DISK, 10)
+        assert all(p.env.get("TRAINERD_RESUME_STEP") == "10" for p in sim.agents["a"].launches()[-1].processes
+                   if p.role == "worker")
+    run(scenario())
+
+
+def test_a_commit_beyond_the_newest_reported_step_is_not_recorded() -> None:
+    """Issue 47: rank 0's node committed step 2**62 (then 2**48 caps it at the servicer); the catalog takes no
+    commit beyond the steps the job reported."""
+    async def scenario() -> None:
+        sim = await running_cluster(peer_port=PEER_PORT)
+        sim.step(23)
+        sim.coordinator.checkpoint_saved(sim.agents["a"].session, 1, 10**9, 10**9 * GLOBAL_BATCH,
+                                         "/ckpt/step_1000000000")
+        await sim.tick()
+        assert [c.step for c in sim.job.catalog.entries()] == [10]
+    run(scenario())
+
+
+def test_copies_of_a_predecessor_made_in_a_later_generation_bind() -> None:
+    """Pure: a node holds the ranks of a snapshot's generation that were its own then, and those of the node it
+    copied, then or in a later generation (its pins of the older one are what that predecessor serves)."""
+    def placement(*nodes: str) -> Placement:
+        return Placement(len(nodes), 1, tuple(RankSlot(r, n, f"h{n}", 0, "", 0) for r, n in enumerate(nodes)))
+
+    placements = {1: placement("a", "b", "c"), 2: placement("c", "d")}  # d copies c in generation 2
+    claims = admitted("d", None, (held(20, 2),), placements, 2, 30)
+    assert claims.held == (held(20, 2),) and claims.refused == ()
+    claims = admitted("d", None, (held(20, 1),), placements, 2, 30)
+    assert claims.held == () and "ranks 1 of step 20" in claims.refused[0]
+    assert admitted("a", None, (held(20, 0),), placements, 2, 30).refused[0].startswith("node a is not in")
+    assert admitted("c", None, (held(20, 2, world_size=2),), placements, 2, 30).held == ()
+
+
+def test_a_snapshot_the_agents_cannot_assemble_is_named_in_the_events_and_the_next_source_is_used() -> None:
+    """Issue 47: an assembled snapshot that fails verification never launches (the agent starts no worker on it
+    and reports each exited 65: tests/agent/test_snapshot_keeper.py); the coordinator says which snapshot and
+    why in a `snapshot_unusable` event and relaunches from the next newest source."""
+    async def scenario() -> None:
+        sim = await running_cluster(peer_port=PEER_PORT)
+        hold_ring(sim, 20)
+        sim.step(23)
+        await sim.tick()
+        await lose(sim, "b")
+        assert (sim.job.generation.resume.source, sim.job.generation.resume.step) == (ResumeSource.MEMORY, 20)
+        problem = "cannot resume from the in-memory snapshot of step 20: rank 1's file fails its digest"
+        sim.started()
+        sim.crash("a", 0, exit_code=65, cause=RootCause(problem, kind="last_line"))
+        await sim.tick()
+        sim.confirm_stop()
+        await sim.tick(1.0)
+        unusable = [e for e in await sim.coordinator.events(0) if e.kind == "snapshot_unusable"]
+        assert [e.fields["step"] for e in unusable] == [20] and problem in unusable[0].message
+        assert (sim.job.generation.resume.source, sim.job.generation.resume.step) == (ResumeSource.DISK, 10)
+    run(scenario())
