@@ -45,6 +45,7 @@ from trainer.data.sampler import SampleStream
 from trainer.data.skip_ranges import SkipRanges
 from trainer.examples import tiny_corpus
 from trainer.examples.final_weights import save_weights
+from trainer.examples.slow_start import slow_start
 from trainer.runtime import communication
 from trainer.runtime.callback import GuardedTrainOneStepCell, TrainerdCallback, resume_epoch, trainerd_dataset
 from trainer.runtime.communication import CommunicationError
@@ -74,6 +75,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="test data: the samples at these stream positions have a NaN loss mask")
     parser.add_argument("--spike-samples", type=sample_ranges, default=(), metavar="A:B[,C:D...]",
                         help="test data: the samples at these stream positions have their loss scaled by 20")
+    parser.add_argument("--slow-start", type=slow_start, metavar="RANK:SECONDS",
+                        help="test timing: this rank sleeps before its first step, in the first generation only")
     args = parser.parse_args(argv)
     for flag in ("steps", "steps_per_epoch", "log_every"):
         if getattr(args, flag) < 1:
@@ -274,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     log.info("rank %d of %d: %d parameters, vocabulary of %d characters, %d windows of %d; epochs %d to %d of %d "
              "steps", rank, ctx.world_size, sum(p.size for p in network.trainable_params()), len(vocab),
              len(windows), SEQ_LEN, initial_epoch + 1, epochs, args.steps_per_epoch)
+    if args.slow_start is not None:
+        args.slow_start.wait_before_first_step(ctx)
     if initial_epoch < epochs:
         model.train(epochs, dataset, callbacks=[TrainerdCallback(), PrintLoss(rank, args.log_every)],
                     dataset_sink_mode=False, initial_epoch=initial_epoch)
