@@ -629,6 +629,8 @@ def _collective_failure(world: JobWorld, failed: ProcessReport) -> Failure:
     waited = sorted({p.rank for p in observation.failures() if p.role is ProcessRole.WORKER})
     absent = [slot for slot in generation.placement.ranks if slot.rank not in waited]
     failure = _process_failure(FailureCause.PROCESS_EXITED, failed)
+    if not waited:  # the scheduler alone: no rank was seen waiting
+        return failure
     if not absent:
         return replace(failure, message=f"{failed.describe()}; every rank failed in a collective: a link between "
                                         f"the nodes, not the job")

@@ -656,6 +656,15 @@ def test_every_rank_failing_in_a_collective_is_a_crash_of_no_node() -> None:
     assert (record.crash_restarts, record.node_failures, record.crash_steps) == (1, {}, {})
 
 
+def test_a_scheduler_that_lost_a_node_alone_names_no_rank_that_never_came() -> None:
+    lost = RootCause("RuntimeError: The total number of timed out node is 1. Timed out node list is: [const "
+                     "vector]{1}", "scheduler.py:30", "python_exception")
+    scheduler = ProcessReport("a", ProcessRole.SCHEDULER, -1, 99, False, 1, cause=lost, observed_at=NOW - 1)
+    failure = commit_of(decide(job_world(reports=(scheduler,)))).record.last_failure
+    assert (failure.rank, failure.node, failure.message) == (-1, "a", f"scheduler on node a exited with code 1: "
+                                                                      f"{lost.line}")
+
+
 def test_a_peers_own_error_told_after_the_collectives_it_broke_is_the_failure() -> None:
     reports = (exited("a", 0, 1, cause=PEER_GONE, at=NOW - 2), exited("c", 2, 1, cause=FILE_MISSING, at=NOW - 1.5))
     record = commit_of(decide(job_world(reports=reports))).record
