@@ -11,9 +11,12 @@ A job's life, in the terms of the durable record (daemon/job/state.py):
 - a live generation (`record.generation > record.stopped_generation`): watch it. It is RUNNING once
   every rank reported a step, or every process ran for RUNNING_WITHOUT_PROGRESS_S (a script that
   prints nothing trainerd reads). It completes, or fails (a process exits, a node is lost, no new
-  step for hang_timeout_s once a rank showed progress; every rank failing the same way before any
-  progress, or two or more ranks ending two generations in a row with the same error after it, is the
-  job's own error), or is reshaped (a node to take in, or a drained node to let
+  step for hang_timeout_s once a rank showed progress). A failure is the job's own error only when it
+  cannot be the cluster's, and is proven, not guessed: the ranks failing the same way end two
+  generations in a row (the first is relaunched without spending the restart budget), unless the error
+  is one no relaunch can pass (a SyntaxError or an ImportError in the job's code). A collective or a
+  connection that failed never is: the ranks that waited in it are not blamed, and the ranks that never
+  reached it are named. Or it is reshaped (a node to take in, or a drained node to let
   go): at a checkpoint it asks for when the generation runs trainerd's runtime, else through the
   script's graceful exit, else at once. The stop is committed first (`stopped_generation`), then sent;
 - between generations: wait until every node confirmed the stop (or the stop grace passed: the
@@ -31,6 +34,7 @@ controller when the stop may go ahead.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -441,6 +445,10 @@ def _failure(world: JobWorld) -> Failure | None:
             settled = world.now - failed.observed_at >= settle_s
             if not settled and not observation.workers_exited(generation.placement.world_size):
                 return None
+        own = next((p for p in observation.failures() if not p.communication), None)
+        if own is None:
+            return _collective_failure(world, failed)
+        failed = own  # a peer's crash broke the collectives that failed before its exit was told
         if not observation.progress_seen:
             job_error = _job_error(world)
             if job_error is not None:
@@ -453,9 +461,12 @@ def _failure(world: JobWorld) -> Failure | None:
                                     f"{failed.describe()}; ranks {_ranks(alike)} failed the same way, as ranks "
                                     f"{_ranks(previous.same_error_ranks)} did when the generation before ended",
                                     alike)
+        previous = world.record.last_failure
         crash = replace(_process_failure(FailureCause.PROCESS_EXITED, failed, same_error_ranks=alike),
                         samples_at=_failing_samples(world, failed.rank))
-        previous = world.record.last_failure
+        if len(alike) >= 2 and _free_retry_left(previous):  # the job's own error, unless it passes
+            crash = replace(crash, free_retry=True,
+                            message=f"{crash.message}; ranks {_ranks(alike)} failed the same way")
         if observation.progress_seen and _follows_rank(previous, crash) and not _same_samples(previous, crash):
             assert previous is not None
             samples = "at other samples" if crash.samples_at >= 0 and previous.samples_at >= 0 \
@@ -556,21 +567,78 @@ def _ranks(ranks: tuple[int, ...]) -> str:
 
 
 def _job_error(world: JobWorld) -> Failure | None:
-    """The job itself is broken (its code, its data, its settings): before any rank showed progress,
-    every worker that failed failed with the same root cause, and at least two did (or the
-    generation has one rank). A rank failing alone, or the ranks failing differently, is a crash."""
+    """The job itself may be broken (its code, its data, its settings): before any rank showed progress,
+    every worker that failed failed with the same root cause, and at least two did (or the generation
+    has one rank); the workers that only failed waiting in a collective for them are left aside. A rank
+    failing alone, or the ranks failing differently, is a crash.
+
+    It is proven, not guessed: the job FAILs at once only for an error no relaunch can pass (_cannot_pass),
+    or one that ended the generation before too. Else the generation is relaunched once without spending
+    the restart budget (Failure.free_retry): an error every rank met at once may have passed (a shared file
+    system that hiccupped, a download that timed out)."""
     generation, observation = world.generation, world.observation
     assert generation is not None and observation is not None
-    workers = [p for p in observation.failures() if p.role is ProcessRole.WORKER]
+    workers = [p for p in observation.failures() if p.role is ProcessRole.WORKER and not p.communication]
     causes = {p.same_cause_key for p in workers}
     if not workers or None in causes or len(causes) > 1:
         return None
     if len(workers) < 2 and generation.placement.world_size > 1:
         return None
     first = workers[0]
-    ranks = _ranks(tuple(sorted(p.rank for p in workers)))
-    same = "before any progress" if len(workers) == 1 else f"ranks {ranks} failed the same way before any progress"
-    return _process_failure(FailureCause.JOB_ERROR, first, f"{first.describe()}; {same}")
+    ranks = tuple(sorted(p.rank for p in workers))
+    same = "before any progress" if len(workers) == 1 else \
+        f"ranks {_ranks(ranks)} failed the same way before any progress"
+    if _cannot_pass(first):
+        return _process_failure(FailureCause.JOB_ERROR, first, f"{first.describe()}; {same}")
+    previous = world.record.last_failure
+    if (previous is not None and previous.cause in (FailureCause.PROCESS_EXITED, FailureCause.JOB_ERROR)
+            and previous.error_key == first.same_cause_key):
+        return _process_failure(FailureCause.JOB_ERROR, first,
+                                f"{first.describe()}; {same}, as when the generation before ended")
+    return replace(_process_failure(FailureCause.PROCESS_EXITED, first, f"{first.describe()}; {same}", ranks),
+                   free_retry=_free_retry_left(previous))
+
+
+# An error of the job's own code that no relaunch can pass: it does not compile, or imports what is not there.
+_CANNOT_PASS = re.compile(r"(?:SyntaxError|IndentationError|TabError|ImportError|ModuleNotFoundError)\b")
+_LIBRARY_LOCATION = re.compile(r"/(?:site|dist)-packages/|/lib/python\d+\.\d+/|^<frozen ")
+
+
+def _cannot_pass(report: ProcessReport) -> bool:
+    """A SyntaxError or an ImportError raised at a line of the job's own code (not a library's, whose
+    install a node may have broken); what the agent reads as a Python exception only."""
+    cause = report.cause
+    return (cause is not None and cause.kind == CauseKind.PYTHON_EXCEPTION and bool(cause.location)
+            and _CANNOT_PASS.match(cause.message) is not None and not _LIBRARY_LOCATION.search(cause.location))
+
+
+def _free_retry_left(previous: Failure | None) -> bool:
+    """The generation before did not end in a free retry: one is given once in a row, or a job whose error
+    changes every generation would be relaunched for ever without spending the budget."""
+    return previous is None or not previous.free_retry
+
+
+def _collective_failure(world: JobWorld, failed: ProcessReport) -> Failure:
+    """Every process that failed failed in a collective or on a connection (ProcessReport.communication):
+    they waited for a peer that never came, or went away. Those ranks are not blamed: the ranks that did
+    not fail so (still running, or gone without an error) never reached the collective, and the failure
+    names them. It is never the job's own error, nor a node's (no node is singled out), nor a batch's (no
+    crash step); it spends the restart budget like any crash, which bounds a peer that never comes."""
+    generation, observation = world.generation, world.observation
+    assert generation is not None and observation is not None
+    waited = sorted({p.rank for p in observation.failures() if p.role is ProcessRole.WORKER})
+    absent = [slot for slot in generation.placement.ranks if slot.rank not in waited]
+    failure = _process_failure(FailureCause.PROCESS_EXITED, failed)
+    if not waited:  # the scheduler alone: no rank was seen waiting
+        return failure
+    if not absent:
+        return replace(failure, message=f"{failed.describe()}; every rank failed in a collective: a link between "
+                                        f"the nodes, not the job")
+    named = " and ".join(f"rank {slot.rank} on node {slot.node}" for slot in absent)
+    reached = "did not reach the collective" if observation.progress_seen else "reached no collective"
+    waiters = f"rank {waited[0]}" if len(waited) == 1 else f"ranks {_ranks(tuple(waited))}"
+    return replace(failure, node=absent[0].node, rank=absent[0].rank, exit_code=0, signal=0,
+                   message=f"{named} {reached}, and {waiters} failed waiting: {failed.describe()}")
 
 
 def _hang(world: JobWorld) -> Failure | None:
@@ -595,8 +663,8 @@ def _failing_step(world: JobWorld, failure: Failure) -> int | None:
     """The step a crashed rank was on: one past its last reported step. None when it crashed
     before its first step of this generation (start-up problems are not the data's fault), or when
     its steps were read from its output (they have no sample position, and may restart each epoch)."""
-    if failure.cause is not FailureCause.PROCESS_EXITED or failure.rank < 0:
-        return None
+    if failure.cause is not FailureCause.PROCESS_EXITED or failure.rank < 0 or failure.communication:
+        return None  # (a collective that failed is no sample's fault)
     assert world.observation is not None
     report = world.observation.progress.get(failure.rank)
     return None if report is None or report.from_output else report.step + 1
@@ -644,13 +712,16 @@ def _end_generation(world: JobWorld, failure: Failure) -> list[Action]:
     changes: dict = dict(stopped_generation=generation.number, last_failure=failure, restarts=record.restarts + 1)
     actions: list[Action] = []
     note = _forgive_node(world, failure, changes)
-    if failure.cause.spends_budget:
+    shared = len(failure.same_error_ranks) >= 2
+    if failure.free_retry:
+        note = ("; the job's own error, not a node's, unless it passes: relaunching once without spending the "
+                "restart budget (if it ends the next generation too, the job fails)")
+    if failure.spends_budget:
         changes["crash_restarts"] = record.crash_restarts + 1
         changes["consecutive_crashes"] = record.consecutive_crashes + 1
         if failure.blamed and failure.blamed_node == failure.node:
             changes["node_failures"] = {**record.node_failures,
                                         failure.node: record.node_failures.get(failure.node, 0) + 1}
-        shared = len(failure.same_error_ranks) >= 2
         if shared:
             note = (f"; ranks {_ranks(failure.same_error_ranks)} failed the same way: the job's own error, not a "
                     f"node's (if it ends the next generation too, the job fails)")
@@ -679,7 +750,7 @@ def _end_generation(world: JobWorld, failure: Failure) -> list[Action]:
         before = [c for c in world.catalog if c.good and c.step < run[0].step]
         if before:
             changes["resume_from_step"] = before[-1].step
-    over_budget = failure.cause.spends_budget and changes["crash_restarts"] > spec.restart.max
+    over_budget = failure.spends_budget and changes["crash_restarts"] > spec.restart.max
     if over_budget or failure.cause.permanent:
         updated = record.moved_to(JobState.FAILED, **{**changes, "restarts": record.restarts})
         if failure.cause is FailureCause.JOB_ERROR:
@@ -765,9 +836,10 @@ def _singled_out_node(world: JobWorld) -> str | None:
     generation, observation = world.generation, world.observation
     assert generation is not None and observation is not None
     failures = observation.failures()
-    if not failures:
-        return None
-    nodes = {p.node for p in failures if p.same_cause_key == failures[0].same_cause_key}
+    first = next((p for p in failures if not p.communication), None)
+    if first is None:
+        return None  # every process failed waiting in a collective: none of them is to blame
+    nodes = {p.node for p in failures if p.same_cause_key == first.same_cause_key}
     if len(generation.placement.nodes) < 2 or len(nodes) != 1:
         return None
     return nodes.pop()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field, replace
 
-from daemon.job.state import SnapshotHolder, error_key
+from daemon.job.state import SnapshotHolder, communication_error, error_key
 from proto.vocabulary import FROZEN_OS_STATES, CauseKind, ProcessRole
 
 
@@ -87,6 +87,12 @@ class ProcessReport:
         if self.cause.kind == CauseKind.FENCED:  # its agent stopped it: no error of its own
             return None
         return error_key(self.cause.message, self.cause.location, self.cause.kind)
+
+    @property
+    def communication(self) -> bool:
+        """It failed in a collective or on a connection (state.communication_error): waiting for a peer
+        that did not come, or went away. Not its own error, nor the job's."""
+        return self.cause is not None and communication_error(self.cause.message, self.cause.location)
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,31 @@ def error_key(message: str, location: str, kind: str) -> tuple[str, str]:
     return (_NUMBER.sub("#", message) if kind == CauseKind.PYTHON_EXCEPTION else message), location
 
 
+# What a failed collective, or the connection under it, leaves as a rank's root cause: MindSpore's collective
+# kernels and their ring ("Ring ReduceScatter wait receiving [1,1] failed", "Reduce wait receiving [const pair]
+# failed", "Launch kernel failed: Default/AllReduce-op28", "AllReduceCPUKernelMod launch failed"), its cluster
+# topology ("The node: 1 is timed out"), the collective libraries (mccl, HCCL, NCCL), timeouts, and refused,
+# reset or broken connections.
+_COMMUNICATION = re.compile(
+    r"\bwait (?:sending|receiving)\b"
+    r"|Launch kernel failed: \S*(?:All ?Reduce|All ?Gather|Reduce ?Scatter|Broadcast|All ?To ?All|Barrier|Send|Receive"
+    r"|Recv)"
+    r"|(?:AllReduce|AllGather|ReduceScatter|Broadcast|AllToAll|AlltoAll|Barrier|Send|Recv|Receive)\w*KernelMod"
+    r"|\b[mhn]ccl|\btim(?:ed|es) out\b|\bTimeoutError\b|\b(?:receive|send|wait|socket|connect|operation) timeout\b"
+    r"|\bConnection(?:Refused|Reset|Aborted)?Error\b|BrokenPipeError"
+    r"|\bconnection (?:refused|reset|aborted|closed)|\bbroken pipe\b|\bmeta server\b",
+    re.IGNORECASE)
+_COMMUNICATION_LOCATION = re.compile(r"mindspore/ccsrc/(?:cluster|distributed)/|/collective/|_collective_|[mhn]ccl",
+                                     re.IGNORECASE)
+
+
+def communication_error(message: str, location: str) -> bool:
+    """Whether a root cause is a collective or a communication failing (see _COMMUNICATION): a peer that
+    never came or went away, a slow peer, a network that broke. It can always be the cluster's, so it is
+    never taken for the job's own error (decide.py), and the rank that raised it only waited."""
+    return bool(_COMMUNICATION.search(message) or _COMMUNICATION_LOCATION.search(location))
+
+
 class FailureCause(StrEnum):
     """Why a generation ended badly. The value is what etcd, the events and the wire carry."""
 
@@ -58,8 +83,9 @@ class FailureCause(StrEnum):
     USAGE_ERROR = "usage_error"  # a worker exited with EXIT_USAGE
     LAUNCH_FAILED = "launch_failed"  # the entrypoint could not be executed
     BAD_BATCHES = "bad_batches"  # too many consecutive steps skipped as bad
-    # The ranks failed with the same error before any progress, or ended two generations in a row with
-    # the same error after it, or one rank's error followed it to another node: the job is broken
+    # The ranks failed with the same error two generations in a row (before any progress, or after it), or
+    # before any progress with an error no relaunch can pass (a SyntaxError, an ImportError of the job's
+    # code), or one rank's error followed it to another node: the job is broken
     JOB_ERROR = "job_error"
     BAD_DATA = "bad_data"  # more of the samples skipped as bad than data_skip.max_skipped_fraction
 
@@ -101,17 +127,29 @@ class Failure:
     blamed_node: str = ""
     blamed: int = 0
     error_kind: str = ""  # the root cause's kind (RootCause.kind)
+    # Every rank that failed met this same error, which may yet pass (decide.py, _job_error): the generation
+    # is relaunched once to tell, spending no restart budget; the same error again fails the job.
+    free_retry: bool = False
 
     @property
     def error_key(self) -> tuple[str, str]:
         return error_key(self.error, self.location, self.error_kind)
+
+    @property
+    def communication(self) -> bool:
+        """The error is a collective or a connection failing: never the job's own (communication_error)."""
+        return communication_error(self.error, self.location)
+
+    @property
+    def spends_budget(self) -> bool:
+        return self.cause.spends_budget and not self.free_retry
 
     def to_json(self) -> dict:
         return {"cause": self.cause.value, "message": self.message, "node": self.node, "rank": self.rank,
                 "exit_code": self.exit_code, "signal": self.signal, "location": self.location,
                 "error": self.error, "same_error_ranks": list(self.same_error_ranks),
                 "samples_at": self.samples_at, "blamed_node": self.blamed_node, "blamed": self.blamed,
-                "error_kind": self.error_kind}
+                "error_kind": self.error_kind, "free_retry": self.free_retry}
 
     @classmethod
     def from_json(cls, data: dict) -> "Failure":
@@ -121,7 +159,7 @@ class Failure:
                    str(data.get("location", "")), str(data.get("error", "")),
                    tuple(int(rank) for rank in data.get("same_error_ranks", ())),
                    int(data.get("samples_at", -1)), str(data.get("blamed_node", "")),
-                   int(data.get("blamed", 0)), str(data.get("error_kind", "")))
+                   int(data.get("blamed", 0)), str(data.get("error_kind", "")), data.get("free_retry") is True)
 
 
 @dataclass(frozen=True)

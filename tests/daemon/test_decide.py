@@ -408,12 +408,15 @@ def test_a_crash_in_native_code_on_every_rank_is_the_jobs_error_only_when_it_nam
     at_line = RootCause("Fatal Python error: Segmentation fault", "train.py:4", "fatal_error")
     nowhere = RootCause("Fatal Python error: Segmentation fault", "", "fatal_error")  # in a thread of C++ alone
     both = (exited("a", 0, signal=11, cause=at_line), exited("b", 1, signal=11, cause=at_line))
-    failed = commit_of(decide(job_world(step=None, reports=both)))
-    assert (failed.record.state, failed.record.last_failure.cause) == (JobState.FAILED, FailureCause.JOB_ERROR)
+    suspected = commit_of(decide(job_world(step=None, reports=both))).record
+    assert (suspected.state, suspected.last_failure.free_retry, suspected.crash_restarts) == (
+        JobState.RECOVERING, True, 0)  # the job's own, unless it passes
+    again = commit_of(decide(job_world(step=None, reports=both, record={"last_failure": suspected.last_failure})))
+    assert (again.record.state, again.record.last_failure.cause) == (JobState.FAILED, FailureCause.JOB_ERROR)
     unknown = (exited("a", 0, signal=11, cause=nowhere), exited("b", 1, signal=11, cause=nowhere))
-    crashed = commit_of(decide(job_world(step=None, reports=unknown)))
-    assert (crashed.record.state, crashed.record.last_failure.cause) == (JobState.RECOVERING,
-                                                                        FailureCause.PROCESS_EXITED)
+    crashed = commit_of(decide(job_world(step=None, reports=unknown))).record
+    assert (crashed.state, crashed.last_failure.cause, crashed.last_failure.free_retry, crashed.crash_restarts) == (
+        JobState.RECOVERING, FailureCause.PROCESS_EXITED, False, 1)
 
 
 def test_a_failure_is_told_by_its_root_cause_line_when_there_is_one() -> None:
@@ -509,26 +512,70 @@ def test_a_generation_without_progress_is_running_once_every_process_ran_for_the
         "job job is RUNNING: every process of generation 1 has run for 60s (no rank reported a step)")
 
 
-def test_every_rank_failing_the_same_way_before_any_progress_fails_the_job_at_once() -> None:
+def test_every_rank_failing_the_same_way_before_any_progress_is_relaunched_once_without_spending_the_budget() -> None:
     same = tuple(exited(n, r, 1, cause=FILE_MISSING, at=NOW - 1) for r, n in enumerate(NODES))
     actions = decide(job_world(state=JobState.PENDING, step=None, reports=same, record={"node_failures": {"a": 2}}))
     commit = commit_of(actions)
+    failure = commit.record.last_failure
+    assert commit.record.state is JobState.RECOVERING and failure.cause is FailureCause.PROCESS_EXITED
+    assert (failure.location, failure.same_error_ranks, failure.free_retry) == ("train.py:12", (0, 1, 2), True)
+    assert (commit.record.crash_restarts, commit.record.consecutive_crashes, commit.record.node_failures,
+            commit.record.restarts) == (0, 0, {"a": 2}, 1)
+    assert commit.message == (
+        "job job is RECOVERING (process_exited): rank 0 on node a exited with code 1: FileNotFoundError: [Errno 2] "
+        "No such file or directory: 'data/x' (train.py:12); ranks 0, 1, 2 failed the same way before any progress; "
+        "the job's own error, not a node's, unless it passes: relaunching once without spending the restart budget "
+        "(if it ends the next generation too, the job fails)")
+    assert isinstance(actions[-1], StopGeneration)
+
+
+@pytest.mark.parametrize("before", [
+    Failure(FailureCause.PROCESS_EXITED, "", "a", 0, 1, location="train.py:12", error=FILE_MISSING.message,
+            same_error_ranks=(0, 1, 2), error_kind="python_exception", free_retry=True),
+    # resumed by the operator after it failed the job: not fixed
+    Failure(FailureCause.JOB_ERROR, "", "a", 0, 1, location="train.py:12", error=FILE_MISSING.message,
+            error_kind="python_exception"),
+])
+def test_the_same_error_on_every_rank_in_the_next_generation_fails_the_job(before: Failure) -> None:
+    same = tuple(exited(n, r, 1, cause=FILE_MISSING, at=NOW - 1) for r, n in enumerate(NODES))
+    actions = decide(job_world(state=JobState.RECOVERING, step=None, reports=same,
+                               record={"last_failure": before, "crash_restarts": 1}))
+    commit = commit_of(actions)
     assert commit.record.state is JobState.FAILED and commit.record.last_failure.cause is FailureCause.JOB_ERROR
-    assert commit.record.last_failure.location == "train.py:12"
-    assert (commit.record.crash_restarts, commit.record.consecutive_crashes, commit.record.node_failures) == (
-        0, 0, {"a": 2})
+    assert commit.record.crash_restarts == 1
     assert commit.message == (
         "job job is FAILED: rank 0 on node a exited with code 1: FileNotFoundError: [Errno 2] No such file or "
-        "directory: 'data/x' (train.py:12); ranks 0, 1, 2 failed the same way before any progress (the job "
-        "itself fails: fix it, then trainerctl resume)")
+        "directory: 'data/x' (train.py:12); ranks 0, 1, 2 failed the same way before any progress, as when the "
+        "generation before ended (the job itself fails: fix it, then trainerctl resume)")
     assert isinstance(actions[-1], StopGeneration)
+
+
+@pytest.mark.parametrize("cause, fails", [
+    (RootCause("SyntaxError: invalid syntax", "train.py:3", "python_exception"), True),
+    (RootCause("IndentationError: unexpected indent", "model.py:40", "python_exception"), True),
+    (RootCause("ModuleNotFoundError: No module named 'tokenizers'", "train.py:1", "python_exception"), True),
+    (RootCause("ImportError: cannot import name 'Dense' from 'mindspore.nn'", "/home/alice/job/train.py:2",
+               "python_exception"), True),
+    # raised in a library: the node's install may be broken, and another may not be
+    (RootCause("ImportError: libgomp.so.1: cannot open shared object file",
+               "/opt/venv/lib/python3.11/site-packages/mindspore/__init__.py:17", "python_exception"), False),
+    (RootCause("SyntaxError: invalid syntax", "", "last_line"), False),  # no traceback: not the job's code for sure
+    (FILE_MISSING, False),
+])
+def test_an_error_no_relaunch_can_pass_fails_the_job_at_once(cause: RootCause, fails: bool) -> None:
+    same = tuple(exited(n, r, 1, cause=cause, at=NOW - 1) for r, n in enumerate(NODES))
+    record = commit_of(decide(job_world(state=JobState.PENDING, step=None, reports=same))).record
+    expected = (JobState.FAILED, FailureCause.JOB_ERROR, False) if fails else \
+        (JobState.RECOVERING, FailureCause.PROCESS_EXITED, True)
+    assert (record.state, record.last_failure.cause, record.last_failure.free_retry) == expected
+    assert record.crash_restarts == 0
 
 
 @pytest.mark.parametrize("rank_0, ago, outcome", [
     (None, 4.9, "wait"),  # the others may still fail the same way
     (None, 5.0, FailureCause.PROCESS_EXITED),  # rank 1 failed alone: a crash
     (FILE_MISSING, 4.9, "wait"),  # rank 2 still runs
-    (FILE_MISSING, 5.0, FailureCause.JOB_ERROR),  # two ranks, the same error
+    (FILE_MISSING, 5.0, "same error"),  # two ranks, the same error: the job's own, unless it passes
     (PEER_GONE, 5.0, FailureCause.PROCESS_EXITED),  # they failed differently
     ("killed", 5.0, FailureCause.PROCESS_EXITED),
 ])
@@ -546,15 +593,103 @@ def test_a_start_up_failure_waits_the_settle_window_to_tell_a_job_error_from_a_c
                                 reports=tuple(reports))) == []
         return
     failure = commit_of(actions).record.last_failure
-    assert (failure.cause, failure.rank) == (outcome, 1)
+    assert (failure.cause, failure.rank, failure.free_retry) == (
+        FailureCause.PROCESS_EXITED, 1, True) if outcome == "same error" else (outcome, 1, False)
 
 
-def test_a_single_rank_failing_before_any_progress_is_a_job_error_and_with_progress_a_crash() -> None:
+def test_a_single_rank_failing_before_any_progress_is_a_suspected_job_error_and_with_progress_a_crash() -> None:
     alone = (exited("a", 0, 1, cause=FILE_MISSING, at=NOW),)
-    assert commit_of(decide(job_world(on=("a",), offers=("a",), step=None, reports=alone))).record.last_failure.cause \
-        is FailureCause.JOB_ERROR
+    record = commit_of(decide(job_world(on=("a",), offers=("a",), step=None, reports=alone))).record
+    assert (record.last_failure.cause, record.last_failure.free_retry, record.crash_restarts) == (
+        FailureCause.PROCESS_EXITED, True, 0)
+    again = commit_of(decide(job_world(on=("a",), offers=("a",), step=None, reports=alone,
+                                       record={"last_failure": record.last_failure}))).record
+    assert again.last_failure.cause is FailureCause.JOB_ERROR
     everyone = tuple(exited(n, r, 1, cause=FILE_MISSING, at=NOW) for r, n in enumerate(NODES))
     assert commit_of(decide(job_world(reports=everyone))).record.last_failure.cause is FailureCause.PROCESS_EXITED
+
+
+# What the ranks that waited for a peer in a collective print, as the agent reads them: MindSpore's exception
+# (its "- Kernel error:" section), or its ring's own error line.
+KERNEL_FAILED = RootCause("RuntimeError: Launch kernel failed: Default/AllReduce-op28", "train.py:24",
+                          "python_exception")
+RING_WAIT = RootCause("Reduce wait receiving [const pair] failed.",
+                      "mindspore/ccsrc/cluster/rpc/core/collective_ops_impl.cc:201", "mindspore_error")
+
+
+@pytest.mark.parametrize("cause", [KERNEL_FAILED, RING_WAIT])
+def test_ranks_timed_out_waiting_in_a_collective_are_no_job_error_and_the_rank_that_never_came_is_named(cause) -> None:
+    # A host came back cold: its rank 2 is slow to reach the first collective, ranks 0 and 1 give up on it.
+    waited = (exited("a", 0, 1, cause=cause, at=NOW - 5), exited("b", 1, 1, cause=cause, at=NOW - 5))
+    record = commit_of(decide(job_world(state=JobState.RECOVERING, step=None, reports=waited))).record
+    failure = record.last_failure
+    assert (record.state, failure.cause, failure.free_retry) == (JobState.RECOVERING, FailureCause.PROCESS_EXITED,
+                                                                 False)
+    assert (failure.node, failure.rank, failure.exit_code, failure.same_error_ranks) == ("c", 2, 0, ())
+    assert failure.message == (f"rank 2 on node c reached no collective, and ranks 0, 1 failed waiting: rank 0 on "
+                               f"node a exited with code 1: {cause.line}")
+    assert (record.crash_restarts, record.node_failures) == (1, {})
+    # The same again in the next generation is no proof of the job's error either.
+    again = commit_of(decide(job_world(state=JobState.RECOVERING, step=None, reports=waited,
+                                       record={"last_failure": failure, "crash_restarts": 1}))).record
+    assert (again.state, again.last_failure.cause, again.crash_restarts) == (
+        JobState.RECOVERING, FailureCause.PROCESS_EXITED, 2)
+
+
+def test_a_rank_timed_out_waiting_mid_training_blames_neither_its_node_nor_its_step() -> None:
+    waited = (exited("a", 0, 1, cause=KERNEL_FAILED, at=NOW - 1),)
+    record = commit_of(decide(job_world(reports=waited))).record
+    failure = record.last_failure
+    assert (failure.node, failure.rank) == ("b", 1)
+    assert failure.message.startswith("rank 1 on node b and rank 2 on node c did not reach the collective, and "
+                                      "rank 0 failed waiting: rank 0 on node a exited with code 1: RuntimeError:")
+    assert (record.crash_restarts, record.node_failures, record.crash_steps) == (1, {}, {})
+
+
+def test_every_rank_failing_in_a_collective_is_a_crash_of_no_node() -> None:
+    everyone = tuple(exited(n, r, 1, cause=PEER_GONE, at=NOW - 1) for r, n in enumerate(NODES))
+    record = commit_of(decide(job_world(on=("a", "b"), offers=("a", "b"), reports=everyone[:2]))).record
+    assert (record.state, record.last_failure.rank, record.last_failure.same_error_ranks) == (JobState.RECOVERING, 0,
+                                                                                             ())
+    assert record.last_failure.message.endswith("every rank failed in a collective: a link between the nodes, not "
+                                                "the job")
+    assert (record.crash_restarts, record.node_failures, record.crash_steps) == (1, {}, {})
+
+
+def test_a_scheduler_that_lost_a_node_alone_names_no_rank_that_never_came() -> None:
+    lost = RootCause("RuntimeError: The total number of timed out node is 1. Timed out node list is: [const "
+                     "vector]{1}", "scheduler.py:30", "python_exception")
+    scheduler = ProcessReport("a", ProcessRole.SCHEDULER, -1, 99, False, 1, cause=lost, observed_at=NOW - 1)
+    failure = commit_of(decide(job_world(reports=(scheduler,)))).record.last_failure
+    assert (failure.rank, failure.node, failure.message) == (-1, "a", f"scheduler on node a exited with code 1: "
+                                                                      f"{lost.line}")
+
+
+def test_a_peers_own_error_told_after_the_collectives_it_broke_is_the_failure() -> None:
+    reports = (exited("a", 0, 1, cause=PEER_GONE, at=NOW - 2), exited("c", 2, 1, cause=FILE_MISSING, at=NOW - 1.5))
+    record = commit_of(decide(job_world(reports=reports))).record
+    assert (record.last_failure.rank, record.last_failure.location, record.node_failures) == (2, "train.py:12",
+                                                                                              {"c": 1})
+
+
+def test_the_ranks_that_waited_do_not_hide_the_same_error_of_the_others_before_any_progress() -> None:
+    reports = (exited("a", 0, 1, cause=FILE_MISSING, at=NOW - 5), exited("b", 1, 1, cause=FILE_MISSING, at=NOW - 5),
+               exited("c", 2, 1, cause=RING_WAIT, at=NOW - 4))
+    failure = commit_of(decide(job_world(step=None, reports=reports))).record.last_failure
+    assert (failure.cause, failure.same_error_ranks, failure.free_retry) == (FailureCause.PROCESS_EXITED, (0, 1),
+                                                                             True)
+
+
+def test_a_free_retry_is_given_once_in_a_row() -> None:
+    before = Failure(FailureCause.PROCESS_EXITED, "", "a", 0, 1, location="train.py:36", error="ValueError: x",
+                     same_error_ranks=(0, 1, 2), error_kind="python_exception", free_retry=True)
+    same = tuple(exited(n, r, 1, cause=FILE_MISSING, at=NOW - 1) for r, n in enumerate(NODES))
+    record = commit_of(decide(job_world(step=None, reports=same, record={"last_failure": before}))).record
+    assert (record.state, record.last_failure.free_retry, record.crash_restarts) == (JobState.RECOVERING, False, 1)
+    mid_training = commit_of(decide(job_world(reports=same, record={"last_failure": before}))).record
+    assert (mid_training.last_failure.free_retry, mid_training.crash_restarts) == (False, 1)
+    first = commit_of(decide(job_world(reports=same))).record
+    assert (first.last_failure.free_retry, first.crash_restarts) == (True, 0)
 
 
 @pytest.mark.parametrize("on, failed, counted", [

@@ -1,5 +1,7 @@
 """Every write of the job state goes through the transition table."""
 
+from dataclasses import replace
+
 import pytest
 
 from daemon.job.state import (
@@ -8,6 +10,7 @@ from daemon.job.state import (
     FailureCause,
     IllegalTransition,
     JobRecord,
+    communication_error,
 )
 from proto.vocabulary import JobState
 
@@ -76,3 +79,40 @@ def test_where_a_failure_was_blamed_survives_etcd_and_a_record_from_before_blame
     older = {k: v for k, v in failure.to_json().items() if k not in ("samples_at", "blamed_node", "blamed", "error_kind")}
     assert (Failure.from_json(older).samples_at, Failure.from_json(older).blamed_node,
             Failure.from_json(older).blamed) == (-1, "", 0)
+
+
+def test_a_free_retry_survives_etcd_spending_no_budget_and_a_record_from_before_had_none() -> None:
+    failure = Failure(FailureCause.PROCESS_EXITED, "rank 0 exited with code 1: OSError: x; ranks 0, 1 failed the same "
+                      "way before any progress", "a", 0, 1, error="OSError: x", same_error_ranks=(0, 1),
+                      free_retry=True)
+    assert Failure.from_json(failure.to_json()) == failure  # a new leader fails the job if it comes again
+    assert not failure.spends_budget and replace(failure, free_retry=False).spends_budget
+    older = {k: v for k, v in failure.to_json().items() if k != "free_retry"}
+    assert Failure.from_json(older).free_retry is False
+
+
+@pytest.mark.parametrize("error, location, communication", [
+    ("RuntimeError: Launch kernel failed: Default/AllReduce-op28", "train.py:24", True),
+    ("RuntimeError: Launch kernel failed: Default/grad_reducer-DistributedGradReducer/AllReduce-op0", "train.py:24",
+     True),
+    ("Reduce wait receiving [const pair] failed.", "mindspore/ccsrc/cluster/rpc/core/collective_ops_impl.cc:201",
+     True),
+    ("Ring ReduceScatter wait sending [1,1] failed.", "", True),
+    ("AllReduceCPUKernelMod launch failed.", "mindspore/ops/kernel/cpu/native/allreduce_cpu_kernel.cc:89", True),
+    ("RuntimeError: The total number of timed out node is 1. Timed out node list is: [const vector]{1}",
+     "train.py:11", True),
+    ("RuntimeError: Connection reset by peer", "comm.py:80", True),
+    ("ConnectionRefusedError: [Errno 111] Connection refused", "train.py:5", True),
+    ("RuntimeError: EI0006: Getting socket times out. HCCL function error: HcclAllReduce", "train.py:8", True),
+    ("RuntimeError: mccl AllReduce failed", "train.py:8", True),
+    ("TimeoutError: timed out", "data.py:3", True),
+    ("Failed to connect to the meta server node", "mindspore/ccsrc/cluster/topology/compute_graph_node.cc:99",
+     True),
+    ("FileNotFoundError: [Errno 2] No such file or directory: 'data/x'", "train.py:12", False),
+    ("ValueError: operands could not be broadcast together with shapes (4,) (5,)", "train.py:30", False),
+    ("KeyError: 'timeout'", "config.py:7", False),
+    ("ModuleNotFoundError: No module named 'tokenizers'", "train.py:1", False),
+])
+def test_a_collective_or_a_connection_failing_is_told_by_its_root_cause(error, location, communication) -> None:
+    assert communication_error(error, location) is communication
+    assert Failure(FailureCause.PROCESS_EXITED, "", error=error, location=location).communication is communication

@@ -56,6 +56,7 @@ from trainer.data.sampler import SampleStream, rank_share
 from trainer.data.skip_ranges import SkipRanges
 from trainer.examples.faults import GradientCorruption, WithGradientFault
 from trainer.examples.final_weights import save_weights
+from trainer.examples.slow_start import slow_start
 from trainer.runtime import communication
 from trainer.runtime.checkpointing import ResumeError, TrainingCheckpoints
 from trainer.runtime.communication import CommunicationError
@@ -98,6 +99,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--checkpoint-every", type=int, help="save after every N-th step, 0: only when the "
                         "control file asks (default: TRAINERD_CHECKPOINT_EVERY, else 0)")
     parser.add_argument("--device-target", default="CPU", choices=communication.DEVICE_TARGETS)
+    parser.add_argument("--slow-start", type=slow_start, metavar="RANK:SECONDS",
+                        help="test timing: this rank sleeps before its first step, in the first generation only")
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error("--steps must be at least 1")
@@ -288,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
                  ctx.world_size)
         consumed = start.consumed_samples
         pace = StepPace()
+        if args.slow_start is not None:
+            args.slow_start.wait_before_first_step(ctx)
         with checkpoints:
             for step in range(start.step + 1, args.steps + 1):
                 began = time.perf_counter()

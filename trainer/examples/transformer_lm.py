@@ -46,6 +46,7 @@ from trainer.data.skip_ranges import SkipRanges
 from trainer.examples import tiny_corpus
 from trainer.examples.faults import CorruptGradientAt, GradientCorruption, WithGradientFault
 from trainer.examples.final_weights import save_weights
+from trainer.examples.slow_start import slow_start
 from trainer.runtime import communication
 from trainer.runtime.callback import GuardedTrainOneStepCell, TrainerdCallback, resume_epoch, trainerd_dataset
 from trainer.runtime.communication import CommunicationError
@@ -78,6 +79,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--corrupt-grad", type=GradientCorruption.parse, metavar="RANK:STEP",
                         help="test fault: rank RANK's gradients of step STEP are multiplied by 1e4, once, in the "
                         "first generation (a flaky device)")
+    parser.add_argument("--slow-start", type=slow_start, metavar="RANK:SECONDS",
+                        help="test timing: this rank sleeps before its first step, in the first generation only")
     args = parser.parse_args(argv)
     for flag in ("steps", "steps_per_epoch", "log_every"):
         if getattr(args, flag) < 1:
@@ -284,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     log.info("rank %d of %d: %d parameters, vocabulary of %d characters, %d windows of %d; epochs %d to %d of %d "
              "steps", rank, ctx.world_size, sum(p.size for p in network.trainable_params()), len(vocab),
              len(windows), SEQ_LEN, initial_epoch + 1, epochs, args.steps_per_epoch)
+    if args.slow_start is not None:
+        args.slow_start.wait_before_first_step(ctx)
     if initial_epoch < epochs:
         model.train(epochs, dataset, callbacks=callbacks, dataset_sink_mode=False, initial_epoch=initial_epoch)
     if args.output is not None:
