@@ -461,6 +461,8 @@ class JobController:
         observation = self._placed(generation, node, rank, "a guard notice")
         if observation is None or self.generation is None or not observation.add_guard_notice(rank, notice.step):
             return
+        if notice.kind == DEVICE_SUSPECTED:
+            observation.suspect_device(node, self._clock.now())
         slot = next((s for s in self.generation.placement.ranks if s.rank == rank), None)
         self._unrecorded_findings.append(GuardFinding(generation, rank, node, None if slot is None else slot.device_id,
                                                       notice))

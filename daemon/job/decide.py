@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 
 from daemon.config import JobSettings
 from daemon.job.catalog import CheckpointEntry
-from daemon.job.observation import GenerationObservation, MemorySnapshot, ProcessReport
+from daemon.job.observation import DEVICE_SUSPICION_WINDOW_S, GenerationObservation, MemorySnapshot, ProcessReport
 from daemon.job.placement import NodeOffer, Placement, place
 from daemon.job.state import Failure, FailureCause, GenerationRecord, JobRecord, SnapshotHolder
 from proto.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
@@ -476,6 +476,12 @@ def _failure(world: JobWorld) -> Failure | None:
                                    f"{_met_elsewhere(previous, crash)} before, {samples}: the error follows the "
                                    f"rank, not a node or a batch")
         return crash
+    suspected = {node: count for node, count in observation.suspected_devices(world.now).items()
+                 if node in nodes and count >= world.spec.restart.quarantine_after}
+    if suspected:
+        node, count = sorted(suspected.items())[0]
+        return Failure(FailureCause.DEVICE_FAULT, f"node {node}'s devices computed {count} steps otherwise when they "
+                       f"were replayed within {DEVICE_SUSPICION_WINDOW_S / 60:.0f} minutes", node)
     run = observation.bad_run()
     if len(run) >= world.spec.data_skip.max_consecutive_spikes:
         return Failure(FailureCause.BAD_BATCHES, f"steps {run[0].step}-{run[-1].step} were all skipped as bad "
@@ -743,6 +749,9 @@ def _end_generation(world: JobWorld, failure: Failure) -> list[Action]:
         note += _hang_hint(world, failure)
     if failure.cause is FailureCause.CHECKPOINT_UNREADABLE and generation.resume is not None:
         actions.append(MarkCheckpointBad(generation.resume.step, failure.message))
+    if failure.cause is FailureCause.DEVICE_FAULT:
+        changes["node_failures"] = {**record.node_failures, failure.node: max(
+            record.node_failures.get(failure.node, 0), spec.restart.quarantine_after)}
     if failure.cause is FailureCause.BAD_BATCHES:
         run = observation.bad_run()
         actions.append(AddSkip(run[0].sample_start, run[-1].sample_end,
@@ -766,7 +775,9 @@ def _end_generation(world: JobWorld, failure: Failure) -> list[Action]:
         quarantine = ""
         if failure.node and failure.node in updated.quarantined(spec.restart.quarantine_after) - \
                 record.quarantined(spec.restart.quarantine_after):
-            quarantine = f"; node {failure.node} is quarantined after {spec.restart.quarantine_after} crashes"
+            quarantine = (f"; node {failure.node} is quarantined (its devices are suspected)"
+                          if failure.cause is FailureCause.DEVICE_FAULT else
+                          f"; node {failure.node} is quarantined after {spec.restart.quarantine_after} crashes")
         elif failure.blamed >= 2 and failure.blamed_node == failure.node and len(generation.placement.nodes) >= 2:
             quarantine = (f"; rank {failure.rank} failed the same way on node {failure.node} "
                           f"{failure.blamed} generations in a row: it runs on another node next, to tell "

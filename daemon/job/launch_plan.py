@@ -78,6 +78,8 @@ def _common_env(spec: JobSettings, placement: Placement, generation: int,
         "TRAINERD_SPIKE_ZSCORE": repr(spec.data_skip.spike_zscore),
         "TRAINERD_SPIKE_CEILING": repr(spec.data_skip.spike_ceiling),
         "TRAINERD_SPIKE_WARMUP_STEPS": str(spec.data_skip.warmup_steps),
+        "TRAINERD_LOSS_FACTOR": repr(spec.data_skip.loss_factor),
+        "TRAINERD_LOSS_ZSCORE": repr(spec.data_skip.loss_zscore),
     }
     if spec.global_batch is not None and spec.micro_batch is not None:
         env["TRAINERD_GLOBAL_BATCH"] = str(spec.global_batch)

@@ -12,6 +12,7 @@ progress is ordered by (epoch, step)).
 from __future__ import annotations
 
 import signal
+from collections import deque
 from dataclasses import dataclass, field, replace
 
 from daemon.job.state import SnapshotHolder, communication_error, error_key
@@ -144,6 +145,11 @@ class WorkerNotice:
     detail: str
 
 
+# A node whose devices are suspected restart.quarantine_after times within this window is quarantined: a
+# device that computes wrong now and then is rare (large fleets see one every week or two), so a few in an
+# hour on one node are a pattern, not chance.
+DEVICE_SUSPICION_WINDOW_S = 3600.0
+
 REMEMBERED_STEPS = 1024
 """Per generation, how many committed, failed and skipped steps the leader remembers, to tell a report told
 again from a new one. Beyond this the oldest are forgotten, so an agent that reports step after step cannot
@@ -212,6 +218,8 @@ class GenerationObservation:
     launch_refused: set[str] = field(default_factory=set)  # nodes whose agent refused the generation's Launch
     bad_batches: dict[int, SkippedBatch] = field(default_factory=dict)  # by step
     guard_notices: set[tuple[int, int]] = field(default_factory=set)  # (rank, step) told
+    # When each node's ranks reported a device_suspected replay, within DEVICE_SUSPICION_WINDOW_S.
+    device_suspicions: dict[str, deque[float]] = field(default_factory=dict)
     last_progress_at: float | None = None  # the newest step of any rank; None: no progress yet
     runtime_progress: bool = False  # a rank reported progress through the trainer runtime
     newest_position: tuple[int, int] | None = None  # the furthest any rank got (ProgressReport.position)
@@ -347,6 +355,18 @@ class GenerationObservation:
         if len(self.guard_notices) > REMEMBERED_STEPS:
             self.guard_notices.discard(min(self.guard_notices, key=lambda told: told[1]))
         return True
+
+    def suspect_device(self, node: str, now: float) -> None:
+        """A rank on `node` computed a step otherwise when it was replayed (forgotten after the window)."""
+        times = self.device_suspicions.setdefault(node, deque())
+        times.append(now)
+        while times and times[0] < now - DEVICE_SUSPICION_WINDOW_S:
+            times.popleft()
+
+    def suspected_devices(self, now: float) -> dict[str, int]:
+        """How many device suspicions each node had within the window up to `now`."""
+        return {node: sum(1 for t in times if t >= now - DEVICE_SUSPICION_WINDOW_S)
+                for node, times in self.device_suspicions.items()}
 
     def add_bad_batch(self, report: SkippedBatch) -> bool:
         """A rank's guard skipped `report.step`; False when that step was told already."""

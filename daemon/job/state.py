@@ -88,13 +88,16 @@ class FailureCause(StrEnum):
     # code), or one rank's error followed it to another node: the job is broken
     JOB_ERROR = "job_error"
     BAD_DATA = "bad_data"  # more of the samples skipped as bad than data_skip.max_skipped_fraction
+    # A node's devices computed restart.quarantine_after steps otherwise when they were replayed, within
+    # DEVICE_SUSPICION_WINDOW_S: the node is quarantined, and the job goes on without it
+    DEVICE_FAULT = "device_fault"
 
     @property
     def spends_budget(self) -> bool:
         """Crashes spend the restart budget; a node leaving does not (docs/concepts/recovery.md), nor
         what fails the job at once (`permanent`): no restart follows to spend it on."""
         return not self.permanent and self not in (FailureCause.NODE_LOST, FailureCause.PROCESSES_GONE,
-                                                   FailureCause.FENCED)
+                                                   FailureCause.FENCED, FailureCause.DEVICE_FAULT)
 
     @property
     def permanent(self) -> bool:

@@ -54,10 +54,11 @@ def test_failure_cause_is_stored_as_its_plain_name_and_read_back_strictly() -> N
         Failure.from_json({**failure.to_json(), "cause": "crashed"})
 
 
-def test_launch_usage_job_and_data_errors_are_permanent_and_they_a_lost_node_and_lost_processes_spare_the_budget(
+def test_launch_usage_job_and_data_errors_are_permanent_and_they_a_lost_node_lost_processes_and_a_device_fault_spare_the_budget(
         ) -> None:
     assert {c for c in FailureCause if not c.spends_budget} == {
         FailureCause.NODE_LOST, FailureCause.PROCESSES_GONE, FailureCause.FENCED, FailureCause.JOB_ERROR,
+        FailureCause.DEVICE_FAULT,
         FailureCause.BAD_DATA, FailureCause.LAUNCH_FAILED, FailureCause.USAGE_ERROR}
     assert {c for c in FailureCause if c.permanent} == {FailureCause.LAUNCH_FAILED, FailureCause.USAGE_ERROR,
                                                         FailureCause.JOB_ERROR, FailureCause.BAD_DATA}
