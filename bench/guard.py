@@ -17,7 +17,7 @@ the example's forward/backward (`AccumulateGradients`) and `trainer.runtime.guar
 clipping at 5.0:
 
     off   guard=None: skips only a non-finite gradient norm, as the example job's step did before issue 6
-    on    StepGuard with the defaults (`GuardSettings()`: spike factor 12, z-score 8, ceiling 12, warm-up 10
+    on    StepGuard with the defaults (`GuardSettings()`: spike factor 12, z-score 8, ceiling 50, warm-up 10
           steps): also checks the global mean loss and norm spikes and keeps the running mean and variance
           of log(norm) in Parameters
 

@@ -233,7 +233,7 @@ class DataSkipSettings(StrictModel):
 
     spike_factor: float = Field(default=12.0, gt=1)  # .inf turns spike detection off
     spike_zscore: float = Field(default=8.0, gt=0, allow_inf_nan=False)
-    spike_ceiling: float = Field(default=12.0, gt=1, allow_inf_nan=False)
+    spike_ceiling: float = Field(default=50.0, gt=1, allow_inf_nan=False)
     # A step the guard refused is computed again; a reproduced spike is bad data only when its loss stands out:
     # above loss_factor x the running geometric mean of the loss and more than loss_zscore standard deviations
     # of log(loss) above its mean. Otherwise it is a healthy excursion of the norm, and is applied.

@@ -23,9 +23,10 @@ is what lets a replay tell a device from the data; a device that computes the sa
 looks like bad data, and is caught, if at all, by the job's other ranks never agreeing with it.
 
 The rule must never become the fault: when more than MAX_SPIKES_IN_WINDOW of the last SPIKE_WINDOW steps
-were reproduced spikes, the statistics are what is wrong (a phase of training the guard has not learnt).
-The step is then applied (forced), the guard forgets its statistics and learns them again from the next
-steps (`REBASELINED`), and none of those steps goes into the ledger.
+were spikes judged bad data, the statistics are what is wrong (a phase of training the guard has not
+learnt). The step is then applied (forced), the guard forgets its statistics and learns them again from the
+next steps (`REBASELINED`), and none of those steps goes into the ledger. Excursions do not count: they are
+applied already, and a norm that swings by orders of magnitude late in training makes hundreds of them.
 
 What it costs: nothing on an accepted step; one more step's compute on a refused one (MLP to convergence:
 a few in a thousand steps, `bench/guard.py`).
@@ -42,7 +43,7 @@ from enum import StrEnum
 from proto.progress_datagram import BadBatchReason
 from trainer.runtime.guard_policy import GRAD_NORM_SPIKE, GuardSettings, GuardState, loss_raised, skip_reason
 
-# A window of steps, and how many reproduced spikes in it mean that the rule, not the data, is wrong: a bad
+# A window of steps, and how many spikes judged bad data in it mean that the rule, not the data, is wrong: a bad
 # batch is rare (a corrupted shard spans a few batches, which max_consecutive_spikes and the ledger deal
 # with), while a rule out of step with training refuses steps by the dozen (280-430 a minute in the run that
 # made this necessary).
@@ -121,7 +122,7 @@ class StepJudge:
         self._state = state
         self._rebaseline = rebaseline
         self._step = 0
-        self._spikes: deque[int] = deque()  # the steps of reproduced spikes within the window
+        self._spikes: deque[int] = deque()  # the steps of spikes judged bad data within the window
 
     def run(self, attempt: Callable[[bool], Attempt]) -> StepOutcome:
         self._step += 1
@@ -141,14 +142,14 @@ class StepJudge:
             return StepOutcome(Verdict.DEVICE_FAULT, replay, first, reason)
         if not spike:
             return StepOutcome(Verdict.BAD_DATA, replay, first, reason)
-        self._spikes.append(self._step)
+        if not raised:
+            return StepOutcome(Verdict.EXCURSION, replay, first, reason)
         if over_share:
             self._spikes.clear()
             self._rebaseline(replay.loss, replay.norm)
             return StepOutcome(Verdict.REBASELINED, replay, first, reason)
-        if raised:
-            return StepOutcome(Verdict.BAD_DATA, replay, first, reason)
-        return StepOutcome(Verdict.EXCURSION, replay, first, reason)
+        self._spikes.append(self._step)
+        return StepOutcome(Verdict.BAD_DATA, replay, first, reason)
 
 
 def _same(a: float, b: float) -> bool:
