@@ -42,11 +42,13 @@ class GradientCorruption:
 
 
 class GradientFault(nn.Cell):
-    """`fault(x) -> x` in the forward pass; after `arm()`, the gradient flowing back through it in the next
-    backward pass is multiplied by CORRUPTION_FACTOR, then it disarms itself (inside the step: a replay of the
-    same step runs clean). Put it on the network's output: every gradient of the step is then scaled.
+    """`fault(x) -> x` in the forward pass; after `arm(passes)`, the gradient flowing back through it in the
+    next `passes` forward passes is multiplied by CORRUPTION_FACTOR, then it disarms itself (inside the step: a
+    replay of the same step runs clean). Put it on the network's output: every gradient of the step is then
+    scaled. A step computed with `value_and_grad` passes forward once per micro batch; one computed as
+    `nn.TrainOneStepCell` computes it (the loss, then the network again under the gradient) twice.
 
-    The forward value is x exactly (x - stop_gradient(x) is 0); its gradient is 1 + (factor - 1) × armed."""
+    The forward value is x exactly (x - stop_gradient(x) is 0); its gradient is 1 + (factor - 1) while armed."""
 
     def __init__(self) -> None:
         super().__init__(auto_prefix=False)
@@ -54,18 +56,19 @@ class GradientFault(nn.Cell):
         self._extra = ms.Tensor(CORRUPTION_FACTOR - 1.0, ms.float32)
 
     def construct(self, x: ms.Tensor) -> ms.Tensor:
-        scale = self.armed * self._extra
-        ops.assign(self.armed, ops.zeros_like(self.armed))
+        scale = ops.cast(self.armed > 0, ms.float32) * self._extra
+        ops.assign(self.armed, ops.maximum(self.armed - 1, ops.zeros_like(self.armed)))
         return x + (x - ops.stop_gradient(x)) * ops.cast(scale, x.dtype)
 
-    def arm(self) -> None:
-        """Between steps: the next step's first backward pass is corrupted."""
-        self.armed.set_data(ms.Tensor(1.0, ms.float32))
+    def arm(self, passes: int = 1) -> None:
+        """Between steps: the next `passes` forward passes' gradients are corrupted."""
+        self.armed.set_data(ms.Tensor(float(passes), ms.float32))
 
 
 class CorruptGradientAt(Callback):
-    """For Model.train: arms `fault` before the step `corruption` strikes (`cur_step_num` is the global step
-    once TrainerdCallback, earlier in the list, has begun)."""
+    """For Model.train with GuardedTrainOneStepCell: arms `fault` before the step `corruption` strikes
+    (`cur_step_num` is the global step once TrainerdCallback, earlier in the list, has begun), for the cell's
+    two forward passes of its first micro batch."""
 
     def __init__(self, fault: GradientFault, corruption: GradientCorruption, rank: int | None,
                  generation: int) -> None:
@@ -74,7 +77,7 @@ class CorruptGradientAt(Callback):
 
     def on_train_step_begin(self, run_context: RunContext) -> None:
         if self._corruption.strikes(self._rank, self._generation, run_context.original_args().cur_step_num):
-            self._fault.arm()
+            self._fault.arm(passes=2)
 
 
 class WithGradientFault(nn.Cell):
