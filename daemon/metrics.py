@@ -77,6 +77,11 @@ def agent_message(kind: str) -> Counter:
 AGENT_MESSAGES_DROPPED = Counter(
     "trainerd_agent_messages_dropped_total",
     "Agent messages dropped: malformed, about a rank not placed on the sending node, or failing.", ["reason"])
+# Every reason AGENT_MESSAGES_DROPPED counts, its series at 0 from the start: a rule's increase() sees the
+# first drop (a series born at 1 shows no increase).
+DROP_REASONS = ("malformed", "failed", "not_placed", "outside_checkpoint_dir", "beyond_progress", "unbound_snapshot")
+for _reason in DROP_REASONS:
+    AGENT_MESSAGES_DROPPED.labels(_reason)
 SESSIONS_REFUSED = Counter("trainerd_sessions_refused_total", "Session streams refused: too many open at once.")
 
 # Per job, labelled `job_name` (a plain `job` label would clash with the scrape job's, which

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from daemon import metrics
 from tests.daemon.test_grafana_dashboard import SELECTOR, exported_series_names
 
 RULES_DIR = Path(__file__).parents[2] / "configs" / "prometheus"
@@ -72,3 +73,10 @@ def test_every_rule_reads_metrics_the_coordinator_exports_with_labels_they_have(
         for grouping in re.findall(r"(?:by|on) \(([^)]*)\)", expr):
             labels = {label.strip() for label in grouping.split(",")}
             assert any(labels <= have for have in read), f"{name} groups or matches by {labels}"
+
+
+def test_every_reason_a_message_is_dropped_for_is_exported_from_the_start() -> None:
+    """TrainerdAgentMessagesDropped reads increase(): a reason's series born at its first drop hides that drop."""
+    used = {reason for path in (RULES_DIR.parents[1] / "daemon").rglob("*.py")
+            for reason in re.findall(r'AGENT_MESSAGES_DROPPED\.labels\("([a-z_]+)"\)', path.read_text())}
+    assert used and used <= set(metrics.DROP_REASONS), used - set(metrics.DROP_REASONS)
