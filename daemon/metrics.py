@@ -51,7 +51,7 @@ HEARTBEAT_INTERVAL = Gauge("trainerd_heartbeat_interval_seconds",
 IS_LEADER = Gauge("trainerd_is_leader", "1 while this coordinator leads.")
 NODES = Gauge("trainerd_nodes",
               "Nodes in the records, by state (READY, LOST), set by the leader on every pass. A LOST node stays "
-              "until cluster.forget_lost_after_s or until it comes back.", ["state"])
+              "until cluster.heartbeat.forget_lost_after_s or until it comes back.", ["state"])
 RECOVERY_PHASE = Histogram(
     "trainerd_recovery_phase_seconds",
     "Duration of each phase of a recovery: stop, relaunch, first_step, total.",
