@@ -299,6 +299,8 @@ class Coordinator:
         self.leadership = None
         if self.job is not None:
             self.job.forget_metrics()
+        for state in NodeState:
+            metrics.NODES.remove(state.value)
         self._on_leadership_change(False)
         for session in list(self._sessions.values()):
             session.closed.set()
@@ -733,8 +735,13 @@ class Coordinator:
             await self._events.append("node_lost", f"node {name} is LOST: nothing heard for {age:.1f}s",
                                       leadership.fence, node=name)
         await self._forget_departed_nodes(leadership)
+        self._export_nodes()
         await self._compact_events(leadership)
         await self._reconcile_job()
+
+    def _export_nodes(self) -> None:
+        records = self._membership.all()
+        metrics.set_nodes({state.value: sum(1 for r in records if r.state is state) for state in NodeState})
 
     async def _forget_departed_nodes(self, leadership: Leadership) -> None:
         """A node LOST for longer than forget_lost_after_s leaves the records (its events stay)."""

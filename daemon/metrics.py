@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -49,6 +49,9 @@ HEARTBEAT_INTERVAL = Gauge("trainerd_heartbeat_interval_seconds",
                            "The heartbeat interval agents are told now; it stretches (with the timeout) once "
                            "the agents held would send more than heartbeat.max_per_s.")
 IS_LEADER = Gauge("trainerd_is_leader", "1 while this coordinator leads.")
+NODES = Gauge("trainerd_nodes",
+              "Nodes in the records, by state (READY, LOST), set by the leader on every pass. A LOST node stays "
+              "until cluster.heartbeat.forget_lost_after_s or until it comes back.", ["state"])
 RECOVERY_PHASE = Histogram(
     "trainerd_recovery_phase_seconds",
     "Duration of each phase of a recovery: stop, relaunch, first_step, total.",
@@ -74,6 +77,11 @@ def agent_message(kind: str) -> Counter:
 AGENT_MESSAGES_DROPPED = Counter(
     "trainerd_agent_messages_dropped_total",
     "Agent messages dropped: malformed, about a rank not placed on the sending node, or failing.", ["reason"])
+# Every reason AGENT_MESSAGES_DROPPED counts, its series at 0 from the start: a rule's increase() sees the
+# first drop (a series born at 1 shows no increase).
+DROP_REASONS = ("malformed", "failed", "not_placed", "outside_checkpoint_dir", "beyond_progress", "unbound_snapshot")
+for _reason in DROP_REASONS:
+    AGENT_MESSAGES_DROPPED.labels(_reason)
 SESSIONS_REFUSED = Counter("trainerd_sessions_refused_total", "Session streams refused: too many open at once.")
 
 # Per job, labelled `job_name` (a plain `job` label would clash with the scrape job's, which
@@ -94,7 +102,22 @@ JOB_LOSS = Gauge("trainerd_job_loss", "The job's loss: the mean over ranks of th
                  ["job_name"])
 JOB_SAMPLES_PER_SECOND = Gauge("trainerd_job_samples_per_second", "Global samples per second the job trains.",
                                ["job_name"])
-JOB_GAUGES = (JOB_GOODPUT_RATIO, JOB_STEP, JOB_STEP_SECONDS, JOB_LOSS, JOB_SAMPLES_PER_SECOND)
+JOB_STATE = Gauge("trainerd_job_state", "1 for the job's state, 0 for each other state.",
+                  ["job_name", "state"])
+JOB_RESTART_BUDGET = Gauge("trainerd_job_restart_budget",
+                           "Relaunches after crashes the job may spend before it FAILs (job.restart.max).",
+                           ["job_name"])
+JOB_RESTART_BUDGET_SPENT = Gauge("trainerd_job_restart_budget_spent",
+                                 "Relaunches after crashes spent since the job started or was last resumed "
+                                 "(membership changes spend none).", ["job_name"])
+JOB_CHECKPOINT_STEP = Gauge("trainerd_job_last_checkpoint_step", "The step of the job's newest good checkpoint.",
+                            ["job_name"])
+JOB_CHECKPOINT_TIME = Gauge("trainerd_job_last_checkpoint_timestamp_seconds",
+                            "When the job's newest good checkpoint was committed (Unix seconds); no series while "
+                            "that is unknown (no checkpoint yet, or one an older trainerd recorded).",
+                            ["job_name"])
+JOB_GAUGES = (JOB_GOODPUT_RATIO, JOB_STEP, JOB_STEP_SECONDS, JOB_LOSS, JOB_SAMPLES_PER_SECOND, JOB_RESTART_BUDGET,
+              JOB_RESTART_BUDGET_SPENT, JOB_CHECKPOINT_STEP, JOB_CHECKPOINT_TIME)
 
 
 def set_job_gauge(gauge: Gauge, job: str, value: float | None) -> None:
@@ -105,9 +128,22 @@ def set_job_gauge(gauge: Gauge, job: str, value: float | None) -> None:
         gauge.labels(job).set(value)
 
 
-def forget_job(job: str, phases: Iterable[str]) -> None:
+def set_job_state(job: str, state: str, states: Iterable[str]) -> None:
+    """One series per state of `states`: 1 for `state`, 0 for the others (a rule can see a state end)."""
+    for each in states:
+        JOB_STATE.labels(job, each).set(1 if each == state else 0)
+
+
+def set_nodes(counts: Mapping[str, int]) -> None:
+    for state, count in counts.items():
+        NODES.labels(state).set(count)
+
+
+def forget_job(job: str, phases: Iterable[str], states: Iterable[str]) -> None:
     """Remove every series of `job` (this coordinator no longer leads it)."""
     for gauge in JOB_GAUGES:
         gauge.remove(job)
     for phase in phases:
         JOB_PHASE_SECONDS.remove(job, phase)
+    for state in states:
+        JOB_STATE.remove(job, state)

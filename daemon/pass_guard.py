@@ -26,6 +26,7 @@ class PassGuard:
     def __init__(self, what: str, clock: Clock, first_retry_s: float = FIRST_RETRY_S,
                  max_retry_s: float = MAX_RETRY_S) -> None:
         self._what = what
+        metrics.PASS_FAILURES.labels(what)  # at 0 from the start: a rule sees the first failure as an increase
         self._clock = clock
         self._first_retry_s = first_retry_s
         self._max_retry_s = max_retry_s

@@ -40,6 +40,8 @@ class CheckpointEntry:
     world_size: int
     problem: str = ""  # why a worker could not load it; empty when it loaded (or was never tried)
     superseded: bool = False  # the job rolled back to an older checkpoint
+    # When the leader heard of the commit (wall seconds); None in an entry an older trainerd recorded.
+    committed_at: float | None = None
 
     @property
     def good(self) -> bool:
@@ -48,12 +50,13 @@ class CheckpointEntry:
     def to_json(self) -> dict:
         return {"step": self.step, "consumed_samples": self.consumed_samples, "path": self.path,
                 "generation": self.generation, "world_size": self.world_size, "problem": self.problem,
-                "superseded": self.superseded}
+                "superseded": self.superseded, "committed_at": self.committed_at}
 
     @classmethod
     def from_json(cls, data: dict) -> "CheckpointEntry":
         return cls(int(data["step"]), int(data["consumed_samples"]), str(data["path"]), int(data["generation"]),
-                   int(data["world_size"]), str(data.get("problem", "")), bool(data.get("superseded", False)))
+                   int(data["world_size"]), str(data.get("problem", "")), bool(data.get("superseded", False)),
+                   None if data.get("committed_at") is None else float(data["committed_at"]))
 
 
 class CheckpointCatalog:

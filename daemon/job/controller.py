@@ -444,7 +444,8 @@ class JobController:
         if recorded is not None and recorded.generation == generation:
             return False
         self._unrecorded_checkpoints.append(CheckpointEntry(step, consumed_samples, path, generation,
-                                                            self.generation.placement.world_size))
+                                                            self.generation.placement.world_size,
+                                                            committed_at=self._clock.wall()))
         return True
 
     def checkpoint_failed(self, generation: int, node: str, rank: int, step: int, reason: str) -> bool:
@@ -981,6 +982,12 @@ class JobController:
         metrics.set_job_gauge(metrics.JOB_LOSS, name, view.loss)
         metrics.set_job_gauge(metrics.JOB_SAMPLES_PER_SECOND, name, view.samples_per_s)
         metrics.set_job_gauge(metrics.JOB_STEP_SECONDS, name, self._step_seconds(view))
+        metrics.set_job_state(name, view.state.value, [state.value for state in JobState])
+        metrics.JOB_RESTART_BUDGET.labels(name).set(view.restart_budget)
+        metrics.JOB_RESTART_BUDGET_SPENT.labels(name).set(view.crash_restarts)
+        newest = next((entry for entry in reversed(self.catalog.entries()) if entry.good), None)
+        metrics.set_job_gauge(metrics.JOB_CHECKPOINT_STEP, name, None if newest is None else newest.step)
+        metrics.set_job_gauge(metrics.JOB_CHECKPOINT_TIME, name, None if newest is None else newest.committed_at)
 
     def _step_seconds(self, view: JobView) -> float | None:
         if self.spec.global_batch is not None and view.samples_per_s:
@@ -990,7 +997,7 @@ class JobController:
 
     def forget_metrics(self) -> None:
         """This coordinator stands down: the new leader exports the job's series."""
-        metrics.forget_job(self.spec.name, [phase.value for phase in Phase])
+        metrics.forget_job(self.spec.name, [phase.value for phase in Phase], [state.value for state in JobState])
 
     # ------------------------------------------------------------ status
 
