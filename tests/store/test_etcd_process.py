@@ -6,10 +6,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grpc
 import pytest
+from aetcd import rpc
 
 from common.listen_check import accepts_connections
+from common.tls_files import TlsSettings
+from daemon.certs import (
+    load_ca,
+    make_ca,
+    make_node_certificate,
+    make_operator_certificate,
+    make_server_certificate,
+    write_issued,
+)
 from daemon.etcd_process import EmbeddedEtcd, EtcdNotFound, EtcdStartError, find_etcd_binary
+from daemon.store.etcd import EtcdStore
 from tests.ports import free_port
 from tests.waiting import wait_until
 
@@ -95,3 +107,85 @@ def test_an_etcd_left_running_on_the_same_data_directory_is_named_by_its_pid(tmp
         orphan.kill()
         orphan.wait(timeout=10)
 
+
+
+def _pki(directory: Path) -> Path:
+    """The cluster's CA with its coordinator's certificate, a node's and an operator's, as `trainerd certs` writes
+    them, and in directory/"other" another cluster's CA and coordinator certificate."""
+    for where in (directory, directory / "other"):
+        where.mkdir(parents=True, exist_ok=True)
+        ca = make_ca()
+        write_issued(ca, where, "ca", force=False)
+        write_issued(make_server_certificate(ca, []), where, "coordinator", force=False)
+    ca = load_ca(directory)
+    write_issued(make_node_certificate(ca, "n1"), directory, "n1", force=False)
+    write_issued(make_operator_certificate(ca, "alice", read_only=False), directory, "alice", force=False)
+    return directory
+
+
+def _credentials(ca: Path, party: Path | None) -> grpc.ChannelCredentials:
+    if party is None:
+        return grpc.ssl_channel_credentials(ca.read_bytes())
+    return grpc.ssl_channel_credentials(ca.read_bytes(), party.with_suffix(".key").read_bytes(),
+                                        party.with_suffix(".crt").read_bytes())
+
+
+def test_with_the_cluster_tls_etcd_admits_the_coordinator_certificate_alone(tmp_path: Path) -> None:
+    """The embedded etcd with cluster.tls serves TLS with the coordinator's certificate, and takes requests only
+    from a coordinator certificate of the cluster's CA: not in plain text, not without a certificate, not from
+    another cluster's coordinator, and not from the cluster's own agents or operators, whose certificates the same
+    CA signed (the coordinator checks what they may do; etcd would not)."""
+    pki = _pki(tmp_path / "pki")
+    tls = TlsSettings(ca_file=str(pki / "ca.crt"), cert_file=str(pki / "coordinator.crt"),
+                      key_file=str(pki / "coordinator.key"))
+    server = EmbeddedEtcd(tmp_path / "etcd", free_port(), free_port(), tls=tls)
+
+    async def range_with(channel: grpc.aio.Channel) -> grpc.StatusCode:
+        async with channel:
+            try:
+                await rpc.KVStub(channel).Range(rpc.RangeRequest(key=b"k"), timeout=10)
+            except grpc.aio.AioRpcError as exc:
+                return exc.code()
+            return grpc.StatusCode.OK
+
+    async def scenario() -> dict[str, grpc.StatusCode]:
+        await server.start(timeout_s=20)
+        try:
+            store = await EtcdStore.connect([server.endpoint], ca_file=tls.ca_file, cert_file=tls.cert_file,
+                                            key_file=tls.key_file)
+            try:
+                assert await store.compare_and_swap("k", b"v", expected_mod_revision=0)
+                answers = {"the coordinator": await range_with(
+                    grpc.aio.secure_channel(server.endpoint, _credentials(pki / "ca.crt", pki / "coordinator")))}
+            finally:
+                await store.close()
+            answers["plain text"] = await range_with(grpc.aio.insecure_channel(server.endpoint))
+            for case, party in {"no certificate": None, "a node's": pki / "n1", "an operator's": pki / "alice",
+                                "another CA's coordinator": pki / "other" / "coordinator"}.items():
+                answers[case] = await range_with(
+                    grpc.aio.secure_channel(server.endpoint, _credentials(pki / "ca.crt", party)))
+            return answers
+        finally:
+            await server.stop()
+
+    answers = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert answers == {"the coordinator": grpc.StatusCode.OK, "plain text": grpc.StatusCode.UNAVAILABLE,
+                       "no certificate": grpc.StatusCode.UNAVAILABLE, "a node's": grpc.StatusCode.UNAVAILABLE,
+                       "an operator's": grpc.StatusCode.UNAVAILABLE,
+                       "another CA's coordinator": grpc.StatusCode.UNAVAILABLE}
+
+
+def test_without_tls_the_embedded_etcd_serves_plain_text_on_loopback(etcd_server: EmbeddedEtcd) -> None:
+    async def put_and_read() -> bytes:
+        store = await EtcdStore.connect([etcd_server.endpoint])
+        try:
+            await store.compare_and_swap("k", b"v", expected_mod_revision=0)
+            found = await store.get("k")
+        finally:
+            await store.close()
+        assert found is not None
+        return found.value
+
+    assert etcd_server.endpoint == f"127.0.0.1:{etcd_server.client_port}"
+    assert "--client-cert-auth" not in etcd_server._command("etcd")
+    assert asyncio.run(asyncio.wait_for(put_and_read(), 30)) == b"v"
