@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import socket
 import subprocess
 import sys
@@ -9,10 +10,14 @@ from pathlib import Path
 import grpc
 import pytest
 from aetcd import rpc
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
+from common.config_file import ConfigError
 from common.listen_check import accepts_connections
-from common.tls_files import TlsSettings
+from common.tls_files import TlsSettings, read_tls_files
 from daemon.certs import (
+    _issue,
     load_ca,
     make_ca,
     make_node_certificate,
@@ -20,7 +25,13 @@ from daemon.certs import (
     make_server_certificate,
     write_issued,
 )
-from daemon.etcd_process import EmbeddedEtcd, EtcdNotFound, EtcdStartError, find_etcd_binary
+from daemon.etcd_process import (
+    EmbeddedEtcd,
+    EtcdNotFound,
+    EtcdStartError,
+    check_serving_certificate,
+    find_etcd_binary,
+)
 from daemon.store.etcd import EtcdStore
 from tests.ports import free_port
 from tests.waiting import wait_until
@@ -189,3 +200,27 @@ def test_without_tls_the_embedded_etcd_serves_plain_text_on_loopback(etcd_server
     assert etcd_server.endpoint == f"127.0.0.1:{etcd_server.client_port}"
     assert "--client-cert-auth" not in etcd_server._command("etcd")
     assert asyncio.run(asyncio.wait_for(put_and_read(), 30)) == b"v"
+
+
+def test_a_coordinator_certificate_the_embedded_etcd_cannot_serve_is_refused_before_it_starts(tmp_path: Path) -> None:
+    """One made before the embedded etcd served TLS (serverAuth only), or one that does not name the host etcd is
+    dialled at: each a line that says to reissue it."""
+    pki = _pki(tmp_path / "pki")
+    ca = load_ca(pki)
+    write_issued(_issue(ca, "trainerd coordinator", [x509.DNSName("localhost"), x509.IPAddress(
+        ipaddress.ip_address("127.0.0.1"))], [ExtendedKeyUsageOID.SERVER_AUTH], None), pki, "old", force=False)
+    for stem, client_listen, problem in (
+            ("old", "127.0.0.1:2379", "cannot dial the embedded etcd: it was made before the embedded etcd served "
+                                      "TLS (no client use, no name coordinator.trainerd)"),
+            ("coordinator", "10.0.0.9:2379", "does not name 10.0.0.9, where the embedded etcd is dialled "
+                                             "(etcd.client_listen)")):
+        settings = TlsSettings(ca_file=str(pki / "ca.crt"), cert_file=str(pki / f"{stem}.crt"),
+                               key_file=str(pki / f"{stem}.key"))
+        with pytest.raises(ConfigError) as refused:
+            check_serving_certificate(read_tls_files(settings, "c.yaml"), settings, client_listen, "c.yaml")
+        assert str(refused.value).startswith(f"c.yaml: cluster.tls.cert_file: {pki / stem}.crt {problem}: reissue it "
+                                             f"from the cluster's CA with `trainerd certs coordinator")
+    coordinator = TlsSettings(ca_file=str(pki / "ca.crt"), cert_file=str(pki / "coordinator.crt"),
+                              key_file=str(pki / "coordinator.key"))
+    for client_listen in ("127.0.0.1:2379", "0.0.0.0:2379"):
+        check_serving_certificate(read_tls_files(coordinator, "c.yaml"), coordinator, client_listen, "c.yaml")
