@@ -21,6 +21,10 @@ URI_SCHEME = "trainerd"
 # A node serves its peers under NAME.node.trainerd, never under its bare name: a node called "localhost"
 # or like the coordinator's host would otherwise pass for the coordinator with its node certificate.
 NODE_SERVER_DOMAIN = "node.trainerd"
+# Every coordinator certificate carries this DNS name, and no other certificate of the cluster's does (a node's
+# names NAME.node.trainerd, an operator's no host): the embedded etcd admits a client by it, so that the CA that
+# signs agents' and operators' certificates does not let them into the store behind the coordinator's back.
+COORDINATOR_CLIENT_NAME = "coordinator.trainerd"
 
 
 class CertificateError(Exception):
@@ -94,6 +98,16 @@ def serves_as_node(certificate: bytes | str) -> bool:
         return False
     return (identity.kind is PeerKind.NODE and ExtendedKeyUsageOID.SERVER_AUTH in usages
             and node_server_name(identity.name) in names)
+
+
+def dials_embedded_etcd(certificate: bytes | str) -> bool:
+    """Whether a coordinator certificate can be presented to the embedded etcd: clientAuth and the DNS SAN
+    COORDINATOR_CLIENT_NAME, which coordinator certificates made before the embedded etcd served TLS lack."""
+    try:
+        usages = _parse(certificate).extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except (CertificateError, x509.ExtensionNotFound):
+        return False
+    return ExtendedKeyUsageOID.CLIENT_AUTH in usages and names_host(certificate, COORDINATOR_CLIENT_NAME)
 
 
 def names_host(certificate: bytes | str, host: str) -> bool:

@@ -160,18 +160,24 @@ class TrainerdApp:
     async def _open_store(self) -> EtcdStore:
         etcd = self._config.cluster.etcd
         endpoints = list(etcd.endpoints)
-        if not endpoints:
-            _, client_port = parse_host_port(etcd.client_listen)
-            _, peer_port = parse_host_port(etcd.peer_listen)
-            self._etcd = EmbeddedEtcd(self._config.resolve(etcd.data_dir), client_port, peer_port)
-            await self._etcd.start()
-            endpoints = [self._etcd.endpoint]
-            log.info("embedded etcd serving at %s, data in %s", self._etcd.endpoint,
-                     self._config.resolve(etcd.data_dir))
-        return await EtcdStore.connect(
-            endpoints, ca_file=etcd.ca_file, cert_file=etcd.cert_file, key_file=etcd.key_file,
-            username=etcd.username, password=etcd.password,
-        )
+        if endpoints:
+            return await EtcdStore.connect(
+                endpoints, ca_file=etcd.ca_file, cert_file=etcd.cert_file, key_file=etcd.key_file,
+                username=etcd.username, password=etcd.password,
+            )
+        client_host, client_port = parse_host_port(etcd.client_listen)
+        peer_host, peer_port = parse_host_port(etcd.peer_listen)
+        tls = self._config.cluster.tls
+        self._etcd = EmbeddedEtcd(self._config.resolve(etcd.data_dir), client_port, peer_port,
+                                  client_host=client_host, peer_host=peer_host, tls=tls)
+        await self._etcd.start()
+        log.info("embedded etcd serving at %s (%s), data in %s", self._etcd.endpoint,
+                 "TLS, coordinator certificates of the cluster's CA only" if tls else "plain text",
+                 self._config.resolve(etcd.data_dir))
+        if tls is None:
+            return await EtcdStore.connect([self._etcd.endpoint])
+        return await EtcdStore.connect([self._etcd.endpoint], ca_file=tls.ca_file, cert_file=tls.cert_file,
+                                       key_file=tls.key_file)
 
     async def run(self, stop: asyncio.Event) -> None:
         cluster = self._config.cluster

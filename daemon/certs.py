@@ -28,7 +28,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from common.cert_identity import CertificateError, PeerIdentity, PeerKind, node_server_name
+from common.cert_identity import (
+    COORDINATOR_CLIENT_NAME,
+    CertificateError,
+    PeerIdentity,
+    PeerKind,
+    node_server_name,
+)
 from proto.vocabulary import NODE_NAME_PATTERN
 
 CA_CERT, CA_KEY = "ca.crt", "ca.key"
@@ -102,14 +108,17 @@ def make_ca(now: datetime.datetime | None = None) -> Issued:
 
 def make_server_certificate(ca: Issued, hosts: Sequence[str], now: datetime.datetime | None = None) -> Issued:
     """The coordinator's certificate (serverAuth) for `hosts` (DNS names or IP addresses), localhost and
-    127.0.0.1 always among them.
+    127.0.0.1 always among them. The embedded etcd serves it too, and admits the coordinators by it
+    (clientAuth and the name COORDINATOR_CLIENT_NAME): one certificate for every coordinator of the cluster,
+    made where the CA's key is, so that no trainerd needs that key.
     """
     names: list[x509.GeneralName] = []
-    for host in dict.fromkeys((*_ALWAYS_SERVED, *hosts)):
+    for host in dict.fromkeys((*_ALWAYS_SERVED, *hosts, COORDINATOR_CLIENT_NAME)):
         name = _host_name(host)
         if name not in names:
             names.append(name)
-    return _issue(ca, "trainerd coordinator", names, [ExtendedKeyUsageOID.SERVER_AUTH], now)
+    return _issue(ca, "trainerd coordinator", names,
+                  [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH], now)
 
 
 def make_node_certificate(ca: Issued, name: str, now: datetime.datetime | None = None) -> Issued:

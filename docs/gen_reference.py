@@ -48,7 +48,8 @@ FIELD_NOTES: dict[str, str] = {
     "job.world_size_multiple_of": "Every world size is a multiple of this.",
     "cluster.etcd.endpoints": "An operator's etcd (>= 3.5.4, TLS). Empty: trainerd runs an embedded single-node "
                               "etcd under `data_dir`.",
-    "cluster.etcd.client_listen": "The embedded etcd's client address (loopback unless `insecure: true`).",
+    "cluster.etcd.client_listen": "The embedded etcd's client address (loopback unless `tls`, which it then "
+                                  "serves, or `insecure: true`).",
     "cluster.etcd.peer_listen": "The embedded etcd's peer address (loopback unless `insecure: true`).",
     "cluster.etcd.cert_file": "The client certificate trainerd presents to etcd (with `key_file`).",
     "cluster.etcd.key_file": "Its key.",

@@ -18,7 +18,7 @@ from daemon.app import ListenError, TrainerdApp, install_stop_signals
 from daemon.cli.certs_commands import certs
 from daemon.cli.command_groups import PointingGroup
 from daemon.config import load_cluster_config
-from daemon.etcd_process import EtcdNotFound, EtcdStartError
+from daemon.etcd_process import EtcdNotFound, EtcdStartError, check_serving_certificate
 from daemon.store.interface import StoreError
 
 
@@ -45,6 +45,8 @@ def start(cluster_file: str, log_level: str) -> None:
         tls_settings = config.cluster.tls
         tls = None if tls_settings is None else read_tls_files(
             tls_settings, cluster_file, ("cluster.tls.ca_file", "cluster.tls.cert_file", "cluster.tls.key_file"))
+        if tls is not None and tls_settings is not None and not config.cluster.etcd.endpoints:
+            check_serving_certificate(tls, tls_settings, config.cluster.etcd.client_listen, cluster_file)
     except ConfigError as exc:
         raise StartRefused(str(exc)) from exc
     logging.basicConfig(level=log_level.upper(),

@@ -20,8 +20,17 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
-from common.cert_identity import CertificateError, PeerIdentity, PeerKind, peer_identity, serves_as_node
-from daemon.certs import Issued, make_ca, make_node_certificate, make_operator_certificate
+from common.cert_identity import (
+    COORDINATOR_CLIENT_NAME,
+    CertificateError,
+    PeerIdentity,
+    PeerKind,
+    dials_embedded_etcd,
+    names_host,
+    peer_identity,
+    serves_as_node,
+)
+from daemon.certs import Issued, _issue, make_ca, make_node_certificate, make_operator_certificate
 from daemon.cli.trainerd_main import cli
 
 
@@ -93,7 +102,21 @@ def test_the_coordinator_certificate_serves_its_hosts_localhost_and_127_0_0_1(ce
     with pytest.raises(VerificationError):
         PolicyBuilder().store(store).build_server_verifier(x509.DNSName("elsewhere.example")).verify(server, [])
     usages = server.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
-    assert list(usages) == [ExtendedKeyUsageOID.SERVER_AUTH]
+    assert list(usages) == [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+
+
+def test_only_the_coordinator_certificate_may_dial_the_embedded_etcd(cert_dir: Path) -> None:
+    """The embedded etcd admits a client of the cluster's CA by the name COORDINATOR_CLIENT_NAME: an agent's or
+    an operator's certificate must not carry it, nor a coordinator certificate made before (serverAuth only)."""
+    coordinator = (cert_dir / "coordinator.crt").read_bytes()
+    assert dials_embedded_etcd(coordinator) and names_host(coordinator, COORDINATOR_CLIENT_NAME)
+    for stem in ("n1", "alice", "bob"):
+        assert not names_host((cert_dir / f"{stem}.crt").read_bytes(), COORDINATOR_CLIENT_NAME), stem
+        assert not dials_embedded_etcd((cert_dir / f"{stem}.crt").read_bytes()), stem
+    ca = make_ca()
+    serving_only = _issue(ca, "trainerd coordinator", [x509.DNSName(COORDINATOR_CLIENT_NAME)],
+                          [ExtendedKeyUsageOID.SERVER_AUTH], None)
+    assert not dials_embedded_etcd(serving_only.certificate_pem())
 
 
 def test_client_certificates_verify_against_their_ca_and_name_their_identity(cert_dir: Path) -> None:

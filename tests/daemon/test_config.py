@@ -215,10 +215,13 @@ TLS = "  tls: {ca_file: pki/ca.crt, cert_file: pki/coordinator.crt, key_file: pk
     ("cluster:\n  coordinator: {listen: '[::]:7420'}\n", "cluster: coordinator.listen [::]:7420 is not a loopback"),
     ("cluster:\n  coordinator: {metrics_listen: '0.0.0.0:9100'}\n",
      "cluster: coordinator.metrics_listen 0.0.0.0:9100 is not a loopback address"),
-    ("cluster:\n  etcd: {client_listen: '0.0.0.0:2379'}\n" + TLS,
-     "cluster: etcd.client_listen 0.0.0.0:2379 is not a loopback address and the embedded etcd serves no TLS"),
+    ("cluster:\n  etcd: {client_listen: '0.0.0.0:2379'}\n",
+     "cluster: etcd.client_listen 0.0.0.0:2379 is not a loopback address and the embedded etcd serves TLS only "
+     "with tls: give tls"),
     ("cluster:\n  etcd: {peer_listen: '10.0.0.5:2380'}\n",
      "cluster: etcd.peer_listen 10.0.0.5:2380 is not a loopback address"),
+    ("cluster:\n  etcd: {client_listen: '0.0.0.0:2379', peer_listen: '0.0.0.0:2380'}\n" + TLS,
+     "cluster: etcd.peer_listen 0.0.0.0:2380 is not a loopback address: the embedded etcd has no peers"),
     ("cluster:\n  insecure: true\n" + TLS, "cluster: tls and insecure: true contradict each other"),
     ("cluster:\n  local_agents: 2\n" + TLS, "cluster: local_agents connect without certificates"),
     ("cluster:\n  tls: {ca_file: ca.crt, cert_file: c.crt}\n", "cluster.tls.key_file: Field required"),
@@ -239,6 +242,7 @@ def test_a_listener_off_loopback_needs_tls_or_insecure_in_so_many_words(
     "cluster:\n  coordinator: {listen: '[::1]:7420'}\n  etcd: {client_listen: '127.0.0.2:2379'}\n",
     "cluster:\n  coordinator: {listen: '0.0.0.0:7420', metrics_listen: '0.0.0.0:9100'}\n" + TLS,
     "cluster:\n  coordinator: {listen: '0.0.0.0:7420'}\n  etcd: {endpoints: ['10.0.0.1:2379']}\n" + TLS,
+    "cluster:\n  coordinator: {listen: '0.0.0.0:7420'}\n  etcd: {client_listen: '0.0.0.0:2379'}\n" + TLS,
     "cluster:\n  coordinator: {listen: '0.0.0.0:7420'}\n  etcd: {client_listen: '0.0.0.0:2379'}\n"
     "  local_agents: 1\n  insecure: true\n",
 ])

@@ -4,11 +4,14 @@ clients that must be refused are, each in one line; and plain text off loopback 
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import signal
+import socket
 import subprocess
 from pathlib import Path
 
+import psutil
 import yaml
 
 from tests.harness import BIN, Processes
@@ -176,3 +179,60 @@ def test_a_coordinator_dialled_at_an_address_its_certificate_lacks_says_so_and_a
     procs.trainerd("trainerd-reissued", cluster)
     wait_until(lambda: node_states(address, pki) == {"n1": "READY"}, 60, "n1 READY with the old node certificate",
                on_timeout=procs.logs)
+
+
+def this_hosts_address() -> str:
+    """An IPv4 address of this host that is not loopback: where another host would dial it."""
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family == socket.AF_INET and not ipaddress.ip_address(address.address).is_loopback:
+                return address.address
+    raise AssertionError("this host has no IPv4 address off loopback")
+
+
+def test_a_standby_on_another_host_shares_the_embedded_etcd_over_tls_without_insecure(
+        tmp_path: Path, procs: Processes) -> None:
+    """The leader's embedded etcd listens on every address (no `insecure: true`), serving TLS with the coordinator's
+    certificate; a standby dials it at this host's own address with the cluster's CA and coordinator certificate,
+    stands by, and leads on that etcd when the leader freezes. The standby given an agent's certificate of the same
+    CA is refused by etcd and exits 1."""
+    host = this_hosts_address()
+    pki = make_pki(tmp_path)
+    certs("coordinator", "--dir", str(pki), "--host", "127.0.0.1", "--host", host, "--force")
+    etcd_port = free_port()
+    leader_address, standby_address = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    leader_file = cluster_file(tmp_path, "leader", listen=leader_address, security=coordinator_tls(pki))
+    data = yaml.safe_load(leader_file.read_text())
+    data["cluster"]["etcd"]["client_listen"] = f"0.0.0.0:{etcd_port}"
+    leader_file.write_text(yaml.safe_dump(data))
+    leader = procs.trainerd("leader", leader_file)
+    procs.agent("n1", f"{leader_address},{standby_address}", env=tls_env(pki, "n1"))
+    wait_until(lambda: node_states(leader_address, pki) == {"n1": "READY"}, 60, "n1 READY",
+               on_timeout=procs.logs)
+
+    def standby_file(name: str, stem: str) -> Path:
+        path = cluster_file(tmp_path, name, listen=standby_address, etcd_endpoints=[f"{host}:{etcd_port}"],
+                            security=coordinator_tls(pki))
+        data = yaml.safe_load(path.read_text())
+        data["cluster"]["etcd"] |= {"ca_file": str(pki / "ca.crt"), "cert_file": str(pki / f"{stem}.crt"),
+                                    "key_file": str(pki / f"{stem}.key")}
+        path.write_text(yaml.safe_dump(data))
+        return path
+
+    impostor = procs.trainerd("standby-as-n1", standby_file("impostor", "n1"))
+    assert impostor.wait(timeout=60) == 1, procs.logs()
+    assert impostor.log().strip().splitlines()[-1] == f"trainerd: no etcd endpoint answered within 5.0 s: {host}:{etcd_port}"
+
+    standby = procs.trainerd("standby", standby_file("standby", "coordinator"))
+    wait_until(lambda: "standing by: " in standby.log(), 60, "the standby stands by", on_timeout=procs.logs)
+    # trainerctl asked at the standby follows it to the leader it names (read in etcd).
+    assert status_as(standby_address, pki, "bob")["coordinator"]["leader"] == leader_address
+
+    leader.signal(signal.SIGSTOP)  # its etcd, a process of its own, serves on; its lease is no longer kept
+    try:
+        wait_until(lambda: (status_as(standby_address, pki, "bob") or {}).get("coordinator", {}).get("is_leader"),
+                   60, "the standby leads on the leader's etcd", on_timeout=procs.logs)
+        wait_until(lambda: node_states(standby_address, pki) == {"n1": "READY"}, 60, "n1 READY with the standby",
+                   on_timeout=procs.logs)
+    finally:
+        leader.signal(signal.SIGCONT)

@@ -1,15 +1,38 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import grpc
 import pytest
+from aetcd import rpc
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
+from common.config_file import ConfigError
 from common.listen_check import accepts_connections
-from daemon.etcd_process import EmbeddedEtcd, EtcdNotFound, EtcdStartError, find_etcd_binary
+from common.tls_files import TlsSettings, read_tls_files
+from daemon.certs import (
+    _issue,
+    load_ca,
+    make_ca,
+    make_node_certificate,
+    make_operator_certificate,
+    make_server_certificate,
+    write_issued,
+)
+from daemon.etcd_process import (
+    EmbeddedEtcd,
+    EtcdNotFound,
+    EtcdStartError,
+    check_serving_certificate,
+    find_etcd_binary,
+)
+from daemon.store.etcd import EtcdStore
 from tests.ports import free_port
 from tests.waiting import wait_until
 
@@ -95,3 +118,109 @@ def test_an_etcd_left_running_on_the_same_data_directory_is_named_by_its_pid(tmp
         orphan.kill()
         orphan.wait(timeout=10)
 
+
+
+def _pki(directory: Path) -> Path:
+    """The cluster's CA with its coordinator's certificate, a node's and an operator's, as `trainerd certs` writes
+    them, and in directory/"other" another cluster's CA and coordinator certificate."""
+    for where in (directory, directory / "other"):
+        where.mkdir(parents=True, exist_ok=True)
+        ca = make_ca()
+        write_issued(ca, where, "ca", force=False)
+        write_issued(make_server_certificate(ca, []), where, "coordinator", force=False)
+    ca = load_ca(directory)
+    write_issued(make_node_certificate(ca, "n1"), directory, "n1", force=False)
+    write_issued(make_operator_certificate(ca, "alice", read_only=False), directory, "alice", force=False)
+    return directory
+
+
+def _credentials(ca: Path, party: Path | None) -> grpc.ChannelCredentials:
+    if party is None:
+        return grpc.ssl_channel_credentials(ca.read_bytes())
+    return grpc.ssl_channel_credentials(ca.read_bytes(), party.with_suffix(".key").read_bytes(),
+                                        party.with_suffix(".crt").read_bytes())
+
+
+def test_with_the_cluster_tls_etcd_admits_the_coordinator_certificate_alone(tmp_path: Path) -> None:
+    """The embedded etcd with cluster.tls serves TLS with the coordinator's certificate, and takes requests only
+    from a coordinator certificate of the cluster's CA: not in plain text, not without a certificate, not from
+    another cluster's coordinator, and not from the cluster's own agents or operators, whose certificates the same
+    CA signed (the coordinator checks what they may do; etcd would not)."""
+    pki = _pki(tmp_path / "pki")
+    tls = TlsSettings(ca_file=str(pki / "ca.crt"), cert_file=str(pki / "coordinator.crt"),
+                      key_file=str(pki / "coordinator.key"))
+    server = EmbeddedEtcd(tmp_path / "etcd", free_port(), free_port(), tls=tls)
+
+    async def range_with(channel: grpc.aio.Channel) -> grpc.StatusCode:
+        async with channel:
+            try:
+                await rpc.KVStub(channel).Range(rpc.RangeRequest(key=b"k"), timeout=10)
+            except grpc.aio.AioRpcError as exc:
+                return exc.code()
+            return grpc.StatusCode.OK
+
+    async def scenario() -> dict[str, grpc.StatusCode]:
+        await server.start(timeout_s=20)
+        try:
+            store = await EtcdStore.connect([server.endpoint], ca_file=tls.ca_file, cert_file=tls.cert_file,
+                                            key_file=tls.key_file)
+            try:
+                assert await store.compare_and_swap("k", b"v", expected_mod_revision=0)
+                answers = {"the coordinator": await range_with(
+                    grpc.aio.secure_channel(server.endpoint, _credentials(pki / "ca.crt", pki / "coordinator")))}
+            finally:
+                await store.close()
+            answers["plain text"] = await range_with(grpc.aio.insecure_channel(server.endpoint))
+            for case, party in {"no certificate": None, "a node's": pki / "n1", "an operator's": pki / "alice",
+                                "another CA's coordinator": pki / "other" / "coordinator"}.items():
+                answers[case] = await range_with(
+                    grpc.aio.secure_channel(server.endpoint, _credentials(pki / "ca.crt", party)))
+            return answers
+        finally:
+            await server.stop()
+
+    answers = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert answers == {"the coordinator": grpc.StatusCode.OK, "plain text": grpc.StatusCode.UNAVAILABLE,
+                       "no certificate": grpc.StatusCode.UNAVAILABLE, "a node's": grpc.StatusCode.UNAVAILABLE,
+                       "an operator's": grpc.StatusCode.UNAVAILABLE,
+                       "another CA's coordinator": grpc.StatusCode.UNAVAILABLE}
+
+
+def test_without_tls_the_embedded_etcd_serves_plain_text_on_loopback(etcd_server: EmbeddedEtcd) -> None:
+    async def put_and_read() -> bytes:
+        store = await EtcdStore.connect([etcd_server.endpoint])
+        try:
+            await store.compare_and_swap("k", b"v", expected_mod_revision=0)
+            found = await store.get("k")
+        finally:
+            await store.close()
+        assert found is not None
+        return found.value
+
+    assert etcd_server.endpoint == f"127.0.0.1:{etcd_server.client_port}"
+    assert "--client-cert-auth" not in etcd_server._command("etcd")
+    assert asyncio.run(asyncio.wait_for(put_and_read(), 30)) == b"v"
+
+
+def test_a_coordinator_certificate_the_embedded_etcd_cannot_serve_is_refused_before_it_starts(tmp_path: Path) -> None:
+    """One made before the embedded etcd served TLS (serverAuth only), or one that does not name the host etcd is
+    dialled at: each a line that says to reissue it."""
+    pki = _pki(tmp_path / "pki")
+    ca = load_ca(pki)
+    write_issued(_issue(ca, "trainerd coordinator", [x509.DNSName("localhost"), x509.IPAddress(
+        ipaddress.ip_address("127.0.0.1"))], [ExtendedKeyUsageOID.SERVER_AUTH], None), pki, "old", force=False)
+    for stem, client_listen, problem in (
+            ("old", "127.0.0.1:2379", "cannot dial the embedded etcd: it was made before the embedded etcd served "
+                                      "TLS (no client use, no name coordinator.trainerd)"),
+            ("coordinator", "10.0.0.9:2379", "does not name 10.0.0.9, where the embedded etcd is dialled "
+                                             "(etcd.client_listen)")):
+        settings = TlsSettings(ca_file=str(pki / "ca.crt"), cert_file=str(pki / f"{stem}.crt"),
+                               key_file=str(pki / f"{stem}.key"))
+        with pytest.raises(ConfigError) as refused:
+            check_serving_certificate(read_tls_files(settings, "c.yaml"), settings, client_listen, "c.yaml")
+        assert str(refused.value).startswith(f"c.yaml: cluster.tls.cert_file: {pki / stem}.crt {problem}: reissue it "
+                                             f"from the cluster's CA with `trainerd certs coordinator")
+    coordinator = TlsSettings(ca_file=str(pki / "ca.crt"), cert_file=str(pki / "coordinator.crt"),
+                              key_file=str(pki / "coordinator.key"))
+    for client_listen in ("127.0.0.1:2379", "0.0.0.0:2379"):
+        check_serving_certificate(read_tls_files(coordinator, "c.yaml"), coordinator, client_listen, "c.yaml")
