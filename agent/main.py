@@ -20,6 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from agent.compile_cache import CompileCacheLauncher
 from agent.config import AgentConfig, load_agent_config, memory_root
 from agent.devices import Device, NoDevicesError, discover_devices
+from agent.join import JoinFailed, check_join_options, has_stored_files, join, stored_tls
 from agent.launcher import ProcessLauncher, SubprocessLauncher
 from agent.memory_snapshots import MemorySnapshotDir
 from agent.node_check import run_node_check
@@ -32,6 +33,7 @@ from agent.supervisor import Supervisor
 from agent.systemd import SystemdNotifier
 from agent.warm_launcher import WarmLauncher
 from agent.worker_user import WorkerUser
+from common.ca_pin import check_pin
 from common.cert_identity import CertificateError, PeerKind, peer_identity
 from common.clock import Clock, SystemClock
 from common.config_file import ConfigError, is_loopback_host
@@ -79,6 +81,9 @@ class Agent:
             self._spawn(self._answer_read_log(message.read_log))
         elif kind == "node_check":
             self._spawn(self._answer_node_check(message.node_check))
+        elif kind == "revocations":
+            if self._peer_server is not None:
+                self._peer_server.refuse(frozenset(message.revocations.serials))
         else:
             log.warning("ignoring unexpected %s from the coordinator", kind)
 
@@ -267,6 +272,12 @@ class StartRefused(click.ClickException):
               help="The cluster's CA certificate: talk TLS (with --cert and --key; overrides tls in the file).")
 @click.option("--cert", envvar=TLS_ENV["cert"], metavar="FILE", help="This node's certificate (trainerd certs node).")
 @click.option("--key", envvar=TLS_ENV["key"], metavar="FILE", help="Its key.")
+@click.option("--join", "join_token", envvar="TRAINERD_JOIN_TOKEN", metavar="TOKEN",
+              help="Join the cluster with this token (trainerctl tokens create): make a key, get this node's "
+                   "certificate, keep both (under tls, or WORK_DIR/tls), then start. Skipped when they are kept "
+                   "already.")
+@click.option("--join-address", metavar="HOST:PORT", help="The coordinator's join listener (cluster.join.listen).")
+@click.option("--ca-hash", metavar="sha256:HEX", help="The cluster's CA, pinned: joining trusts no other.")
 @click.option("--warm-workers/--no-warm-workers", default=None,
               help="Start Python entrypoints in pre-started interpreters (default: on).")
 @click.option("--compile-cache/--no-compile-cache", default=None,
@@ -278,7 +289,8 @@ class StartRefused(click.ClickException):
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def cli(config_file, coordinator, node_name, host, cpu_devices, work_dir, memory_dir, cacert, cert, key,
-        warm_workers, compile_cache, snapshot_peers, snapshot_peer_port, log_level) -> None:
+        join_token, join_address, ca_hash, warm_workers, compile_cache, snapshot_peers, snapshot_peer_port,
+        log_level) -> None:
     """Register this host's devices with trainerd and run its training processes."""
     try:
         tls_options = tls_settings_from_options(cacert, cert, key)
@@ -289,6 +301,19 @@ def cli(config_file, coordinator, node_name, host, cpu_devices, work_dir, memory
             "snapshot_peer_port": snapshot_peer_port,
             "tls": None if tls_options is None else tls_options.model_dump(),
         })
+        check_join_options(join_token, join_address, ca_hash)
+        if tls_options is None and config.tls is None:
+            stored = stored_tls(Path(config.work_dir))
+            if join_token or has_stored_files(stored):
+                config = config.model_copy(update={"tls": stored})
+                config_file = config_file or "trainerd-agent"
+        if join_token and config.tls is not None and not has_stored_files(config.tls):
+            try:
+                join(join_address, join_token, config.node_name, check_pin(ca_hash), config.tls)
+            except (JoinFailed, ValueError, OSError) as exc:
+                raise StartRefused(f"trainerd-agent: {exc}") from exc
+            click.echo(f"trainerd-agent: joined as node {config.node_name}; its key and certificate are in "
+                       f"{Path(config.tls.cert_file).parent}", err=True)
         tls = None
         if tls_options is not None:
             tls = read_tls_files(tls_options, "trainerd-agent", TLS_OPTION_NAMES)

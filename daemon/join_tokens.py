@@ -113,12 +113,11 @@ def refusal(record: TokenRecord | None, token: JoinToken, now: float) -> str | N
     return None
 
 
-def after_use(record: TokenRecord) -> TokenRecord | None:
-    """The record once one use is spent; None when that was its last (the record is then deleted)."""
+def after_use(record: TokenRecord) -> TokenRecord:
+    """The record once one use is spent. A spent record stays until it expires, so that its token is refused
+    as spent, not as unknown."""
     if record.uses_left is None:
         return record
-    if record.uses_left <= 1:
-        return None
     return TokenRecord(record.id, record.secret_sha256, record.created_at, record.expires_at, record.uses_left - 1)
 
 
@@ -167,9 +166,6 @@ async def spend_token(store: Store, token: JoinToken, now: float) -> None:
         spent = after_use(record)
         if spent is record:
             return
-        if spent is None:
-            if await store.delete(key, entry.mod_revision):
-                return
-        elif await store.compare_and_swap(key, codec.encode(spent.to_json()), entry.mod_revision) is not None:
+        if await store.compare_and_swap(key, codec.encode(spent.to_json()), entry.mod_revision) is not None:
             return
     raise TokenRefused(f"join token {token.id} is being spent by others at once; try again")

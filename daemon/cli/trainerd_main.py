@@ -12,9 +12,10 @@ import sys
 
 import click
 
+from common.cert_identity import CertificateError
 from common.config_file import ConfigError
 from common.tls_files import read_tls_files
-from daemon.app import ListenError, TrainerdApp, install_stop_signals
+from daemon.app import ListenError, TrainerdApp, install_stop_signals, load_join_ca
 from daemon.cli.certs_commands import certs
 from daemon.cli.command_groups import PointingGroup
 from daemon.config import load_cluster_config
@@ -45,7 +46,8 @@ def start(cluster_file: str, log_level: str) -> None:
         tls_settings = config.cluster.tls
         tls = None if tls_settings is None else read_tls_files(
             tls_settings, cluster_file, ("cluster.tls.ca_file", "cluster.tls.cert_file", "cluster.tls.key_file"))
-    except ConfigError as exc:
+        join_ca = load_join_ca(config)
+    except (ConfigError, CertificateError) as exc:
         raise StartRefused(str(exc)) from exc
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s trainerd %(name)s: %(message)s")
@@ -55,7 +57,7 @@ def start(cluster_file: str, log_level: str) -> None:
     async def serve() -> None:
         stop = asyncio.Event()
         install_stop_signals(stop)
-        await TrainerdApp(config, tls).run(stop)
+        await TrainerdApp(config, tls, join_ca).run(stop)
 
     try:
         asyncio.run(serve())
