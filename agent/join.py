@@ -16,8 +16,10 @@ connection.
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,11 +31,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from common.ca_pin import ca_pin
-from common.cert_identity import PeerKind, names_host, peer_identity
+from common.cert_identity import PeerKind, names_host, peer_identity, serial_of
 from common.config_file import ConfigError, parse_host_port
-from common.tls_files import TlsSettings
+from common.tls_files import TlsFiles, TlsSettings
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 15.0
 # Every coordinator certificate names it (daemon/certs.py); the join channel checks the name against it.
@@ -173,3 +177,52 @@ def check_join_options(token: str | None, join_address: str | None, pin: str | N
         missing = ", ".join(name for name, value in given.items() if not value)
         raise ConfigError(f"trainerd-agent: joining needs --join, --join-address and --ca-hash together: {missing} "
                           f"missing (trainerctl tokens create prints the whole command)")
+
+
+class Renewal:
+    """Renews this node's certificate over its session (RenewCertificate, answered with NodeCertificate)
+    once `renewal_due`: a new key each time, kept (0600) with the certificate in the files `settings`
+    names; `renewed(files)` then gives the agent the new files for its next dial."""
+
+    def __init__(self, settings: TlsSettings, node_name: str, send: Callable[[pb.AgentMessage], None],
+                 renewed: Callable[[TlsFiles], None]) -> None:
+        self._settings = settings
+        self._node_name = node_name
+        self._send = send
+        self._renewed = renewed
+        self._pending: ec.EllipticCurvePrivateKey | None = None
+
+    def check(self, now: datetime.datetime) -> None:
+        """Ask for a new certificate when it is due (once: a request unanswered is asked again only after
+        `forget_request`, at the next session)."""
+        if self._pending is not None:
+            return
+        if not renewal_due(Path(self._settings.cert_file).read_bytes(), now):
+            return
+        self._pending = new_key()
+        log.info("this node's certificate expires soon; asking the coordinator for a new one")
+        self._send(pb.AgentMessage(renew_certificate=pb.RenewCertificate(
+            csr_pem=signing_request(self._pending, self._node_name))))
+
+    def forget_request(self) -> None:
+        """The session ended: an answer to a request made on it will not come."""
+        self._pending = None
+
+    def received(self, certificate_pem: bytes) -> None:
+        key, self._pending = self._pending, None
+        if key is None:
+            log.warning("ignoring a node certificate this agent did not ask for")
+            return
+        ca_pem = Path(self._settings.ca_file).read_bytes()
+        try:
+            check_node_certificate(certificate_pem, ca_pem, key, self._node_name)
+        except JoinFailed as exc:
+            log.warning("the renewed certificate is not usable: %s", exc)
+            return
+        write_private(Path(self._settings.key_file), key_pem(key), 0o600)
+        write_private(Path(self._settings.cert_file), certificate_pem, 0o644)
+        expires = x509.load_pem_x509_certificate(certificate_pem).not_valid_after_utc
+        log.info("renewed this node's certificate (serial %s, valid until %s); the next dial presents it",
+                 serial_of(certificate_pem), expires.isoformat(timespec="seconds"))
+        self._renewed(TlsFiles(ca_pem, certificate_pem, key_pem(key)))
+

@@ -132,9 +132,10 @@ class JoinSettings(StrictModel):
     # The CA's private key (`trainerd certs init` wrote it as ca.key beside ca.crt). Whoever reads it can
     # make any certificate of the cluster: keep it readable by trainerd's user alone.
     ca_key_file: str
-    # How long a node certificate issued to a joining or renewing agent is valid; agents renew theirs
-    # over their session once less than a third of this is left.
-    certificate_days: float = Field(default=30.0, ge=1.0, le=825.0)
+    # How long a node certificate issued to a joining or renewing agent is valid (from an hour before it is
+    # made, for hosts whose clock is behind); agents renew theirs over their session once less than a third
+    # of this is left.
+    certificate_days: float = Field(default=30.0, ge=0.05, le=825.0)
 
     @property
     def certificate_validity(self) -> datetime.timedelta:

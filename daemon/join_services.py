@@ -103,7 +103,7 @@ class NodeDesk:
         try:
             if len(csr_pem) > MAX_CSR_BYTES:
                 raise CertificateError(f"a certificate signing request of {len(csr_pem)} bytes")
-            certificate = await self.authority.renew(session.node, csr_pem)
+            certificate = await self.authority.renew(session.node, csr_pem, session.certificate)
             session.send(pb.CoordinatorMessage(node_certificate=pb.NodeCertificate(
                 certificate_pem=certificate.public_bytes(serialization.Encoding.PEM))))
         except Exception as exc:  # noqa: BLE001 - the agent asks again at its next check

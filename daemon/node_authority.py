@@ -93,10 +93,14 @@ class NodeAuthority:
                  certificate_serial(certificate))
         return certificate
 
-    async def renew(self, node_name: str, request_pem: bytes) -> x509.Certificate:
-        """A new certificate for a node whose session is open (its current certificate is still valid)."""
+    async def renew(self, node_name: str, request_pem: bytes, presented: KnownCertificate | None) -> x509.Certificate:
+        """A new certificate for a node whose session presents `presented`. Recorded first, then withheld
+        when `presented` has been revoked meanwhile: a revocation that read the node's certificates before
+        this one was recorded had written its entries before this check reads them (`revoke`)."""
         self._check_request(node_name, request_pem)
         certificate = await self._issue(node_name, request_pem)
+        if presented is not None and await self.store.get(keys.revoked(presented.serial)) is not None:
+            raise Revoked(f"the certificate of node {node_name} was revoked while it asked for a new one")
         log.info("renewed the certificate of node %s: %s", node_name, certificate_serial(certificate))
         return certificate
 
@@ -139,13 +143,16 @@ class NodeAuthority:
         if not known:
             raise JoinRefused(f"no valid certificate of node {node_name} is known: it has no session and none was "
                               f"issued by joining (revoke one made by `trainerd certs` with a new CA)")
-        now = self.wall()
-        for certificate in known:
-            value = codec.encode({"node": node_name, "expires_at": certificate.expires_at})
-            await self.store.compare_and_swap(keys.revoked(certificate.serial), value, 0)
-        await self._drop_expired(now)
-        log.warning("revoked the certificates of node %s: %s", node_name, ", ".join(c.serial for c in known))
-        return len(known)
+        revoked: set[str] = set()
+        while new := [c for c in known if c.serial not in revoked]:  # until a renewal meanwhile is caught too
+            for certificate in new:
+                value = codec.encode({"node": node_name, "expires_at": certificate.expires_at})
+                await self.store.compare_and_swap(keys.revoked(certificate.serial), value, 0)
+                revoked.add(certificate.serial)
+            known = await self._remember(node_name, [])
+        await self._drop_expired(self.wall())
+        log.warning("revoked the certificates of node %s: %s", node_name, ", ".join(sorted(revoked)))
+        return len(revoked)
 
     async def _drop_expired(self, now: float) -> None:
         entries, _ = await self.store.get_prefix(keys.REVOKED)
