@@ -74,8 +74,12 @@ class NodeDesk:
         return certificate
 
     def welcomed(self, session: AgentSession, certificate: KnownCertificate | None) -> None:
+        """Note the session's certificate and send its agent the list; a certificate revoked while the session
+        was being opened (after `admit`, before this) closes it at once, as `_revoked_changed` would have."""
         session.certificate = certificate
-        if self.authority.revoked:
+        if certificate is not None and certificate.serial in self.authority.revoked:
+            self._coordinator.close_session(session)
+        elif self.authority.revoked:
             session.send(revocations_message(self.authority.revoked))
 
     def _revoked_changed(self, serials: frozenset[str]) -> None:
