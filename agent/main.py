@@ -7,6 +7,7 @@ from common import grpc_core_settings
 grpc_core_settings.apply()  # before anything imports grpc: its core reads these settings then
 
 import asyncio
+import datetime
 import logging
 import signal
 import sys
@@ -20,6 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from agent.compile_cache import CompileCacheLauncher
 from agent.config import AgentConfig, load_agent_config, memory_root
 from agent.devices import Device, NoDevicesError, discover_devices
+from agent.join import JoinFailed, Renewal, check_join_options, has_stored_files, join, stored_tls
 from agent.launcher import ProcessLauncher, SubprocessLauncher
 from agent.memory_snapshots import MemorySnapshotDir
 from agent.node_check import run_node_check
@@ -32,14 +34,23 @@ from agent.supervisor import Supervisor
 from agent.systemd import SystemdNotifier
 from agent.warm_launcher import WarmLauncher
 from agent.worker_user import WorkerUser
+from common.ca_pin import check_pin
 from common.cert_identity import CertificateError, PeerKind, peer_identity
 from common.clock import Clock, SystemClock
 from common.config_file import ConfigError, is_loopback_host
-from common.tls_files import TLS_ENV, TLS_OPTION_NAMES, TlsFiles, read_tls_files, tls_settings_from_options
+from common.tls_files import (
+    TLS_ENV,
+    TLS_OPTION_NAMES,
+    TlsFiles,
+    TlsSettings,
+    read_tls_files,
+    tls_settings_from_options,
+)
 from proto import trainerd_pb2 as pb
 
 AGENT_VERSION = "0.1.0"
 FENCE_CHECK_INTERVAL_S = 0.2
+RENEWAL_CHECK_S = 3600.0
 log = logging.getLogger("agent")
 
 
@@ -49,8 +60,10 @@ class Agent:
 
     def __init__(self, config: AgentConfig, *, link: CoordinatorLink, supervisor: Supervisor,
                  notifier: SystemdNotifier, clock: Clock, launcher: ProcessLauncher,
-                 peer_server: PeerServer | None = None, peer_client: PeerClient | None = None) -> None:
+                 peer_server: PeerServer | None = None, peer_client: PeerClient | None = None,
+                 renewal: Renewal | None = None) -> None:
         self._config = config
+        self._renewal = renewal
         self._peer_server = peer_server
         self._peer_client = peer_client
         self._launcher = launcher
@@ -79,6 +92,12 @@ class Agent:
             self._spawn(self._answer_read_log(message.read_log))
         elif kind == "node_check":
             self._spawn(self._answer_node_check(message.node_check))
+        elif kind == "node_certificate":
+            if self._renewal is not None:
+                self._renewal.received(message.node_certificate.certificate_pem)
+        elif kind == "revocations":
+            if self._peer_server is not None:
+                self._peer_server.refuse(frozenset(message.revocations.serials))
         else:
             log.warning("ignoring unexpected %s from the coordinator", kind)
 
@@ -111,8 +130,26 @@ class Agent:
         if connected:
             self._notifier.ready(f"registered as {self._config.node_name}")
             self.supervisor.resend_reports()  # queued before the session forwards anything
+            self._check_certificate()
         else:
             self._notifier.status("reconnecting to the coordinator")
+            if self._renewal is not None:
+                self._renewal.forget_request()
+
+    def _check_certificate(self) -> None:
+        if self._renewal is None:
+            return
+        try:
+            self._renewal.check(datetime.datetime.now(datetime.timezone.utc))
+        except (OSError, ValueError) as exc:
+            log.warning("this node's certificate cannot be checked for renewal: %s", exc)
+
+    async def _renewals(self) -> None:
+        """A certificate comes due while a session runs for days: look at each session's start and hourly."""
+        while True:
+            await self._clock.asleep(RENEWAL_CHECK_S)
+            if self.link.connected.is_set():
+                self._check_certificate()
 
     async def _watchdog(self) -> None:
         """Ping systemd's watchdog only while the session is up, so a wedged agent gets restarted."""
@@ -152,7 +189,7 @@ class Agent:
         progress = await open_progress_receiver(self.supervisor.progress_socket, self.supervisor.on_progress,
                                                 group=None if worker_user is None else worker_user.gid)
         tasks = [asyncio.create_task(self.link.run(self)), asyncio.create_task(self._watchdog()),
-                 asyncio.create_task(self._fence_watch()),
+                 asyncio.create_task(self._fence_watch()), asyncio.create_task(self._renewals()),
                  asyncio.create_task(self.supervisor.watch_output())]
         try:
             await stop.wait()
@@ -176,10 +213,10 @@ class Agent:
 
 
 def build_agent(config: AgentConfig, devices: list[Device], notifier: SystemdNotifier,
-                tls: TlsFiles | None = None) -> Agent:
-    """The production wiring: a link to the configured coordinators (over TLS with `tls`, the files
-    config.tls names), a supervisor that starts real processes (as the `run_as` user when there is
-    one) and dumps their stacks with py-spy, and the system clock."""
+                tls: TlsFiles | None = None, tls_settings: TlsSettings | None = None) -> Agent:
+    """The production wiring: a link to the configured coordinators (over TLS with `tls`, read from the
+    files `tls_settings` names, which a renewal replaces), a supervisor that starts real processes (as the
+    `run_as` user when there is one) and dumps their stacks with py-spy, and the system clock."""
     work_dir = Path(config.work_dir)
     clock = SystemClock()
     worker_user = None if config.run_as is None else WorkerUser.from_settings(config.run_as)
@@ -217,8 +254,12 @@ def build_agent(config: AgentConfig, devices: list[Device], notifier: SystemdNot
                             launcher=training_launcher, stack_dumper=PySpyDumper(), clock=clock,
                             allowed_entrypoints=config.allowed_entrypoints, worker_user=worker_user,
                             memory=memory, peers=peer_client)
+    renewal = None
+    if tls is not None and tls_settings is not None:
+        renewal = Renewal(tls_settings, config.node_name, link.send,
+                          lambda files: link.use_credentials(files.channel_credentials()))
     return Agent(config, link=link, supervisor=supervisor, notifier=notifier, clock=clock, launcher=launcher,
-                 peer_server=peer_server, peer_client=peer_client)
+                 peer_server=peer_server, peer_client=peer_client, renewal=renewal)
 
 
 def snapshot_peers_refusal(config: AgentConfig, tls: TlsFiles | None) -> str:
@@ -267,6 +308,12 @@ class StartRefused(click.ClickException):
               help="The cluster's CA certificate: talk TLS (with --cert and --key; overrides tls in the file).")
 @click.option("--cert", envvar=TLS_ENV["cert"], metavar="FILE", help="This node's certificate (trainerd certs node).")
 @click.option("--key", envvar=TLS_ENV["key"], metavar="FILE", help="Its key.")
+@click.option("--join", "join_token", envvar="TRAINERD_JOIN_TOKEN", metavar="TOKEN",
+              help="Join the cluster with this token (trainerctl tokens create): make a key, get this node's "
+                   "certificate, keep both (under tls, or WORK_DIR/tls), then start. Skipped when they are kept "
+                   "already.")
+@click.option("--join-address", metavar="HOST:PORT", help="The coordinator's join listener (cluster.join.listen).")
+@click.option("--ca-hash", metavar="sha256:HEX", help="The cluster's CA, pinned: joining trusts no other.")
 @click.option("--warm-workers/--no-warm-workers", default=None,
               help="Start Python entrypoints in pre-started interpreters (default: on).")
 @click.option("--compile-cache/--no-compile-cache", default=None,
@@ -278,7 +325,8 @@ class StartRefused(click.ClickException):
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def cli(config_file, coordinator, node_name, host, cpu_devices, work_dir, memory_dir, cacert, cert, key,
-        warm_workers, compile_cache, snapshot_peers, snapshot_peer_port, log_level) -> None:
+        join_token, join_address, ca_hash, warm_workers, compile_cache, snapshot_peers, snapshot_peer_port,
+        log_level) -> None:
     """Register this host's devices with trainerd and run its training processes."""
     try:
         tls_options = tls_settings_from_options(cacert, cert, key)
@@ -289,7 +337,21 @@ def cli(config_file, coordinator, node_name, host, cpu_devices, work_dir, memory
             "snapshot_peer_port": snapshot_peer_port,
             "tls": None if tls_options is None else tls_options.model_dump(),
         })
+        check_join_options(join_token, join_address, ca_hash)
+        if tls_options is None and config.tls is None:
+            stored = stored_tls(Path(config.work_dir))
+            if join_token or has_stored_files(stored):
+                config = config.model_copy(update={"tls": stored})
+                config_file = config_file or "trainerd-agent"
+        if join_token and config.tls is not None and not has_stored_files(config.tls):
+            try:
+                join(join_address, join_token, config.node_name, check_pin(ca_hash), config.tls)
+            except (JoinFailed, ValueError, OSError) as exc:
+                raise StartRefused(f"trainerd-agent: {exc}") from exc
+            click.echo(f"trainerd-agent: joined as node {config.node_name}; its key and certificate are in "
+                       f"{Path(config.tls.cert_file).parent}", err=True)
         tls = None
+        tls_settings = tls_options or config.tls
         if tls_options is not None:
             tls = read_tls_files(tls_options, "trainerd-agent", TLS_OPTION_NAMES)
             from_environment = click.get_current_context().get_parameter_source("cert") is ParameterSource.ENVIRONMENT
@@ -315,7 +377,7 @@ def cli(config_file, coordinator, node_name, host, cpu_devices, work_dir, memory
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        await build_agent(config, devices, SystemdNotifier(), tls).run(stop)
+        await build_agent(config, devices, SystemdNotifier(), tls, tls_settings).run(stop)
 
     try:
         asyncio.run(serve())

@@ -24,7 +24,7 @@ import grpc
 from agent.job_workdir import is_plain_job_name
 from agent.memory_snapshots import MemorySnapshotDir
 from agent.thread_priority import lower_this_threads_priority
-from common.cert_identity import CertificateError, PeerKind, peer_identity, serves_as_node
+from common.cert_identity import CertificateError, PeerKind, peer_identity, serial_of, serves_as_node
 from common.listen_check import why_cannot_listen
 from common.tls_files import TlsFiles
 from proto import trainerd_pb2 as pb
@@ -52,6 +52,11 @@ class PeerServer:
         self._tls = tls
         self._port = port
         self._server: grpc.Server | None = None
+        self._servicer = _Servicer(memory, tls is not None)
+
+    def refuse(self, serials: frozenset[str]) -> None:
+        """The cluster's revoked certificates (the coordinator's Revocations): refused from the next call on."""
+        self._servicer.revoked = serials
 
     def start(self) -> int:
         """Listen and serve; returns the port bound, or 0 when the node certificate was made before node
@@ -69,7 +74,7 @@ class PeerServer:
             options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
                      ("grpc.max_send_message_length", CHUNK_BYTES + 1024)],
         )
-        pb_grpc.add_SnapshotPeerServicer_to_server(_Servicer(self._memory, self._tls is not None), server)
+        pb_grpc.add_SnapshotPeerServicer_to_server(self._servicer, server)
         if self._tls is None:
             address = f"127.0.0.1:{self._port}"
         else:
@@ -100,6 +105,8 @@ class _Servicer(pb_grpc.SnapshotPeerServicer):
     def __init__(self, memory: MemorySnapshotDir, require_node: bool) -> None:
         self._memory = memory
         self._require_node = require_node
+        # Replaced whole from the agent's loop, read by the server's threads: no lock needed.
+        self.revoked: frozenset[str] = frozenset()
 
     def ListSnapshots(self, request: pb.PeerListRequest, context: grpc.ServicerContext) -> pb.PeerListReply:
         self._admit(context)
@@ -136,6 +143,8 @@ class _Servicer(pb_grpc.SnapshotPeerServicer):
             identity = peer_identity(certificates[0])
             if identity.kind is not PeerKind.NODE:
                 raise CertificateError(f"{identity.kind.value} {identity.name} is not a node")
+            if serial_of(certificates[0]) in self.revoked:
+                raise CertificateError(f"the certificate of node {identity.name} is revoked")
         except CertificateError as exc:
             log.warning("refused a snapshot peer call from %s: %s", context.peer(), exc)
             context.abort(grpc.StatusCode.PERMISSION_DENIED, f"only agents may read snapshots: {exc}")

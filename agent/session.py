@@ -188,6 +188,10 @@ class CoordinatorLink:
         self._kept: tuple[str, grpc.aio.Channel] | None = None
         self._welcome_timeout_s = welcome_timeout_s
 
+    def use_credentials(self, credentials: grpc.ChannelCredentials) -> None:
+        """From the next dial on (a renewed node certificate); the open session goes on with the old one."""
+        self._credentials = credentials
+
     def send(self, message: pb.AgentMessage) -> None:
         """Queue a report; it goes out on the current session, or the next one."""
         self._outbox.put_nowait(message)

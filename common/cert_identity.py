@@ -80,6 +80,11 @@ def peer_identity(certificate: bytes | str) -> PeerIdentity:
     return PeerIdentity(kind, name, read_only=role == "operator-readonly")
 
 
+def serial_of(certificate: bytes | str) -> str:
+    """The certificate's serial number in lower-case hex: how the revocation list names it."""
+    return format(_parse(certificate).serial_number, "x")
+
+
 def node_server_name(node: str) -> str:
     """The DNS name a node's certificate serves under, and the name its peers check."""
     return f"{node.lower()}.{NODE_SERVER_DOMAIN}"

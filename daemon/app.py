@@ -9,12 +9,15 @@ import math
 import os
 import signal
 import socket
+import time
+from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
 import grpc
 import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from common.ca_pin import ca_pin
 from common.cert_identity import names_host
 from common.clock import SystemClock
 from common.config_file import parse_host_port
@@ -23,15 +26,18 @@ from common.listen_check import why_cannot_listen
 from common.tls_files import TlsFiles, TlsSettings
 from daemon import metrics
 from daemon.admission import OpeningGate
-from daemon.config import WILDCARD_HOSTS, ClusterConfig
+from daemon.certs import LEAF_VALIDITY, Issued, load_ca_files
+from daemon.config import WILDCARD_HOSTS, ClusterConfig, ClusterSettings
 from daemon.coordinator import Coordinator
 from daemon.errors import PermanentError
 from daemon.etcd_process import EmbeddedEtcd
 from daemon.etcd_supervisor import EtcdSupervisor
 from daemon.grpc_errors import ErrorStatusInterceptor
 from daemon.grpc_services import DEFAULT_MAX_SESSIONS, ControlService, CoordinatorService
+from daemon.join_services import BootstrapService, JoinTerms, NodeDesk
 from daemon.leader import LeaderRecord
 from daemon.local_agents import LocalAgents
+from daemon.node_authority import NodeAuthority
 from daemon.peer_auth import PeerAuthorizationInterceptor
 from daemon.store.etcd import EtcdStore
 from proto import trainerd_pb2_grpc as pb_grpc
@@ -100,6 +106,40 @@ def add_listener(server: grpc.aio.Server, address: str, tls: TlsFiles | None) ->
     return server.add_secure_port(address, tls.server_credentials())
 
 
+def join_address(cluster: ClusterSettings) -> str:
+    """Where joining agents reach the Bootstrap service: join.listen, with the advertised host when it
+    listens on every address."""
+    assert cluster.join is not None
+    host, port = parse_host_port(cluster.join.listen)
+    if host in WILDCARD_HOSTS:
+        host, _ = parse_host_port(cluster.coordinator.advertised)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def load_join_ca(config: ClusterConfig) -> Issued | None:
+    """The CA (cluster.tls.ca_file) with its key (cluster.join.ca_key_file) when the cluster joins hosts;
+    CertificateError, one line, when they cannot be read or do not belong together."""
+    cluster = config.cluster
+    if cluster.join is None or cluster.tls is None:
+        return None
+    return load_ca_files(Path(cluster.tls.ca_file), Path(cluster.join.ca_key_file),
+                         "cluster.join.ca_key_file must name the CA's key (ca.key, beside ca.crt)")
+
+
+def bootstrap_server(address: str, tls: TlsFiles, authority: NodeAuthority) -> grpc.aio.Server:
+    """The listener of joining agents: TLS with the coordinator's certificate and no client certificate
+    (gRPC asks every client of a port for one or none), serving Bootstrap alone, so nothing else is ever
+    reachable without a certificate. ListenError when `address` cannot be bound."""
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=(ErrorStatusInterceptor(),))
+    pb_grpc.add_BootstrapServicer_to_server(BootstrapService(authority, tls.ca), server)
+    try:
+        server.add_secure_port(address, grpc.ssl_server_credentials([(tls.key, tls.cert)]))
+    except RuntimeError as exc:
+        raise ListenError(f"cannot listen on {address}: the address is in use or not local "
+                          f"(cluster.join.listen)") from exc
+    return server
+
+
 def start_metrics_server(address: str, tls: TlsSettings | None) -> WSGIServer:
     """Prometheus `/metrics` on `address`, served by a thread; with TLS over HTTPS with the coordinator's
     certificate, for scrapers with a client certificate of the CA (an operator's, a read-only one will do)."""
@@ -146,15 +186,18 @@ class ListenError(PermanentError):
 
 
 class TrainerdApp:
-    def __init__(self, config: ClusterConfig, tls: TlsFiles | None = None) -> None:
-        """`tls`: the files cluster.tls names, read (common.tls_files.read_tls_files)."""
+    def __init__(self, config: ClusterConfig, tls: TlsFiles | None = None, join_ca: Issued | None = None) -> None:
+        """`tls`: the files cluster.tls names, read (common.tls_files.read_tls_files); `join_ca`: the CA with
+        the key cluster.join.ca_key_file names (`load_join_ca`), to sign joining hosts' certificates."""
         self._config = config
         self._tls = tls
+        self._join_ca = join_ca
         self._etcd: EmbeddedEtcd | None = None
         self._store: EtcdStore | None = None
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._local_agents: LocalAgents | None = None
+        self._bootstrap: grpc.aio.Server | None = None
         self.coordinator: Coordinator | None = None
 
     async def _open_store(self) -> EtcdStore:
@@ -219,6 +262,10 @@ class TrainerdApp:
                 on_leadership_change=self._publish_leadership,
                 agents_at_the_door=gate.agents_at_the_door,
             )
+            desk = None
+            if self._tls is not None:
+                desk = self._node_desk(coordinator, self._store)
+                tasks.append(asyncio.create_task(desk.authority.run(), name="revoked certificates"))
             metrics.SESSIONS.set_function(lambda: coordinator.session_count)
             metrics.SESSIONS_OPENING.set_function(lambda: gate.opening)
             if cluster.coordinator.metrics_listen:
@@ -228,11 +275,16 @@ class TrainerdApp:
                     raise ListenError(f"cannot listen on {cluster.coordinator.metrics_listen}: {exc.strerror or exc} "
                                       f"(cluster.coordinator.metrics_listen)") from exc
             pb_grpc.add_CoordinatorServicer_to_server(
-                CoordinatorService(self.coordinator, cluster.coordinator.max_sessions, gate=gate), self._server)
-            pb_grpc.add_ControlServicer_to_server(ControlService(self.coordinator), self._server)
+                CoordinatorService(self.coordinator, cluster.coordinator.max_sessions, gate=gate, desk=desk),
+                self._server)
+            pb_grpc.add_ControlServicer_to_server(ControlService(self.coordinator, desk), self._server)
             health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
             settle_gc_for_serving()
             await self._server.start()
+            if self._bootstrap is not None:
+                await self._bootstrap.start()
+                assert cluster.join is not None
+                log.info("joining hosts with a token at %s", cluster.join.listen)
             await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
             await self._health.set(CONTROL_SERVICE, health_pb2.HealthCheckResponse.SERVING)
             if self.coordinator.leadership is None:
@@ -267,6 +319,20 @@ class TrainerdApp:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self._shutdown()
+
+    def _node_desk(self, coordinator: Coordinator, store: EtcdStore) -> NodeDesk:
+        """Revocations always with TLS; with cluster.join, the CA's key to sign with and the Bootstrap
+        listener (bound here, started with the coordinator's)."""
+        assert self._tls is not None
+        cluster = self._config.cluster
+        terms = None
+        if cluster.join is not None:
+            terms = JoinTerms(ca_pin(self._tls.ca), join_address(cluster), (cluster.coordinator.advertised,))
+        authority = NodeAuthority(store, self._join_ca,
+                                  cluster.join.certificate_validity if cluster.join else LEAF_VALIDITY, time.time)
+        if cluster.join is not None:
+            self._bootstrap = bootstrap_server(cluster.join.listen, self._tls, authority)
+        return NodeDesk(coordinator, authority, terms)
 
     def _warn_of_an_unnamed_address(self) -> None:
         """A standby names the leader's advertised address to agents, which refuse a certificate that does not
@@ -307,6 +373,8 @@ class TrainerdApp:
         await self._health.enter_graceful_shutdown()
         if self._local_agents is not None:
             await self._local_agents.stop()
+        if self._bootstrap is not None:
+            await self._bootstrap.stop(grace=1.0)
         if self._server is not None:
             await self._server.stop(grace=2.0)
         if self._store is not None:

@@ -130,6 +130,28 @@ def make_node_certificate(ca: Issued, name: str, now: datetime.datetime | None =
     return _issue(ca, name, names, [ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH], now)
 
 
+def sign_node_request(ca: Issued, name: str, request_pem: bytes, validity: datetime.timedelta,
+                      now: datetime.datetime | None = None) -> x509.Certificate:
+    """The node certificate of `name` (as `make_node_certificate` makes it) for the key of a certificate
+    signing request: a joining or renewing agent keeps its key to itself. Whatever else the request asks
+    for is ignored; CertificateError when it is not a P-256 request its own key signed."""
+    check_name(name, "node")
+    try:
+        request = x509.load_pem_x509_csr(request_pem)
+    except ValueError as exc:
+        raise CertificateError(f"the certificate signing request cannot be parsed: {exc}") from None
+    public_key = request.public_key()
+    if not request.is_signature_valid:
+        raise CertificateError("the certificate signing request is not signed by its own key")
+    if not isinstance(public_key, ec.EllipticCurvePublicKey) or not isinstance(public_key.curve, ec.SECP256R1):
+        raise CertificateError("the certificate signing request's key is not an ECDSA P-256 key")
+    identity = PeerIdentity(PeerKind.NODE, name)
+    names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(identity.uri),
+                                     x509.DNSName(node_server_name(name))]
+    return _sign(ca, name, names, [ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH], now,
+                 public_key, validity)
+
+
 def make_operator_certificate(
     ca: Issued, name: str, read_only: bool, now: datetime.datetime | None = None
 ) -> Issued:
@@ -160,16 +182,22 @@ def refuse_existing(paths: Sequence[Path]) -> None:
 
 def load_ca(directory: Path) -> Issued:
     """The CA that `trainerd certs init` wrote into `directory`; CertificateError when missing or mismatched."""
-    cert_path, key_path = directory / CA_CERT, directory / CA_KEY
+    return load_ca_files(directory / CA_CERT, directory / CA_KEY,
+                         f"run `trainerd certs init --dir {directory}` first")
+
+
+def load_ca_files(cert_path: Path, key_path: Path, if_missing: str) -> Issued:
+    """The CA certificate and its key from their files; CertificateError (saying `if_missing` when a file is
+    missing) when they cannot be read or do not belong together."""
     try:
         certificate = x509.load_pem_x509_certificate(cert_path.read_bytes())
         key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
     except FileNotFoundError as exc:
-        raise CertificateError(f"{exc.filename} is missing: run `trainerd certs init --dir {directory}` first") from exc
+        raise CertificateError(f"{exc.filename} is missing: {if_missing}") from exc
     except OSError as exc:
         raise CertificateError(f"{exc.filename} cannot be read: {exc.strerror}") from exc
     except (ValueError, TypeError) as exc:
-        raise CertificateError(f"the CA in {directory} cannot be loaded: {exc}") from exc
+        raise CertificateError(f"the CA in {cert_path} and {key_path} cannot be loaded: {exc}") from exc
     if not isinstance(key, ec.EllipticCurvePrivateKey) or key.public_key() != certificate.public_key():
         raise CertificateError(f"{key_path} is not the key of {cert_path}")
     return Issued(certificate, key)
@@ -180,15 +208,22 @@ def _issue(
     now: datetime.datetime | None,
 ) -> Issued:
     key = ec.generate_private_key(ec.SECP256R1())
+    return Issued(_sign(ca, common_name, names, usages, now, key.public_key(), LEAF_VALIDITY), key)
+
+
+def _sign(
+    ca: Issued, common_name: str, names: list[x509.GeneralName], usages: list[x509.ObjectIdentifier],
+    now: datetime.datetime | None, public_key: ec.EllipticCurvePublicKey, validity: datetime.timedelta,
+) -> x509.Certificate:
     start = _now(now) - _BACKDATE
-    certificate = (
+    return (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
         .issuer_name(ca.certificate.subject)
-        .public_key(key.public_key())
+        .public_key(public_key)
         .serial_number(x509.random_serial_number())
         .not_valid_before(start)
-        .not_valid_after(min(start + LEAF_VALIDITY, ca.certificate.not_valid_after_utc))
+        .not_valid_after(min(start + validity, ca.certificate.not_valid_after_utc))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -199,13 +234,12 @@ def _issue(
         )
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()), critical=False
         )
         .sign(ca.key, hashes.SHA256())
     )
-    return Issued(certificate, key)
 
 
 def _host_name(host: str) -> x509.GeneralName:

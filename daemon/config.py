@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import shlex
 from pathlib import Path
@@ -121,6 +122,26 @@ class LocalAgentSettings(StrictModel):
     compile_cache: bool = False
 
 
+class JoinSettings(StrictModel):
+    """Hosts join with a token (`trainerctl tokens create`) instead of copied files: the coordinator signs
+    their node certificates with the CA's key. Needs tls."""
+
+    # Where joining agents (which have no certificate yet) reach the coordinator: TLS with its certificate,
+    # no client certificate, the Bootstrap service alone.
+    listen: Address
+    # The CA's private key (`trainerd certs init` wrote it as ca.key beside ca.crt). Whoever reads it can
+    # make any certificate of the cluster: keep it readable by trainerd's user alone.
+    ca_key_file: str
+    # How long a node certificate issued to a joining or renewing agent is valid (from an hour before it is
+    # made, for hosts whose clock is behind); agents renew theirs over their session once less than a third
+    # of this is left.
+    certificate_days: float = Field(default=30.0, ge=0.05, le=825.0)
+
+    @property
+    def certificate_validity(self) -> datetime.timedelta:
+        return datetime.timedelta(days=self.certificate_days)
+
+
 # Hosts a listener binds on every address of its family.
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 
@@ -138,13 +159,16 @@ class ClusterSettings(StrictModel):
     tls: TlsSettings | None = None
     # ... unless this says, in so many words, that the cluster's network is trusted with plain text.
     insecure: bool = False
+    # Joining hosts with a token; none: only with files made by `trainerd certs node`.
+    join: JoinSettings | None = None
 
     @model_validator(mode="after")
     def _one_listener_per_address(self) -> "ClusterSettings":
         """trainerd's own listeners (the coordinator's, its metrics', the embedded etcd's) each need an address
         of their own; a wildcard host (0.0.0.0, ::) takes its port on every address."""
         listeners = {"coordinator.listen": self.coordinator.listen,
-                     "coordinator.metrics_listen": self.coordinator.metrics_listen}
+                     "coordinator.metrics_listen": self.coordinator.metrics_listen,
+                     "join.listen": None if self.join is None else self.join.listen}
         if not self.etcd.endpoints:
             listeners |= {"etcd.client_listen": self.etcd.client_listen, "etcd.peer_listen": self.etcd.peer_listen}
         seen: dict[tuple[str, int], str] = {}
@@ -160,6 +184,8 @@ class ClusterSettings(StrictModel):
 
     @model_validator(mode="after")
     def _secure_unless_loopback(self) -> "ClusterSettings":
+        if self.join is not None and self.tls is None:
+            raise ValueError("join needs tls: a joining host gets a certificate of the cluster's CA")
         if self.tls is not None and self.insecure:
             raise ValueError("tls and insecure: true contradict each other: leave one out")
         if self.tls is not None and self.local_agents:
@@ -408,6 +434,10 @@ def load_cluster_config(path: str | Path) -> ClusterConfig:
         tls = tls.model_copy(update={key: str(config.resolve(getattr(tls, key)))
                                      for key in ("ca_file", "cert_file", "key_file")})
         config = config.model_copy(update={"cluster": config.cluster.model_copy(update={"tls": tls})})
+    join = config.cluster.join
+    if join is not None:
+        join = join.model_copy(update={"ca_key_file": str(config.resolve(join.ca_key_file))})
+        config = config.model_copy(update={"cluster": config.cluster.model_copy(update={"join": join})})
     if config.job is None:
         return config
     # Workers on every node get this path: make it absolute once, here.

@@ -30,6 +30,7 @@ from daemon.leader import LeaderElection, LeaderRecord, Leadership, LeadershipLo
 from daemon.liveness import LivenessTracker
 from daemon.log_relay import LogChunk, LogRelay
 from daemon.membership import DeviceInfo, Membership, NodeRecord
+from daemon.node_authority import KnownCertificate
 from daemon.node_checks import NodeChecks
 from daemon.pass_guard import PassGuard
 from daemon.read_lag import ReadLag
@@ -107,6 +108,8 @@ class AgentSession:
         # Whether the agent sent anything after its Hello: until then it may never have had the Welcome.
         self.confirmed = False
         self.next_welcome_wait_s = 0.0  # from its Hello: see `Coordinator.close_session`
+        # The client certificate it opened with (None without TLS): revoking it closes the session.
+        self.certificate: KnownCertificate | None = None
 
 
 @dataclass(frozen=True)
@@ -685,6 +688,12 @@ class Coordinator:
         turn_s = min(retry_after_s, MAX_RETRY_AFTER_S)  # an agent honours no more (HelloAdmission names any)
         for_s = RETRY_AFTER_SPREAD * turn_s + hello.next_welcome_wait_s + self._liveness.grace_s
         self._liveness.at_the_door(hello.node_name, for_s)
+
+    def open_sessions(self) -> list[AgentSession]:
+        return list(self._sessions.values())
+
+    def session_of(self, node: str) -> AgentSession | None:
+        return self._sessions.get(node)
 
     def close_session(self, session: AgentSession) -> None:
         """The session's stream ended. A session whose agent sent nothing after its Hello gives the node

@@ -40,7 +40,7 @@ from daemon.job.commands import (
     RequestExitCommand,
     StopCommand,
 )
-from daemon.job.controller import JobView
+from daemon.job.controller import CommandRefused, JobView
 from daemon.job.goodput import Phase
 from daemon.job.observation import (
     GUARD_NOTICES,
@@ -51,6 +51,7 @@ from daemon.job.observation import (
     SkippedBatch,
     WorkerNotice,
 )
+from daemon.join_services import NodeDesk
 from daemon.log_relay import MAX_LOG_READ_BYTES, LogChunk
 from daemon.membership import DeviceInfo
 from daemon.message_checks import MAX_RANK, MalformedMessage
@@ -269,8 +270,10 @@ def command_to_proto(command: object) -> pb.CoordinatorMessage:
 class CoordinatorService(pb_grpc.CoordinatorServicer):
     def __init__(self, coordinator: Coordinator, max_sessions: int = DEFAULT_MAX_SESSIONS,
                  admission: HelloAdmission | None = None, clock: Clock | None = None,
-                 gate: OpeningGate | None = None) -> None:
+                 gate: OpeningGate | None = None, desk: NodeDesk | None = None) -> None:
+        """`desk`: node certificates (revocations, renewals); None without TLS."""
         self._coordinator = coordinator
+        self._desk = desk
         self._max_sessions = max_sessions
         self._admission = admission or HelloAdmission(clock or SystemClock())
         self._gate = gate or OpeningGate(clock or SystemClock())
@@ -317,9 +320,13 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a session must start with Hello")
         hello = hello_from_proto(first.hello)
         require_node(hello.node_name)
+        certificate = None if self._desk is None else self._desk.admit(context, hello.node_name)
         try:
             async with self._gate.opening_session():
-                return await self._welcome(context, hello)
+                session, outbox = await self._welcome(context, hello)
+                if self._desk is not None:
+                    self._desk.welcomed(session, certificate)
+                return session, outbox
         except HelloDeferred as deferred:
             self._coordinator.at_the_door(hello, deferred.retry_after_s)
             raise
@@ -460,6 +467,10 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             result = message.node_check_result
             coordinator.node_check_result(session, result.check_id, result.passed,
                                           escaped(check.text(result.detail, 1000, "detail")))
+        elif kind == "renew_certificate":
+            if self._desk is None:
+                raise MalformedMessage("a certificate renewal without TLS")
+            self._desk.renew(session, message.renew_certificate.csr_pem)
         elif kind == "hello":
             raise MalformedMessage("a second Hello")
         else:
@@ -513,8 +524,10 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
 
 class ControlService(pb_grpc.ControlServicer):
-    def __init__(self, coordinator: Coordinator) -> None:
+    def __init__(self, coordinator: Coordinator, desk: NodeDesk | None = None) -> None:
+        """`desk`: join tokens and revocations; None without TLS."""
         self._coordinator = coordinator
+        self._desk = desk
 
     async def ListEvents(self, request: pb.EventsRequest, context: grpc.aio.ServicerContext) -> pb.EventsReply:
         """A page: the oldest `limit` (0: EVENTS_PAGE) events after `after_seq`; ask again after the last."""
@@ -560,3 +573,24 @@ class ControlService(pb_grpc.ControlServicer):
         entries = await self._coordinator.skips()
         return pb.SkipsReply(skips=[pb.SkipEntry(start=e.start, end=e.end, reason=e.reason, step=e.step,
                                                  generation=e.generation, id=e.id) for e in entries])
+
+    async def CreateToken(self, request: pb.CreateTokenRequest,
+                          context: grpc.aio.ServicerContext) -> pb.CreateTokenReply:
+        return await self._node_desk(context).create_token(request)
+
+    async def ListTokens(self, request: pb.ListTokensRequest, context: grpc.aio.ServicerContext) -> pb.ListTokensReply:
+        return await self._node_desk(context).list_tokens()
+
+    async def DeleteToken(self, request: pb.DeleteTokenRequest, context: grpc.aio.ServicerContext) -> pb.CommandReply:
+        return pb.CommandReply(message=await self._node_desk(context).delete_token(request.id))
+
+    async def RevokeNode(self, request: pb.RevokeNodeRequest, context: grpc.aio.ServicerContext) -> pb.CommandReply:
+        if not re.fullmatch(NODE_NAME_PATTERN, request.node):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{request.node[:80]!r} is not a node name")
+        return pb.CommandReply(message=await self._node_desk(context).revoke(request.node))
+
+    def _node_desk(self, context: grpc.aio.ServicerContext) -> NodeDesk:
+        if self._desk is None:
+            raise CommandRefused("this coordinator serves no TLS: node certificates, join tokens and revocations "
+                                 "need cluster.tls")
+        return self._desk

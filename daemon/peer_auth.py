@@ -46,8 +46,10 @@ class Access(enum.Enum):
 
 METHOD_ACCESS: dict[str, Access] = {
     "/trainerd.v1.Coordinator/Session": Access.NODE,
-    **{f"/trainerd.v1.Control/{name}": Access.READ for name in ("GetStatus", "ListEvents", "ReadLog", "ListSkips")},
-    **{f"/trainerd.v1.Control/{name}": Access.WRITE for name in ("Pause", "Resume", "SetDrain", "AddSkip")},
+    **{f"/trainerd.v1.Control/{name}": Access.READ for name in ("GetStatus", "ListEvents", "ReadLog", "ListSkips",
+                                                                "ListTokens")},
+    **{f"/trainerd.v1.Control/{name}": Access.WRITE for name in ("Pause", "Resume", "SetDrain", "AddSkip",
+                                                                 "CreateToken", "DeleteToken", "RevokeNode")},
     "/grpc.health.v1.Health/Check": Access.ANY,
     "/grpc.health.v1.Health/Watch": Access.ANY,
 }

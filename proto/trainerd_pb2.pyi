@@ -260,7 +260,7 @@ class WorkerWarning(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., text: _Optional[str] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "heartbeat", "process_started", "process_exited", "progress", "bad_batch", "stopped", "checkpoint_saved", "log_data", "node_check_result", "checkpoint_failed", "guard_notice", "worker_warning")
+    __slots__ = ("hello", "heartbeat", "process_started", "process_exited", "progress", "bad_batch", "stopped", "checkpoint_saved", "log_data", "node_check_result", "checkpoint_failed", "guard_notice", "worker_warning", "renew_certificate")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     PROCESS_STARTED_FIELD_NUMBER: _ClassVar[int]
@@ -274,6 +274,7 @@ class AgentMessage(_message.Message):
     CHECKPOINT_FAILED_FIELD_NUMBER: _ClassVar[int]
     GUARD_NOTICE_FIELD_NUMBER: _ClassVar[int]
     WORKER_WARNING_FIELD_NUMBER: _ClassVar[int]
+    RENEW_CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     heartbeat: Heartbeat
     process_started: ProcessStarted
@@ -287,7 +288,14 @@ class AgentMessage(_message.Message):
     checkpoint_failed: CheckpointFailed
     guard_notice: GuardNotice
     worker_warning: WorkerWarning
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., process_started: _Optional[_Union[ProcessStarted, _Mapping]] = ..., process_exited: _Optional[_Union[ProcessExited, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., bad_batch: _Optional[_Union[BadBatch, _Mapping]] = ..., stopped: _Optional[_Union[Stopped, _Mapping]] = ..., checkpoint_saved: _Optional[_Union[CheckpointSaved, _Mapping]] = ..., log_data: _Optional[_Union[LogData, _Mapping]] = ..., node_check_result: _Optional[_Union[NodeCheckResult, _Mapping]] = ..., checkpoint_failed: _Optional[_Union[CheckpointFailed, _Mapping]] = ..., guard_notice: _Optional[_Union[GuardNotice, _Mapping]] = ..., worker_warning: _Optional[_Union[WorkerWarning, _Mapping]] = ...) -> None: ...
+    renew_certificate: RenewCertificate
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., process_started: _Optional[_Union[ProcessStarted, _Mapping]] = ..., process_exited: _Optional[_Union[ProcessExited, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., bad_batch: _Optional[_Union[BadBatch, _Mapping]] = ..., stopped: _Optional[_Union[Stopped, _Mapping]] = ..., checkpoint_saved: _Optional[_Union[CheckpointSaved, _Mapping]] = ..., log_data: _Optional[_Union[LogData, _Mapping]] = ..., node_check_result: _Optional[_Union[NodeCheckResult, _Mapping]] = ..., checkpoint_failed: _Optional[_Union[CheckpointFailed, _Mapping]] = ..., guard_notice: _Optional[_Union[GuardNotice, _Mapping]] = ..., worker_warning: _Optional[_Union[WorkerWarning, _Mapping]] = ..., renew_certificate: _Optional[_Union[RenewCertificate, _Mapping]] = ...) -> None: ...
+
+class RenewCertificate(_message.Message):
+    __slots__ = ("csr_pem",)
+    CSR_PEM_FIELD_NUMBER: _ClassVar[int]
+    csr_pem: bytes
+    def __init__(self, csr_pem: _Optional[bytes] = ...) -> None: ...
 
 class NodeCheckResult(_message.Message):
     __slots__ = ("check_id", "passed", "detail")
@@ -469,7 +477,7 @@ class CheckpointNow(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("welcome", "launch", "stop", "checkpoint_now", "request_exit", "read_log", "heartbeat_ack", "node_check")
+    __slots__ = ("welcome", "launch", "stop", "checkpoint_now", "request_exit", "read_log", "heartbeat_ack", "node_check", "revocations", "node_certificate")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     LAUNCH_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
@@ -478,6 +486,8 @@ class CoordinatorMessage(_message.Message):
     READ_LOG_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_ACK_FIELD_NUMBER: _ClassVar[int]
     NODE_CHECK_FIELD_NUMBER: _ClassVar[int]
+    REVOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    NODE_CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     launch: Launch
     stop: Stop
@@ -486,7 +496,103 @@ class CoordinatorMessage(_message.Message):
     read_log: ReadLog
     heartbeat_ack: HeartbeatAck
     node_check: NodeCheck
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., launch: _Optional[_Union[Launch, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., checkpoint_now: _Optional[_Union[CheckpointNow, _Mapping]] = ..., request_exit: _Optional[_Union[RequestExit, _Mapping]] = ..., read_log: _Optional[_Union[ReadLog, _Mapping]] = ..., heartbeat_ack: _Optional[_Union[HeartbeatAck, _Mapping]] = ..., node_check: _Optional[_Union[NodeCheck, _Mapping]] = ...) -> None: ...
+    revocations: Revocations
+    node_certificate: NodeCertificate
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., launch: _Optional[_Union[Launch, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., checkpoint_now: _Optional[_Union[CheckpointNow, _Mapping]] = ..., request_exit: _Optional[_Union[RequestExit, _Mapping]] = ..., read_log: _Optional[_Union[ReadLog, _Mapping]] = ..., heartbeat_ack: _Optional[_Union[HeartbeatAck, _Mapping]] = ..., node_check: _Optional[_Union[NodeCheck, _Mapping]] = ..., revocations: _Optional[_Union[Revocations, _Mapping]] = ..., node_certificate: _Optional[_Union[NodeCertificate, _Mapping]] = ...) -> None: ...
+
+class Revocations(_message.Message):
+    __slots__ = ("serials",)
+    SERIALS_FIELD_NUMBER: _ClassVar[int]
+    serials: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, serials: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class NodeCertificate(_message.Message):
+    __slots__ = ("certificate_pem",)
+    CERTIFICATE_PEM_FIELD_NUMBER: _ClassVar[int]
+    certificate_pem: bytes
+    def __init__(self, certificate_pem: _Optional[bytes] = ...) -> None: ...
+
+class CreateTokenRequest(_message.Message):
+    __slots__ = ("ttl_s", "uses")
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    USES_FIELD_NUMBER: _ClassVar[int]
+    ttl_s: float
+    uses: int
+    def __init__(self, ttl_s: _Optional[float] = ..., uses: _Optional[int] = ...) -> None: ...
+
+class CreateTokenReply(_message.Message):
+    __slots__ = ("token", "expires_at", "ca_pin", "join_address", "coordinators")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    CA_PIN_FIELD_NUMBER: _ClassVar[int]
+    JOIN_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    COORDINATORS_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    expires_at: float
+    ca_pin: str
+    join_address: str
+    coordinators: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, token: _Optional[str] = ..., expires_at: _Optional[float] = ..., ca_pin: _Optional[str] = ..., join_address: _Optional[str] = ..., coordinators: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListTokensRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TokenInfo(_message.Message):
+    __slots__ = ("id", "created_at", "expires_at", "uses_left")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    USES_LEFT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    created_at: float
+    expires_at: float
+    uses_left: int
+    def __init__(self, id: _Optional[str] = ..., created_at: _Optional[float] = ..., expires_at: _Optional[float] = ..., uses_left: _Optional[int] = ...) -> None: ...
+
+class ListTokensReply(_message.Message):
+    __slots__ = ("tokens",)
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedCompositeFieldContainer[TokenInfo]
+    def __init__(self, tokens: _Optional[_Iterable[_Union[TokenInfo, _Mapping]]] = ...) -> None: ...
+
+class DeleteTokenRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class RevokeNodeRequest(_message.Message):
+    __slots__ = ("node",)
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    def __init__(self, node: _Optional[str] = ...) -> None: ...
+
+class AuthorityRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class AuthorityReply(_message.Message):
+    __slots__ = ("ca_pem",)
+    CA_PEM_FIELD_NUMBER: _ClassVar[int]
+    ca_pem: bytes
+    def __init__(self, ca_pem: _Optional[bytes] = ...) -> None: ...
+
+class JoinRequest(_message.Message):
+    __slots__ = ("token", "node_name", "csr_pem")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    CSR_PEM_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    node_name: str
+    csr_pem: bytes
+    def __init__(self, token: _Optional[str] = ..., node_name: _Optional[str] = ..., csr_pem: _Optional[bytes] = ...) -> None: ...
+
+class JoinReply(_message.Message):
+    __slots__ = ("certificate_pem",)
+    CERTIFICATE_PEM_FIELD_NUMBER: _ClassVar[int]
+    certificate_pem: bytes
+    def __init__(self, certificate_pem: _Optional[bytes] = ...) -> None: ...
 
 class LogRequest(_message.Message):
     __slots__ = ("rank", "generation", "offset", "max_bytes")

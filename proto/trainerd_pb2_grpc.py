@@ -157,6 +157,26 @@ class ControlStub:
                 request_serializer=proto_dot_trainerd__pb2.LogRequest.SerializeToString,
                 response_deserializer=proto_dot_trainerd__pb2.LogReply.FromString,
                 _registered_method=True)
+        self.CreateToken = channel.unary_unary(
+                '/trainerd.v1.Control/CreateToken',
+                request_serializer=proto_dot_trainerd__pb2.CreateTokenRequest.SerializeToString,
+                response_deserializer=proto_dot_trainerd__pb2.CreateTokenReply.FromString,
+                _registered_method=True)
+        self.ListTokens = channel.unary_unary(
+                '/trainerd.v1.Control/ListTokens',
+                request_serializer=proto_dot_trainerd__pb2.ListTokensRequest.SerializeToString,
+                response_deserializer=proto_dot_trainerd__pb2.ListTokensReply.FromString,
+                _registered_method=True)
+        self.DeleteToken = channel.unary_unary(
+                '/trainerd.v1.Control/DeleteToken',
+                request_serializer=proto_dot_trainerd__pb2.DeleteTokenRequest.SerializeToString,
+                response_deserializer=proto_dot_trainerd__pb2.CommandReply.FromString,
+                _registered_method=True)
+        self.RevokeNode = channel.unary_unary(
+                '/trainerd.v1.Control/RevokeNode',
+                request_serializer=proto_dot_trainerd__pb2.RevokeNodeRequest.SerializeToString,
+                response_deserializer=proto_dot_trainerd__pb2.CommandReply.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -212,6 +232,30 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateToken(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTokens(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteToken(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeNode(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -254,6 +298,26 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.ReadLog,
                     request_deserializer=proto_dot_trainerd__pb2.LogRequest.FromString,
                     response_serializer=proto_dot_trainerd__pb2.LogReply.SerializeToString,
+            ),
+            'CreateToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateToken,
+                    request_deserializer=proto_dot_trainerd__pb2.CreateTokenRequest.FromString,
+                    response_serializer=proto_dot_trainerd__pb2.CreateTokenReply.SerializeToString,
+            ),
+            'ListTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTokens,
+                    request_deserializer=proto_dot_trainerd__pb2.ListTokensRequest.FromString,
+                    response_serializer=proto_dot_trainerd__pb2.ListTokensReply.SerializeToString,
+            ),
+            'DeleteToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteToken,
+                    request_deserializer=proto_dot_trainerd__pb2.DeleteTokenRequest.FromString,
+                    response_serializer=proto_dot_trainerd__pb2.CommandReply.SerializeToString,
+            ),
+            'RevokeNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeNode,
+                    request_deserializer=proto_dot_trainerd__pb2.RevokeNodeRequest.FromString,
+                    response_serializer=proto_dot_trainerd__pb2.CommandReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -474,6 +538,241 @@ class Control:
             '/trainerd.v1.Control/ReadLog',
             proto_dot_trainerd__pb2.LogRequest.SerializeToString,
             proto_dot_trainerd__pb2.LogReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainerd.v1.Control/CreateToken',
+            proto_dot_trainerd__pb2.CreateTokenRequest.SerializeToString,
+            proto_dot_trainerd__pb2.CreateTokenReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainerd.v1.Control/ListTokens',
+            proto_dot_trainerd__pb2.ListTokensRequest.SerializeToString,
+            proto_dot_trainerd__pb2.ListTokensReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainerd.v1.Control/DeleteToken',
+            proto_dot_trainerd__pb2.DeleteTokenRequest.SerializeToString,
+            proto_dot_trainerd__pb2.CommandReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainerd.v1.Control/RevokeNode',
+            proto_dot_trainerd__pb2.RevokeNodeRequest.SerializeToString,
+            proto_dot_trainerd__pb2.CommandReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class BootstrapStub:
+    """---------------------------------------------------------------- joining a host
+
+    Served on cluster.join.listen, over TLS with the coordinator's certificate but no client certificate: a
+    joining agent has none yet. The agent trusts it once the CA it names hashes to the pin it was given.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.GetAuthority = channel.unary_unary(
+                '/trainerd.v1.Bootstrap/GetAuthority',
+                request_serializer=proto_dot_trainerd__pb2.AuthorityRequest.SerializeToString,
+                response_deserializer=proto_dot_trainerd__pb2.AuthorityReply.FromString,
+                _registered_method=True)
+        self.Join = channel.unary_unary(
+                '/trainerd.v1.Bootstrap/Join',
+                request_serializer=proto_dot_trainerd__pb2.JoinRequest.SerializeToString,
+                response_deserializer=proto_dot_trainerd__pb2.JoinReply.FromString,
+                _registered_method=True)
+
+
+class BootstrapServicer:
+    """---------------------------------------------------------------- joining a host
+
+    Served on cluster.join.listen, over TLS with the coordinator's certificate but no client certificate: a
+    joining agent has none yet. The agent trusts it once the CA it names hashes to the pin it was given.
+    """
+
+    def GetAuthority(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Join(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_BootstrapServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'GetAuthority': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAuthority,
+                    request_deserializer=proto_dot_trainerd__pb2.AuthorityRequest.FromString,
+                    response_serializer=proto_dot_trainerd__pb2.AuthorityReply.SerializeToString,
+            ),
+            'Join': grpc.unary_unary_rpc_method_handler(
+                    servicer.Join,
+                    request_deserializer=proto_dot_trainerd__pb2.JoinRequest.FromString,
+                    response_serializer=proto_dot_trainerd__pb2.JoinReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'trainerd.v1.Bootstrap', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('trainerd.v1.Bootstrap', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Bootstrap:
+    """---------------------------------------------------------------- joining a host
+
+    Served on cluster.join.listen, over TLS with the coordinator's certificate but no client certificate: a
+    joining agent has none yet. The agent trusts it once the CA it names hashes to the pin it was given.
+    """
+
+    @staticmethod
+    def GetAuthority(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainerd.v1.Bootstrap/GetAuthority',
+            proto_dot_trainerd__pb2.AuthorityRequest.SerializeToString,
+            proto_dot_trainerd__pb2.AuthorityReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Join(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainerd.v1.Bootstrap/Join',
+            proto_dot_trainerd__pb2.JoinRequest.SerializeToString,
+            proto_dot_trainerd__pb2.JoinReply.FromString,
             options,
             channel_credentials,
             insecure,

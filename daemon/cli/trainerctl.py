@@ -341,6 +341,75 @@ def undrain(options: GlobalOptions, name: str) -> None:
     click.echo(call_control(_coordinators(options), "SetDrain", pb.DrainRequest(node=name, drained=False)).message)
 
 
+@nodes.command()
+@click.argument("name")
+@click.pass_obj
+def revoke(options: GlobalOptions, name: str) -> None:
+    """Revoke NAME's certificates: its session closes, and the coordinators and the other agents refuse them
+    from now on. The host joins again only with a new token."""
+    click.echo(call_control(_coordinators(options), "RevokeNode", pb.RevokeNodeRequest(node=name)).message)
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    """Seconds in `value`: a number with s, m, h or d (90m, 1h, 2d)."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        seconds = float(value[:-1]) * units[value[-1]]
+    except (KeyError, ValueError, IndexError):
+        raise click.BadParameter(f"{value!r} is not a duration: a number and s, m, h or d (90m, 1h)") from None
+    if seconds <= 0:
+        raise click.BadParameter(f"{value!r} is not a duration of more than 0 s")
+    return seconds
+
+
+@cli.group()
+def tokens() -> None:
+    """Join tokens: a new host joins with one instead of files copied from the head host."""
+
+
+@tokens.command("create")
+@click.option("--ttl", default="1h", show_default=True, callback=_duration, help="How long it can be used.")
+@click.option("--uses", type=click.IntRange(min=1), help="How many hosts may join with it (default: any).")
+@click.pass_obj
+def tokens_create(options: GlobalOptions, ttl: float, uses: int | None) -> None:
+    """Make a join token and print the command that joins a host with it. The token is a secret: whoever
+    holds it can take a node certificate until it expires or is spent."""
+    reply = call_control(_coordinators(options), "CreateToken", pb.CreateTokenRequest(ttl_s=ttl, uses=uses or 0))
+    expires = datetime.datetime.fromtimestamp(reply.expires_at).strftime("%Y-%m-%d %H:%M:%S")
+    click.echo(f"join token {reply.token.split('.')[0]}, valid until {expires}, "
+               f"{uses or 'any number of'} use(s); on the new host run:")
+    click.echo(f"trainerd-agent --join {reply.token} --join-address {reply.join_address} "
+               f"--coordinator {','.join(reply.coordinators)} --ca-hash {reply.ca_pin} --node-name NAME")
+
+
+@tokens.command("list")
+@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.pass_obj
+def tokens_list(options: GlobalOptions, output: str) -> None:
+    """The live join tokens (their ids: the secrets are not kept)."""
+    reply = call_control(_coordinators(options), "ListTokens", pb.ListTokensRequest())
+    entries = [{"id": t.id, "created_at": t.created_at, "expires_at": t.expires_at,
+                "uses_left": None if t.uses_left < 0 else t.uses_left} for t in reply.tokens]
+    if output == "json":
+        click.echo(json.dumps(entries, indent=2))
+        return
+    table = Table(title=f"join tokens ({len(entries)})")
+    for column in ("id", "expires", "uses left"):
+        table.add_column(column)
+    for entry in entries:
+        expires = datetime.datetime.fromtimestamp(entry["expires_at"]).strftime("%Y-%m-%d %H:%M:%S")
+        table.add_row(entry["id"], expires, "any" if entry["uses_left"] is None else str(entry["uses_left"]))
+    Console().print(table)
+
+
+@tokens.command("delete")
+@click.argument("token_id", metavar="ID")
+@click.pass_obj
+def tokens_delete(options: GlobalOptions, token_id: str) -> None:
+    """Delete join token ID (the part before the dot): no host joins with it from now on."""
+    click.echo(call_control(_coordinators(options), "DeleteToken", pb.DeleteTokenRequest(id=token_id)).message)
+
+
 def _sample_range(ctx, param, value: str) -> tuple[int, int]:
     start, sep, end = value.partition(":")
     try:

@@ -12,9 +12,10 @@ import sys
 
 import click
 
+from common.cert_identity import CertificateError
 from common.config_file import ConfigError
 from common.tls_files import read_tls_files
-from daemon.app import ListenError, TrainerdApp, install_stop_signals
+from daemon.app import ListenError, TrainerdApp, install_stop_signals, load_join_ca
 from daemon.cli.certs_commands import certs
 from daemon.cli.command_groups import PointingGroup
 from daemon.config import load_cluster_config
@@ -47,7 +48,8 @@ def start(cluster_file: str, log_level: str) -> None:
             tls_settings, cluster_file, ("cluster.tls.ca_file", "cluster.tls.cert_file", "cluster.tls.key_file"))
         if tls is not None and tls_settings is not None and not config.cluster.etcd.endpoints:
             check_serving_certificate(tls, tls_settings, config.cluster.etcd.client_listen, cluster_file)
-    except ConfigError as exc:
+        join_ca = load_join_ca(config)
+    except (ConfigError, CertificateError) as exc:
         raise StartRefused(str(exc)) from exc
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s trainerd %(name)s: %(message)s")
@@ -57,7 +59,7 @@ def start(cluster_file: str, log_level: str) -> None:
     async def serve() -> None:
         stop = asyncio.Event()
         install_stop_signals(stop)
-        await TrainerdApp(config, tls).run(stop)
+        await TrainerdApp(config, tls, join_ca).run(stop)
 
     try:
         asyncio.run(serve())

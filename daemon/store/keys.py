@@ -7,6 +7,10 @@ ROOT = "/trainerd/v1/"
 LEADER = ROOT + "leader"
 NODES = ROOT + "nodes/"
 JOBS = ROOT + "jobs/"
+JOIN_TOKENS = ROOT + "join_tokens/"
+# Node certificates the coordinator issued (by node name) and those revoked (by serial): daemon/node_authority.py.
+NODE_CERTIFICATES = ROOT + "node_certificates/"
+REVOKED = ROOT + "revoked_certificates/"
 
 
 def node(name: str) -> str:
@@ -68,3 +72,15 @@ def node_event(job_name: str, seq: int) -> str:
 
 def job_goodput(job_name: str) -> str:
     return job(job_name) + "goodput"
+
+
+def join_token(token_id: str) -> str:
+    return JOIN_TOKENS + token_id
+
+
+def node_certificates(name: str) -> str:
+    return NODE_CERTIFICATES + name
+
+
+def revoked(serial: str) -> str:
+    return REVOKED + serial

@@ -23,6 +23,7 @@ from agent.peer_copier import PeerCopier
 from agent.peer_service import PeerServer
 from agent.snapshot_reports import read_report
 from agent.thread_priority import BACKGROUND_NICENESS
+from common.cert_identity import serial_of
 from common.tls_files import TlsFiles
 from daemon.certs import Issued, make_ca, make_node_certificate, make_operator_certificate
 from proto import trainerd_pb2 as pb
@@ -117,6 +118,22 @@ def test_the_server_admits_only_node_certificates_of_its_ca(tmp_path: Path, ca: 
     stranger = client_of(TlsFiles(ca.certificate_pem(), impostor.certificate_pem(), impostor.key_pem()))
     with pytest.raises(SnapshotAssemblyError, match="UNAVAILABLE"):
         stranger.list_snapshots(peer, JOB, 10)
+
+
+def test_the_server_refuses_revoked_certificates_from_the_next_call_on(tmp_path: Path, ca: Issued, client_of) -> None:
+    server = PeerServer(holder_memory(tmp_path, 1), "127.0.0.1", tls_of(ca, make_node_certificate(ca, SERVER_NODE)))
+    port = server.start()
+    try:
+        peer = pb.PeerAgent(node=SERVER_NODE, address=f"127.0.0.1:{port}")
+        revoked_certificate = make_node_certificate(ca, "n0")
+        revoked, other = client_of(tls_of(ca, revoked_certificate)), client_of(tls_of(ca, make_node_certificate(ca, "n2")))
+        assert revoked.list_snapshots(peer, JOB, 10)
+        server.refuse(frozenset({serial_of(revoked_certificate.certificate_pem())}))
+        with pytest.raises(SnapshotAssemblyError, match="PERMISSION_DENIED.*node n0 is revoked"):
+            revoked.list_snapshots(peer, JOB, 10)
+        assert other.list_snapshots(peer, JOB, 10)
+    finally:
+        server.stop()
 
 
 def test_a_client_refuses_a_server_presenting_another_nodes_certificate(tmp_path: Path, ca: Issued, serve,

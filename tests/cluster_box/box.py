@@ -8,6 +8,8 @@
 - Two coordinators (`trainerd start --cluster`) listening on the bridge's address over mutual TLS, with
   certificates from `trainerd certs`; the test talks to them with an operator certificate.
 - The checkpoint directory is a small tmpfs, so the disk can be filled.
+- With `join=True` no node file is made or copied: the coordinators serve cluster.join, and each agent joins
+  with the command line a join token comes with (docs/cluster/joining.md), then starts from what it kept.
 
 Use it as a context manager (tests/integration/test_chaos.py has the fixture): `close` kills every
 process, unmounts the tmpfs and removes every namespace, link and the bridge even when the test failed,
@@ -112,7 +114,7 @@ class ClusterBox:
 
     def __init__(self, tmp_path: Path, *, hosts: int = 3, job: Callable[[ClusterBox], dict] | None = None,
                  heartbeat_interval_s: float = 0.5, heartbeat_timeout_s: float = 2.0,
-                 checkpoint_fs_mb: int = 64) -> None:
+                 checkpoint_fs_mb: int = 64, join: bool = False) -> None:
         self.network = Network()
         self.root = tmp_path / self.network.tag  # every process's command line names the owner's tag
         self.checkpoint_dir = self.root / "checkpoints"
@@ -121,6 +123,8 @@ class ClusterBox:
         self._host_count = hosts
         self._job = job
         self._checkpoint_fs_mb = checkpoint_fs_mb
+        self._join = join
+        self.join_flags: list[str] = []  # what `trainerctl tokens create` printed, without --node-name
         self.procs = Processes(self.root)
         self.hosts: list[BoxHost] = []
         self.coordinators: list[BoxCoordinator] = []
@@ -159,6 +163,8 @@ class ClusterBox:
         for index in range(2):
             self._start_coordinator(f"c{index}", job)
         wait_until(self.leader, 60, "a leading coordinator", on_timeout=self.procs.logs)
+        if self._join:
+            self.join_flags = self.create_token(uses=self._host_count)
         for _ in range(self._host_count):
             self._add_host()
 
@@ -206,6 +212,9 @@ class ClusterBox:
             "tls": {"ca_file": str(self._pki / "ca.crt"), "cert_file": str(self._pki / "coordinator.crt"),
                     "key_file": str(self._pki / "coordinator.key")},
         }
+        if self._join:
+            cluster["join"] = {"listen": f"{self.network.gateway}:{free_port()}",
+                               "ca_key_file": str(self._pki / "ca.key")}
         path = self.root / f"{name}.yaml"
         path.write_text(yaml.safe_dump({"cluster": cluster, **({} if job is None else {"job": job})}))
         self.coordinators.append(BoxCoordinator(name, address, self.procs.trainerd(name, path)))
@@ -215,7 +224,8 @@ class ClusterBox:
         name = f"h{len(self.hosts)}"
         host = BoxHost(name, net, self.root / "agents" / name)
         self.hosts.append(host)
-        self._certs("node", name)
+        if not self._join:
+            self._certs("node", name)
         for coordinator in self.coordinators:
             gateway, port = coordinator.address.rsplit(":", 1)
             host.relays.append(TcpRelay((gateway, int(port)), netns=net.namespace).start())
@@ -229,14 +239,33 @@ class ClusterBox:
         its relays."""
         env = {"TRAINERD_CACERT": str(self._pki / "ca.crt"), "TRAINERD_CERT": str(self._pki / f"{host.name}.crt"),
                "TRAINERD_KEY": str(self._pki / f"{host.name}.key")}
+        join: list[str] = []
+        if self._join:  # the token's command line, the coordinators through the relays; later starts the same
+            env = {}
+            at = self.join_flags.index("--coordinator")
+            join = self.join_flags[:at] + self.join_flags[at + 2:]
         host.agent = self.procs.start(host.name, [
             "ip", "netns", "exec", host.net.namespace, str(BIN / "trainerd-agent"),
             "--coordinator", ",".join(r.address for r in host.relays), "--node-name", host.name,
             "--host", host.address, "--cpu-devices", "1", "--work-dir", str(host.work_dir),
             "--memory-dir", str(self.memory_root / host.name), "--log-level", "DEBUG",
             "--compile-cache",  # the jobs here step a Cell (the examples' Model.train and TrainStep)
+            *join,
         ], env)
         return host.agent
+
+    def create_token(self, uses: int) -> list[str]:
+        """A join token, as `trainerctl tokens create` prints its command: the flags of trainerd-agent."""
+        leader = self.leader()
+        assert leader is not None
+        reply = self._control(leader).CreateToken(pb.CreateTokenRequest(ttl_s=600, uses=uses), timeout=10)
+        return ["--join", reply.token, "--join-address", reply.join_address,
+                "--coordinator", ",".join(reply.coordinators), "--ca-hash", reply.ca_pin]
+
+    def revoke(self, host: BoxHost) -> str:
+        leader = self.leader()
+        assert leader is not None
+        return self._control(leader).RevokeNode(pb.RevokeNodeRequest(node=host.name), timeout=10).message
 
     # ------------------------------------------------------------ looking
 

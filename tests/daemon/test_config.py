@@ -226,6 +226,10 @@ TLS = "  tls: {ca_file: pki/ca.crt, cert_file: pki/coordinator.crt, key_file: pk
     ("cluster:\n  local_agents: 2\n" + TLS, "cluster: local_agents connect without certificates"),
     ("cluster:\n  tls: {ca_file: ca.crt, cert_file: c.crt}\n", "cluster.tls.key_file: Field required"),
     ("cluster:\n  insecure: 'yes'\n", "cluster.insecure: Input should be a valid boolean"),
+    ("cluster:\n  join: {listen: '127.0.0.1:7421', ca_key_file: ca.key}\n", "cluster: join needs tls"),
+    ("cluster:\n  join: {listen: '127.0.0.1:7420', ca_key_file: ca.key}\n" + TLS,
+     "cluster: join.listen 127.0.0.1:7420 is the address of coordinator.listen too"),
+    ("cluster:\n  join: {listen: '127.0.0.1:7421'}\n" + TLS, "cluster.join.ca_key_file: Field required"),
 ])
 def test_a_listener_off_loopback_needs_tls_or_insecure_in_so_many_words(
     tmp_path: Path, text: str, expected: str
@@ -255,6 +259,12 @@ def test_tls_files_are_taken_from_the_cluster_files_directory(tmp_path: Path) ->
     assert config.cluster.tls is not None
     assert (config.cluster.tls.ca_file, config.cluster.tls.key_file) == (
         str(tmp_path / "pki/ca.crt"), str(tmp_path / "pki/coordinator.key"))
+
+
+def test_the_ca_key_of_join_is_taken_from_the_cluster_files_directory(tmp_path: Path) -> None:
+    config = load_cluster_config(write(tmp_path, "cluster:\n  join: {listen: '0.0.0.0:7421', ca_key_file: pki/ca.key}\n"
+                                       + TLS))
+    assert config.cluster.join is not None and config.cluster.join.ca_key_file == str(tmp_path / "pki/ca.key")
 
 
 @pytest.mark.parametrize("text", [

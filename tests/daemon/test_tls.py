@@ -34,10 +34,12 @@ from tests.waiting import wait_until
 
 RPC_TIMEOUT_S = 5.0
 READS = {"GetStatus": pb.StatusRequest(), "ListEvents": pb.EventsRequest(), "ListSkips": pb.SkipsRequest(),
-         "ReadLog": pb.LogRequest(rank=0, max_bytes=100)}
+         "ReadLog": pb.LogRequest(rank=0, max_bytes=100), "ListTokens": pb.ListTokensRequest()}
 WRITES = {"Pause": pb.PauseRequest(), "Resume": pb.ResumeRequest(),
           "SetDrain": pb.DrainRequest(node="n1", drained=True),
-          "AddSkip": pb.AddSkipRequest(start=1, end=2, reason="x")}
+          "AddSkip": pb.AddSkipRequest(start=1, end=2, reason="x"),
+          "CreateToken": pb.CreateTokenRequest(ttl_s=60, uses=1), "DeleteToken": pb.DeleteTokenRequest(id="abc123"),
+          "RevokeNode": pb.RevokeNodeRequest(node="n1")}
 
 
 def trainerd(*argv: str) -> None:
@@ -151,9 +153,10 @@ def run(coro):
 
 def test_every_method_of_the_coordinator_is_in_the_access_table() -> None:
     """A new RPC is refused to every certificate until the table says who may call it. (SnapshotPeer is
-    served by agents, to node certificates only: agent/peer_service.py.)"""
+    served by agents, to node certificates only: agent/peer_service.py; Bootstrap on the join listener alone,
+    to clients without certificates: daemon/app.py bootstrap_server.)"""
     methods = {f"/{service.full_name}/{method.name}" for service in pb.DESCRIPTOR.services_by_name.values()
-               if service.name != "SnapshotPeer" for method in service.methods}
+               if service.name not in ("SnapshotPeer", "Bootstrap") for method in service.methods}
     assert methods - set(METHOD_ACCESS) == set()
     assert {name for name, access in METHOD_ACCESS.items() if access is Access.READ} == {
         f"/trainerd.v1.Control/{name}" for name in READS}
