@@ -9,10 +9,8 @@ import math
 import os
 import signal
 import socket
-from wsgiref.simple_server import WSGIServer
 
 import grpc
-import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from common.cert_identity import names_host
@@ -20,7 +18,7 @@ from common.clock import SystemClock
 from common.config_file import parse_host_port
 from common.grpc_keepalive import keepalive_options
 from common.listen_check import why_cannot_listen
-from common.tls_files import TlsFiles, TlsSettings
+from common.tls_files import TlsFiles
 from daemon import metrics
 from daemon.admission import OpeningGate
 from daemon.config import WILDCARD_HOSTS, ClusterConfig
@@ -32,6 +30,7 @@ from daemon.grpc_errors import ErrorStatusInterceptor
 from daemon.grpc_services import DEFAULT_MAX_SESSIONS, ControlService, CoordinatorService
 from daemon.leader import LeaderRecord
 from daemon.local_agents import LocalAgents
+from daemon.metrics_listener import start_metrics_server
 from daemon.peer_auth import PeerAuthorizationInterceptor
 from daemon.store.etcd import EtcdStore
 from proto import trainerd_pb2_grpc as pb_grpc
@@ -98,19 +97,6 @@ def add_listener(server: grpc.aio.Server, address: str, tls: TlsFiles | None) ->
     if tls is None:
         return server.add_insecure_port(address)
     return server.add_secure_port(address, tls.server_credentials())
-
-
-def start_metrics_server(address: str, tls: TlsSettings | None) -> WSGIServer:
-    """Prometheus `/metrics` on `address`, served by a thread; with TLS over HTTPS with the coordinator's
-    certificate, for scrapers with a client certificate of the CA (an operator's, a read-only one will do)."""
-    host, port = parse_host_port(address)
-    if tls is None:
-        server, _ = prometheus_client.start_http_server(port, addr=host)
-    else:
-        server, _ = prometheus_client.start_http_server(port, addr=host, certfile=tls.cert_file,
-                                                        keyfile=tls.key_file, client_cafile=tls.ca_file,
-                                                        client_auth_required=True)
-    return server
 
 
 # Allocations (net of deallocations) between two collections of the youngest generation while serving;

@@ -7,6 +7,7 @@ for its node, that handshakes without a certificate of the cluster's CA fail, an
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import urllib.request
 from collections.abc import AsyncIterator
@@ -21,9 +22,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from common.cert_identity import names_host
 from common.tls_files import TlsFiles, TlsSettings, read_tls_files
-from daemon.app import add_listener, grpc_server, start_metrics_server
+from daemon.app import add_listener, grpc_server
 from daemon.cli.trainerd_main import cli as trainerd_cli
 from daemon.grpc_services import DEFAULT_MAX_SESSIONS, ControlService, CoordinatorService
+from daemon.metrics_listener import start_metrics_server
 from daemon.peer_auth import METHOD_ACCESS, STREAMS_PER_CERTIFICATE, Access
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
@@ -362,6 +364,25 @@ def test_metrics_over_https_need_a_client_certificate_of_the_cluster(pki: Path, 
         for refused in (client(), client(other_pki, "alice")):
             with pytest.raises(OSError):  # the handshake's alert, or the connection it closes
                 fetch_metrics(port, refused)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_idle_connection_to_metrics_stalls_no_scrape_and_is_closed_after_the_timeout(pki: Path) -> None:
+    """Issue 47: prometheus_client's server did the TLS handshake in its accept loop, so one TCP connection
+    that never sent a byte stalled every scrape after it for as long as it stayed open."""
+    port = free_port()
+    tls = TlsSettings(ca_file=str(pki / "ca.crt"), cert_file=str(pki / "coordinator.crt"),
+                      key_file=str(pki / "coordinator.key"))
+    server = start_metrics_server(f"127.0.0.1:{port}", tls, timeout_s=1.0)
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    context.load_cert_chain(pki / "bob.crt", pki / "bob.key")
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as idle:
+            assert "trainerd_" in fetch_metrics(port, context)  # 5 s at most, while the idle one is open
+            assert idle.recv(1) == b""  # its handshake gave up, and the server closed it
+            assert "trainerd_" in fetch_metrics(port, context)
     finally:
         server.shutdown()
         server.server_close()
