@@ -25,6 +25,7 @@ from agent.job_workdir import is_plain_job_name
 from agent.memory_snapshots import MemorySnapshotDir
 from agent.thread_priority import lower_this_threads_priority
 from common.cert_identity import CertificateError, PeerKind, peer_identity, serves_as_node
+from common.grpc_keepalive import handshake_options
 from common.listen_check import why_cannot_listen
 from common.tls_files import TlsFiles
 from proto import trainerd_pb2 as pb
@@ -67,7 +68,7 @@ class PeerServer:
                                initializer=lower_this_threads_priority),
             maximum_concurrent_rpcs=MAX_QUEUED_RPCS,
             options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
-                     ("grpc.max_send_message_length", CHUNK_BYTES + 1024)],
+                     ("grpc.max_send_message_length", CHUNK_BYTES + 1024), *handshake_options()],
         )
         pb_grpc.add_SnapshotPeerServicer_to_server(_Servicer(self._memory, self._tls is not None), server)
         if self._tls is None:

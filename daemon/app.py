@@ -16,7 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from common.cert_identity import names_host
 from common.clock import SystemClock
 from common.config_file import parse_host_port
-from common.grpc_keepalive import keepalive_options
+from common.grpc_keepalive import handshake_options, keepalive_options
 from common.listen_check import why_cannot_listen
 from common.tls_files import TlsFiles
 from daemon import metrics
@@ -53,6 +53,7 @@ SERVER_OPTIONS = [
     *keepalive_options(ping_every_s=10, answer_within_s=20, without_calls=True),
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.so_reuseport", 0),
+    *handshake_options(),
 ]
 
 

@@ -21,6 +21,7 @@ from click.testing import CliRunner
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from common.cert_identity import names_host
+from common.grpc_keepalive import HANDSHAKE_TIMEOUT_S
 from common.tls_files import TlsFiles, TlsSettings, read_tls_files
 from daemon.app import add_listener, grpc_server
 from daemon.cli.trainerd_main import cli as trainerd_cli
@@ -164,7 +165,7 @@ async def health_check(address: str, credentials: grpc.ChannelCredentials) -> An
 
 
 def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 60))
+    return asyncio.run(asyncio.wait_for(coro, 90))
 
 
 def test_every_method_of_the_coordinator_is_in_the_access_table() -> None:
@@ -340,6 +341,21 @@ def test_health_watch_streams_count_toward_a_certificates_share(pki: Path) -> No
                                                       f"here, the most one certificate may; retry when one has ended")
     assert refused_watch == full and refused_session == full
     assert welcomed == Answer(grpc.StatusCode.OK, "welcome")
+
+
+def test_a_connection_that_never_completes_its_handshake_is_closed(pki: Path) -> None:
+    """gRPC waits 120 s for a handshake by default; the coordinator waits HANDSHAKE_TIMEOUT_S (the test's
+    hard limit is far below gRPC's default and far above ours)."""
+    async def scenario() -> bytes:
+        async with tls_coordinator(pki) as (address, _):
+            host, port = address.rsplit(":", 1)
+            reader, writer = await asyncio.open_connection(host, int(port))
+            try:
+                return await asyncio.wait_for(reader.read(1), 6 * HANDSHAKE_TIMEOUT_S)
+            finally:
+                writer.close()
+
+    assert run(scenario()) == b""
 
 
 def fetch_metrics(port: int, context: ssl.SSLContext) -> str:
