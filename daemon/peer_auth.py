@@ -23,6 +23,7 @@ import contextlib
 import enum
 import functools
 import inspect
+import logging
 from contextvars import ContextVar
 from typing import Any
 
@@ -33,6 +34,9 @@ from common.cert_identity import CertificateError, PeerIdentity, PeerKind, peer_
 from common.stream_quota import QuotaExceeded, StreamQuota
 from daemon.errors import PermanentError, RetryableError
 from daemon.method_handlers import Behavior, WrappingInterceptor
+from daemon.rate_limited_log import RateLimitedLog
+
+log = logging.getLogger(__name__)
 
 # How long a refused stream's first message is waited for (_take_first_message): an agent writes its Hello
 # at once.
@@ -118,7 +122,7 @@ async def _take_first_message(context: grpc.aio.ServicerContext) -> None:
             await context.read()
 
 
-def _checked(behavior: Behavior, method: str, quota: StreamQuota) -> Behavior:
+def _checked(behavior: Behavior, method: str, quota: StreamQuota, warnings: RateLimitedLog) -> Behavior:
     """`behavior`, run only after `authorize` admitted the call, and for a stream of STREAMS only while
     the certificate holds no more than its share of them; a coroutine finds the identity in _PEER (an
     async generator, Health/Watch, needs none)."""
@@ -128,6 +132,7 @@ def _checked(behavior: Behavior, method: str, quota: StreamQuota) -> Behavior:
             try:
                 held.enter_context(quota.held(identity, f"{identity.kind.value} {identity.name}"))
             except QuotaExceeded as exc:
+                warnings.warning(identity.uri, "refused a %s stream: %s", method.rsplit("/", 1)[-1], exc)
                 raise TooManyStreams(str(exc)) from None
         return identity
 
@@ -162,4 +167,5 @@ class PeerAuthorizationInterceptor(WrappingInterceptor):
     certificates."""
 
     def __init__(self, streams_per_certificate: int = STREAMS_PER_CERTIFICATE) -> None:
-        super().__init__(functools.partial(_checked, quota=StreamQuota(streams_per_certificate)))
+        super().__init__(functools.partial(_checked, quota=StreamQuota(streams_per_certificate),
+                                           warnings=RateLimitedLog(log)))

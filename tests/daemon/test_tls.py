@@ -286,7 +286,7 @@ async def answer_of(call) -> Answer:
     return Answer(grpc.StatusCode.OK, "")
 
 
-def test_one_node_certificate_holding_idle_streams_does_not_lock_another_node_out(pki: Path) -> None:
+def test_one_node_certificate_holding_idle_streams_does_not_lock_another_node_out(pki: Path, caplog) -> None:
     """Issue 47: streams that never send a Hello count toward max_sessions (until their Hello times out), and
     while one node held them all, a restarted real agent was refused RESOURCE_EXHAUSTED, went LOST, and the
     job WAITING. One certificate now holds at most its share; the refusal of the rest says so."""
@@ -312,6 +312,9 @@ def test_one_node_certificate_holding_idle_streams_does_not_lock_another_node_ou
     assert refused == [Answer(grpc.StatusCode.RESOURCE_EXHAUSTED,
                               f"node n1 already has {STREAMS_PER_CERTIFICATE} calls open here, the most one "
                               f"certificate may; retry when one has ended")] * (max_sessions - STREAMS_PER_CERTIFICATE)
+    warned = [r.getMessage() for r in caplog.records if r.name == "daemon.peer_auth"]
+    assert warned == [f"refused a Session stream: node n1 already has {STREAMS_PER_CERTIFICATE} calls open here, "
+                      f"the most one certificate may; retry when one has ended"]  # once a minute at most
 
 
 def test_health_watch_streams_count_toward_a_certificates_share(pki: Path) -> None:
