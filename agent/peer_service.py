@@ -149,8 +149,8 @@ class _Servicer(pb_grpc.SnapshotPeerServicer):
 
     @contextmanager
     def _admitted(self, context: grpc.ServicerContext) -> Iterator[None]:
-        """With TLS, only a node of the generation named last may read the snapshots, and only with its
-        share of the calls (PERMISSION_DENIED, RESOURCE_EXHAUSTED otherwise)."""
+        """With TLS, only a node (PERMISSION_DENIED otherwise) of the generation named last (FAILED_PRECONDITION)
+        may read the snapshots, and only with its share of the calls (RESOURCE_EXHAUSTED)."""
         if not self._require_node:
             yield
             return
@@ -161,17 +161,18 @@ class _Servicer(pb_grpc.SnapshotPeerServicer):
             identity = peer_identity(certificates[0])
             if identity.kind is not PeerKind.NODE:
                 raise CertificateError(f"{identity.kind.value} {identity.name} is not a node")
-            with self._lock:
-                generation, peers = self._generation, self._peers
-            if identity.name not in peers:
-                raise CertificateError(f"node {identity.name} is not of generation {generation}, the one this agent "
-                                       f"was launched in last" if generation else
-                                       f"this agent has not been launched since it started, so node {identity.name} "
-                                       f"is of no generation of it")
         except CertificateError as exc:
             log.warning("refused a snapshot peer call from %s: %s", context.peer(), exc)
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"only agents of its generation may read snapshots: "
-                                                             f"{exc}")
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"only agents may read snapshots: {exc}")
+        with self._lock:
+            generation, peers = self._generation, self._peers
+        if identity.name not in peers:
+            # FAILED_PRECONDITION, not PERMISSION_DENIED: the Launch naming it may still be on its way here.
+            log.warning("refused a snapshot peer call of node %s: not of generation %d", identity.name, generation)
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"node {identity.name} is not of generation {generation}, the one this agent was launched "
+                          f"in last" if generation else f"this agent has not been launched since it started, so node "
+                          f"{identity.name} is of no generation of it")
         with ExitStack() as held:
             try:
                 held.enter_context(self._quota.held(identity, f"node {identity.name}"))

@@ -22,7 +22,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from agent.config import AgentConfig
 from agent.main import Agent
 from agent.memory_snapshots import HostScope, MemorySnapshotDir, Snapshot, SnapshotAssemblyError, step_dir_name
-from agent.peer_client import PeerClient
+from agent.peer_client import NotServedYet, PeerClient
 from agent.peer_copier import PeerCopier
 from agent.peer_service import MAX_QUEUED_RPCS, PEER_CALLS_PER_CERTIFICATE, PeerServer
 from agent.snapshot_reports import read_report
@@ -134,20 +134,20 @@ def test_only_the_nodes_of_the_generation_launched_last_are_served(tmp_path: Pat
     peer = pb.PeerAgent(node=SERVER_NODE, address=f"127.0.0.1:{server.start()}")
     n0, n9 = (client_of(tls_of(ca, make_node_certificate(ca, name))) for name in ("n0", "n9"))
     try:
-        with pytest.raises(SnapshotAssemblyError, match="PERMISSION_DENIED: only agents of its generation may read "
-                                                        "snapshots: this agent has not been launched since it started"):
+        with pytest.raises(SnapshotAssemblyError, match="FAILED_PRECONDITION: this agent has not been launched since "
+                                                        "it started, so node n0 is of no generation of it"):
             n0.list_snapshots(peer, JOB, 10)
         server.serve_generation(3, ("n0", SERVER_NODE))
         assert n0.list_snapshots(peer, JOB, 10)
-        with pytest.raises(SnapshotAssemblyError, match="PERMISSION_DENIED: .*node n9 is not of generation 3, the one "
+        with pytest.raises(SnapshotAssemblyError, match="FAILED_PRECONDITION: node n9 is not of generation 3, the one "
                                                         "this agent was launched in last"):
             n9.list_snapshots(peer, JOB, 10)
-        with pytest.raises(SnapshotAssemblyError, match="PERMISSION_DENIED: .*node n9 is not of generation 3"):
+        with pytest.raises(NotServedYet, match="FAILED_PRECONDITION: node n9 is not of generation 3"):
             n9.fetch_rank(peer, JOB, 50, 1, tmp_path, 10)
         server.serve_generation(4, ("n9",))
         server.serve_generation(3, ("n0",))  # a Launch of the older generation, redelivered late
         assert n9.list_snapshots(peer, JOB, 10)
-        with pytest.raises(SnapshotAssemblyError, match="PERMISSION_DENIED: .*node n0 is not of generation 4"):
+        with pytest.raises(SnapshotAssemblyError, match="FAILED_PRECONDITION: node n0 is not of generation 4"):
             n0.list_snapshots(peer, JOB, 10)
     finally:
         server.stop()
@@ -169,7 +169,7 @@ def test_the_agent_serves_the_nodes_its_launch_names(tmp_path: Path, ca: Issued,
         return listed
 
     try:
-        with pytest.raises(SnapshotAssemblyError, match="PERMISSION_DENIED"):  # no Launch yet
+        with pytest.raises(SnapshotAssemblyError, match="FAILED_PRECONDITION"):  # no Launch yet
             n0.list_snapshots(peer, JOB, 10)
         assert [s.step for s in run(scenario())] == [50]
     finally:
