@@ -81,6 +81,8 @@ class Agent:
     def on_command(self, message: pb.CoordinatorMessage) -> None:
         kind = message.WhichOneof("body")
         if kind == "launch":
+            if self._peer_server is not None:  # before any peer of the generation asks for a snapshot
+                self._peer_server.serve_generation(message.launch.generation, message.launch.peer_nodes)
             self._spawn(self.supervisor.launch(message.launch))
         elif kind == "stop":
             self._spawn(self.supervisor.stop(message.stop))

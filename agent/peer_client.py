@@ -33,6 +33,11 @@ from trainer.checkpoint.rank_file import rank_file_name
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+class NotServedYet(SnapshotAssemblyError):
+    """The holder does not serve this node: its newest Launch named another generation's nodes (the Launch of
+    this one may not have reached it yet)."""
+
+
 class PeerClient:
     """One channel per holder, kept until `close`; `tls`: this agent's node certificate (None: plain)."""
 
@@ -80,7 +85,8 @@ class PeerClient:
                 raise SnapshotAssemblyError("its files are not whole once written")
         except grpc.RpcError as exc:
             _unlink(written)
-            raise SnapshotAssemblyError(f"cannot fetch {where}: {_status(exc)}") from None
+            error = NotServedYet if exc.code() is grpc.StatusCode.FAILED_PRECONDITION else SnapshotAssemblyError
+            raise error(f"cannot fetch {where}: {_status(exc)}") from None
         except (SnapshotAssemblyError, OSError) as exc:
             _unlink(written)
             raise SnapshotAssemblyError(f"cannot fetch {where}: {exc}") from None

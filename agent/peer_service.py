@@ -4,8 +4,11 @@ other agents of the cluster, which copy them (agent/peer_copier.py) or fetch the
 A synchronous gRPC server on a few threads of its own, so that streaming files never holds up the agent's
 asyncio loop; the pool's size bounds the streams served at once, and its threads run at the lowest CPU
 priority (agent/thread_priority.py). With TLS it listens on `host` and admits
-only clients whose certificate (verified against the cluster's CA) is a node's; without TLS it listens on
-loopback only, whatever `host` says: snapshots hold the whole model. Every request comes from the network:
+only clients whose certificate (verified against the cluster's CA) is that of a node of the generation this
+agent was last launched in (`Launch.peer_nodes`, handed to `serve_generation`; none before the first
+Launch), each with at most PEER_CALLS_PER_CERTIFICATE calls at once, so that a certificate of another
+generation reads nothing and one node's stalled fetches cannot take the pool from the others; without TLS
+it listens on loopback only, whatever `host` says: snapshots hold the whole model. Every request comes from the network:
 the job name must be a plain directory name, the step and rank in range, and the files are opened from the
 memory root down without following any link.
 """
@@ -15,8 +18,10 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import grpc
@@ -25,7 +30,9 @@ from agent.job_workdir import is_plain_job_name
 from agent.memory_snapshots import MemorySnapshotDir
 from agent.thread_priority import lower_this_threads_priority
 from common.cert_identity import CertificateError, PeerKind, peer_identity, serial_of, serves_as_node
+from common.grpc_keepalive import handshake_options
 from common.listen_check import why_cannot_listen
+from common.stream_quota import QuotaExceeded, StreamQuota
 from common.tls_files import TlsFiles
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
@@ -37,6 +44,8 @@ MAX_RANK = 1 << 20
 WORKERS = 4               # streams served at once
 MAX_QUEUED_RPCS = 4 * WORKERS  # calls beyond this are refused (RESOURCE_EXHAUSTED) rather than queued
 MAX_REQUEST_BYTES = 4096  # a request holds a job name and three numbers
+# A peer fetches one file at a time: its copier's and a relaunch's fetch may overlap.
+PEER_CALLS_PER_CERTIFICATE = 2
 _FILE_KINDS = (pb.PEER_FILE_DATA, pb.PEER_FILE_REPORT)
 _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -47,7 +56,6 @@ class PeerServer:
     (None: loopback only)."""
 
     def __init__(self, memory: MemorySnapshotDir, host: str, tls: TlsFiles | None, port: int = 0) -> None:
-        self._memory = memory
         self._host = host
         self._tls = tls
         self._port = port
@@ -57,6 +65,10 @@ class PeerServer:
     def refuse(self, serials: frozenset[str]) -> None:
         """The cluster's revoked certificates (the coordinator's Revocations): refused from the next call on."""
         self._servicer.revoked = serials
+
+    def serve_generation(self, generation: int, nodes: Iterable[str]) -> None:
+        """Serve the nodes of `generation` (a Launch's `peer_nodes`) from now on, unless a newer one was named."""
+        self._servicer.serve_generation(generation, frozenset(nodes))
 
     def start(self) -> int:
         """Listen and serve; returns the port bound, or 0 when the node certificate was made before node
@@ -72,7 +84,7 @@ class PeerServer:
                                initializer=lower_this_threads_priority),
             maximum_concurrent_rpcs=MAX_QUEUED_RPCS,
             options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
-                     ("grpc.max_send_message_length", CHUNK_BYTES + 1024)],
+                     ("grpc.max_send_message_length", CHUNK_BYTES + 1024), *handshake_options()],
         )
         pb_grpc.add_SnapshotPeerServicer_to_server(self._servicer, server)
         if self._tls is None:
@@ -107,34 +119,46 @@ class _Servicer(pb_grpc.SnapshotPeerServicer):
         self._require_node = require_node
         # Replaced whole from the agent's loop, read by the server's threads: no lock needed.
         self.revoked: frozenset[str] = frozenset()
+        self._quota = StreamQuota(PEER_CALLS_PER_CERTIFICATE)
+        self._lock = threading.Lock()
+        self._generation = 0
+        self._peers: frozenset[str] = frozenset()
+
+    def serve_generation(self, generation: int, nodes: frozenset[str]) -> None:
+        with self._lock:
+            if generation >= self._generation:
+                self._generation, self._peers = generation, nodes
 
     def ListSnapshots(self, request: pb.PeerListRequest, context: grpc.ServicerContext) -> pb.PeerListReply:
-        self._admit(context)
-        _check_job(request.job_name, context)
-        # Pin first: the workers' newest complete step is copied within a poll of being written, not a
-        # heartbeat later (the agent pins at each heartbeat otherwise).
-        self._memory.newest(request.job_name)
-        return pb.PeerListReply(own=self._memory.own_snapshots(request.job_name))
+        with self._admitted(context):
+            _check_job(request.job_name, context)
+            # Pin first: the workers' newest complete step is copied within a poll of being written, not a
+            # heartbeat later (the agent pins at each heartbeat otherwise).
+            self._memory.newest(request.job_name)
+            return pb.PeerListReply(own=self._memory.own_snapshots(request.job_name))
 
     def FetchFile(self, request: pb.PeerFetchRequest, context: grpc.ServicerContext) -> Iterator[pb.PeerChunk]:
-        self._admit(context)
-        _check_job(request.job_name, context)
-        if request.step < 0 or not 0 <= request.rank < MAX_RANK or request.kind not in _FILE_KINDS:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"step {request.step}, rank {request.rank} or file "
-                                                            f"kind {request.kind} out of range")
-        path = self._memory.rank_file(request.job_name, request.step, request.rank, request.kind)
-        fd = None if path is None else _open_below(self._memory.root, path)
-        if fd is None:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"step {request.step} of rank {request.rank} of job "
-                                                     f"{request.job_name} is not pinned here")
-        assert fd is not None  # abort raises
-        with os.fdopen(fd, "rb", buffering=0) as f:
-            while chunk := f.read(CHUNK_BYTES):
-                yield pb.PeerChunk(data=chunk)
+        with self._admitted(context):
+            _check_job(request.job_name, context)
+            if request.step < 0 or not 0 <= request.rank < MAX_RANK or request.kind not in _FILE_KINDS:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"step {request.step}, rank {request.rank} or "
+                                                                f"file kind {request.kind} out of range")
+            path = self._memory.rank_file(request.job_name, request.step, request.rank, request.kind)
+            fd = None if path is None else _open_below(self._memory.root, path)
+            if fd is None:
+                context.abort(grpc.StatusCode.NOT_FOUND, f"step {request.step} of rank {request.rank} of job "
+                                                         f"{request.job_name} is not pinned here")
+            assert fd is not None  # abort raises
+            with os.fdopen(fd, "rb", buffering=0) as f:
+                while chunk := f.read(CHUNK_BYTES):
+                    yield pb.PeerChunk(data=chunk)
 
-    def _admit(self, context: grpc.ServicerContext) -> None:
-        """With TLS, only another agent (a node certificate) may read the snapshots."""
+    @contextmanager
+    def _admitted(self, context: grpc.ServicerContext) -> Iterator[None]:
+        """With TLS, only a node (PERMISSION_DENIED otherwise) of the generation named last (FAILED_PRECONDITION)
+        may read the snapshots, and only with its share of the calls (RESOURCE_EXHAUSTED)."""
         if not self._require_node:
+            yield
             return
         certificates = context.auth_context().get("x509_pem_cert", [])
         try:
@@ -148,6 +172,21 @@ class _Servicer(pb_grpc.SnapshotPeerServicer):
         except CertificateError as exc:
             log.warning("refused a snapshot peer call from %s: %s", context.peer(), exc)
             context.abort(grpc.StatusCode.PERMISSION_DENIED, f"only agents may read snapshots: {exc}")
+        with self._lock:
+            generation, peers = self._generation, self._peers
+        if identity.name not in peers:
+            # FAILED_PRECONDITION, not PERMISSION_DENIED: the Launch naming it may still be on its way here.
+            log.warning("refused a snapshot peer call of node %s: not of generation %d", identity.name, generation)
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"node {identity.name} is not of generation {generation}, the one this agent was launched "
+                          f"in last" if generation else f"this agent has not been launched since it started, so node "
+                          f"{identity.name} is of no generation of it")
+        with ExitStack() as held:
+            try:
+                held.enter_context(self._quota.held(identity, f"node {identity.name}"))
+            except QuotaExceeded as exc:
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            yield
 
 
 def _check_job(job: str, context: grpc.ServicerContext) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,7 @@ from agent.memory_snapshots import (
     MemorySnapshotDir,
     SnapshotAssemblyError,
 )
-from agent.peer_client import PeerClient
+from agent.peer_client import NotServedYet, PeerClient
 from agent.peer_copier import PeerCopier
 from proto import trainerd_pb2 as pb
 
@@ -46,6 +47,10 @@ log = logging.getLogger(__name__)
 
 # How long a relaunch waits for one rank's files from a peer before it gives up on the snapshot.
 FETCH_TIMEOUT_S = 120.0
+# A holder serves the nodes its newest Launch names, and the Launch of this generation is sent to it as to us:
+# when ours came first, its refusal (NotServedYet) is asked again a few times before the snapshot is given up.
+NOT_SERVED_ATTEMPTS = 10
+NOT_SERVED_PAUSE_S = 0.5
 
 
 class SnapshotUnavailable(Exception):
@@ -133,7 +138,13 @@ class SnapshotKeeper:
         def fetch(rank: int, directory: Path) -> None:
             if peers is None:
                 raise SnapshotAssemblyError("this agent serves no snapshot peers, so it fetches from none")
-            peers.fetch_rank(holders[rank], job, step, rank, directory, FETCH_TIMEOUT_S)
+            for attempt in range(NOT_SERVED_ATTEMPTS):
+                try:
+                    return peers.fetch_rank(holders[rank], job, step, rank, directory, FETCH_TIMEOUT_S)
+                except NotServedYet:
+                    if attempt == NOT_SERVED_ATTEMPTS - 1:
+                        raise
+                    threading.Event().wait(NOT_SERVED_PAUSE_S)
 
         try:
             return await asyncio.to_thread(self.memory.assemble, job, step, world_size, fetch)

@@ -8,6 +8,8 @@ keeps the connection, and a call on it waits for ever unless the transport pings
 SIGSTOPped saw its call end 70.0 s after the last answer with only `keepalive_timeout_ms=5000` set,
 15.0 s with `ping_timeout_ms=5000` beside it (tests/agent/test_coordinator_link.py and
 tests/store/test_etcd_store.py hold this). So both are set, to the same value.
+
+A server also ends a connection whose client never completes its TLS handshake (`handshake_options`).
 """
 
 from __future__ import annotations
@@ -23,3 +25,14 @@ def keepalive_options(ping_every_s: float, answer_within_s: float,
             ("grpc.keepalive_timeout_ms", answer_ms),
             ("grpc.http2.ping_timeout_ms", answer_ms),
             ("grpc.keepalive_permit_without_calls", int(without_calls))]
+
+
+# How long a server waits for a new connection's handshake: a TLS handshake takes a few round trips.
+HANDSHAKE_TIMEOUT_S = 10.0
+
+
+def handshake_options() -> list[tuple[str, int]]:
+    """End a server's connection whose client has not completed its handshake within HANDSHAKE_TIMEOUT_S.
+    gRPC does each handshake on its own, off the accept path, but waits 120 s by default: idle TCP
+    connections (a port scan, a stalled client) held their descriptors and memory that long."""
+    return [("grpc.server_handshake_timeout_ms", round(HANDSHAKE_TIMEOUT_S * 1000))]

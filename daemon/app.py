@@ -11,19 +11,17 @@ import signal
 import socket
 import time
 from pathlib import Path
-from wsgiref.simple_server import WSGIServer
 
 import grpc
-import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from common.ca_pin import ca_pin
 from common.cert_identity import names_host
 from common.clock import SystemClock
 from common.config_file import parse_host_port
-from common.grpc_keepalive import keepalive_options
+from common.grpc_keepalive import handshake_options, keepalive_options
 from common.listen_check import why_cannot_listen
-from common.tls_files import TlsFiles, TlsSettings
+from common.tls_files import TlsFiles
 from daemon import metrics
 from daemon.admission import OpeningGate
 from daemon.certs import LEAF_VALIDITY, Issued, load_ca_files
@@ -37,6 +35,7 @@ from daemon.grpc_services import DEFAULT_MAX_SESSIONS, ControlService, Coordinat
 from daemon.join_services import BootstrapService, JoinTerms, NodeDesk
 from daemon.leader import LeaderRecord
 from daemon.local_agents import LocalAgents
+from daemon.metrics_listener import start_metrics_server
 from daemon.node_authority import NodeAuthority
 from daemon.peer_auth import PeerAuthorizationInterceptor
 from daemon.store.etcd import EtcdStore
@@ -60,6 +59,7 @@ SERVER_OPTIONS = [
     *keepalive_options(ping_every_s=10, answer_within_s=20, without_calls=True),
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.so_reuseport", 0),
+    *handshake_options(),
 ]
 
 
@@ -137,19 +137,6 @@ def bootstrap_server(address: str, tls: TlsFiles, authority: NodeAuthority) -> g
     except RuntimeError as exc:
         raise ListenError(f"cannot listen on {address}: the address is in use or not local "
                           f"(cluster.join.listen)") from exc
-    return server
-
-
-def start_metrics_server(address: str, tls: TlsSettings | None) -> WSGIServer:
-    """Prometheus `/metrics` on `address`, served by a thread; with TLS over HTTPS with the coordinator's
-    certificate, for scrapers with a client certificate of the CA (an operator's, a read-only one will do)."""
-    host, port = parse_host_port(address)
-    if tls is None:
-        server, _ = prometheus_client.start_http_server(port, addr=host)
-    else:
-        server, _ = prometheus_client.start_http_server(port, addr=host, certfile=tls.cert_file,
-                                                        keyfile=tls.key_file, client_cafile=tls.ca_file,
-                                                        client_auth_required=True)
     return server
 
 

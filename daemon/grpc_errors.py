@@ -25,7 +25,7 @@ from daemon.job.skip_ledger import BadRange
 from daemon.job.state import IllegalTransition
 from daemon.leader import LeadershipLost
 from daemon.method_handlers import WrappingInterceptor
-from daemon.peer_auth import PermissionDenied
+from daemon.peer_auth import PermissionDenied, TooManyStreams
 from daemon.store.codec import BadValue
 from daemon.store.interface import StoreError, StoreUnavailable
 from proto.vocabulary import LEADER_ADDRESS_METADATA, RETRY_AFTER_MS_METADATA
@@ -77,6 +77,7 @@ STATUS_TABLE: dict[type[Exception], StatusRule] = {
     StoreError: StatusRule(grpc.StatusCode.UNAVAILABLE, lambda exc: f"etcd failed: {exc}"),
     SessionRefused: StatusRule(grpc.StatusCode.FAILED_PRECONDITION, str),
     PermissionDenied: StatusRule(grpc.StatusCode.PERMISSION_DENIED, str),
+    TooManyStreams: StatusRule(grpc.StatusCode.RESOURCE_EXHAUSTED, str),
     CommandRefused: StatusRule(grpc.StatusCode.FAILED_PRECONDITION, str),
     BadRange: StatusRule(grpc.StatusCode.INVALID_ARGUMENT, str),
     IllegalTransition: StatusRule(grpc.StatusCode.INTERNAL,

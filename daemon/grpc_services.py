@@ -247,6 +247,7 @@ def command_to_proto(command: object) -> pb.CoordinatorMessage:
                               for h in command.snapshot_sources],
             copy_from=None if command.copy_from is None else pb.PeerAgent(node=command.copy_from[0],
                                                                           address=command.copy_from[1]),
+            peer_nodes=list(command.peer_nodes),
         ))
     if isinstance(command, StopCommand):
         return pb.CoordinatorMessage(stop=pb.Stop(generation=command.generation, grace_s=command.grace_s,

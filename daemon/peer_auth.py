@@ -7,6 +7,11 @@ changing it a full (not read-only) operator certificate. A method missing from t
 a new RPC stays closed until someone decides who may call it. Once the Session servicer has read the
 Hello it calls `require_node`, so an agent speaks only for the node its certificate names.
 
+A certificate also gets a fair share of the server: at most STREAMS_PER_CERTIFICATE of the calls that stay
+open (STREAMS: an agent's Session, a probe's Health/Watch) at once, counted from before the Hello, so that one
+certificate's idle streams cannot hold `max_sessions` against every other node (common/stream_quota.py). One
+more is refused RESOURCE_EXHAUSTED.
+
 Without TLS (loopback, or `insecure: true`) the interceptor is not installed: there is no identity, and
 `require_node` lets every name through, as before certificates existed.
 """
@@ -16,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import inspect
+import logging
 from contextvars import ContextVar
 from typing import Any
 
@@ -24,17 +31,29 @@ import grpc
 from google.protobuf.message import Message
 
 from common.cert_identity import CertificateError, PeerIdentity, PeerKind, peer_identity
-from daemon.errors import PermanentError
+from common.stream_quota import QuotaExceeded, StreamQuota
+from daemon.errors import PermanentError, RetryableError
 from daemon.method_handlers import Behavior, WrappingInterceptor
+from daemon.rate_limited_log import RateLimitedLog
+
+log = logging.getLogger(__name__)
 
 # How long a refused stream's first message is waited for (_take_first_message): an agent writes its Hello
 # at once.
 FIRST_MESSAGE_WAIT_S = 5.0
+# Streams one certificate may hold open at once: an agent needs one Session, and a second while the coordinator
+# has not yet noticed that the connection of its first is gone; the rest is room for a probe's Health/Watch.
+STREAMS_PER_CERTIFICATE = 4
 
 
 class PermissionDenied(PermanentError):
     """The client's certificate does not allow this call: use a certificate of the right kind (node,
     operator, full operator) or for the right node."""
+
+
+class TooManyStreams(RetryableError):
+    """The client's certificate already holds as many streams open here as one certificate may: end one
+    (or wait until the coordinator notices that a connection is gone), then retry."""
 
 
 class Access(enum.Enum):
@@ -53,6 +72,9 @@ METHOD_ACCESS: dict[str, Access] = {
     "/grpc.health.v1.Health/Check": Access.ANY,
     "/grpc.health.v1.Health/Watch": Access.ANY,
 }
+
+# The methods whose calls stay open, counted against STREAMS_PER_CERTIFICATE.
+STREAMS = frozenset({"/trainerd.v1.Coordinator/Session", "/grpc.health.v1.Health/Watch"})
 
 # Whom the certificate of the call being served names; None without TLS.
 _PEER: ContextVar[PeerIdentity | None] = ContextVar("trainerd_peer", default=None)
@@ -102,38 +124,50 @@ async def _take_first_message(context: grpc.aio.ServicerContext) -> None:
             await context.read()
 
 
-def _checked(behavior: Behavior, method: str) -> Behavior:
-    """`behavior`, run only after `authorize` admitted the call; a coroutine finds the identity in _PEER
-    (an async generator, Health/Watch, needs none)."""
-    def peer(context: grpc.aio.ServicerContext) -> PeerIdentity:
-        return authorize(method, context.auth_context().get("x509_pem_cert", []))
+def _checked(behavior: Behavior, method: str, quota: StreamQuota, warnings: RateLimitedLog) -> Behavior:
+    """`behavior`, run only after `authorize` admitted the call, and for a stream of STREAMS only while
+    the certificate holds no more than its share of them; a coroutine finds the identity in _PEER (an
+    async generator, Health/Watch, needs none)."""
+    def admit(context: grpc.aio.ServicerContext, held: contextlib.ExitStack) -> PeerIdentity:
+        identity = authorize(method, context.auth_context().get("x509_pem_cert", []))
+        if method in STREAMS:
+            try:
+                held.enter_context(quota.held(identity, f"{identity.kind.value} {identity.name}"))
+            except QuotaExceeded as exc:
+                warnings.warning(identity.uri, "refused a %s stream: %s", method.rsplit("/", 1)[-1], exc)
+                raise TooManyStreams(str(exc)) from None
+        return identity
 
     if inspect.isasyncgenfunction(behavior):
         async def streaming(request: Any, context: grpc.aio.ServicerContext):
-            peer(context)
-            async for response in behavior(request, context):
-                yield response
+            with contextlib.ExitStack() as held:
+                admit(context, held)
+                async for response in behavior(request, context):
+                    yield response
         return streaming
 
     async def call(request: Any, context: grpc.aio.ServicerContext):
-        try:
-            identity = peer(context)
-        except PermissionDenied:
-            if not isinstance(request, Message):  # a request stream (an agent's Session)
-                await _take_first_message(context)
-            raise
-        token = _PEER.set(identity)
-        try:
-            return await behavior(request, context)
-        finally:
-            _PEER.reset(token)
+        with contextlib.ExitStack() as held:
+            try:
+                identity = admit(context, held)
+            except (PermissionDenied, TooManyStreams):
+                if not isinstance(request, Message):  # a request stream (an agent's Session)
+                    await _take_first_message(context)
+                raise
+            token = _PEER.set(identity)
+            try:
+                return await behavior(request, context)
+            finally:
+                _PEER.reset(token)
     return call
 
 
 class PeerAuthorizationInterceptor(WrappingInterceptor):
-    """Checks every call's client certificate against METHOD_ACCESS before the servicer runs. Install it
-    after ErrorStatusInterceptor (which then answers its PermissionDenied) and only on a TLS server that
-    requires client certificates."""
+    """Checks every call's client certificate against METHOD_ACCESS, and its open streams against
+    `streams_per_certificate`, before the servicer runs. Install it after ErrorStatusInterceptor (which then
+    answers its PermissionDenied and TooManyStreams) and only on a TLS server that requires client
+    certificates."""
 
-    def __init__(self) -> None:
-        super().__init__(_checked)
+    def __init__(self, streams_per_certificate: int = STREAMS_PER_CERTIFICATE) -> None:
+        super().__init__(functools.partial(_checked, quota=StreamQuota(streams_per_certificate),
+                                           warnings=RateLimitedLog(log)))

@@ -391,7 +391,7 @@ class SampleRange(_message.Message):
     def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class Launch(_message.Message):
-    __slots__ = ("generation", "job_name", "processes", "rank_table_json", "checkpoint_path", "skips", "workdir", "graceful_exit_file", "progress_pattern", "snapshot_sources", "copy_from")
+    __slots__ = ("generation", "job_name", "processes", "rank_table_json", "checkpoint_path", "skips", "workdir", "graceful_exit_file", "progress_pattern", "snapshot_sources", "copy_from", "peer_nodes")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     JOB_NAME_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
@@ -403,6 +403,7 @@ class Launch(_message.Message):
     PROGRESS_PATTERN_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_SOURCES_FIELD_NUMBER: _ClassVar[int]
     COPY_FROM_FIELD_NUMBER: _ClassVar[int]
+    PEER_NODES_FIELD_NUMBER: _ClassVar[int]
     generation: int
     job_name: str
     processes: _containers.RepeatedCompositeFieldContainer[ProcessSpec]
@@ -414,7 +415,8 @@ class Launch(_message.Message):
     progress_pattern: str
     snapshot_sources: _containers.RepeatedCompositeFieldContainer[SnapshotSource]
     copy_from: PeerAgent
-    def __init__(self, generation: _Optional[int] = ..., job_name: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[ProcessSpec, _Mapping]]] = ..., rank_table_json: _Optional[str] = ..., checkpoint_path: _Optional[str] = ..., skips: _Optional[_Iterable[_Union[SampleRange, _Mapping]]] = ..., workdir: _Optional[str] = ..., graceful_exit_file: _Optional[str] = ..., progress_pattern: _Optional[str] = ..., snapshot_sources: _Optional[_Iterable[_Union[SnapshotSource, _Mapping]]] = ..., copy_from: _Optional[_Union[PeerAgent, _Mapping]] = ...) -> None: ...
+    peer_nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, generation: _Optional[int] = ..., job_name: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[ProcessSpec, _Mapping]]] = ..., rank_table_json: _Optional[str] = ..., checkpoint_path: _Optional[str] = ..., skips: _Optional[_Iterable[_Union[SampleRange, _Mapping]]] = ..., workdir: _Optional[str] = ..., graceful_exit_file: _Optional[str] = ..., progress_pattern: _Optional[str] = ..., snapshot_sources: _Optional[_Iterable[_Union[SnapshotSource, _Mapping]]] = ..., copy_from: _Optional[_Union[PeerAgent, _Mapping]] = ..., peer_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PeerAgent(_message.Message):
     __slots__ = ("node", "address")

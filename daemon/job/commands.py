@@ -22,6 +22,8 @@ class LaunchCommand:
     # Resuming from an in-memory snapshot that spanned hosts: each rank's holder (node, SnapshotPeer address).
     snapshot_sources: tuple[SnapshotHolder, ...] = ()
     copy_from: tuple[str, str] | None = None  # the ring predecessor whose snapshots this node copies: node, address
+    # The generation's nodes: the only ones whose certificates this node's SnapshotPeer serves while it runs it.
+    peer_nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -828,7 +828,8 @@ class JobController:
                                     progress_pattern=self.spec.progress_pattern or "",
                                     snapshot_sources=() if generation.resume is None else generation.resume.holders,
                                     copy_from=(predecessor, peers[predecessor])
-                                    if peers_serve and predecessor is not None else None)
+                                    if peers_serve and predecessor is not None else None,
+                                    peer_nodes=tuple(placement.nodes))
             if self._send(node, command):
                 observation.launched.add(node)
 

@@ -3,6 +3,8 @@ on loopback, real mutual TLS with certificates of daemon.certs, real snapshot fi
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
 import logging
 import os
@@ -17,11 +19,14 @@ import numpy as np
 import pytest
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
+from agent.config import AgentConfig
+from agent.main import Agent
 from agent.memory_snapshots import HostScope, MemorySnapshotDir, Snapshot, SnapshotAssemblyError, step_dir_name
-from agent.peer_client import PeerClient
+from agent.peer_client import NotServedYet, PeerClient
 from agent.peer_copier import PeerCopier
-from agent.peer_service import PeerServer
+from agent.peer_service import MAX_QUEUED_RPCS, PEER_CALLS_PER_CERTIFICATE, PeerServer
 from agent.snapshot_reports import read_report
+from agent.systemd import SystemdNotifier
 from agent.thread_priority import BACKGROUND_NICENESS
 from common.cert_identity import serial_of
 from common.tls_files import TlsFiles
@@ -29,6 +34,7 @@ from daemon.certs import Issued, make_ca, make_node_certificate, make_operator_c
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
 from tests.agent.snapshot_files import TENSORS, host_snapshot
+from tests.agent.supervisor_fakes import Host, launch, run
 from tests.daemon.test_certs import hand_made
 from tests.ports import free_port
 from tests.waiting import wait_until
@@ -62,9 +68,12 @@ def serve() -> Iterator[Callable[..., int]]:
     """Start a PeerServer; every one started is stopped after the test."""
     servers: list[PeerServer] = []
 
-    def start(memory: MemorySnapshotDir, tls: TlsFiles | None, host: str = "127.0.0.1", port: int = 0) -> int:
+    def start(memory: MemorySnapshotDir, tls: TlsFiles | None, host: str = "127.0.0.1", port: int = 0,
+              peers: tuple[str, ...] = ("n0",)) -> int:
+        """`peers`: the nodes of the generation it serves."""
         server = PeerServer(memory, host, tls, port)
         servers.append(server)
+        server.serve_generation(3, peers)
         return server.start()
 
     yield start
@@ -123,6 +132,7 @@ def test_the_server_admits_only_node_certificates_of_its_ca(tmp_path: Path, ca: 
 def test_the_server_refuses_revoked_certificates_from_the_next_call_on(tmp_path: Path, ca: Issued, client_of) -> None:
     server = PeerServer(holder_memory(tmp_path, 1), "127.0.0.1", tls_of(ca, make_node_certificate(ca, SERVER_NODE)))
     port = server.start()
+    server.serve_generation(1, ("n0", "n2", SERVER_NODE))
     try:
         peer = pb.PeerAgent(node=SERVER_NODE, address=f"127.0.0.1:{port}")
         revoked_certificate = make_node_certificate(ca, "n0")
@@ -134,6 +144,83 @@ def test_the_server_refuses_revoked_certificates_from_the_next_call_on(tmp_path:
         assert other.list_snapshots(peer, JOB, 10)
     finally:
         server.stop()
+
+
+def test_only_the_nodes_of_the_generation_launched_last_are_served(tmp_path: Path, ca: Issued, client_of) -> None:
+    """Issue 47: SnapshotPeer served any node certificate of the cluster, for any job."""
+    server = PeerServer(holder_memory(tmp_path, 1), "127.0.0.1", tls_of(ca, make_node_certificate(ca, SERVER_NODE)))
+    peer = pb.PeerAgent(node=SERVER_NODE, address=f"127.0.0.1:{server.start()}")
+    n0, n9 = (client_of(tls_of(ca, make_node_certificate(ca, name))) for name in ("n0", "n9"))
+    try:
+        with pytest.raises(SnapshotAssemblyError, match="FAILED_PRECONDITION: this agent has not been launched since "
+                                                        "it started, so node n0 is of no generation of it"):
+            n0.list_snapshots(peer, JOB, 10)
+        server.serve_generation(3, ("n0", SERVER_NODE))
+        assert n0.list_snapshots(peer, JOB, 10)
+        with pytest.raises(SnapshotAssemblyError, match="FAILED_PRECONDITION: node n9 is not of generation 3, the one "
+                                                        "this agent was launched in last"):
+            n9.list_snapshots(peer, JOB, 10)
+        with pytest.raises(NotServedYet, match="FAILED_PRECONDITION: node n9 is not of generation 3"):
+            n9.fetch_rank(peer, JOB, 50, 1, tmp_path, 10)
+        server.serve_generation(4, ("n9",))
+        server.serve_generation(3, ("n0",))  # a Launch of the older generation, redelivered late
+        assert n9.list_snapshots(peer, JOB, 10)
+        with pytest.raises(SnapshotAssemblyError, match="FAILED_PRECONDITION: node n0 is not of generation 4"):
+            n0.list_snapshots(peer, JOB, 10)
+    finally:
+        server.stop()
+
+
+def test_the_agent_serves_the_nodes_its_launch_names(tmp_path: Path, ca: Issued, client_of) -> None:
+    server = PeerServer(holder_memory(tmp_path, 1), "127.0.0.1", tls_of(ca, make_node_certificate(ca, SERVER_NODE)))
+    peer = pb.PeerAgent(node=SERVER_NODE, address=f"127.0.0.1:{server.start()}")
+    n0 = client_of(tls_of(ca, make_node_certificate(ca, "n0")))
+
+    async def scenario() -> list[pb.MemorySnapshot]:
+        host = Host(tmp_path / "agent")
+        agent = Agent(AgentConfig(coordinator=["127.0.0.1:1"], work_dir=str(tmp_path / "agent")),
+                      link=None, supervisor=host.supervisor, notifier=SystemdNotifier(),  # type: ignore[arg-type]
+                      clock=host.clock, launcher=host.launcher, peer_server=server)
+        agent.on_command(pb.CoordinatorMessage(launch=launch(3, peer_nodes=["n0", SERVER_NODE])))
+        listed = await asyncio.to_thread(n0.list_snapshots, peer, JOB, 10)
+        await host.supervisor.stop(pb.Stop(generation=3, grace_s=1.0))
+        return listed
+
+    try:
+        with pytest.raises(SnapshotAssemblyError, match="FAILED_PRECONDITION"):  # no Launch yet
+            n0.list_snapshots(peer, JOB, 10)
+        assert [s.step for s in run(scenario())] == [50]
+    finally:
+        server.stop()
+
+
+def test_one_nodes_stalled_fetches_do_not_lock_its_peers_out(tmp_path: Path, ca: Issued, serve, client_of) -> None:
+    """Issue 47: 16 fetches that read nothing held every thread and queue place of the server, and the real
+    peers were refused. A certificate now holds PEER_CALLS_PER_CERTIFICATE calls; more are refused at once."""
+    memory = MemorySnapshotDir(tmp_path / "host1")
+    job_dir = memory.prepare(JOB, None, HostScope((1,), 2, 3))
+    host_snapshot(job_dir, 50, (1,), world_size=2, tensors={"big": np.zeros(16 << 20, dtype=np.float32)})
+    assert memory.newest(JOB) == Snapshot(50, 400)
+    port = serve(memory, tls_of(ca, make_node_certificate(ca, SERVER_NODE)), peers=("n0", "rogue"))
+    peer = pb.PeerAgent(node=SERVER_NODE, address=f"127.0.0.1:{port}")
+    rogue_tls = tls_of(ca, make_node_certificate(ca, "rogue"))
+    options = [("grpc.ssl_target_name_override", f"{SERVER_NODE}.node.trainerd")]
+    with grpc.secure_channel(peer.address, rogue_tls.channel_credentials(), options=options) as channel:
+        stub = pb_grpc.SnapshotPeerStub(channel)
+        stalled = [stub.FetchFile(pb.PeerFetchRequest(job_name=JOB, step=50, rank=1, kind=pb.PEER_FILE_DATA),
+                                  timeout=60) for _ in range(MAX_QUEUED_RPCS)]
+        with ThreadPoolExecutor(MAX_QUEUED_RPCS) as pool:  # one chunk of each, then nothing more is read
+            firsts = [pool.submit(next, call) for call in stalled]
+            concurrent.futures.wait(firsts, timeout=20)  # each answered (or, before the quota, queued for 60 s)
+            listed = client_of(tls_of(ca, make_node_certificate(ca, "n0"))).list_snapshots(peer, JOB, 10)
+            for call in stalled:
+                call.cancel()
+        refusals = [(first.exception().code(), first.exception().details()) for first in firsts
+                    if isinstance(first.exception(), grpc.RpcError)]
+    assert [s.step for s in listed] == [50]
+    assert refusals == [(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         f"node rogue already has {PEER_CALLS_PER_CERTIFICATE} calls open here, the most one "
+                         f"certificate may; retry when one has ended")] * (MAX_QUEUED_RPCS - PEER_CALLS_PER_CERTIFICATE)
 
 
 def test_a_client_refuses_a_server_presenting_another_nodes_certificate(tmp_path: Path, ca: Issued, serve,

@@ -18,6 +18,8 @@ from agent.memory_snapshots import HostScope, MemorySnapshotDir, Snapshot, step_
 from agent.peer_client import PeerClient
 from agent.peer_copier import POLL_INTERVAL_S
 from agent.peer_service import PeerServer
+from common.tls_files import TlsFiles
+from daemon.certs import make_ca, make_node_certificate
 from proto import trainerd_pb2 as pb
 from tests.agent.snapshot_files import TENSORS, host_snapshot
 from tests.agent.supervisor_fakes import Host, launch, run
@@ -83,6 +85,54 @@ def test_a_relaunch_assembles_its_snapshot_from_its_own_files_and_a_peers(tmp_pa
             assert all(np.array_equal(tensors[name], value) for name, value in TENSORS.items())
 
     run(scenario())
+
+
+class LaunchArrives(logging.Handler):
+    """Names generation 4's nodes to `server` once it refused a peer: that Launch reached it late."""
+
+    def __init__(self, server: PeerServer) -> None:
+        super().__init__()
+        self.server = server
+        self.refusals: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("refused a snapshot peer call of node"):
+            self.refusals.append(record.getMessage())
+            self.server.serve_generation(4, ("h0", "h1"))
+
+
+def test_a_relaunch_fetches_from_a_holder_whose_launch_came_after_its_own(tmp_path: Path) -> None:
+    """Each holder serves the nodes its newest Launch names; the fetching node's Launch may come first, and the
+    holder's refusal then (NotServedYet) is asked again rather than giving the snapshot up."""
+    ca = make_ca()
+
+    def tls(node: str) -> TlsFiles:
+        leaf = make_node_certificate(ca, node)
+        return TlsFiles(ca.certificate_pem(), leaf.certificate_pem(), leaf.key_pem())
+
+    server = PeerServer(host_memory(tmp_path, "h1", 1, (50,)), "127.0.0.1", tls("h1"))
+    server.serve_generation(3, ("h1", "h2"))  # h0 is new to the job
+    h1 = pb.PeerAgent(node="h1", address=f"127.0.0.1:{server.start()}")
+    peers = PeerClient(tls("h0"))
+    arrives = LaunchArrives(server)
+    logging.getLogger("agent.peer_service").addHandler(arrives)
+
+    async def scenario() -> Host:
+        host = Host(tmp_path / "work", memory=host_memory(tmp_path, "h0", 0, (50,)), peers=peers)
+        (tmp_path / "work").mkdir()
+        h0 = pb.PeerAgent(node="h0", address="127.0.0.1:1")  # never dialled: its rank is here
+        await host.supervisor.launch(relaunch(4, [pb.SnapshotSource(rank=0, holder=h0),
+                                                  pb.SnapshotSource(rank=1, holder=h1)]))
+        return host
+
+    try:
+        host = run(scenario())
+    finally:
+        logging.getLogger("agent.peer_service").removeHandler(arrives)
+        peers.close()
+        server.stop()
+    assert arrives.refusals == ["refused a snapshot peer call of node h0: not of generation 3"]
+    assert "rank0" in host.launcher.started and not host.sent("process_exited")
 
 
 def test_a_snapshot_that_cannot_be_fetched_starts_no_worker_and_is_reported_unloadable(

@@ -1,7 +1,7 @@
 """Fuzz the real servicers over real gRPC on 127.0.0.1: hypothesis-generated and byte-mutated
 AgentMessages of every kind (extreme integers, NaN and infinite floats, huge strings and lists, wrong
 generations and ranks) from a registered node that holds rank 0 of a running job, fuzzed Hellos on
-fresh sessions, and fuzzed Control requests. The Coordinator runs its real loop on the in-memory
+fresh sessions, fuzzed Control requests, and fuzzed Health checks and watches. The Coordinator runs its real loop on the in-memory
 store; after every case the session is still open, GetStatus answers, and no call failed INTERNAL.
 """
 
@@ -15,8 +15,10 @@ import time
 
 import grpc
 import pytest
+from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -112,7 +114,7 @@ def _field(field: FieldDescriptor) -> st.SearchStrategy:
 
 def messages(descriptor: Descriptor) -> st.SearchStrategy[Message]:
     """Any message of `descriptor`'s type: every field set, or each set or left out."""
-    kind = getattr(pb, descriptor.name)
+    kind = message_factory.GetMessageClass(descriptor)
     fields = {f.name: _field(f) for f in descriptor.fields}
 
     def build(values: dict) -> Message:
@@ -148,12 +150,12 @@ def agent_messages(generation: int) -> st.SearchStrategy[pb.AgentMessage]:
 
 
 @st.composite
-def mutated(draw, original: st.SearchStrategy[pb.AgentMessage]) -> pb.AgentMessage | None:
-    """A message whose bytes were flipped, cut or extended; None when they no longer parse.
+def mutated_bytes(draw, original: st.SearchStrategy[bytes]) -> bytes:
+    """`original`'s bytes flipped, cut or extended.
 
     The draws never depend on the message's length: it follows the coordinator's generation, which a
     fuzzed Pause and Resume move, and a draw that did would make hypothesis's replays inconsistent."""
-    data = bytearray(draw(original).SerializeToString())
+    data = bytearray(draw(original))
     for _ in range(draw(st.integers(1, 4))):
         flip, where = draw(st.booleans()), draw(st.integers(0, 1 << 16))
         value, inserted = draw(st.integers(0, 255)), draw(st.binary(min_size=1, max_size=8))
@@ -164,9 +166,15 @@ def mutated(draw, original: st.SearchStrategy[pb.AgentMessage]) -> pb.AgentMessa
     cut, where = draw(st.booleans()), draw(st.integers(0, 1 << 16))
     if data and cut:
         del data[where % len(data):]
+    return bytes(data)
+
+
+@st.composite
+def mutated(draw, original: st.SearchStrategy[pb.AgentMessage]) -> pb.AgentMessage | None:
+    """A message whose bytes were flipped, cut or extended; None when they no longer parse."""
     message = pb.AgentMessage()
     try:
-        message.ParseFromString(bytes(data))
+        message.ParseFromString(draw(mutated_bytes(original.map(lambda m: m.SerializeToString()))))
     except DecodeError:
         return None
     return message
@@ -223,6 +231,7 @@ class LiveCoordinator:
         service._dispatch = counted
         pb_grpc.add_CoordinatorServicer_to_server(service, self.server)
         pb_grpc.add_ControlServicer_to_server(ControlService(self.coordinator), self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), self.server)
         await self.server.start()
         self.running = asyncio.create_task(self.coordinator.run(tick_s=0.05))
         while self.coordinator.leadership is None:
@@ -367,6 +376,29 @@ def test_fuzzed_agent_messages_and_control_requests_never_stop_the_coordinator(l
     assert coordinator.alive
     assert status_answers(channel).coordinator.is_leader
     CASES_RUN.append(len(sent))
+
+
+HEALTH_CASES = 100
+
+
+@settings(max_examples=HEALTH_CASES, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.data_too_large, HealthCheck.large_base_example])
+@given(request=messages(health_pb2.HealthCheckRequest.DESCRIPTOR), watch=st.booleans())
+def test_fuzzed_health_checks_and_watches_are_answered(live, request, watch: bool) -> None:
+    """A probe's Check, or the first answer of its Watch (a stream, ended by the probe)."""
+    coordinator, channel, _, _ = live
+    stub = health_pb2_grpc.HealthStub(channel)
+    try:
+        if watch:
+            stream = stub.Watch(request, timeout=RPC_TIMEOUT_S)
+            next(stream)
+            stream.cancel()
+        else:
+            stub.Check(request, timeout=RPC_TIMEOUT_S)
+    except grpc.RpcError as exc:
+        assert exc.code() is grpc.StatusCode.NOT_FOUND, (request, exc)  # a service it does not know
+    assert coordinator.alive and status_answers(channel).coordinator.is_leader
 
 
 def test_after_the_fuzzing_the_coordinator_still_leads_and_answers(live) -> None:

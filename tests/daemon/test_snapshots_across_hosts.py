@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from daemon.grpc_services import held_snapshots
+from daemon.grpc_services import command_to_proto, held_snapshots
 from daemon.job.observation import MemorySnapshot, RootCause
 from daemon.job.placement import Placement, RankSlot
 from daemon.job.snapshot_claims import admitted
@@ -55,6 +55,8 @@ def test_a_generation_spanning_hosts_snapshots_and_copies_around_a_ring_when_eve
             assert (env["TRAINERD_MEMORY_EVERY"], env["TRAINERD_MEMORY_SCOPE"]) == ("auto", "host")
             address = sim.job.generation.peer_addresses[predecessor]
             assert launch.copy_from == (predecessor, address) and address.endswith(f":{PEER_PORT}")
+            assert launch.peer_nodes == ("a", "b", "c")  # whom its SnapshotPeer serves
+            assert list(command_to_proto(launch).launch.peer_nodes) == ["a", "b", "c"]
 
         without = await running_cluster()  # agents that serve no SnapshotPeer
         launch = without.agents["a"].launches()[-1]
@@ -81,6 +83,7 @@ def test_a_lost_host_resumes_from_the_copies_its_neighbours_hold_resharded_to_th
             assert launch.snapshot_sources == resume.holders and launch.checkpoint_path == ""
             assert launch.processes[-1].env["TRAINERD_RESUME_MEMORY_STEP"] == "20"
         assert sim.agents["a"].launches()[-1].copy_from == ("c", addresses["c"])  # a ring of two
+        assert {sim.agents[node].launches()[-1].peer_nodes for node in ("a", "c")} == {("a", "c")}
         started = [e for e in await sim.coordinator.events(0) if e.kind == "generation_started"][-1]
         assert "from the in-memory snapshot at step 20 held by a, c" in started.message
 

@@ -7,6 +7,7 @@ for its node, that handshakes without a certificate of the cluster's CA fail, an
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import urllib.request
 from collections.abc import AsyncIterator
@@ -20,11 +21,13 @@ from click.testing import CliRunner
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from common.cert_identity import names_host
+from common.grpc_keepalive import HANDSHAKE_TIMEOUT_S
 from common.tls_files import TlsFiles, TlsSettings, read_tls_files
-from daemon.app import add_listener, grpc_server, start_metrics_server
+from daemon.app import add_listener, grpc_server
 from daemon.cli.trainerd_main import cli as trainerd_cli
-from daemon.grpc_services import ControlService, CoordinatorService
-from daemon.peer_auth import METHOD_ACCESS, Access
+from daemon.grpc_services import DEFAULT_MAX_SESSIONS, ControlService, CoordinatorService
+from daemon.metrics_listener import start_metrics_server
+from daemon.peer_auth import METHOD_ACCESS, STREAMS_PER_CERTIFICATE, Access
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
 from tests.daemon.job_sim import SimCluster, job_settings
@@ -49,10 +52,11 @@ def trainerd(*argv: str) -> None:
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The cluster's CA and coordinator, node n1, operators alice (full) and bob (read-only)."""
+    """The cluster's CA and coordinator, nodes n1 and n2, operators alice (full) and bob (read-only)."""
     directory = tmp_path_factory.mktemp("pki")
     trainerd("certs", "init", "--dir", str(directory))
     trainerd("certs", "node", "n1", "--dir", str(directory))
+    trainerd("certs", "node", "n2", "--dir", str(directory))
     trainerd("certs", "operator", "alice", "--dir", str(directory))
     trainerd("certs", "operator", "bob", "--read-only", "--dir", str(directory))
     return directory
@@ -73,21 +77,36 @@ def tls_files(directory: Path, stem: str) -> TlsFiles:
     return read_tls_files(settings, "test")
 
 
+@dataclass(frozen=True)
+class Served:
+    address: str
+    sim: SimCluster
+    service: CoordinatorService
+
+
 @asynccontextmanager
-async def tls_coordinator(pki: Path, tls: bool = True) -> AsyncIterator[tuple[str, SimCluster]]:
+async def served_coordinator(pki: Path, tls: bool = True,
+                             max_sessions: int = DEFAULT_MAX_SESSIONS) -> AsyncIterator[Served]:
     """A leading coordinator served as trainerd serves it: over TLS with peer checks, or plain text."""
     sim = SimCluster(job_settings())
     await sim.lead()
-    server = grpc_server(check_peers=tls)
+    server = grpc_server(check_peers=tls, max_sessions=max_sessions)
     port = add_listener(server, "127.0.0.1:0", tls_files(pki, "coordinator") if tls else None)
-    pb_grpc.add_CoordinatorServicer_to_server(CoordinatorService(sim.coordinator), server)
+    service = CoordinatorService(sim.coordinator, max_sessions)
+    pb_grpc.add_CoordinatorServicer_to_server(service, server)
     pb_grpc.add_ControlServicer_to_server(ControlService(sim.coordinator), server)
     health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
     await server.start()
     try:
-        yield f"127.0.0.1:{port}", sim
+        yield Served(f"127.0.0.1:{port}", sim, service)
     finally:
         await server.stop(None)
+
+
+@asynccontextmanager
+async def tls_coordinator(pki: Path, tls: bool = True) -> AsyncIterator[tuple[str, SimCluster]]:
+    async with served_coordinator(pki, tls) as served:
+        yield served.address, served.sim
 
 
 @dataclass(frozen=True)
@@ -148,7 +167,7 @@ async def health_check(address: str, credentials: grpc.ChannelCredentials) -> An
 
 
 def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 60))
+    return asyncio.run(asyncio.wait_for(coro, 90))
 
 
 def test_every_method_of_the_coordinator_is_in_the_access_table() -> None:
@@ -261,6 +280,90 @@ def test_handshakes_without_a_certificate_of_the_cluster_ca_fail_before_any_serv
     assert sessions == 0
 
 
+async def answer_of(call) -> Answer:
+    """How a stream the test opened ended."""
+    try:
+        await call.read()
+    except grpc.aio.AioRpcError as exc:
+        return Answer(exc.code(), exc.details() or "")
+    return Answer(grpc.StatusCode.OK, "")
+
+
+def test_one_node_certificate_holding_idle_streams_does_not_lock_another_node_out(pki: Path, caplog) -> None:
+    """Issue 47: streams that never send a Hello count toward max_sessions (until their Hello times out), and
+    while one node held them all, a restarted real agent was refused RESOURCE_EXHAUSTED, went LOST, and the
+    job WAITING. One certificate now holds at most its share; the refusal of the rest says so."""
+    max_sessions = STREAMS_PER_CERTIFICATE + 2
+
+    async def scenario() -> tuple[list[Answer], Answer]:
+        async with served_coordinator(pki, max_sessions=max_sessions) as served:
+            async with channel(served.address, tls_files(pki, "n1").channel_credentials()) as ch:
+                idle = [pb_grpc.CoordinatorStub(ch).Session(timeout=30) for _ in range(max_sessions)]
+                ended = [asyncio.create_task(answer_of(call)) for call in idle]
+
+                def all_counted() -> bool:  # every stream has reached the servicer or been refused before it
+                    return served.service._open_streams + sum(task.done() for task in ended) >= max_sessions
+                while not all_counted():
+                    await asyncio.sleep(0.05)
+                newcomer = await session(served.address, tls_files(pki, "n2").channel_credentials(), "n2")
+                for call in idle:
+                    call.cancel()
+                return [task.result() for task in ended if task.done()], newcomer
+
+    refused, newcomer = run(scenario())
+    assert newcomer == Answer(grpc.StatusCode.OK, "welcome")
+    assert refused == [Answer(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"node n1 already has {STREAMS_PER_CERTIFICATE} calls open here, the most one "
+                              f"certificate may; retry when one has ended")] * (max_sessions - STREAMS_PER_CERTIFICATE)
+    warned = [r.getMessage() for r in caplog.records if r.name == "daemon.peer_auth"]
+    assert warned == [f"refused a Session stream: node n1 already has {STREAMS_PER_CERTIFICATE} calls open here, "
+                      f"the most one certificate may; retry when one has ended"]  # once a minute at most
+
+
+def test_health_watch_streams_count_toward_a_certificates_share(pki: Path) -> None:
+    """Issue 47: Health/Watch streams were not counted at all: one certificate could open any number."""
+    async def scenario() -> tuple[Answer, Answer, Answer]:
+        async with served_coordinator(pki) as served:
+            credentials = tls_files(pki, "n1").channel_credentials()
+            async with channel(served.address, credentials) as ch:
+                health_stub = health_pb2_grpc.HealthStub(ch)
+                watches = [health_stub.Watch(health_pb2.HealthCheckRequest(), timeout=30)
+                           for _ in range(STREAMS_PER_CERTIFICATE)]
+                for watch in watches:  # each is admitted: its first answer came
+                    await watch.read()
+                one_more = health_stub.Watch(health_pb2.HealthCheckRequest(), timeout=30)
+                refused_watch = await answer_of(one_more)
+                refused_session = await session(served.address, credentials, "n1")
+                watches[0].cancel()  # its place is free once the coordinator has seen it end
+                while (welcomed := await session(served.address, credentials, "n1")).code is \
+                        grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    await asyncio.sleep(0.05)
+                for watch in watches:
+                    watch.cancel()
+                return refused_watch, refused_session, welcomed
+
+    refused_watch, refused_session, welcomed = run(scenario())
+    full = Answer(grpc.StatusCode.RESOURCE_EXHAUSTED, f"node n1 already has {STREAMS_PER_CERTIFICATE} calls open "
+                                                      f"here, the most one certificate may; retry when one has ended")
+    assert refused_watch == full and refused_session == full
+    assert welcomed == Answer(grpc.StatusCode.OK, "welcome")
+
+
+def test_a_connection_that_never_completes_its_handshake_is_closed(pki: Path) -> None:
+    """gRPC waits 120 s for a handshake by default; the coordinator waits HANDSHAKE_TIMEOUT_S (the test's
+    hard limit is far below gRPC's default and far above ours)."""
+    async def scenario() -> bytes:
+        async with tls_coordinator(pki) as (address, _):
+            host, port = address.rsplit(":", 1)
+            reader, writer = await asyncio.open_connection(host, int(port))
+            try:
+                return await asyncio.wait_for(reader.read(1), 6 * HANDSHAKE_TIMEOUT_S)
+            finally:
+                writer.close()
+
+    assert run(scenario()) == b""
+
+
 def fetch_metrics(port: int, context: ssl.SSLContext) -> str:
     with urllib.request.urlopen(f"https://localhost:{port}/metrics", context=context, timeout=5) as reply:
         return reply.read().decode()
@@ -283,6 +386,25 @@ def test_metrics_over_https_need_a_client_certificate_of_the_cluster(pki: Path, 
         for refused in (client(), client(other_pki, "alice")):
             with pytest.raises(OSError):  # the handshake's alert, or the connection it closes
                 fetch_metrics(port, refused)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_idle_connection_to_metrics_stalls_no_scrape_and_is_closed_after_the_timeout(pki: Path) -> None:
+    """Issue 47: prometheus_client's server did the TLS handshake in its accept loop, so one TCP connection
+    that never sent a byte stalled every scrape after it for as long as it stayed open."""
+    port = free_port()
+    tls = TlsSettings(ca_file=str(pki / "ca.crt"), cert_file=str(pki / "coordinator.crt"),
+                      key_file=str(pki / "coordinator.key"))
+    server = start_metrics_server(f"127.0.0.1:{port}", tls, timeout_s=1.0)
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    context.load_cert_chain(pki / "bob.crt", pki / "bob.key")
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as idle:
+            assert "trainerd_" in fetch_metrics(port, context)  # 5 s at most, while the idle one is open
+            assert idle.recv(1) == b""  # its handshake gave up, and the server closed it
+            assert "trainerd_" in fetch_metrics(port, context)
     finally:
         server.shutdown()
         server.server_close()
