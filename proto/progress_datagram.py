@@ -45,7 +45,6 @@ _MAX_INT32 = (1 << 31) - 1
 _NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 MAX_CHECKPOINT_PATH = 1024
 MAX_FAILURE_REASON = 1000
-MAX_WARNING_TEXT = 1000
 # Control characters (and DEL) in a path would let a hostile datagram forge lines in the agent's log.
 _CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -109,8 +108,14 @@ class CheckpointFailedReport:
 
 
 def failure_reason(exc: BaseException) -> str:
-    """`exc` as a CheckpointFailedReport's reason: one line, control characters replaced, cut to length."""
-    text = _CONTROL_CHARACTER.sub(" ", str(exc) or type(exc).__name__)
+    """`exc` as a CheckpointFailedReport's reason (see `one_line`)."""
+    return one_line(str(exc) or type(exc).__name__)
+
+
+def one_line(text: str) -> str:
+    """`text` as a report's free text (a failed save's reason, a guard notice's detail, a warning): one line,
+    control characters replaced, cut to MAX_FAILURE_REASON characters."""
+    text = _CONTROL_CHARACTER.sub(" ", text) or "(no text)"
     return text if len(text) <= MAX_FAILURE_REASON else text[:MAX_FAILURE_REASON - 3] + "..."
 
 
@@ -161,13 +166,7 @@ class WarningReport:
     generation: int
     rank: int
     step: int
-    text: str  # one line of printable characters, at most MAX_WARNING_TEXT (see `warning_text`)
-
-
-def warning_text(text: str) -> str:
-    """`text` as a WarningReport's text: one line, control characters replaced, cut to length."""
-    text = _CONTROL_CHARACTER.sub(" ", text) or "(no text)"
-    return text if len(text) <= MAX_WARNING_TEXT else text[:MAX_WARNING_TEXT - 3] + "..."
+    text: str  # one line of printable characters, at most MAX_FAILURE_REASON (see `one_line`)
 
 
 ProgressMessage = (StepReport | EventReport | CheckpointReport | CheckpointFailedReport | BadBatchReport
@@ -273,10 +272,7 @@ def decode(data: bytes) -> ProgressMessage:
         return BadBatchReport(**common, sample_start=start, sample_end=end, reason=reason,
                               loss=_float(body, "loss"), grad_norm=_float(body, "grad_norm"))
     if kind == "warning":
-        text = _field(body, "text", str)
-        if not 0 < len(text) <= MAX_WARNING_TEXT or _CONTROL_CHARACTER.search(text):
-            raise MalformedProgress(f"field 'text' must have 1 to {MAX_WARNING_TEXT} printable characters")
-        return WarningReport(**common, text=text)
+        return WarningReport(**common, text=_one_line(body, "text"))
     raise MalformedProgress(f"unknown kind {kind!r:.40}")
 
 

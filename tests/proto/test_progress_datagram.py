@@ -14,7 +14,6 @@ from proto.progress_datagram import (
     MAX_CHECKPOINT_PATH,
     MAX_DATAGRAM_BYTES,
     MAX_FAILURE_REASON,
-    MAX_WARNING_TEXT,
     BadBatchReason,
     BadBatchReport,
     CheckpointFailedReport,
@@ -27,7 +26,7 @@ from proto.progress_datagram import (
     decode,
     encode,
     failure_reason,
-    warning_text,
+    one_line,
 )
 
 STEP = StepReport(job="llm", generation=3, rank=1, step=120, loss=0.31, grad_norm=1.7,
@@ -291,7 +290,7 @@ def test_a_mindformers_iteration_directory_is_a_checkpoint_path() -> None:
 
 @pytest.mark.parametrize(("change", "reason"), [
     ({"text": ""}, "'text' must have 1 to"),
-    ({"text": "t" * (MAX_WARNING_TEXT + 1)}, "'text' must have 1 to"),
+    ({"text": "t" * (MAX_FAILURE_REASON + 1)}, "'text' must have 1 to"),
     ({"text": "risky\n2026 INFO forged"}, "'text' must have 1 to .* printable characters"),
     ({"text": 1}, "'text' must be of type str"),
 ])
@@ -300,8 +299,8 @@ def test_bad_warnings_are_refused_by_name(change: dict[str, Any], reason: str) -
         decode(json.dumps(json.loads(encode(WARNING)) | change).encode())
 
 
-def test_a_warning_text_is_one_line_no_longer_than_a_report_takes() -> None:
-    assert warning_text("two\nlines") == "two lines"
-    long = warning_text("x" * 5000)
-    assert len(long) == MAX_WARNING_TEXT and long.endswith("...")
+def test_a_one_line_is_one_line_no_longer_than_a_report_takes() -> None:
+    assert one_line("two\nlines") == "two lines"
+    long = one_line("x" * 5000)
+    assert len(long) == MAX_FAILURE_REASON and long.endswith("...")
     encode(WarningReport(**{**WARNING.__dict__, "text": long}))

@@ -29,8 +29,7 @@ from proto.progress_datagram import (
     WarningReport,
     WorkerEvent,
     encode,
-    failure_reason,
-    warning_text,
+    one_line,
 )
 from trainer.runtime.rank_context import RankContext
 
@@ -143,14 +142,14 @@ class ProgressReporter:
     def guard_notice(self, step: int, notice: GuardNotice, detail: str) -> None:
         """Report what a replay of step `step` found other than bad data (may wait up to `event_wait_s`)."""
         message = GuardNoticeReport(job=self._job, generation=self._generation, rank=self._rank, step=step,
-                                    notice=notice, detail=failure_reason(ValueError(detail)))
+                                    notice=notice, detail=one_line(detail))
         self._send(message, wait_s=self._event_wait_s)
 
     def warning(self, step: int, text: str) -> None:
         """Report what may work but is risky about the job, found at `step` (rank 0 only; the coordinator keeps
         it as a job warning; may wait up to `event_wait_s`)."""
         message = WarningReport(job=self._job, generation=self._generation, rank=self._rank, step=step,
-                                text=warning_text(text))
+                                text=one_line(text))
         self._send(message, wait_s=self._event_wait_s)
 
     def close(self) -> None:
