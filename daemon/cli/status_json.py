@@ -85,6 +85,7 @@ def _job_to_json(job: pb.JobStatus) -> dict:
         "hang_detection": job.hang_detection,
         "waiting_for": job.waiting_for or None,
         "pausing": job.pausing,
+        "warnings": list(job.warnings),
         "restarts": job.restarts,
         "crash_restarts": job.crash_restarts,
         "restart_budget": job.restart_budget,

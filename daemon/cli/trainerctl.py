@@ -492,6 +492,8 @@ def print_status(data: dict) -> None:
                   f"restarts spent)")
     if job["waiting_for"]:
         console.print(f"waiting for nodes: {job['waiting_for']}")
+    for warning in job["warnings"]:
+        console.print(f"warning: {escaped(warning)}", markup=False)
     if job["pausing"]:
         console.print("pausing: a checkpoint (or the script's graceful exit) first, then PAUSED "
                       "(`trainerctl pause --now` stops it at once, `trainerctl resume` calls the pause off)")

@@ -139,6 +139,7 @@ class JobView:
     grad_norm: float | None = None  # the global norm: every rank of the runtime reports the same one
     waiting_for: str = ""  # what a job not launched yet, or WAITING, waits for (decide.waiting_for)
     pausing: bool = False  # RUNNING, asked to pause: it saves a checkpoint (or leaves gracefully) first
+    warnings: tuple[str, ...] = ()  # what the workers found risky about the job (job_warning), oldest first
 
 
 # The distinct worker warnings one coordinator records for a job (a script has a few at most).
@@ -210,7 +211,7 @@ class JobController:
         self._unrecorded_findings: deque[GuardFinding] = deque()
         # Worker warnings (generation, rank, node, text) waiting for their event, and the texts told already.
         self._unrecorded_warnings: deque[tuple[int, int, str, str]] = deque()
-        self._warned: set[str] = set()
+        self._warned: dict[str, None] = {}  # the texts in the order told (a dict keeps it)
         self._unrecorded_refusals: deque[LaunchRefusal] = deque()
         self.recovery: RecoveryTimeline | None = None
         self._bad_memory_steps: frozenset[int] = frozenset()  # in-memory snapshots a generation could not load
@@ -478,7 +479,7 @@ class JobController:
             self._dropped.warning(node, "job %s: node %s sent more than %d distinct warnings; dropped",
                                   self.spec.name, node, MAX_JOB_WARNINGS)
             return False
-        self._warned.add(text)
+        self._warned[text] = None
         self._unrecorded_warnings.append((generation, rank, node, text))
         return True
 
@@ -1035,7 +1036,7 @@ class JobController:
                        len(self.ledger.entries()), dict(self.record.node_failures), epoch, hang_detection, goodput,
                        grad_norm,
                        self._waiting_for if self.record.state in (JobState.PENDING, JobState.WAITING) else "",
-                       self.record.pausing)
+                       self.record.pausing, tuple(self._warned))
 
 
 def changed_settings(before: object, after: object, prefix: str = "") -> list[str]:

@@ -16,7 +16,9 @@ from common.clock import FakeClock
 from daemon.admission import MIN_RETRY_AFTER_S, HelloAdmission, OpeningGate
 from daemon.app import grpc_server
 from daemon.coordinator import SessionRefused
-from daemon.grpc_services import ControlService, CoordinatorService, hello_from_proto
+from daemon.cli.status_json import status_to_json
+from daemon.cli.trainerctl import print_status
+from daemon.grpc_services import ControlService, CoordinatorService, hello_from_proto, job_to_proto
 from daemon.job.observation import REMEMBERED_STEPS
 from daemon.node_checks import NodeCheckCommand
 from proto import trainerd_pb2 as pb
@@ -505,7 +507,7 @@ def test_a_node_whose_agent_was_turned_away_at_the_door_is_not_lost_before_its_t
     run(scenario())
 
 
-def test_a_worker_warning_is_one_job_warning_event_however_often_it_is_told() -> None:
+def test_a_worker_warning_is_one_job_warning_event_however_often_it_is_told(capsys: pytest.CaptureFixture[str]) -> None:
     """Each generation's rank 0 finds the same risk again (a ModelCheckpoint beside TrainerdCallback): one
     `job_warning` event of its text, made one line; a malformed one is dropped, and the job runs on."""
     async def scenario() -> None:
@@ -525,6 +527,10 @@ def test_a_worker_warning_is_one_job_warning_event_however_often_it_is_told() ->
         assert [(e.message, e.fields) for e in warnings] == [
             (f"job {sim.job.spec.name}: {text.replace(chr(10), chr(92) + 'n')}", {"generation": 1, "rank": 0, "node": "a"})]
         assert sim.state is JobState.RUNNING
+        shown = status_to_json(pb.StatusReply(job=job_to_proto(sim.job.view())))["job"]
+        assert shown["warnings"] == [text.replace(chr(10), chr(92) + "n")]
+        print_status(status_to_json(pb.StatusReply(job=job_to_proto(sim.job.view()))))
+        assert "warning: Model.train's callbacks hold a ModelCheckpoint\\nforged line" in capsys.readouterr().out
     run(scenario())
 
 
