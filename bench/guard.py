@@ -62,9 +62,10 @@ from proto.progress_datagram import BadBatchReason
 from trainer.data.sampler import SampleStream
 from trainer.examples import tiny_corpus, transformer_lm
 from trainer.examples.mlp import DATASET_SIZE, MLP, AccumulateGradients, synthetic_dataset
-from trainer.runtime.guard import NOT_FORCED, GuardedApplyGradients, StepGuard, mean_over_ranks
+from trainer.runtime.guard import GuardedApplyGradients, StepGuard, attempt_input, mean_over_ranks
 from trainer.runtime.guard_policy import GuardSettings, GuardState, decide, skip_reason
 from trainer.runtime.guarded_cell import GuardedTrainOneStepCell
+from trainer.runtime.step_replay import AttemptKind
 
 MAX_GRAD_NORM = 5.0
 LEARNING_RATE = 3e-3
@@ -101,7 +102,7 @@ class Step:
             for grad_sum, values in zip(self.grad_sums, sums):
                 grad_sum.set_data(ms.Tensor((values * scale).astype(np.float32)))
         applying = time.perf_counter()
-        loss, norm, accepted, _ = self.apply(NOT_FORCED, self.micro_batches, *losses)
+        loss, norm, accepted, _ = self.apply(attempt_input(AttemptKind.FIRST), self.micro_batches, *losses)
         loss, norm = float(loss.asnumpy()), float(norm.asnumpy())
         reason = skip_reason(bool(accepted.asnumpy()), loss, norm)
         done = time.perf_counter()

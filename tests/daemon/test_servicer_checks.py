@@ -15,9 +15,9 @@ from agent.session import retry_after_s
 from common.clock import FakeClock
 from daemon.admission import MIN_RETRY_AFTER_S, HelloAdmission, OpeningGate
 from daemon.app import grpc_server
-from daemon.coordinator import SessionRefused
 from daemon.cli.status_json import status_to_json
 from daemon.cli.trainerctl import print_status
+from daemon.coordinator import SessionRefused
 from daemon.grpc_services import ControlService, CoordinatorService, hello_from_proto, job_to_proto
 from daemon.job.observation import REMEMBERED_STEPS
 from daemon.node_checks import NodeCheckCommand

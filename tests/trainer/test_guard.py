@@ -29,6 +29,7 @@ from trainer.runtime.guard import (
     NOT_FORCED,
     GuardedApplyGradients,
     StepGuard,
+    attempt_input,
     mean_over_ranks,
 )
 from trainer.runtime.guard_policy import (
@@ -40,6 +41,7 @@ from trainer.runtime.guard_policy import (
     spike_limit,
 )
 from trainer.runtime.rank_context import CheckpointSettings, RankContext
+from trainer.runtime.step_replay import AttemptKind
 
 MICRO_BATCHES = 2  # the sums are divided by 2: exact in float32, so a reference can be handed the mean
 NAN, INF = float("nan"), float("inf")
@@ -70,7 +72,7 @@ class Rig:
         for grad_sum, grad in zip(self.grad_sums, grads):
             grad_sum.set_data(ms.Tensor(grad * MICRO_BATCHES))
         losses = (ms.Tensor(loss, ms.float32), ms.Tensor(loss, ms.float32))
-        loss_t, norm_t, accepted, _ = self.apply(NOT_FORCED, ms.Tensor(MICRO_BATCHES, ms.float32), *losses)
+        loss_t, norm_t, accepted, _ = self.apply(attempt_input(AttemptKind.FIRST), ms.Tensor(MICRO_BATCHES, ms.float32), *losses)
         assert all(not grad_sum.asnumpy().any() for grad_sum in self.grad_sums), "the sums are cleared"
         loss, norm = float(loss_t.asnumpy()), float(norm_t.asnumpy())
         return loss, norm, skip_reason(bool(accepted.asnumpy()), loss, norm)

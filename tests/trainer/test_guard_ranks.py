@@ -25,7 +25,8 @@ ctx = RankContext.from_environ()
 communication.initialize(ctx, "CPU")  # the scheduler stays in here
 import mindspore as ms
 from mindspore import nn
-from trainer.runtime.guard import NOT_FORCED, GuardedApplyGradients, StepGuard, mean_over_ranks
+from trainer.runtime.guard import GuardedApplyGradients, StepGuard, attempt_input, mean_over_ranks
+from trainer.runtime.step_replay import AttemptKind
 from trainer.runtime.guard_policy import GuardSettings, skip_reason
 
 ms.set_seed(0)
@@ -46,7 +47,7 @@ for step in range(1, STEPS + 1):
     if bad.get(step) == (ctx.rank, "inf grad"):
         grad_sums[0].set_data(ms.Tensor(np.full(grad_sums[0].shape, np.inf, np.float32)))
     loss = float("nan") if bad.get(step) == (ctx.rank, "nan loss") else 1.0 + ctx.rank
-    loss, norm, accepted, _ = apply(NOT_FORCED, ms.Tensor(1.0, ms.float32), ms.Tensor(loss, ms.float32))
+    loss, norm, accepted, _ = apply(attempt_input(AttemptKind.FIRST), ms.Tensor(1.0, ms.float32), ms.Tensor(loss, ms.float32))
     loss, norm = float(loss.asnumpy()), float(norm.asnumpy())
     results.append([loss, norm, skip_reason(bool(accepted.asnumpy()), loss, norm)])
 with open(f"{sys.argv[1]}/rank{ctx.rank}.json", "w") as f:

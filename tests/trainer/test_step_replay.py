@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from trainer.runtime.guard_policy import GuardSettings, GuardState
-from trainer.runtime.step_replay import MAX_SPIKES_IN_WINDOW, SPIKE_WINDOW, Attempt, StepJudge, Verdict
+from trainer.runtime.step_replay import MAX_SPIKES_IN_WINDOW, SPIKE_WINDOW, Attempt, AttemptKind, StepJudge, Verdict
 
 SETTINGS = GuardSettings()
 # A guard past its warm-up whose losses have been about 0.01 (log -4.6), spread 0.5 in the log.
@@ -15,13 +15,14 @@ CONVERGED = GuardState(log_norm_mean=-3.0, log_norm_var=1.0, accepted_steps=500,
 
 
 class Scripted:
-    """attempt(force) hands out the scripted attempts in turn and records the force flags it was given."""
+    """attempt(kind) hands out the scripted attempts in turn and records whether each was forced."""
 
     def __init__(self, *attempts: Attempt) -> None:
         self.attempts = list(attempts)
         self.forced: list[bool] = []
 
-    def __call__(self, force: bool) -> Attempt:
+    def __call__(self, kind: AttemptKind) -> Attempt:
+        force = kind is AttemptKind.FORCED_REPLAY
         self.forced.append(force)
         attempt = self.attempts.pop(0)
         return Attempt(attempt.loss, attempt.norm, attempt.accepted or force, attempt.local_norm)

@@ -60,11 +60,11 @@ from trainer.examples.slow_start import slow_start
 from trainer.runtime import communication
 from trainer.runtime.checkpointing import ResumeError, TrainingCheckpoints
 from trainer.runtime.communication import CommunicationError
-from trainer.runtime.guard import FORCED, NOT_FORCED, GuardedApplyGradients, StepGuard, mean_over_ranks
+from trainer.runtime.guard import GuardedApplyGradients, StepGuard, attempt_input, mean_over_ranks
 from trainer.runtime.guard_policy import GuardSettings
 from trainer.runtime.progress import ProgressReporter, StepPace
 from trainer.runtime.rank_context import BatchSettings, CheckpointSettings, RankContext, RankContextError
-from trainer.runtime.step_replay import Attempt, StepJudge, StepOutcome
+from trainer.runtime.step_replay import Attempt, AttemptKind, StepJudge, StepOutcome
 from trainer.runtime.training_run import settle_outcome
 
 log = logging.getLogger("trainer.examples.mlp")
@@ -234,10 +234,9 @@ class TrainStep:
         global mean loss and gradient norm of the attempt that stands."""
         batch = [(ms.Tensor(x), ms.Tensor(y)) for x, y in zip(features, labels)]
 
-        def attempt(force: bool) -> Attempt:
+        def attempt(kind: AttemptKind) -> Attempt:
             losses = [self._accumulate(x, y) for x, y in batch]
-            loss, norm, accepted, local_norm = self._apply(FORCED if force else NOT_FORCED, self._micro_batches,
-                                                           *losses)
+            loss, norm, accepted, local_norm = self._apply(attempt_input(kind), self._micro_batches, *losses)
             return Attempt(float(loss.asnumpy()), float(norm.asnumpy()), bool(accepted.asnumpy()),
                            float(local_norm.asnumpy()))
 

@@ -4,11 +4,11 @@ would come too late (the weights are spoiled by then). The rule is `trainer.runt
     guard = StepGuard(GuardSettings.from_environ())
     apply = GuardedApplyGradients(optimizer, grad_sums, communication.gradient_reducer(ctx, params),
                                   mean_over_ranks(ctx.world_size), guard, max_grad_norm=5.0)
-    loss, norm, accepted, local_norm = apply(NOT_FORCED, micro_batches, *micro_batch_losses)
+    loss, norm, accepted, local_norm = apply(attempt_input(AttemptKind.FIRST), micro_batches, *micro_batch_losses)
     # loss, norm and accepted are the same on every rank; local_norm is this rank's own gradients' norm
 
 A refused step is suspect, not yet bad: `trainer.runtime.step_replay.StepJudge` computes it again (with
-`force` when it cleared a spike) before anything is blamed.
+a forced replay when it cleared a spike) before anything is blamed.
 
 Every rank decides alike: the loss is the all-reduced mean and the norm is that of the all-reduced
 gradients. The guard's state is five Parameters, `guard.log_norm_mean`, `guard.log_norm_var`,
@@ -30,6 +30,7 @@ from mindspore import nn, ops
 
 from trainer.checkpoint.errors import CheckpointError
 from trainer.runtime.guard_policy import GuardSettings, GuardState
+from trainer.runtime.step_replay import AttemptKind
 
 LOG_NORM_MEAN = "guard.log_norm_mean"
 LOG_NORM_VAR = "guard.log_norm_var"
@@ -39,8 +40,15 @@ LOG_LOSS_VAR = "guard.log_loss_var"
 RETIRED_NORM_MEAN = "guard.norm_mean"  # the state of the guard before the z-score rule
 # The loss statistics came later: a checkpoint without them resumes with them learnt from the next steps.
 LEARNT_AFRESH = (LOG_LOSS_MEAN, LOG_LOSS_VAR)
-NOT_FORCED = ms.Tensor(False, ms.bool_)
-FORCED = ms.Tensor(True, ms.bool_)
+NOT_FORCED = ms.Tensor(False, ms.bool_)  # StepGuard's force input for a step judged as it comes
+
+
+def attempt_input(kind: AttemptKind) -> ms.Tensor:
+    """GuardedApplyGradients' (and GuardedTrainOneStepCell's step's) attempt input for `kind`."""
+    return _ATTEMPT_INPUTS[kind]
+
+
+_ATTEMPT_INPUTS = {kind: ms.Tensor(int(kind), ms.int32) for kind in AttemptKind}
 
 
 class StepGuard(nn.Cell):
@@ -144,13 +152,17 @@ class GuardedApplyGradients(nn.Cell):
     """Average the summed gradients over micro batches and ranks, judge the step, and only if it is accepted
     clip (when `max_grad_norm` is set) and update; then clear the sums.
 
-    `apply(force, micro_batches, *losses) -> (loss, norm, accepted, local_norm)`: `force` a bool scalar Tensor
-    (NOT_FORCED, or FORCED for a replay whose spike the judge cleared), `micro_batches` a float32 scalar Tensor
-    (the number of micro batches summed), `losses` this rank's micro-batch mean losses (scalar Tensors, passed
-    as separate arguments: MindSpore takes a tuple argument's Tensors for constants and recompiles when they
-    change); `loss` is the global mean loss, `norm` the global norm before clipping, `accepted` whether the
-    update was applied (a bool scalar), `local_norm` the norm of this rank's own mean gradients before the
-    all-reduce (what a replay compares to name a rank whose device computed wrong).
+    `apply(attempt, micro_batches, *losses) -> (loss, norm, accepted, local_norm)`:
+    - `attempt`: an int32 scalar Tensor, `attempt_input(AttemptKind...)` (a forced replay has a finite spike
+      accepted);
+    - `micro_batches`: a float32 scalar Tensor, the number of micro batches summed;
+    - `losses`: this rank's micro-batch mean losses, scalar Tensors passed as separate arguments (MindSpore
+      takes a tuple argument's Tensors for constants and recompiles when they change);
+    - `loss`: the global mean loss; `norm`: the global norm before clipping; `accepted`: whether the update was
+      applied (a bool scalar);
+    - `local_norm`: the norm of this rank's own mean gradients before the all-reduce (what a replay compares to
+      name a rank whose device computed wrong), computed on a replay and on a refused first attempt only (0 on
+      an accepted first attempt: it costs a reduction over every gradient).
 
     With `guard=None` the step is unguarded but for a non-finite norm, as the example job's step was
     before: the baseline the bench compares with.
@@ -166,16 +178,16 @@ class GuardedApplyGradients(nn.Cell):
         self.guard = guard
         self.clip = max_grad_norm is not None
         self.max_grad_norm = ms.Tensor(max_grad_norm if max_grad_norm is not None else 0.0, ms.float32)
+        self._no_norm = ms.Tensor(0.0, ms.float32)
 
-    def construct(self, force: ms.Tensor, micro_batches: ms.Tensor,
+    def construct(self, attempt: ms.Tensor, micro_batches: ms.Tensor,
                   *losses: ms.Tensor) -> tuple[ms.Tensor, ms.Tensor, ms.Tensor, ms.Tensor]:
         loss = self.loss_reducer(ops.addn(losses) / micro_batches)
         local = tuple([grad_sum / micro_batches for grad_sum in self.grad_sums])
-        local_norm = global_norm(local)
         grads = self.reducer(local)
         norm = global_norm(grads)
         if self.guard is not None:
-            accepted = self.guard(loss, norm, force)
+            accepted = self.guard(loss, norm, attempt > 1)
         else:
             accepted = ops.isfinite(norm)
         if accepted:
@@ -183,6 +195,9 @@ class GuardedApplyGradients(nn.Cell):
                 scale = self.max_grad_norm / ops.maximum(norm, self.max_grad_norm)
                 grads = tuple([grad * scale for grad in grads])
             self.optimizer(grads)
+        local_norm = self._no_norm
+        if ops.logical_or(attempt > 0, ops.logical_not(accepted)):
+            local_norm = global_norm(local)
         for grad_sum in self.grad_sums:
             ops.assign(grad_sum, ops.zeros_like(grad_sum))
         return loss, norm, accepted, local_norm

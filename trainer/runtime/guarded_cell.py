@@ -42,10 +42,10 @@ from mindspore import nn, ops
 from mindspore.context import ParallelMode
 from mindspore.parallel._utils import _get_device_num, _get_gradients_mean, _get_parallel_mode
 
-from trainer.runtime.guard import FORCED, NOT_FORCED, StepGuard, global_norm, mean_over_ranks
+from trainer.runtime.guard import StepGuard, attempt_input, global_norm, mean_over_ranks
 from trainer.runtime.guard_policy import GuardSettings
 from trainer.runtime.rank_context import trainerd_launch
-from trainer.runtime.step_replay import Attempt, StepJudge, StepOutcome
+from trainer.runtime.step_replay import Attempt, AttemptKind, StepJudge, StepOutcome
 
 
 class GuardedTrainOneStepCell(nn.Cell):
@@ -87,14 +87,14 @@ class GuardedTrainOneStepCell(nn.Cell):
     def construct(self, *inputs: ms.Tensor) -> tuple[ms.Tensor, ms.Tensor, ms.Tensor]:
         """The first attempt alone: what MindSpore compiles when it compiles the cell itself (Model.build, a
         parallel layout's compile); training runs through __call__."""
-        loss, norm, accepted, _ = self.attempt(NOT_FORCED, *inputs)
+        loss, norm, accepted, _ = self.attempt(attempt_input(AttemptKind.FIRST), *inputs)
         return loss, norm, accepted
 
     def __call__(self, *inputs: ms.Tensor) -> tuple[ms.Tensor, ms.Tensor, ms.Tensor]:
         outputs: list[tuple[ms.Tensor, ...]] = []
 
-        def attempt(force: bool) -> Attempt:
-            result = self.attempt(FORCED if force else NOT_FORCED, *inputs)
+        def attempt(kind: AttemptKind) -> Attempt:
+            result = self.attempt(attempt_input(kind), *inputs)
             outputs.append(result)
             loss, norm, accepted, local_norm = result
             return Attempt(float(loss.asnumpy()), float(norm.asnumpy()), bool(accepted.asnumpy()),
@@ -106,7 +106,8 @@ class GuardedTrainOneStepCell(nn.Cell):
 
 
 class _GuardedStep(nn.Cell):
-    """One attempt at a step, compiled: `step(force, *inputs) -> (loss, norm, accepted, local_norm)`."""
+    """One attempt at a step, compiled: `step(attempt, *inputs) -> (loss, norm, accepted, local_norm)`, as
+    `trainer.runtime.guard.GuardedApplyGradients` (whose docstring says what each is)."""
 
     def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, sens: float | None,
                  guard_settings: GuardSettings, max_grad_norm: float | None, grad_accum: int | None,
@@ -139,8 +140,9 @@ class _GuardedStep(nn.Cell):
         self.guard = StepGuard(guard_settings)
         self.clip = max_grad_norm is not None
         self.max_grad_norm = ms.Tensor(max_grad_norm if max_grad_norm is not None else 0.0, ms.float32)
+        self._no_norm = ms.Tensor(0.0, ms.float32)
 
-    def construct(self, force: ms.Tensor, *inputs: ms.Tensor) -> tuple[ms.Tensor, ...]:
+    def construct(self, attempt: ms.Tensor, *inputs: ms.Tensor) -> tuple[ms.Tensor, ...]:
         if self.grad_accum == 1:
             loss, grads = self._loss_and_grads(*inputs)
         else:
@@ -154,16 +156,19 @@ class _GuardedStep(nn.Cell):
                 grads = tuple([total + grad for total, grad in zip(grads, micro_grads)])
             loss = loss / self.grad_accum
             grads = tuple([total / self.grad_accum for total in grads])
-        local_norm = global_norm(grads)
+        local = grads
         grads = self.grad_reducer(grads)
         loss = self.loss_reducer(ops.cast(loss, ms.float32))
         norm = global_norm(grads)
-        accepted = self.guard(loss, norm, force)
+        accepted = self.guard(loss, norm, attempt > 1)
         if accepted:
             if self.clip:
                 scale = self.max_grad_norm / ops.maximum(norm, self.max_grad_norm)
                 grads = tuple([grad * ops.cast(scale, grad.dtype) for grad in grads])
             self.optimizer(grads)
+        local_norm = self._no_norm
+        if ops.logical_or(attempt > 0, ops.logical_not(accepted)):
+            local_norm = global_norm(local)
         return loss, norm, accepted, local_norm
 
     def _loss_and_grads(self, *inputs: ms.Tensor) -> tuple[ms.Tensor, tuple[ms.Tensor, ...]]:

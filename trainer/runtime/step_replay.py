@@ -38,7 +38,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 
 from proto.progress_datagram import BadBatchReason
 from trainer.runtime.guard_policy import GRAD_NORM_SPIKE, GuardSettings, GuardState, loss_raised, skip_reason
@@ -49,6 +49,16 @@ from trainer.runtime.guard_policy import GRAD_NORM_SPIKE, GuardSettings, GuardSt
 # made this necessary).
 SPIKE_WINDOW = 200
 MAX_SPIKES_IN_WINDOW = 10
+
+
+class AttemptKind(IntEnum):
+    """Which computation of a step an attempt is (the compiled step takes it as an int32 input): the first
+    computes this rank's own gradient norm only when the guard refuses it (it costs a reduction over every
+    gradient), a replay always, and a forced replay has its finite spike accepted."""
+
+    FIRST = 0
+    REPLAY = 1
+    FORCED_REPLAY = 2
 
 
 @dataclass(frozen=True)
@@ -110,7 +120,7 @@ class StepOutcome:
 class StepJudge:
     """Runs a step and, when the guard refuses it, its replay; says what the step was.
 
-    `attempt(force) -> Attempt` computes the whole step on this rank (forward, backward, all-reduce, the
+    `attempt(kind) -> Attempt` computes the whole step on this rank (forward, backward, all-reduce, the
     guard, the update when accepted) and must leave nothing changed when the guard refuses; `state()` reads
     the guard's statistics; `rebaseline(loss, norm)` makes the guard forget them. Every rank must call `run`
     for every step, in step with the others: the replay is a collective step too.
@@ -124,9 +134,9 @@ class StepJudge:
         self._step = 0
         self._spikes: deque[int] = deque()  # the steps of spikes judged bad data within the window
 
-    def run(self, attempt: Callable[[bool], Attempt]) -> StepOutcome:
+    def run(self, attempt: Callable[[AttemptKind], Attempt]) -> StepOutcome:
         self._step += 1
-        first = attempt(False)
+        first = attempt(AttemptKind.FIRST)
         if first.accepted:
             return StepOutcome(Verdict.ACCEPTED, first)
         reason = skip_reason(False, first.loss, first.norm)
@@ -135,7 +145,8 @@ class StepJudge:
         spike = reason is GRAD_NORM_SPIKE
         raised = spike and loss_raised(self._settings, self._state(), first.loss)
         over_share = spike and len(self._spikes) >= MAX_SPIKES_IN_WINDOW
-        replay = attempt(spike and (over_share or not raised))
+        forced = spike and (over_share or not raised)
+        replay = attempt(AttemptKind.FORCED_REPLAY if forced else AttemptKind.REPLAY)
         if not replay.same_global(first):
             # The replay stands. Refused too (otherwise), it tells no more which attempt was wrong: the step
             # is then lost as a crashed one's would be, and its samples are not blamed either.
