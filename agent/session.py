@@ -367,6 +367,10 @@ class CoordinatorLink:
                 # reports of a generation launched meanwhile and then name the generation before.
                 body = handler.heartbeat_body()
                 body.sequence = sequence
+                # What building it queued goes first (held-back progress): the coordinator believes no
+                # snapshot the heartbeat names beyond the steps reported.
+                while not self._outbox.empty():
+                    await call.write(self._outbox.get_nowait())
                 await call.write(pb.AgentMessage(heartbeat=body))
             await self._clock.asleep(self.interval_s)
 

@@ -104,6 +104,6 @@ def test_nan_batch_skipped_on_every_rank_and_a_lost_node_shrinks_the_job_to_a_re
     assert ledger(address)[0]["reason"].startswith("nonfinite")
     for rank in range(3):  # every rank skipped the update itself, inside its step
         [log] = (tmp_path / "agents").glob(f"n*/generations/000001/rank{rank}.log")
-        assert re.search(rf"step {nan_step} skipped \(nonfinite", log.read_text()), f"rank {rank} did not skip"
+        assert re.search(rf"step {nan_step} skipped as bad data \(nonfinite", log.read_text()), f"rank {rank} did not skip"
     weights = final_weights(tmp_path / "out", 2)
     assert all(np.isfinite(w).all() for w in weights.values())
