@@ -230,3 +230,12 @@ async def running_cluster(nodes=("a", "b", "c"), peer_port: int = 0, **overrides
     sim.checkpoint(10)
     await sim.tick()
     return sim
+
+
+async def crash_and_relaunch(sim: SimCluster) -> None:
+    """Rank 1 crashes; every node confirms the stop; generation 2 is launched after the backoff."""
+    sim.crash("b", 1)
+    await sim.tick()
+    sim.confirm_stop()
+    await sim.tick(1.0)
+    assert sim.job.record.generation == 2

@@ -12,20 +12,11 @@ from daemon.job.observation import ProcessReport, ProgressReport, RootCause, Ski
 from daemon.store import codec, keys
 from proto.exit_codes import EXIT_USAGE
 from proto.vocabulary import CauseKind, JobState, ProcessRole
-from tests.daemon.job_sim import GLOBAL_BATCH, SimCluster, running_cluster, take_over
+from tests.daemon.job_sim import GLOBAL_BATCH, crash_and_relaunch, running_cluster, take_over
 
 
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 20))
-
-
-async def crash_and_relaunch(sim: SimCluster) -> None:
-    """Rank 1 crashes; every node confirms the stop; generation 2 is launched after the backoff."""
-    sim.crash("b", 1)
-    await sim.tick()
-    sim.confirm_stop()
-    await sim.tick(1.0)
-    assert sim.job.record.generation == 2
 
 
 def test_an_exit_reported_by_a_node_outside_the_job_changes_nothing() -> None:

@@ -18,7 +18,7 @@ from daemon.job.state import GenerationRecord, ResumeSource, SnapshotHolder
 from daemon.message_checks import MalformedMessage
 from proto import trainerd_pb2 as pb
 from proto.vocabulary import JobState
-from tests.daemon.job_sim import GLOBAL_BATCH, SESSION_GRACE_S, SimCluster, running_cluster
+from tests.daemon.job_sim import GLOBAL_BATCH, SESSION_GRACE_S, SimCluster, crash_and_relaunch, running_cluster
 
 PEER_PORT = 7431
 
@@ -165,15 +165,6 @@ def test_a_stop_confirmation_names_fresher_holdings_than_the_heartbeats() -> Non
 def test_hostile_holdings_are_refused(hostile) -> None:
     with pytest.raises(MalformedMessage):
         held_snapshots(hostile)
-
-
-async def crash_and_relaunch(sim: SimCluster) -> None:
-    """Rank 1 crashes; every node confirms the stop; the next generation is launched."""
-    sim.crash("b", 1)
-    await sim.tick()
-    sim.confirm_stop()
-    await sim.tick(1.0)
-    assert sim.job.record.generation == 2
 
 
 def test_a_node_outside_the_placement_claiming_every_rank_is_not_believed() -> None:
