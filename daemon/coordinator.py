@@ -19,7 +19,7 @@ from common.clock import Clock
 from daemon import metrics
 from daemon.config import JobSettings
 from daemon.errors import PermanentError, RetryableError
-from daemon.events import EVENTS_PAGE, Event, EventLog
+from daemon.events import EVENTS_PAGE, Event, EventKind, EventLog
 from daemon.heartbeat_pace import HeartbeatPacer, Pace
 from daemon.job.controller import KEPT_GENERATION_RECORDS, ClusterFacts, CommandRefused, JobController, JobView
 from daemon.job.observation import MemorySnapshot, ProcessReport, ProgressReport, SkippedBatch, WorkerNotice
@@ -288,7 +288,7 @@ class Coordinator:
         # Why the events go on after a gap: a failover, or a restart of trainerd (which, with local agents,
         # stopped their processes too: the job's next pass ends that generation, PROCESSES_GONE). First,
         # before what the job's load finds (a changed cluster file).
-        await self._events.append("coordinator_leads", f"coordinator {self.me.id} at {self.me.address} leads",
+        await self._events.append(EventKind.COORDINATOR_LEADS, f"coordinator {self.me.id} at {self.me.address} leads",
                                   leadership.fence, coordinator=self.me.id)
         if self.job is not None:
             await self.job.load(leadership.fence)
@@ -387,7 +387,7 @@ class Coordinator:
             # wants: then it is recorded.
             if self.needs_recording(hello):
                 raise
-        kind = "node_joined" if record is None else "node_ready"
+        kind = EventKind.NODE_JOINED if record is None else EventKind.NODE_READY
         await self._events.append(kind, f"node {name} is READY with {len(hello.devices)} device(s) "
                                   f"at {hello.host}", leadership.fence, node=name)
 
@@ -404,7 +404,7 @@ class Coordinator:
         if command is None:
             return
         session.send(command)  # queued: it goes out after the Welcome
-        await self._events.append("node_check_started", f"node {session.node} runs the node check before it is "
+        await self._events.append(EventKind.NODE_CHECK_STARTED, f"node {session.node} runs the node check before it is "
                                   f"offered work: {why}", leadership.fence, node=session.node)
 
     def node_check_result(self, session: AgentSession, check_id: int, passed: bool, detail: str) -> None:
@@ -417,11 +417,11 @@ class Coordinator:
             return
         leadership, node = self.leadership, session.node
         if outcome:
-            recorded = self._events.append("node_check_passed", f"node {node} passed the node check",
+            recorded = self._events.append(EventKind.NODE_CHECK_PASSED, f"node {node} passed the node check",
                                            leadership.fence, node=node)
         else:
-            recorded = self._events.append("node_check_failed", f"node {node} failed the node check and is offered "
-                                           f"no work until it returns or is undrained: {detail}",
+            recorded = self._events.append(EventKind.NODE_CHECK_FAILED, f"node {node} failed the node check and is "
+                                           f"offered no work until it returns or is undrained: {detail}",
                                            leadership.fence, node=node, reason=detail)
         task = asyncio.get_running_loop().create_task(recorded)
         self._background.add(task)
@@ -657,7 +657,7 @@ class Coordinator:
         async with self._reconcile_lock:
             if record.drained != drained:
                 await self._membership.set_drained(node, drained, leadership.fence)
-                await self._events.append("node_drained" if drained else "node_undrained",
+                await self._events.append(EventKind.NODE_DRAINED if drained else EventKind.NODE_UNDRAINED,
                                           f"node {node} is {'drained' if drained else 'back in service'}",
                                           leadership.fence, node=node)
             if not drained and self.job is not None:
@@ -741,7 +741,7 @@ class Coordinator:
             session = self._sessions.pop(name, None)
             if session is not None:
                 session.closed.set()
-            await self._events.append("node_lost", f"node {name} is LOST: nothing heard for {age:.1f}s",
+            await self._events.append(EventKind.NODE_LOST, f"node {name} is LOST: nothing heard for {age:.1f}s",
                                       leadership.fence, node=name)
         await self._forget_departed_nodes(leadership)
         self._export_nodes()
@@ -763,7 +763,7 @@ class Coordinator:
                 self._liveness.forget(record.name)
                 self._node_checks.forget(record.name)
                 await self._events.append(
-                    "node_forgotten", f"node {record.name} is forgotten: LOST for {lost_for / 3600:.1f}h "
+                    EventKind.NODE_FORGOTTEN, f"node {record.name} is forgotten: LOST for {lost_for / 3600:.1f}h "
                     f"(forget_lost_after_s {self._forget_lost_after_s:g})", leadership.fence, node=record.name)
 
     async def _compact_events(self, leadership: Leadership) -> None:

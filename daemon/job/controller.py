@@ -26,7 +26,7 @@ from common.clock import Clock
 from daemon import metrics
 from daemon.config import JobSettings
 from daemon.errors import PermanentError
-from daemon.events import EventLog
+from daemon.events import EventKind, EventLog
 from daemon.job.catalog import CheckpointCatalog, CheckpointEntry, inside_root
 from daemon.job.commands import CheckpointNowCommand, LaunchCommand, RequestExitCommand, StopCommand
 from daemon.job.decide import (
@@ -310,7 +310,7 @@ class JobController:
                         "launched with until the next generation, timeouts and limits apply at once", name, what)
             return
         again = self._started_over(from_step=None)
-        await self._commit(CommitRecord(again, "job_changed", recovery="resume", message=
+        await self._commit(CommitRecord(again, EventKind.JOB_CHANGED, recovery="resume", message=
                                         f"job {name} is {again.state.value}: the cluster file changed {what} of the "
                                         f"{state.value} job; it runs again from the newest checkpoint"), fence)
 
@@ -604,7 +604,7 @@ class JobController:
                         self._bad_memory_steps = bad_memory_steps_after(self._bad_memory_steps, action.step,
                                                                         self.catalog.entries())
                         await self._events.append(
-                            "snapshot_unusable", f"job {self.spec.name}: the in-memory snapshot of step "
+                            EventKind.SNAPSHOT_UNUSABLE, f"job {self.spec.name}: the in-memory snapshot of step "
                             f"{action.step} could not be loaded and is not used again (the next generation resumes "
                             f"from the next newest source): {action.problem}", fence, step=action.step,
                             problem=action.problem)
@@ -634,8 +634,8 @@ class JobController:
             backoff_reset = record_after_checkpoint(self.record)
             if backoff_reset is not None:
                 await self._write_record(backoff_reset, fence)
-            await self._events.append("checkpoint_saved", f"job {self.spec.name}: checkpoint at step {entry.step} "
-                                      f"({entry.consumed_samples} samples) committed", fence,
+            await self._events.append(EventKind.CHECKPOINT_SAVED, f"job {self.spec.name}: checkpoint at step "
+                                      f"{entry.step} ({entry.consumed_samples} samples) committed", fence,
                                       generation=entry.generation, step=entry.step, path=entry.path)
 
     async def _record_failed_saves(self, fence: Fence) -> None:
@@ -643,8 +643,8 @@ class JobController:
             failed = self._unrecorded_failed_saves[0]
             newest = max((entry.step for entry in self.catalog.entries() if entry.good), default=None)
             await self._events.append(
-                "checkpoint_failed", f"job {self.spec.name}: the checkpoint of step {failed.step} failed on rank "
-                f"{failed.rank} (node {failed.node}): {failed.reason}; training goes on, the last committed "
+                EventKind.CHECKPOINT_FAILED, f"job {self.spec.name}: the checkpoint of step {failed.step} failed on "
+                f"rank {failed.rank} (node {failed.node}): {failed.reason}; training goes on, the last committed "
                 f"checkpoint is {'none' if newest is None else f'step {newest}'}", fence,
                 generation=failed.generation, step=failed.step, rank=failed.rank, node=failed.node,
                 reason=failed.reason)
@@ -655,13 +655,13 @@ class JobController:
             found = self._unrecorded_findings[0]
             notice = found.notice
             if notice.kind == DEVICE_SUSPECTED:
-                kind = "device_suspected"
+                kind = EventKind.DEVICE_SUSPECTED
                 device = "" if found.device_id is None else f" (device {found.device_id})"
                 message = (f"job {self.spec.name}: rank {found.rank} on node {found.node}{device} computed step "
                            f"{notice.step} otherwise when it was replayed ({notice.detail}): its device is "
                            f"suspected; the step was taken from the replay and no samples were skipped")
             else:
-                kind = "guard_rebaselined"
+                kind = EventKind.GUARD_REBASELINED
                 message = (f"job {self.spec.name}: the bad-batch guard re-baselined at step {notice.step} "
                            f"({notice.detail}): more reproduced spikes than a bad batch makes, so its statistics "
                            f"are learnt afresh and none of those steps is skipped")
@@ -672,8 +672,8 @@ class JobController:
     async def _record_warnings(self, fence: Fence) -> None:
         while self._unrecorded_warnings:
             generation, rank, node, text = self._unrecorded_warnings[0]
-            await self._events.append("job_warning", f"job {self.spec.name}: {text}", fence, generation=generation,
-                                      rank=rank, node=node)
+            await self._events.append(EventKind.JOB_WARNING, f"job {self.spec.name}: {text}", fence,
+                                      generation=generation, rank=rank, node=node)
             self._unrecorded_warnings.popleft()
 
     async def _record_refusals(self, fence: Fence) -> None:
@@ -682,7 +682,7 @@ class JobController:
         while self._unrecorded_refusals:
             refusal = self._unrecorded_refusals[0]
             await self._events.append(
-                "launch_refused", f"job {self.spec.name}: node {refusal.node} refused to launch generation "
+                EventKind.LAUNCH_REFUSED, f"job {self.spec.name}: node {refusal.node} refused to launch generation "
                 f"{refusal.generation}: {refusal.reason}", fence, generation=refusal.generation, node=refusal.node,
                 reason=refusal.reason)
             self._unrecorded_refusals.popleft()
@@ -696,7 +696,7 @@ class JobController:
         """Record a ledger entry (and its event); later generations leave its samples out."""
         if not await self.ledger.add(entry, fence):
             return False
-        await self._events.append("samples_skipped", f"job {self.spec.name}: samples {entry.start}:{entry.end} "
+        await self._events.append(EventKind.SAMPLES_SKIPPED, f"job {self.spec.name}: samples {entry.start}:{entry.end} "
                                   f"are skipped from now on: {entry.reason}", fence, start=entry.start,
                                   end=entry.end, step=entry.step, generation=entry.generation)
         return True
@@ -792,7 +792,7 @@ class JobController:
         if action.memory_shortfall:
             where += f" ({action.memory_shortfall})"
         await self._events.append(
-            "generation_started",
+            EventKind.GENERATION_STARTED,
             f"job {self.spec.name}: generation {number} on {len(placement.nodes)} node(s), world size "
             f"{placement.world_size}, gradient accumulation {placement.grad_accum}, {where}", fence,
             generation=number, nodes=placement.nodes, world_size=placement.world_size,
@@ -855,7 +855,7 @@ class JobController:
         self._checkpoint_request = CheckpointRequest(action.step, self._clock.now())
         for node in generation.placement.nodes:
             self._send(node, CheckpointNowCommand(generation.number, action.step))
-        await self._events.append("checkpoint_requested", f"job {self.spec.name}: checkpoint asked for at step "
+        await self._events.append(EventKind.CHECKPOINT_REQUESTED, f"job {self.spec.name}: checkpoint asked for at step "
                                   f"{action.step}: {action.reason}", fence, generation=generation.number,
                                   step=action.step)
 
@@ -894,14 +894,15 @@ class JobController:
             if record.pausing:
                 return f"job {name} is already pausing: generation {record.generation} {first} first"
             asked = record.moved_to(record.state, pause_requested_generation=record.generation)
-            await self._commit(CommitRecord(asked, "pause_requested", f"job {name}: the operator asked for a pause; "
-                                            f"generation {record.generation} {first} first, then it is PAUSED"), fence)
+            await self._commit(CommitRecord(asked, EventKind.PAUSE_REQUESTED, f"job {name}: the operator asked for a "
+                                            f"pause; generation {record.generation} {first} first, then it is PAUSED"),
+                               fence)
             self._pause_asked_at = self._clock.now()
             return (f"job {name} is pausing: generation {record.generation} {first} first, then it is PAUSED (at "
                     f"most {PAUSE_SAVE_WAIT_S:g}s; `trainerctl pause --now` stops it at once)")
         await self._commit(CommitRecord(record.moved_to(JobState.PAUSED, stopped_generation=record.generation,
                                                         pause_requested_generation=0),
-                                        "job_paused", f"job {name} is PAUSED by the operator"), fence)
+                                        EventKind.JOB_PAUSED, f"job {name} is PAUSED by the operator"), fence)
         self._stop("paused by the operator")
         return f"job {name} is PAUSED; generation {record.generation} is being stopped"
 
@@ -909,7 +910,7 @@ class JobController:
         record = self.record
         if record.pausing and from_step is None:
             await self._commit(CommitRecord(record.moved_to(record.state, pause_requested_generation=0),
-                                            "pause_cancelled", f"job {self.spec.name} is {record.state.value}: "
+                                            EventKind.PAUSE_CANCELLED, f"job {self.spec.name} is {record.state.value}: "
                                             f"the pause asked for is called off"), fence)
             self._pause_asked_at = None
             return f"job {self.spec.name} is {record.state.value}: the pause asked for is called off"
@@ -936,7 +937,7 @@ class JobController:
                 where = "its first step: no checkpoint was committed (an in-memory snapshot still held goes first)"
             else:
                 where = f"the newest checkpoint, step {newest} (or a newer in-memory snapshot)"
-        await self._commit(CommitRecord(resumed, "job_resumed", recovery="resume", message=
+        await self._commit(CommitRecord(resumed, EventKind.JOB_RESUMED, recovery="resume", message=
                                         f"job {self.spec.name} is {state.value}: resumed by the operator from "
                                         f"{where}"), fence)
         return f"job {self.spec.name} is {state.value}: restarting from {where}"

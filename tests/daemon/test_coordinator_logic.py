@@ -10,7 +10,7 @@ from prometheus_client import REGISTRY
 
 from common.clock import FakeClock
 from daemon.coordinator import AgentHello, Coordinator, NotLeader, SessionRefused
-from daemon.events import EventLog
+from daemon.events import EventKind, EventLog
 from daemon.leader import LeaderElection, LeaderRecord, LeadershipLost
 from daemon.membership import DeviceInfo
 from daemon.store import codec, keys
@@ -110,8 +110,8 @@ def test_a_deposed_leader_cannot_write() -> None:
         new = await LeaderElection(store, LeaderRecord("b", "b:1"), 3).try_acquire()
         assert new is not None
         with pytest.raises(LeadershipLost):
-            await EventLog(store, "job", clock).append("x", "stale write", old.fence)
-        event = await EventLog(store, "job", clock).append("x", "fresh write", new.fence)
+            await EventLog(store, "job", clock).append(EventKind.JOB_WARNING, "stale write", old.fence)
+        event = await EventLog(store, "job", clock).append(EventKind.JOB_WARNING, "fresh write", new.fence)
         assert (event.seq, event.at) == (1, clock.wall())
 
     run(scenario())
