@@ -21,11 +21,12 @@ from daemon.config import JobSettings
 from daemon.errors import PermanentError, RetryableError
 from daemon.events import EVENTS_PAGE, Event, EventKind, EventLog
 from daemon.heartbeat_pace import HeartbeatPacer, Pace
-from daemon.job.controller import KEPT_GENERATION_RECORDS, ClusterFacts, CommandRefused, JobController, JobView
-from daemon.job.observation import MemorySnapshot, ProcessReport, ProgressReport, SkippedBatch, WorkerNotice
+from daemon.job.controller import ClusterFacts, CommandRefused, JobController
 from daemon.job.placement import NodeOffer
+from daemon.job.reports import AgentReport, HeartbeatReport
 from daemon.job.skip_ledger import SkipEntry, checked
-from daemon.job.state import GenerationRecord
+from daemon.job.state import KEPT_GENERATION_RECORDS, GenerationRecord
+from daemon.job.view import JobView, forget_metrics
 from daemon.leader import LeaderElection, LeaderRecord, Leadership, LeadershipLost
 from daemon.liveness import LivenessTracker
 from daemon.log_relay import LogChunk, LogRelay
@@ -261,7 +262,7 @@ class Coordinator:
             if shutting_down and self.job is not None and self.leadership is leadership:
                 # Best effort, and brief: with etcd out of reach, the resignation's own wait is enough.
                 async with asyncio.timeout(STAND_DOWN_SAVE_S):
-                    await self.job.stand_down(leadership.fence)
+                    await self.job.goodput.stand_down(leadership.fence)
         except (StoreError, LeadershipLost, TimeoutError) as exc:
             log.warning("could not save the job's goodput totals before standing down: %s",
                         str(exc) or f"no answer within {STAND_DOWN_SAVE_S:g}s")
@@ -301,7 +302,7 @@ class Coordinator:
     def _leave_office(self) -> None:
         self.leadership = None
         if self.job is not None:
-            self.job.forget_metrics()
+            forget_metrics(self.job.spec.name)
         for state in NodeState:
             metrics.NODES.remove(state.value)
         self._on_leadership_change(False)
@@ -348,7 +349,7 @@ class Coordinator:
             raise
         session.opening = False
         self._liveness.welcomed(name, hello.next_welcome_wait_s)  # its heartbeats start with the Welcome
-        if self.job is not None and self.job.session_opened(name):
+        if self.job is not None and self.job.inbox.session_opened(name):
             self.request_reconcile()  # its Launch goes out again, after the Welcome
         stop_grace_s = DEFAULT_STOP_GRACE_S if self.job is None else self.job.spec.stop_grace_s
         pace = self._pace()
@@ -453,17 +454,17 @@ class Coordinator:
         metrics.HEARTBEAT_INTERVAL.set(pace.interval_s)
         return pace
 
-    def heartbeat(self, session: AgentSession, generation: int | None, handled_minus_sent_s: float | None = None,
-                  memory: MemorySnapshot | None = None, held: tuple[MemorySnapshot, ...] = ()) -> None:
-        """`generation`: the one the agent runs (None: its heartbeat named none readable, and counts for
-        liveness alone); `handled_minus_sent_s`: now by our wall clock minus the heartbeat's `sent_at` by the
-        agent's; `memory`, `held`: the in-memory snapshots the agent holds, whole and in part."""
+    def heartbeat(self, session: AgentSession, report: HeartbeatReport | None,
+                  handled_minus_sent_s: float | None = None) -> None:
+        """`report`: the generation the agent runs and the in-memory snapshots it holds (None: its heartbeat
+        named no readable generation, and counts for liveness alone); `handled_minus_sent_s`: now by our wall
+        clock minus the heartbeat's `sent_at` by the agent's."""
         if not session.closed.is_set():
             self._liveness.heard_from(session.node)
             if handled_minus_sent_s is not None:
                 self._read_lag.observe(session, handled_minus_sent_s)
-            if self.job is not None and generation is not None:
-                self.job.heartbeat(session.node, generation, memory, held)
+            if report is not None:
+                self.report(session, report)
 
     def _peer_port(self, node: str) -> int:
         session = self._sessions.get(node)
@@ -478,23 +479,10 @@ class Coordinator:
 
     # ------------------------------------------------------------ job reports
 
-    def process_report(self, session: AgentSession, generation: int, report: ProcessReport) -> None:
-        if self.job is not None and self.job.process_report(generation, report) and not report.running:
-            self.request_reconcile()  # an exit is acted on now, not at the next pass
-
-    def progress_report(self, session: AgentSession, generation: int, report: ProgressReport) -> None:
-        if self.job is not None:
-            self.job.progress_report(generation, session.node, report)
-
-    def stopped_report(self, session: AgentSession, generation: int, memory: MemorySnapshot | None = None,
-                       held: tuple[MemorySnapshot, ...] = ()) -> None:
-        if self.job is not None:
-            self.job.stopped_report(generation, session.node, memory, held)
-            self.request_reconcile()
-
-    def checkpoint_saved(self, session: AgentSession, generation: int, step: int, consumed_samples: int,
-                         path: str) -> None:
-        if self.job is not None and self.job.checkpoint_saved(generation, session.node, step, consumed_samples, path):
+    def report(self, session: AgentSession, report: AgentReport) -> None:
+        """An agent's report about the job, for the job's inbox (daemon/job/inbox.py); the job's reconcile
+        runs at once when the report calls for it (an exit is acted on now, not at the next pass)."""
+        if self.job is not None and self.job.inbox.take(session.node, report):
             self.request_reconcile()
 
     def request_reconcile(self) -> None:
@@ -535,24 +523,6 @@ class Coordinator:
             drained={r.name for r in records if r.drained},
         )
 
-    def checkpoint_failed(self, session: AgentSession, generation: int, rank: int, step: int, reason: str) -> None:
-        if self.job is not None and self.job.checkpoint_failed(generation, session.node, rank, step, reason):
-            self.request_reconcile()
-
-    def guard_notice(self, session: AgentSession, generation: int, rank: int, notice: WorkerNotice) -> None:
-        if self.job is not None:
-            self.job.guard_notice(generation, session.node, rank, notice)
-            self.request_reconcile()
-
-    def worker_warning(self, session: AgentSession, generation: int, rank: int, text: str) -> None:
-        if self.job is not None and self.job.worker_warning(generation, session.node, rank, text):
-            self.request_reconcile()
-
-    def bad_batch(self, session: AgentSession, generation: int, rank: int, report: SkippedBatch) -> None:
-        if self.job is not None:
-            self.job.bad_batch(generation, session.node, rank, report)
-            self.request_reconcile()
-
     def log_data(self, session: AgentSession, request_id: int, chunk: LogChunk) -> None:
         self._logs.answer(session.node, request_id, chunk)
 
@@ -579,7 +549,7 @@ class Coordinator:
 
     async def _generation_record(self, number: int) -> GenerationRecord:
         assert self.job is not None
-        current = self.job.generation
+        current = self.job.inbox.generation
         if current is None:
             raise CommandRefused(f"job {self._job_name} has not launched a generation yet")
         if number in (0, current.number):
