@@ -19,13 +19,14 @@ from common.clock import Clock
 from daemon import metrics
 from daemon.config import JobSettings
 from daemon.errors import PermanentError, RetryableError
-from daemon.events import EVENTS_PAGE, Event, EventLog
+from daemon.events import EVENTS_PAGE, Event, EventKind, EventLog
 from daemon.heartbeat_pace import HeartbeatPacer, Pace
-from daemon.job.controller import KEPT_GENERATION_RECORDS, ClusterFacts, CommandRefused, JobController, JobView
-from daemon.job.observation import MemorySnapshot, ProcessReport, ProgressReport, SkippedBatch, WorkerNotice
+from daemon.job.controller import ClusterFacts, CommandRefused, JobController
 from daemon.job.placement import NodeOffer
+from daemon.job.reports import AgentReport, HeartbeatReport
 from daemon.job.skip_ledger import SkipEntry, checked
-from daemon.job.state import GenerationRecord
+from daemon.job.state import KEPT_GENERATION_RECORDS, GenerationRecord
+from daemon.job.view import JobView, forget_metrics
 from daemon.leader import LeaderElection, LeaderRecord, Leadership, LeadershipLost
 from daemon.liveness import LivenessTracker
 from daemon.log_relay import LogChunk, LogRelay
@@ -261,7 +262,7 @@ class Coordinator:
             if shutting_down and self.job is not None and self.leadership is leadership:
                 # Best effort, and brief: with etcd out of reach, the resignation's own wait is enough.
                 async with asyncio.timeout(STAND_DOWN_SAVE_S):
-                    await self.job.stand_down(leadership.fence)
+                    await self.job.goodput.stand_down(leadership.fence)
         except (StoreError, LeadershipLost, TimeoutError) as exc:
             log.warning("could not save the job's goodput totals before standing down: %s",
                         str(exc) or f"no answer within {STAND_DOWN_SAVE_S:g}s")
@@ -288,7 +289,7 @@ class Coordinator:
         # Why the events go on after a gap: a failover, or a restart of trainerd (which, with local agents,
         # stopped their processes too: the job's next pass ends that generation, PROCESSES_GONE). First,
         # before what the job's load finds (a changed cluster file).
-        await self._events.append("coordinator_leads", f"coordinator {self.me.id} at {self.me.address} leads",
+        await self._events.append(EventKind.COORDINATOR_LEADS, f"coordinator {self.me.id} at {self.me.address} leads",
                                   leadership.fence, coordinator=self.me.id)
         if self.job is not None:
             await self.job.load(leadership.fence)
@@ -301,7 +302,7 @@ class Coordinator:
     def _leave_office(self) -> None:
         self.leadership = None
         if self.job is not None:
-            self.job.forget_metrics()
+            forget_metrics(self.job.spec.name)
         for state in NodeState:
             metrics.NODES.remove(state.value)
         self._on_leadership_change(False)
@@ -348,7 +349,7 @@ class Coordinator:
             raise
         session.opening = False
         self._liveness.welcomed(name, hello.next_welcome_wait_s)  # its heartbeats start with the Welcome
-        if self.job is not None and self.job.session_opened(name):
+        if self.job is not None and self.job.inbox.session_opened(name):
             self.request_reconcile()  # its Launch goes out again, after the Welcome
         stop_grace_s = DEFAULT_STOP_GRACE_S if self.job is None else self.job.spec.stop_grace_s
         pace = self._pace()
@@ -387,7 +388,7 @@ class Coordinator:
             # wants: then it is recorded.
             if self.needs_recording(hello):
                 raise
-        kind = "node_joined" if record is None else "node_ready"
+        kind = EventKind.NODE_JOINED if record is None else EventKind.NODE_READY
         await self._events.append(kind, f"node {name} is READY with {len(hello.devices)} device(s) "
                                   f"at {hello.host}", leadership.fence, node=name)
 
@@ -404,7 +405,7 @@ class Coordinator:
         if command is None:
             return
         session.send(command)  # queued: it goes out after the Welcome
-        await self._events.append("node_check_started", f"node {session.node} runs the node check before it is "
+        await self._events.append(EventKind.NODE_CHECK_STARTED, f"node {session.node} runs the node check before it is "
                                   f"offered work: {why}", leadership.fence, node=session.node)
 
     def node_check_result(self, session: AgentSession, check_id: int, passed: bool, detail: str) -> None:
@@ -417,11 +418,11 @@ class Coordinator:
             return
         leadership, node = self.leadership, session.node
         if outcome:
-            recorded = self._events.append("node_check_passed", f"node {node} passed the node check",
+            recorded = self._events.append(EventKind.NODE_CHECK_PASSED, f"node {node} passed the node check",
                                            leadership.fence, node=node)
         else:
-            recorded = self._events.append("node_check_failed", f"node {node} failed the node check and is offered "
-                                           f"no work until it returns or is undrained: {detail}",
+            recorded = self._events.append(EventKind.NODE_CHECK_FAILED, f"node {node} failed the node check and is "
+                                           f"offered no work until it returns or is undrained: {detail}",
                                            leadership.fence, node=node, reason=detail)
         task = asyncio.get_running_loop().create_task(recorded)
         self._background.add(task)
@@ -453,17 +454,17 @@ class Coordinator:
         metrics.HEARTBEAT_INTERVAL.set(pace.interval_s)
         return pace
 
-    def heartbeat(self, session: AgentSession, generation: int | None, handled_minus_sent_s: float | None = None,
-                  memory: MemorySnapshot | None = None, held: tuple[MemorySnapshot, ...] = ()) -> None:
-        """`generation`: the one the agent runs (None: its heartbeat named none readable, and counts for
-        liveness alone); `handled_minus_sent_s`: now by our wall clock minus the heartbeat's `sent_at` by the
-        agent's; `memory`, `held`: the in-memory snapshots the agent holds, whole and in part."""
+    def heartbeat(self, session: AgentSession, report: HeartbeatReport | None,
+                  handled_minus_sent_s: float | None = None) -> None:
+        """`report`: the generation the agent runs and the in-memory snapshots it holds (None: its heartbeat
+        named no readable generation, and counts for liveness alone); `handled_minus_sent_s`: now by our wall
+        clock minus the heartbeat's `sent_at` by the agent's."""
         if not session.closed.is_set():
             self._liveness.heard_from(session.node)
             if handled_minus_sent_s is not None:
                 self._read_lag.observe(session, handled_minus_sent_s)
-            if self.job is not None and generation is not None:
-                self.job.heartbeat(session.node, generation, memory, held)
+            if report is not None:
+                self.report(session, report)
 
     def _peer_port(self, node: str) -> int:
         session = self._sessions.get(node)
@@ -478,23 +479,10 @@ class Coordinator:
 
     # ------------------------------------------------------------ job reports
 
-    def process_report(self, session: AgentSession, generation: int, report: ProcessReport) -> None:
-        if self.job is not None and self.job.process_report(generation, report) and not report.running:
-            self.request_reconcile()  # an exit is acted on now, not at the next pass
-
-    def progress_report(self, session: AgentSession, generation: int, report: ProgressReport) -> None:
-        if self.job is not None:
-            self.job.progress_report(generation, session.node, report)
-
-    def stopped_report(self, session: AgentSession, generation: int, memory: MemorySnapshot | None = None,
-                       held: tuple[MemorySnapshot, ...] = ()) -> None:
-        if self.job is not None:
-            self.job.stopped_report(generation, session.node, memory, held)
-            self.request_reconcile()
-
-    def checkpoint_saved(self, session: AgentSession, generation: int, step: int, consumed_samples: int,
-                         path: str) -> None:
-        if self.job is not None and self.job.checkpoint_saved(generation, session.node, step, consumed_samples, path):
+    def report(self, session: AgentSession, report: AgentReport) -> None:
+        """An agent's report about the job, for the job's inbox (daemon/job/inbox.py); the job's reconcile
+        runs at once when the report calls for it (an exit is acted on now, not at the next pass)."""
+        if self.job is not None and self.job.inbox.take(session.node, report):
             self.request_reconcile()
 
     def request_reconcile(self) -> None:
@@ -535,24 +523,6 @@ class Coordinator:
             drained={r.name for r in records if r.drained},
         )
 
-    def checkpoint_failed(self, session: AgentSession, generation: int, rank: int, step: int, reason: str) -> None:
-        if self.job is not None and self.job.checkpoint_failed(generation, session.node, rank, step, reason):
-            self.request_reconcile()
-
-    def guard_notice(self, session: AgentSession, generation: int, rank: int, notice: WorkerNotice) -> None:
-        if self.job is not None:
-            self.job.guard_notice(generation, session.node, rank, notice)
-            self.request_reconcile()
-
-    def worker_warning(self, session: AgentSession, generation: int, rank: int, text: str) -> None:
-        if self.job is not None and self.job.worker_warning(generation, session.node, rank, text):
-            self.request_reconcile()
-
-    def bad_batch(self, session: AgentSession, generation: int, rank: int, report: SkippedBatch) -> None:
-        if self.job is not None:
-            self.job.bad_batch(generation, session.node, rank, report)
-            self.request_reconcile()
-
     def log_data(self, session: AgentSession, request_id: int, chunk: LogChunk) -> None:
         self._logs.answer(session.node, request_id, chunk)
 
@@ -579,7 +549,7 @@ class Coordinator:
 
     async def _generation_record(self, number: int) -> GenerationRecord:
         assert self.job is not None
-        current = self.job.generation
+        current = self.job.inbox.generation
         if current is None:
             raise CommandRefused(f"job {self._job_name} has not launched a generation yet")
         if number in (0, current.number):
@@ -657,7 +627,7 @@ class Coordinator:
         async with self._reconcile_lock:
             if record.drained != drained:
                 await self._membership.set_drained(node, drained, leadership.fence)
-                await self._events.append("node_drained" if drained else "node_undrained",
+                await self._events.append(EventKind.NODE_DRAINED if drained else EventKind.NODE_UNDRAINED,
                                           f"node {node} is {'drained' if drained else 'back in service'}",
                                           leadership.fence, node=node)
             if not drained and self.job is not None:
@@ -741,7 +711,7 @@ class Coordinator:
             session = self._sessions.pop(name, None)
             if session is not None:
                 session.closed.set()
-            await self._events.append("node_lost", f"node {name} is LOST: nothing heard for {age:.1f}s",
+            await self._events.append(EventKind.NODE_LOST, f"node {name} is LOST: nothing heard for {age:.1f}s",
                                       leadership.fence, node=name)
         await self._forget_departed_nodes(leadership)
         self._export_nodes()
@@ -763,7 +733,7 @@ class Coordinator:
                 self._liveness.forget(record.name)
                 self._node_checks.forget(record.name)
                 await self._events.append(
-                    "node_forgotten", f"node {record.name} is forgotten: LOST for {lost_for / 3600:.1f}h "
+                    EventKind.NODE_FORGOTTEN, f"node {record.name} is forgotten: LOST for {lost_for / 3600:.1f}h "
                     f"(forget_lost_after_s {self._forget_lost_after_s:g})", leadership.fence, node=record.name)
 
     async def _compact_events(self, leadership: Leadership) -> None:

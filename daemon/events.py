@@ -30,10 +30,86 @@ log = logging.getLogger(__name__)
 EVENTS_PAGE = 500
 # Compaction deletes at most this many pages per pass (of each kind of history); the next pass goes on.
 COMPACTION_PAGES_PER_PASS = 20
+
+
+class EventKind(enum.StrEnum):
+    """Every kind of event the coordinator appends: one list, which docs/reference/events.md is generated
+    from and tests/test_docs_reference.py checks against every kind the code appends. The comment above a
+    kind is its documentation."""
+
+    # A coordinator took the lead (a failover, or trainerd started again); names it and its address.
+    COORDINATOR_LEADS = "coordinator_leads"
+    # A node registered for the first time.
+    NODE_JOINED = "node_joined"
+    # A known node is READY again (it came back from LOST, or with other devices).
+    NODE_READY = "node_ready"
+    # A node is LOST: its session broke and it did not return within the grace, or it went silent.
+    NODE_LOST = "node_lost"
+    # A node LOST for longer than cluster.heartbeat.forget_lost_after_s left the node records.
+    NODE_FORGOTTEN = "node_forgotten"
+    # An operator drained a node (trainerctl nodes drain): a running job lets it go at a checkpoint.
+    NODE_DRAINED = "node_drained"
+    # An operator put a node back in service (trainerctl nodes undrain), lifting a quarantine.
+    NODE_UNDRAINED = "node_undrained"
+    # A node back from LOST or from a quarantine runs job.node_check before it is offered work.
+    NODE_CHECK_STARTED = "node_check_started"
+    # It passed (exit 0): the node is offered work again.
+    NODE_CHECK_PASSED = "node_check_passed"
+    # It failed or timed out: the node stays out until it returns again or is undrained; the reason is given.
+    NODE_CHECK_FAILED = "node_check_failed"
+    # The job in the cluster file differs from the one in etcd; names what changed.
+    JOB_CHANGED = "job_changed"
+    # A generation was launched: its nodes, world size, gradient accumulation and where it resumes from.
+    GENERATION_STARTED = "generation_started"
+    # Every rank of the generation reported a step: the job is RUNNING (after a recovery: its phases).
+    JOB_RUNNING = "job_running"
+    # Fewer usable devices than the job needs: it waits for nodes; says what it waits for.
+    JOB_WAITING = "job_waiting"
+    # A generation failed and the job recovers: the cause, the root cause, a quarantine if one began.
+    RECOVERY_STARTED = "recovery_started"
+    # The world changes size (a node joined, was drained or undrained) at a checkpoint.
+    RESHAPE_STARTED = "reshape_started"
+    # Every rank finished: the job is COMPLETED.
+    JOB_COMPLETED = "job_completed"
+    # The job is FAILED: the cause (restart budget spent, a job error, bad data, a usage error, ...).
+    JOB_FAILED = "job_failed"
+    # An operator asked to pause (trainerctl pause): the generation saves first.
+    PAUSE_REQUESTED = "pause_requested"
+    # trainerctl resume came before the job was PAUSED: the pause is called off.
+    PAUSE_CANCELLED = "pause_cancelled"
+    # The job is PAUSED.
+    JOB_PAUSED = "job_paused"
+    # An operator resumed a PAUSED or FAILED job (trainerctl resume), its restart budget refilled.
+    JOB_RESUMED = "job_resumed"
+    # The coordinator asked the generation for a checkpoint at a step ahead (growth, drain, pause, stop).
+    CHECKPOINT_REQUESTED = "checkpoint_requested"
+    # A script with job.graceful_exit_file is asked to leave through its graceful exit.
+    EXIT_REQUESTED = "exit_requested"
+    # A checkpoint was committed and entered the catalog.
+    CHECKPOINT_SAVED = "checkpoint_saved"
+    # A save failed (a full disk, an unwritable directory): the rank, the reason, the last good checkpoint.
+    CHECKPOINT_FAILED = "checkpoint_failed"
+    # Samples entered the skip ledger: a bad batch, a step that crashed repeatedly, or trainerctl skips add.
+    SAMPLES_SKIPPED = "samples_skipped"
+    # A rank's replay of a step its guard refused came out otherwise: its device computed wrong. The step was
+    # taken from the replay, and no samples were skipped.
+    DEVICE_SUSPECTED = "device_suspected"
+    # More reproduced spikes than bad data makes in a window: the guard learns its statistics afresh.
+    GUARD_REBASELINED = "guard_rebaselined"
+    # The worker runtime found something risky about the job at its start (it may work): what and why.
+    JOB_WARNING = "job_warning"
+    # A node's agent refused a generation's Launch (a forbidden variable, a disallowed entrypoint): its reason.
+    LAUNCH_REFUSED = "launch_refused"
+    # The in-memory snapshot a generation was to resume from could not be assembled or verified: the relaunch
+    # falls back to the next newest source.
+    SNAPSHOT_UNUSABLE = "snapshot_unusable"
+
+
 # The events about a node rather than the job, kept and bounded apart from the job's.
 NODE_EVENT_KINDS = frozenset({
-    "node_joined", "node_ready", "node_lost", "node_forgotten", "node_drained", "node_undrained",
-    "node_check_started", "node_check_passed", "node_check_failed",
+    EventKind.NODE_JOINED, EventKind.NODE_READY, EventKind.NODE_LOST, EventKind.NODE_FORGOTTEN,
+    EventKind.NODE_DRAINED, EventKind.NODE_UNDRAINED, EventKind.NODE_CHECK_STARTED, EventKind.NODE_CHECK_PASSED,
+    EventKind.NODE_CHECK_FAILED,
 })
 
 
@@ -88,10 +164,10 @@ class EventLog:
         kvs, _ = await self._store.get_range(prefix, prefix_end(prefix), limit=1, descending=True)
         return (_seq_of(kvs[0].key), _ordinal_of(kvs[0].key, kvs[0].value)) if kvs else (0, 0)
 
-    def _prefix(self, kind: str) -> str:
+    def _prefix(self, kind: EventKind) -> str:
         return self._prefixes[1] if kind in NODE_EVENT_KINDS else self._prefixes[0]
 
-    async def append(self, kind: str, message: str, fence: Fence, **fields) -> Event:
+    async def append(self, kind: EventKind, message: str, fence: Fence, **fields) -> Event:
         """Sequence numbers are handed out without awaiting, so concurrent appends (thousands of nodes
         joining at once) never race for the same number; a re-read happens only after a conflict."""
         while True:
@@ -178,76 +254,3 @@ class EventLog:
         except (codec.BadValue, KeyError, TypeError, ValueError):
             return False
         return at < self._clock.wall() - max_age_s
-
-
-class EventKind(enum.StrEnum):
-    """Every kind of event the coordinator appends: one list, which docs/reference/events.md is generated
-    from and tests/test_docs_reference.py checks against every kind the code appends. The comment above a
-    kind is its documentation."""
-
-    # A coordinator took the lead (a failover, or trainerd started again); names it and its address.
-    COORDINATOR_LEADS = "coordinator_leads"
-    # A node registered for the first time.
-    NODE_JOINED = "node_joined"
-    # A known node is READY again (it came back from LOST, or with other devices).
-    NODE_READY = "node_ready"
-    # A node is LOST: its session broke and it did not return within the grace, or it went silent.
-    NODE_LOST = "node_lost"
-    # A node LOST for longer than cluster.heartbeat.forget_lost_after_s left the node records.
-    NODE_FORGOTTEN = "node_forgotten"
-    # An operator drained a node (trainerctl nodes drain): a running job lets it go at a checkpoint.
-    NODE_DRAINED = "node_drained"
-    # An operator put a node back in service (trainerctl nodes undrain), lifting a quarantine.
-    NODE_UNDRAINED = "node_undrained"
-    # A node back from LOST or from a quarantine runs job.node_check before it is offered work.
-    NODE_CHECK_STARTED = "node_check_started"
-    # It passed (exit 0): the node is offered work again.
-    NODE_CHECK_PASSED = "node_check_passed"
-    # It failed or timed out: the node stays out until it returns again or is undrained; the reason is given.
-    NODE_CHECK_FAILED = "node_check_failed"
-    # The job in the cluster file differs from the one in etcd; names what changed.
-    JOB_CHANGED = "job_changed"
-    # A generation was launched: its nodes, world size, gradient accumulation and where it resumes from.
-    GENERATION_STARTED = "generation_started"
-    # Every rank of the generation reported a step: the job is RUNNING (after a recovery: its phases).
-    JOB_RUNNING = "job_running"
-    # Fewer usable devices than the job needs: it waits for nodes; says what it waits for.
-    JOB_WAITING = "job_waiting"
-    # A generation failed and the job recovers: the cause, the root cause, a quarantine if one began.
-    RECOVERY_STARTED = "recovery_started"
-    # The world changes size (a node joined, was drained or undrained) at a checkpoint.
-    RESHAPE_STARTED = "reshape_started"
-    # Every rank finished: the job is COMPLETED.
-    JOB_COMPLETED = "job_completed"
-    # The job is FAILED: the cause (restart budget spent, a job error, bad data, a usage error, ...).
-    JOB_FAILED = "job_failed"
-    # An operator asked to pause (trainerctl pause): the generation saves first.
-    PAUSE_REQUESTED = "pause_requested"
-    # trainerctl resume came before the job was PAUSED: the pause is called off.
-    PAUSE_CANCELLED = "pause_cancelled"
-    # The job is PAUSED.
-    JOB_PAUSED = "job_paused"
-    # An operator resumed a PAUSED or FAILED job (trainerctl resume), its restart budget refilled.
-    JOB_RESUMED = "job_resumed"
-    # The coordinator asked the generation for a checkpoint at a step ahead (growth, drain, pause, stop).
-    CHECKPOINT_REQUESTED = "checkpoint_requested"
-    # A script with job.graceful_exit_file is asked to leave through its graceful exit.
-    EXIT_REQUESTED = "exit_requested"
-    # A checkpoint was committed and entered the catalog.
-    CHECKPOINT_SAVED = "checkpoint_saved"
-    # A save failed (a full disk, an unwritable directory): the rank, the reason, the last good checkpoint.
-    CHECKPOINT_FAILED = "checkpoint_failed"
-    # Samples entered the skip ledger: a bad batch, a step that crashed repeatedly, or trainerctl skips add.
-    SAMPLES_SKIPPED = "samples_skipped"
-    # A rank's replay of a step its guard refused came out otherwise: its device computed wrong. The step was
-    # taken from the replay, and no samples were skipped.
-    DEVICE_SUSPECTED = "device_suspected"
-    # More reproduced spikes than bad data makes in a window: the guard learns its statistics afresh.
-    GUARD_REBASELINED = "guard_rebaselined"
-    # The worker runtime found something risky about the job at its start (it may work): what and why.
-    JOB_WARNING = "job_warning"
-    # A node's agent refused a generation's Launch (a forbidden variable, a disallowed entrypoint): its reason.
-    LAUNCH_REFUSED = "launch_refused"
-    # The in-memory snapshot a generation was to resume from could not be assembled or verified: the relaunch
-    # falls back to the next newest source.
-    SNAPSHOT_UNUSABLE = "snapshot_unusable"

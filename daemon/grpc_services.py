@@ -40,7 +40,7 @@ from daemon.job.commands import (
     RequestExitCommand,
     StopCommand,
 )
-from daemon.job.controller import CommandRefused, JobView
+from daemon.job.controller import CommandRefused
 from daemon.job.goodput import Phase
 from daemon.job.observation import (
     GUARD_NOTICES,
@@ -51,6 +51,19 @@ from daemon.job.observation import (
     SkippedBatch,
     WorkerNotice,
 )
+from daemon.job.reports import (
+    AgentReport,
+    BatchSkipped,
+    CheckpointCommitted,
+    CheckpointFailed,
+    GenerationStopped,
+    GuardNoticed,
+    HeartbeatReport,
+    ProcessChanged,
+    RankProgressed,
+    WorkerWarned,
+)
+from daemon.job.view import JobView
 from daemon.join_services import NodeDesk
 from daemon.log_relay import MAX_LOG_READ_BYTES, LogChunk
 from daemon.membership import DeviceInfo
@@ -221,7 +234,7 @@ def held_snapshots(held) -> tuple[MemorySnapshot, ...]:
     return snapshots
 
 
-def skipped_batch(b: pb.BadBatch) -> tuple[int, SkippedBatch]:
+def batch_skipped(b: pb.BadBatch) -> BatchSkipped:
     """The reporting rank and what it skipped. Raises MalformedMessage."""
     start = check.sample_position(b.sample_start, "sample_start")
     end = check.sample_position(b.sample_end, "sample_end")
@@ -229,8 +242,76 @@ def skipped_batch(b: pb.BadBatch) -> tuple[int, SkippedBatch]:
         raise MalformedMessage(f"bad batch at step {b.step} covers samples {start}:{end}")
     if not b.reason or len(b.reason) > check.MAX_REASON_CHARS:
         raise MalformedMessage(f"a bad batch needs a reason of 1 to {check.MAX_REASON_CHARS} characters")
-    return check.rank(b.rank), SkippedBatch(check.step(b.step), start, end, check.one_line(b.reason, 100),
-                                            b.loss, b.grad_norm)
+    rank, batch = check.rank(b.rank), SkippedBatch(check.step(b.step), start, end, check.one_line(b.reason, 100),
+                                                   b.loss, b.grad_norm)
+    return BatchSkipped(check.generation(b.generation), rank, batch)
+
+
+def guard_noticed(found: pb.GuardNotice) -> GuardNoticed:
+    """Raises MalformedMessage."""
+    if found.notice not in GUARD_NOTICES or found.step < 1 or not found.detail:
+        raise MalformedMessage(f"a guard notice needs a known notice, a step from 1 and a detail, got "
+                               f"{check.one_line(found.notice, 40)!r} at step {found.step}")
+    return GuardNoticed(check.generation(found.generation), check.rank(found.rank),
+                        WorkerNotice(check.step(found.step), found.notice,
+                                     check.one_line(found.detail, check.MAX_FAILURE_REASON_CHARS)))
+
+
+def checkpoint_committed(saved: pb.CheckpointSaved) -> CheckpointCommitted:
+    """Raises MalformedMessage."""
+    if saved.step < 1 or not saved.path:
+        raise MalformedMessage(f"a checkpoint needs a step from 1 and a path, got step {saved.step}")
+    return CheckpointCommitted(check.generation(saved.generation), check.step(saved.step),
+                               check.sample_position(saved.consumed_samples, "consumed_samples"),
+                               check.printable(saved.path, check.MAX_PATH_CHARS, "path"))
+
+
+def checkpoint_failed(failed: pb.CheckpointFailed) -> CheckpointFailed:
+    """Raises MalformedMessage."""
+    if failed.step < 1 or not failed.reason:
+        raise MalformedMessage(f"a failed checkpoint needs a step from 1 and a reason, got step {failed.step}")
+    reason = check.one_line(failed.reason, check.MAX_FAILURE_REASON_CHARS)
+    return CheckpointFailed(check.generation(failed.generation), check.rank(failed.rank), check.step(failed.step),
+                            reason)
+
+
+def worker_warned(warning: pb.WorkerWarning) -> WorkerWarned:
+    """Raises MalformedMessage."""
+    if not warning.text:
+        raise MalformedMessage("a worker warning needs a text")
+    return WorkerWarned(check.generation(warning.generation), check.rank(warning.rank),
+                        check.one_line(warning.text, check.MAX_WARNING_CHARS))
+
+
+def agent_report(node: str, kind: str, message: pb.AgentMessage) -> AgentReport | None:
+    """The report about the job (daemon/job/reports.py) that `node`'s message of `kind` carries, checked; None
+    for a message of another kind (a heartbeat, log data, a node check's result, ...). Raises MalformedMessage."""
+    match kind:
+        case "process_exited":
+            exited = message.process_exited
+            return ProcessChanged(check.generation(exited.generation), process_exited_report(node, exited))
+        case "process_started":
+            started = message.process_started
+            return ProcessChanged(check.generation(started.generation), process_started_report(node, started))
+        case "progress":
+            return RankProgressed(check.generation(message.progress.generation), progress_report(message.progress))
+        case "stopped":
+            stopped = message.stopped
+            return GenerationStopped(check.generation(stopped.generation),
+                                     memory_snapshot(stopped.memory_snapshot)
+                                     if stopped.HasField("memory_snapshot") else None,
+                                     held_snapshots(stopped.held_snapshots))
+        case "bad_batch":
+            return batch_skipped(message.bad_batch)
+        case "guard_notice":
+            return guard_noticed(message.guard_notice)
+        case "checkpoint_saved":
+            return checkpoint_committed(message.checkpoint_saved)
+        case "checkpoint_failed":
+            return checkpoint_failed(message.checkpoint_failed)
+        case "worker_warning":
+            return worker_warned(message.worker_warning)
+    return None
 
 
 def command_to_proto(command: object) -> pb.CoordinatorMessage:
@@ -406,56 +487,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     def _handle(self, session: AgentSession, kind: str, message: pb.AgentMessage) -> pb.CoordinatorMessage | None:
         coordinator, node = self._coordinator, session.node
-        if kind == "heartbeat":
+        report = agent_report(node, kind, message)
+        if report is not None:
+            coordinator.report(session, report)
+        elif kind == "heartbeat":
             return self._heartbeat(session, message.heartbeat)
-        elif kind == "process_exited":
-            exited = message.process_exited
-            coordinator.process_report(session, check.generation(exited.generation),
-                                       process_exited_report(node, exited))
-        elif kind == "process_started":
-            started = message.process_started
-            coordinator.process_report(session, check.generation(started.generation),
-                                       process_started_report(node, started))
-        elif kind == "progress":
-            coordinator.progress_report(session, check.generation(message.progress.generation),
-                                        progress_report(message.progress))
-        elif kind == "stopped":
-            stopped = message.stopped
-            coordinator.stopped_report(session, check.generation(stopped.generation),
-                                       memory_snapshot(stopped.memory_snapshot)
-                                       if stopped.HasField("memory_snapshot") else None,
-                                       held_snapshots(stopped.held_snapshots))
-        elif kind == "bad_batch":
-            rank, batch = skipped_batch(message.bad_batch)
-            coordinator.bad_batch(session, check.generation(message.bad_batch.generation), rank, batch)
-        elif kind == "guard_notice":
-            found = message.guard_notice
-            if found.notice not in GUARD_NOTICES or found.step < 1 or not found.detail:
-                raise MalformedMessage(f"a guard notice needs a known notice, a step from 1 and a detail, got "
-                                       f"{check.one_line(found.notice, 40)!r} at step {found.step}")
-            coordinator.guard_notice(session, check.generation(found.generation), check.rank(found.rank),
-                                     WorkerNotice(check.step(found.step), found.notice,
-                                                  check.one_line(found.detail, check.MAX_FAILURE_REASON_CHARS)))
-        elif kind == "checkpoint_saved":
-            saved = message.checkpoint_saved
-            if saved.step < 1 or not saved.path:
-                raise MalformedMessage(f"a checkpoint needs a step from 1 and a path, got step {saved.step}")
-            coordinator.checkpoint_saved(session, check.generation(saved.generation), check.step(saved.step),
-                                         check.sample_position(saved.consumed_samples, "consumed_samples"),
-                                         check.printable(saved.path, check.MAX_PATH_CHARS, "path"))
-        elif kind == "checkpoint_failed":
-            failed = message.checkpoint_failed
-            if failed.step < 1 or not failed.reason:
-                raise MalformedMessage(f"a failed checkpoint needs a step from 1 and a reason, got step {failed.step}")
-            reason = check.one_line(failed.reason, check.MAX_FAILURE_REASON_CHARS)
-            coordinator.checkpoint_failed(session, check.generation(failed.generation), check.rank(failed.rank),
-                                          check.step(failed.step), reason)
-        elif kind == "worker_warning":
-            warning = message.worker_warning
-            if not warning.text:
-                raise MalformedMessage("a worker warning needs a text")
-            coordinator.worker_warning(session, check.generation(warning.generation), check.rank(warning.rank),
-                                       check.one_line(warning.text, check.MAX_WARNING_CHARS))
         elif kind == "log_data":
             data = message.log_data
             check.count(data.data, MAX_LOG_READ_BYTES, "bytes of log data")
@@ -494,14 +530,15 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                   if heartbeat.HasField("memory_snapshot") else None)
         held = self._field(session, "heartbeat", lambda: held_snapshots(heartbeat.held_snapshots)) or ()
         lag = time.time() - sent_at if sent_at is not None and sent_at > 0 else None
-        self._coordinator.heartbeat(session, generation, lag, memory, held)
+        self._coordinator.heartbeat(session, None if generation is None else HeartbeatReport(generation, memory, held),
+                                    lag)
         metrics.HEARTBEATS.inc()
         if lag is not None:
             metrics.HEARTBEAT_LAG.observe(max(0.0, lag))
         if generation is not None:
             for report in reports:
                 if report is not None:
-                    self._coordinator.process_report(session, generation, report)
+                    self._coordinator.report(session, ProcessChanged(generation, report))
         pace = self._coordinator.pace
         return pb.CoordinatorMessage(heartbeat_ack=pb.HeartbeatAck(
             sequence=heartbeat.sequence, interval_s=pace.interval_s, timeout_s=pace.timeout_s))

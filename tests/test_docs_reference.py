@@ -108,9 +108,11 @@ def test_every_metric_is_in_the_reference(generated):
 
 
 def _event_kinds_in_code() -> dict[str, str]:
-    """{kind: where} for every event kind the coordinator's code appends: the first argument of
-    `<...events>.append(...)`, the second of `CommitRecord(...)`, or the string constants of the local
-    variable either names."""
+    """{kind: where} for every event kind the coordinator's code appends: the `EventKind` members named by the
+    first argument of `<...events>.append(...)`, the second of `CommitRecord(...)`, or the local variable
+    either names (`EventLog.append` takes only an EventKind: mypy keeps string literals out)."""
+    from daemon.events import EventKind
+
     found: dict[str, str] = {}
     for path in sorted((ROOT / "daemon").rglob("*.py")):
         tree = ast.parse(path.read_text())
@@ -132,13 +134,14 @@ def _event_kinds_in_code() -> dict[str, str]:
                     arg = node.args[1]
                 if arg is None:
                     continue
+                # action.event, a CommitRecord's, names no member: it is found at the CommitRecord.
                 sources = assigned.get(arg.id, []) if isinstance(arg, ast.Name) else [arg]
-                if isinstance(arg, ast.Attribute):
-                    continue  # action.event: a CommitRecord's, found at the CommitRecord
                 for source in sources:
-                    for constant in ast.walk(source):
-                        if isinstance(constant, ast.Constant) and isinstance(constant.value, str):
-                            found.setdefault(constant.value, f"{path.relative_to(ROOT)}:{node.lineno}")
+                    for named in ast.walk(source):
+                        if (isinstance(named, ast.Attribute) and isinstance(named.value, ast.Name)
+                                and named.value.id == "EventKind"):
+                            kind = getattr(EventKind, named.attr, named.attr)
+                            found.setdefault(str(kind), f"{path.relative_to(ROOT)}:{node.lineno}")
     return found
 
 

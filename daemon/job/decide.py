@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from daemon.config import JobSettings
+from daemon.events import EventKind
 from daemon.job.catalog import CheckpointEntry
 from daemon.job.observation import DEVICE_SUSPICION_WINDOW_S, GenerationObservation, MemorySnapshot, ProcessReport
 from daemon.job.placement import NodeOffer, Placement, place
@@ -84,7 +85,7 @@ class CommitRecord:
     `recovery` names the cause when the write starts a recovery (its phases are timed from here)."""
 
     record: JobRecord
-    event: str
+    event: EventKind
     message: str
     recovery: str | None = None
 
@@ -365,7 +366,7 @@ def _watch_generation(world: JobWorld) -> list[Action]:
         return _start_reshape(world, exit_request.reason, "every rank left at the graceful exit; relaunching")
     if every_rank_finished:
         done = record.moved_to(JobState.COMPLETED, stopped_generation=generation.number)
-        return [CommitRecord(done, "job_completed", f"job {world.spec.name} is COMPLETED"),
+        return [CommitRecord(done, EventKind.JOB_COMPLETED, f"job {world.spec.name} is COMPLETED"),
                 StopGeneration("every rank finished", job_completed=True)]
     failure = _failure(world)
     if failure is not None:
@@ -384,8 +385,8 @@ def _watch_generation(world: JobWorld) -> list[Action]:
         if why is None:
             return []
         from_output = bool(observation.progress) and not observation.runtime_progress
-        return [CommitRecord(record.moved_to(JobState.RUNNING, steps_from_output=from_output), "job_running",
-                             f"job {world.spec.name} is RUNNING: {why}")]
+        return [CommitRecord(record.moved_to(JobState.RUNNING, steps_from_output=from_output),
+                             EventKind.JOB_RUNNING, f"job {world.spec.name} is RUNNING: {why}")]
     return _reshape(world)
 
 
@@ -769,7 +770,7 @@ def _end_generation(world: JobWorld, failure: Failure) -> list[Action]:
         else:
             why = f"restart budget of {spec.restart.max} spent"
         message = f"job {spec.name} is FAILED: {failure.message} ({why}){note}"
-        actions.insert(0, CommitRecord(updated, "job_failed", message))
+        actions.insert(0, CommitRecord(updated, EventKind.JOB_FAILED, message))
     else:
         updated = record.moved_to(JobState.RECOVERING, **changes)
         quarantine = ""
@@ -785,7 +786,7 @@ def _end_generation(world: JobWorld, failure: Failure) -> list[Action]:
         elif failure.blamed and failure.blamed_node != failure.node:
             quarantine = (f"; rank {failure.rank} failed the same way on node {failure.blamed_node}, at these "
                           f"samples: node {failure.node} is not blamed")
-        actions.insert(0, CommitRecord(updated, "recovery_started",
+        actions.insert(0, CommitRecord(updated, EventKind.RECOVERY_STARTED,
                                        f"job {spec.name} is RECOVERING ({failure.cause}): {failure.message}"
                                        f"{quarantine}{note}", recovery=failure.cause))
     actions.append(StopGeneration(failure.message, dump_stacks=failure.cause is FailureCause.HANG))
@@ -905,8 +906,8 @@ def _ask_exit(world: JobWorld, reason: str) -> list[Action]:
     if world.exit_request is not None:
         return []
     asked = world.record.moved_to(world.record.state, exit_requested_generation=generation.number)
-    return [CommitRecord(asked, "exit_requested", f"job {spec.name}: generation {generation.number} is asked to "
-                                                  f"leave through the script's graceful exit: {reason}"),
+    return [CommitRecord(asked, EventKind.EXIT_REQUESTED, f"job {spec.name}: generation {generation.number} is asked "
+                                                          f"to leave through the script's graceful exit: {reason}"),
             RequestExit(reason)]
 
 
@@ -975,7 +976,7 @@ def _paused(world: JobWorld, how: str) -> list[Action]:
     generation, record = world.generation, world.record
     assert generation is not None
     paused = record.moved_to(JobState.PAUSED, stopped_generation=generation.number, pause_requested_generation=0)
-    return [CommitRecord(paused, "job_paused", f"job {world.spec.name} is PAUSED by the operator: {how}"),
+    return [CommitRecord(paused, EventKind.JOB_PAUSED, f"job {world.spec.name} is PAUSED by the operator: {how}"),
             StopGeneration("paused by the operator")]
 
 
@@ -985,7 +986,7 @@ def _start_reshape(world: JobWorld, reason: str, how: str) -> list[Action]:
     assert generation is not None
     updated = record.moved_to(JobState.RECOVERING, stopped_generation=generation.number,
                               restarts=record.restarts + 1)
-    return [CommitRecord(updated, "reshape_started", f"job {world.spec.name} is RECOVERING: {reason}; {how}",
+    return [CommitRecord(updated, EventKind.RESHAPE_STARTED, f"job {world.spec.name} is RECOVERING: {reason}; {how}",
                          recovery="reshape"),
             StopGeneration(reason)]
 
@@ -1032,13 +1033,13 @@ def _relaunch(world: JobWorld) -> list[Action]:
     placement = place(spec, _usable_offers(world, frozenset(busy)), order, None if moved else world.orders_seen)
     if placement is None:
         if record.state is not JobState.WAITING:
-            actions.append(CommitRecord(record.moved_to(JobState.WAITING), "job_waiting",
+            actions.append(CommitRecord(record.moved_to(JobState.WAITING), EventKind.JOB_WAITING,
                                         f"job {spec.name} is WAITING: {_shortage(world)}"))
         return actions
     checkpoint = _choose_checkpoint(world, placement)
     if isinstance(checkpoint, str):
         failed = record.moved_to(JobState.FAILED, last_failure=Failure(FailureCause.CHECKPOINT_UNREADABLE, checkpoint))
-        return actions + [CommitRecord(failed, "job_failed", f"job {spec.name} is FAILED: {checkpoint}")]
+        return actions + [CommitRecord(failed, EventKind.JOB_FAILED, f"job {spec.name} is FAILED: {checkpoint}")]
     return actions + [_launch(world, placement, checkpoint)]
 
 

@@ -53,7 +53,7 @@ class ProcessReport:
     cause: RootCause | None = None  # of a failed exit, when the agent found one
     os_state: str = ""  # the kernel's state of a running process (proto.vocabulary.FROZEN_OS_STATES)
     # When the coordinator first saw the process in this state (running, or this exit); stamped by
-    # the controller on arrival, kept by `record_process` while the state is told again.
+    # the inbox (daemon/job/inbox.py) on arrival, kept by `record_process` while the state is told again.
     observed_at: float = 0.0
 
     @property

@@ -282,6 +282,12 @@ class ResumePoint:
                    tuple(SnapshotHolder.from_json(h) for h in data.get("holders", ())))
 
 
+# Generation records (placement and rank table, in etcd) kept besides the current one's: `trainerctl logs
+# --generation G` finds through them where a rank of G ran. As many as an agent keeps generations' files
+# (agent/generation_dirs.py); a job that restarts for weeks would otherwise fill etcd with rank tables.
+KEPT_GENERATION_RECORDS = 32
+
+
 @dataclass(frozen=True)
 class GenerationRecord:
     """A launched generation: decided once, committed to etcd before any Launch is sent."""

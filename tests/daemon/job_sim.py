@@ -12,6 +12,14 @@ from daemon.config import JobSettings
 from daemon.coordinator import AgentHello, AgentSession, Coordinator
 from daemon.job.commands import CheckpointNowCommand, LaunchCommand, RequestExitCommand, StopCommand
 from daemon.job.observation import MemorySnapshot, ProcessReport, ProgressReport, RootCause, SkippedBatch
+from daemon.job.reports import (
+    BatchSkipped,
+    CheckpointCommitted,
+    GenerationStopped,
+    HeartbeatReport,
+    ProcessChanged,
+    RankProgressed,
+)
 from daemon.leader import LeaderRecord
 from daemon.membership import DeviceInfo
 from daemon.store.memory import InMemoryStore
@@ -104,19 +112,19 @@ class SimCluster:
         self.clock.advance(seconds)
         for agent in self.agents.values():
             if agent.session is not None and not agent.session.closed.is_set():
-                self.coordinator.heartbeat(agent.session, agent.generation, memory=agent.memory, held=agent.held)
+                self.coordinator.heartbeat(agent.session, HeartbeatReport(agent.generation, agent.memory, agent.held))
         await self.coordinator.tick()
         await asyncio.sleep(0)
 
     # ------------------------------------------------------------ what agents report
 
     def _ranks_of(self, name: str) -> list[int]:
-        generation = self.job.generation
+        generation = self.job.inbox.generation
         return [slot.rank for slot in generation.placement.ranks if slot.node == name]
 
     def started(self) -> None:
         """Every node of the current generation reports its processes running."""
-        generation = self.job.generation
+        generation = self.job.inbox.generation
         for name in generation.placement.nodes:
             agent = self.agents[name]
             if name == generation.placement.nodes[0]:
@@ -129,55 +137,55 @@ class SimCluster:
              grad_norm: float = 1.0) -> None:
         """Every rank (or `ranks`) reports `step`: from the trainer runtime, or read from its output;
         `checkpoint_stall_s`: how long in all its step loop blocked on checkpoint saves."""
-        generation = self.job.generation
+        generation = self.job.inbox.generation
         for name in generation.placement.nodes:
             for rank in self._ranks_of(name):
                 if ranks is None or rank in ranks:
-                    self.coordinator.progress_report(self.agents[name].session, generation.number, ProgressReport(
+                    self.coordinator.report(self.agents[name].session, RankProgressed(generation.number, ProgressReport(
                         rank, step, loss, grad_norm, samples_per_s, step * GLOBAL_BATCH, epoch, from_output,
-                        checkpoint_stall_s))
+                        checkpoint_stall_s)))
 
     def crash(self, name: str, rank: int, exit_code: int = 1, signal: int = 0, cause: RootCause | None = None) -> None:
         self._report(self.agents[name], ProcessReport(name, ProcessRole.WORKER, rank, 200 + rank, False,
                                                       exit_code, signal, log_tail="boom", cause=cause))
 
     def finish_all(self) -> None:
-        generation = self.job.generation
+        generation = self.job.inbox.generation
         for name in generation.placement.nodes:
             for rank in self._ranks_of(name):
                 self._report(self.agents[name], ProcessReport(name, ProcessRole.WORKER, rank, 200 + rank, False))
 
     def exit_on_stop(self, name: str) -> None:
         """The node's processes that still ran exit on the Stop (their reports come before its confirmation)."""
-        for process in list(self.job.observation.processes.values()):
+        for process in list(self.job.inbox.observation.processes.values()):
             if process.node == name and process.running:
                 self._report(self.agents[name], replace(process, running=False, signal=15, expected=True))
 
     def confirm_stop(self, *names: str, memory: MemorySnapshot | None = None) -> None:
         """`memory`: the newest in-memory snapshot each confirmation names."""
-        generation = self.job.generation
+        generation = self.job.inbox.generation
         for name in names or generation.placement.nodes:
-            self.coordinator.stopped_report(self.agents[name].session, generation.number, memory)
+            self.coordinator.report(self.agents[name].session, GenerationStopped(generation.number, memory))
 
     def checkpoint(self, step: int) -> None:
         """Rank 0's node commits `step`. No commit beyond the steps the job reported is believed, and an agent
         sends its ranks' progress before a commit: a step no rank reported yet is rank 0's first."""
-        generation = self.job.generation
+        generation = self.job.inbox.generation
         first = self.agents[generation.placement.nodes[0]]
-        if (self.job.observation.max_step() or 0) < step:
+        if (self.job.inbox.observation.max_step() or 0) < step:
             self.step(step, ranks=(0,))
-        self.coordinator.checkpoint_saved(first.session, generation.number, step, step * GLOBAL_BATCH,
-                                          f"/ckpt/step_{step:08d}")
+        self.coordinator.report(first.session, CheckpointCommitted(generation.number, step, step * GLOBAL_BATCH,
+                                                                   f"/ckpt/step_{step:08d}"))
 
     def bad_batch(self, step: int, reason: str = "grad_norm_spike") -> None:
         """Rank 0's guard skipped `step` (its samples: the step's global batch)."""
-        generation = self.job.generation
+        generation = self.job.inbox.generation
         first = self.agents[generation.placement.nodes[0]]
-        self.coordinator.bad_batch(first.session, generation.number, 0, SkippedBatch(
-            step, (step - 1) * GLOBAL_BATCH, step * GLOBAL_BATCH, reason, 2.0, 99.0))
+        self.coordinator.report(first.session, BatchSkipped(generation.number, 0, SkippedBatch(
+            step, (step - 1) * GLOBAL_BATCH, step * GLOBAL_BATCH, reason, 2.0, 99.0)))
 
     def _report(self, agent: SimAgent, report: ProcessReport) -> None:
-        self.coordinator.process_report(agent.session, self.job.generation.number, report)
+        self.coordinator.report(agent.session, ProcessChanged(self.job.inbox.generation.number, report))
 
     # ------------------------------------------------------------ what a test reads
 
@@ -186,7 +194,7 @@ class SimCluster:
         return self.job.record.state
 
     def world(self) -> list[str]:
-        return list(self.job.generation.placement.nodes)
+        return list(self.job.inbox.generation.placement.nodes)
 
     async def event_kinds(self) -> list[str]:
         return [e.kind for e in await self.coordinator.events(0)]

@@ -10,6 +10,7 @@ import pytest
 
 from daemon.job.decide import _batch_end
 from daemon.job.observation import SkippedBatch
+from daemon.job.reports import BatchSkipped
 from daemon.job.skip_ledger import BadRange, checked, samples_not_skipped
 from daemon.job.state import FailureCause
 from proto.vocabulary import JobState
@@ -118,13 +119,13 @@ def test_a_bad_batch_wider_than_one_global_batch_is_not_recorded() -> None:
         sim = await running_cluster()
         await sim.coordinator.add_skip(0, GLOBAL_BATCH, "corrupt shard 0")
         sim.step(3)
-        first = sim.agents[sim.job.generation.placement.nodes[0]]
+        first = sim.agents[sim.job.inbox.generation.placement.nodes[0]]
         # Everything from the job's start: one global batch not already in the ledger would pass; this is many.
-        sim.coordinator.bad_batch(first.session, sim.job.generation.number, 0, SkippedBatch(
-            3, 0, 10**9, "nonfinite_loss", 2.0, 99.0))
+        sim.coordinator.report(first.session, BatchSkipped(sim.job.inbox.generation.number, 0, SkippedBatch(
+            3, 0, 10**9, "nonfinite_loss", 2.0, 99.0)))
         # A batch that runs over a ledger range holds one global batch of samples: recorded.
-        sim.coordinator.bad_batch(first.session, sim.job.generation.number, 0, SkippedBatch(
-            4, 0, 2 * GLOBAL_BATCH, "nonfinite_loss", 2.0, 99.0))
+        sim.coordinator.report(first.session, BatchSkipped(sim.job.inbox.generation.number, 0, SkippedBatch(
+            4, 0, 2 * GLOBAL_BATCH, "nonfinite_loss", 2.0, 99.0)))
         await sim.tick(0.1)
         entries = await sim.coordinator.skips()
         assert [(e.start, e.end) for e in entries] == [(0, GLOBAL_BATCH), (0, 2 * GLOBAL_BATCH)]

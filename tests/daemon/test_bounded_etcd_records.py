@@ -21,7 +21,7 @@ def test_only_the_newest_generation_records_stay_in_etcd(monkeypatch: pytest.Mon
         for attempt in range(5):
             sim.started()
             sim.step(20 + attempt)
-            sim.crash(sim.job.generation.placement.nodes[0], 0)
+            sim.crash(sim.job.inbox.generation.placement.nodes[0], 0)
             await sim.tick()
             sim.confirm_stop()
             await sim.tick(1.0)
@@ -41,11 +41,11 @@ def test_the_catalog_keeps_the_newest_entries_and_resumes_from_the_newest() -> N
             sim.checkpoint(step)
             await sim.tick()
         kvs, _ = await sim.store.get_prefix(keys.checkpoints("job"))
-        sim.crash(sim.job.generation.placement.nodes[0], 0)
+        sim.crash(sim.job.inbox.generation.placement.nodes[0], 0)
         await sim.tick()
         sim.confirm_stop()
         await sim.tick(1.0)
-        launch = sim.agents[sim.job.generation.placement.nodes[0]].launches()[-1]
+        launch = sim.agents[sim.job.inbox.generation.placement.nodes[0]].launches()[-1]
         return [int(kv.key.rsplit("/", 1)[1]) for kv in kvs], launch.checkpoint_path
 
     steps, resumed_from = asyncio.run(asyncio.wait_for(scenario(), 20))

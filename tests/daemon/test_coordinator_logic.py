@@ -10,7 +10,8 @@ from prometheus_client import REGISTRY
 
 from common.clock import FakeClock
 from daemon.coordinator import AgentHello, Coordinator, NotLeader, SessionRefused
-from daemon.events import EventLog
+from daemon.events import EventKind, EventLog
+from daemon.job.reports import HeartbeatReport
 from daemon.leader import LeaderElection, LeaderRecord, LeadershipLost
 from daemon.membership import DeviceInfo
 from daemon.store import codec, keys
@@ -110,8 +111,8 @@ def test_a_deposed_leader_cannot_write() -> None:
         new = await LeaderElection(store, LeaderRecord("b", "b:1"), 3).try_acquire()
         assert new is not None
         with pytest.raises(LeadershipLost):
-            await EventLog(store, "job", clock).append("x", "stale write", old.fence)
-        event = await EventLog(store, "job", clock).append("x", "fresh write", new.fence)
+            await EventLog(store, "job", clock).append(EventKind.JOB_WARNING, "stale write", old.fence)
+        event = await EventLog(store, "job", clock).append(EventKind.JOB_WARNING, "fresh write", new.fence)
         assert (event.seq, event.at) == (1, clock.wall())
 
     run(scenario())
@@ -155,7 +156,7 @@ def test_node_joins_goes_lost_after_timeout_and_returns() -> None:
         for _ in range(20):  # heartbeats keep it READY, and cost no etcd write
             clock.advance(1.0)
             revision_before = (await store.get_prefix(keys.ROOT))[1]
-            coordinator.heartbeat(session, 0)
+            coordinator.heartbeat(session, HeartbeatReport(0))
             await coordinator.tick()
             assert (await store.get_prefix(keys.ROOT))[1] == revision_before
         assert await stored_node_state(store, "n1") == "READY"
@@ -185,7 +186,7 @@ def test_a_live_node_name_is_not_taken_without_its_token() -> None:
         assert first.closed.is_set() and not second.closed.is_set()
         coordinator.close_session(first)  # the old stream's late cleanup must not drop the new one
         clock.advance(TIMEOUT_S - 1)
-        coordinator.heartbeat(second, 0)
+        coordinator.heartbeat(second, HeartbeatReport(0))
         clock.advance(TIMEOUT_S - 1)
         await coordinator.tick()
         assert await stored_node_state(store, "n1") == "READY"
@@ -204,7 +205,7 @@ def test_a_session_that_ends_records_how_long_before_its_node_was_last_heard() -
         clock, store, coordinator = await leading_coordinator()
         first, welcome = await coordinator.open_session(hello("n1"), lambda m: None)
         clock.advance(2.0)
-        coordinator.heartbeat(first, 0)
+        coordinator.heartbeat(first, HeartbeatReport(0))
         clock.advance(3.5)
         count, total = observed()
         second, _ = await coordinator.open_session(hello("n1", token=welcome.resume_token), lambda m: None)
@@ -213,7 +214,7 @@ def test_a_session_that_ends_records_how_long_before_its_node_was_last_heard() -
         other, _ = await coordinator.open_session(hello("n2"), lambda m: None)  # a first session replaces nothing
         assert observed()[0] == count + 1
         clock.advance(1.25)
-        coordinator.heartbeat(other, 0)
+        coordinator.heartbeat(other, HeartbeatReport(0))
         clock.advance(0.5)
         coordinator.close_session(other)
         assert observed() == (count + 2, pytest.approx(total + 3.5 + 0.5))
@@ -308,17 +309,17 @@ def test_a_node_lost_for_longer_than_forget_lost_after_s_leaves_the_records_but_
         await coordinator.set_drain("gone", True)
         for _ in range(2):
             clock.advance(TIMEOUT_S / 2 + 0.1)
-            coordinator.heartbeat(stays, 0)
+            coordinator.heartbeat(stays, HeartbeatReport(0))
             await coordinator.tick()
         assert await stored_node_state(store, "gone") == "LOST"
 
         for _ in range(36):  # an hour, heartbeats from the node that stays
             clock.advance(100)
-            coordinator.heartbeat(stays, 0)
+            coordinator.heartbeat(stays, HeartbeatReport(0))
             await coordinator.tick()
         assert await stored_node_state(store, "gone") == "LOST"  # LOST for 3600 s, not longer
         clock.advance(1)
-        coordinator.heartbeat(stays, 0)
+        coordinator.heartbeat(stays, HeartbeatReport(0))
         await coordinator.tick()
         assert await store.get(keys.node("gone")) is None
         assert [n.name for n in (await coordinator.view()).nodes] == ["stays"]
@@ -468,7 +469,7 @@ def test_a_turn_at_the_door_counts_for_no_more_than_an_agent_honours() -> None:
     async def scenario() -> None:
         clock, store, coordinator = await leading_coordinator()
         session, _ = await coordinator.open_session(hello("n1"), lambda m: None)
-        coordinator.heartbeat(session, 0)  # confirmed: the grace alone would apply
+        coordinator.heartbeat(session, HeartbeatReport(0))  # confirmed: the grace alone would apply
         coordinator.close_session(session)
         grace_s = coordinator._liveness.grace_s
         turned_away = dataclasses.replace(hello("n1"), next_welcome_wait_s=20.0)

@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from daemon.config import JobSettings
+from daemon.events import EventKind
 from daemon.job.catalog import CheckpointEntry
 from daemon.job.decide import (
     MIN_CHECKPOINT_LEAD_STEPS,
@@ -163,7 +164,7 @@ def test_every_rank_reporting_a_step_makes_the_job_running() -> None:
 
 def test_completion_commits_then_stops_the_scheduler() -> None:
     actions = decide(job_world(reports=tuple(exited(n, r) for r, n in enumerate(NODES))))
-    assert actions == [CommitRecord(JobRecord(JobState.COMPLETED, 1, 3, stopped_generation=1), "job_completed",
+    assert actions == [CommitRecord(JobRecord(JobState.COMPLETED, 1, 3, stopped_generation=1), EventKind.JOB_COMPLETED,
                                     "job job is COMPLETED"), StopGeneration("every rank finished", job_completed=True)]
 
 
@@ -296,7 +297,7 @@ def test_the_crash_that_reaches_quarantine_after_says_so() -> None:
     (CheckpointRequest(30, NOW - 29), {29}, []),  # an older checkpoint does not answer
     (CheckpointRequest(30, NOW - 30), set(), [RequestCheckpoint(30, "world size can grow from 2 to 3")]),
     (CheckpointRequest(30, NOW - 1), {30}, [
-        CommitRecord(JobRecord(JobState.RECOVERING, 1, 2, restarts=1, stopped_generation=1), "reshape_started",
+        CommitRecord(JobRecord(JobState.RECOVERING, 1, 2, restarts=1, stopped_generation=1), EventKind.RESHAPE_STARTED,
                      "job job is RECOVERING: world size can grow from 2 to 3; relaunching from the checkpoint "
                      "just saved", recovery="reshape"),
         StopGeneration("world size can grow from 2 to 3")]),

@@ -20,9 +20,9 @@ def run(coro):
 
 
 def suspect(sim: SimCluster, node: str, step: int) -> None:
-    rank = next(s.rank for s in sim.job.generation.placement.ranks if s.node == node)
+    rank = next(s.rank for s in sim.job.inbox.generation.placement.ranks if s.node == node)
     CoordinatorService(sim.coordinator)._dispatch(sim.agents[node].session, pb.AgentMessage(
-        guard_notice=pb.GuardNotice(generation=sim.job.generation.number, rank=rank, step=step,
+        guard_notice=pb.GuardNotice(generation=sim.job.inbox.generation.number, rank=rank, step=step,
                                     notice="device_suspected", detail="grad_norm_spike: loss 0.3 grad norm 9e+03")))
 
 

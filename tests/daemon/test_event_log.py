@@ -9,7 +9,7 @@ import pytest
 
 from common.clock import FakeClock
 from daemon.coordinator import EVENT_COMPACTION_INTERVAL_S, AgentHello
-from daemon.events import COMPACTION_PAGES_PER_PASS, EVENTS_PAGE, NODE_EVENT_KINDS, EventLog
+from daemon.events import COMPACTION_PAGES_PER_PASS, EVENTS_PAGE, NODE_EVENT_KINDS, EventKind, EventLog
 from daemon.leader import LeaderElection, LeaderRecord, LeadershipLost
 from daemon.membership import DeviceInfo
 from daemon.store import keys
@@ -44,7 +44,7 @@ async def leader_fence(store: InMemoryStore, name: str = "a"):
 
 async def fill(log: EventLog, fence, count: int, clock: FakeClock | None = None, every_s: float = 0.0) -> None:
     for i in range(count):
-        await log.append("thing", f"thing {i}", fence)
+        await log.append(EventKind.JOB_WARNING, f"thing {i}", fence)
         if clock is not None:
             clock.advance(every_s)
 
@@ -63,7 +63,7 @@ def test_events_are_read_a_page_at_a_time_and_the_next_number_comes_from_the_new
         assert [e.seq for e in await log.read(1190, limit=5)] == [1191, 1192, 1193, 1194, 1195]
         assert [e.seq for e in await log.read(1198, limit=10_000)] == [1199, 1200]
         assert await log.read(5000) == [] and len(await log.read(-7, limit=1)) == 1
-        assert (await log.append("next", "after a restart", fence)).seq == 1201
+        assert (await log.append(EventKind.JOB_WARNING, "after a restart", fence)).seq == 1201
     run(scenario())
 
 
@@ -77,7 +77,7 @@ def test_compaction_keeps_the_newest_by_count_and_the_numbers_go_on() -> None:
         assert await log.compact(keep=100, max_age_s=1e9, fence=fence) == 150
         assert [e.seq for e in await log.read(limit=EVENTS_PAGE)] == list(range(151, 251))
         assert await log.compact(keep=100, max_age_s=1e9, fence=fence) == 0
-        assert (await EventLog(store, "job", clock).append("next", "x", fence)).seq == 251
+        assert (await EventLog(store, "job", clock).append(EventKind.JOB_WARNING, "x", fence)).seq == 251
     run(scenario())
 
 
@@ -93,7 +93,7 @@ def test_compaction_by_age_never_deletes_the_newest_event() -> None:
         clock.advance(30 * 86400)  # all of them are old now
         assert await log.compact(keep=1000, max_age_s=86400, fence=fence) == 3
         assert [e.seq for e in await log.read()] == [10]
-        assert (await EventLog(store, "job", clock).append("next", "x", fence)).seq == 11
+        assert (await EventLog(store, "job", clock).append(EventKind.JOB_WARNING, "x", fence)).seq == 11
     run(scenario())
 
 

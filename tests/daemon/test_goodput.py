@@ -93,7 +93,7 @@ async def crash_with_lost_work(sim: SimCluster) -> None:
     assert sim.state is JobState.RECOVERING
     sim.confirm_stop()
     await sim.tick(1.0)  # the crash backoff
-    assert sim.job.generation.number == 2 and sim.job.generation.start_step == 10
+    assert sim.job.inbox.generation.number == 2 and sim.job.inbox.generation.start_step == 10
     sim.started()
     await sim.tick(2)
     sim.step(11)  # steps 11-30 again: lost work
@@ -118,7 +118,7 @@ async def host_loss_with_waiting(sim: SimCluster) -> None:
     await sim.tick(30)
     await sim.connect("b")  # it comes back
     await sim.tick()
-    assert sim.job.generation.number == 2
+    assert sim.job.inbox.generation.number == 2
     sim.started()
     await sim.tick(3)
     sim.step(11)
@@ -138,7 +138,7 @@ async def pause_and_resume(sim: SimCluster) -> None:
     sim.confirm_stop()
     await sim.tick(60)
     await sim.coordinator.resume(from_step=None)  # relaunched from step 10 at once
-    assert sim.job.generation.number == 2
+    assert sim.job.inbox.generation.number == 2
     sim.started()
     await sim.tick(2)
     sim.step(11)
@@ -254,7 +254,7 @@ def test_a_new_leader_carries_the_totals_on_and_counts_the_takeover_in_the_phase
         assert goodput.wall_s == pytest.approx(elapsed)
         assert goodput.seconds == {**dict.fromkeys(Phase, 0.0), P.STARTUP: 2.0, P.PRODUCTIVE: pytest.approx(elapsed - 2)}
         assert goodput.high_water == (-1, 22)
-        saved = standby.job._goodput_store.get(keys.job_goodput("job"))
+        saved = standby.job.goodput._saved.get(keys.job_goodput("job"))
         assert saved is not None and saved.phase is P.PRODUCTIVE
     run(go())
 
@@ -265,7 +265,7 @@ def test_the_time_trainerd_was_down_with_its_local_agents_is_no_productive_time(
     processes gone, are detection (they were productive, the phase saved)."""
     async def go() -> None:
         sim = await at_step_21()
-        saved = sim.job._goodput_store.get(keys.job_goodput("job"))
+        saved = sim.job.goodput._saved.get(keys.job_goodput("job"))
         assert saved is not None and saved.phase is P.PRODUCTIVE
         standby = await take_over(sim, agents_restarted=True)
         await standby.tick(0.1)
@@ -289,7 +289,7 @@ def test_a_leader_that_stops_saves_its_totals_as_of_its_stop() -> None:
         sim.clock.advance(0.5)
         await sim.coordinator._hand_over(sim.coordinator.leadership, shutting_down=True)
         sim.coordinator._leave_office()
-        saved = sim.job._goodput_store.get(keys.job_goodput("job"))
+        saved = sim.job.goodput._saved.get(keys.job_goodput("job"))
         assert saved is not None
         assert (saved.high_water, saved.saved_wall) == ((-1, 25), sim.clock.wall())
         assert saved.wall_s == pytest.approx(sim.clock.now() - START)
@@ -313,7 +313,7 @@ def test_a_stopping_leader_whose_save_gets_no_answer_still_resigns(caplog: pytes
         async def unanswered(fence) -> None:
             await asyncio.Event().wait()
 
-        sim.job.stand_down = unanswered
+        sim.job.goodput.stand_down = unanswered
         leadership = sim.coordinator.leadership
         await asyncio.wait_for(sim.coordinator._hand_over(leadership, shutting_down=True), STAND_DOWN_SAVE_S + 2)
         assert not leadership.lease.alive  # resigned all the same

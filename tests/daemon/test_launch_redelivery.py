@@ -24,7 +24,7 @@ def test_a_launch_lost_with_a_closing_session_is_sent_again_when_the_node_reconn
             await sim.connect(name)
         sim.agents["c"].session.send = lambda command: None  # its agent has left; the coordinator cannot tell yet
         await sim.tick()
-        assert sim.job.record.generation == 1 and sorted(sim.job.generation.placement.nodes) == ["a", "b", "c"]
+        assert sim.job.record.generation == 1 and sorted(sim.job.inbox.generation.placement.nodes) == ["a", "b", "c"]
         assert [len(sim.agents[n].launches()) for n in ("a", "b", "c")] == [1, 1, 0]
 
         for _ in range(3):  # nothing sends it again while the old session looks open
@@ -63,7 +63,7 @@ def test_a_stop_lost_with_a_closing_session_is_sent_again_when_the_node_reconnec
         sim.confirm_stop("c")
         await sim.tick(1.0)
         assert sim.job.record.generation == 2
-        assert sorted(sim.job.generation.placement.nodes) == ["a", "b", "c"]  # c was not left out as busy
+        assert sorted(sim.job.inbox.generation.placement.nodes) == ["a", "b", "c"]  # c was not left out as busy
         await sim.connect("c")  # it confirmed: reconnecting again sends nothing more
         await sim.tick()
         assert [stop.generation for stop in sim.agents["c"].stops()] == [1]

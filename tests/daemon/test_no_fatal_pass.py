@@ -8,6 +8,7 @@ import asyncio
 import logging
 import math
 
+from daemon.job.reports import HeartbeatReport
 from daemon.pass_guard import MAX_RETRY_S
 from proto.vocabulary import JobState
 from tests.daemon.job_sim import SimCluster, job_settings, running_cluster
@@ -59,7 +60,7 @@ def test_a_reconcile_pass_that_raises_is_logged_retried_with_backoff_and_the_lea
             assert len(calls) == 1  # the backoff (1 s on the fake clock) has not passed
             for _ in range(8):
                 sim.clock.advance(MAX_RETRY_S)
-                sim.coordinator.heartbeat(agent.session, 1)  # before any pass: the node stays READY
+                sim.coordinator.heartbeat(agent.session, HeartbeatReport(1))  # before any pass: the node stays READY
                 before = len(calls)
                 await settle()
                 assert len(calls) == before + 1
@@ -72,7 +73,7 @@ def test_a_reconcile_pass_that_raises_is_logged_retried_with_backoff_and_the_lea
 
         sim.job.reconcile = real_reconcile
         sim.clock.advance(MAX_RETRY_S)
-        sim.coordinator.heartbeat(agent.session, 1)
+        sim.coordinator.heartbeat(agent.session, HeartbeatReport(1))
         sim.started()
         sim.step(1)
         await settle()

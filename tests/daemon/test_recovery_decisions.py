@@ -15,6 +15,7 @@ from daemon.grpc_services import job_to_proto, status_to_proto
 from daemon.job.controller import CommandRefused, changed_settings
 from daemon.job.decide import STOP_CONFIRM_MARGIN_S
 from daemon.job.observation import MemorySnapshot
+from daemon.job.reports import CheckpointFailed
 from daemon.job.state import ALLOWED_TRANSITIONS, FailureCause, ResumeSource
 from daemon.store import codec, keys
 from proto import trainerd_pb2 as pb
@@ -172,7 +173,7 @@ def test_a_crash_resumes_from_the_agents_in_memory_snapshot_and_falls_back_to_di
         assert launch.generation == 2 and launch.checkpoint_path == ""
         assert (env["TRAINERD_RESUME_MEMORY_STEP"], env["TRAINERD_RESUME_FROM"], env["TRAINERD_RESUME_STEP"],
                 env["TRAINERD_RESUME_SAMPLES"]) == ("20", "", "20", str(20 * GLOBAL_BATCH))
-        assert sim.job.generation.resume.source is ResumeSource.MEMORY
+        assert sim.job.inbox.generation.resume.source is ResumeSource.MEMORY
         sim.started()
         sim.step(21)
         await sim.tick(1.0)
@@ -238,12 +239,12 @@ def test_a_restarted_agent_holds_no_snapshot_of_the_generation() -> None:
         sim.agents["a"].memory = MemorySnapshot(20, 20 * GLOBAL_BATCH)
         sim.step(23)
         await sim.tick()
-        assert sim.job.observation.memory_snapshots == {"a": MemorySnapshot(20, 20 * GLOBAL_BATCH)}
+        assert sim.job.inbox.observation.memory_snapshots == {"a": MemorySnapshot(20, 20 * GLOBAL_BATCH)}
         sim.disconnect("a")
         await sim.connect("a")  # within the session grace: it runs no generation now
         sim.agents["a"].memory = None
         await sim.tick()
-        assert sim.job.observation.memory_snapshots == {}
+        assert sim.job.inbox.observation.memory_snapshots == {}
     run(scenario())
 
 
@@ -464,7 +465,7 @@ def test_repeatedly_crashing_node_is_quarantined_until_undrained(capsys: pytest.
     async def scenario() -> None:
         sim = await running_cluster(restart={"max": 10, "backoff_s": 0, "quarantine_after": 2})
         for _ in range(2):
-            rank = next(s.rank for s in sim.job.generation.placement.ranks if s.node == "c")
+            rank = next(s.rank for s in sim.job.inbox.generation.placement.ranks if s.node == "c")
             sim.crash("c", rank)
             await sim.tick()
             sim.confirm_stop()
@@ -865,7 +866,7 @@ def test_trainerd_stops_without_the_checkpoint_when_none_comes_or_its_save_faile
         while not failed.agents["a"].checkpoint_requests():
             await asyncio.sleep(0)
         step = failed.agents["a"].checkpoint_requests()[-1].step
-        failed.coordinator.checkpoint_failed(failed.agents["a"].session, 1, 0, step, "No space left on device")
+        failed.coordinator.report(failed.agents["a"].session, CheckpointFailed(1, 0, step, "No space left on device"))
         await asyncio.wait_for(saving, 1)
         assert caplog.records[-1].getMessage() == (f"job job: generation 1 stops without a checkpoint: its save at "
                                                    f"step {step} failed; stopping")
@@ -979,7 +980,7 @@ def test_one_stale_heartbeat_after_a_nodes_processes_started_ends_nothing() -> N
         await sim.tick(1.0)
         assert sim.state is JobState.RECOVERING and sim.job.record.generation == 2  # still starting, not ended
         assert sim.job.record.last_failure.cause is FailureCause.PROCESS_EXITED
-        assert sim.job.observation.stop_decided_at is None
+        assert sim.job.inbox.observation.stop_decided_at is None
     run(scenario())
 
 

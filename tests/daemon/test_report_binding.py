@@ -9,6 +9,7 @@ import asyncio
 import logging
 
 from daemon.job.observation import ProcessReport, ProgressReport, RootCause, SkippedBatch
+from daemon.job.reports import BatchSkipped, CheckpointCommitted, ProcessChanged, RankProgressed
 from daemon.store import codec, keys
 from proto.exit_codes import EXIT_USAGE
 from proto.vocabulary import CauseKind, JobState, ProcessRole
@@ -24,10 +25,10 @@ def test_an_exit_reported_by_a_node_outside_the_job_changes_nothing() -> None:
         sim = await running_cluster(nodes=("a", "b", "c"))
         outsider = await sim.connect("x")  # READY, but max_nodes 3: not in the generation
         assert "x" not in sim.world()
-        sim.coordinator.process_report(outsider.session, 1, ProcessReport(
-            "x", ProcessRole.WORKER, 1, 4242, False, exit_code=EXIT_USAGE))
-        sim.coordinator.process_report(outsider.session, 1, ProcessReport("x", ProcessRole.SCHEDULER, -1, 4243, False,
-                                                                          exit_code=1))
+        sim.coordinator.report(outsider.session, ProcessChanged(1, ProcessReport(
+            "x", ProcessRole.WORKER, 1, 4242, False, exit_code=EXIT_USAGE)))
+        sim.coordinator.report(outsider.session, ProcessChanged(1, ProcessReport("x", ProcessRole.SCHEDULER, -1, 4243,
+                                                                                 False, exit_code=1)))
         await sim.tick()
         assert sim.state is JobState.RUNNING and sim.job.record.last_failure is None
     run(scenario())
@@ -37,16 +38,17 @@ def test_a_node_speaks_only_for_its_own_ranks_and_only_rank_0s_node_for_the_sche
     async def scenario() -> None:
         sim = await running_cluster(nodes=("a", "b", "c"))
         b = sim.agents["b"].session
-        sim.coordinator.process_report(b, 1, ProcessReport("b", ProcessRole.WORKER, 0, 200, False, exit_code=1))
-        sim.coordinator.process_report(b, 1, ProcessReport("b", ProcessRole.SCHEDULER, -1, 100, False, exit_code=1))
-        sim.coordinator.progress_report(b, 1, ProgressReport(2, 99, 0.1, 1.0, 1.0, 99 * GLOBAL_BATCH))
-        sim.coordinator.bad_batch(b, 1, 0, SkippedBatch(11, 120, 132, "nonfinite_loss", float("nan"), 1.0))
+        sim.coordinator.report(b, ProcessChanged(1, ProcessReport("b", ProcessRole.WORKER, 0, 200, False, exit_code=1)))
+        sim.coordinator.report(b, ProcessChanged(1, ProcessReport("b", ProcessRole.SCHEDULER, -1, 100, False,
+                                                                  exit_code=1)))
+        sim.coordinator.report(b, RankProgressed(1, ProgressReport(2, 99, 0.1, 1.0, 1.0, 99 * GLOBAL_BATCH)))
+        sim.coordinator.report(b, BatchSkipped(1, 0, SkippedBatch(11, 120, 132, "nonfinite_loss", float("nan"), 1.0)))
         await sim.tick()
         assert sim.state is JobState.RUNNING and sim.job.record.last_failure is None
         assert [r.step for r in sim.job.view().ranks] == [10, 10, 10]
         assert sim.job.ledger.entries() == ()
 
-        sim.coordinator.progress_report(b, 1, ProgressReport(1, 11, 0.1, 1.0, 1.0, 11 * GLOBAL_BATCH))
+        sim.coordinator.report(b, RankProgressed(1, ProgressReport(1, 11, 0.1, 1.0, 1.0, 11 * GLOBAL_BATCH)))
         sim.crash("b", 1)  # its own rank: heard
         await sim.tick()
         assert sim.state is JobState.RECOVERING and sim.job.record.last_failure.node == "b"
@@ -59,10 +61,10 @@ def test_a_checkpoint_counts_only_from_rank_0s_node_and_inside_the_checkpoint_di
         sim = await running_cluster(nodes=("a", "b", "c"))
         a, b = sim.agents["a"].session, sim.agents["b"].session
         sim.step(30)
-        sim.coordinator.checkpoint_saved(b, 1, 20, 20 * GLOBAL_BATCH, "/ckpt/step_00000020")  # not rank 0's node
+        sim.coordinator.report(b, CheckpointCommitted(1, 20, 20 * GLOBAL_BATCH, "/ckpt/step_00000020"))  # not rank 0's
         for step, forged in ((21, "/etc/evil/step_00000021"), (22, "/ckpt/../etc/step_00000022"),
                              (23, "ckpt/step_00000023"), (24, "/ckpt"), (25, "/ckptx/step_00000025")):
-            sim.coordinator.checkpoint_saved(a, 1, step, step * GLOBAL_BATCH, forged)
+            sim.coordinator.report(a, CheckpointCommitted(1, step, step * GLOBAL_BATCH, forged))
         await sim.tick()
         assert [c.step for c in sim.job.catalog.entries()] == [10]
 
@@ -72,7 +74,7 @@ def test_a_checkpoint_counts_only_from_rank_0s_node_and_inside_the_checkpoint_di
         assert {p.env["TRAINERD_RESUME_FROM"] for p in launch.processes} == {"/ckpt/step_00000010"}
 
         sim.step(20)
-        sim.coordinator.checkpoint_saved(a, 2, 20, 20 * GLOBAL_BATCH, "/ckpt/./sub/../step_00000020")
+        sim.coordinator.report(a, CheckpointCommitted(2, 20, 20 * GLOBAL_BATCH, "/ckpt/./sub/../step_00000020"))
         await sim.tick()
         assert [c.step for c in sim.job.catalog.entries()] == [10, 20]
     run(scenario())
@@ -121,11 +123,12 @@ def test_forged_reports_are_warned_about_once_a_minute_per_node(caplog) -> None:
     async def scenario() -> None:
         sim = await running_cluster(nodes=("a", "b"))
         b = sim.agents["b"].session
-        with caplog.at_level(logging.WARNING, logger="daemon.job.controller"):
+        with caplog.at_level(logging.WARNING, logger="daemon.job.inbox"):
             for _ in range(100):
-                sim.coordinator.process_report(b, 1, ProcessReport("b", ProcessRole.WORKER, 0, 200, False, exit_code=1))
+                sim.coordinator.report(b, ProcessChanged(1, ProcessReport("b", ProcessRole.WORKER, 0, 200, False,
+                                                                          exit_code=1)))
             sim.clock.advance(61)
-            sim.coordinator.process_report(b, 1, ProcessReport("b", ProcessRole.WORKER, 0, 200, False, exit_code=1))
+            sim.coordinator.report(b, ProcessChanged(1, ProcessReport("b", ProcessRole.WORKER, 0, 200, False, exit_code=1)))
         warnings = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
         assert len(warnings) == 2
         assert "node b sent a process report of rank 0 in generation 1, which runs on node a" in warnings[0]
@@ -141,9 +144,9 @@ def test_a_generation_that_moved_on_takes_no_commit_progress_or_exit_from_the_on
         sim.step(15)
         await crash_and_relaunch(sim)
         a = sim.agents["a"].session
-        sim.coordinator.checkpoint_saved(a, 1, 30, 30 * GLOBAL_BATCH, "/ckpt/step_00000030")
-        sim.coordinator.progress_report(a, 1, ProgressReport(0, 99, 0.1, 1.0, 1.0, 99 * GLOBAL_BATCH))
-        sim.coordinator.process_report(a, 1, ProcessReport("a", ProcessRole.WORKER, 0, 200, False, exit_code=1))
+        sim.coordinator.report(a, CheckpointCommitted(1, 30, 30 * GLOBAL_BATCH, "/ckpt/step_00000030"))
+        sim.coordinator.report(a, RankProgressed(1, ProgressReport(0, 99, 0.1, 1.0, 1.0, 99 * GLOBAL_BATCH)))
+        sim.coordinator.report(a, ProcessChanged(1, ProcessReport("a", ProcessRole.WORKER, 0, 200, False, exit_code=1)))
         await sim.tick()
         assert [c.step for c in sim.job.catalog.entries()] == [10]
         assert sim.state is not JobState.FAILED and sim.job.record.generation == 2
@@ -159,8 +162,8 @@ def test_a_launch_an_agent_refused_is_one_launch_refused_event_per_node_with_its
         sim = await running_cluster(nodes=("a", "b"))
         reason = "refused to launch ['{python}', 'train.py']: its environment sets 'PATH' (it loads code)"
         for role, rank in ((ProcessRole.SCHEDULER, -1), (ProcessRole.WORKER, 0)):
-            sim.coordinator.process_report(sim.agents["a"].session, 1, ProcessReport(
-                "a", role, rank, 0, False, exit_code=127, cause=RootCause(reason, kind=CauseKind.LAUNCH_REFUSED)))
+            sim.coordinator.report(sim.agents["a"].session, ProcessChanged(1, ProcessReport(
+                "a", role, rank, 0, False, exit_code=127, cause=RootCause(reason, kind=CauseKind.LAUNCH_REFUSED))))
         await sim.tick()
         refused = [e for e in await sim.coordinator.events(0) if e.kind == "launch_refused"]
         assert [(e.fields["node"], e.fields["generation"], e.fields["reason"]) for e in refused] == [("a", 1, reason)]

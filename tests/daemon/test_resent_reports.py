@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 from daemon.job.observation import GenerationObservation, ProgressReport
+from daemon.job.reports import CheckpointCommitted, RankProgressed
 from tests.daemon.job_sim import GLOBAL_BATCH, SimCluster, running_cluster, take_over
 
 
@@ -24,11 +25,11 @@ async def commit_events(sim: SimCluster) -> int:
 def resend(sim: SimCluster, generation: int, step: int) -> None:
     """What every agent and rank 0's agent send again on reconnecting: each rank's progress at `step`, then
     the commit of `step` (a commit beyond the steps reported is not believed)."""
-    for slot in sim.job.generation.placement.ranks:
-        sim.coordinator.progress_report(sim.agents[slot.node].session, generation, ProgressReport(
-            slot.rank, step, 0.5, 1.0, 120.0, step * GLOBAL_BATCH))
-    first = sim.agents[sim.job.generation.placement.nodes[0]].session
-    sim.coordinator.checkpoint_saved(first, generation, step, step * GLOBAL_BATCH, f"/ckpt/step_{step:08d}")
+    for slot in sim.job.inbox.generation.placement.ranks:
+        sim.coordinator.report(sim.agents[slot.node].session, RankProgressed(generation, ProgressReport(
+            slot.rank, step, 0.5, 1.0, 120.0, step * GLOBAL_BATCH)))
+    first = sim.agents[sim.job.inbox.generation.placement.nodes[0]].session
+    sim.coordinator.report(first, CheckpointCommitted(generation, step, step * GLOBAL_BATCH, f"/ckpt/step_{step:08d}"))
 
 
 def test_a_new_leader_records_a_resent_commit_it_never_had_once_and_shows_the_resent_step() -> None:

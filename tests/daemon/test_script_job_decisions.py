@@ -117,7 +117,7 @@ def test_the_first_failure_by_time_is_kept_when_the_peers_collectives_break_afte
 
 async def every_rank_raises(sim: SimCluster, cause: RootCause) -> None:
     """Mid-training, every rank of the generation exits with `cause`, rank 0's first."""
-    for slot in sorted(sim.job.generation.placement.ranks, key=lambda slot: slot.rank):
+    for slot in sorted(sim.job.inbox.generation.placement.ranks, key=lambda slot: slot.rank):
         sim.crash(slot.node, slot.rank, cause=cause)
         await sim.tick(0.01)
 
@@ -130,7 +130,7 @@ async def relaunched(sim: SimCluster, step: int = 12, from_output: bool = False)
 
 
 def node_of(sim: SimCluster, rank: int) -> str:
-    return sim.job.generation.placement.node_of(rank)
+    return sim.job.inbox.generation.placement.node_of(rank)
 
 
 def test_an_error_every_rank_raises_blames_no_node_and_fails_the_job_once_it_ends_a_second_generation() -> None:

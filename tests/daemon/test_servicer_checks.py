@@ -20,6 +20,7 @@ from daemon.cli.trainerctl import print_status
 from daemon.coordinator import SessionRefused
 from daemon.grpc_services import ControlService, CoordinatorService, hello_from_proto, job_to_proto
 from daemon.job.observation import REMEMBERED_STEPS
+from daemon.job.reports import CheckpointFailed, WorkerWarned
 from daemon.node_checks import NodeCheckCommand
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
@@ -173,11 +174,11 @@ def test_an_agent_reporting_step_after_step_cannot_grow_the_leaders_memory() -> 
             service._dispatch(session, pb.AgentMessage(bad_batch=pb.BadBatch(
                 generation=1, rank=0, step=step, sample_start=step * 12, sample_end=step * 12 + 12,
                 reason="non-finite loss", loss=math.nan, grad_norm=1.0)))
-        observation = sim.job.observation
+        observation = sim.job.inbox.observation
         assert observation is not None
         newest = set(steps[-REMEMBERED_STEPS:])
         assert observation.failed_checkpoints == newest and set(observation.bad_batches) == newest
-        assert not sim.job.checkpoint_failed(1, "a", 0, steps[-1], "told again")  # still a repeat
+        assert not sim.job.inbox.take("a", CheckpointFailed(1, 0, steps[-1], "told again"))  # still a repeat
     run(scenario())
 
 
@@ -521,7 +522,7 @@ def test_a_worker_warning_is_one_job_warning_event_however_often_it_is_told(caps
         service._dispatch(sim.agents["a"].session, pb.AgentMessage(worker_warning=pb.WorkerWarning(
             generation=1, rank=0, step=0, text="")))
         assert dropped("malformed") - before == 1
-        assert not sim.job.worker_warning(1, "b", 0, "rank 0 runs on node a")  # not placed there: dropped
+        assert not sim.job.inbox.take("b", WorkerWarned(1, 0, "rank 0 runs on node a"))  # not placed there: dropped
         await sim.tick()
         warnings = [e for e in await sim.coordinator.events(0) if e.kind == "job_warning"]
         assert [(e.message, e.fields) for e in warnings] == [

@@ -326,7 +326,7 @@ def live() -> tuple[LiveCoordinator, grpc.Channel, AgentStream, AgentStream]:
     while coordinator.generation < 1 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert coordinator.generation == 1
-    placement = coordinator.coordinator.job.generation.placement
+    placement = coordinator.coordinator.job.inbox.generation.placement
     assert placement.node_of(0) == FUZZ_NODE and placement.node_of(1) == PEER_NODE
     yield coordinator, channel, fuzz, peer
     fuzz.close()

@@ -13,6 +13,7 @@ import pytest
 from daemon.grpc_services import command_to_proto, held_snapshots
 from daemon.job.observation import MemorySnapshot, RootCause
 from daemon.job.placement import Placement, RankSlot
+from daemon.job.reports import CheckpointCommitted, GenerationStopped
 from daemon.job.snapshot_claims import admitted
 from daemon.job.state import GenerationRecord, ResumeSource, SnapshotHolder
 from daemon.message_checks import MalformedMessage
@@ -42,7 +43,7 @@ async def lose(sim: SimCluster, *nodes: str) -> None:
         sim.disconnect(node)
     await sim.tick(SESSION_GRACE_S + 0.5)
     assert sim.state is JobState.RECOVERING
-    sim.confirm_stop(*(n for n in sim.job.generation.placement.nodes if n not in nodes))
+    sim.confirm_stop(*(n for n in sim.job.inbox.generation.placement.nodes if n not in nodes))
     await sim.tick(0.1)
 
 
@@ -53,7 +54,7 @@ def test_a_generation_spanning_hosts_snapshots_and_copies_around_a_ring_when_eve
             launch = sim.agents[node].launches()[-1]
             env = launch.processes[-1].env
             assert (env["TRAINERD_MEMORY_EVERY"], env["TRAINERD_MEMORY_SCOPE"]) == ("auto", "host")
-            address = sim.job.generation.peer_addresses[predecessor]
+            address = sim.job.inbox.generation.peer_addresses[predecessor]
             assert launch.copy_from == (predecessor, address) and address.endswith(f":{PEER_PORT}")
             assert launch.peer_nodes == ("a", "b", "c")  # whom its SnapshotPeer serves
             assert list(command_to_proto(launch).launch.peer_nodes) == ["a", "b", "c"]
@@ -72,9 +73,9 @@ def test_a_lost_host_resumes_from_the_copies_its_neighbours_hold_resharded_to_th
         await sim.tick()
         await lose(sim, "b")
         assert sim.world() == ["a", "c"]
-        resume = sim.job.generation.resume
+        resume = sim.job.inbox.generation.resume
         assert (resume.source, resume.step, resume.consumed_samples) == (ResumeSource.MEMORY, 20, 20 * GLOBAL_BATCH)
-        addresses = sim.job.generation.peer_addresses
+        addresses = sim.job.inbox.generation.peer_addresses
         # Rank 1 (b's) survives only as c's copy; ranks 0 and 2 each on a node of the new placement.
         assert resume.holders == (SnapshotHolder(0, "a", addresses["a"]), SnapshotHolder(1, "c", addresses["c"]),
                                   SnapshotHolder(2, "a", addresses["a"]))
@@ -88,7 +89,7 @@ def test_a_lost_host_resumes_from_the_copies_its_neighbours_hold_resharded_to_th
         assert "from the in-memory snapshot at step 20 held by a, c" in started.message
 
         # The record a new leader relaunches from keeps where each rank is held.
-        again = GenerationRecord.from_json(sim.job.generation.to_json())
+        again = GenerationRecord.from_json(sim.job.inbox.generation.to_json())
         assert again.resume == resume and again.peer_addresses == addresses
     run(scenario())
 
@@ -101,7 +102,7 @@ def test_two_neighbours_lost_together_fall_back_to_disk_and_say_why() -> None:
         await sim.tick()
         await lose(sim, "a", "b")  # rank 0 was on a and copied to b only
         assert sim.world() == ["c"]
-        resume = sim.job.generation.resume
+        resume = sim.job.inbox.generation.resume
         assert (resume.source, resume.step) == (ResumeSource.DISK, 10)
         started = [e for e in await sim.coordinator.events(0) if e.kind == "generation_started"][-1]
         assert ("from the checkpoint at step 10 (no complete in-memory snapshot survives: ranks 0 of step 20 "
@@ -120,7 +121,7 @@ def test_steps_only_some_ranks_took_explain_nothing_when_the_disk_checkpoint_is_
         sim.step(15)
         await sim.tick()
         await lose(sim, "c")  # 10, complete on a and b, is no newer than the checkpoint of 10
-        resume = sim.job.generation.resume
+        resume = sim.job.inbox.generation.resume
         assert (resume.source, resume.step) == (ResumeSource.DISK, 10)
         started = [e for e in await sim.coordinator.events(0) if e.kind == "generation_started"][-1]
         assert started.message.endswith("from the checkpoint at step 10"), started.message
@@ -135,7 +136,7 @@ def test_a_step_is_chosen_only_when_its_holders_agree_on_what_it_is() -> None:
         sim.step(33)
         await sim.tick()
         await lose(sim, "b")
-        assert sim.job.generation.resume.step == 20
+        assert sim.job.inbox.generation.resume.step == 20
     run(scenario())
 
 
@@ -147,11 +148,11 @@ def test_a_stop_confirmation_names_fresher_holdings_than_the_heartbeats() -> Non
         await sim.tick()
         sim.disconnect("b")
         await sim.tick(SESSION_GRACE_S + 0.5)
-        generation = sim.job.generation.number
+        generation = sim.job.inbox.generation.number
         for node, ranks in {"a": (0, 2), "c": (2, 1)}.items():
-            sim.coordinator.stopped_report(sim.agents[node].session, generation, None, (held(25, *ranks),))
+            sim.coordinator.report(sim.agents[node].session, GenerationStopped(generation, None, (held(25, *ranks),)))
         await sim.coordinator.tick()  # decided on the confirmations, before another heartbeat
-        assert sim.job.generation.resume.step == 25
+        assert sim.job.inbox.generation.resume.step == 25
     run(scenario())
 
 
@@ -177,9 +178,9 @@ def test_a_node_outside_the_placement_claiming_every_rank_is_not_believed() -> N
         outsider.held = (held(20, 0, 1, 2),)
         sim.step(23)
         await sim.tick()
-        assert "x" not in sim.job.observation.held_snapshots
+        assert "x" not in sim.job.inbox.observation.held_snapshots
         await crash_and_relaunch(sim)
-        resume = sim.job.generation.resume
+        resume = sim.job.inbox.generation.resume
         assert (resume.source, resume.step) == (ResumeSource.DISK, 10)
         assert all(h.node != "x" for h in resume.holders)
     run(scenario())
@@ -194,7 +195,7 @@ def test_a_placed_node_is_believed_only_for_its_own_ranks_and_its_ring_predecess
         sim.step(23)
         await sim.tick()
         await crash_and_relaunch(sim)
-        assert (sim.job.generation.resume.source, sim.job.generation.resume.step) == (ResumeSource.DISK, 10)
+        assert (sim.job.inbox.generation.resume.source, sim.job.inbox.generation.resume.step) == (ResumeSource.DISK, 10)
     run(scenario())
 
 
@@ -207,9 +208,9 @@ def test_a_step_beyond_the_newest_reported_is_not_believed(step: int) -> None:
         hold_ring(sim, step)
         sim.step(23)
         await sim.tick()
-        assert sim.job.observation.held_snapshots == {}
+        assert sim.job.inbox.observation.held_snapshots == {}
         await crash_and_relaunch(sim)
-        assert (sim.job.generation.resume.source, sim.job.generation.resume.step) == (ResumeSource.DISK, 10)
+        assert (sim.job.inbox.generation.resume.source, sim.job.inbox.generation.resume.step) == (ResumeSource.DISK, 10)
         assert all(p.env.get("TRAINERD_RESUME_STEP") == "10" for p in sim.agents["a"].launches()[-1].processes
                    if p.role == "worker")
     run(scenario())
@@ -221,8 +222,8 @@ def test_a_commit_beyond_the_newest_reported_step_is_not_recorded() -> None:
     async def scenario() -> None:
         sim = await running_cluster(peer_port=PEER_PORT)
         sim.step(23)
-        sim.coordinator.checkpoint_saved(sim.agents["a"].session, 1, 10**9, 10**9 * GLOBAL_BATCH,
-                                         "/ckpt/step_1000000000")
+        sim.coordinator.report(sim.agents["a"].session, CheckpointCommitted(1, 10**9, 10**9 * GLOBAL_BATCH,
+                                                                            "/ckpt/step_1000000000"))
         await sim.tick()
         assert [c.step for c in sim.job.catalog.entries()] == [10]
     run(scenario())
@@ -253,7 +254,7 @@ def test_a_snapshot_the_agents_cannot_assemble_is_named_in_the_events_and_the_ne
         sim.step(23)
         await sim.tick()
         await lose(sim, "b")
-        assert (sim.job.generation.resume.source, sim.job.generation.resume.step) == (ResumeSource.MEMORY, 20)
+        assert (sim.job.inbox.generation.resume.source, sim.job.inbox.generation.resume.step) == (ResumeSource.MEMORY, 20)
         problem = "cannot resume from the in-memory snapshot of step 20: rank 1's file fails its digest"
         sim.started()
         sim.crash("a", 0, exit_code=65, cause=RootCause(problem, kind="last_line"))
@@ -262,5 +263,5 @@ def test_a_snapshot_the_agents_cannot_assemble_is_named_in_the_events_and_the_ne
         await sim.tick(1.0)
         unusable = [e for e in await sim.coordinator.events(0) if e.kind == "snapshot_unusable"]
         assert [e.fields["step"] for e in unusable] == [20] and problem in unusable[0].message
-        assert (sim.job.generation.resume.source, sim.job.generation.resume.step) == (ResumeSource.DISK, 10)
+        assert (sim.job.inbox.generation.resume.source, sim.job.inbox.generation.resume.step) == (ResumeSource.DISK, 10)
     run(scenario())
