@@ -211,7 +211,8 @@ class LiveCoordinator:
         clock = SystemClock()
         self.coordinator = Coordinator(
             store=InMemoryStore(clock), clock=clock, me=LeaderRecord("fuzzed", "127.0.0.1:0"), job_name="job",
-            job=job_settings(min_nodes=1, max_nodes=2, hang_timeout_s=3600.0),
+            # start_wait_s: the first generation waits for the peer too (it has rank 1), however late it says hello
+            job=job_settings(min_nodes=1, max_nodes=2, start_wait_s=60.0, hang_timeout_s=3600.0),
             heartbeat_interval_s=1.0, heartbeat_timeout_s=3600.0, session_grace_s=3600.0, leader_lease_s=3)
         self.server = grpc_server()
         port = self.server.add_insecure_port("127.0.0.1:0")
