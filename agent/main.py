@@ -47,6 +47,7 @@ from common.tls_files import (
     tls_settings_from_options,
 )
 from proto import trainerd_pb2 as pb
+from proto.launch_env import JOIN_TOKEN_ENV
 
 AGENT_VERSION = "0.1.0"
 FENCE_CHECK_INTERVAL_S = 0.2
@@ -310,7 +311,7 @@ class StartRefused(click.ClickException):
               help="The cluster's CA certificate: talk TLS (with --cert and --key; overrides tls in the file).")
 @click.option("--cert", envvar=TLS_ENV["cert"], metavar="FILE", help="This node's certificate (trainerd certs node).")
 @click.option("--key", envvar=TLS_ENV["key"], metavar="FILE", help="Its key.")
-@click.option("--join", "join_token", envvar="TRAINERD_JOIN_TOKEN", metavar="TOKEN",
+@click.option("--join", "join_token", envvar=JOIN_TOKEN_ENV, metavar="TOKEN",
               help="Join the cluster with this token (trainerctl tokens create): make a key, get this node's "
                    "certificate, keep both (under tls, or WORK_DIR/tls), then start. Skipped when they are kept "
                    "already.")

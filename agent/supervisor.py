@@ -58,6 +58,7 @@ from agent.worker_user import WorkerUser
 from common.clock import Clock
 from proto import trainerd_pb2 as pb
 from proto.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CHECKPOINT_UNREADABLE
+from proto.launch_env import CONTROL_FILE_ENV, MEMORY_EVERY_ENV, PROGRESS_SOCKET_ENV, SKIPS_FILE_ENV
 from proto.progress_datagram import (
     BadBatchReport,
     CheckpointFailedReport,
@@ -237,7 +238,7 @@ class Supervisor:
             else:
                 pattern = self._progress_pattern(launch)
                 try:
-                    memory_env = ({"TRAINERD_MEMORY_EVERY": "0"} if self._snapshots is None
+                    memory_env = ({MEMORY_EVERY_ENV: "0"} if self._snapshots is None
                                   else await self._snapshots.launch_env(launch))
                 except SnapshotUnavailable as exc:
                     memory_env, unavailable = {}, str(exc)
@@ -253,8 +254,8 @@ class Supervisor:
                     self._fail_to_start(managed, unavailable, EXIT_CHECKPOINT_UNREADABLE)
                     continue
                 env = {**FAULT_HANDLER_ENV, **os.environ, **dict(spec.env), "RANK_TABLE_FILE": str(rank_table),
-                       "TRAINERD_PROGRESS_SOCKET": str(self.progress_socket),
-                       "TRAINERD_CONTROL_FILE": str(control), "TRAINERD_SKIPS_FILE": str(skips), **memory_env}
+                       PROGRESS_SOCKET_ENV: str(self.progress_socket),
+                       CONTROL_FILE_ENV: str(control), SKIPS_FILE_ENV: str(skips), **memory_env}
                 argv = expand_argv(spec.argv, self._python)
                 managed.epoch_shape_key = (launch.job_name, tuple(argv), env.get("RANK_SIZE", ""))
                 await self._start(managed, argv, env, workdir, pattern)

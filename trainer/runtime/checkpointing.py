@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 
 from common.clock import Clock, SystemClock
 from proto.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
+from proto.launch_env import CHECKPOINT_DIR_ENV
 from proto.progress_datagram import CheckpointReport, MalformedProgress, encode, failure_reason
 from trainer.checkpoint import CheckpointError, CheckpointMeta, CheckpointWriter, load_checkpoint
 from trainer.checkpoint.directory_owner import DirectoryOfAnotherJob, claim_for_job
@@ -108,7 +109,7 @@ def resume_point(settings: CheckpointSettings, data_seed: int) -> ResumePoint | 
         return None
     if root is None:
         raise CheckpointUnreadable(f"cannot resume from checkpoint {path}: no checkpoint directory "
-                                   "(TRAINERD_CHECKPOINT_DIR) is set for it to lie in")
+                                   f"({CHECKPOINT_DIR_ENV}) is set for it to lie in")
     try:
         check_inside_root(root, path)
         meta = read_manifest(path).meta

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 
 import mindspore.dataset as ds
 
+from proto.launch_env import MICRO_BATCH_ENV, SKIPS_FILE_ENV
 from trainer.checkpoint.manifest import EpochPosition
 from trainer.data.mindspore_sampler import EpochSampler
 from trainer.data.sampler import SampleStream
@@ -44,7 +45,6 @@ from trainer.runtime.checkpointing import ResumeError, ResumePoint, resume_point
 from trainer.runtime.epoch_agreement import RESUME_EPOCH_MARK
 from trainer.runtime.rank_context import BatchSettings, RankContext, trainerd_launch
 
-SKIPS_FILE_ENV = "TRAINERD_SKIPS_FILE"
 # The data seed the checkpoints of a run on a dataset of the script's own keep: trainerd's stream orders
 # nothing there, its positions only count samples.
 OWN_DATASET_SEED = 0
@@ -219,7 +219,7 @@ def _batch_split(ctx: RankContext | None, batch_size: int, world_size: int) -> B
     if ctx is not None and ctx.batch is not None:
         if batch_size != ctx.batch.micro_batch:
             raise ValueError(f"batch_size {batch_size} disagrees with the launch's micro batch "
-                             f"{ctx.batch.micro_batch} (TRAINERD_MICRO_BATCH)")
+                             f"{ctx.batch.micro_batch} ({MICRO_BATCH_ENV})")
         return ctx.batch
     return BatchSettings.for_world(batch_size * world_size, batch_size, world_size)
 
