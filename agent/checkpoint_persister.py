@@ -38,6 +38,7 @@ from agent.memory_snapshots import remove_entry, step_dirs
 from agent.snapshot_reports import read_report
 from agent.thread_priority import lower_this_threads_priority
 from agent.worker_user import WorkerUser
+from common.atomic_write import publish, temporary_name
 from common.clock import SystemClock
 from proto.progress_datagram import failure_reason
 from trainer.checkpoint.chunk_reader import ChunkReader
@@ -51,7 +52,6 @@ from trainer.checkpoint.commit import (
     write_report,
 )
 from trainer.checkpoint.direct_writer import DirectWriter
-from trainer.checkpoint.durable_files import publish, temporary_name
 from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint
 from trainer.checkpoint.manifest import MANIFEST_NAME, step_dir_name
 from trainer.checkpoint.rank_file import rank_file_name

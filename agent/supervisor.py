@@ -55,6 +55,7 @@ from agent.snapshot_keeper import HeldReports, SnapshotKeeper, SnapshotUnavailab
 from agent.stack_dump import StackDumper
 from agent.workdir_files import WorkdirFiles
 from agent.worker_user import WorkerUser
+from common.atomic_write import write_atomically
 from common.clock import Clock
 from proto import trainerd_pb2 as pb
 from proto.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CHECKPOINT_UNREADABLE
@@ -71,7 +72,7 @@ from proto.progress_datagram import (
 )
 from proto.progress_pattern import ProgressPatternError, compile_progress_pattern
 from proto.vocabulary import PYTHON_WORD, CauseKind
-from proto.worker_files import CheckpointRequest, SkipList, encode_control, encode_skips, write_atomically
+from proto.worker_files import CheckpointRequest, SkipList, encode_control, encode_skips
 
 log = logging.getLogger(__name__)
 

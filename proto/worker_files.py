@@ -12,7 +12,7 @@ The agent writes them in the generation's directory and names them in the worker
 
       {"schema": 1, "ranges": [[7680, 7744], [12800, 12864]]}
 
-Both are replaced with `write_atomically`, so a worker sees the old file or the whole new one. The
+Both are replaced with `common.atomic_write.write_atomically`, so a worker sees the old file or the whole new one. The
 encoders write what they are given: the decoders are the gate, and a worker refuses a malformed file
 (the control file with a warning, the skips file by exiting 2). Pure Python: no MindSpore, pydantic
 or YAML.
@@ -21,9 +21,7 @@ or YAML.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 SCHEMA = 1
@@ -84,19 +82,6 @@ def decode_skips(data: bytes) -> SkipList:
     if not isinstance(body["ranges"], list):
         raise MalformedSkipsFile("the skip ledger's ranges must be a list")
     return SkipList(tuple(_skip_range(i, entry) for i, entry in enumerate(body["ranges"])))
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Replace `path` with `data`: write a temporary file beside it, fsync it, rename it over `path`.
-
-    A reader sees the old file or the whole new one, never half of one.
-    """
-    partial = path.with_name(path.name + ".partial")
-    with open(partial, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(partial, path)
 
 
 def _json(data: bytes, error: type[ValueError], not_json: str) -> Any:

@@ -4,8 +4,6 @@ malformed files refused with a one-line reason, never a crash."""
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -21,7 +19,6 @@ from proto.worker_files import (
     decode_skips,
     encode_control,
     encode_skips,
-    write_atomically,
 )
 
 
@@ -103,13 +100,3 @@ def test_arbitrary_bytes_never_crash_the_decoders(data: bytes) -> None:
             decode(data)
         except malformed:
             pass
-
-
-def test_write_atomically_replaces_the_whole_file(tmp_path: Path) -> None:
-    path = tmp_path / "control.json"
-    write_atomically(path, encode_control(CheckpointRequest(1, 10)))
-    first_inode = path.stat().st_ino
-    write_atomically(path, encode_control(CheckpointRequest(1, 20)))
-    assert decode_control(path.read_bytes()) == CheckpointRequest(1, 20)
-    assert path.stat().st_ino != first_inode  # renamed into place, not rewritten where a reader reads
-    assert sorted(os.listdir(tmp_path)) == ["control.json"]  # no temporary file left behind

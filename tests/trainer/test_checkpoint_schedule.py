@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from proto.worker_files import MAX_CONTROL_BYTES, CheckpointRequest, encode_control, write_atomically
+from common.atomic_write import write_atomically
+from proto.worker_files import MAX_CONTROL_BYTES, CheckpointRequest, encode_control
 from trainer.runtime.checkpoint_schedule import CheckpointSchedule, ControlFile
 
 GENERATION = 4
