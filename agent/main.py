@@ -38,6 +38,7 @@ from common.ca_pin import check_pin
 from common.cert_identity import CertificateError, PeerKind, peer_identity
 from common.clock import Clock, SystemClock
 from common.config_file import ConfigError, is_loopback_host
+from common.start_refused import StartRefused
 from common.tls_files import (
     TLS_ENV,
     TLS_OPTION_NAMES,
@@ -289,12 +290,6 @@ def node_certificate_refusal(tls: TlsFiles, node_name: str, where: str) -> str:
         return (f"{where} is node {identity.name}'s certificate, but this agent is node {node_name}: set node_name "
                 f"(--node-name) to {identity.name}, or give it node {node_name}'s certificate")
     return ""
-
-
-class StartRefused(click.ClickException):
-    """The agent file, a flag or a file they name is wrong, or there are no devices: one line, exit code 2."""
-
-    exit_code = 2
 
 
 @click.command()

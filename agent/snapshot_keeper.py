@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.checkpoint_persister import CheckpointPersister, FailedSave, Outbox, PersistedSave
+from agent.checkpoint_persister import CheckpointPersister, Outbox, PersistedSave, UnpersistedSave
 from agent.memory_snapshots import (
     MANIFEST_NAME,
     OUTBOX_DIR,
@@ -209,7 +209,7 @@ class SnapshotKeeper:
                 generation=done.generation, step=done.step, consumed_samples=done.consumed_samples,
                 path=str(done.path)))
 
-        def failed(failure: FailedSave) -> None:
+        def failed(failure: UnpersistedSave) -> None:
             loop.call_soon_threadsafe(self._on_failed, pb.CheckpointFailed(
                 generation=failure.generation, rank=failure.rank, step=failure.step, reason=failure.reason))
 

@@ -31,7 +31,7 @@ GLOBAL_BATCH_ENV = "TRAINERD_GLOBAL_BATCH"
 MICRO_BATCH_ENV = "TRAINERD_MICRO_BATCH"
 GRAD_ACCUM_ENV = "TRAINERD_GRAD_ACCUM"
 # The job's checkpoint directory, save interval and retention (`checkpoint:`). Read by rank_context
-# (CheckpointSettings); KEEP and DIR also by the agent's snapshot keeper when the agent saves.
+# (RankCheckpointSettings); KEEP and DIR also by the agent's snapshot keeper when the agent saves.
 CHECKPOINT_DIR_ENV = "TRAINERD_CHECKPOINT_DIR"
 CHECKPOINT_EVERY_ENV = "TRAINERD_CHECKPOINT_EVERY"
 CHECKPOINT_KEEP_ENV = "TRAINERD_CHECKPOINT_KEEP"

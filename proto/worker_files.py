@@ -39,7 +39,7 @@ class MalformedSkipsFile(ValueError):
 
 
 @dataclass(frozen=True)
-class CheckpointRequest:
+class ControlFileRequest:
     """The control file: the ranks of `generation` save a checkpoint once `step` has completed."""
 
     generation: int
@@ -53,12 +53,12 @@ class SkipList:
     ranges: tuple[tuple[int, int], ...] = ()
 
 
-def encode_control(request: CheckpointRequest) -> bytes:
+def encode_control(request: ControlFileRequest) -> bytes:
     return json.dumps({"schema": SCHEMA, "generation": request.generation,
                        "checkpoint_at_step": request.step}).encode()
 
 
-def decode_control(data: bytes) -> CheckpointRequest:
+def decode_control(data: bytes) -> ControlFileRequest:
     """The request in a control file's bytes; raises MalformedControlFile for anything else."""
     if len(data) > MAX_CONTROL_BYTES:
         raise MalformedControlFile(f"{len(data)} bytes is more than {MAX_CONTROL_BYTES}")
@@ -66,7 +66,7 @@ def decode_control(data: bytes) -> CheckpointRequest:
     if not isinstance(body, dict):
         raise MalformedControlFile("not a JSON object")
     _check_schema(body.get("schema"), MalformedControlFile, "schema")
-    return CheckpointRequest(_count(body, "generation"), _count(body, "checkpoint_at_step"))
+    return ControlFileRequest(_count(body, "generation"), _count(body, "checkpoint_at_step"))
 
 
 def encode_skips(skips: SkipList) -> bytes:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from proto.worker_files import (
     MAX_CONTROL_BYTES,
-    CheckpointRequest,
+    ControlFileRequest,
     MalformedControlFile,
     MalformedSkipsFile,
     SkipList,
@@ -24,7 +24,7 @@ from proto.worker_files import (
 
 def test_the_control_file_on_disk() -> None:
     """Workers of an older trainerd read these bytes: they do not change without a new schema."""
-    assert encode_control(CheckpointRequest(generation=4, step=1200)) == (
+    assert encode_control(ControlFileRequest(generation=4, step=1200)) == (
         b'{"schema": 1, "generation": 4, "checkpoint_at_step": 1200}')
 
 
@@ -35,7 +35,7 @@ def test_the_skips_file_on_disk() -> None:
 
 
 def test_files_round_trip() -> None:
-    request = CheckpointRequest(generation=3, step=(1 << 63) - 1)
+    request = ControlFileRequest(generation=3, step=(1 << 63) - 1)
     assert decode_control(encode_control(request)) == request
     skips = SkipList(((128, 192), (0, 64)))  # as the coordinator sent them: not sorted, not merged
     assert decode_skips(encode_skips(skips)) == skips

@@ -70,7 +70,7 @@ from trainer.runtime.communication import CommunicationError
 from trainer.runtime.guard import GuardedApplyGradients, StepGuard, attempt_input, mean_over_ranks
 from trainer.runtime.guard_policy import GuardSettings
 from trainer.runtime.progress import ProgressReporter, StepPace
-from trainer.runtime.rank_context import BatchSettings, CheckpointSettings, RankContext, RankContextError
+from trainer.runtime.rank_context import BatchSettings, RankCheckpointSettings, RankContext, RankContextError
 from trainer.runtime.step_replay import Attempt, AttemptKind, StepJudge, StepOutcome
 from trainer.runtime.training_run import settle_outcome
 
@@ -136,7 +136,7 @@ def sample_ranges(text: str) -> tuple[tuple[int, int], ...]:
         raise argparse.ArgumentTypeError(f"{text!r} is not A:B[,C:D...] with 0 <= A < B ({exc})") from None
 
 
-def checkpoint_settings(args: argparse.Namespace, ctx: RankContext) -> CheckpointSettings:
+def checkpoint_settings(args: argparse.Namespace, ctx: RankContext) -> RankCheckpointSettings:
     """The launcher's checkpoint settings, completed by the flags where it set none; a flag that
     contradicts a value the launcher set is refused, like the batch flags."""
     settings = ctx.checkpoints

@@ -78,7 +78,7 @@ class BatchSettings:
 
 
 @dataclass(frozen=True)
-class CheckpointSettings:
+class RankCheckpointSettings:
     """Where and how often to checkpoint, and what to resume from, as the launcher chose.
 
     Every variable is optional and an empty one counts as unset, so a script run by hand has none
@@ -109,7 +109,7 @@ class CheckpointSettings:
     outbox: Path | None = None
 
     @classmethod
-    def from_environ(cls, env: Mapping[str, str]) -> CheckpointSettings:
+    def from_environ(cls, env: Mapping[str, str]) -> RankCheckpointSettings:
         directory = env.get(CHECKPOINT_DIR_ENV) or None
         if directory is not None and not os.path.isabs(directory):
             raise RankContextError(f"{CHECKPOINT_DIR_ENV}={directory!r:.80} is not an absolute path")
@@ -165,7 +165,7 @@ class RankContext:
     batch: BatchSettings | None
     progress_socket: str | None
     scheduler_address: str | None
-    checkpoints: CheckpointSettings = CheckpointSettings()
+    checkpoints: RankCheckpointSettings = RankCheckpointSettings()
 
     @property
     def is_scheduler(self) -> bool:
@@ -197,7 +197,7 @@ class RankContext:
             role=role, job=job, generation=generation, rank=rank, world_size=world_size,
             local_rank=local_rank, device_id=device_id, batch=_batch(env, world_size),
             progress_socket=env.get(PROGRESS_SOCKET_ENV) or None, scheduler_address=f"{host}:{port}",
-            checkpoints=CheckpointSettings.from_environ(env),
+            checkpoints=RankCheckpointSettings.from_environ(env),
         )
 
 
@@ -221,7 +221,7 @@ def _standalone(env: Mapping[str, str]) -> RankContext:
         rank=0, world_size=1, local_rank=0,
         device_id=_int(env, "DEVICE_ID", minimum=0) if "DEVICE_ID" in env else 0,
         batch=_batch(env, 1), progress_socket=env.get(PROGRESS_SOCKET_ENV) or None, scheduler_address=None,
-        checkpoints=CheckpointSettings.from_environ(env),
+        checkpoints=RankCheckpointSettings.from_environ(env),
     )
 
 

@@ -44,7 +44,7 @@ from trainer.checkpoint.mindformers_import import committed_iteration_dir, is_mi
 from trainer.integrations.mindformers.generation_config import (
     GenerationConfigError,
     GenerationSettings,
-    ResumeSource,
+    ResumeCheckpoint,
     absolute_base_configs,
     generation_config,
 )
@@ -59,13 +59,13 @@ class LaunchError(Exception):
         self.exit_code = exit_code
 
 
-def resume_source(path: Path, environ: Mapping[str, str]) -> ResumeSource:
+def resume_source(path: Path, environ: Mapping[str, str]) -> ResumeCheckpoint:
     """What TRAINERD_RESUME_FROM points at: a committed Checkpoint 2.0 iteration, or a legacy rank_N/ directory."""
     try:
         if is_mindformers_checkpoint(path):
             directory = committed_iteration_dir(path)
             _, consumed = read_common(directory)
-            return ResumeSource(directory, "iteration", _consumed(environ, consumed))
+            return ResumeCheckpoint(directory, "iteration", _consumed(environ, consumed))
     except CheckpointError as exc:
         raise LaunchError(f"cannot resume from {path}: {exc}", EXIT_CHECKPOINT_UNREADABLE) from None
     ranks = [p for p in path.glob("rank_*") if p.is_dir()] if path.is_dir() else []
@@ -74,7 +74,7 @@ def resume_source(path: Path, environ: Mapping[str, str]) -> ResumeSource:
                           "directory of rank_N/", EXIT_CHECKPOINT_UNREADABLE)
     if not environ.get(RESUME_SAMPLES_ENV):
         raise LaunchError(f"{RESUME_SAMPLES_ENV} is not set: the samples {path} consumed are unknown")
-    return ResumeSource(path, "ranks", _consumed(environ, None), world_size=len(ranks))
+    return ResumeCheckpoint(path, "ranks", _consumed(environ, None), world_size=len(ranks))
 
 
 def _consumed(environ: Mapping[str, str], recorded: int | None) -> int:
