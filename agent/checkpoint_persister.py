@@ -38,6 +38,7 @@ from agent.memory_snapshots import remove_entry, step_dirs
 from agent.snapshot_reports import read_report
 from agent.thread_priority import lower_this_threads_priority
 from agent.worker_user import WorkerUser
+from common.atomic_write import publish, temporary_name
 from common.clock import SystemClock
 from proto.progress_datagram import failure_reason
 from trainer.checkpoint.chunk_reader import ChunkReader
@@ -51,7 +52,6 @@ from trainer.checkpoint.commit import (
     write_report,
 )
 from trainer.checkpoint.direct_writer import DirectWriter
-from trainer.checkpoint.durable_files import publish, temporary_name
 from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint
 from trainer.checkpoint.manifest import MANIFEST_NAME, step_dir_name
 from trainer.checkpoint.rank_file import rank_file_name
@@ -78,7 +78,7 @@ class PersistedSave:
 
 
 @dataclass(frozen=True)
-class FailedSave:
+class UnpersistedSave:
     """A step this agent could not save its share of (the reason in one line)."""
 
     generation: int
@@ -121,7 +121,7 @@ class CheckpointPersister:
     """Saves the outbox's complete steps to disk in a thread, calling `on_saved` or `on_failed` from it."""
 
     def __init__(self, outbox: Outbox, on_saved: Callable[[PersistedSave], None],
-                 on_failed: Callable[[FailedSave], None], *, poll_interval_s: float = POLL_INTERVAL_S,
+                 on_failed: Callable[[UnpersistedSave], None], *, poll_interval_s: float = POLL_INTERVAL_S,
                  commit_timeout_s: float = COMMIT_TIMEOUT_S) -> None:
         self.outbox = outbox
         self._on_saved = on_saved
@@ -254,7 +254,7 @@ class CheckpointPersister:
                 for report in reports:
                     if report.rank != 0:  # rank 0's agent then gives the step up at once, not at its timeout
                         mark_failed(step_dir, report.rank, outbox.generation)
-            self._on_failed(FailedSave(outbox.generation, rank, step, failure_reason(exc)))
+            self._on_failed(UnpersistedSave(outbox.generation, rank, step, failure_reason(exc)))
             return
         log.info("generation %d: checkpoint of step %d committed in %s (saved by the agent)", outbox.generation,
                  step, step_dir)

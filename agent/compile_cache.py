@@ -37,14 +37,23 @@ from pathlib import Path
 
 from agent.launcher import ProcessHandle, ProcessLauncher
 from agent.worker_user import WorkerUser
+from proto.launch_env import (
+    CONTROL_FILE_ENV,
+    GENERATION_ENV,
+    RESUME_FROM_ENV,
+    RESUME_MEMORY_STEP_ENV,
+    RESUME_SAMPLES_ENV,
+    RESUME_STEP_ENV,
+    SKIPS_FILE_ENV,
+)
 
 # Set anew for every generation; none of them shapes the graph of trainerd's runtime or examples. One
 # missed here costs every generation that sets it a whole compile (the resume step of a relaunch from
 # memory did: each such relaunch of the Transformer example on 3 ranks compiled for 25 s).
 PER_GENERATION = frozenset({
-    "MS_SCHED_HOST", "MS_SCHED_PORT", "TRAINERD_GENERATION", "TRAINERD_RESUME_FROM", "TRAINERD_RESUME_STEP",
-    "TRAINERD_RESUME_MEMORY_STEP", "TRAINERD_RESUME_SAMPLES", "RANK_TABLE_FILE", "TRAINERD_CONTROL_FILE",
-    "TRAINERD_SKIPS_FILE",
+    "MS_SCHED_HOST", "MS_SCHED_PORT", GENERATION_ENV, RESUME_FROM_ENV, RESUME_STEP_ENV,
+    RESUME_MEMORY_STEP_ENV, RESUME_SAMPLES_ENV, "RANK_TABLE_FILE", CONTROL_FILE_ENV,
+    SKIPS_FILE_ENV,
 })
 CACHE_VARIABLES = ("MS_COMPILER_CACHE_ENABLE", "MS_COMPILER_CACHE_PATH")
 KEPT_CACHES = 64

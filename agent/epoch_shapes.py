@@ -22,6 +22,7 @@ import stat
 from pathlib import Path
 
 from agent.output_progress import EpochShape
+from common.atomic_write import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +52,8 @@ class EpochShapes:
         entries = [{"job": job, "argv": list(argv), "world_size": world_size, "first_epoch": s.first_epoch,
                     "steps_per_epoch": s.steps_per_epoch, "zero_based": s.zero_based}
                    for (job, argv, world_size), s in self._shapes.items()]
-        partial = self._path.with_name(self._path.name + ".partial")
         try:
-            partial.write_text(json.dumps(entries))
-            os.replace(partial, self._path)
+            write_atomically(self._path, json.dumps(entries).encode())
         except OSError as exc:  # kept in memory all the same
             log.warning("cannot save %s: %s", self._path, exc)
 

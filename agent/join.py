@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from common.atomic_write import write_atomically
 from common.ca_pin import ca_pin
 from common.cert_identity import PeerKind, names_host, peer_identity, serial_of
 from common.config_file import ConfigError, parse_host_port
@@ -97,13 +98,7 @@ def write_private(path: Path, data: bytes, mode: int) -> None:
     """Writes `path` whole with `mode` (whatever the umask), replacing it at once: a crash leaves the old
     file or the new one, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.unlink(missing_ok=True)
-    fd = os.open(temporary, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, mode)
-    with os.fdopen(fd, "wb") as f:
-        os.fchmod(f.fileno(), mode)
-        f.write(data)
-    temporary.replace(path)
+    write_atomically(path, data, mode)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ A Launch comes from whatever answers on the coordinator address. The agent file'
 `allowed_entrypoints` names the argv prefixes it runs (by default only its own interpreter,
 "{python}"), compared with the argv as it arrives, before "{python}" is expanded, beside trainerd's own
 scheduler (`proto.vocabulary.SCHEDULER_ARGV`, exactly); and no process may
-be given a variable that changes which code it runs (`proto.vocabulary.forbidden_job_env`, the rule
+be given a variable that changes which code it runs (`proto.launch_env.forbidden_job_env`, the rule
 the coordinator applies to the cluster file too).
 """
 
@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from proto import trainerd_pb2 as pb
-from proto.vocabulary import PYTHON_WORD, SCHEDULER_ARGV, forbidden_job_env, names_a_python, starts_with_one_of
+from proto.launch_env import forbidden_job_env
+from proto.vocabulary import PYTHON_WORD, SCHEDULER_ARGV, names_a_python, starts_with_one_of
 
 
 def entrypoint_refusal(argv: Sequence[str], allowed_entrypoints: Sequence[Sequence[str]],

@@ -38,6 +38,7 @@ from common.ca_pin import check_pin
 from common.cert_identity import CertificateError, PeerKind, peer_identity
 from common.clock import Clock, SystemClock
 from common.config_file import ConfigError, is_loopback_host
+from common.start_refused import StartRefused
 from common.tls_files import (
     TLS_ENV,
     TLS_OPTION_NAMES,
@@ -47,6 +48,7 @@ from common.tls_files import (
     tls_settings_from_options,
 )
 from proto import trainerd_pb2 as pb
+from proto.launch_env import JOIN_TOKEN_ENV
 
 AGENT_VERSION = "0.1.0"
 FENCE_CHECK_INTERVAL_S = 0.2
@@ -290,12 +292,6 @@ def node_certificate_refusal(tls: TlsFiles, node_name: str, where: str) -> str:
     return ""
 
 
-class StartRefused(click.ClickException):
-    """The agent file, a flag or a file they name is wrong, or there are no devices: one line, exit code 2."""
-
-    exit_code = 2
-
-
 @click.command()
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), help="Agent file (YAML).")
 @click.option("--coordinator", help="Coordinator HOST:PORT (comma-separated for standbys).")
@@ -310,7 +306,7 @@ class StartRefused(click.ClickException):
               help="The cluster's CA certificate: talk TLS (with --cert and --key; overrides tls in the file).")
 @click.option("--cert", envvar=TLS_ENV["cert"], metavar="FILE", help="This node's certificate (trainerd certs node).")
 @click.option("--key", envvar=TLS_ENV["key"], metavar="FILE", help="Its key.")
-@click.option("--join", "join_token", envvar="TRAINERD_JOIN_TOKEN", metavar="TOKEN",
+@click.option("--join", "join_token", envvar=JOIN_TOKEN_ENV, metavar="TOKEN",
               help="Join the cluster with this token (trainerctl tokens create): make a key, get this node's "
                    "certificate, keep both (under tls, or WORK_DIR/tls), then start. Skipped when they are kept "
                    "already.")

@@ -14,6 +14,8 @@ import os
 import signal
 from pathlib import Path
 
+from common.atomic_write import write_atomically
+
 log = logging.getLogger(__name__)
 
 
@@ -43,9 +45,7 @@ class ProcessRegistry:
             self._save()
 
     def _save(self) -> None:
-        partial = self._path.with_name(self._path.name + ".partial")
-        partial.write_text(json.dumps({str(pid): started for pid, started in self._groups.items()}))
-        os.replace(partial, self._path)
+        write_atomically(self._path, json.dumps({str(pid): started for pid, started in self._groups.items()}).encode())
 
     def reap_orphans(self) -> int:
         """Kill the groups a previous agent left running; returns how many."""

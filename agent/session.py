@@ -20,6 +20,7 @@ from typing import Protocol
 import grpc
 
 from agent.fence import ContactWatch, FenceTerms
+from common.atomic_write import write_atomically
 from common.clock import Clock
 from common.grpc_keepalive import keepalive_options
 from common.tls_files import unnamed_address_hint
@@ -124,11 +125,8 @@ class IdentityFile:
         return data.get("resume_token", "") if data.get("node_name") == node_name else ""
 
     def save_token(self, node_name: str, token: str) -> None:
-        tmp = self._path.with_suffix(".tmp")
-        tmp.touch(mode=0o600)
-        tmp.chmod(0o600)  # the token lets its holder take this node's session: owner-only, whatever the umask
-        tmp.write_text(json.dumps({"node_name": node_name, "resume_token": token}))
-        tmp.replace(self._path)
+        # The token lets its holder take this node's session: owner-only, whatever the umask.
+        write_atomically(self._path, json.dumps({"node_name": node_name, "resume_token": token}).encode(), 0o600)
 
 
 class SessionHandler(Protocol):

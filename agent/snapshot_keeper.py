@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.checkpoint_persister import CheckpointPersister, FailedSave, Outbox, PersistedSave
+from agent.checkpoint_persister import CheckpointPersister, Outbox, PersistedSave, UnpersistedSave
 from agent.memory_snapshots import (
     MANIFEST_NAME,
     OUTBOX_DIR,
@@ -42,6 +42,18 @@ from agent.memory_snapshots import (
 from agent.peer_client import NotServedYet, PeerClient
 from agent.peer_copier import PeerCopier
 from proto import trainerd_pb2 as pb
+from proto.launch_env import (
+    CHECKPOINT_DIR_ENV,
+    CHECKPOINT_KEEP_ENV,
+    CHECKPOINT_OUTBOX_ENV,
+    CHECKPOINT_SAVED_BY_ENV,
+    MEMORY_DIR_ENV,
+    MEMORY_EVERY_ENV,
+    MEMORY_SCOPE_ENV,
+    RESUME_FROM_ENV,
+    RESUME_MEMORY_STEP_ENV,
+    RESUME_STEP_ENV,
+)
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +100,8 @@ class SnapshotKeeper:
         their outbox when the agent saves their checkpoints."""
         await self.stop_generation()
         env = dict(launch.processes[0].env) if launch.processes else {}
-        every, memory_step = env.get("TRAINERD_MEMORY_EVERY", ""), env.get("TRAINERD_RESUME_MEMORY_STEP", "")
-        resume = env.get("TRAINERD_RESUME_STEP", "")
+        every, memory_step = env.get(MEMORY_EVERY_ENV, ""), env.get(RESUME_MEMORY_STEP_ENV, "")
+        resume = env.get(RESUME_STEP_ENV, "")
         host = _host_scope(launch, env)
         self._job, self._host_scope = launch.job_name, host is not None
         try:  # also without snapshots: those of an abandoned future must not be reported later
@@ -100,15 +112,15 @@ class SnapshotKeeper:
             if memory_step:
                 raise SnapshotUnavailable(f"the in-memory snapshot of step {memory_step} cannot be had here: "
                                           f"{exc}") from None
-            return {"TRAINERD_MEMORY_EVERY": "0"}
+            return {MEMORY_EVERY_ENV: "0"}
         outbox_env = self._start_persisting(launch, env, directory)
         if every in ("", "0") and not memory_step:
-            return {"TRAINERD_MEMORY_EVERY": "0", **outbox_env}
-        memory_env = {"TRAINERD_MEMORY_DIR": str(directory), **outbox_env}
+            return {MEMORY_EVERY_ENV: "0", **outbox_env}
+        memory_env = {MEMORY_DIR_ENV: str(directory), **outbox_env}
         if memory_step:
             if not memory_step.isdigit():
                 raise SnapshotUnavailable(f"the in-memory snapshot to resume from names no step: {memory_step!r:.40}")
-            memory_env["TRAINERD_RESUME_FROM"] = str(await self._resume_path(launch, int(memory_step)))
+            memory_env[RESUME_FROM_ENV] = str(await self._resume_path(launch, int(memory_step)))
         if host is not None and every not in ("", "0") and launch.HasField("copy_from"):
             self._start_copying(launch.job_name, launch.copy_from, host.world_size)
         return memory_env
@@ -175,10 +187,10 @@ class SnapshotKeeper:
     def _start_persisting(self, launch: pb.Launch, env: dict[str, str], directory: Path) -> dict[str, str]:
         """With `checkpoint.saved_by: agent`, the outbox made and its persister started: the variable naming
         it to the workers (none when the agent cannot save for them: they then save themselves)."""
-        if env.get("TRAINERD_CHECKPOINT_SAVED_BY") != "agent":
+        if env.get(CHECKPOINT_SAVED_BY_ENV) != "agent":
             return {}
         checkpoint_dir, world_size, keep = (env.get(name, "") for name in (
-            "TRAINERD_CHECKPOINT_DIR", "RANK_SIZE", "TRAINERD_CHECKPOINT_KEEP"))
+            CHECKPOINT_DIR_ENV, "RANK_SIZE", CHECKPOINT_KEEP_ENV))
         ranks = tuple(sorted(spec.rank for spec in launch.processes if spec.role == "worker"))
         if not (os.path.isabs(checkpoint_dir) and world_size.isdigit() and keep.isdigit() and ranks):
             return {}
@@ -197,13 +209,13 @@ class SnapshotKeeper:
                 generation=done.generation, step=done.step, consumed_samples=done.consumed_samples,
                 path=str(done.path)))
 
-        def failed(failure: FailedSave) -> None:
+        def failed(failure: UnpersistedSave) -> None:
             loop.call_soon_threadsafe(self._on_failed, pb.CheckpointFailed(
                 generation=failure.generation, rank=failure.rank, step=failure.step, reason=failure.reason))
 
         self._persister = CheckpointPersister(outbox, saved, failed)
         self._persister.start()
-        return {"TRAINERD_CHECKPOINT_OUTBOX": str(outbox.directory)}
+        return {CHECKPOINT_OUTBOX_ENV: str(outbox.directory)}
 
     async def stop_generation(self) -> None:
         """The generation is over: its peer copies and the saving of its outbox stop."""
@@ -234,7 +246,7 @@ class SnapshotKeeper:
 def _host_scope(launch: pb.Launch, env: dict[str, str]) -> HostScope | None:
     """The generation spans hosts: this host's workers' ranks, of the world size, in this generation."""
     world_size = env.get("RANK_SIZE", "")
-    if env.get("TRAINERD_MEMORY_SCOPE") != "host" or not world_size.isdigit():
+    if env.get(MEMORY_SCOPE_ENV) != "host" or not world_size.isdigit():
         return None
     ranks = tuple(sorted(spec.rank for spec in launch.processes if spec.role == "worker"))
     return HostScope(ranks, int(world_size), launch.generation)

@@ -22,7 +22,7 @@ Progress comes from two sources. A rank that runs the trainer runtime sends data
 (agent/progress_receiver.py); an unmodified script only prints, so `watch_output` reads what each
 worker appends to its log (agent/output_follower.py). Once a datagram arrived for a rank, its output
 is no longer read: one rank, one source. Both go through the same per-rank throttle. When a process
-fails by itself, the root cause is read from the tail of its log (agent/failure_cause.py).
+fails by itself, the root cause is read from the tail of its log (agent/root_cause.py).
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.epoch_shapes import EpochShapes, ShapeKey
-from agent.failure_cause import extract_failure_cause
 from agent.generation_dirs import claim_generation_dir, generation_dir, prune_generation_dirs
 from agent.job_workdir import UnsafeJobPath, graceful_exit_path, job_workdir
 from agent.launch_policy import launch_refusal
@@ -51,13 +50,16 @@ from agent.output_follower import OutputFollower
 from agent.output_progress import OutputProgress
 from agent.peer_client import PeerClient
 from agent.process_state import descends_from, os_state
+from agent.root_cause import extract_root_cause
 from agent.snapshot_keeper import HeldReports, SnapshotKeeper, SnapshotUnavailable
 from agent.stack_dump import StackDumper
 from agent.workdir_files import WorkdirFiles
 from agent.worker_user import WorkerUser
+from common.atomic_write import write_atomically
 from common.clock import Clock
 from proto import trainerd_pb2 as pb
 from proto.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CHECKPOINT_UNREADABLE
+from proto.launch_env import CONTROL_FILE_ENV, MEMORY_EVERY_ENV, PROGRESS_SOCKET_ENV, SKIPS_FILE_ENV
 from proto.progress_datagram import (
     BadBatchReport,
     CheckpointFailedReport,
@@ -70,7 +72,7 @@ from proto.progress_datagram import (
 )
 from proto.progress_pattern import ProgressPatternError, compile_progress_pattern
 from proto.vocabulary import PYTHON_WORD, CauseKind
-from proto.worker_files import CheckpointRequest, SkipList, encode_control, encode_skips, write_atomically
+from proto.worker_files import ControlFileRequest, SkipList, encode_control, encode_skips
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +88,7 @@ FOREIGN_PROGRESS_WARNING_INTERVAL_S = 60.0
 GRACEFUL_EXIT_REQUEST = b'{"GracefulExit": 1}'
 # Every training process runs with Python's fault handler on, unless the agent's or the job's environment
 # sets the variable itself: a crash in native code (a MindSpore kernel, a C extension) then prints the
-# Python line that ran into it, which becomes the failure's cause (agent/failure_cause.py).
+# Python line that ran into it, which becomes the failure's cause (agent/root_cause.py).
 FAULT_HANDLER_ENV = {"PYTHONFAULTHANDLER": "1"}
 
 
@@ -237,7 +239,7 @@ class Supervisor:
             else:
                 pattern = self._progress_pattern(launch)
                 try:
-                    memory_env = ({"TRAINERD_MEMORY_EVERY": "0"} if self._snapshots is None
+                    memory_env = ({MEMORY_EVERY_ENV: "0"} if self._snapshots is None
                                   else await self._snapshots.launch_env(launch))
                 except SnapshotUnavailable as exc:
                     memory_env, unavailable = {}, str(exc)
@@ -253,8 +255,8 @@ class Supervisor:
                     self._fail_to_start(managed, unavailable, EXIT_CHECKPOINT_UNREADABLE)
                     continue
                 env = {**FAULT_HANDLER_ENV, **os.environ, **dict(spec.env), "RANK_TABLE_FILE": str(rank_table),
-                       "TRAINERD_PROGRESS_SOCKET": str(self.progress_socket),
-                       "TRAINERD_CONTROL_FILE": str(control), "TRAINERD_SKIPS_FILE": str(skips), **memory_env}
+                       PROGRESS_SOCKET_ENV: str(self.progress_socket),
+                       CONTROL_FILE_ENV: str(control), SKIPS_FILE_ENV: str(skips), **memory_env}
                 argv = expand_argv(spec.argv, self._python)
                 managed.epoch_shape_key = (launch.job_name, tuple(argv), env.get("RANK_SIZE", ""))
                 await self._start(managed, argv, env, workdir, pattern)
@@ -375,7 +377,7 @@ class Supervisor:
     @staticmethod
     def _root_cause(managed: ManagedProcess) -> pb.RootCause | None:
         """Why the process failed, from the end of its log, with locations relative to its working directory."""
-        cause = extract_failure_cause(log_tail(managed.log_path, CAUSE_TAIL_BYTES),
+        cause = extract_root_cause(log_tail(managed.log_path, CAUSE_TAIL_BYTES),
                                       work_dir=None if managed.cwd is None else str(managed.cwd))
         if cause is None:
             return None
@@ -491,7 +493,7 @@ class Supervisor:
                      self.generation)
             return
         write_atomically(generation_dir(self._work_dir, self.generation) / "control.json",
-                         encode_control(CheckpointRequest(request.generation, request.step)))
+                         encode_control(ControlFileRequest(request.generation, request.step)))
         log.info("generation %d: checkpoint asked for at step %d", request.generation, request.step)
 
     async def request_exit(self, request: pb.RequestExit) -> None:

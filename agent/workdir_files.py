@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from agent.worker_user import WorkerUser
-from proto.worker_files import write_atomically
+from common.atomic_write import write_atomically
 
 # sh -c REPLACE sh PATH: stdin into PATH.partial, renamed over PATH.
 _REPLACE = 'cat > "$1.partial" && exec mv -f -- "$1.partial" "$1"'
@@ -62,13 +62,12 @@ class WorkdirFiles:
             await _run_as(self._user, ["/bin/rm", "-f", "--", str(path)])
 
     async def replace(self, path: Path, data: bytes) -> None:
-        """Write `data` to `path`.partial and rename it over `path`: a reader sees the old file or the whole new one.
+        """Write `data` beside `path` and rename it over `path`: a reader sees the old file or the whole new one.
 
         Raises:
             OSError: it cannot be written (as the worker user).
         """
         if self._user is None:
-            path.with_name(path.name + ".partial").unlink(missing_ok=True)
             write_atomically(path, data)
         else:
             await _run_as(self._user, ["/bin/sh", "-c", _REPLACE, "sh", str(path)], data)

@@ -53,6 +53,17 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from proto.launch_env import (
+    BENCH_LAUNCH_MARKER_ENV,
+    GENERATION_ENV,
+    GLOBAL_BATCH_ENV,
+    GRAD_ACCUM_ENV,
+    JOB_ENV,
+    LOCAL_RANK_ENV,
+    MICRO_BATCH_ENV,
+    TRAINERD_ENV_PREFIX,
+)
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 EXAMPLE_SCRIPT = REPO / "trainer" / "examples" / "mlp.py"
@@ -63,9 +74,8 @@ GLOBAL_BATCH = 64
 MICRO_BATCH = 32
 GRAD_ACCUM = GLOBAL_BATCH // (MICRO_BATCH * WORLD_SIZE)
 SPEED_UP_ENV = {"GLOG_v": "3", "MS_RETRY_INTERVAL_LOWER": "1", "MS_RETRY_INTERVAL_UPPER": "1"}
-MARKER_VAR = "TRAINERD_BENCH_LAUNCH_MARKER"
 # Variables that would change how the example or MindSpore starts if this shell happened to carry them.
-SCRUB_PREFIXES = ("MS_", "RANK_", "TRAINERD_", "DEVICE_ID")
+SCRUB_PREFIXES = ("MS_", "RANK_", TRAINERD_ENV_PREFIX, "DEVICE_ID")
 
 PHASES = (
     ("launch_at_agent", "launcher → launch at agent"),
@@ -106,13 +116,13 @@ class Processes:
     def start(self, argv: list[str], log_path: Path, env: dict[str, str], cwd: Path) -> subprocess.Popen:
         with open(log_path, "ab") as log:
             popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     cwd=cwd, env={**env, MARKER_VAR: self.marker}, start_new_session=True)
+                                     cwd=cwd, env={**env, BENCH_LAUNCH_MARKER_ENV: self.marker}, start_new_session=True)
         self._popens.append(popen)
         return popen
 
     def marked(self) -> list[int]:
         """Live processes that carry this bench's marker."""
-        return [pid for pid, env in _proc_environs() if env.get(MARKER_VAR) == self.marker]
+        return [pid for pid, env in _proc_environs() if env.get(BENCH_LAUNCH_MARKER_ENV) == self.marker]
 
     def kill_all(self) -> None:
         own_group = os.getpgrp()
@@ -206,7 +216,7 @@ class WorkerSpawns:
                     continue
                 with open(f"/proc/{pid}/environ", "rb") as f:
                     environ = dict(item.partition(b"=")[::2] for item in f.read().split(b"\0") if item)
-                if (environ.get(MARKER_VAR.encode()) != self._marker.encode()
+                if (environ.get(BENCH_LAUNCH_MARKER_ENV.encode()) != self._marker.encode()
                         or environ.get(b"MS_ROLE") != b"MS_WORKER"):
                     continue
                 self.by_rank[int(environ[b"RANK_ID"])] = process_start_wall(pid)
@@ -465,10 +475,10 @@ def msrun_env() -> dict[str, str]:
         # The example's rank context asks a cluster launch for trainerd's variables too. msrun hands
         # all its children one environment, so TRAINERD_LOCAL_RANK is 0 for both workers: the example
         # only stores it (RankContext.local_rank), nothing reads it.
-        "TRAINERD_JOB": "mlp-msrun", "TRAINERD_GENERATION": "1", "TRAINERD_LOCAL_RANK": "0",
+        JOB_ENV: "mlp-msrun", GENERATION_ENV: "1", LOCAL_RANK_ENV: "0",
         # the batch split trainerd hands its ranks, so that both launchers run the same steps
-        "TRAINERD_GLOBAL_BATCH": str(GLOBAL_BATCH), "TRAINERD_MICRO_BATCH": str(MICRO_BATCH),
-        "TRAINERD_GRAD_ACCUM": str(GRAD_ACCUM),
+        GLOBAL_BATCH_ENV: str(GLOBAL_BATCH), MICRO_BATCH_ENV: str(MICRO_BATCH),
+        GRAD_ACCUM_ENV: str(GRAD_ACCUM),
     }
 
 

@@ -102,7 +102,6 @@ from bench.launch import (  # noqa: E402
     BIN,
     GLOBAL_BATCH,
     LOG_TIME,
-    MARKER_VAR,
     MICRO_BATCH,
     SPEED_UP_ENV,
     WORLD_SIZE,
@@ -121,6 +120,7 @@ from bench.launch import (  # noqa: E402
     tail,
     trainerctl,
 )
+from proto.launch_env import BENCH_LAUNCH_MARKER_ENV  # noqa: E402
 from tests.waiting import wait_until  # noqa: E402
 
 HEARTBEAT_INTERVAL_S = 1.0
@@ -227,7 +227,7 @@ def marked_training_processes(marker: str) -> list[tuple[psutil.Process, dict[st
             if "mlp" not in " ".join(proc.info["cmdline"] or []):
                 continue
             env = proc.environ()
-            if env.get(MARKER_VAR) == marker and env.get("MS_ROLE") in ("MS_WORKER", "MS_SCHED"):
+            if env.get(BENCH_LAUNCH_MARKER_ENV) == marker and env.get("MS_ROLE") in ("MS_WORKER", "MS_SCHED"):
                 found.append((proc, env))
         except psutil.Error:
             continue

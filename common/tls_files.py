@@ -16,9 +16,10 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 
 from common.config_file import ConfigError, StrictModel
+from proto.launch_env import CACERT_ENV, CERT_ENV, KEY_ENV
 
 # The command-line options of trainerctl and trainerd-agent, and the environment variables they read.
-TLS_ENV = {"cacert": "TRAINERD_CACERT", "cert": "TRAINERD_CERT", "key": "TRAINERD_KEY"}
+TLS_ENV = {"cacert": CACERT_ENV, "cert": CERT_ENV, "key": KEY_ENV}
 TLS_OPTION_NAMES = ("--cacert", "--cert", "--key")
 TLS_OPTIONS = [f"--{option} (${variable})" for option, variable in TLS_ENV.items()]
 TLS_KEYS = ("ca_file", "cert_file", "key_file")

@@ -21,12 +21,11 @@ from common.config_file import (
 )
 from common.tls_files import TlsSettings
 from daemon.msrun_entrypoint import script_msrun_runs
+from proto.launch_env import RESERVED_ENV, forbidden_job_env
 from proto.progress_pattern import compile_progress_pattern
 from proto.vocabulary import (
     DEFAULT_ALLOWED_ENTRYPOINTS,
     PYTHON_WORD,
-    RESERVED_ENV,
-    forbidden_job_env,
     names_a_python,
     starts_with_one_of,
     with_python,

@@ -1,5 +1,5 @@
-"""Words both sides of the wire use: node and job states, process roles, metadata keys, the environment
-variables trainerd sets and those a job may not."""
+"""Words both sides of the wire use: node and job states, process roles, metadata keys (the environment
+variables trainerd sets and those a job may not are `proto.launch_env`'s)."""
 
 from __future__ import annotations
 
@@ -89,56 +89,3 @@ def starts_with_one_of(argv: Sequence[str], prefixes: Iterable[Sequence[str]]) -
 def with_python(argv: list[str]) -> list[str]:
     """`argv` with a first word that names a python as PYTHON_WORD: the form to suggest to whoever wrote it."""
     return [PYTHON_WORD, *argv[1:]] if argv and names_a_python(argv[0]) else argv
-
-
-# Environment variables of training processes that trainerd sets; a job's `env` may not set them.
-# The coordinator sets them all but AGENT_ENV, whose paths only the agent knows.
-AGENT_ENV = frozenset({"RANK_TABLE_FILE", "TRAINERD_PROGRESS_SOCKET", "TRAINERD_CONTROL_FILE",
-                       "TRAINERD_SKIPS_FILE", "TRAINERD_MEMORY_DIR", "TRAINERD_CHECKPOINT_OUTBOX"})
-RESERVED_ENV = AGENT_ENV | frozenset({
-    "MS_ROLE", "MS_SCHED_HOST", "MS_SCHED_PORT", "MS_WORKER_NUM", "MS_NODE_ID", "RANK_ID", "RANK_SIZE",
-    "DEVICE_ID", "TRAINERD_JOB", "TRAINERD_GENERATION", "TRAINERD_LOCAL_RANK", "TRAINERD_GLOBAL_BATCH",
-    "TRAINERD_MICRO_BATCH", "TRAINERD_GRAD_ACCUM", "TRAINERD_CHECKPOINT_DIR", "TRAINERD_CHECKPOINT_EVERY",
-    "TRAINERD_CHECKPOINT_KEEP", "TRAINERD_CHECKPOINT_SAVED_BY",
-    "TRAINERD_RESUME_FROM", "TRAINERD_RESUME_STEP", "TRAINERD_RESUME_SAMPLES",
-    "TRAINERD_SPIKE_FACTOR", "TRAINERD_SPIKE_WARMUP_STEPS", "TRAINERD_MEMORY_EVERY", "TRAINERD_MEMORY_SCOPE",
-    "TRAINERD_RESUME_MEMORY_STEP",
-    "TRAINERD_SPIKE_ZSCORE", "TRAINERD_SPIKE_CEILING", "TRAINERD_LOSS_FACTOR", "TRAINERD_LOSS_ZSCORE",
-})
-
-# A job's variable names are identifiers: anything else ("A=B", "BASH_FUNC_f%%") is no variable a program
-# reads by name, but may be one a shell imports (bash turns BASH_FUNC_name%% into a function it runs).
-ENV_NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*"
-
-# Variables that load code or configuration into a process, beside what its argv says: whoever may set them
-# runs any code in every training process, so a job's `env` may not (the coordinator refuses the file) and an
-# agent refuses a Launch that sets them; the agent's own environment (its service unit) is where such paths
-# belong. The dynamic loader's (every LD_*) and glibc's (tunables, charset and locale modules, host aliases);
-# a shell's start-up files and options (BASH_ENV and ENV are sourced, PS4 and PROMPT_COMMAND expanded);
-# which programs a name runs (PATH: a bash entrypoint's every command); the interpreter's paths, start-up
-# file, hooks and warning filters (a filter names a category, which is imported); OpenSSL's configuration
-# (it loads engines and providers); the CANN operator packages (custom operators are shared libraries);
-# and other runtimes' option variables that name code.
-REFUSED_ENV_PREFIXES = ("LD_", "BASH_FUNC_")
-REFUSED_ENV = frozenset({
-    "GLIBC_TUNABLES", "GCONV_PATH", "LOCPATH", "NLSPATH", "HOSTALIASES", "RESOLV_HOST_CONF",
-    "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS4", "PROMPT_COMMAND", "PATH", "CDPATH",
-    "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONINSPECT", "PYTHONUSERBASE", "PYTHONPYCACHEPREFIX",
-    "PYTHONWARNINGS", "PYTHONBREAKPOINT", "PYTHONEXECUTABLE", "PYTHONPLATLIBDIR",
-    "OPENSSL_CONF", "OPENSSL_ENGINES", "OPENSSL_MODULES",
-    "ASCEND_CUSTOM_OPP_PATH", "ASCEND_OPP_PATH", "ASCEND_AICPU_PATH", "TBE_IMPL_PATH",
-    "NODE_OPTIONS", "PERL5OPT", "PERL5LIB", "RUBYOPT", "RUBYLIB",
-})
-_TRAINERD_ENV_PREFIX = "TRAINERD_"
-
-
-def forbidden_job_env(name: str) -> str | None:
-    """Why a training process may not be given `name` by its job, or None when it may (one line, for the
-    coordinator's check of the cluster file and the agent's of a Launch alike)."""
-    if not re.fullmatch(ENV_NAME_PATTERN, name):
-        return f"a variable's name is a letter or _ then letters, digits and _ ({ENV_NAME_PATTERN})"
-    if name.startswith(REFUSED_ENV_PREFIXES) or name in REFUSED_ENV:
-        return "it loads code or configuration into the process"
-    if name.startswith(_TRAINERD_ENV_PREFIX) and name not in RESERVED_ENV:
-        return f"{_TRAINERD_ENV_PREFIX} names are trainerd's own"
-    return None

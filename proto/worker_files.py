@@ -12,7 +12,7 @@ The agent writes them in the generation's directory and names them in the worker
 
       {"schema": 1, "ranges": [[7680, 7744], [12800, 12864]]}
 
-Both are replaced with `write_atomically`, so a worker sees the old file or the whole new one. The
+Both are replaced with `common.atomic_write.write_atomically`, so a worker sees the old file or the whole new one. The
 encoders write what they are given: the decoders are the gate, and a worker refuses a malformed file
 (the control file with a warning, the skips file by exiting 2). Pure Python: no MindSpore, pydantic
 or YAML.
@@ -21,9 +21,7 @@ or YAML.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 SCHEMA = 1
@@ -41,7 +39,7 @@ class MalformedSkipsFile(ValueError):
 
 
 @dataclass(frozen=True)
-class CheckpointRequest:
+class ControlFileRequest:
     """The control file: the ranks of `generation` save a checkpoint once `step` has completed."""
 
     generation: int
@@ -55,12 +53,12 @@ class SkipList:
     ranges: tuple[tuple[int, int], ...] = ()
 
 
-def encode_control(request: CheckpointRequest) -> bytes:
+def encode_control(request: ControlFileRequest) -> bytes:
     return json.dumps({"schema": SCHEMA, "generation": request.generation,
                        "checkpoint_at_step": request.step}).encode()
 
 
-def decode_control(data: bytes) -> CheckpointRequest:
+def decode_control(data: bytes) -> ControlFileRequest:
     """The request in a control file's bytes; raises MalformedControlFile for anything else."""
     if len(data) > MAX_CONTROL_BYTES:
         raise MalformedControlFile(f"{len(data)} bytes is more than {MAX_CONTROL_BYTES}")
@@ -68,7 +66,7 @@ def decode_control(data: bytes) -> CheckpointRequest:
     if not isinstance(body, dict):
         raise MalformedControlFile("not a JSON object")
     _check_schema(body.get("schema"), MalformedControlFile, "schema")
-    return CheckpointRequest(_count(body, "generation"), _count(body, "checkpoint_at_step"))
+    return ControlFileRequest(_count(body, "generation"), _count(body, "checkpoint_at_step"))
 
 
 def encode_skips(skips: SkipList) -> bytes:
@@ -84,19 +82,6 @@ def decode_skips(data: bytes) -> SkipList:
     if not isinstance(body["ranges"], list):
         raise MalformedSkipsFile("the skip ledger's ranges must be a list")
     return SkipList(tuple(_skip_range(i, entry) for i, entry in enumerate(body["ranges"])))
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Replace `path` with `data`: write a temporary file beside it, fsync it, rename it over `path`.
-
-    A reader sees the old file or the whole new one, never half of one.
-    """
-    partial = path.with_name(path.name + ".partial")
-    with open(partial, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(partial, path)
 
 
 def _json(data: bytes, error: type[ValueError], not_json: str) -> Any:

@@ -86,3 +86,22 @@ def test_the_agent_does_not_import_the_coordinator() -> None:
         if within(name, ("daemon",))
     }
     assert not found, f"agent imports of daemon: {sorted(found)}"
+
+
+SHARING_PACKAGES = ("daemon", "agent", "trainer", "proto", "common")
+
+
+def test_no_public_class_name_means_two_things_in_two_packages() -> None:
+    """A name read in a traceback, a review or a grep says which thing it is: a public class is defined in
+    one of the top-level packages only (the coordinator's failure cause is not the agent's root cause)."""
+    defined: dict[str, set[str]] = {}
+    for package in SHARING_PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            if path.name.endswith(("_pb2.py", "_pb2_grpc.py")):
+                continue  # generated: their classes are the services' names in trainerd.proto (Coordinator)
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                    defined.setdefault(node.name, set()).add(f"{path.relative_to(REPO)}")
+    shared = {name: sorted(paths) for name, paths in defined.items()
+              if len({path.split("/")[0] for path in paths}) > 1}
+    assert not shared, f"public class names defined in more than one package: {shared}"

@@ -38,6 +38,7 @@ from daemon.cli.status_json import GOODPUT_PHASES, RECOVERY_PHASES, event_to_jso
 from daemon.events import EVENTS_PAGE
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
+from proto.launch_env import COORDINATOR_ENV
 from proto.vocabulary import LEADER_ADDRESS_METADATA
 
 EXIT_UNREACHABLE = 3
@@ -117,9 +118,9 @@ def _coordinators(options: GlobalOptions) -> Coordinators:
 
 
 def _addresses(option: str | None) -> list[str]:
-    raw = option or os.environ.get("TRAINERD_COORDINATOR")
+    raw = option or os.environ.get(COORDINATOR_ENV)
     if not raw:
-        raise click.UsageError("name the coordinator with --coordinator HOST:PORT or TRAINERD_COORDINATOR")
+        raise click.UsageError(f"name the coordinator with --coordinator HOST:PORT or {COORDINATOR_ENV}")
     addresses = [a.strip() for a in raw.split(",") if a.strip()]
     for address in addresses:
         try:
@@ -193,8 +194,8 @@ def call_control(coordinators: Coordinators, method: str, request, timeout: floa
 
 
 @click.group(cls=PointingGroup)
-@click.option("--coordinator", envvar="TRAINERD_COORDINATOR", metavar="HOST:PORT[,HOST:PORT]",
-              help="Coordinator address(es); default $TRAINERD_COORDINATOR.")
+@click.option("--coordinator", envvar=COORDINATOR_ENV, metavar="HOST:PORT[,HOST:PORT]",
+              help=f"Coordinator address(es); default ${COORDINATOR_ENV}.")
 @click.option("--cacert", envvar=TLS_ENV["cacert"], metavar="FILE",
               help=f"The cluster's CA certificate (ca.crt): call over TLS; default ${TLS_ENV['cacert']}.")
 @click.option("--cert", envvar=TLS_ENV["cert"], metavar="FILE",

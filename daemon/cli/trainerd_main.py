@@ -14,6 +14,7 @@ import click
 
 from common.cert_identity import CertificateError
 from common.config_file import ConfigError
+from common.start_refused import StartRefused
 from common.tls_files import read_tls_files
 from daemon.app import ListenError, TrainerdApp, install_stop_signals, load_join_ca
 from daemon.cli.certs_commands import certs
@@ -21,12 +22,6 @@ from daemon.cli.command_groups import PointingGroup
 from daemon.config import load_cluster_config
 from daemon.etcd_process import EtcdNotFound, EtcdStartError, check_serving_certificate
 from daemon.store.interface import StoreError
-
-
-class StartRefused(click.ClickException):
-    """The cluster file, or a file it names, is wrong: one line, exit code 2."""
-
-    exit_code = 2
 
 
 @click.group(cls=PointingGroup)

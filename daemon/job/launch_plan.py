@@ -3,7 +3,7 @@
 No msrun: trainerd sets what msrun would (MS_ROLE, MS_SCHED_HOST/PORT, MS_WORKER_NUM, MS_NODE_ID =
 rank so the rank is deterministic) plus the rank-table variables and trainerd's own: the batch
 split, where checkpoints go and which one to resume from, the bad-batch guard's thresholds. The
-agent adds the paths only it knows (proto.vocabulary.AGENT_ENV).
+agent adds the paths only it knows (proto.launch_env.AGENT_ENV).
 """
 
 from __future__ import annotations
@@ -13,6 +13,30 @@ from dataclasses import dataclass, field
 from daemon.config import JobSettings
 from daemon.job.placement import Placement
 from daemon.job.state import ResumePoint, ResumeSource
+from proto.launch_env import (
+    CHECKPOINT_DIR_ENV,
+    CHECKPOINT_EVERY_ENV,
+    CHECKPOINT_KEEP_ENV,
+    CHECKPOINT_SAVED_BY_ENV,
+    GENERATION_ENV,
+    GLOBAL_BATCH_ENV,
+    GRAD_ACCUM_ENV,
+    JOB_ENV,
+    LOCAL_RANK_ENV,
+    LOSS_FACTOR_ENV,
+    LOSS_ZSCORE_ENV,
+    MEMORY_EVERY_ENV,
+    MEMORY_SCOPE_ENV,
+    MICRO_BATCH_ENV,
+    RESUME_FROM_ENV,
+    RESUME_MEMORY_STEP_ENV,
+    RESUME_SAMPLES_ENV,
+    RESUME_STEP_ENV,
+    SPIKE_CEILING_ENV,
+    SPIKE_FACTOR_ENV,
+    SPIKE_WARMUP_STEPS_ENV,
+    SPIKE_ZSCORE_ENV,
+)
 from proto.vocabulary import PYTHON_WORD, SCHEDULER_ARGV, ProcessRole
 
 SCHEDULER_RANK = -1
@@ -59,32 +83,32 @@ def _common_env(spec: JobSettings, placement: Placement, generation: int,
         "MS_SCHED_PORT": str(scheduler_port(spec, generation)),
         "MS_WORKER_NUM": str(placement.world_size),
         "RANK_SIZE": str(placement.world_size),
-        "TRAINERD_JOB": spec.name,
-        "TRAINERD_GENERATION": str(generation),
-        "TRAINERD_CHECKPOINT_DIR": spec.checkpoint.dir or "",
-        "TRAINERD_CHECKPOINT_EVERY": str(spec.checkpoint.every_steps),
-        "TRAINERD_CHECKPOINT_KEEP": str(spec.checkpoint.keep),
-        "TRAINERD_CHECKPOINT_SAVED_BY": spec.checkpoint.saved_by,
+        JOB_ENV: spec.name,
+        GENERATION_ENV: str(generation),
+        CHECKPOINT_DIR_ENV: spec.checkpoint.dir or "",
+        CHECKPOINT_EVERY_ENV: str(spec.checkpoint.every_steps),
+        CHECKPOINT_KEEP_ENV: str(spec.checkpoint.keep),
+        CHECKPOINT_SAVED_BY_ENV: spec.checkpoint.saved_by,
         # An in-memory snapshot has no path here: each agent names its own copy (agent/memory_snapshots.py).
-        "TRAINERD_RESUME_FROM": "" if resume is None else resume.path,
-        "TRAINERD_RESUME_MEMORY_STEP": memory_step,
-        "TRAINERD_MEMORY_EVERY": str(memory_every),
-        "TRAINERD_MEMORY_SCOPE": "" if one_host else "host",
+        RESUME_FROM_ENV: "" if resume is None else resume.path,
+        RESUME_MEMORY_STEP_ENV: memory_step,
+        MEMORY_EVERY_ENV: str(memory_every),
+        MEMORY_SCOPE_ENV: "" if one_host else "host",
         # What the checkpoint stands for, for runners that resume by their own settings (MindFormers'
         # data_skip_steps); trainerd's own checkpoints carry both in their manifest.
-        "TRAINERD_RESUME_STEP": "" if resume is None else str(resume.step),
-        "TRAINERD_RESUME_SAMPLES": "" if resume is None else str(resume.consumed_samples),
-        "TRAINERD_SPIKE_FACTOR": repr(spec.data_skip.spike_factor),
-        "TRAINERD_SPIKE_ZSCORE": repr(spec.data_skip.spike_zscore),
-        "TRAINERD_SPIKE_CEILING": repr(spec.data_skip.spike_ceiling),
-        "TRAINERD_SPIKE_WARMUP_STEPS": str(spec.data_skip.warmup_steps),
-        "TRAINERD_LOSS_FACTOR": repr(spec.data_skip.loss_factor),
-        "TRAINERD_LOSS_ZSCORE": repr(spec.data_skip.loss_zscore),
+        RESUME_STEP_ENV: "" if resume is None else str(resume.step),
+        RESUME_SAMPLES_ENV: "" if resume is None else str(resume.consumed_samples),
+        SPIKE_FACTOR_ENV: repr(spec.data_skip.spike_factor),
+        SPIKE_ZSCORE_ENV: repr(spec.data_skip.spike_zscore),
+        SPIKE_CEILING_ENV: repr(spec.data_skip.spike_ceiling),
+        SPIKE_WARMUP_STEPS_ENV: str(spec.data_skip.warmup_steps),
+        LOSS_FACTOR_ENV: repr(spec.data_skip.loss_factor),
+        LOSS_ZSCORE_ENV: repr(spec.data_skip.loss_zscore),
     }
     if spec.global_batch is not None and spec.micro_batch is not None:
-        env["TRAINERD_GLOBAL_BATCH"] = str(spec.global_batch)
-        env["TRAINERD_MICRO_BATCH"] = str(spec.micro_batch)
-        env["TRAINERD_GRAD_ACCUM"] = str(placement.grad_accum)
+        env[GLOBAL_BATCH_ENV] = str(spec.global_batch)
+        env[MICRO_BATCH_ENV] = str(spec.micro_batch)
+        env[GRAD_ACCUM_ENV] = str(placement.grad_accum)
     return env
 
 
@@ -104,7 +128,7 @@ def node_processes(spec: JobSettings, placement: Placement, generation: int, nod
     plans: list[ProcessPlan] = []
     if placement.ranks[0].node == node:
         plans.append(ProcessPlan(ProcessRole.SCHEDULER, SCHEDULER_RANK, -1, -1, scheduler_argv(spec), {
-            **common, "MS_ROLE": "MS_SCHED", "RANK_ID": "0", "TRAINERD_LOCAL_RANK": "-1",
+            **common, "MS_ROLE": "MS_SCHED", "RANK_ID": "0", LOCAL_RANK_ENV: "-1",
         }))
     for slot in placement.ranks:
         if slot.node != node:
@@ -115,7 +139,7 @@ def node_processes(spec: JobSettings, placement: Placement, generation: int, nod
             "MS_NODE_ID": str(slot.rank),
             "RANK_ID": str(slot.rank),
             "DEVICE_ID": str(slot.device_id),
-            "TRAINERD_LOCAL_RANK": str(slot.local_rank),
+            LOCAL_RANK_ENV: str(slot.local_rank),
         }))
     return plans
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.checkpoint_persister import CheckpointPersister, FailedSave, Outbox, PersistedSave
+from agent.checkpoint_persister import CheckpointPersister, Outbox, PersistedSave, UnpersistedSave
 from agent.memory_snapshots import MemorySnapshotDir, step_dir_name
 from agent.thread_priority import BACKGROUND_NICENESS
 from agent.worker_user import WorkerUser
@@ -37,7 +37,7 @@ class Heard:
 
     def __init__(self) -> None:
         self.saved: list[PersistedSave] = []
-        self.failed: list[FailedSave] = []
+        self.failed: list[UnpersistedSave] = []
 
     def persister(self, outbox: Outbox, **kwargs: float) -> CheckpointPersister:
         return CheckpointPersister(outbox, self.saved.append, self.failed.append, **kwargs)

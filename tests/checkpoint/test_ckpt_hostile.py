@@ -36,7 +36,7 @@ from trainer.checkpoint.manifest import MANIFEST_NAME, read_manifest
 from trainer.checkpoint.retention import prune
 from trainer.checkpoint.step_dirs import check_inside_root
 from trainer.runtime.checkpointing import CheckpointUnreadable, TrainingCheckpoints
-from trainer.runtime.rank_context import CheckpointSettings, RankContext
+from trainer.runtime.rank_context import RankCheckpointSettings, RankContext
 
 GOOD, BAD = "step_00000010", "step_00000020"
 
@@ -331,7 +331,7 @@ def _resume(root: Path | None, resume_from: Path) -> CheckpointUnreadable:
     anything is loaded, so no MindSpore cells are needed.
     """
     ctx = RankContext.from_environ({"TRAINERD_JOB": "unit"})
-    settings = CheckpointSettings(directory=root, resume_from=resume_from)
+    settings = RankCheckpointSettings(directory=root, resume_from=resume_from)
     with TrainingCheckpoints(ctx, settings, _NoReports(), (), data_seed=7,  # type: ignore[arg-type]
                              grad_accumulation=2) as checkpoints:
         with pytest.raises(CheckpointUnreadable) as refused:

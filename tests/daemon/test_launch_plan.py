@@ -11,7 +11,8 @@ from daemon.job.launch_plan import node_processes, scheduler_argv, scheduler_por
 from daemon.job.placement import NodeOffer, place
 from daemon.job.rank_table import build_rank_table, rank_table_json
 from daemon.membership import DeviceInfo
-from proto.vocabulary import AGENT_ENV, RESERVED_ENV, SCHEDULER_ARGV, ProcessRole, forbidden_job_env
+from proto.launch_env import AGENT_ENV, RESERVED_ENV, forbidden_job_env
+from proto.vocabulary import SCHEDULER_ARGV, ProcessRole
 from trainer.runtime.guard_policy import GuardSettings
 
 
@@ -165,7 +166,7 @@ def test_a_job_without_a_batch_split_gets_no_batch_variables() -> None:
 
 
 def test_an_agent_refuses_none_of_the_variables_the_coordinator_sets() -> None:
-    """The agent checks every Launch against proto.vocabulary.forbidden_job_env: trainerd's own must pass."""
+    """The agent checks every Launch against proto.launch_env.forbidden_job_env: trainerd's own must pass."""
     placement = place(spec(), [NodeOffer("n0", "10.0.0.1", (DeviceInfo(0, "", "cpu"),))])
     names = {name for process in node_processes(spec(), placement, generation=1, node="n0") for name in process.env}
     assert {name: forbidden_job_env(name) for name in names | AGENT_ENV} == dict.fromkeys(names | AGENT_ENV)

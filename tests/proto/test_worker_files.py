@@ -4,8 +4,6 @@ malformed files refused with a one-line reason, never a crash."""
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -13,7 +11,7 @@ from hypothesis import strategies as st
 
 from proto.worker_files import (
     MAX_CONTROL_BYTES,
-    CheckpointRequest,
+    ControlFileRequest,
     MalformedControlFile,
     MalformedSkipsFile,
     SkipList,
@@ -21,13 +19,12 @@ from proto.worker_files import (
     decode_skips,
     encode_control,
     encode_skips,
-    write_atomically,
 )
 
 
 def test_the_control_file_on_disk() -> None:
     """Workers of an older trainerd read these bytes: they do not change without a new schema."""
-    assert encode_control(CheckpointRequest(generation=4, step=1200)) == (
+    assert encode_control(ControlFileRequest(generation=4, step=1200)) == (
         b'{"schema": 1, "generation": 4, "checkpoint_at_step": 1200}')
 
 
@@ -38,7 +35,7 @@ def test_the_skips_file_on_disk() -> None:
 
 
 def test_files_round_trip() -> None:
-    request = CheckpointRequest(generation=3, step=(1 << 63) - 1)
+    request = ControlFileRequest(generation=3, step=(1 << 63) - 1)
     assert decode_control(encode_control(request)) == request
     skips = SkipList(((128, 192), (0, 64)))  # as the coordinator sent them: not sorted, not merged
     assert decode_skips(encode_skips(skips)) == skips
@@ -103,13 +100,3 @@ def test_arbitrary_bytes_never_crash_the_decoders(data: bytes) -> None:
             decode(data)
         except malformed:
             pass
-
-
-def test_write_atomically_replaces_the_whole_file(tmp_path: Path) -> None:
-    path = tmp_path / "control.json"
-    write_atomically(path, encode_control(CheckpointRequest(1, 10)))
-    first_inode = path.stat().st_ino
-    write_atomically(path, encode_control(CheckpointRequest(1, 20)))
-    assert decode_control(path.read_bytes()) == CheckpointRequest(1, 20)
-    assert path.stat().st_ino != first_inode  # renamed into place, not rewritten where a reader reads
-    assert sorted(os.listdir(tmp_path)) == ["control.json"]  # no temporary file left behind

@@ -8,19 +8,20 @@ from pathlib import Path
 
 import pytest
 
-from proto.worker_files import MAX_CONTROL_BYTES, CheckpointRequest, encode_control, write_atomically
+from common.atomic_write import write_atomically
+from proto.worker_files import MAX_CONTROL_BYTES, ControlFileRequest, encode_control
 from trainer.runtime.checkpoint_schedule import CheckpointSchedule, ControlFile
 
 GENERATION = 4
 
 
-def write_control(path: Path, body: CheckpointRequest | str) -> None:
+def write_control(path: Path, body: ControlFileRequest | str) -> None:
     """As the agent does (a request), or as something broken might (any text)."""
     write_atomically(path, body.encode() if isinstance(body, str) else encode_control(body))
 
 
-def request(step: int, generation: int = GENERATION) -> CheckpointRequest:
-    return CheckpointRequest(generation, step)
+def request(step: int, generation: int = GENERATION) -> ControlFileRequest:
+    return ControlFileRequest(generation, step)
 
 
 def schedule(tmp_path: Path, every: int = 0) -> CheckpointSchedule:
@@ -85,7 +86,7 @@ def test_the_file_is_read_only_when_it_changed(tmp_path: Path, monkeypatch: pyte
     control = ControlFile(tmp_path / "control.json")
     assert control.poll() is None  # no file yet: no request
     write_control(control.path, request(8))
-    assert control.poll() == CheckpointRequest(GENERATION, 8)
+    assert control.poll() == ControlFileRequest(GENERATION, 8)
     reads: list[object] = []
     real_open = open
     monkeypatch.setattr("builtins.open", lambda *a, **k: reads.append(a) or real_open(*a, **k))
@@ -94,7 +95,7 @@ def test_the_file_is_read_only_when_it_changed(tmp_path: Path, monkeypatch: pyte
     assert reads == []
     write_control(control.path, request(9))
     reads.clear()  # the writer's own open
-    assert control.poll() == CheckpointRequest(GENERATION, 9)
+    assert control.poll() == ControlFileRequest(GENERATION, 9)
     assert len(reads) == 1
 
 

@@ -22,9 +22,9 @@ from tests.waiting import wait_until
 from trainer.checkpoint import verify_checkpoint
 from trainer.checkpoint.mindspore_io import parameters_to_numpy
 from trainer.examples.mlp import checkpoint_settings
-from trainer.runtime.checkpointing import CheckpointUnreadable, ResumePoint, SeedMismatch, TrainingCheckpoints
+from trainer.runtime.checkpointing import CheckpointUnreadable, ResumePosition, SeedMismatch, TrainingCheckpoints
 from trainer.runtime.memory_snapshots import PLAN_NAME
-from trainer.runtime.rank_context import CheckpointSettings, RankContext
+from trainer.runtime.rank_context import RankCheckpointSettings, RankContext
 from trainer.runtime.snapshot_interval import FIRST_SNAPSHOT_AFTER
 
 SEED = 7
@@ -59,7 +59,7 @@ def perturb(network: nn.Cell, value: float) -> None:
         param.set_data(ms.Tensor(np.full(param.shape, value, np.float32)))
 
 
-def checkpoints(settings: CheckpointSettings, cell_pair: tuple[nn.Cell, nn.Optimizer],
+def checkpoints(settings: RankCheckpointSettings, cell_pair: tuple[nn.Cell, nn.Optimizer],
                 reporter: Reporter, seed: int = SEED) -> TrainingCheckpoints:
     ctx = RankContext.from_environ({"TRAINERD_JOB": "unit"})
     return TrainingCheckpoints(ctx, settings, reporter, cell_pair, data_seed=seed,  # type: ignore[arg-type]
@@ -68,8 +68,8 @@ def checkpoints(settings: CheckpointSettings, cell_pair: tuple[nn.Cell, nn.Optim
 
 def train(tmp_path: Path, every: int, steps: int) -> tuple[Reporter, tuple[nn.Cell, nn.Optimizer]]:
     reporter, pair = Reporter(), cells()
-    with checkpoints(CheckpointSettings(directory=tmp_path / "ckpt", every=every), pair, reporter) as ckpt:
-        assert ckpt.resume() == ResumePoint(0, 0)
+    with checkpoints(RankCheckpointSettings(directory=tmp_path / "ckpt", every=every), pair, reporter) as ckpt:
+        assert ckpt.resume() == ResumePosition(0, 0)
         for step in range(1, steps + 1):
             perturb(pair[0], float(step))
             ckpt.after_step(step, step * 16)
@@ -92,9 +92,9 @@ def test_a_resume_restores_every_parameter_bit_for_bit(tmp_path: Path) -> None:
     saved = {name: array.copy() for name, array in parameters_to_numpy(*trained).items()}
     assert {"weight", "moment1.weight", "beta1_power", "global_step"} <= set(saved)
     fresh = cells()
-    settings = CheckpointSettings(directory=tmp_path / "ckpt", resume_from=tmp_path / "ckpt" / "step_00000004")
+    settings = RankCheckpointSettings(directory=tmp_path / "ckpt", resume_from=tmp_path / "ckpt" / "step_00000004")
     with checkpoints(settings, fresh, Reporter()) as ckpt:
-        assert ckpt.resume() == ResumePoint(4, 64)
+        assert ckpt.resume() == ResumePosition(4, 64)
     restored = parameters_to_numpy(*fresh)
     assert sorted(restored) == sorted(saved)
     for name, array in saved.items():
@@ -105,7 +105,7 @@ def test_in_memory_snapshots_are_checkpoints_in_the_agents_memory_and_resume_bit
     """Every memory_every steps beside the disk saves, not reported (the agent sees the manifest), at most one
     complete one kept; a resume from the one the agent names restores every parameter."""
     memory, reporter, pair = tmp_path / "shm" / "job", Reporter(), cells()
-    settings = CheckpointSettings(directory=tmp_path / "ckpt", every=4, memory_directory=memory, memory_every=3)
+    settings = RankCheckpointSettings(directory=tmp_path / "ckpt", every=4, memory_directory=memory, memory_every=3)
     with checkpoints(settings, pair, reporter) as ckpt:
         for step in range(1, 8):
             perturb(pair[0], float(step))
@@ -118,10 +118,10 @@ def test_in_memory_snapshots_are_checkpoints_in_the_agents_memory_and_resume_bit
     assert (meta.step, meta.consumed_samples, meta.data_seed, meta.grad_accumulation) == (6, 96, SEED, 2)
 
     fresh = cells()
-    settings = CheckpointSettings(directory=tmp_path / "ckpt", memory_directory=memory, memory_every=3,
+    settings = RankCheckpointSettings(directory=tmp_path / "ckpt", memory_directory=memory, memory_every=3,
                                   resume_from=memory / "step_00000006", memory_step=6)
     with checkpoints(settings, fresh, Reporter()) as ckpt:
-        assert ckpt.resume() == ResumePoint(6, 96)
+        assert ckpt.resume() == ResumePosition(6, 96)
     restored = parameters_to_numpy(*fresh)
     for name, array in saved.items():
         assert np.array_equal(restored[name], array), name
@@ -142,7 +142,7 @@ def test_with_the_agent_saving_each_share_goes_through_the_outbox_into_the_same_
                                     lambda failed: pytest.fail(failed.reason))
     persister.start()
     reporter, pair = Reporter(), cells()
-    settings = CheckpointSettings(directory=tmp_path / "by-agent", every=2, outbox=outbox)
+    settings = RankCheckpointSettings(directory=tmp_path / "by-agent", every=2, outbox=outbox)
     try:
         with checkpoints(settings, pair, reporter) as ckpt:
             for step in range(1, 8):
@@ -173,7 +173,7 @@ def test_with_snapshots_on_the_agent_saves_from_the_snapshot_and_the_step_pays_o
     persister = CheckpointPersister(Outbox(outbox, tmp_path / "by-agent", (0,), 1, 0, 3), saved.append,
                                     lambda failed: pytest.fail(failed.reason))
     reporter, pair = Reporter(), cells()
-    settings = CheckpointSettings(directory=tmp_path / "by-agent", every=2, outbox=outbox,
+    settings = RankCheckpointSettings(directory=tmp_path / "by-agent", every=2, outbox=outbox,
                                   memory_directory=memory, memory_every=3)
     with checkpoints(settings, pair, reporter) as ckpt:
         for step in range(1, 8):
@@ -203,7 +203,7 @@ def test_a_share_the_agent_never_takes_is_removed_and_reported_and_training_goes
     outbox = tmp_path / "shm" / "job" / ".outbox"
     outbox.mkdir(parents=True)
     reporter, pair, clock = Reporter(), cells(), FakeClock()
-    settings = CheckpointSettings(directory=tmp_path / "ckpt", every=2, outbox=outbox)
+    settings = RankCheckpointSettings(directory=tmp_path / "ckpt", every=2, outbox=outbox)
     ctx = RankContext.from_environ({"TRAINERD_JOB": "unit"})
     with TrainingCheckpoints(ctx, settings, reporter, pair, data_seed=SEED,  # type: ignore[arg-type]
                              grad_accumulation=2, clock=clock) as ckpt:
@@ -219,7 +219,7 @@ def test_auto_snapshots_start_a_few_steps_in_and_plan_the_next_within_the_disk_i
     """With "auto" a real snapshot is taken FIRST_SNAPSHOT_AFTER steps in, and rank 0 plans the next one from
     what it measured, no later than the disk interval allows."""
     memory, pair = tmp_path / "shm" / "job", cells()
-    settings = CheckpointSettings(directory=tmp_path / "ckpt", every=8, memory_directory=memory, memory_every="auto")
+    settings = RankCheckpointSettings(directory=tmp_path / "ckpt", every=8, memory_directory=memory, memory_every="auto")
     with checkpoints(settings, pair, Reporter()) as ckpt:
         for step in range(1, FIRST_SNAPSHOT_AFTER + 1):
             perturb(pair[0], float(step))
@@ -234,7 +234,7 @@ def test_resume_failures_carry_their_exit_status(tmp_path: Path) -> None:
     step_4 = tmp_path / "ckpt" / "step_00000004"
 
     def resume(path: Path, pair: tuple[nn.Cell, nn.Optimizer] | None = None, seed: int = SEED) -> None:
-        settings = CheckpointSettings(directory=tmp_path / "ckpt", resume_from=path)
+        settings = RankCheckpointSettings(directory=tmp_path / "ckpt", resume_from=path)
         with checkpoints(settings, pair or cells(), Reporter(), seed) as ckpt:
             ckpt.resume()
 
@@ -278,7 +278,7 @@ def test_a_save_that_runs_out_of_space_is_reported_and_the_next_one_commits(tmp_
 
 def test_a_checkpoint_directory_the_agent_could_not_be_told_about_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="cannot be reported: field 'path' must be an absolute normalised path"):
-        checkpoints(CheckpointSettings(directory=Path("/ckpt/../etc")), cells(), Reporter())
+        checkpoints(RankCheckpointSettings(directory=Path("/ckpt/../etc")), cells(), Reporter())
 
 
 def test_a_checkpoint_directory_another_job_saved_into_is_refused_before_a_step(tmp_path: Path) -> None:
@@ -288,7 +288,7 @@ def test_a_checkpoint_directory_another_job_saved_into_is_refused_before_a_step(
     ctx = RankContext.from_environ({"TRAINERD_JOB": "unit2"})
     with pytest.raises(ValueError, match=f"checkpoint directory {tmp_path / 'ckpt'} holds the checkpoints of job "
                                          "'unit' \\(its trainerd-job file\\): give job 'unit2' a checkpoint.dir of its own"):
-        TrainingCheckpoints(ctx, CheckpointSettings(directory=tmp_path / "ckpt", every=1), Reporter(), cells(),
+        TrainingCheckpoints(ctx, RankCheckpointSettings(directory=tmp_path / "ckpt", every=1), Reporter(), cells(),
                             data_seed=SEED, grad_accumulation=2)
     assert sorted(path.name for path in (tmp_path / "ckpt").iterdir()) == [
         "step_00000001", "step_00000002", "step_00000003", "trainerd-job"]  # nothing of the other job's was touched
@@ -298,7 +298,7 @@ def test_a_checkpoint_directory_another_job_saved_into_is_refused_before_a_step(
 def test_without_a_directory_nothing_is_saved_and_requests_are_ignored(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    settings = CheckpointSettings(every=1, control_file=tmp_path / "control.json")
+    settings = RankCheckpointSettings(every=1, control_file=tmp_path / "control.json")
     with checkpoints(settings, cells(), Reporter()) as ckpt:
         ckpt.after_step(1, 16)
     assert "no checkpoint directory, so checkpoint requests will be ignored" in caplog.text
@@ -316,12 +316,12 @@ def test_the_example_takes_checkpoint_flags_where_the_launcher_set_nothing(
     monkeypatch.chdir(tmp_path)
     launcher = RankContext.from_environ({"TRAINERD_CHECKPOINT_DIR": "/ckpt/mlp", "TRAINERD_CHECKPOINT_EVERY": "10"})
     by_hand = RankContext.from_environ({})
-    assert checkpoint_settings(flags("ckpt", 5), by_hand) == CheckpointSettings(directory=tmp_path / "ckpt", every=5)
+    assert checkpoint_settings(flags("ckpt", 5), by_hand) == RankCheckpointSettings(directory=tmp_path / "ckpt", every=5)
     assert checkpoint_settings(flags(), launcher) == launcher.checkpoints
     assert checkpoint_settings(flags("/ckpt/mlp", 10), launcher) == launcher.checkpoints
     with pytest.raises(ValueError, match="--checkpoint-dir /elsewhere disagrees with the launcher's /ckpt/mlp"):
         checkpoint_settings(flags("/elsewhere"), launcher)
     with pytest.raises(ValueError, match="--checkpoint-every 5 disagrees with the launcher's 10"):
         checkpoint_settings(flags(checkpoint_every=5), launcher)
-    only_dir = replace(launcher, checkpoints=CheckpointSettings(directory=Path("/ckpt/mlp")))
+    only_dir = replace(launcher, checkpoints=RankCheckpointSettings(directory=Path("/ckpt/mlp")))
     assert checkpoint_settings(flags(checkpoint_every=5), only_dir).every == 5

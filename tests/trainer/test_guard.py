@@ -40,7 +40,7 @@ from trainer.runtime.guard_policy import (
     skip_reason,
     spike_limit,
 )
-from trainer.runtime.rank_context import CheckpointSettings, RankContext
+from trainer.runtime.rank_context import RankCheckpointSettings, RankContext
 from trainer.runtime.step_replay import AttemptKind
 
 MICRO_BATCHES = 2  # the sums are divided by 2: exact in float32, so a reference can be handed the mean
@@ -225,7 +225,7 @@ def test_a_checkpoint_of_the_old_guard_is_refused_in_one_line(tmp_path: Path) ->
     ctx = RankContext.from_environ({"TRAINERD_JOB": "unit"})
     old = Rig(None)
     old.step(gradients(np.random.default_rng(8)))  # weights unlike a fresh Rig's
-    with TrainingCheckpoints(ctx, CheckpointSettings(directory=tmp_path, every=1), _Reporter(),  # type: ignore[arg-type]
+    with TrainingCheckpoints(ctx, RankCheckpointSettings(directory=tmp_path, every=1), _Reporter(),  # type: ignore[arg-type]
                              (old.net, old.optimizer, _OldGuard()), data_seed=0, grad_accumulation=1) as ckpt:
         ckpt.resume()
         ckpt.after_step(1, 64)
@@ -233,7 +233,7 @@ def test_a_checkpoint_of_the_old_guard_is_refused_in_one_line(tmp_path: Path) ->
     assert step_1.is_dir()
 
     def resume(*cells: nn.Cell) -> None:
-        settings = CheckpointSettings(directory=tmp_path, resume_from=step_1)
+        settings = RankCheckpointSettings(directory=tmp_path, resume_from=step_1)
         with TrainingCheckpoints(ctx, settings, _Reporter(), cells, data_seed=0,  # type: ignore[arg-type]
                                  grad_accumulation=1) as ckpt:
             ckpt.resume()

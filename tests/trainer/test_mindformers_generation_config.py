@@ -13,7 +13,7 @@ from trainer.integrations.mindformers.generation_config import (
     CALLBACK_TYPE,
     GenerationConfigError,
     GenerationSettings,
-    ResumeSource,
+    ResumeCheckpoint,
     absolute_base_configs,
     generation_config,
     global_batch,
@@ -115,7 +115,7 @@ def test_a_legacy_format_job_cannot_keep_trainerd_checkpoints() -> None:
 
 
 def test_resume_from_a_checkpoint_2_0_iteration_at_another_world_size() -> None:
-    resume = ResumeSource(Path("/ckpt/llm/iteration_00000400"), "iteration", consumed_samples=400 * 16)
+    resume = ResumeCheckpoint(Path("/ckpt/llm/iteration_00000400"), "iteration", consumed_samples=400 * 16)
     config = generation_config(user_config(), GenerationSettings(world_size=2, checkpoint_dir=Path("/ckpt/llm"),
                                                                  resume=resume))
     assert config["checkpoint"]["load_path"] == "/ckpt/llm/iteration_00000400"
@@ -130,7 +130,7 @@ def test_resume_from_a_checkpoint_2_0_iteration_at_another_world_size() -> None:
 
 def test_resume_from_a_legacy_rank_layout_transforms_it_when_the_world_size_changed() -> None:
     for saved_world, transform in ((4, True), (2, False)):
-        resume = ResumeSource(Path("/old/checkpoint"), "ranks", consumed_samples=160, world_size=saved_world)
+        resume = ResumeCheckpoint(Path("/old/checkpoint"), "ranks", consumed_samples=160, world_size=saved_world)
         config = generation_config(user_config(), GenerationSettings(world_size=2, resume=resume))
         assert (config["load_checkpoint"], config["resume_training"]) == ("/old/checkpoint", True)
         assert config["auto_trans_ckpt"] is transform
@@ -138,14 +138,14 @@ def test_resume_from_a_legacy_rank_layout_transforms_it_when_the_world_size_chan
 
 
 def test_a_legacy_checkpoint_cannot_resume_a_checkpoint_2_0_job() -> None:
-    resume = ResumeSource(Path("/old/checkpoint"), "ranks", consumed_samples=160, world_size=4)
+    resume = ResumeCheckpoint(Path("/old/checkpoint"), "ranks", consumed_samples=160, world_size=4)
     with pytest.raises(GenerationConfigError, match="legacy rank_N/ checkpoint"):
         generation_config(user_config(), GenerationSettings(world_size=2, checkpoint_dir=Path("/ckpt"),
                                                             resume=resume))
 
 
 def test_consumed_samples_that_are_not_whole_global_batches_are_refused() -> None:
-    resume = ResumeSource(Path("/ckpt/iteration_00000010"), "iteration", consumed_samples=100)
+    resume = ResumeCheckpoint(Path("/ckpt/iteration_00000010"), "iteration", consumed_samples=100)
     with pytest.raises(GenerationConfigError, match="consumed 100 samples, not a whole number of global batches"):
         generation_config(user_config(), GenerationSettings(world_size=2, resume=resume))
 

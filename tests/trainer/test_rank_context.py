@@ -11,7 +11,7 @@ import pytest
 from trainer.runtime.rank_context import (
     DEFAULT_CHECKPOINT_KEEP,
     BatchSettings,
-    CheckpointSettings,
+    RankCheckpointSettings,
     RankContext,
     RankContextError,
     Role,
@@ -105,7 +105,7 @@ CHECKPOINT_ENV = {
 
 @pytest.mark.parametrize("base", [WORKER_ENV, {}], ids=["worker", "standalone"])
 def test_checkpoint_settings_come_from_the_launcher(base: dict[str, str]) -> None:
-    assert RankContext.from_environ(base | CHECKPOINT_ENV).checkpoints == CheckpointSettings(
+    assert RankContext.from_environ(base | CHECKPOINT_ENV).checkpoints == RankCheckpointSettings(
         directory=Path("/ckpt/llm"), every=50, keep=2, resume_from=Path("/ckpt/llm/step_00000100"),
         control_file=Path("/run/trainerd/control.json"),
     )
@@ -125,7 +125,7 @@ def test_the_memory_scope_is_host_or_one_shared_directory(value: str | None, hos
 
 def test_unset_or_empty_checkpoint_variables_mean_none() -> None:
     """No checkpoints, no periodic interval chosen (the script's flag decides), start fresh, no requests."""
-    nothing = CheckpointSettings(directory=None, every=None, keep=DEFAULT_CHECKPOINT_KEEP, resume_from=None,
+    nothing = RankCheckpointSettings(directory=None, every=None, keep=DEFAULT_CHECKPOINT_KEEP, resume_from=None,
                                  control_file=None)
     assert RankContext.from_environ(WORKER_ENV).checkpoints == nothing
     assert RankContext.from_environ(WORKER_ENV | {name: "" for name in CHECKPOINT_ENV}).checkpoints == nothing

@@ -18,6 +18,7 @@ rather than after its timeout, so the next save, which waits for this one, does 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Sequence
@@ -25,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.atomic_write import fsync_dir, write_atomically
 from common.clock import Clock
-from trainer.checkpoint.durable_files import fsync_dir, write_json_atomic
 from trainer.checkpoint.errors import CheckpointError, CorruptCheckpoint
 from trainer.checkpoint.json_fields import check_schema, get_int, read_json_file
 from trainer.checkpoint.layout import TensorLayout, layouts_from_json
@@ -131,7 +132,11 @@ def commit_when_reported(step_dir: Path, meta: CheckpointMeta, world_size: int, 
 
 
 def write_report(step_dir: Path, report: RankReport) -> None:
-    write_json_atomic(step_dir / report_name(report.rank), report.to_json())
+    _write_json(step_dir / report_name(report.rank), report.to_json())
+
+
+def _write_json(path: Path, document: dict[str, Any]) -> None:
+    write_atomically(path, json.dumps(document, indent=1, sort_keys=True).encode())
 
 
 def _read_report(step_dir: Path, rank: int, world_size: int, generation: int, step: int) -> RankReport | None:
@@ -209,7 +214,7 @@ def commit_manifest(step_dir: Path, manifest: Manifest) -> None:
     except CorruptCheckpoint as exc:
         raise CheckpointError(f"{step_dir.name}: not committed: {exc}") from exc
     fsync_dir(step_dir.parent)  # the step directory itself must survive a crash before the commit counts
-    write_json_atomic(step_dir / MANIFEST_NAME, manifest.to_json())
+    _write_json(step_dir / MANIFEST_NAME, manifest.to_json())
     listed = {entry.name for entry in manifest.files} | {MANIFEST_NAME}
     for child in step_dir.iterdir():
         if child.name not in listed and child.is_file():

@@ -14,7 +14,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from trainer.checkpoint.durable_files import fsync_dir
+from common.atomic_write import fsync_dir
 from trainer.checkpoint.errors import CheckpointError
 
 OWNER_FILE = "trainerd-job"

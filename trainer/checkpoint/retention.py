@@ -6,7 +6,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from trainer.checkpoint.durable_files import fsync_dir
+from common.atomic_write import fsync_dir
 from trainer.checkpoint.manifest import MANIFEST_NAME
 from trainer.checkpoint.step_dirs import list_checkpoints
 

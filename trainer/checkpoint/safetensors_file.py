@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
+from common.atomic_write import publish, temporary_name
 from trainer.checkpoint.digest import checksum, segment_rows
 from trainer.checkpoint.direct_io import ALIGNMENT
 from trainer.checkpoint.direct_writer import DirectWriter
-from trainer.checkpoint.durable_files import publish, temporary_name
 from trainer.checkpoint.errors import CheckpointError
 from trainer.checkpoint.layout import dtype_name, itemsize
 from trainer.checkpoint.sharding import TensorSpec

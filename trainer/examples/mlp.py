@@ -51,6 +51,13 @@ import numpy as np
 from mindspore import nn, ops
 
 from proto.exit_codes import EXIT_OK, EXIT_USAGE
+from proto.launch_env import (
+    CHECKPOINT_DIR_ENV,
+    CHECKPOINT_EVERY_ENV,
+    GLOBAL_BATCH_ENV,
+    MICRO_BATCH_ENV,
+    SKIPS_FILE_ENV,
+)
 from proto.progress_datagram import WorkerEvent
 from trainer.data.sampler import SampleStream, rank_share
 from trainer.data.skip_ranges import SkipRanges
@@ -63,7 +70,7 @@ from trainer.runtime.communication import CommunicationError
 from trainer.runtime.guard import GuardedApplyGradients, StepGuard, attempt_input, mean_over_ranks
 from trainer.runtime.guard_policy import GuardSettings
 from trainer.runtime.progress import ProgressReporter, StepPace
-from trainer.runtime.rank_context import BatchSettings, CheckpointSettings, RankContext, RankContextError
+from trainer.runtime.rank_context import BatchSettings, RankCheckpointSettings, RankContext, RankContextError
 from trainer.runtime.step_replay import Attempt, AttemptKind, StepJudge, StepOutcome
 from trainer.runtime.training_run import settle_outcome
 
@@ -88,16 +95,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="test fault: rank RANK's gradients of step STEP are multiplied by 1e4, once, in the "
                         "first generation (a flaky device)")
     parser.add_argument("--global-batch", type=int, help=f"samples per optimizer step over all ranks "
-                        f"(default: TRAINERD_GLOBAL_BATCH, else {DEFAULT_GLOBAL_BATCH})")
+                        f"(default: {GLOBAL_BATCH_ENV}, else {DEFAULT_GLOBAL_BATCH})")
     parser.add_argument("--micro-batch", type=int, help="samples per forward pass on one rank "
-                        "(default: TRAINERD_MICRO_BATCH, else global batch / world size)")
+                        f"(default: {MICRO_BATCH_ENV}, else global batch / world size)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the data, its order and the initial weights")
     parser.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
     parser.add_argument("--output", type=Path, help="directory where rank r writes final_rank{r}.npz")
     parser.add_argument("--checkpoint-dir", type=Path, help="where checkpoints go (default: "
-                        "TRAINERD_CHECKPOINT_DIR, else none)")
+                        f"{CHECKPOINT_DIR_ENV}, else none)")
     parser.add_argument("--checkpoint-every", type=int, help="save after every N-th step, 0: only when the "
-                        "control file asks (default: TRAINERD_CHECKPOINT_EVERY, else 0)")
+                        f"control file asks (default: {CHECKPOINT_EVERY_ENV}, else 0)")
     parser.add_argument("--device-target", default="CPU", choices=communication.DEVICE_TARGETS)
     parser.add_argument("--slow-start", type=slow_start, metavar="RANK:SECONDS",
                         help="test timing: this rank sleeps before its first step, in the first generation only")
@@ -129,7 +136,7 @@ def sample_ranges(text: str) -> tuple[tuple[int, int], ...]:
         raise argparse.ArgumentTypeError(f"{text!r} is not A:B[,C:D...] with 0 <= A < B ({exc})") from None
 
 
-def checkpoint_settings(args: argparse.Namespace, ctx: RankContext) -> CheckpointSettings:
+def checkpoint_settings(args: argparse.Namespace, ctx: RankContext) -> RankCheckpointSettings:
     """The launcher's checkpoint settings, completed by the flags where it set none; a flag that
     contradicts a value the launcher set is refused, like the batch flags."""
     settings = ctx.checkpoints
@@ -251,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         batch = batch_settings(args, ctx)
         checkpoint_plan = checkpoint_settings(args, ctx)
         guard_settings = GuardSettings.from_environ()
-        skips_file = os.environ.get("TRAINERD_SKIPS_FILE")
+        skips_file = os.environ.get(SKIPS_FILE_ENV)
         ledger = SkipRanges.read(skips_file) if skips_file else SkipRanges()
         communication.initialize(ctx, args.device_target)  # the scheduler process never returns from here
     except (RankContextError, CommunicationError, ValueError) as exc:

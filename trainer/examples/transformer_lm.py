@@ -41,6 +41,7 @@ from mindspore.common.initializer import Normal, initializer
 from mindspore.train import Callback, Model, RunContext
 
 from proto.exit_codes import EXIT_OK, EXIT_USAGE
+from proto.launch_env import MICRO_BATCH_ENV
 from trainer.data.sampler import SampleStream
 from trainer.data.skip_ranges import SkipRanges
 from trainer.examples import tiny_corpus
@@ -65,7 +66,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=300, help="optimizer steps to run")
     parser.add_argument("--steps-per-epoch", type=int, default=100, help="Model.train's epoch; divides --steps")
     parser.add_argument("--micro-batch", type=int, help="samples per forward pass on one rank (default: "
-                        f"TRAINERD_MICRO_BATCH, else {DEFAULT_GLOBAL_BATCH}, the whole batch)")
+                        f"{MICRO_BATCH_ENV}, else {DEFAULT_GLOBAL_BATCH}, the whole batch)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the initial weights and the sample order")
     parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
     parser.add_argument("--warmup-steps", type=int, default=100, help="steps of linear warm-up")

@@ -59,9 +59,10 @@ from mindspore import Tensor
 from mindspore.train import Callback, ModelCheckpoint, RunContext
 
 from proto.exit_codes import EXIT_USAGE
+from proto.launch_env import JOB_ENV, SKIPS_FILE_ENV
 from trainer.checkpoint.errors import UnsupportedLayout
 from trainer.checkpoint.sharding import ShardedTensor
-from trainer.runtime.elastic_dataset import SKIPS_FILE_ENV, positioned_for_resume, resume_epoch, trainerd_dataset
+from trainer.runtime.elastic_dataset import positioned_for_resume, resume_epoch, trainerd_dataset
 from trainer.runtime.epoch_agreement import (
     RESUME_EPOCH_ADVICE,
     epoch_shift,
@@ -101,7 +102,7 @@ class TrainerdCallback(Callback):
         self._entered = 0  # Model.fit enters the callbacks again for each evaluation, inside the training's
         self._unwatch_eval: Callable[[], None] = lambda: None
         if ctx is None:
-            log.warning("TrainerdCallback: this process was not launched by trainerd (TRAINERD_JOB is not set), "
+            log.warning(f"TrainerdCallback: this process was not launched by trainerd ({JOB_ENV} is not set), "
                         "so it reports no progress and saves no checkpoints.")
         elif not ctx.is_scheduler:  # the scheduler never trains: MindSpore's init() serves the cluster
             self._active = (ctx, ProgressReporter.for_rank(ctx))

@@ -15,7 +15,7 @@ import logging
 import os
 from pathlib import Path
 
-from proto.worker_files import MAX_CONTROL_BYTES, CheckpointRequest, MalformedControlFile, decode_control
+from proto.worker_files import MAX_CONTROL_BYTES, ControlFileRequest, MalformedControlFile, decode_control
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +28,9 @@ class ControlFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._signature: tuple[int, int, int] | None = None
-        self._last: CheckpointRequest | None = None
+        self._last: ControlFileRequest | None = None
 
-    def poll(self) -> CheckpointRequest | None:
+    def poll(self) -> ControlFileRequest | None:
         """The request in the file when it differs from the last one returned, else None.
 
         A missing file holds no request; an unreadable or malformed one is logged and skipped until it
@@ -100,7 +100,7 @@ class CheckpointSchedule:
             return True
         return self._every > 0 and completed % self._every == 0
 
-    def _consider(self, request: CheckpointRequest, completed: int) -> None:
+    def _consider(self, request: ControlFileRequest, completed: int) -> None:
         if request.generation != self._generation:
             log.info("%s: ignoring a checkpoint request of generation %d for step %d.",
                      self._where, request.generation, request.step)

@@ -3,7 +3,7 @@ schedule names, and tell the agent once a save is committed.
 
     checkpoints = TrainingCheckpoints(ctx, ctx.checkpoints, reporter, (network, optimizer),
                                       data_seed=seed, grad_accumulation=batch.grad_accum)
-    start = checkpoints.resume()           # ResumePoint(step=0, consumed_samples=0) when starting fresh
+    start = checkpoints.resume()           # ResumePosition(step=0, consumed_samples=0) when starting fresh
     with checkpoints:
         for step in range(start.step + 1, steps + 1):
             ...                            # train on the samples from start.consumed_samples on
@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 
 from common.clock import Clock, SystemClock
 from proto.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
+from proto.launch_env import CHECKPOINT_DIR_ENV
 from proto.progress_datagram import CheckpointReport, MalformedProgress, encode, failure_reason
 from trainer.checkpoint import CheckpointError, CheckpointMeta, CheckpointWriter, load_checkpoint
 from trainer.checkpoint.directory_owner import DirectoryOfAnotherJob, claim_for_job
@@ -55,7 +56,7 @@ from trainer.runtime.agent_saves import AgentSaves, ShareNotSaved
 from trainer.runtime.checkpoint_schedule import CheckpointSchedule, ControlFile
 from trainer.runtime.memory_snapshots import MemorySnapshots
 from trainer.runtime.progress import ProgressReporter
-from trainer.runtime.rank_context import CheckpointSettings, RankContext
+from trainer.runtime.rank_context import RankCheckpointSettings, RankContext
 from trainer.runtime.snapshot_interval import interval_cap
 
 if TYPE_CHECKING:
@@ -87,13 +88,13 @@ class SeedMismatch(ResumeError):
 
 
 @dataclass(frozen=True)
-class ResumePoint:
+class ResumePosition:
     step: int              # optimizer steps completed: training continues with step + 1
     consumed_samples: int  # the stream position of the next sample to read
     epoch_position: EpochPosition | None = None  # where Model.train stood in its epochs, when it kept that
 
 
-def resume_point(settings: CheckpointSettings, data_seed: int) -> ResumePoint | None:
+def resume_position(settings: RankCheckpointSettings, data_seed: int) -> ResumePosition | None:
     """Where the checkpoint named by `resume_from` stands, from its manifest alone (no tensor is read or
     verified), or None when starting fresh: what a dataset must know before training begins. Raises
     CheckpointUnreadable when it lies outside the checkpoint directory or its manifest is missing or
@@ -108,7 +109,7 @@ def resume_point(settings: CheckpointSettings, data_seed: int) -> ResumePoint | 
         return None
     if root is None:
         raise CheckpointUnreadable(f"cannot resume from checkpoint {path}: no checkpoint directory "
-                                   "(TRAINERD_CHECKPOINT_DIR) is set for it to lie in")
+                                   f"({CHECKPOINT_DIR_ENV}) is set for it to lie in")
     try:
         check_inside_root(root, path)
         meta = read_manifest(path).meta
@@ -117,7 +118,7 @@ def resume_point(settings: CheckpointSettings, data_seed: int) -> ResumePoint | 
     if meta.data_seed != data_seed:
         raise SeedMismatch(f"checkpoint {path} was trained with data seed {meta.data_seed}, "
                            f"but this run's seed is {data_seed}")
-    return ResumePoint(meta.step, meta.consumed_samples, meta.epoch_position)
+    return ResumePosition(meta.step, meta.consumed_samples, meta.epoch_position)
 
 
 class TrainingCheckpoints:
@@ -133,7 +134,7 @@ class TrainingCheckpoints:
     def __init__(
         self,
         ctx: RankContext,
-        settings: CheckpointSettings,
+        settings: RankCheckpointSettings,
         reporter: ProgressReporter,
         cells: Sequence[nn.Cell],
         *,
@@ -194,15 +195,15 @@ class TrainingCheckpoints:
         """A batch the guard skipped: later checkpoints record its range in their skip ledger."""
         self._skip_ledger = SkipRanges.of((*self._skip_ledger, (start, end))).ranges
 
-    def resume(self) -> ResumePoint:
+    def resume(self) -> ResumePosition:
         """Load the checkpoint named by `resume_from` into the cells (any world size may have written it),
         or start fresh when there is none. The checkpoint must lie inside the checkpoint directory. Raises
         CheckpointUnreadable or SeedMismatch.
         """
         path = self._settings.resume_from
         # Where it lies, a readable manifest, the seed; a snapshot chosen but not named here is refused.
-        if resume_point(self._settings, self._data_seed) is None or path is None:
-            return ResumePoint(0, 0)
+        if resume_position(self._settings, self._data_seed) is None or path is None:
+            return ResumePosition(0, 0)
         try:
             regions = {name: layout.regions[self._rank] for name, layout in self._sharded.items()}
             tensors, manifest = load_checkpoint(path, self._rank, self._ctx.world_size, regions=regions)
@@ -219,7 +220,7 @@ class TrainingCheckpoints:
         self._completed = meta.step
         log.info("%s: resumed from %s at step %d, sample %d (saved by %d ranks with %d accumulation steps)",
                  self._where, path, meta.step, meta.consumed_samples, manifest.world_size, meta.grad_accumulation)
-        return ResumePoint(meta.step, meta.consumed_samples, meta.epoch_position)
+        return ResumePosition(meta.step, meta.consumed_samples, meta.epoch_position)
 
     def after_step(self, step: int, consumed_samples: int, epoch_position: EpochPosition | None = None) -> None:
         """Call after every optimizer step, with the stream position after it (and, under Model.train, the

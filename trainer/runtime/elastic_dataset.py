@@ -36,15 +36,15 @@ from collections.abc import Mapping
 
 import mindspore.dataset as ds
 
+from proto.launch_env import MICRO_BATCH_ENV, SKIPS_FILE_ENV
 from trainer.checkpoint.manifest import EpochPosition
 from trainer.data.mindspore_sampler import EpochSampler
 from trainer.data.sampler import SampleStream
 from trainer.data.skip_ranges import SkipRanges
-from trainer.runtime.checkpointing import ResumeError, ResumePoint, resume_point
+from trainer.runtime.checkpointing import ResumeError, ResumePosition, resume_position
 from trainer.runtime.epoch_agreement import RESUME_EPOCH_MARK
 from trainer.runtime.rank_context import BatchSettings, RankContext, trainerd_launch
 
-SKIPS_FILE_ENV = "TRAINERD_SKIPS_FILE"
 # The data seed the checkpoints of a run on a dataset of the script's own keep: trainerd's stream orders
 # nothing there, its positions only count samples.
 OWN_DATASET_SEED = 0
@@ -74,7 +74,7 @@ def trainerd_dataset(dataset: ds.Dataset, batch_size: int, steps_per_epoch: int 
         if steps_per_epoch < 1:
             raise ValueError(f"the source's {samples} samples are less than one global batch of "
                              f"{batch.global_batch}: give steps_per_epoch")
-    start = _resume_point(ctx, seed) if ctx is not None else ResumePoint(0, 0)
+    start = _resume_position(ctx, seed) if ctx is not None else ResumePosition(0, 0)
     sampler = EpochSampler(stream, batch.global_batch, rank, world_size, steps_per_epoch,
                            first_step=start.step, first_consumed=start.consumed_samples,
                            first_epoch_position=start.epoch_position)
@@ -108,7 +108,7 @@ def resume_epoch(dataset: ds.Dataset, *, environ: Mapping[str, str] | None = Non
         if ctx is None or ctx.is_scheduler:
             epoch = 0
         else:
-            position = own_dataset_position(dataset, _resume_point(ctx, OWN_DATASET_SEED, "resume_epoch"))
+            position = own_dataset_position(dataset, _resume_position(ctx, OWN_DATASET_SEED, "resume_epoch"))
             dataset.set_init_step(position.steps_done)
             epoch = position.completed
     setattr(dataset, RESUME_EPOCH_MARK, epoch)
@@ -121,7 +121,7 @@ def positioned_for_resume(dataset: ds.Dataset) -> bool:
     return hasattr(dataset, RESUME_EPOCH_MARK) or find_epoch_sampler(dataset) is not None
 
 
-def own_dataset_position(dataset: ds.Dataset, start: ResumePoint) -> EpochPosition:
+def own_dataset_position(dataset: ds.Dataset, start: ResumePosition) -> EpochPosition:
     """Where `start` stands in the epochs of `dataset`, a dataset of the script's own (an epoch is its
     `get_dataset_size()` steps): the checkpoint's place in its epochs, the same share of an epoch when their
     length changed with the world size; from the step alone for a checkpoint that has no place. Raises
@@ -219,16 +219,16 @@ def _batch_split(ctx: RankContext | None, batch_size: int, world_size: int) -> B
     if ctx is not None and ctx.batch is not None:
         if batch_size != ctx.batch.micro_batch:
             raise ValueError(f"batch_size {batch_size} disagrees with the launch's micro batch "
-                             f"{ctx.batch.micro_batch} (TRAINERD_MICRO_BATCH)")
+                             f"{ctx.batch.micro_batch} ({MICRO_BATCH_ENV})")
         return ctx.batch
     return BatchSettings.for_world(batch_size * world_size, batch_size, world_size)
 
 
-def _resume_point(ctx: RankContext, seed: int, who: str = "trainerd_dataset") -> ResumePoint:
+def _resume_position(ctx: RankContext, seed: int, who: str = "trainerd_dataset") -> ResumePosition:
     """Where TRAINERD_RESUME_FROM stands, from its manifest (TrainerdCallback loads and verifies the tensors
     when training begins); exits as the coordinator expects when the checkpoint cannot be used."""
     try:
-        return resume_point(ctx.checkpoints, seed) or ResumePoint(0, 0)
+        return resume_position(ctx.checkpoints, seed) or ResumePosition(0, 0)
     except ResumeError as exc:
         print(f"{who}: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(exc.exit_code) from exc

@@ -68,6 +68,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from proto.launch_env import (
+    LOSS_FACTOR_ENV,
+    LOSS_ZSCORE_ENV,
+    SPIKE_CEILING_ENV,
+    SPIKE_FACTOR_ENV,
+    SPIKE_WARMUP_STEPS_ENV,
+    SPIKE_ZSCORE_ENV,
+)
 from proto.progress_datagram import BadBatchReason
 
 NONFINITE_LOSS = BadBatchReason.NONFINITE_LOSS
@@ -75,12 +83,6 @@ NONFINITE_GRAD_NORM = BadBatchReason.NONFINITE_GRAD_NORM
 GRAD_NORM_SPIKE = BadBatchReason.GRAD_NORM_SPIKE
 SKIP_REASONS = (NONFINITE_LOSS, NONFINITE_GRAD_NORM, GRAD_NORM_SPIKE)
 
-SPIKE_FACTOR_ENV = "TRAINERD_SPIKE_FACTOR"
-SPIKE_ZSCORE_ENV = "TRAINERD_SPIKE_ZSCORE"
-SPIKE_CEILING_ENV = "TRAINERD_SPIKE_CEILING"
-WARMUP_STEPS_ENV = "TRAINERD_SPIKE_WARMUP_STEPS"
-LOSS_FACTOR_ENV = "TRAINERD_LOSS_FACTOR"
-LOSS_ZSCORE_ENV = "TRAINERD_LOSS_ZSCORE"
 
 def skip_reason(accepted: bool, loss: float, norm: float) -> BadBatchReason | None:
     """The bad-batch report's reason for a step the guard judged (None when it was accepted), from the loss
@@ -132,7 +134,7 @@ class GuardSettings:
         TRAINERD_LOSS_ZSCORE (numbers) and TRAINERD_SPIKE_WARMUP_STEPS (an integer), each defaulting to the
         field's default when unset or empty; the ValueError names the variables that were set."""
         variables = {"spike_factor": (SPIKE_FACTOR_ENV, float), "spike_zscore": (SPIKE_ZSCORE_ENV, float),
-                     "spike_ceiling": (SPIKE_CEILING_ENV, float), "warmup_steps": (WARMUP_STEPS_ENV, int),
+                     "spike_ceiling": (SPIKE_CEILING_ENV, float), "warmup_steps": (SPIKE_WARMUP_STEPS_ENV, int),
                      "loss_factor": (LOSS_FACTOR_ENV, float), "loss_zscore": (LOSS_ZSCORE_ENV, float)}
         given = {field: (variable, parse) for field, (variable, parse) in variables.items() if environ.get(variable)}
         try:

@@ -64,7 +64,8 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from proto.exit_codes import EXIT_USAGE
-from trainer.runtime.elastic_dataset import SKIPS_FILE_ENV, resume_epoch, trainerd_dataset
+from proto.launch_env import JOB_ENV, SKIPS_FILE_ENV
+from trainer.runtime.elastic_dataset import resume_epoch, trainerd_dataset
 from trainer.runtime.guard import NOT_FORCED, StepGuard
 from trainer.runtime.guard_policy import GuardSettings
 from trainer.runtime.progress import ProgressReporter
@@ -101,7 +102,7 @@ class TrainerdLoop:
             exit_with(_WHO, str(exc), EXIT_USAGE)
         self._judge = _GradientJudge(guard)
         if ctx is None:
-            log.warning("TrainerdLoop: this process was not launched by trainerd (TRAINERD_JOB is not set), "
+            log.warning(f"TrainerdLoop: this process was not launched by trainerd ({JOB_ENV} is not set), "
                         "so it reports no progress and saves no checkpoints.")
             return
         if ctx.is_scheduler:

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
@@ -53,6 +52,7 @@ from typing import Literal
 
 import numpy as np
 
+from common.atomic_write import write_atomically
 from common.clock import Clock
 from trainer.checkpoint import CheckpointError, CheckpointMeta, CheckpointWriter
 from trainer.checkpoint.sharding import ShardedTensor
@@ -148,10 +148,9 @@ class MemorySnapshots:
 
     def _publish(self, after: int, next_step: int) -> None:
         path = self._directory / PLAN_NAME
-        staging = path.with_name(f".{PLAN_NAME}.{os.getpid()}")
         try:
-            staging.write_text(json.dumps({"generation": self._generation, "after": after, "next": next_step}))
-            os.replace(staging, path)
+            plan = {"generation": self._generation, "after": after, "next": next_step}
+            write_atomically(path, json.dumps(plan).encode())
         except OSError as exc:
             log.error("%s: cannot publish the next snapshot step to the other ranks (%s): no more in-memory "
                       "snapshots in this generation", self._where, exc)

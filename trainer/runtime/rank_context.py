@@ -13,6 +13,26 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
+from proto.launch_env import (
+    CHECKPOINT_DIR_ENV,
+    CHECKPOINT_EVERY_ENV,
+    CHECKPOINT_KEEP_ENV,
+    CHECKPOINT_OUTBOX_ENV,
+    CONTROL_FILE_ENV,
+    GENERATION_ENV,
+    GLOBAL_BATCH_ENV,
+    GRAD_ACCUM_ENV,
+    JOB_ENV,
+    LOCAL_RANK_ENV,
+    MEMORY_DIR_ENV,
+    MEMORY_EVERY_ENV,
+    MEMORY_SCOPE_ENV,
+    MICRO_BATCH_ENV,
+    PROGRESS_SOCKET_ENV,
+    RESUME_FROM_ENV,
+    RESUME_MEMORY_STEP_ENV,
+)
+
 
 class RankContextError(ValueError):
     """The launch environment is missing a variable or holds a malformed one; the message names it."""
@@ -26,7 +46,7 @@ class Role(StrEnum):
 
 # Variables that only mean something in a cluster launch: set without MS_ROLE they betray a broken launch.
 _CLUSTER_ONLY = ("MS_SCHED_HOST", "MS_SCHED_PORT", "MS_WORKER_NUM", "RANK_ID", "RANK_SIZE")
-_BATCH_VARS = ("TRAINERD_GLOBAL_BATCH", "TRAINERD_MICRO_BATCH", "TRAINERD_GRAD_ACCUM")
+_BATCH_VARS = (GLOBAL_BATCH_ENV, MICRO_BATCH_ENV, GRAD_ACCUM_ENV)
 _MAX_PORT = 65535
 DEFAULT_CHECKPOINT_KEEP = 3
 
@@ -58,7 +78,7 @@ class BatchSettings:
 
 
 @dataclass(frozen=True)
-class CheckpointSettings:
+class RankCheckpointSettings:
     """Where and how often to checkpoint, and what to resume from, as the launcher chose.
 
     Every variable is optional and an empty one counts as unset, so a script run by hand has none
@@ -89,27 +109,27 @@ class CheckpointSettings:
     outbox: Path | None = None
 
     @classmethod
-    def from_environ(cls, env: Mapping[str, str]) -> CheckpointSettings:
-        directory = env.get("TRAINERD_CHECKPOINT_DIR") or None
+    def from_environ(cls, env: Mapping[str, str]) -> RankCheckpointSettings:
+        directory = env.get(CHECKPOINT_DIR_ENV) or None
         if directory is not None and not os.path.isabs(directory):
-            raise RankContextError(f"TRAINERD_CHECKPOINT_DIR={directory!r:.80} is not an absolute path")
-        memory = env.get("TRAINERD_MEMORY_DIR") or None
+            raise RankContextError(f"{CHECKPOINT_DIR_ENV}={directory!r:.80} is not an absolute path")
+        memory = env.get(MEMORY_DIR_ENV) or None
         if memory is not None and not os.path.isabs(memory):
-            raise RankContextError(f"TRAINERD_MEMORY_DIR={memory!r:.80} is not an absolute path")
-        outbox = env.get("TRAINERD_CHECKPOINT_OUTBOX") or None
+            raise RankContextError(f"{MEMORY_DIR_ENV}={memory!r:.80} is not an absolute path")
+        outbox = env.get(CHECKPOINT_OUTBOX_ENV) or None
         if outbox is not None and not os.path.isabs(outbox):
-            raise RankContextError(f"TRAINERD_CHECKPOINT_OUTBOX={outbox!r:.80} is not an absolute path")
-        keep = _optional_int(env, "TRAINERD_CHECKPOINT_KEEP", minimum=1)
+            raise RankContextError(f"{CHECKPOINT_OUTBOX_ENV}={outbox!r:.80} is not an absolute path")
+        keep = _optional_int(env, CHECKPOINT_KEEP_ENV, minimum=1)
         return cls(
             directory=None if directory is None else Path(directory),
-            every=_optional_int(env, "TRAINERD_CHECKPOINT_EVERY", minimum=0),
+            every=_optional_int(env, CHECKPOINT_EVERY_ENV, minimum=0),
             keep=DEFAULT_CHECKPOINT_KEEP if keep is None else keep,
-            resume_from=_optional_path(env, "TRAINERD_RESUME_FROM"),
-            control_file=_optional_path(env, "TRAINERD_CONTROL_FILE"),
+            resume_from=_optional_path(env, RESUME_FROM_ENV),
+            control_file=_optional_path(env, CONTROL_FILE_ENV),
             memory_directory=None if memory is None else Path(memory),
-            memory_every="auto" if env.get("TRAINERD_MEMORY_EVERY") == "auto"
-            else _optional_int(env, "TRAINERD_MEMORY_EVERY", minimum=0) or 0,
-            memory_step=_optional_int(env, "TRAINERD_RESUME_MEMORY_STEP", minimum=1),
+            memory_every="auto" if env.get(MEMORY_EVERY_ENV) == "auto"
+            else _optional_int(env, MEMORY_EVERY_ENV, minimum=0) or 0,
+            memory_step=_optional_int(env, RESUME_MEMORY_STEP_ENV, minimum=1),
             memory_scope_host=_memory_scope_host(env),
             outbox=None if outbox is None else Path(outbox),
         )
@@ -125,9 +145,9 @@ class CheckpointSettings:
 
 
 def _memory_scope_host(env: Mapping[str, str]) -> bool:
-    scope = env.get("TRAINERD_MEMORY_SCOPE") or ""
+    scope = env.get(MEMORY_SCOPE_ENV) or ""
     if scope not in ("", "host"):
-        raise RankContextError(f"TRAINERD_MEMORY_SCOPE={scope!r:.80} is not 'host' or empty")
+        raise RankContextError(f"{MEMORY_SCOPE_ENV}={scope!r:.80} is not 'host' or empty")
     return scope == "host"
 
 
@@ -145,7 +165,7 @@ class RankContext:
     batch: BatchSettings | None
     progress_socket: str | None
     scheduler_address: str | None
-    checkpoints: CheckpointSettings = CheckpointSettings()
+    checkpoints: RankCheckpointSettings = RankCheckpointSettings()
 
     @property
     def is_scheduler(self) -> bool:
@@ -163,21 +183,21 @@ class RankContext:
         host = _required(env, "MS_SCHED_HOST")
         port = _int(env, "MS_SCHED_PORT", minimum=1, maximum=_MAX_PORT)
         world_size = _int(env, "MS_WORKER_NUM", minimum=1)
-        job = _required(env, "TRAINERD_JOB")
-        generation = _int(env, "TRAINERD_GENERATION", minimum=0)
+        job = _required(env, JOB_ENV)
+        generation = _int(env, GENERATION_ENV, minimum=0)
         rank = local_rank = device_id = None
         if role is Role.WORKER:
             rank_size = _int(env, "RANK_SIZE", minimum=1)
             if rank_size != world_size:
                 raise RankContextError(f"RANK_SIZE={rank_size} differs from MS_WORKER_NUM={world_size}")
             rank = _int(env, "RANK_ID", minimum=0, maximum=world_size - 1)
-            local_rank = _int(env, "TRAINERD_LOCAL_RANK", minimum=0)
+            local_rank = _int(env, LOCAL_RANK_ENV, minimum=0)
             device_id = _int(env, "DEVICE_ID", minimum=0)
         return cls(
             role=role, job=job, generation=generation, rank=rank, world_size=world_size,
             local_rank=local_rank, device_id=device_id, batch=_batch(env, world_size),
-            progress_socket=env.get("TRAINERD_PROGRESS_SOCKET") or None, scheduler_address=f"{host}:{port}",
-            checkpoints=CheckpointSettings.from_environ(env),
+            progress_socket=env.get(PROGRESS_SOCKET_ENV) or None, scheduler_address=f"{host}:{port}",
+            checkpoints=RankCheckpointSettings.from_environ(env),
         )
 
 
@@ -186,7 +206,7 @@ def trainerd_launch(environ: Mapping[str, str] | None = None) -> RankContext | N
     trainerd's add-ons to a script (`trainer.runtime.callback`) then leave alone. The agent sets TRAINERD_JOB
     for every process it launches; msrun sets MS_ROLE but none of trainerd's variables."""
     env = os.environ if environ is None else environ
-    return RankContext.from_environ(env) if env.get("TRAINERD_JOB") else None
+    return RankContext.from_environ(env) if env.get(JOB_ENV) else None
 
 
 def _standalone(env: Mapping[str, str]) -> RankContext:
@@ -196,12 +216,12 @@ def _standalone(env: Mapping[str, str]) -> RankContext:
             f"MS_ROLE is not set but {', '.join(stray)} is: set MS_ROLE for a cluster launch or unset them"
         )
     return RankContext(
-        role=Role.STANDALONE, job=env.get("TRAINERD_JOB", "standalone"),
-        generation=_int(env, "TRAINERD_GENERATION", minimum=0) if "TRAINERD_GENERATION" in env else 0,
+        role=Role.STANDALONE, job=env.get(JOB_ENV, "standalone"),
+        generation=_int(env, GENERATION_ENV, minimum=0) if GENERATION_ENV in env else 0,
         rank=0, world_size=1, local_rank=0,
         device_id=_int(env, "DEVICE_ID", minimum=0) if "DEVICE_ID" in env else 0,
-        batch=_batch(env, 1), progress_socket=env.get("TRAINERD_PROGRESS_SOCKET") or None, scheduler_address=None,
-        checkpoints=CheckpointSettings.from_environ(env),
+        batch=_batch(env, 1), progress_socket=env.get(PROGRESS_SOCKET_ENV) or None, scheduler_address=None,
+        checkpoints=RankCheckpointSettings.from_environ(env),
     )
 
 
@@ -218,7 +238,7 @@ def _batch(env: Mapping[str, str], world_size: int) -> BatchSettings | None:
     global_batch, micro_batch, grad_accum = (_int(env, name, minimum=1) for name in _BATCH_VARS)
     if global_batch != micro_batch * grad_accum * world_size:
         raise RankContextError(
-            f"TRAINERD_GLOBAL_BATCH={global_batch} is not TRAINERD_MICRO_BATCH × TRAINERD_GRAD_ACCUM × world size"
+            f"{GLOBAL_BATCH_ENV}={global_batch} is not {MICRO_BATCH_ENV} × {GRAD_ACCUM_ENV} × world size"
             f" = {micro_batch} × {grad_accum} × {world_size}"
         )
     return BatchSettings(global_batch, micro_batch, grad_accum)

@@ -39,6 +39,7 @@ from mindformers.tools.register import MindFormerModuleType, MindFormerRegister
 from mindspore import Tensor
 from mindspore.train import Callback, RunContext
 
+from proto.launch_env import JOB_ENV
 from proto.progress_datagram import WorkerEvent
 from trainer.checkpoint.errors import CheckpointError
 from trainer.checkpoint.mindformers_import import TRACKER_FILE, committed_iteration, iteration_dir
@@ -78,7 +79,7 @@ class TrainerdMindFormersCallback(Callback):
         self._step = 0
         self._resumed_from = 0
         if ctx is None:
-            log.warning("TrainerdMindFormersCallback: not launched by trainerd (TRAINERD_JOB is not set); "
+            log.warning(f"TrainerdMindFormersCallback: not launched by trainerd ({JOB_ENV} is not set); "
                         "reporting nothing.")
 
     def on_train_begin(self, run_context: RunContext) -> None:

@@ -44,7 +44,7 @@ class GenerationConfigError(ValueError):
 
 
 @dataclass(frozen=True)
-class ResumeSource:
+class ResumeCheckpoint:
     """What to resume from: a Checkpoint 2.0 iteration directory, or a legacy directory of `rank_N/`."""
 
     path: Path
@@ -59,7 +59,7 @@ class GenerationSettings:
     checkpoint_dir: Path | None = None
     checkpoint_every: int | None = None
     checkpoint_keep: int | None = None
-    resume: ResumeSource | None = None
+    resume: ResumeCheckpoint | None = None
     global_batch: int | None = None  # TRAINERD_GLOBAL_BATCH; None: the YAML's
     micro_batch: int | None = None   # TRAINERD_MICRO_BATCH; None: the YAML's runner_config.batch_size
 
@@ -156,7 +156,7 @@ def _set_checkpoints(config: dict[str, Any], settings: GenerationSettings) -> No
         callbacks.append({"type": "CheckpointMonitor", "checkpoint_format": "safetensors"})
 
 
-def _set_resume(config: dict[str, Any], resume: ResumeSource, batch: int, world_size: int) -> None:
+def _set_resume(config: dict[str, Any], resume: ResumeCheckpoint, batch: int, world_size: int) -> None:
     if resume.consumed_samples % batch:
         raise GenerationConfigError(
             f"the checkpoint at {resume.path} consumed {resume.consumed_samples} samples, not a whole number of "

@@ -38,19 +38,19 @@ from typing import Any, NoReturn
 import yaml
 
 from proto.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
+from proto.launch_env import CONTROL_FILE_ENV, GENERATION_ENV, JOB_ENV, RESUME_FROM_ENV, RESUME_SAMPLES_ENV
 from trainer.checkpoint.errors import CheckpointError
 from trainer.checkpoint.mindformers_import import committed_iteration_dir, is_mindformers_checkpoint, read_common
 from trainer.integrations.mindformers.generation_config import (
     GenerationConfigError,
     GenerationSettings,
-    ResumeSource,
+    ResumeCheckpoint,
     absolute_base_configs,
     generation_config,
 )
 from trainer.runtime.rank_context import RankContextError, trainerd_launch
 
 REGISTER_DIR = Path(__file__).resolve().parent / "register"
-RESUME_SAMPLES_ENV = "TRAINERD_RESUME_SAMPLES"
 
 
 class LaunchError(Exception):
@@ -59,22 +59,22 @@ class LaunchError(Exception):
         self.exit_code = exit_code
 
 
-def resume_source(path: Path, environ: Mapping[str, str]) -> ResumeSource:
+def resume_source(path: Path, environ: Mapping[str, str]) -> ResumeCheckpoint:
     """What TRAINERD_RESUME_FROM points at: a committed Checkpoint 2.0 iteration, or a legacy rank_N/ directory."""
     try:
         if is_mindformers_checkpoint(path):
             directory = committed_iteration_dir(path)
             _, consumed = read_common(directory)
-            return ResumeSource(directory, "iteration", _consumed(environ, consumed))
+            return ResumeCheckpoint(directory, "iteration", _consumed(environ, consumed))
     except CheckpointError as exc:
         raise LaunchError(f"cannot resume from {path}: {exc}", EXIT_CHECKPOINT_UNREADABLE) from None
     ranks = [p for p in path.glob("rank_*") if p.is_dir()] if path.is_dir() else []
     if not ranks:
-        raise LaunchError(f"TRAINERD_RESUME_FROM={path} is neither a MindFormers Checkpoint 2.0 iteration nor a "
+        raise LaunchError(f"{RESUME_FROM_ENV}={path} is neither a MindFormers Checkpoint 2.0 iteration nor a "
                           "directory of rank_N/", EXIT_CHECKPOINT_UNREADABLE)
     if not environ.get(RESUME_SAMPLES_ENV):
         raise LaunchError(f"{RESUME_SAMPLES_ENV} is not set: the samples {path} consumed are unknown")
-    return ResumeSource(path, "ranks", _consumed(environ, None), world_size=len(ranks))
+    return ResumeCheckpoint(path, "ranks", _consumed(environ, None), world_size=len(ranks))
 
 
 def _consumed(environ: Mapping[str, str], recorded: int | None) -> int:
@@ -125,8 +125,8 @@ def write_generation_yaml(config: dict[str, Any], environ: Mapping[str, str]) ->
     for this generation (that of TRAINERD_CONTROL_FILE; the agent removes it with the generation's other
     files), or in the temporary directory when no agent gave one."""
     role = "scheduler" if environ.get("MS_ROLE") == "MS_SCHED" else f"rank{environ.get('RANK_ID', '0')}"
-    prefix = f"trainerd-{environ.get('TRAINERD_JOB', 'job')}-g{environ.get('TRAINERD_GENERATION', '0')}-{role}-"
-    control_file = environ.get("TRAINERD_CONTROL_FILE")
+    prefix = f"trainerd-{environ.get(JOB_ENV, 'job')}-g{environ.get(GENERATION_ENV, '0')}-{role}-"
+    control_file = environ.get(CONTROL_FILE_ENV)
     directory = str(Path(control_file).parent) if control_file else None
     try:
         fd, name = tempfile.mkstemp(prefix=prefix, suffix=".yaml", dir=directory)

@@ -66,13 +66,16 @@ _FAULT_FRAME = re.compile(r'^  File "(?P<path>[^"]+)", line (?P<line>\d+) in ')
 
 
 @dataclass(frozen=True)
-class FailureCause:
+class RootCauseInLog:
+    """The root cause read from a failed rank's log tail; the coordinator receives it as
+    `daemon.job.observation.RootCause`."""
+
     kind: CauseKind
     message: str  # one line, at most MAX_MESSAGE_CHARS
     location: str | None  # "file:line"
 
 
-def extract_failure_cause(tail: str, work_dir: str | None = None) -> FailureCause | None:
+def extract_root_cause(tail: str, work_dir: str | None = None) -> RootCauseInLog | None:
     """The root cause in a failed rank's output tail; None when the tail has no text at all.
 
     A location under `work_dir` is given relative to it (`train.py:42`), so the same script's
@@ -90,7 +93,7 @@ def _last_frame(lines: list[str]) -> int:
     return next((index for index in range(len(lines) - 1, -1, -1) if _FRAME.match(lines[index])), -1)
 
 
-def _python_exception(lines: list[str], work_dir: str | None) -> FailureCause | None:
+def _python_exception(lines: list[str], work_dir: str | None) -> RootCauseInLog | None:
     last_frame = _last_frame(lines)
     if last_frame < 0:
         return None
@@ -121,10 +124,10 @@ def _python_exception(lines: list[str], work_dir: str | None) -> FailureCause | 
     paths = [(frame["path"], frame["line"]) for frame in frames if frame is not None]
     user = [frame for frame in paths if not _is_library(frame[0])]
     path, line = (user or paths)[-1]
-    return FailureCause(CauseKind.PYTHON_EXCEPTION, _one_line(message), f"{_relative(path, work_dir)}:{line}")
+    return RootCauseInLog(CauseKind.PYTHON_EXCEPTION, _one_line(message), f"{_relative(path, work_dir)}:{line}")
 
 
-def _fatal_error(lines: list[str], work_dir: str | None) -> tuple[int, FailureCause] | None:
+def _fatal_error(lines: list[str], work_dir: str | None) -> tuple[int, RootCauseInLog] | None:
     """The fault handler's last report in `lines`: where it starts, and the cause it gives (see the
     module docstring, 2)."""
     start = next((index for index in range(len(lines) - 1, -1, -1) if _FATAL_ERROR.match(lines[index])), None)
@@ -140,7 +143,7 @@ def _fatal_error(lines: list[str], work_dir: str | None) -> tuple[int, FailureCa
     user = [frame for frame in frames if not _is_library(frame[0])]
     innermost = (user or frames)[:1]  # the fault handler lists the most recent call first
     location = "".join(f"{_relative(path, work_dir)}:{line}" for path, line in innermost) or None
-    return start, FailureCause(CauseKind.FATAL_ERROR, _one_line(lines[start]), location)
+    return start, RootCauseInLog(CauseKind.FATAL_ERROR, _one_line(lines[start]), location)
 
 
 def _first_text(lines: list[str]) -> str | None:
@@ -162,16 +165,16 @@ def _block_start(lines: list[str], last_frame: int) -> int:
     return 0
 
 
-def _mindspore_error(lines: list[str]) -> FailureCause | None:
+def _mindspore_error(lines: list[str]) -> RootCauseInLog | None:
     for line in reversed(lines):
         logged = _MINDSPORE_LOG.match(line)
         if logged is not None and logged["level"] in ("ERROR", "CRITICAL"):
-            return FailureCause(CauseKind.MINDSPORE_ERROR, _one_line(logged["message"]),
+            return RootCauseInLog(CauseKind.MINDSPORE_ERROR, _one_line(logged["message"]),
                                 f"{logged['file']}:{logged['line']}")
     return None
 
 
-def _last_line(lines: list[str]) -> FailureCause | None:
+def _last_line(lines: list[str]) -> RootCauseInLog | None:
     """The last line with text that is not MindSpore's DEBUG or INFO logging (what a process logs as it
     exits, after the line that said why); the last such log line when there is nothing else."""
     chatter = None
@@ -181,8 +184,8 @@ def _last_line(lines: list[str]) -> FailureCause | None:
             continue
         logged = _MINDSPORE_LOG.match(text)
         if logged is None:
-            return FailureCause(CauseKind.LAST_LINE, _one_line(text), None)
-        cause = FailureCause(CauseKind.LAST_LINE, _one_line(logged["message"]), f"{logged['file']}:{logged['line']}")
+            return RootCauseInLog(CauseKind.LAST_LINE, _one_line(text), None)
+        cause = RootCauseInLog(CauseKind.LAST_LINE, _one_line(logged["message"]), f"{logged['file']}:{logged['line']}")
         if logged["level"] not in ("DEBUG", "INFO"):
             return cause
         chatter = chatter or cause
