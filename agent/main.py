@@ -23,12 +23,10 @@ from agent.config import AgentConfig, load_agent_config, memory_root
 from agent.devices import Device, NoDevicesError, discover_devices
 from agent.join import JoinFailed, Renewal, check_join_options, has_stored_files, join, stored_tls
 from agent.launcher import ProcessLauncher, SubprocessLauncher
-from agent.memory_snapshots import MemorySnapshotDir
 from agent.node_check import run_node_check
-from agent.peer_client import PeerClient
-from agent.peer_service import PeerServer
 from agent.progress_receiver import open_progress_receiver
 from agent.session import CoordinatorLink, IdentityFile
+from agent.snapshots import MemorySnapshotDir, PeerClient, PeerServer
 from agent.stack_dump import PySpyDumper
 from agent.supervisor import Supervisor
 from agent.systemd import SystemdNotifier

@@ -13,8 +13,8 @@ Per generation directory: rank_table.json, skips.json (the skip ledger at launch
 (rewritten when the coordinator asks for a checkpoint), one log per process and, after a hang, one
 <name>.stacks.txt per process.
 
-With a memory directory (agent/memory_snapshots.py) the workers snapshot their state into shared
-memory the agent owns; agent/snapshot_keeper.py prepares it at a Launch (and the snapshot to resume
+With a memory directory (agent/snapshots/memory_snapshots.py) the workers snapshot their state into shared
+memory the agent owns; agent/snapshots/snapshot_keeper.py prepares it at a Launch (and the snapshot to resume
 from, fetching what other hosts hold), copies the ring predecessor's, says in heartbeats and Stop
 confirmations what is held, and drops it when the job completed.
 
@@ -45,13 +45,11 @@ from agent.job_workdir import UnsafeJobPath, graceful_exit_path, job_workdir
 from agent.launch_policy import launch_refusal
 from agent.launcher import ProcessHandle, ProcessLauncher
 from agent.log_reader import describe_process, log_name, log_path, read_log_range
-from agent.memory_snapshots import MemorySnapshotDir
 from agent.orphans import ProcessRegistry
 from agent.output_follower import OutputFollower
 from agent.output_progress import OutputProgress
-from agent.peer_client import PeerClient
 from agent.process_state import descends_from, os_state
-from agent.snapshot_keeper import HeldReports, SnapshotKeeper, SnapshotUnavailable
+from agent.snapshots import HeldReports, MemorySnapshotDir, PeerClient, SnapshotKeeper, SnapshotUnavailable
 from agent.stack_dump import StackDumper
 from agent.workdir_files import WorkdirFiles
 from agent.worker_user import WorkerUser
@@ -186,7 +184,7 @@ class Supervisor:
         self._epoch_shapes = EpochShapes(work_dir)
         self._lock = asyncio.Lock()
         self._registry = ProcessRegistry(work_dir / "processes.json")
-        self.memory = memory  # where the workers' in-memory snapshots go (agent/memory_snapshots.py)
+        self.memory = memory  # where the workers' in-memory snapshots go (agent/snapshots/memory_snapshots.py)
         self._snapshots = None if memory is None else SnapshotKeeper(
             memory, peers, on_saved=self._checkpoint_saved,
             on_failed=lambda failed: self._report(pb.AgentMessage(checkpoint_failed=failed)))
@@ -559,7 +557,7 @@ class Supervisor:
         return heartbeat
 
     def _held(self) -> HeldReports:
-        """The in-memory snapshots of the job held here (agent/snapshot_keeper.py)."""
+        """The in-memory snapshots of the job held here (agent/snapshots/snapshot_keeper.py)."""
         return HeldReports() if self._snapshots is None else self._snapshots.reports()
 
     async def watch_output(self) -> None:

@@ -49,7 +49,7 @@ def _common_env(spec: JobSettings, placement: Placement, generation: int,
     memory_step = str(resume.step) if resume is not None and resume.source is ResumeSource.MEMORY else ""
     # A one-host generation commits each snapshot whole in its host's memory; one spanning hosts commits
     # a host's share per host ("host" scope), and only when every node's agent serves the others its
-    # files (agent/peer_service.py): a relaunch gathers the ranks' files from the hosts that hold them.
+    # files (agent/snapshots/peer_service.py): a relaunch gathers the ranks' files from the hosts that hold them.
     one_host = len(placement.nodes) == 1
     memory_every = spec.checkpoint.memory_every_steps if one_host or peers_serve else 0
     env = {
@@ -65,7 +65,7 @@ def _common_env(spec: JobSettings, placement: Placement, generation: int,
         "TRAINERD_CHECKPOINT_EVERY": str(spec.checkpoint.every_steps),
         "TRAINERD_CHECKPOINT_KEEP": str(spec.checkpoint.keep),
         "TRAINERD_CHECKPOINT_SAVED_BY": spec.checkpoint.saved_by,
-        # An in-memory snapshot has no path here: each agent names its own copy (agent/memory_snapshots.py).
+        # An in-memory snapshot has no path here: each agent names its own copy (agent/snapshots/memory_snapshots.py).
         "TRAINERD_RESUME_FROM": "" if resume is None else resume.path,
         "TRAINERD_RESUME_MEMORY_STEP": memory_step,
         "TRAINERD_MEMORY_EVERY": str(memory_every),

@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.memory_snapshots import MemorySnapshotDir
-from agent.peer_client import PeerClient
+from agent.snapshots.memory_snapshots import MemorySnapshotDir
+from agent.snapshots.peer_client import PeerClient
 from agent.supervisor import Supervisor
 from agent.worker_user import WorkerUser
 from common.clock import FakeClock

@@ -1,4 +1,4 @@
-"""Disk checkpoints the agent saves from its workers' outbox (agent/checkpoint_persister.py,
+"""Disk checkpoints the agent saves from its workers' outbox (agent/snapshots/checkpoint_persister.py,
 `checkpoint.saved_by: agent`): real files written by the real checkpoint writer, a real tmpfs for the full
 disk, real threads for the hosts that save together."""
 
@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.checkpoint_persister import CheckpointPersister, FailedSave, Outbox, PersistedSave
-from agent.memory_snapshots import MemorySnapshotDir, step_dir_name
+from agent.snapshots.checkpoint_persister import CheckpointPersister, FailedSave, Outbox, PersistedSave
+from agent.snapshots.memory_snapshots import MemorySnapshotDir, step_dir_name
 from agent.thread_priority import BACKGROUND_NICENESS
 from agent.worker_user import WorkerUser
 from proto import trainerd_pb2 as pb
@@ -204,7 +204,7 @@ def test_a_step_a_local_rank_could_not_hand_over_is_given_up_at_once_and_the_oth
 def test_a_step_still_waiting_for_a_share_is_read_again_only_once_its_directory_changes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A hostile or slow worker can leave steps unfinished: their reports are not re-read every poll."""
-    import agent.checkpoint_persister as persister_module
+    import agent.snapshots.checkpoint_persister as persister_module
 
     reads: list[int] = []
     real_read = persister_module.read_report
@@ -227,7 +227,7 @@ def test_a_step_directory_changed_within_the_last_second_is_read_again_every_pol
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A share that lands within the file system's clock tick of the previous one may leave the directory's
     modification time as it was: until the directory has been still for a second, nothing is cached."""
-    import agent.checkpoint_persister as persister_module
+    import agent.snapshots.checkpoint_persister as persister_module
 
     reads: list[int] = []
     real_read = persister_module.read_report

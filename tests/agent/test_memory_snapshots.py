@@ -1,4 +1,4 @@
-"""The agent's shared memory for in-memory snapshots (agent/memory_snapshots.py) and what the supervisor
+"""The agent's shared memory for in-memory snapshots (agent/snapshots/memory_snapshots.py) and what the supervisor
 does with it: the workers' variables at a Launch, the snapshots a new generation must not see, and
 the newest complete snapshot in the heartbeats. Real directories (on tmp_path: the logic does not
 depend on tmpfs), a fake launcher."""
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.memory_snapshots import (
+from agent.snapshots.memory_snapshots import (
     MANIFEST_NAME,
     HostScope,
     MemoryDirError,

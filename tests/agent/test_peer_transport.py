@@ -1,4 +1,4 @@
-"""The agents' snapshot transport (agent/peer_service.py, peer_client.py, peer_copier.py): real gRPC servers
+"""The agents' snapshot transport (agent/snapshots/peer_service.py, peer_client.py, peer_copier.py): real gRPC servers
 on loopback, real mutual TLS with certificates of daemon.certs, real snapshot files on tmp_path."""
 
 from __future__ import annotations
@@ -21,11 +21,17 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from agent.config import AgentConfig
 from agent.main import Agent
-from agent.memory_snapshots import HostScope, MemorySnapshotDir, Snapshot, SnapshotAssemblyError, step_dir_name
-from agent.peer_client import NotServedYet, PeerClient
-from agent.peer_copier import PeerCopier
-from agent.peer_service import MAX_QUEUED_RPCS, PEER_CALLS_PER_CERTIFICATE, PeerServer
-from agent.snapshot_reports import read_report
+from agent.snapshots.memory_snapshots import (
+    HostScope,
+    MemorySnapshotDir,
+    Snapshot,
+    SnapshotAssemblyError,
+    step_dir_name,
+)
+from agent.snapshots.peer_client import NotServedYet, PeerClient
+from agent.snapshots.peer_copier import PeerCopier
+from agent.snapshots.peer_service import MAX_QUEUED_RPCS, PEER_CALLS_PER_CERTIFICATE, PeerServer
+from agent.snapshots.snapshot_reports import read_report
 from agent.systemd import SystemdNotifier
 from agent.thread_priority import BACKGROUND_NICENESS
 from common.cert_identity import serial_of
@@ -236,7 +242,7 @@ def test_a_node_certificate_made_before_serving_serves_nothing(tmp_path: Path, c
     key = make_node_certificate(ca, "n1").key_pem()  # unused: the server refuses before it would be
     old = TlsFiles(ca.certificate_pem(), hand_made(ca, "n1", ["trainerd://node/n1"], ExtendedKeyUsageOID.CLIENT_AUTH),
                    key)
-    with caplog.at_level(logging.WARNING, "agent.peer_service"):
+    with caplog.at_level(logging.WARNING, "agent.snapshots.peer_service"):
         assert serve(holder_memory(tmp_path, 1), old) == 0
     assert [r.message for r in caplog.records if r.message.startswith("serving no in-memory snapshots")]
 
@@ -387,7 +393,7 @@ def test_the_copier_keeps_the_two_newest_snapshots_and_survives_its_source_going
         wait_until(lambda: copies(local, "host1") == [step_dir_name(20), step_dir_name(30)], 15, "two kept")
         assert [(s.step, list(s.ranks)) for s in local.held(JOB)] == [(30, [1]), (20, [1])]
         server.stop()
-        with caplog.at_level(logging.DEBUG, "agent.peer_copier"):
+        with caplog.at_level(logging.DEBUG, "agent.snapshots.peer_copier"):
             wait_until(lambda: sum(r.message.startswith("cannot copy") for r in caplog.records) >= 3, 15,
                        "failed polls")
             host_snapshot(source.job_dir(JOB), 40, (1,), world_size=2)
@@ -462,7 +468,7 @@ def test_a_copier_fetches_nothing_of_a_listing_no_node_could_hold(memory_fs: Pat
     _, peer = hostile_peer(pb.MemorySnapshot(step=50, ranks=ranks, world_size=world_size, generation=3))
     local = holder_memory(memory_fs, 0, steps=())
     copier = PeerCopier(local, PeerClient(None), JOB, peer, max_ranks=2, interval_s=0.02)
-    with caplog.at_level(logging.WARNING, "agent.peer_copier"):
+    with caplog.at_level(logging.WARNING, "agent.snapshots.peer_copier"):
         copier.start()
         try:
             wait_until(lambda: any(message in r.message for r in caplog.records), 15, "the refusal")
@@ -494,7 +500,7 @@ def test_a_copy_never_fills_the_memory_file_system_past_three_quarters(tmp_path:
     refusing = PeerCopier(local, PeerClient(None), JOB, peer, max_ranks=2, interval_s=0.02)
     copier = PeerCopier(local, PeerClient(None), JOB, peer, max_ranks=2, interval_s=0.02)
     try:
-        with caplog.at_level(logging.WARNING, "agent.peer_copier"):
+        with caplog.at_level(logging.WARNING, "agent.snapshots.peer_copier"):
             refusing.start()
             wait_until(lambda: any("there is room for" in r.message for r in caplog.records), 15, "the refusal")
         refusing.stop()  # it retries every poll: stopped, nothing half-copied may be left either

@@ -1,4 +1,4 @@
-"""The supervisor's in-memory snapshots across hosts (agent/snapshot_keeper.py), with the fake launcher and a
+"""The supervisor's in-memory snapshots across hosts (agent/snapshots/snapshot_keeper.py), with the fake launcher and a
 real SnapshotPeer server on loopback for the other host: a relaunch assembles the snapshot it resumes from out
 of its own files and a peer's, a snapshot that cannot be had starts no worker (each is reported exited 65 and
 the coordinator falls back to the next newest source), and a generation spanning hosts reports what it holds and copies its
@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.memory_snapshots import HostScope, MemorySnapshotDir, Snapshot, step_dir_name
-from agent.peer_client import PeerClient
-from agent.peer_copier import POLL_INTERVAL_S
-from agent.peer_service import PeerServer
+from agent.snapshots.memory_snapshots import HostScope, MemorySnapshotDir, Snapshot, step_dir_name
+from agent.snapshots.peer_client import PeerClient
+from agent.snapshots.peer_copier import POLL_INTERVAL_S
+from agent.snapshots.peer_service import PeerServer
 from common.tls_files import TlsFiles
 from daemon.certs import make_ca, make_node_certificate
 from proto import trainerd_pb2 as pb
@@ -115,7 +115,7 @@ def test_a_relaunch_fetches_from_a_holder_whose_launch_came_after_its_own(tmp_pa
     h1 = pb.PeerAgent(node="h1", address=f"127.0.0.1:{server.start()}")
     peers = PeerClient(tls("h0"))
     arrives = LaunchArrives(server)
-    logging.getLogger("agent.peer_service").addHandler(arrives)
+    logging.getLogger("agent.snapshots.peer_service").addHandler(arrives)
 
     async def scenario() -> Host:
         host = Host(tmp_path / "work", memory=host_memory(tmp_path, "h0", 0, (50,)), peers=peers)
@@ -128,7 +128,7 @@ def test_a_relaunch_fetches_from_a_holder_whose_launch_came_after_its_own(tmp_pa
     try:
         host = run(scenario())
     finally:
-        logging.getLogger("agent.peer_service").removeHandler(arrives)
+        logging.getLogger("agent.snapshots.peer_service").removeHandler(arrives)
         peers.close()
         server.stop()
     assert arrives.refusals == ["refused a snapshot peer call of node h0: not of generation 3"]
@@ -145,14 +145,14 @@ def test_a_snapshot_that_cannot_be_fetched_starts_no_worker_and_is_reported_unlo
         host = Host(tmp_path / "work", memory=memory, peers=peers)
         (tmp_path / "work").mkdir()
         gone = pb.PeerAgent(node="h1", address=f"127.0.0.1:{free_port()}")  # its host died since
-        with caplog.at_level(logging.ERROR, "agent.snapshot_keeper"):
+        with caplog.at_level(logging.ERROR, "agent.snapshots.snapshot_keeper"):
             await host.supervisor.launch(relaunch(4, [pb.SnapshotSource(rank=0, holder=gone),
                                                       pb.SnapshotSource(rank=1, holder=gone)]))
         assert "rank0" not in host.launcher.started
         [exited] = host.sent("process_exited")
         assert (exited.rank, exited.exit_code) == (0, 65)
         assert exited.cause.message.startswith("cannot resume from the in-memory snapshot of step 50: ")
-        [error] = [r.message for r in caplog.records if r.name == "agent.snapshot_keeper"]
+        [error] = [r.message for r in caplog.records if r.name == "agent.snapshots.snapshot_keeper"]
         assert "cannot resume from the in-memory snapshot of step 50" in error and "rank 1" in error, error
         assert not (memory.job_dir(JOB) / ".resume" / step_dir_name(50)).exists()
 

@@ -1,7 +1,7 @@
 """What the agent does with a generation's in-memory snapshots (issue 15), beside running its processes.
 
 At a Launch (`launch_env`, after the previous generation's processes stopped):
-- prepares the job's directory in shared memory (agent/memory_snapshots.py), in scope host when the
+- prepares the job's directory in shared memory (agent/snapshots/memory_snapshots.py), in scope host when the
   generation spans hosts (TRAINERD_MEMORY_SCOPE=host: each host holds its own ranks' files);
 - for a generation that resumes from a snapshot (TRAINERD_RESUME_MEMORY_STEP), names it to the workers
   (TRAINERD_RESUME_FROM): the one committed here for a one-host snapshot, else the checkpoint assembled
@@ -10,11 +10,11 @@ At a Launch (`launch_env`, after the previous generation's processes stopped):
   the workers are never started on it (a worker given no snapshot once trained on from the step it was told),
   but reported exited 65 (the checkpoint cannot be loaded), so the coordinator marks the step bad and
   relaunches from the next newest source;
-- starts the ring copier (agent/peer_copier.py) of the node the Launch names in `copy_from`, so that this
+- starts the ring copier (agent/snapshots/peer_copier.py) of the node the Launch names in `copy_from`, so that this
   host holds a second copy of that node's own ranks' files;
 - with `checkpoint.saved_by: agent` (TRAINERD_CHECKPOINT_SAVED_BY), makes the generation's outbox, names it
   to the workers (TRAINERD_CHECKPOINT_OUTBOX) and starts the persister that saves it to disk
-  (agent/checkpoint_persister.py); without a usable outbox the workers save their checkpoints themselves.
+  (agent/snapshots/checkpoint_persister.py); without a usable outbox the workers save their checkpoints themselves.
 The copier and the persister run until the generation is stopped (`stop_generation`).
 Heartbeats and Stop confirmations carry what is held here (`reports`): the newest committed snapshot of
 a one-host generation, or, in scope host, every step held with the ranks held of it.
@@ -30,8 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.checkpoint_persister import CheckpointPersister, FailedSave, Outbox, PersistedSave
-from agent.memory_snapshots import (
+from agent.snapshots.checkpoint_persister import CheckpointPersister, FailedSave, Outbox, PersistedSave
+from agent.snapshots.memory_snapshots import (
     MANIFEST_NAME,
     OUTBOX_DIR,
     HostScope,
@@ -39,8 +39,8 @@ from agent.memory_snapshots import (
     MemorySnapshotDir,
     SnapshotAssemblyError,
 )
-from agent.peer_client import NotServedYet, PeerClient
-from agent.peer_copier import PeerCopier
+from agent.snapshots.peer_client import NotServedYet, PeerClient
+from agent.snapshots.peer_copier import PeerCopier
 from proto import trainerd_pb2 as pb
 
 log = logging.getLogger(__name__)

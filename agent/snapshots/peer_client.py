@@ -1,5 +1,5 @@
 """The agent's side of SnapshotPeer as a client: list another agent's pinned snapshots and fetch a rank's
-files of one (agent/peer_service.py serves them).
+files of one (agent/snapshots/peer_service.py serves them).
 
 With TLS the holder must present the node certificate of the node it is named as (its DNS name
 NODE.node.trainerd, checked through `grpc.ssl_target_name_override`), so an agent cannot serve as another. A rank's
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import grpc
 
-from agent.memory_snapshots import PARTIAL, SnapshotAssemblyError
-from agent.peer_service import CHUNK_BYTES
-from agent.snapshot_reports import read_report, report_mismatch
+from agent.snapshots.memory_snapshots import PARTIAL, SnapshotAssemblyError
+from agent.snapshots.peer_service import CHUNK_BYTES
+from agent.snapshots.snapshot_reports import read_report, report_mismatch
 from common.cert_identity import node_server_name
 from common.tls_files import TlsFiles
 from proto import trainerd_pb2 as pb
