@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.commands import CheckpointNow, Launch, ReadLog, RequestExit, Stop
 from agent.epoch_shapes import EpochShapes, ShapeKey
 from agent.failure_cause import extract_failure_cause
 from agent.generation_dirs import claim_generation_dir, generation_dir, prune_generation_dirs
@@ -195,7 +196,7 @@ class Supervisor:
 
     # ------------------------------------------------------------ commands
 
-    async def launch(self, launch: pb.Launch) -> None:
+    async def launch(self, launch: Launch) -> None:
         async with self._lock:
             same_job = launch.job_name == self._job_name or not self._job_name
             if same_job and launch.generation <= self.generation:
@@ -257,7 +258,7 @@ class Supervisor:
                 managed.epoch_shape_key = (launch.job_name, tuple(argv), env.get("RANK_SIZE", ""))
                 await self._start(managed, argv, env, workdir, pattern)
 
-    async def _prepare_workdir(self, launch: pb.Launch) -> Path:
+    async def _prepare_workdir(self, launch: Launch) -> Path:
         """The generation's working directory, created, with no graceful-exit request left in it (a
         leftover would stop the new generation at its first step).
 
@@ -282,7 +283,7 @@ class Supervisor:
         self._workdir, self._graceful_exit_file = workdir, launch.graceful_exit_file
         return workdir
 
-    def _progress_pattern(self, launch: pb.Launch) -> re.Pattern[str] | None:
+    def _progress_pattern(self, launch: Launch) -> re.Pattern[str] | None:
         if not launch.progress_pattern:
             return None
         try:
@@ -379,7 +380,7 @@ class Supervisor:
             return None
         return pb.RootCause(message=cause.message, location=cause.location or "", kind=str(cause.kind))
 
-    async def stop(self, stop: pb.Stop) -> None:
+    async def stop(self, stop: Stop) -> None:
         async with self._lock:
             if stop.generation != self.generation:
                 log.info("Stop for generation %d ignored: running generation %d", stop.generation, self.generation)
@@ -482,7 +483,7 @@ class Supervisor:
             timer.cancel()
         return pending
 
-    def checkpoint_now(self, request: pb.CheckpointNow) -> None:
+    def checkpoint_now(self, request: CheckpointNow) -> None:
         """Tell this generation's workers to save once `request.step` completes (they poll the file)."""
         if request.generation != self.generation or not self.processes:
             log.info("CheckpointNow for generation %d ignored: running generation %d", request.generation,
@@ -492,12 +493,12 @@ class Supervisor:
                          encode_control(CheckpointRequest(request.generation, request.step)))
         log.info("generation %d: checkpoint asked for at step %d", request.generation, request.step)
 
-    async def request_exit(self, request: pb.RequestExit) -> None:
+    async def request_exit(self, request: RequestExit) -> None:
         """Ask the script to stop at its next step boundary: write MindSpore OnRequestExit's file."""
         async with self._lock:
             await self._request_exit(request)
 
-    async def _request_exit(self, request: pb.RequestExit) -> None:
+    async def _request_exit(self, request: RequestExit) -> None:
         if request.generation != self.generation or not self.processes:
             log.info("RequestExit for generation %d ignored: running generation %d", request.generation,
                      self.generation)
@@ -515,7 +516,7 @@ class Supervisor:
             return
         log.info("generation %d: graceful exit requested through %s", request.generation, path)
 
-    async def read_log(self, request: pb.ReadLog) -> pb.LogData:
+    async def read_log(self, request: ReadLog) -> pb.LogData:
         """Part of one process's log, found by its generation, role and rank under this agent's work dir."""
         answer = pb.LogData(request_id=request.request_id)
         who = describe_process(request.generation, request.role, request.rank)

@@ -19,6 +19,7 @@ import re
 import threading
 from pathlib import Path
 
+from agent.commands import PeerAgent
 from agent.snapshots.memory_snapshots import (
     PARTIAL,
     MemorySnapshotDir,
@@ -50,7 +51,7 @@ class PeerCopier:
     """Copies `source`'s newest snapshot of `job` into `memory`, every `interval_s` while started, through
     `client`, which it closes when it stops; `max_ranks`: the generation's world size."""
 
-    def __init__(self, memory: MemorySnapshotDir, client: PeerClient, job: str, source: pb.PeerAgent,
+    def __init__(self, memory: MemorySnapshotDir, client: PeerClient, job: str, source: PeerAgent,
                  max_ranks: int, interval_s: float = POLL_INTERVAL_S) -> None:
         if not re.fullmatch(NODE_NAME_PATTERN, source.node):
             raise ValueError(f"node name {source.node!r:.80} cannot name a directory of copies")

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.commands import Launch, PeerAgent
 from agent.snapshots.checkpoint_persister import CheckpointPersister, FailedSave, Outbox, PersistedSave
 from agent.snapshots.memory_snapshots import (
     MANIFEST_NAME,
@@ -83,7 +84,7 @@ class SnapshotKeeper:
         self._copier: PeerCopier | None = None
         self._persister: CheckpointPersister | None = None
 
-    async def launch_env(self, launch: pb.Launch) -> dict[str, str]:
+    async def launch_env(self, launch: Launch) -> dict[str, str]:
         """The workers' snapshot variables for `launch` (TRAINERD_MEMORY_EVERY=0 when they take none), and
         their outbox when the agent saves their checkpoints."""
         await self.stop_generation()
@@ -109,11 +110,11 @@ class SnapshotKeeper:
             if not memory_step.isdigit():
                 raise SnapshotUnavailable(f"the in-memory snapshot to resume from names no step: {memory_step!r:.40}")
             memory_env["TRAINERD_RESUME_FROM"] = str(await self._resume_path(launch, int(memory_step)))
-        if host is not None and every not in ("", "0") and launch.HasField("copy_from"):
+        if host is not None and every not in ("", "0") and launch.copy_from is not None:
             self._start_copying(launch.job_name, launch.copy_from, host.world_size)
         return memory_env
 
-    async def _resume_path(self, launch: pb.Launch, step: int) -> Path:
+    async def _resume_path(self, launch: Launch, step: int) -> Path:
         """Where the workers read the snapshot of `step`.
 
         Raises:
@@ -155,12 +156,12 @@ class SnapshotKeeper:
                 peers.close()
 
     @staticmethod
-    def _unavailable(launch: pb.Launch, step: int, why: str) -> SnapshotUnavailable:
+    def _unavailable(launch: Launch, step: int, why: str) -> SnapshotUnavailable:
         log.error("generation %d of job %s cannot resume from the in-memory snapshot of step %d: %s",
                   launch.generation, launch.job_name, step, why)
         return SnapshotUnavailable(f"cannot resume from the in-memory snapshot of step {step}: {why}")
 
-    def _start_copying(self, job: str, source: pb.PeerAgent, world_size: int) -> None:
+    def _start_copying(self, job: str, source: PeerAgent, world_size: int) -> None:
         if self._peers is None:
             return
         try:
@@ -172,7 +173,7 @@ class SnapshotKeeper:
         self._copier = copier
         log.info("job %s: copying the in-memory snapshots of node %s (%s)", job, source.node, source.address)
 
-    def _start_persisting(self, launch: pb.Launch, env: dict[str, str], directory: Path) -> dict[str, str]:
+    def _start_persisting(self, launch: Launch, env: dict[str, str], directory: Path) -> dict[str, str]:
         """With `checkpoint.saved_by: agent`, the outbox made and its persister started: the variable naming
         it to the workers (none when the agent cannot save for them: they then save themselves)."""
         if env.get("TRAINERD_CHECKPOINT_SAVED_BY") != "agent":
@@ -231,7 +232,7 @@ class SnapshotKeeper:
         return HeldReports(newest=pb.MemorySnapshot(step=newest.step, consumed_samples=newest.consumed_samples))
 
 
-def _host_scope(launch: pb.Launch, env: dict[str, str]) -> HostScope | None:
+def _host_scope(launch: Launch, env: dict[str, str]) -> HostScope | None:
     """The generation spans hosts: this host's workers' ranks, of the world size, in this generation."""
     world_size = env.get("RANK_SIZE", "")
     if env.get("TRAINERD_MEMORY_SCOPE") != "host" or not world_size.isdigit():

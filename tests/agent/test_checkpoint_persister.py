@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from agent.commands import Launch, Stop
 from agent.snapshots.checkpoint_persister import CheckpointPersister, FailedSave, Outbox, PersistedSave
 from agent.snapshots.memory_snapshots import MemorySnapshotDir, step_dir_name
 from agent.thread_priority import BACKGROUND_NICENESS
@@ -265,7 +266,7 @@ def test_a_full_disk_fails_the_save_cleanly_and_saving_resumes_once_there_is_roo
     assert verify_checkpoint(checkpoints / step_dir_name(20)).step == 20
 
 
-def saving_launch(generation: int, checkpoints: Path, saved_by: str = "agent") -> pb.Launch:
+def saving_launch(generation: int, checkpoints: Path, saved_by: str = "agent") -> Launch:
     return memory_launch(generation, TRAINERD_MEMORY_EVERY="0", TRAINERD_RESUME_STEP="", RANK_SIZE="2",
                          TRAINERD_CHECKPOINT_DIR=str(checkpoints), TRAINERD_CHECKPOINT_KEEP="3",
                          TRAINERD_CHECKPOINT_SAVED_BY=saved_by)
@@ -285,7 +286,7 @@ def test_the_supervisor_names_the_outbox_and_reports_what_its_agent_saved(tmp_pa
             await asyncio.sleep(0.02)
         assert host.sent("checkpoint_saved") == [pb.CheckpointSaved(
             generation=GENERATION, step=50, consumed_samples=400, path=str(checkpoints / step_dir_name(50)))]
-        await host.supervisor.stop(pb.Stop(generation=GENERATION, grace_s=1.0))
+        await host.supervisor.stop(Stop(generation=GENERATION, grace_s=1.0))
         # The generation is over: what its workers hand over now is not saved, and the next launch clears it.
         host_snapshot(outbox, 60, (0, 1), world_size=2, generation=GENERATION)
         await asyncio.sleep(0.2)

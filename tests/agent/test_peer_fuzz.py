@@ -17,6 +17,7 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agent.commands import PeerAgent
 from agent.snapshots.memory_snapshots import HostScope, MemorySnapshotDir
 from agent.snapshots.peer_client import PeerClient
 from agent.snapshots.peer_service import MAX_REQUEST_BYTES, PeerServer
@@ -50,7 +51,7 @@ class LiveHolder:
         self.memory.newest(JOB)
         self.server = PeerServer(self.memory, "127.0.0.1", tls_of(ca, make_node_certificate(ca, SERVER_NODE)))
         self.server.serve_generation(3, (FUZZ_NODE, HONEST_NODE))
-        self.holder = pb.PeerAgent(node=SERVER_NODE, address=f"127.0.0.1:{self.server.start()}")
+        self.holder = PeerAgent(node=SERVER_NODE, address=f"127.0.0.1:{self.server.start()}")
         self.channel = grpc.secure_channel(self.holder.address,
                                            tls_of(ca, make_node_certificate(ca, FUZZ_NODE)).channel_credentials(),
                                            options=[("grpc.ssl_target_name_override", node_server_name(SERVER_NODE))])
