@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-mindformers lint docs demo proto bench clean
+.PHONY: venv test test-fast test-mindformers lint docs demo proto bench clean
 
 venv: $(STAMP)
 
@@ -16,8 +16,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[worker,dev]'
 	@touch $(STAMP)
 
+# Every test, on three pytest-xdist workers: two run the integration tests' two lanes (tests/conftest.py), the
+# third the rest beside them.
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=30 tests
+	$(PY) -m pytest -q -n 3 --dist loadgroup --durations=40 tests
+
+# The inner loop: every test that starts no MindSpore process (not marked `mindspore`), on every core.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -n auto -m "not mindspore" tests
 
 # Opt-in, and not in CI's `make test`: MindFormers 2.0.0 cannot be resolved by pip (it requires hyper-parallel,
 # which is not on PyPI), so it goes into a venv of its own without its dependencies, after the extra that lists

@@ -15,6 +15,27 @@ from tests.ports import free_port
 # (`pytest tests/mindformers_real`, which still collects it) in a venv of its own.
 collect_ignore = ["mindformers_real"]
 
+INTEGRATION = Path(__file__).parent / "integration"
+
+# `make test` runs on pytest-xdist workers, and the integration tests, each a whole cluster (trainerd, agents,
+# MindSpore workers), in two lanes: at most two clusters train at once on this 2-core machine, beside the other
+# tests. The files are split by their measured durations (the `--durations` of a `make test` log); those of the
+# cluster box (network namespaces of fixed addresses) share one lane. A file not named here runs in lane 1.
+LANE_0 = {"test_chaos.py", "test_peer_snapshots.py", "test_join_cluster_box.py", "test_recovery.py",
+          "test_tls_cluster.py", "test_slow_peer.py", "test_embedded_etcd.py"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the xdist_group marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/integration is a `mindspore` test (`make test-fast` leaves them out, with the tests
+    marked so in their module) and runs in its lane (an xdist group: one worker runs a group's tests one after
+    another). The lanes go first: they are the longest, and the other workers work through the rest beside them."""
+    for item in items:
+        if INTEGRATION in item.path.parents:
+            item.add_marker(pytest.mark.mindspore)
+            item.add_marker(pytest.mark.xdist_group(f"cluster-lane-{0 if item.path.name in LANE_0 else 1}"))
+    items.sort(key=lambda item: INTEGRATION not in item.path.parents)
+
 
 @pytest.fixture
 def etcd_server(tmp_path: Path) -> Iterator[EmbeddedEtcd]:

@@ -4,7 +4,6 @@ its own process group and a hard kill at teardown."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import signal
@@ -13,9 +12,16 @@ import sys
 import time
 from pathlib import Path
 
+import click
 import grpc
 import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from common.tls_files import TlsSettings, read_tls_files
+from daemon.cli.status_json import event_to_json, status_to_json
+from daemon.cli.trainerctl import Coordinators, call_control, fetch_status
+from daemon.events import EVENTS_PAGE
+from proto import trainerd_pb2 as pb
 
 BIN = Path(sys.executable).parent
 
@@ -139,12 +145,33 @@ def trainerctl(*args: str, coordinator: str | None = None, timeout: float = 30) 
     return subprocess.run(argv + list(args), capture_output=True, text=True, timeout=timeout)
 
 
-def status(coordinator: str) -> dict | None:
-    """`trainerctl status -o json`, or None while the coordinator cannot answer."""
-    result = trainerctl("status", "-o", "json", coordinator=coordinator)
-    if result.returncode != 0:
+def _coordinators(coordinator: str, tls: TlsSettings | None = None) -> Coordinators:
+    return Coordinators([a.strip() for a in coordinator.split(",") if a.strip()],
+                        None if tls is None else read_tls_files(tls, "test"))
+
+
+def status(coordinator: str, tls: TlsSettings | None = None) -> dict | None:
+    """What `trainerctl status -o json` prints, or None while no coordinator can answer.
+
+    Asked in-process, through the CLI's own fetch (which follows a standby to the leader) and rendering:
+    a `trainerctl` process per poll costs ~0.8 CPU-seconds, which the training under test needs. The tests
+    that check the command itself still run it. `tls`: the operator's CA, certificate and key."""
+    try:
+        _, reply = fetch_status(_coordinators(coordinator, tls))
+    except click.ClickException:
         return None
-    return json.loads(result.stdout)
+    return status_to_json(reply)
+
+
+def events(coordinator: str) -> list[dict]:
+    """Every event, oldest first, as `trainerctl events -o json` prints them (in-process, like `status`)."""
+    found: list[dict] = []
+    while True:
+        reply = call_control(_coordinators(coordinator), "ListEvents",
+                             pb.EventsRequest(after_seq=found[-1]["seq"] if found else 0, limit=EVENTS_PAGE))
+        found += [event_to_json(event) for event in reply.events]
+        if len(reply.events) < EVENTS_PAGE:
+            return found
 
 
 def node_states(coordinator: str) -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""The stable JSON form of `trainerctl status -o json` (scripts depend on these names).
+"""The stable JSON forms of `trainerctl status -o json` and `trainerctl events -o json` (scripts depend on
+these names).
 
 A number that is not finite is null: JSON has no NaN or infinity (Python's `json` would
 write `NaN`, which jq and most parsers refuse), and a rank reports NaN for a gradient norm it does not know
@@ -7,6 +8,7 @@ write `NaN`, which jq and most parsers refuse), and a rank reports NaN for a gra
 
 from __future__ import annotations
 
+import json
 import math
 
 from proto import trainerd_pb2 as pb
@@ -105,3 +107,9 @@ def _job_to_json(job: pb.JobStatus) -> dict:
         "last_recovery": _recovery_to_json(job.last_recovery) if job.HasField("last_recovery") else None,
         "goodput": _goodput_to_json(job.goodput) if job.HasField("goodput") else None,
     }
+
+
+def event_to_json(event: pb.Event) -> dict:
+    """One line of `trainerctl events -o json`."""
+    return {"seq": event.seq, "at": event.at, "kind": event.kind, "message": event.message,
+            "fields": json.loads(event.fields_json or "{}")}

@@ -34,7 +34,7 @@ from common.tls_files import (
     unnamed_address_hint,
 )
 from daemon.cli.command_groups import PointingGroup
-from daemon.cli.status_json import GOODPUT_PHASES, RECOVERY_PHASES, status_to_json
+from daemon.cli.status_json import GOODPUT_PHASES, RECOVERY_PHASES, event_to_json, status_to_json
 from daemon.events import EVENTS_PAGE
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
@@ -232,8 +232,7 @@ def events(options: GlobalOptions, output: str, follow: bool) -> None:
         for event in reply.events:
             after = max(after, event.seq)
             if output == "json":
-                click.echo(json.dumps({"seq": event.seq, "at": event.at, "kind": event.kind,
-                                       "message": event.message, "fields": json.loads(event.fields_json or "{}")}))
+                click.echo(json.dumps(event_to_json(event)))
             else:
                 stamp = datetime.datetime.fromtimestamp(event.at).strftime("%Y-%m-%d %H:%M:%S")
                 # Escaped again here: events written before peer text was escaped at the servicer hold it raw.

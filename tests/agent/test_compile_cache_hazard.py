@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.mindspore  # MindSpore processes: left out of `make test-fast`
+
 SCRIPT = """
 import sys
 import numpy as np

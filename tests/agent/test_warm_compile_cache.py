@@ -19,6 +19,8 @@ from agent.compile_cache import CompileCacheLauncher
 from agent.launcher import SubprocessLauncher
 from agent.warm_launcher import WarmLauncher
 
+pytestmark = pytest.mark.mindspore  # MindSpore processes: left out of `make test-fast`
+
 PY = sys.executable
 REPO = Path(__file__).resolve().parents[2]
 

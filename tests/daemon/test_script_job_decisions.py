@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from daemon.job.decide import (
     ERROR_SETTLE_S,
     GRACEFUL_EXIT_TIMEOUT_S,
@@ -120,11 +122,11 @@ async def every_rank_raises(sim: SimCluster, cause: RootCause) -> None:
         await sim.tick(0.01)
 
 
-async def relaunched(sim: SimCluster, step: int = 12) -> None:
+async def relaunched(sim: SimCluster, step: int = 12, from_output: bool = False) -> None:
     sim.confirm_stop()
     await sim.tick(10.0)  # the crash backoff
     sim.started()
-    sim.step(step)
+    sim.step(step, from_output=from_output)
 
 
 def node_of(sim: SimCluster, rank: int) -> str:
@@ -185,30 +187,36 @@ def test_one_rank_raising_the_same_error_twice_is_a_crash_and_a_changed_error_st
     run(scenario())
 
 
-def test_one_ranks_error_that_follows_it_to_another_node_fails_the_job_and_takes_back_the_nodes_crashes() -> None:
+@pytest.mark.parametrize("from_output", [False, True], ids=["runtime", "output"])
+def test_one_ranks_error_that_follows_it_to_another_node_fails_the_job_and_takes_back_the_nodes_crashes(
+        from_output: bool) -> None:
+    """From the runtime's reports the failing samples are known; read from a script's output they are not, and
+    the failure says that nothing could be skipped."""
     async def scenario() -> None:
         sim = await running_cluster(restart={"max": 10, "backoff_s": 1.0, "quarantine_after": 3})
+        sim.step(11, from_output=from_output)
         sim.crash("b", 1, cause=EVAL_BUG)  # a bug only rank 1 runs into (after step 10)
         await sim.tick(ERROR_SETTLE_S)
         assert sim.state is JobState.RECOVERING and sim.job.record.node_failures == {"b": 1}
-        await relaunched(sim, step=12)
+        await relaunched(sim, step=12, from_output=from_output)
         assert node_of(sim, 1) == "b"  # once is no pattern: the world keeps its order
         sim.crash("b", 1, cause=EVAL_BUG)
         await sim.tick(ERROR_SETTLE_S)
         record = sim.job.record
         assert record.state is JobState.RECOVERING and record.node_failures == {"b": 2}
-        assert (record.last_failure.blamed, record.last_failure.samples_at) == (2, 13 * 12)
+        assert (record.last_failure.blamed, record.last_failure.samples_at) == (2, -1 if from_output else 13 * 12)
         recovery = [e for e in await sim.coordinator.events(0) if e.kind == "recovery_started"][-1]
         assert "rank 1 failed the same way on node b 2 generations in a row: it runs on another node next" \
             in recovery.message
-        await relaunched(sim, step=14)
+        await relaunched(sim, step=14, from_output=from_output)
         assert sim.world() == ["b", "c", "a"] and node_of(sim, 1) == "c"
         sim.crash("c", 1, cause=EVAL_BUG)
         await sim.tick(ERROR_SETTLE_S)
         record = sim.job.record
         assert record.state is JobState.FAILED and record.last_failure.cause is FailureCause.JOB_ERROR
-        assert record.last_failure.message.endswith("; rank 1 failed the same way on node b before, at other "
-                                                    "samples: the error follows the rank, not a node or a batch")
+        samples = "its samples unknown (none can be skipped)" if from_output else "at other samples"
+        assert record.last_failure.message.endswith(f"; rank 1 failed the same way on node b before, {samples}: "
+                                                    f"the error follows the rank, not a node or a batch")
         assert record.node_failures == {} and record.crash_restarts == 2
         failed = [e for e in await sim.coordinator.events(0) if e.kind == "job_failed"][-1]
         assert "node b is no longer blamed for its 2 crash(es) from this error" in failed.message

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.harness import Processes, processes_mentioning
-from tests.integration.test_recovery import events, final_weights, recovery_job, start_trainerd, wait_for_job
+from tests.harness import Processes, events, processes_mentioning
+from tests.integration.test_recovery import final_weights, recovery_job, start_trainerd, wait_for_job
 from tests.waiting import wait_until
 from trainer.checkpoint import load_checkpoint, verify_checkpoint
 from trainer.checkpoint.manifest import read_manifest

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.harness import Processes, status, trainerctl
-from tests.integration.test_recovery import events, final_weights, recovery_job, start_trainerd, wait_for_job
+from tests.harness import Processes, events, status, trainerctl
+from tests.integration.test_recovery import final_weights, recovery_job, start_trainerd, wait_for_job
 from tests.waiting import wait_until
 
 GLOBAL_BATCH = 64

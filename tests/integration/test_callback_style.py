@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.harness import Processes, processes_mentioning
-from tests.integration.test_recovery import events, final_weights, start_trainerd, wait_for_job
+from tests.harness import Processes, events, processes_mentioning
+from tests.integration.test_recovery import final_weights, start_trainerd, wait_for_job
 from tests.ports import scheduler_port
 
 JOBS = Path(__file__).with_name("jobs")

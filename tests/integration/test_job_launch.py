@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from pathlib import Path
@@ -10,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from tests.harness import Processes, processes_mentioning, status, trainerctl
+from tests.harness import Processes, events, processes_mentioning, status
 from tests.integration.cluster_files import cluster_file
 from tests.integration.conftest import REFERENCE_STEPS, FaultFreeRun
 from tests.integration.test_recovery import final_weights
@@ -68,12 +67,6 @@ def test_job_runs_to_completion_with_identical_weights(fault_free_mlp: FaultFree
     assert fault_free_mlp.training_processes_left == []
 
 
-def _events(address: str) -> list[dict]:
-    result = trainerctl("events", "-o", "json", coordinator=address)
-    assert result.returncode == 0, result.stderr
-    return [json.loads(line) for line in result.stdout.splitlines()]
-
-
 DOWN_S = 3.0  # how long trainerd stays stopped before it is started again
 
 
@@ -102,11 +95,11 @@ def test_trainerd_started_again_goes_on_from_the_newest_checkpoint_to_the_same_w
     assert ended["goodput"]["phases"]["detection_s"] >= DOWN_S, ended["goodput"]
     assert ended["generation"] == 2 and ended["crash_restarts"] == 0, ended
     assert ended["last_failure"]["cause"] == "processes_gone", ended["last_failure"]
-    events = _events(address)
-    assert [e["kind"] for e in events].count("coordinator_leads") == 2
-    [asked] = [e for e in events if e["kind"] == "checkpoint_requested"]
+    seen = events(address)
+    assert [e["kind"] for e in seen].count("coordinator_leads") == 2
+    [asked] = [e for e in seen if e["kind"] == "checkpoint_requested"]
     assert "trainerd is stopping" in asked["message"] and asked["fields"]["step"] > saved, asked
-    [second] = [e for e in events if e["kind"] == "generation_started" and e["fields"]["generation"] == 2]
+    [second] = [e for e in seen if e["kind"] == "generation_started" and e["fields"]["generation"] == 2]
     assert second["fields"]["resume_step"] >= asked["fields"]["step"], second
     weights, reference = final_weights(tmp_path / "out", 2), final_weights(fault_free_mlp.root / "out", 2)
     for name, expected in reference.items():

@@ -20,7 +20,7 @@ import yaml
 
 from tests.daemon.test_grafana_dashboard import dashboard
 from tests.daemon.test_prometheus_rules import ALERTS, rules
-from tests.harness import Processes
+from tests.harness import Processes, processes_mentioning
 from tests.integration.cluster_files import cluster_file
 from tests.integration.test_recovery import job_of
 from tests.ports import free_port, scheduler_port
@@ -79,6 +79,16 @@ def start_prometheus(tmp_path: Path, procs: Processes, metrics_address: str) -> 
     return address
 
 
+def rank_0_worker() -> psutil.Process | None:
+    for proc in processes_mentioning(SCRIPTED_TRAINER):
+        try:
+            if proc.environ().get("RANK_ID") == "0":
+                return proc
+        except psutil.Error:  # it exited (a zombie until reaped) between the listing and this look
+            continue
+    return None
+
+
 def test_every_panel_and_rule_evaluates_against_the_series_a_live_trainerd_exports(
         tmp_path: Path, procs: Processes) -> None:
     control, checkpoints = tmp_path / "control", tmp_path / "checkpoints"
@@ -99,8 +109,7 @@ def test_every_panel_and_rule_evaluates_against_the_series_a_live_trainerd_expor
 
     wait_until(at_step_5(1), 60, "generation 1 at step 5 with checkpoint 5", interval=0.2, on_timeout=procs.logs)
     # A crash: a relaunch, the restart budget spent once, a recovery's phases.
-    worker = wait_until(lambda: next((p for p in psutil.process_iter() if str(SCRIPTED_TRAINER) in " ".join(
-        p.cmdline()) and p.environ().get("RANK_ID") == "0"), None), 10, "the rank 0 worker")
+    worker = wait_until(rank_0_worker, 10, "the rank 0 worker")
     worker.send_signal(signal.SIGKILL)
     wait_until(at_step_5(2), 60, "generation 2 at step 5", interval=0.2, on_timeout=procs.logs)
 

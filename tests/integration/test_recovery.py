@@ -10,7 +10,6 @@ min_nodes, a crash loop that ends FAILED until `trainerctl resume`, and a pause 
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 import urllib.request
@@ -21,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.daemon.test_grafana_dashboard import dashboard, dashboard_metric_names
-from tests.harness import Processes, processes_mentioning, status, trainerctl
+from tests.harness import Processes, events, processes_mentioning, status, trainerctl
 from tests.integration.cluster_files import cluster_file
 from tests.ports import free_port, scheduler_port
 from tests.waiting import wait_until
@@ -60,12 +59,6 @@ def job_of(address: str) -> dict | None:
 def wait_for_job(address: str, what: str, predicate, timeout: float, procs: Processes) -> dict:
     return wait_until(lambda: (job := job_of(address)) and predicate(job) and job, timeout, what,
                       interval=0.5, on_timeout=procs.logs)
-
-
-def events(address: str) -> list[dict]:
-    result = trainerctl("events", "-o", "json", coordinator=address)
-    assert result.returncode == 0, result.stderr
-    return [json.loads(line) for line in result.stdout.splitlines()]
 
 
 def final_weights(out: Path, world_size: int) -> dict[str, np.ndarray]:

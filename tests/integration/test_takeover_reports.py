@@ -10,9 +10,9 @@ import signal
 import time
 from pathlib import Path
 
-from tests.harness import BIN, Processes, status, trainerctl
+from tests.harness import BIN, Processes, events, status, trainerctl
 from tests.integration.cluster_files import cluster_file
-from tests.integration.test_recovery import events, job_of
+from tests.integration.test_recovery import job_of
 from tests.ports import free_port, scheduler_port
 from tests.waiting import wait_until
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import psutil
 import yaml
 
-from tests.harness import BIN, Processes
+from common.tls_files import TlsSettings
+from tests.harness import BIN, Processes, status
 from tests.integration.cluster_files import cluster_file
 from tests.integration.test_job_launch import mlp_job
 from tests.ports import free_port
@@ -62,8 +63,9 @@ def trainerctl(address: str, *argv: str, pki: Path | None = None, stem: str = ""
 
 
 def status_as(address: str, pki: Path, stem: str) -> dict | None:
-    result = trainerctl(address, "status", "-o", "json", pki=pki, stem=stem)
-    return json.loads(result.stdout) if result.returncode == 0 else None
+    """`trainerctl status -o json` with the certificate `stem` of `pki` (in-process: tests.harness.status)."""
+    return status(address, TlsSettings(ca_file=str(pki / "ca.crt"), cert_file=str(pki / f"{stem}.crt"),
+                                       key_file=str(pki / f"{stem}.key")))
 
 
 def node_states(address: str, pki: Path) -> dict[str, str]:

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from tests.harness import Processes, processes_mentioning
+from tests.harness import Processes, events, processes_mentioning
 from tests.integration.test_bad_batches import ledger
-from tests.integration.test_recovery import events, final_weights, recovery_job, start_trainerd, wait_for_job
+from tests.integration.test_recovery import final_weights, recovery_job, start_trainerd, wait_for_job
 
 GLOBAL_BATCH = 48
 EVERY = 10

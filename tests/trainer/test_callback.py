@@ -27,6 +27,8 @@ from tests.trainer.mlp_runs import FAST_START_ENV, Run, cluster_env, run_example
 from trainer.checkpoint import load_checkpoint, verify_checkpoint
 from trainer.checkpoint.manifest import EpochPosition
 
+pytestmark = pytest.mark.mindspore  # MindSpore processes: left out of `make test-fast`
+
 JOB = [sys.executable, str(Path(__file__).with_name("callback_job.py"))]
 EPOCHS, STEPS_PER_EPOCH = 3, 4
 STEPS = EPOCHS * STEPS_PER_EPOCH

@@ -8,8 +8,12 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.harness import Processes
 from tests.ports import free_port
+
+pytestmark = pytest.mark.mindspore  # MindSpore processes: left out of `make test-fast`
 
 WORLD_SIZE = 2
 STEPS = 9

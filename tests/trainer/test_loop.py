@@ -23,6 +23,8 @@ from tests.trainer.mlp_runs import Run, run_example
 from tests.trainer.test_callback import one_rank_env, own_dataset_env, same, step_dir
 from trainer.checkpoint import verify_checkpoint
 
+pytestmark = pytest.mark.mindspore  # MindSpore processes: left out of `make test-fast`
+
 JOB = [sys.executable, str(Path(__file__).with_name("loop_job.py"))]
 EPOCHS, STEPS_PER_EPOCH, EVERY = 3, 4, 5
 STEPS = EPOCHS * STEPS_PER_EPOCH

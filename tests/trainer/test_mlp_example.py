@@ -17,6 +17,8 @@ from tests.harness import Processes
 from tests.ports import free_port
 from tests.trainer.mlp_runs import GLOBAL_BATCH, Run, cluster_env, run_example, run_standalone
 
+pytestmark = pytest.mark.mindspore  # MindSpore processes: left out of `make test-fast`
+
 STEPS = 30
 WORLD_SIZE = 2
 

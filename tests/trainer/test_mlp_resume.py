@@ -32,6 +32,8 @@ from tests.trainer.mlp_runs import (
 )
 from trainer.checkpoint import load_checkpoint, verify_checkpoint
 
+pytestmark = pytest.mark.mindspore  # MindSpore processes: left out of `make test-fast`
+
 STEPS = 30
 SEED = 7
 # By hand: one process that splits the global batch of 64 into 4 micro batches of 16.

@@ -10,8 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from proto.exit_codes import EXIT_USAGE
 from tests.ports import free_port
+
+pytestmark = pytest.mark.mindspore  # MindSpore processes: left out of `make test-fast`
 
 REPO = Path(__file__).resolve().parents[2]
 
