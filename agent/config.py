@@ -68,7 +68,7 @@ class AgentConfig(StrictModel):
     # Hosts without NPUs train on this many CPU "devices" (0: discover NPUs, fail when none).
     cpu_devices: int = Field(default=0, ge=0, le=64)
     work_dir: str = "/var/lib/trainerd-agent"
-    # Where the workers' in-memory snapshots go (agent/memory_snapshots.py): a directory this agent
+    # Where the workers' in-memory snapshots go (agent/snapshots/memory_snapshots.py): a directory this agent
     # owns on tmpfs. Default: /dev/shm/trainerd-agent-<12 hex digits of the work dir's path>, so that
     # agents with different work dirs on one host never share it.
     memory_dir: str | None = None
@@ -99,7 +99,7 @@ class AgentConfig(StrictModel):
     # call, not a Cell) from its cache with parameters it never set, and the loss is NaN or 1e27 from the
     # first step of every later start. Safe for jobs whose step is a Cell (Model.train, TrainOneStepCell).
     compile_cache: bool = False
-    # Serve this host's in-memory snapshot files to the other agents and copy theirs (agent/peer_service.py):
+    # Serve this host's in-memory snapshot files to the other agents and copy theirs (agent/snapshots/peer_service.py):
     # a generation spanning hosts then snapshots, and a relaunch resumes from what survives on live hosts.
     # Over TLS only with a node certificate that can serve (`trainerd certs node` since peer copies); in
     # plain text only when `host` is a loopback address (nothing listens beyond loopback without TLS).

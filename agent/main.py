@@ -12,23 +12,33 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from typing import assert_never
 
 import click
 import grpc
 from click.core import ParameterSource
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from agent.commands import (
+    CheckpointNow,
+    Command,
+    Launch,
+    NodeCertificate,
+    NodeCheck,
+    ReadLog,
+    RequestExit,
+    Revocations,
+    Stop,
+)
 from agent.compile_cache import CompileCacheLauncher
 from agent.config import AgentConfig, load_agent_config, memory_root
 from agent.devices import Device, NoDevicesError, discover_devices
 from agent.join import JoinFailed, Renewal, check_join_options, has_stored_files, join, stored_tls
 from agent.launcher import ProcessLauncher, SubprocessLauncher
-from agent.memory_snapshots import MemorySnapshotDir
 from agent.node_check import run_node_check
-from agent.peer_client import PeerClient
-from agent.peer_service import PeerServer
 from agent.progress_receiver import open_progress_receiver
 from agent.session import CoordinatorLink, IdentityFile
+from agent.snapshots import MemorySnapshotDir, PeerClient, PeerServer
 from agent.stack_dump import PySpyDumper
 from agent.supervisor import Supervisor
 from agent.systemd import SystemdNotifier
@@ -80,35 +90,35 @@ class Agent:
     def heartbeat_body(self) -> pb.Heartbeat:
         return self.supervisor.heartbeat()
 
-    def on_command(self, message: pb.CoordinatorMessage) -> None:
-        kind = message.WhichOneof("body")
-        if kind == "launch":
-            if self._peer_server is not None:  # before any peer of the generation asks for a snapshot
-                self._peer_server.serve_generation(message.launch.generation, message.launch.peer_nodes)
-            self._spawn(self.supervisor.launch(message.launch))
-        elif kind == "stop":
-            self._spawn(self.supervisor.stop(message.stop))
-        elif kind == "checkpoint_now":
-            self.supervisor.checkpoint_now(message.checkpoint_now)
-        elif kind == "request_exit":
-            self._spawn(self.supervisor.request_exit(message.request_exit))
-        elif kind == "read_log":
-            self._spawn(self._answer_read_log(message.read_log))
-        elif kind == "node_check":
-            self._spawn(self._answer_node_check(message.node_check))
-        elif kind == "node_certificate":
-            if self._renewal is not None:
-                self._renewal.received(message.node_certificate.certificate_pem)
-        elif kind == "revocations":
-            if self._peer_server is not None:
-                self._peer_server.refuse(frozenset(message.revocations.serials))
-        else:
-            log.warning("ignoring unexpected %s from the coordinator", kind)
+    def on_command(self, command: Command) -> None:
+        match command:
+            case Launch():
+                if self._peer_server is not None:  # before any peer of the generation asks for a snapshot
+                    self._peer_server.serve_generation(command.generation, command.peer_nodes)
+                self._spawn(self.supervisor.launch(command))
+            case Stop():
+                self._spawn(self.supervisor.stop(command))
+            case CheckpointNow():
+                self.supervisor.checkpoint_now(command)
+            case RequestExit():
+                self._spawn(self.supervisor.request_exit(command))
+            case ReadLog():
+                self._spawn(self._answer_read_log(command))
+            case NodeCheck():
+                self._spawn(self._answer_node_check(command))
+            case NodeCertificate():
+                if self._renewal is not None:
+                    self._renewal.received(command.certificate_pem)
+            case Revocations():
+                if self._peer_server is not None:
+                    self._peer_server.refuse(command.serials)
+            case _:
+                assert_never(command)
 
-    async def _answer_read_log(self, request: pb.ReadLog) -> None:
+    async def _answer_read_log(self, request: ReadLog) -> None:
         self.link.send(pb.AgentMessage(log_data=await self.supervisor.read_log(request)))
 
-    async def _answer_node_check(self, check: pb.NodeCheck) -> None:
+    async def _answer_node_check(self, check: NodeCheck) -> None:
         log.info("running the node check %s", list(check.argv))
         result = await run_node_check(check, launcher=self._launcher, work_dir=self._work_dir,
                                       allowed_entrypoints=self._config.allowed_entrypoints)

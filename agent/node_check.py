@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from agent.commands import NodeCheck
 from agent.launch_policy import entrypoint_refusal
 from agent.launcher import ProcessLauncher
 from agent.supervisor import expand_argv, log_tail
@@ -27,7 +28,7 @@ def _last_line(text: str) -> str:
     return lines[-1][:DETAIL_CHARS] if lines else ""
 
 
-async def run_node_check(check: pb.NodeCheck, *, launcher: ProcessLauncher, work_dir: Path,
+async def run_node_check(check: NodeCheck, *, launcher: ProcessLauncher, work_dir: Path,
                          allowed_entrypoints: Sequence[Sequence[str]],
                          python: str = sys.executable) -> pb.NodeCheckResult:
     def answer(passed: bool, detail: str = "") -> pb.NodeCheckResult:

@@ -5,6 +5,9 @@ with the leader's address), and reconnects with jittered exponential backoff, pr
 resume token so it keeps its identity across a coordinator failover or its own restart. The leader
 acknowledges every heartbeat; the link notes each answer in `contact` (agent/fence.py), and gives up a
 session that goes unanswered for about half the heartbeat timeout (a cut link breaks no connection).
+
+This is the agent's edge for what the coordinator sends: each command is converted here into the agent's own
+values (agent/commands.py) before the handler sees it. Reports go out as the protobuf they are sent as.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Protocol
 
 import grpc
 
+from agent.commands import Command, command_from
 from agent.fence import ContactWatch, FenceTerms
 from common.atomic_write import write_atomically
 from common.clock import Clock
@@ -132,8 +136,9 @@ class IdentityFile:
 class SessionHandler(Protocol):
     """What the link asks of the agent while a session runs."""
 
-    def on_command(self, message: pb.CoordinatorMessage) -> None:
-        """A Launch, Stop, CheckpointNow, RequestExit or ReadLog from the coordinator; must not block."""
+    def on_command(self, command: Command) -> None:
+        """A Launch, Stop, CheckpointNow, RequestExit, ReadLog, NodeCheck, Revocations or NodeCertificate from the
+        coordinator (agent/commands.py); must not block."""
 
     def heartbeat_body(self) -> pb.Heartbeat:
         """The next heartbeat (the link fills in its sequence number)."""
@@ -408,5 +413,7 @@ class CoordinatorLink:
             if message.WhichOneof("body") == "heartbeat_ack":
                 self.contact.heard()
                 self._follow_pace(message.heartbeat_ack)
+            elif (command := command_from(message)) is not None:
+                handler.on_command(command)
             else:
-                handler.on_command(message)
+                log.warning("ignoring unexpected %s from the coordinator", message.WhichOneof("body"))

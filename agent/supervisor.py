@@ -13,8 +13,8 @@ Per generation directory: rank_table.json, skips.json (the skip ledger at launch
 (rewritten when the coordinator asks for a checkpoint), one log per process and, after a hang, one
 <name>.stacks.txt per process.
 
-With a memory directory (agent/memory_snapshots.py) the workers snapshot their state into shared
-memory the agent owns; agent/snapshot_keeper.py prepares it at a Launch (and the snapshot to resume
+With a memory directory (agent/snapshots/memory_snapshots.py) the workers snapshot their state into shared
+memory the agent owns; agent/snapshots/snapshot_keeper.py prepares it at a Launch (and the snapshot to resume
 from, fetching what other hosts hold), copies the ring predecessor's, says in heartbeats and Stop
 confirmations what is held, and drops it when the job completed.
 
@@ -38,20 +38,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.commands import CheckpointNow, Launch, ReadLog, RequestExit, Stop
 from agent.epoch_shapes import EpochShapes, ShapeKey
 from agent.generation_dirs import claim_generation_dir, generation_dir, prune_generation_dirs
 from agent.job_workdir import UnsafeJobPath, graceful_exit_path, job_workdir
 from agent.launch_policy import launch_refusal
 from agent.launcher import ProcessHandle, ProcessLauncher
 from agent.log_reader import describe_process, log_name, log_path, read_log_range
-from agent.memory_snapshots import MemorySnapshotDir
 from agent.orphans import ProcessRegistry
 from agent.output_follower import OutputFollower
 from agent.output_progress import OutputProgress
-from agent.peer_client import PeerClient
 from agent.process_state import descends_from, os_state
 from agent.root_cause import extract_root_cause
-from agent.snapshot_keeper import HeldReports, SnapshotKeeper, SnapshotUnavailable
+from agent.snapshots import HeldReports, MemorySnapshotDir, PeerClient, SnapshotKeeper, SnapshotUnavailable
 from agent.stack_dump import StackDumper
 from agent.workdir_files import WorkdirFiles
 from agent.worker_user import WorkerUser
@@ -188,7 +187,7 @@ class Supervisor:
         self._epoch_shapes = EpochShapes(work_dir)
         self._lock = asyncio.Lock()
         self._registry = ProcessRegistry(work_dir / "processes.json")
-        self.memory = memory  # where the workers' in-memory snapshots go (agent/memory_snapshots.py)
+        self.memory = memory  # where the workers' in-memory snapshots go (agent/snapshots/memory_snapshots.py)
         self._snapshots = None if memory is None else SnapshotKeeper(
             memory, peers, on_saved=self._checkpoint_saved,
             on_failed=lambda failed: self._report(pb.AgentMessage(checkpoint_failed=failed)))
@@ -199,7 +198,7 @@ class Supervisor:
 
     # ------------------------------------------------------------ commands
 
-    async def launch(self, launch: pb.Launch) -> None:
+    async def launch(self, launch: Launch) -> None:
         async with self._lock:
             same_job = launch.job_name == self._job_name or not self._job_name
             if same_job and launch.generation <= self.generation:
@@ -261,7 +260,7 @@ class Supervisor:
                 managed.epoch_shape_key = (launch.job_name, tuple(argv), env.get("RANK_SIZE", ""))
                 await self._start(managed, argv, env, workdir, pattern)
 
-    async def _prepare_workdir(self, launch: pb.Launch) -> Path:
+    async def _prepare_workdir(self, launch: Launch) -> Path:
         """The generation's working directory, created, with no graceful-exit request left in it (a
         leftover would stop the new generation at its first step).
 
@@ -286,7 +285,7 @@ class Supervisor:
         self._workdir, self._graceful_exit_file = workdir, launch.graceful_exit_file
         return workdir
 
-    def _progress_pattern(self, launch: pb.Launch) -> re.Pattern[str] | None:
+    def _progress_pattern(self, launch: Launch) -> re.Pattern[str] | None:
         if not launch.progress_pattern:
             return None
         try:
@@ -383,7 +382,7 @@ class Supervisor:
             return None
         return pb.RootCause(message=cause.message, location=cause.location or "", kind=str(cause.kind))
 
-    async def stop(self, stop: pb.Stop) -> None:
+    async def stop(self, stop: Stop) -> None:
         async with self._lock:
             if stop.generation != self.generation:
                 log.info("Stop for generation %d ignored: running generation %d", stop.generation, self.generation)
@@ -486,7 +485,7 @@ class Supervisor:
             timer.cancel()
         return pending
 
-    def checkpoint_now(self, request: pb.CheckpointNow) -> None:
+    def checkpoint_now(self, request: CheckpointNow) -> None:
         """Tell this generation's workers to save once `request.step` completes (they poll the file)."""
         if request.generation != self.generation or not self.processes:
             log.info("CheckpointNow for generation %d ignored: running generation %d", request.generation,
@@ -496,12 +495,12 @@ class Supervisor:
                          encode_control(ControlFileRequest(request.generation, request.step)))
         log.info("generation %d: checkpoint asked for at step %d", request.generation, request.step)
 
-    async def request_exit(self, request: pb.RequestExit) -> None:
+    async def request_exit(self, request: RequestExit) -> None:
         """Ask the script to stop at its next step boundary: write MindSpore OnRequestExit's file."""
         async with self._lock:
             await self._request_exit(request)
 
-    async def _request_exit(self, request: pb.RequestExit) -> None:
+    async def _request_exit(self, request: RequestExit) -> None:
         if request.generation != self.generation or not self.processes:
             log.info("RequestExit for generation %d ignored: running generation %d", request.generation,
                      self.generation)
@@ -519,7 +518,7 @@ class Supervisor:
             return
         log.info("generation %d: graceful exit requested through %s", request.generation, path)
 
-    async def read_log(self, request: pb.ReadLog) -> pb.LogData:
+    async def read_log(self, request: ReadLog) -> pb.LogData:
         """Part of one process's log, found by its generation, role and rank under this agent's work dir."""
         answer = pb.LogData(request_id=request.request_id)
         who = describe_process(request.generation, request.role, request.rank)
@@ -561,7 +560,7 @@ class Supervisor:
         return heartbeat
 
     def _held(self) -> HeldReports:
-        """The in-memory snapshots of the job held here (agent/snapshot_keeper.py)."""
+        """The in-memory snapshots of the job held here (agent/snapshots/snapshot_keeper.py)."""
         return HeldReports() if self._snapshots is None else self._snapshots.reports()
 
     async def watch_output(self) -> None:

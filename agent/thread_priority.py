@@ -1,8 +1,8 @@
 """The agent's background copies yield the cores to training.
 
-The persister's copies of checkpoints (agent/checkpoint_persister.py), the ring copier's fetches of peers'
-snapshots (agent/peer_copier.py) and the SnapshotPeer server's streams (agent/peer_service.py) run beside the
-workers on the same cores; training must not wait for them.
+The persister's copies of checkpoints (agent/snapshots/checkpoint_persister.py), the ring copier's fetches of
+peers' snapshots (agent/snapshots/peer_copier.py) and the SnapshotPeer server's streams
+(agent/snapshots/peer_service.py) run beside the workers on the same cores; training must not wait for them.
 Their threads therefore run at the lowest CPU priority. On Linux the nice value is a thread's own (see
 setpriority(2), "BUGS"), so this leaves the agent's event loop, and its heartbeats, at their priority.
 """

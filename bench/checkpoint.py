@@ -13,7 +13,7 @@ first runs once untimed: training saves every few hundred steps, the first save 
 Printed: checksum speed (why crc32), save throughput (1 and 2 ranks writing at once), the time a
 training step is blocked by an asynchronous save (first save, then later ones), by a save the agent writes
 (`checkpoint.saved_by: agent`: the rank hands its share to the outbox in shared memory, --memory-dir, and
-an agent persister in another process copies, verifies and commits it; agent/checkpoint_persister.py; with
+an agent persister in another process copies, verifies and commits it; agent/snapshots/checkpoint_persister.py; with
 in-memory snapshots on, the share is the snapshot of the step, linked into the outbox), and
 by an in-memory snapshot (the same writer into tmpfs, --memory-dir; trainer/runtime/memory_snapshots.py), and the
 throughput of resharded loads 2->3 and 4->2: rank 0 loading the whole model (data parallel), and every
@@ -57,7 +57,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agent.checkpoint_persister import CheckpointPersister, Outbox  # noqa: E402
+from agent.snapshots import CheckpointPersister, Outbox  # noqa: E402
 from common.clock import SystemClock  # noqa: E402
 from trainer.checkpoint import CheckpointMeta, CheckpointWriter, load_checkpoint  # noqa: E402
 from trainer.checkpoint.parallel_copy import COPY_THREADS, ParallelCopier  # noqa: E402
@@ -442,7 +442,7 @@ def _agent_persister(outbox: Path, checkpoints: Path, keep: int, committed: Simp
 
 def measure_agent_saves(outbox: Path, checkpoints: Path, tensors: dict[str, np.ndarray], repeat: int,
                         snapshots: Path | None = None, from_snapshot: bool = True) -> tuple[float, float, float]:
-    """As `measure_async`, with the agent saving (agent/checkpoint_persister.py in another process): how long
+    """As `measure_async`, with the agent saving (agent/snapshots/checkpoint_persister.py in another process): how long
     a rank's hand-over to the outbox blocks the step, first and then the median; and the median time until
     the agent had copied, verified and committed it on disk. With `snapshots`, every save step is also an
     in-memory snapshot step (retention keeps 1, as the workers'): the agent's share is the snapshot's file,

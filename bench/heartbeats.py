@@ -80,6 +80,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from agent.commands import Command  # noqa: E402
 from agent.session import CoordinatorLink  # noqa: E402
 from bench import grpc_sockets  # noqa: E402
 from common import grpc_core_settings  # noqa: E402
@@ -213,7 +214,7 @@ class SimulatedAgent:
             self._tally.acks_late += round_trip > LATE_ACK_S
             self._tally.ack_round_trip_max_s = max(self._tally.ack_round_trip_max_s, round_trip)
 
-    def on_command(self, message: pb.CoordinatorMessage) -> None:
+    def on_command(self, command: Command) -> None:
         pass
 
     def heartbeat_body(self) -> pb.Heartbeat:

@@ -6,7 +6,7 @@ a Hello held the coordinator's sessions until their Hello timed out, and a resta
 RESOURCE_EXHAUSTED for 35 s, went LOST and the job went WAITING; 16 stalled fetches locked the real peers out
 of an agent's snapshots. With a quota per identity, one certificate holds at most its share, and another
 is never refused because of it. The coordinator counts its streams (Session, Health/Watch) in
-daemon/peer_auth.py, an agent every call of its SnapshotPeer in agent/peer_service.py.
+daemon/peer_auth.py, an agent every call of its SnapshotPeer in agent/snapshots/peer_service.py.
 
 Thread-safe: the SnapshotPeer serves on a thread pool. It holds an entry only for an identity with a call
 open, so it is as large as the calls open, never larger.

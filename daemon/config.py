@@ -226,7 +226,7 @@ class CheckpointSettings(StrictModel):
     memory_every_steps: int | Literal["auto"] = "auto"
     # Who writes the disk checkpoints. "worker": each rank copies its share to host memory and a thread of
     # its own writes it. "agent": each rank writes its share into shared memory its agent owns and returns,
-    # and the agent saves it to disk, off the worker's process (agent/checkpoint_persister.py); a worker
+    # and the agent saves it to disk, off the worker's process (agent/snapshots/checkpoint_persister.py); a worker
     # crash then loses no save it began. Checkpoints are the same either way; for trainerd's runtime only
     # (MindFormers saves its own).
     saved_by: Literal["worker", "agent"] = "worker"

@@ -105,3 +105,21 @@ def test_no_public_class_name_means_two_things_in_two_packages() -> None:
     shared = {name: sorted(paths) for name, paths in defined.items()
               if len({path.split("/")[0] for path in paths}) > 1}
     assert not shared, f"public class names defined in more than one package: {shared}"
+
+
+def test_only_the_snapshots_package_imports_its_modules() -> None:
+    """agent/snapshots/ has one public face, its __init__.py: the rest of the tree imports `agent.snapshots`,
+    never a module in it (tests may, to reach what they test)."""
+    import agent.snapshots
+
+    package = REPO / "agent" / "snapshots"
+    public = {f"agent.snapshots.{name}" for name in agent.snapshots.__all__}
+    found = {
+        f"{path.relative_to(REPO)}: {name}"
+        for top in ("agent", "bench", "common", "daemon", "docs", "proto", "scripts", "trainer")
+        for path in sorted((REPO / top).rglob("*.py"))
+        if not path.is_relative_to(package)
+        for name in imported_modules(path)
+        if name.startswith("agent.snapshots.") and name not in public
+    }
+    assert not found, f"imports of agent.snapshots' modules: {sorted(found)}"

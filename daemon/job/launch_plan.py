@@ -73,7 +73,7 @@ def _common_env(spec: JobSettings, placement: Placement, generation: int,
     memory_step = str(resume.step) if resume is not None and resume.source is ResumeSource.MEMORY else ""
     # A one-host generation commits each snapshot whole in its host's memory; one spanning hosts commits
     # a host's share per host ("host" scope), and only when every node's agent serves the others its
-    # files (agent/peer_service.py): a relaunch gathers the ranks' files from the hosts that hold them.
+    # files (agent/snapshots/peer_service.py): a relaunch gathers the ranks' files from the hosts that hold them.
     one_host = len(placement.nodes) == 1
     memory_every = spec.checkpoint.memory_every_steps if one_host or peers_serve else 0
     env = {
@@ -89,7 +89,7 @@ def _common_env(spec: JobSettings, placement: Placement, generation: int,
         CHECKPOINT_EVERY_ENV: str(spec.checkpoint.every_steps),
         CHECKPOINT_KEEP_ENV: str(spec.checkpoint.keep),
         CHECKPOINT_SAVED_BY_ENV: spec.checkpoint.saved_by,
-        # An in-memory snapshot has no path here: each agent names its own copy (agent/memory_snapshots.py).
+        # An in-memory snapshot has no path here: each agent names its own copy (agent/snapshots/memory_snapshots.py).
         RESUME_FROM_ENV: "" if resume is None else resume.path,
         RESUME_MEMORY_STEP_ENV: memory_step,
         MEMORY_EVERY_ENV: str(memory_every),

@@ -177,7 +177,7 @@ def _told_first(told: set[int] | dict[int, SkippedBatch], step: int, report: Ski
 
 @dataclass(frozen=True)
 class MemorySnapshot:
-    """An in-memory snapshot an agent holds of the job (agent/memory_snapshots.py): complete in its
+    """An in-memory snapshot an agent holds of the job (agent/snapshots/memory_snapshots.py): complete in its
     memory (a one-host generation's, `ranks` empty), or the files of `ranks` of one that `world_size`
     ranks of `generation` wrote across hosts (its own ranks' and its ring predecessor's)."""
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.memory_snapshots import step_dir_name
+from agent.snapshots.memory_snapshots import step_dir_name
 from trainer.checkpoint import CheckpointMeta, CheckpointWriter
 
 TENSORS = {

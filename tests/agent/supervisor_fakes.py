@@ -14,8 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.memory_snapshots import MemorySnapshotDir
-from agent.peer_client import PeerClient
+from agent.commands import Launch, ProcessSpec
+from agent.snapshots.memory_snapshots import MemorySnapshotDir
+from agent.snapshots.peer_client import PeerClient
 from agent.supervisor import Supervisor
 from agent.worker_user import WorkerUser
 from common.clock import FakeClock
@@ -158,12 +159,15 @@ class Host:
         await waiter
 
 
-def launch(generation: int, workers: int = 2, entrypoint: str = "{python}", **fields) -> pb.Launch:
-    """A Launch of job "job": the scheduler and `workers` workers; `fields` are more Launch fields."""
-    processes = [pb.ProcessSpec(role="scheduler", rank=-1, argv=[entrypoint, "train.py"])]
-    processes += [pb.ProcessSpec(role="worker", rank=r, argv=[entrypoint, "train.py"], env={"RANK_ID": str(r)})
+def launch(generation: int, workers: int = 2, entrypoint: str = "{python}", script: str = "train.py",
+           env: Mapping[str, str] | None = None, **fields) -> Launch:
+    """A Launch of job "job": the scheduler and `workers` workers, each running `entrypoint script` and given `env`
+    too; `fields` are more Launch fields."""
+    env = dict(env or {})
+    processes = [ProcessSpec(role="scheduler", rank=-1, argv=(entrypoint, script), env=env)]
+    processes += [ProcessSpec(role="worker", rank=r, argv=(entrypoint, script), env={"RANK_ID": str(r), **env})
                   for r in range(workers)]
-    return pb.Launch(generation=generation, job_name="job", processes=processes, rank_table_json="{}", **fields)
+    return Launch(generation=generation, job_name="job", processes=tuple(processes), rank_table_json="{}", **fields)
 
 
 def run(coro):

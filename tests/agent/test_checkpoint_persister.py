@@ -1,4 +1,4 @@
-"""Disk checkpoints the agent saves from its workers' outbox (agent/checkpoint_persister.py,
+"""Disk checkpoints the agent saves from its workers' outbox (agent/snapshots/checkpoint_persister.py,
 `checkpoint.saved_by: agent`): real files written by the real checkpoint writer, a real tmpfs for the full
 disk, real threads for the hosts that save together."""
 
@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.checkpoint_persister import CheckpointPersister, Outbox, PersistedSave, UnpersistedSave
-from agent.memory_snapshots import MemorySnapshotDir, step_dir_name
+from agent.commands import Launch, Stop
+from agent.snapshots.checkpoint_persister import CheckpointPersister, Outbox, PersistedSave, UnpersistedSave
+from agent.snapshots.memory_snapshots import MemorySnapshotDir, step_dir_name
 from agent.thread_priority import BACKGROUND_NICENESS
 from agent.worker_user import WorkerUser
 from proto import trainerd_pb2 as pb
@@ -204,7 +205,7 @@ def test_a_step_a_local_rank_could_not_hand_over_is_given_up_at_once_and_the_oth
 def test_a_step_still_waiting_for_a_share_is_read_again_only_once_its_directory_changes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A hostile or slow worker can leave steps unfinished: their reports are not re-read every poll."""
-    import agent.checkpoint_persister as persister_module
+    import agent.snapshots.checkpoint_persister as persister_module
 
     reads: list[int] = []
     real_read = persister_module.read_report
@@ -227,7 +228,7 @@ def test_a_step_directory_changed_within_the_last_second_is_read_again_every_pol
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A share that lands within the file system's clock tick of the previous one may leave the directory's
     modification time as it was: until the directory has been still for a second, nothing is cached."""
-    import agent.checkpoint_persister as persister_module
+    import agent.snapshots.checkpoint_persister as persister_module
 
     reads: list[int] = []
     real_read = persister_module.read_report
@@ -265,7 +266,7 @@ def test_a_full_disk_fails_the_save_cleanly_and_saving_resumes_once_there_is_roo
     assert verify_checkpoint(checkpoints / step_dir_name(20)).step == 20
 
 
-def saving_launch(generation: int, checkpoints: Path, saved_by: str = "agent") -> pb.Launch:
+def saving_launch(generation: int, checkpoints: Path, saved_by: str = "agent") -> Launch:
     return memory_launch(generation, TRAINERD_MEMORY_EVERY="0", TRAINERD_RESUME_STEP="", RANK_SIZE="2",
                          TRAINERD_CHECKPOINT_DIR=str(checkpoints), TRAINERD_CHECKPOINT_KEEP="3",
                          TRAINERD_CHECKPOINT_SAVED_BY=saved_by)
@@ -285,7 +286,7 @@ def test_the_supervisor_names_the_outbox_and_reports_what_its_agent_saved(tmp_pa
             await asyncio.sleep(0.02)
         assert host.sent("checkpoint_saved") == [pb.CheckpointSaved(
             generation=GENERATION, step=50, consumed_samples=400, path=str(checkpoints / step_dir_name(50)))]
-        await host.supervisor.stop(pb.Stop(generation=GENERATION, grace_s=1.0))
+        await host.supervisor.stop(Stop(generation=GENERATION, grace_s=1.0))
         # The generation is over: what its workers hand over now is not saved, and the next launch clears it.
         host_snapshot(outbox, 60, (0, 1), world_size=2, generation=GENERATION)
         await asyncio.sleep(0.2)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import grpc
 
+from agent.commands import Command, Stop
 from agent.session import CoordinatorLink, IdentityFile, _write_first
 from common.clock import SystemClock
 from proto import trainerd_pb2 as pb
@@ -119,11 +120,11 @@ class SlowToWelcomeCoordinator(LeaderCoordinator):
 
 class RecordingHandler:
     def __init__(self) -> None:
-        self.commands: asyncio.Queue[pb.CoordinatorMessage] = asyncio.Queue()
+        self.commands: asyncio.Queue[Command] = asyncio.Queue()
         self.connected: list[bool] = []
 
-    def on_command(self, message: pb.CoordinatorMessage) -> None:
-        self.commands.put_nowait(message)
+    def on_command(self, command: Command) -> None:
+        self.commands.put_nowait(command)
 
     def heartbeat_body(self) -> pb.Heartbeat:
         return pb.Heartbeat(generation=7)
@@ -185,7 +186,7 @@ def test_hello_welcome_heartbeats_reports_and_commands(tmp_path: Path) -> None:
 
                 await leader.commands.put(pb.CoordinatorMessage(stop=pb.Stop(generation=7, grace_s=3.0)))
                 command = await asyncio.wait_for(handler.commands.get(), WAIT_S)
-                assert (command.WhichOneof("body"), command.stop.generation) == ("stop", 7)
+                assert command == Stop(generation=7, grace_s=3.0)  # converted by the link (agent/commands.py)
 
                 # The coordinator ends the session: the link comes back with the token it was given.
                 await leader.commands.put(None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from agent.generation_dirs import KEPT_GENERATIONS, claim_generation_dir, generation_dir, prune_generation_dirs
@@ -76,8 +77,7 @@ def test_a_job_under_a_new_name_is_launched_from_generation_1_with_logs_of_its_o
         await host.supervisor.launch(launch(1))
         await host.supervisor.launch(launch(2))
         of_generation_2 = host.launcher.started["rank0"]
-        renamed = launch(1)
-        renamed.job_name = "renamed"
+        renamed = replace(launch(1), job_name="renamed")
         await host.supervisor.launch(renamed)
         of_renamed = host.launcher.started["rank0"]
         assert of_renamed is not of_generation_2 and not of_generation_2.running

@@ -4,17 +4,25 @@ which code runs. A refused Launch starts nothing and reports every process as ex
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from agent.commands import Launch
 from agent.launcher import SubprocessLauncher
-from proto import trainerd_pb2 as pb
 from proto.vocabulary import SCHEDULER_ARGV, CauseKind
 from tests.agent.supervisor_fakes import Host, launch, run
 
 
-def refused(host: Host, the_launch: pb.Launch) -> str:
+def with_process(the_launch: Launch, index: int, **fields) -> Launch:
+    """`the_launch` with its process `index` changed: `fields` are ProcessSpec fields."""
+    processes = list(the_launch.processes)
+    processes[index] = replace(processes[index], **fields)
+    return replace(the_launch, processes=tuple(processes))
+
+
+def refused(host: Host, the_launch: Launch) -> str:
     """Launches; asserts that nothing started and every process exited 127 with one same message, returned."""
 
     async def scenario() -> str:
@@ -71,15 +79,16 @@ def test_an_empty_allowed_entrypoints_runs_nothing(tmp_path: Path) -> None:
 ])
 def test_an_environment_that_changes_which_code_runs_is_refused(tmp_path: Path, name: str) -> None:
     the_launch = launch(1, workers=2)
-    the_launch.processes[2].env[name] = "/tmp/evil"  # one worker is enough to refuse them all
+    the_launch = with_process(the_launch, 2, env={**the_launch.processes[2].env, name: "/tmp/evil"})  # one is enough
     message = refused(Host(tmp_path), the_launch)
     assert message.startswith(f"refused to launch ['{{python}}', 'train.py']: its environment sets {name!r} (")
 
 
 def test_the_variables_the_coordinator_sets_are_accepted(tmp_path: Path) -> None:
     the_launch = launch(1, workers=1)
-    the_launch.processes[1].env.update({"TRAINERD_JOB": "job", "MS_ROLE": "MS_WORKER", "GLOG_v": "3",
-                                        "MS_RETRY_INTERVAL_LOWER": "1", "DEVICE_ID": "0"})
+    the_launch = with_process(the_launch, 1, env={**the_launch.processes[1].env, "TRAINERD_JOB": "job",
+                                                  "MS_ROLE": "MS_WORKER", "GLOG_v": "3",
+                                                  "MS_RETRY_INTERVAL_LOWER": "1", "DEVICE_ID": "0"})
     host = Host(tmp_path)
     run(host.supervisor.launch(the_launch))
     assert host.launcher.started["rank0"].env["MS_ROLE"] == "MS_WORKER"
@@ -87,13 +96,12 @@ def test_the_variables_the_coordinator_sets_are_accepted(tmp_path: Path) -> None
 
 def test_trainerds_own_scheduler_runs_whatever_the_allowed_entrypoints_but_only_exactly(tmp_path: Path) -> None:
     """It is trainerd's code in the agent's own interpreter (proto.vocabulary.SCHEDULER_ARGV), with no argument."""
-    the_launch = launch(1)
-    the_launch.processes[0].argv[:] = list(SCHEDULER_ARGV)
+    the_launch = with_process(launch(1), 0, argv=tuple(SCHEDULER_ARGV))
     host = Host(tmp_path, allowed_entrypoints=[["{python}", "train.py"]])
     run(host.supervisor.launch(the_launch))
     assert sorted(host.launcher.started) == ["rank0", "rank1", "scheduler"]
 
-    the_launch.processes[0].argv.append("--evil")
+    the_launch = with_process(the_launch, 0, argv=(*SCHEDULER_ARGV, "--evil"))
     assert "refused to launch ['{python}', '-m', 'trainer.runtime.scheduler', '--evil']" in refused(
         Host(tmp_path / "other", allowed_entrypoints=[["{python}", "train.py"]]), the_launch)
 
@@ -111,9 +119,7 @@ def test_what_the_system_cannot_pass_is_reported_not_lost(tmp_path: Path) -> Non
     async def scenario() -> None:
         host = Host(tmp_path)
         host.supervisor._launcher = SubprocessLauncher()
-        the_launch = launch(1, workers=1)
-        for process in the_launch.processes:
-            process.env["GOOD_NAME"] = "a\0b"
+        the_launch = launch(1, workers=1, env={"GOOD_NAME": "a\0b"})
         await host.supervisor.launch(the_launch)
         exits = host.sent("process_exited")
         assert [(e.rank, e.exit_code, e.cause.kind) for e in exits] == [

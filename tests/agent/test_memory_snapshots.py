@@ -1,4 +1,4 @@
-"""The agent's shared memory for in-memory snapshots (agent/memory_snapshots.py) and what the supervisor
+"""The agent's shared memory for in-memory snapshots (agent/snapshots/memory_snapshots.py) and what the supervisor
 does with it: the workers' variables at a Launch, the snapshots a new generation must not see, and
 the newest complete snapshot in the heartbeats. Real directories (on tmp_path: the logic does not
 depend on tmpfs), a fake launcher."""
@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.memory_snapshots import (
+from agent.commands import Launch, Stop
+from agent.snapshots.memory_snapshots import (
     MANIFEST_NAME,
     HostScope,
     MemoryDirError,
@@ -115,11 +116,8 @@ def test_a_root_that_is_not_the_agents_own_directory_is_refused(tmp_path: Path) 
         MemorySnapshotDir(tmp_path / "shm").prepare("job", None)
 
 
-def memory_launch(generation: int, **env: str) -> pb.Launch:
-    message = launch(generation)
-    for process in message.processes:
-        process.env.update(env)
-    return message
+def memory_launch(generation: int, **env: str) -> Launch:
+    return launch(generation, env=env)
 
 
 def test_the_supervisor_gives_its_workers_the_memory_and_reports_the_newest_snapshot(tmp_path: Path) -> None:
@@ -136,7 +134,7 @@ def test_the_supervisor_gives_its_workers_the_memory_and_reports_the_newest_snap
         snapshot(job_dir, 15)
         assert host.supervisor.heartbeat().memory_snapshot.step == 15
         snapshot(job_dir, 20)  # after the heartbeat: the Stop's confirmation tells of it at once
-        await host.supervisor.stop(pb.Stop(generation=1, grace_s=1.0))
+        await host.supervisor.stop(Stop(generation=1, grace_s=1.0))
         assert host.sent("stopped")[-1].memory_snapshot == pb.MemorySnapshot(step=20, consumed_samples=160)
         assert host.supervisor.heartbeat().memory_snapshot == pb.MemorySnapshot(step=20, consumed_samples=160)
 
@@ -152,9 +150,9 @@ def test_the_supervisor_gives_its_workers_the_memory_and_reports_the_newest_snap
         env = host.launcher.started["rank1"].env
         assert "TRAINERD_MEMORY_DIR" not in env and env["TRAINERD_MEMORY_EVERY"] == "0"
         assert not host.supervisor.heartbeat().HasField("memory_snapshot")
-        await host.supervisor.stop(pb.Stop(generation=3, grace_s=1.0))
+        await host.supervisor.stop(Stop(generation=3, grace_s=1.0))
         assert job_dir.is_dir()  # a failed job may be resumed from memory
-        await host.supervisor.stop(pb.Stop(generation=3, grace_s=1.0, job_completed=True))
+        await host.supervisor.stop(Stop(generation=3, grace_s=1.0, job_completed=True))
         assert not job_dir.exists()
 
     run(scenario())

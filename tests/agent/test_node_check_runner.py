@@ -7,13 +7,14 @@ import asyncio
 import sys
 from pathlib import Path
 
+from agent.commands import NodeCheck
 from agent.launcher import SubprocessLauncher
 from agent.node_check import run_node_check
 from proto import trainerd_pb2 as pb
 
 
 def check(tmp_path: Path, *argv: str, timeout_s: float = 30.0) -> pb.NodeCheckResult:
-    request = pb.NodeCheck(check_id=7, argv=list(argv), timeout_s=timeout_s)
+    request = NodeCheck(check_id=7, argv=tuple(argv), timeout_s=timeout_s)
     return asyncio.run(run_node_check(request, launcher=SubprocessLauncher(), work_dir=tmp_path,
                                       allowed_entrypoints=[["{python}"]], python=sys.executable))
 

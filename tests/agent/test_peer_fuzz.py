@@ -1,4 +1,4 @@
-"""Fuzz the agent's real SnapshotPeer server (agent/peer_service.py) over real mutual TLS on 127.0.0.1:
+"""Fuzz the agent's real SnapshotPeer server (agent/snapshots/peer_service.py) over real mutual TLS on 127.0.0.1:
 hypothesis-generated PeerListRequests and PeerFetchRequests (extreme numbers, hostile job names and kinds)
 and byte-mutated ones, from a node of the generation it serves. Every answer is a status the request earned
 (never INTERNAL or UNKNOWN, but for bytes that do not parse, which gRPC refuses before any servicer, as it
@@ -17,9 +17,10 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.memory_snapshots import HostScope, MemorySnapshotDir
-from agent.peer_client import PeerClient
-from agent.peer_service import MAX_REQUEST_BYTES, PeerServer
+from agent.commands import PeerAgent
+from agent.snapshots.memory_snapshots import HostScope, MemorySnapshotDir
+from agent.snapshots.peer_client import PeerClient
+from agent.snapshots.peer_service import MAX_REQUEST_BYTES, PeerServer
 from common.cert_identity import node_server_name
 from common.tls_files import TlsFiles
 from daemon.certs import Issued, make_ca, make_node_certificate
@@ -50,7 +51,7 @@ class LiveHolder:
         self.memory.newest(JOB)
         self.server = PeerServer(self.memory, "127.0.0.1", tls_of(ca, make_node_certificate(ca, SERVER_NODE)))
         self.server.serve_generation(3, (FUZZ_NODE, HONEST_NODE))
-        self.holder = pb.PeerAgent(node=SERVER_NODE, address=f"127.0.0.1:{self.server.start()}")
+        self.holder = PeerAgent(node=SERVER_NODE, address=f"127.0.0.1:{self.server.start()}")
         self.channel = grpc.secure_channel(self.holder.address,
                                            tls_of(ca, make_node_certificate(ca, FUZZ_NODE)).channel_credentials(),
                                            options=[("grpc.ssl_target_name_override", node_server_name(SERVER_NODE))])

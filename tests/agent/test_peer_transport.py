@@ -1,4 +1,4 @@
-"""The agents' snapshot transport (agent/peer_service.py, peer_client.py, peer_copier.py): real gRPC servers
+"""The agents' snapshot transport (agent/snapshots/peer_service.py, peer_client.py, peer_copier.py): real gRPC servers
 on loopback, real mutual TLS with certificates of daemon.certs, real snapshot files on tmp_path."""
 
 from __future__ import annotations
@@ -19,13 +19,20 @@ import numpy as np
 import pytest
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
+from agent.commands import PeerAgent, Stop
 from agent.config import AgentConfig
 from agent.main import Agent
-from agent.memory_snapshots import HostScope, MemorySnapshotDir, Snapshot, SnapshotAssemblyError, step_dir_name
-from agent.peer_client import NotServedYet, PeerClient
-from agent.peer_copier import PeerCopier
-from agent.peer_service import MAX_QUEUED_RPCS, PEER_CALLS_PER_CERTIFICATE, PeerServer
-from agent.snapshot_reports import read_report
+from agent.snapshots.memory_snapshots import (
+    HostScope,
+    MemorySnapshotDir,
+    Snapshot,
+    SnapshotAssemblyError,
+    step_dir_name,
+)
+from agent.snapshots.peer_client import NotServedYet, PeerClient
+from agent.snapshots.peer_copier import PeerCopier
+from agent.snapshots.peer_service import MAX_QUEUED_RPCS, PEER_CALLS_PER_CERTIFICATE, PeerServer
+from agent.snapshots.snapshot_reports import read_report
 from agent.systemd import SystemdNotifier
 from agent.thread_priority import BACKGROUND_NICENESS
 from common.cert_identity import serial_of
@@ -98,7 +105,7 @@ def test_a_rank_fetched_over_tls_is_whole_and_assembles(tmp_path: Path, ca: Issu
     holder = holder_memory(tmp_path, 1)
     port = serve(holder, tls_of(ca, make_node_certificate(ca, SERVER_NODE)))
     client = client_of(tls_of(ca, make_node_certificate(ca, "n0")))
-    peer = pb.PeerAgent(node=SERVER_NODE, address=f"127.0.0.1:{port}")
+    peer = PeerAgent(node=SERVER_NODE, address=f"127.0.0.1:{port}")
     listed = client.list_snapshots(peer, JOB, 10)
     assert [(s.step, list(s.ranks), s.world_size, s.generation) for s in listed] == [(50, [1], 2, 3)]
     into = tmp_path / "fetched"
@@ -115,7 +122,7 @@ def test_a_rank_fetched_over_tls_is_whole_and_assembles(tmp_path: Path, ca: Issu
 
 def test_the_server_admits_only_node_certificates_of_its_ca(tmp_path: Path, ca: Issued, serve, client_of) -> None:
     port = serve(holder_memory(tmp_path, 1), tls_of(ca, make_node_certificate(ca, SERVER_NODE)))
-    peer = pb.PeerAgent(node=SERVER_NODE, address=f"127.0.0.1:{port}")
+    peer = PeerAgent(node=SERVER_NODE, address=f"127.0.0.1:{port}")
     operator = client_of(tls_of(ca, make_operator_certificate(ca, "alice", False)))
     with pytest.raises(SnapshotAssemblyError, match="PERMISSION_DENIED: only agents") as refused:
         operator.list_snapshots(peer, JOB, 10)
@@ -134,7 +141,7 @@ def test_the_server_refuses_revoked_certificates_from_the_next_call_on(tmp_path:
     port = server.start()
     server.serve_generation(1, ("n0", "n2", SERVER_NODE))
     try:
-        peer = pb.PeerAgent(node=SERVER_NODE, address=f"127.0.0.1:{port}")
+        peer = PeerAgent(node=SERVER_NODE, address=f"127.0.0.1:{port}")
         revoked_certificate = make_node_certificate(ca, "n0")
         revoked, other = client_of(tls_of(ca, revoked_certificate)), client_of(tls_of(ca, make_node_certificate(ca, "n2")))
         assert revoked.list_snapshots(peer, JOB, 10)
@@ -149,7 +156,7 @@ def test_the_server_refuses_revoked_certificates_from_the_next_call_on(tmp_path:
 def test_only_the_nodes_of_the_generation_launched_last_are_served(tmp_path: Path, ca: Issued, client_of) -> None:
     """Issue 47: SnapshotPeer served any node certificate of the cluster, for any job."""
     server = PeerServer(holder_memory(tmp_path, 1), "127.0.0.1", tls_of(ca, make_node_certificate(ca, SERVER_NODE)))
-    peer = pb.PeerAgent(node=SERVER_NODE, address=f"127.0.0.1:{server.start()}")
+    peer = PeerAgent(node=SERVER_NODE, address=f"127.0.0.1:{server.start()}")
     n0, n9 = (client_of(tls_of(ca, make_node_certificate(ca, name))) for name in ("n0", "n9"))
     try:
         with pytest.raises(SnapshotAssemblyError, match="FAILED_PRECONDITION: this agent has not been launched since "
@@ -173,7 +180,7 @@ def test_only_the_nodes_of_the_generation_launched_last_are_served(tmp_path: Pat
 
 def test_the_agent_serves_the_nodes_its_launch_names(tmp_path: Path, ca: Issued, client_of) -> None:
     server = PeerServer(holder_memory(tmp_path, 1), "127.0.0.1", tls_of(ca, make_node_certificate(ca, SERVER_NODE)))
-    peer = pb.PeerAgent(node=SERVER_NODE, address=f"127.0.0.1:{server.start()}")
+    peer = PeerAgent(node=SERVER_NODE, address=f"127.0.0.1:{server.start()}")
     n0 = client_of(tls_of(ca, make_node_certificate(ca, "n0")))
 
     async def scenario() -> list[pb.MemorySnapshot]:
@@ -181,9 +188,9 @@ def test_the_agent_serves_the_nodes_its_launch_names(tmp_path: Path, ca: Issued,
         agent = Agent(AgentConfig(coordinator=["127.0.0.1:1"], work_dir=str(tmp_path / "agent")),
                       link=None, supervisor=host.supervisor, notifier=SystemdNotifier(),  # type: ignore[arg-type]
                       clock=host.clock, launcher=host.launcher, peer_server=server)
-        agent.on_command(pb.CoordinatorMessage(launch=launch(3, peer_nodes=["n0", SERVER_NODE])))
+        agent.on_command(launch(3, peer_nodes=("n0", SERVER_NODE)))
         listed = await asyncio.to_thread(n0.list_snapshots, peer, JOB, 10)
-        await host.supervisor.stop(pb.Stop(generation=3, grace_s=1.0))
+        await host.supervisor.stop(Stop(generation=3, grace_s=1.0))
         return listed
 
     try:
@@ -202,7 +209,7 @@ def test_one_nodes_stalled_fetches_do_not_lock_its_peers_out(tmp_path: Path, ca:
     host_snapshot(job_dir, 50, (1,), world_size=2, tensors={"big": np.zeros(16 << 20, dtype=np.float32)})
     assert memory.newest(JOB) == Snapshot(50, 400)
     port = serve(memory, tls_of(ca, make_node_certificate(ca, SERVER_NODE)), peers=("n0", "rogue"))
-    peer = pb.PeerAgent(node=SERVER_NODE, address=f"127.0.0.1:{port}")
+    peer = PeerAgent(node=SERVER_NODE, address=f"127.0.0.1:{port}")
     rogue_tls = tls_of(ca, make_node_certificate(ca, "rogue"))
     options = [("grpc.ssl_target_name_override", f"{SERVER_NODE}.node.trainerd")]
     with grpc.secure_channel(peer.address, rogue_tls.channel_credentials(), options=options) as channel:
@@ -228,15 +235,15 @@ def test_a_client_refuses_a_server_presenting_another_nodes_certificate(tmp_path
     port = serve(holder_memory(tmp_path, 1), tls_of(ca, make_node_certificate(ca, "a")))
     client = client_of(tls_of(ca, make_node_certificate(ca, "n0")))
     with pytest.raises(SnapshotAssemblyError, match="of node b .*UNAVAILABLE"):
-        client.list_snapshots(pb.PeerAgent(node="b", address=f"127.0.0.1:{port}"), JOB, 10)
-    assert client.list_snapshots(pb.PeerAgent(node="a", address=f"127.0.0.1:{port}"), JOB, 10)
+        client.list_snapshots(PeerAgent(node="b", address=f"127.0.0.1:{port}"), JOB, 10)
+    assert client.list_snapshots(PeerAgent(node="a", address=f"127.0.0.1:{port}"), JOB, 10)
 
 
 def test_a_node_certificate_made_before_serving_serves_nothing(tmp_path: Path, ca: Issued, serve, caplog) -> None:
     key = make_node_certificate(ca, "n1").key_pem()  # unused: the server refuses before it would be
     old = TlsFiles(ca.certificate_pem(), hand_made(ca, "n1", ["trainerd://node/n1"], ExtendedKeyUsageOID.CLIENT_AUTH),
                    key)
-    with caplog.at_level(logging.WARNING, "agent.peer_service"):
+    with caplog.at_level(logging.WARNING, "agent.snapshots.peer_service"):
         assert serve(holder_memory(tmp_path, 1), old) == 0
     assert [r.message for r in caplog.records if r.message.startswith("serving no in-memory snapshots")]
 
@@ -259,14 +266,14 @@ def test_without_tls_the_server_listens_on_loopback_only(tmp_path: Path, serve, 
     loopback = {"0100007F", "0000000000000000FFFF00000100007F"}  # 127.0.0.1, also as ::ffff:127.0.0.1
     assert listening_addresses(port) and set(listening_addresses(port)) <= loopback
     client = client_of(None)
-    assert client.list_snapshots(pb.PeerAgent(node="a", address=f"127.0.0.1:{port}"), JOB, 10)
+    assert client.list_snapshots(PeerAgent(node="a", address=f"127.0.0.1:{port}"), JOB, 10)
 
 
 def test_a_pinned_port_is_served_and_a_taken_one_says_why(tmp_path: Path, serve, client_of) -> None:
     """`snapshot_peer_port`, for a firewall between the hosts."""
     port = free_port()
     assert serve(holder_memory(tmp_path, 1), None, port=port) == port
-    assert client_of(None).list_snapshots(pb.PeerAgent(node="a", address=f"127.0.0.1:{port}"), JOB, 10)
+    assert client_of(None).list_snapshots(PeerAgent(node="a", address=f"127.0.0.1:{port}"), JOB, 10)
     with pytest.raises(OSError, match=f"^the snapshot peer server cannot listen on 127.0.0.1:{port}: the address "
                                       "is in use"):
         serve(holder_memory(tmp_path / "other", 1), None, port=port)
@@ -308,7 +315,7 @@ def test_no_link_is_followed(tmp_path: Path, serve, client_of, where: str) -> No
     into = tmp_path / "into"
     into.mkdir()
     with pytest.raises(SnapshotAssemblyError, match="NOT_FOUND"):
-        client_of(None).fetch_rank(pb.PeerAgent(node="a", address=f"127.0.0.1:{port}"), JOB, 50, 1, into, 10)
+        client_of(None).fetch_rank(PeerAgent(node="a", address=f"127.0.0.1:{port}"), JOB, 50, 1, into, 10)
     assert list(into.iterdir()) == []
 
 
@@ -340,7 +347,7 @@ def test_a_data_file_of_another_size_than_its_report_is_refused(tmp_path: Path, 
         into = tmp_path / "into"
         into.mkdir()
         with pytest.raises(SnapshotAssemblyError, match=f"rank 1 of step 50 from node a .*{message}"):
-            client_of(None).fetch_rank(pb.PeerAgent(node="a", address=f"127.0.0.1:{port}"), JOB, 50, 1, into, 10)
+            client_of(None).fetch_rank(PeerAgent(node="a", address=f"127.0.0.1:{port}"), JOB, 50, 1, into, 10)
         assert list(into.iterdir()) == []
     finally:
         server.stop(None)
@@ -354,7 +361,7 @@ def test_a_holder_serves_no_rank_whose_files_disagree_with_its_report(tmp_path: 
     data.write_bytes(content[:-7])
     port = serve(holder, None)
     with pytest.raises(SnapshotAssemblyError, match="NOT_FOUND"):
-        client_of(None).fetch_rank(pb.PeerAgent(node="a", address=f"127.0.0.1:{port}"), JOB, 50, 1, tmp_path, 10)
+        client_of(None).fetch_rank(PeerAgent(node="a", address=f"127.0.0.1:{port}"), JOB, 50, 1, tmp_path, 10)
 
 
 def copies(memory: MemorySnapshotDir, node: str) -> list[str]:
@@ -368,7 +375,7 @@ def test_the_copier_keeps_the_two_newest_snapshots_and_survives_its_source_going
     local = holder_memory(memory_fs, 0, steps=())
     server = PeerServer(source, "127.0.0.1", None)
     port = server.start()
-    peer = pb.PeerAgent(node="host1", address=f"127.0.0.1:{port}")
+    peer = PeerAgent(node="host1", address=f"127.0.0.1:{port}")
     (local.copies_root(JOB) / "host1" / (step_dir_name(5) + ".partial")).mkdir(parents=True)  # a crash's
     copier = PeerCopier(local, client_of(None), JOB, peer, max_ranks=2, interval_s=0.02)
     copier.start()
@@ -387,7 +394,7 @@ def test_the_copier_keeps_the_two_newest_snapshots_and_survives_its_source_going
         wait_until(lambda: copies(local, "host1") == [step_dir_name(20), step_dir_name(30)], 15, "two kept")
         assert [(s.step, list(s.ranks)) for s in local.held(JOB)] == [(30, [1]), (20, [1])]
         server.stop()
-        with caplog.at_level(logging.DEBUG, "agent.peer_copier"):
+        with caplog.at_level(logging.DEBUG, "agent.snapshots.peer_copier"):
             wait_until(lambda: sum(r.message.startswith("cannot copy") for r in caplog.records) >= 3, 15,
                        "failed polls")
             host_snapshot(source.job_dir(JOB), 40, (1,), world_size=2)
@@ -404,7 +411,7 @@ def test_the_copier_keeps_the_two_newest_snapshots_and_survives_its_source_going
 
 def test_a_copier_refuses_a_node_name_that_is_no_directory_name(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="cannot name a directory"):
-        PeerCopier(MemorySnapshotDir(tmp_path), PeerClient(None), JOB, pb.PeerAgent(node="../x", address="h:1"),
+        PeerCopier(MemorySnapshotDir(tmp_path), PeerClient(None), JOB, PeerAgent(node="../x", address="h:1"),
                    max_ranks=2)
 
 
@@ -431,10 +438,10 @@ class HostilePeer(pb_grpc.SnapshotPeerServicer):
 
 
 @pytest.fixture
-def hostile_peer(tmp_path: Path) -> Iterator[Callable[..., tuple[HostilePeer, pb.PeerAgent]]]:
+def hostile_peer(tmp_path: Path) -> Iterator[Callable[..., tuple[HostilePeer, PeerAgent]]]:
     servers: list[tuple[grpc.Server, HostilePeer]] = []
 
-    def start(listed: pb.MemorySnapshot, stall: bool = False) -> tuple[HostilePeer, pb.PeerAgent]:
+    def start(listed: pb.MemorySnapshot, stall: bool = False) -> tuple[HostilePeer, PeerAgent]:
         holder = holder_memory(tmp_path, 1)
         peer = HostilePeer(holder.job_dir(JOB) / ".reported" / step_dir_name(50), listed, stall)
         server = grpc.server(ThreadPoolExecutor(max_workers=2))
@@ -442,7 +449,7 @@ def hostile_peer(tmp_path: Path) -> Iterator[Callable[..., tuple[HostilePeer, pb
         port = server.add_insecure_port("127.0.0.1:0")
         server.start()
         servers.append((server, peer))
-        return peer, pb.PeerAgent(node="host1", address=f"127.0.0.1:{port}")
+        return peer, PeerAgent(node="host1", address=f"127.0.0.1:{port}")
 
     yield start
     for server, peer in servers:
@@ -462,7 +469,7 @@ def test_a_copier_fetches_nothing_of_a_listing_no_node_could_hold(memory_fs: Pat
     _, peer = hostile_peer(pb.MemorySnapshot(step=50, ranks=ranks, world_size=world_size, generation=3))
     local = holder_memory(memory_fs, 0, steps=())
     copier = PeerCopier(local, PeerClient(None), JOB, peer, max_ranks=2, interval_s=0.02)
-    with caplog.at_level(logging.WARNING, "agent.peer_copier"):
+    with caplog.at_level(logging.WARNING, "agent.snapshots.peer_copier"):
         copier.start()
         try:
             wait_until(lambda: any(message in r.message for r in caplog.records), 15, "the refusal")
@@ -487,14 +494,14 @@ def test_a_copy_never_fills_the_memory_file_system_past_three_quarters(tmp_path:
     host_snapshot(job_dir, 10, (1,), world_size=2, tensors=big)
     assert source.newest(JOB) == Snapshot(10, 80)
     server = PeerServer(source, "127.0.0.1", None)
-    peer = pb.PeerAgent(node="host1", address=f"127.0.0.1:{server.start()}")
+    peer = PeerAgent(node="host1", address=f"127.0.0.1:{server.start()}")
     local = MemorySnapshotDir(small_memory_fs)
     local.prepare(JOB, None, HostScope((0,), 2, 3))
     assert 0 < local.room_for_copies() <= 0.75 * (1 << 20)
     refusing = PeerCopier(local, PeerClient(None), JOB, peer, max_ranks=2, interval_s=0.02)
     copier = PeerCopier(local, PeerClient(None), JOB, peer, max_ranks=2, interval_s=0.02)
     try:
-        with caplog.at_level(logging.WARNING, "agent.peer_copier"):
+        with caplog.at_level(logging.WARNING, "agent.snapshots.peer_copier"):
             refusing.start()
             wait_until(lambda: any("there is room for" in r.message for r in caplog.records), 15, "the refusal")
         refusing.stop()  # it retries every poll: stopped, nothing half-copied may be left either

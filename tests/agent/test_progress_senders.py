@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.commands import Launch, ProcessSpec
 from agent.launcher import SubprocessLauncher
 from agent.progress_receiver import open_progress_receiver
 from agent.stack_dump import PySpyDumper
@@ -54,8 +55,8 @@ def test_reports_from_the_rank_and_its_child_are_taken_and_from_another_process_
                                 allowed_entrypoints=[["{python}"]])
         receiver = await open_progress_receiver(supervisor.progress_socket, supervisor.on_progress)
         try:
-            await supervisor.launch(pb.Launch(generation=1, job_name="job", rank_table_json="{}", processes=[
-                pb.ProcessSpec(role="worker", rank=0, argv=["{python}", "-c", WORKER])]))
+            await supervisor.launch(Launch(generation=1, job_name="job", rank_table_json="{}", processes=(
+                ProcessSpec(role="worker", rank=0, argv=("{python}", "-c", WORKER)),)))
             rank0 = supervisor.processes[("worker", 0)]
             await wait_for(lambda: rank0.step == 2, "steps 1 and 2 from rank 0 and its child")
             stranger = await asyncio.create_subprocess_exec(sys.executable, "-c", REPORT,

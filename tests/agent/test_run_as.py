@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.commands import Launch, ProcessSpec, RequestExit
 from agent.launcher import SubprocessLauncher
 from agent.progress_receiver import open_progress_receiver
 from agent.stack_dump import PySpyDumper
@@ -101,9 +102,9 @@ def test_an_agent_with_run_as_runs_its_workers_as_that_user_from_launch_to_grace
         try:
             socket_info = supervisor.progress_socket.stat()
             assert (stat.S_IMODE(socket_info.st_mode), socket_info.st_gid) == (0o660, worker_user.gid)
-            await supervisor.launch(pb.Launch(
+            await supervisor.launch(Launch(
                 generation=1, job_name="job", rank_table_json="{}", graceful_exit_file="control/exit.json",
-                processes=[pb.ProcessSpec(role="worker", rank=0, argv=["{python}", "-c", WORKER, report.hex()])]))
+                processes=(ProcessSpec(role="worker", rank=0, argv=("{python}", "-c", WORKER, report.hex())),)))
             rank0 = supervisor.processes[("worker", 0)]
             assert rank0.running, rank0.log_path.read_text()
             await wait_for(lambda: rank0.step == 7, "the worker's report through the group-writable socket")
@@ -117,7 +118,7 @@ def test_an_agent_with_run_as_runs_its_workers_as_that_user_from_launch_to_grace
             assert owner(rank0.log_path) == user
             assert owner(rank0.log_path.parent) == (0, 0)  # the generation's files stay the agent's
 
-            await supervisor.request_exit(pb.RequestExit(generation=1))
+            await supervisor.request_exit(RequestExit(generation=1))
             exit_file = workdir / "control" / "exit.json"
             assert exit_file.read_bytes() == b'{"GracefulExit": 1}'
             assert owner(exit_file) == owner(exit_file.parent) == user  # written as the user, not as root
@@ -167,8 +168,8 @@ def test_an_interpreter_the_user_may_not_run_is_reported_with_who_and_what_they_
                                 python=sys.executable)
         work_dir.mkdir()
         try:
-            await supervisor.launch(pb.Launch(generation=1, job_name="job", rank_table_json="{}", processes=[
-                pb.ProcessSpec(role="worker", rank=0, argv=["{python}", "-c", "pass"])]))
+            await supervisor.launch(Launch(generation=1, job_name="job", rank_table_json="{}", processes=(
+                ProcessSpec(role="worker", rank=0, argv=("{python}", "-c", "pass")),)))
         finally:
             await supervisor.shutdown(grace_s=5)
 

@@ -1,4 +1,4 @@
-"""The supervisor's in-memory snapshots across hosts (agent/snapshot_keeper.py), with the fake launcher and a
+"""The supervisor's in-memory snapshots across hosts (agent/snapshots/snapshot_keeper.py), with the fake launcher and a
 real SnapshotPeer server on loopback for the other host: a relaunch assembles the snapshot it resumes from out
 of its own files and a peer's, a snapshot that cannot be had starts no worker (each is reported exited 65 and
 the coordinator falls back to the next newest source), and a generation spanning hosts reports what it holds and copies its
@@ -14,13 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.memory_snapshots import HostScope, MemorySnapshotDir, Snapshot, step_dir_name
-from agent.peer_client import PeerClient
-from agent.peer_copier import POLL_INTERVAL_S
-from agent.peer_service import PeerServer
+from agent.commands import Launch, PeerAgent, SnapshotSource, Stop
+from agent.snapshots.memory_snapshots import HostScope, MemorySnapshotDir, Snapshot, step_dir_name
+from agent.snapshots.peer_client import PeerClient
+from agent.snapshots.peer_copier import POLL_INTERVAL_S
+from agent.snapshots.peer_service import PeerServer
 from common.tls_files import TlsFiles
 from daemon.certs import make_ca, make_node_certificate
-from proto import trainerd_pb2 as pb
 from tests.agent.snapshot_files import TENSORS, host_snapshot
 from tests.agent.supervisor_fakes import Host, launch, run
 from tests.ports import free_port
@@ -41,12 +41,12 @@ def host_memory(tmp_path: Path, name: str, rank: int, steps: tuple[int, ...], ge
 
 
 @pytest.fixture
-def peer_host(tmp_path: Path) -> Iterator[tuple[MemorySnapshotDir, pb.PeerAgent]]:
+def peer_host(tmp_path: Path) -> Iterator[tuple[MemorySnapshotDir, PeerAgent]]:
     """Host "h1", which ran rank 1 of generation 3 and holds its snapshot of step 50, serving it."""
     memory = host_memory(tmp_path, "h1", 1, (50,))
     server = PeerServer(memory, "127.0.0.1", None)
     port = server.start()
-    yield memory, pb.PeerAgent(node="h1", address=f"127.0.0.1:{port}")
+    yield memory, PeerAgent(node="h1", address=f"127.0.0.1:{port}")
     server.stop()
 
 
@@ -57,14 +57,11 @@ def peers() -> Iterator[PeerClient]:
     client.close()
 
 
-def relaunch(generation: int, sources: list[pb.SnapshotSource], **env: str) -> pb.Launch:
+def relaunch(generation: int, sources: list[SnapshotSource], **env: str) -> Launch:
     """A one-rank generation resuming from the in-memory snapshot of step 50 of a world of 2."""
-    message = launch(generation, workers=1, snapshot_sources=sources)
-    for process in message.processes:
-        process.env.update({"TRAINERD_MEMORY_EVERY": "5", "TRAINERD_RESUME_STEP": "50",
-                            "TRAINERD_RESUME_MEMORY_STEP": "50", "TRAINERD_RESUME_FROM": "", "RANK_SIZE": "1",
-                            **env})
-    return message
+    return launch(generation, workers=1, snapshot_sources=tuple(sources),
+                  env={"TRAINERD_MEMORY_EVERY": "5", "TRAINERD_RESUME_STEP": "50", "TRAINERD_RESUME_MEMORY_STEP": "50",
+                       "TRAINERD_RESUME_FROM": "", "RANK_SIZE": "1", **env})
 
 
 def test_a_relaunch_assembles_its_snapshot_from_its_own_files_and_a_peers(tmp_path: Path, peer_host,
@@ -74,9 +71,9 @@ def test_a_relaunch_assembles_its_snapshot_from_its_own_files_and_a_peers(tmp_pa
         memory = host_memory(tmp_path, "h0", 0, (50,))
         host = Host(tmp_path / "work", memory=memory, peers=peers)
         (tmp_path / "work").mkdir()
-        h0 = pb.PeerAgent(node="h0", address="127.0.0.1:1")  # never dialled: its rank is here
-        await host.supervisor.launch(relaunch(4, [pb.SnapshotSource(rank=0, holder=h0),
-                                                  pb.SnapshotSource(rank=1, holder=h1)]))
+        h0 = PeerAgent(node="h0", address="127.0.0.1:1")  # never dialled: its rank is here
+        await host.supervisor.launch(relaunch(4, [SnapshotSource(rank=0, holder=h0),
+                                                  SnapshotSource(rank=1, holder=h1)]))
         resume_from = Path(host.launcher.started["rank0"].env["TRAINERD_RESUME_FROM"])
         assert resume_from == memory.job_dir(JOB) / ".resume" / step_dir_name(50)
         for rank, world in ((0, 1), (0, 2), (1, 2)):  # resharded to 1 rank, and as it was
@@ -112,23 +109,23 @@ def test_a_relaunch_fetches_from_a_holder_whose_launch_came_after_its_own(tmp_pa
 
     server = PeerServer(host_memory(tmp_path, "h1", 1, (50,)), "127.0.0.1", tls("h1"))
     server.serve_generation(3, ("h1", "h2"))  # h0 is new to the job
-    h1 = pb.PeerAgent(node="h1", address=f"127.0.0.1:{server.start()}")
+    h1 = PeerAgent(node="h1", address=f"127.0.0.1:{server.start()}")
     peers = PeerClient(tls("h0"))
     arrives = LaunchArrives(server)
-    logging.getLogger("agent.peer_service").addHandler(arrives)
+    logging.getLogger("agent.snapshots.peer_service").addHandler(arrives)
 
     async def scenario() -> Host:
         host = Host(tmp_path / "work", memory=host_memory(tmp_path, "h0", 0, (50,)), peers=peers)
         (tmp_path / "work").mkdir()
-        h0 = pb.PeerAgent(node="h0", address="127.0.0.1:1")  # never dialled: its rank is here
-        await host.supervisor.launch(relaunch(4, [pb.SnapshotSource(rank=0, holder=h0),
-                                                  pb.SnapshotSource(rank=1, holder=h1)]))
+        h0 = PeerAgent(node="h0", address="127.0.0.1:1")  # never dialled: its rank is here
+        await host.supervisor.launch(relaunch(4, [SnapshotSource(rank=0, holder=h0),
+                                                  SnapshotSource(rank=1, holder=h1)]))
         return host
 
     try:
         host = run(scenario())
     finally:
-        logging.getLogger("agent.peer_service").removeHandler(arrives)
+        logging.getLogger("agent.snapshots.peer_service").removeHandler(arrives)
         peers.close()
         server.stop()
     assert arrives.refusals == ["refused a snapshot peer call of node h0: not of generation 3"]
@@ -144,15 +141,15 @@ def test_a_snapshot_that_cannot_be_fetched_starts_no_worker_and_is_reported_unlo
         memory = host_memory(tmp_path, "h0", 0, (50,))
         host = Host(tmp_path / "work", memory=memory, peers=peers)
         (tmp_path / "work").mkdir()
-        gone = pb.PeerAgent(node="h1", address=f"127.0.0.1:{free_port()}")  # its host died since
-        with caplog.at_level(logging.ERROR, "agent.snapshot_keeper"):
-            await host.supervisor.launch(relaunch(4, [pb.SnapshotSource(rank=0, holder=gone),
-                                                      pb.SnapshotSource(rank=1, holder=gone)]))
+        gone = PeerAgent(node="h1", address=f"127.0.0.1:{free_port()}")  # its host died since
+        with caplog.at_level(logging.ERROR, "agent.snapshots.snapshot_keeper"):
+            await host.supervisor.launch(relaunch(4, [SnapshotSource(rank=0, holder=gone),
+                                                      SnapshotSource(rank=1, holder=gone)]))
         assert "rank0" not in host.launcher.started
         [exited] = host.sent("process_exited")
         assert (exited.rank, exited.exit_code) == (0, 65)
         assert exited.cause.message.startswith("cannot resume from the in-memory snapshot of step 50: ")
-        [error] = [r.message for r in caplog.records if r.name == "agent.snapshot_keeper"]
+        [error] = [r.message for r in caplog.records if r.name == "agent.snapshots.snapshot_keeper"]
         assert "cannot resume from the in-memory snapshot of step 50" in error and "rank 1" in error, error
         assert not (memory.job_dir(JOB) / ".resume" / step_dir_name(50)).exists()
 
@@ -164,15 +161,13 @@ def test_a_generation_across_hosts_reports_what_it_holds_and_copies_its_predeces
     async def scenario() -> None:
         predecessor = host_memory(tmp_path, "h1", 1, (), generation=5)
         server = PeerServer(predecessor, "127.0.0.1", None)
-        h1 = pb.PeerAgent(node="h1", address=f"127.0.0.1:{server.start()}")
+        h1 = PeerAgent(node="h1", address=f"127.0.0.1:{server.start()}")
         try:
             memory = MemorySnapshotDir(memory_fs / "h0")
             host = Host(tmp_path / "work", memory=memory, peers=peers)
             (tmp_path / "work").mkdir()
-            message = launch(5, workers=1, copy_from=h1)
-            for process in message.processes:
-                process.env.update({"TRAINERD_MEMORY_EVERY": "5", "TRAINERD_RESUME_STEP": "",
-                                    "TRAINERD_MEMORY_SCOPE": "host", "RANK_SIZE": "2"})
+            message = launch(5, workers=1, copy_from=h1, env={"TRAINERD_MEMORY_EVERY": "5", "TRAINERD_RESUME_STEP": "",
+                                                              "TRAINERD_MEMORY_SCOPE": "host", "RANK_SIZE": "2"})
             await host.supervisor.launch(message)
             job_dir = memory.job_dir(JOB)
             assert host.launcher.started["rank0"].env["TRAINERD_MEMORY_DIR"] == str(job_dir)
@@ -184,7 +179,7 @@ def test_a_generation_across_hosts_reports_what_it_holds_and_copies_its_predeces
             host_snapshot(predecessor.job_dir(JOB), 20, (1,), world_size=2, generation=5)
             wait_until(lambda: [(s.step, list(s.ranks)) for s in host.supervisor.heartbeat().held_snapshots]
                        == [(20, [0, 1])], 15, "rank 1's files copied from h1")
-            await host.supervisor.stop(pb.Stop(generation=5, grace_s=1.0))
+            await host.supervisor.stop(Stop(generation=5, grace_s=1.0))
             [stopped] = host.sent("stopped")
             assert [(s.step, list(s.ranks), s.world_size, s.generation) for s in stopped.held_snapshots] == [
                 (20, [0, 1], 2, 5)]

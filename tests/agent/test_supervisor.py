@@ -9,6 +9,7 @@ import logging
 import signal
 from pathlib import Path
 
+from agent.commands import CheckpointNow, Stop
 from agent.supervisor import PROGRESS_FORWARD_INTERVAL_S
 from proto import trainerd_pb2 as pb
 from proto.progress_datagram import EventReport, StepReport, WorkerEvent
@@ -40,9 +41,7 @@ def test_launch_starts_every_process_with_the_agent_python_and_the_generation_fi
 def test_a_job_that_sets_the_fault_handler_variable_itself_keeps_its_value(tmp_path: Path) -> None:
     async def scenario() -> None:
         host = Host(tmp_path)
-        request = launch(1)
-        request.processes[1].env["PYTHONFAULTHANDLER"] = ""  # off: the job's own choice
-        await host.supervisor.launch(request)
+        await host.supervisor.launch(launch(1, env={"PYTHONFAULTHANDLER": ""}))  # off: the job's own choice
         assert host.launcher.started["rank0"].env["PYTHONFAULTHANDLER"] == ""
 
     run(scenario())
@@ -54,7 +53,7 @@ def test_stop_terms_every_group_and_kills_those_still_running_after_the_grace(tm
         await host.supervisor.launch(launch(1))
         stubborn = host.launcher.started["rank1"]
         stubborn.obeys_sigterm = False
-        await host.supervisor.stop(pb.Stop(generation=1, grace_s=5.0, reason="test"))
+        await host.supervisor.stop(Stop(generation=1, grace_s=5.0, reason="test"))
 
         for name, process in host.launcher.started.items():
             assert process.signals[0] == SignalSent(signal.SIGTERM, START, True), name
@@ -78,16 +77,16 @@ def test_stop_and_checkpoint_now_for_another_generation_are_ignored(tmp_path: Pa
         await host.supervisor.launch(launch(2))
         control = Path(host.launcher.started["rank0"].env["TRAINERD_CONTROL_FILE"])
 
-        await host.supervisor.stop(pb.Stop(generation=1, grace_s=5.0))
-        await host.supervisor.stop(pb.Stop(generation=3, grace_s=5.0))
-        host.supervisor.checkpoint_now(pb.CheckpointNow(generation=1, step=50))
+        await host.supervisor.stop(Stop(generation=1, grace_s=5.0))
+        await host.supervisor.stop(Stop(generation=3, grace_s=5.0))
+        host.supervisor.checkpoint_now(CheckpointNow(generation=1, step=50))
         assert all(p.signals == [] for p in host.launcher.started.values())
         assert host.sent("stopped") == []
         assert not control.exists()
 
-        host.supervisor.checkpoint_now(pb.CheckpointNow(generation=2, step=50))
+        host.supervisor.checkpoint_now(CheckpointNow(generation=2, step=50))
         assert json.loads(control.read_text())["checkpoint_at_step"] == 50
-        await host.supervisor.stop(pb.Stop(generation=2, grace_s=5.0))
+        await host.supervisor.stop(Stop(generation=2, grace_s=5.0))
         assert [s.generation for s in host.sent("stopped")] == [2]
 
     run(scenario())

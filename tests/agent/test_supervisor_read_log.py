@@ -6,6 +6,7 @@ import asyncio
 import os
 from pathlib import Path
 
+from agent.commands import ReadLog, RequestExit
 from agent.config import AgentConfig
 from agent.log_reader import MAX_LOG_READ_BYTES
 from agent.main import Agent
@@ -18,7 +19,7 @@ OUTPUT = b"".join(b"line %02d\n" % n for n in range(10))  # 80 bytes
 
 async def read(host: Host, generation: int = 1, role: str = "worker", rank: int = 1, offset: int = 0,
                max_bytes: int = 1000) -> pb.LogData:
-    return await host.supervisor.read_log(pb.ReadLog(request_id=7, generation=generation, role=role, rank=rank,
+    return await host.supervisor.read_log(ReadLog(request_id=7, generation=generation, role=role, rank=rank,
                                                      offset=offset, max_bytes=max_bytes))
 
 
@@ -126,9 +127,8 @@ def test_the_agent_answers_read_log_and_request_exit_commands(tmp_path: Path) ->
         await host.supervisor.launch(launch(1, workdir=str(workdir), graceful_exit_file="exit.json"))
         host.launcher.started["rank0"].write("epoch: 1 step: 1, loss is 0.5\n")
 
-        agent.on_command(pb.CoordinatorMessage(read_log=pb.ReadLog(request_id=3, generation=1, role="worker",
-                                                                   rank=0, offset=-100, max_bytes=100)))
-        agent.on_command(pb.CoordinatorMessage(request_exit=pb.RequestExit(generation=1)))
+        agent.on_command(ReadLog(request_id=3, generation=1, role="worker", rank=0, offset=-100, max_bytes=100))
+        agent.on_command(RequestExit(generation=1))
         while not link.sent or not (workdir / "exit.json").exists():
             await asyncio.sleep(0)
         assert (workdir / "exit.json").read_bytes() == b'{"GracefulExit": 1}'

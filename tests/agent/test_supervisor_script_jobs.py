@@ -8,10 +8,12 @@ import asyncio
 import json
 import math
 import signal
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from agent.commands import RequestExit, Stop
 from agent.supervisor import OUTPUT_POLL_INTERVAL_S, STACK_DUMP_TIMEOUT_S
 from proto import trainerd_pb2 as pb
 from proto.progress_datagram import StepReport
@@ -85,9 +87,7 @@ def test_a_launch_whose_paths_would_escape_is_refused_and_reported_as_failed(
         tmp_path: Path, field: str, value: str, reason: str) -> None:
     async def scenario() -> None:
         host = Host(tmp_path)
-        command = launch(1)
-        setattr(command, field, value)
-        await host.supervisor.launch(command)
+        await host.supervisor.launch(replace(launch(1), **{field: value}))
         assert host.launcher.started == {}
         assert host.sent("process_started") == []
         exits = host.sent("process_exited")
@@ -157,17 +157,14 @@ def test_a_relaunch_of_the_same_script_counts_its_steps_true_from_its_first_line
         host.launcher.started["rank0"].write("".join(f"epoch: {e} step: {s}, loss is 0.5\n"
                                                      for e in (1, 2) for s in (1, 2, 3)))
         host.supervisor.read_output()
-        await host.supervisor.stop(pb.Stop(generation=1, grace_s=1.0))
+        await host.supervisor.stop(Stop(generation=1, grace_s=1.0))
         for generation, script, first in ((2, "train.py", 8), (3, "other.py", 2)):  # another command: unknown
-            relaunch = launch(generation, workers=1)
-            for process in relaunch.processes:
-                process.argv[1] = script
-            await host.supervisor.launch(relaunch)
+            await host.supervisor.launch(launch(generation, workers=1, script=script))
             host.launcher.started["rank0"].write("epoch: 3 step: 2, loss is 0.5\n")
             host.clock.advance(OUTPUT_POLL_INTERVAL_S)
             host.supervisor.read_output()
             assert progress_of(host, 0)[-1][:2] == (first, 3), generation
-            await host.supervisor.stop(pb.Stop(generation=generation, grace_s=1.0))
+            await host.supervisor.stop(Stop(generation=generation, grace_s=1.0))
         restarted = Host(tmp_path)  # the agent started again (local agents do, with trainerd)
         await restarted.supervisor.launch(launch(4, workers=1))
         restarted.launcher.started["rank0"].write("epoch: 3 step: 2, loss is 0.5\n")
@@ -294,7 +291,7 @@ def test_a_signal_death_has_a_cause_and_a_stop_or_a_clean_exit_has_none(tmp_path
         host.launcher.started["rank1"].exit(0, "Traceback (most recent call last):\nValueError: handled\ndone\n")
         await host.exited("rank1")
         host.launcher.started["scheduler"].write("Traceback (most recent call last):\nRuntimeError: x\n")
-        await host.supervisor.stop(pb.Stop(generation=1, grace_s=5.0))
+        await host.supervisor.stop(Stop(generation=1, grace_s=5.0))
 
         crashed = exit_of(host, 0)
         assert crashed.signal == signal.SIGSEGV
@@ -313,7 +310,7 @@ def test_a_hang_stop_dumps_every_process_stack_into_its_log_before_sigterm(tmp_p
         host = Host(tmp_path)
         await host.supervisor.launch(launch(1))
         host.launcher.started["rank1"].write("epoch: 1 step: 3, loss is 0.5\n")
-        await host.supervisor.stop(pb.Stop(generation=1, grace_s=5.0, reason="hang", dump_stacks=True))
+        await host.supervisor.stop(Stop(generation=1, grace_s=5.0, reason="hang", dump_stacks=True))
 
         started = host.launcher.started
         assert sorted(a.pid for a in host.dumper.asked) == sorted(p.pid for p in started.values())
@@ -339,7 +336,7 @@ def test_a_stack_dump_that_does_not_finish_holds_the_stop_up_for_its_timeout_onl
         await host.supervisor.launch(launch(1))
         rank0 = host.launcher.started["rank0"]
         host.dumper.hangs.add(rank0.pid)
-        await host.supervisor.stop(pb.Stop(generation=1, grace_s=5.0, reason="hang", dump_stacks=True))
+        await host.supervisor.stop(Stop(generation=1, grace_s=5.0, reason="hang", dump_stacks=True))
 
         assert host.dumper.cancelled == [rank0.pid]
         assert rank0.signals[0].signum == signal.SIGTERM and rank0.signals[0].at == START + STACK_DUMP_TIMEOUT_S
@@ -355,7 +352,7 @@ def test_a_stop_without_dump_stacks_takes_no_stacks(tmp_path: Path) -> None:
     async def scenario() -> None:
         host = Host(tmp_path)
         await host.supervisor.launch(launch(1))
-        await host.supervisor.stop(pb.Stop(generation=1, grace_s=5.0, reason="drain"))
+        await host.supervisor.stop(Stop(generation=1, grace_s=5.0, reason="drain"))
         assert host.dumper.asked == []
         assert list((tmp_path / "generations" / "000001").glob("*.stacks.txt")) == []
 
@@ -372,9 +369,9 @@ def test_request_exit_writes_the_graceful_exit_file_and_the_next_launch_removes_
         exit_file = workdir / "config" / "exit.json"
         await host.supervisor.launch(launch(1, workdir=str(workdir), graceful_exit_file="config/exit.json"))
 
-        await host.supervisor.request_exit(pb.RequestExit(generation=2))  # not the running generation
+        await host.supervisor.request_exit(RequestExit(generation=2))  # not the running generation
         assert not exit_file.exists()
-        await host.supervisor.request_exit(pb.RequestExit(generation=1))
+        await host.supervisor.request_exit(RequestExit(generation=1))
         assert json.loads(exit_file.read_text()) == {"GracefulExit": 1}
         assert sorted(p.name for p in exit_file.parent.iterdir()) == ["exit.json"]
 
@@ -390,7 +387,7 @@ def test_request_exit_is_ignored_when_the_launch_named_no_file(tmp_path: Path) -
     async def scenario() -> None:
         host = Host(tmp_path)
         await host.supervisor.launch(launch(1))
-        await host.supervisor.request_exit(pb.RequestExit(generation=1))
+        await host.supervisor.request_exit(RequestExit(generation=1))
         assert list((tmp_path / "jobs" / "job").iterdir()) == []
 
     run(scenario())
@@ -403,7 +400,7 @@ def test_a_graceful_exit_file_redirected_after_the_launch_is_not_written(tmp_pat
         outside.mkdir()
         await host.supervisor.launch(launch(1, workdir=str(workdir), graceful_exit_file="config/exit.json"))
         (workdir / "config").symlink_to(outside)  # planted by the script
-        await host.supervisor.request_exit(pb.RequestExit(generation=1))
+        await host.supervisor.request_exit(RequestExit(generation=1))
         assert list(outside.iterdir()) == []
 
     run(scenario())

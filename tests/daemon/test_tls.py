@@ -172,7 +172,7 @@ def run(coro):
 
 def test_every_method_of_the_coordinator_is_in_the_access_table() -> None:
     """A new RPC is refused to every certificate until the table says who may call it. (SnapshotPeer is
-    served by agents, to node certificates only: agent/peer_service.py; Bootstrap on the join listener alone,
+    served by agents, to node certificates only: agent/snapshots/peer_service.py; Bootstrap on the join listener alone,
     to clients without certificates: daemon/app.py bootstrap_server.)"""
     methods = {f"/{service.full_name}/{method.name}" for service in pb.DESCRIPTOR.services_by_name.values()
                if service.name not in ("SnapshotPeer", "Bootstrap") for method in service.methods}

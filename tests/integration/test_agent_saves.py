@@ -1,4 +1,4 @@
-"""Disk checkpoints saved by the agent (`checkpoint.saved_by: agent`, agent/checkpoint_persister.py) with real
+"""Disk checkpoints saved by the agent (`checkpoint.saved_by: agent`, agent/snapshots/checkpoint_persister.py) with real
 processes: trainerd, an agent, real MindSpore workers on the CPU.
 
 The same job runs twice: saved by its workers (the default) and saved by its agent with a worker killed

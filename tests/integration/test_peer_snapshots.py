@@ -1,6 +1,6 @@
 """In-memory snapshots across hosts on the cluster in a box (tests/cluster_box): each agent holds its own
 ranks' snapshot files in shared memory and a copy of its ring predecessor's, served to one another over
-mutual TLS (agent/peer_service.py); real MindSpore, data parallel over three hosts.
+mutual TLS (agent/snapshots/peer_service.py); real MindSpore, data parallel over three hosts.
 
 One run, two faults:
 - A host dies (link down, agent and workers killed, its shared memory gone): the job resumes on the other

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from mindspore import nn
 
-from agent.checkpoint_persister import CheckpointPersister, Outbox, PersistedSave
+from agent.snapshots.checkpoint_persister import CheckpointPersister, Outbox, PersistedSave
 from common.clock import FakeClock
 from proto.exit_codes import EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
 from tests.waiting import wait_until

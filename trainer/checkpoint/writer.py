@@ -54,7 +54,7 @@ class CheckpointWriter:
     `commit_timeout_s` is how long rank 0 waits for the other ranks' files, polling every `poll_interval_s`
     on `clock`. With `commit=False` every rank writes its file and its report (with the meta) and stops
     there: no rank waits, commits or prunes (in-memory snapshots of a generation spanning hosts, which
-    the agents assemble, agent/memory_snapshots.py). `copy_threads` copy into the host buffers.
+    the agents assemble, agent/snapshots/memory_snapshots.py). `copy_threads` copy into the host buffers.
     """
 
     def __init__(

@@ -1,6 +1,6 @@
 """Disk checkpoints the agent writes (`checkpoint.saved_by: agent`): this rank's share of each save goes
 into the outbox in the agent's shared memory (TRAINERD_CHECKPOINT_OUTBOX), and the agent copies it to the
-checkpoint directory, verifies it, commits it and reports it (agent/checkpoint_persister.py).
+checkpoint directory, verifies it, commits it and reports it (agent/snapshots/checkpoint_persister.py).
 
 The share is what the rank would have written to the checkpoint directory: `CheckpointWriter(commit=False)`
 writes its data file and its report (with the save's meta). The step loop waits only while the tensors are

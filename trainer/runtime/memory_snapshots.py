@@ -35,7 +35,7 @@ The agent removes the plan at every launch (it is not a step directory); it also
 Scope "host" (TRAINERD_MEMORY_SCOPE=host: the generation spans hosts, each agent holds its own ranks'
 files): every rank writes its file and its report (with the meta) into its agent's directory and returns;
 no rank waits, commits or prunes: the agent finds a step complete on its host from the reports, pins it,
-prunes, and assembles a checkpoint from the hosts' files for a relaunch (agent/memory_snapshots.py).
+prunes, and assembles a checkpoint from the hosts' files for a relaunch (agent/snapshots/memory_snapshots.py).
 With "auto" each rank chooses its own interval, a power of two (the smallest at least `interval_for`'s),
 and snapshots the steps that are multiples of it: the intervals of different ranks nest, so the steps
 every rank snapshots are the multiples of the largest, with no plan to share.

@@ -22,7 +22,7 @@ With `run_as`, the job's directory belongs to the worker user, and the agent, wh
 only removes in it (rmtree does not follow symbolic links).
 
 A generation spanning hosts (`HostScope`, TRAINERD_MEMORY_SCOPE=host for its workers) has no manifest:
-each rank writes its file and its report (agent/snapshot_reports.py). A step is complete on this host
+each rank writes its file and its report (agent/snapshots/snapshot_reports.py). A step is complete on this host
 once every local rank's report of this generation and world size is there; the agent pins the newest such
 step under `.reported/` as above and, since those workers prune nothing, removes their step directories
 older than it. Peers read the pins (`own_snapshots`, `rank_file`: called from the peer server's thread,
@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.snapshot_reports import agree, read_report, reports_in
+from agent.snapshots.snapshot_reports import agree, read_report, reports_in
 from agent.worker_user import WorkerUser
 from proto import trainerd_pb2 as pb
 from trainer.checkpoint.commit import RankReport, commit_manifest, merge_reports, report_name
@@ -64,7 +64,7 @@ MAX_MANIFEST_BYTES = 64 << 20
 # Under a job's directory: hard links to the snapshot last reported (not a `step_N` name, so the workers'
 # retention, which looks only at those, leaves it alone).
 REPORTED_DIR = ".reported"
-COPIES_DIR = ".copies"  # <node>/step_N/: ring copies of that node's pinned snapshots (agent/peer_copier.py)
+COPIES_DIR = ".copies"  # <node>/step_N/: ring copies of that node's pinned snapshots (agent/snapshots/peer_copier.py)
 RESUME_DIR = ".resume"  # step_N/: the checkpoint a relaunch assembled (`assemble`)
 OUTBOX_DIR = ".outbox"  # step_N/: the workers' shares of disk checkpoints the agent saves (checkpoint_persister.py)
 PARTIAL = ".partial"    # the suffix of a directory still being filled

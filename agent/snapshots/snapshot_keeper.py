@@ -1,7 +1,7 @@
 """What the agent does with a generation's in-memory snapshots (issue 15), beside running its processes.
 
 At a Launch (`launch_env`, after the previous generation's processes stopped):
-- prepares the job's directory in shared memory (agent/memory_snapshots.py), in scope host when the
+- prepares the job's directory in shared memory (agent/snapshots/memory_snapshots.py), in scope host when the
   generation spans hosts (TRAINERD_MEMORY_SCOPE=host: each host holds its own ranks' files);
 - for a generation that resumes from a snapshot (TRAINERD_RESUME_MEMORY_STEP), names it to the workers
   (TRAINERD_RESUME_FROM): the one committed here for a one-host snapshot, else the checkpoint assembled
@@ -10,11 +10,11 @@ At a Launch (`launch_env`, after the previous generation's processes stopped):
   the workers are never started on it (a worker given no snapshot once trained on from the step it was told),
   but reported exited 65 (the checkpoint cannot be loaded), so the coordinator marks the step bad and
   relaunches from the next newest source;
-- starts the ring copier (agent/peer_copier.py) of the node the Launch names in `copy_from`, so that this
+- starts the ring copier (agent/snapshots/peer_copier.py) of the node the Launch names in `copy_from`, so that this
   host holds a second copy of that node's own ranks' files;
 - with `checkpoint.saved_by: agent` (TRAINERD_CHECKPOINT_SAVED_BY), makes the generation's outbox, names it
   to the workers (TRAINERD_CHECKPOINT_OUTBOX) and starts the persister that saves it to disk
-  (agent/checkpoint_persister.py); without a usable outbox the workers save their checkpoints themselves.
+  (agent/snapshots/checkpoint_persister.py); without a usable outbox the workers save their checkpoints themselves.
 The copier and the persister run until the generation is stopped (`stop_generation`).
 Heartbeats and Stop confirmations carry what is held here (`reports`): the newest committed snapshot of
 a one-host generation, or, in scope host, every step held with the ranks held of it.
@@ -30,8 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.checkpoint_persister import CheckpointPersister, Outbox, PersistedSave, UnpersistedSave
-from agent.memory_snapshots import (
+from agent.commands import Launch, PeerAgent
+from agent.snapshots.checkpoint_persister import CheckpointPersister, Outbox, PersistedSave, UnpersistedSave
+from agent.snapshots.memory_snapshots import (
     MANIFEST_NAME,
     OUTBOX_DIR,
     HostScope,
@@ -39,8 +40,8 @@ from agent.memory_snapshots import (
     MemorySnapshotDir,
     SnapshotAssemblyError,
 )
-from agent.peer_client import NotServedYet, PeerClient
-from agent.peer_copier import PeerCopier
+from agent.snapshots.peer_client import NotServedYet, PeerClient
+from agent.snapshots.peer_copier import PeerCopier
 from proto import trainerd_pb2 as pb
 from proto.launch_env import (
     CHECKPOINT_DIR_ENV,
@@ -95,7 +96,7 @@ class SnapshotKeeper:
         self._copier: PeerCopier | None = None
         self._persister: CheckpointPersister | None = None
 
-    async def launch_env(self, launch: pb.Launch) -> dict[str, str]:
+    async def launch_env(self, launch: Launch) -> dict[str, str]:
         """The workers' snapshot variables for `launch` (TRAINERD_MEMORY_EVERY=0 when they take none), and
         their outbox when the agent saves their checkpoints."""
         await self.stop_generation()
@@ -121,11 +122,11 @@ class SnapshotKeeper:
             if not memory_step.isdigit():
                 raise SnapshotUnavailable(f"the in-memory snapshot to resume from names no step: {memory_step!r:.40}")
             memory_env[RESUME_FROM_ENV] = str(await self._resume_path(launch, int(memory_step)))
-        if host is not None and every not in ("", "0") and launch.HasField("copy_from"):
+        if host is not None and every not in ("", "0") and launch.copy_from is not None:
             self._start_copying(launch.job_name, launch.copy_from, host.world_size)
         return memory_env
 
-    async def _resume_path(self, launch: pb.Launch, step: int) -> Path:
+    async def _resume_path(self, launch: Launch, step: int) -> Path:
         """Where the workers read the snapshot of `step`.
 
         Raises:
@@ -167,12 +168,12 @@ class SnapshotKeeper:
                 peers.close()
 
     @staticmethod
-    def _unavailable(launch: pb.Launch, step: int, why: str) -> SnapshotUnavailable:
+    def _unavailable(launch: Launch, step: int, why: str) -> SnapshotUnavailable:
         log.error("generation %d of job %s cannot resume from the in-memory snapshot of step %d: %s",
                   launch.generation, launch.job_name, step, why)
         return SnapshotUnavailable(f"cannot resume from the in-memory snapshot of step {step}: {why}")
 
-    def _start_copying(self, job: str, source: pb.PeerAgent, world_size: int) -> None:
+    def _start_copying(self, job: str, source: PeerAgent, world_size: int) -> None:
         if self._peers is None:
             return
         try:
@@ -184,7 +185,7 @@ class SnapshotKeeper:
         self._copier = copier
         log.info("job %s: copying the in-memory snapshots of node %s (%s)", job, source.node, source.address)
 
-    def _start_persisting(self, launch: pb.Launch, env: dict[str, str], directory: Path) -> dict[str, str]:
+    def _start_persisting(self, launch: Launch, env: dict[str, str], directory: Path) -> dict[str, str]:
         """With `checkpoint.saved_by: agent`, the outbox made and its persister started: the variable naming
         it to the workers (none when the agent cannot save for them: they then save themselves)."""
         if env.get(CHECKPOINT_SAVED_BY_ENV) != "agent":
@@ -243,7 +244,7 @@ class SnapshotKeeper:
         return HeldReports(newest=pb.MemorySnapshot(step=newest.step, consumed_samples=newest.consumed_samples))
 
 
-def _host_scope(launch: pb.Launch, env: dict[str, str]) -> HostScope | None:
+def _host_scope(launch: Launch, env: dict[str, str]) -> HostScope | None:
     """The generation spans hosts: this host's workers' ranks, of the world size, in this generation."""
     world_size = env.get("RANK_SIZE", "")
     if env.get(MEMORY_SCOPE_ENV) != "host" or not world_size.isdigit():

@@ -1,5 +1,5 @@
 """The agent's side of SnapshotPeer as a client: list another agent's pinned snapshots and fetch a rank's
-files of one (agent/peer_service.py serves them).
+files of one (agent/snapshots/peer_service.py serves them).
 
 With TLS the holder must present the node certificate of the node it is named as (its DNS name
 NODE.node.trainerd, checked through `grpc.ssl_target_name_override`), so an agent cannot serve as another. A rank's
@@ -18,9 +18,10 @@ from pathlib import Path
 
 import grpc
 
-from agent.memory_snapshots import PARTIAL, SnapshotAssemblyError
-from agent.peer_service import CHUNK_BYTES
-from agent.snapshot_reports import read_report, report_mismatch
+from agent.commands import PeerAgent
+from agent.snapshots.memory_snapshots import PARTIAL, SnapshotAssemblyError
+from agent.snapshots.peer_service import CHUNK_BYTES
+from agent.snapshots.snapshot_reports import read_report, report_mismatch
 from common.cert_identity import node_server_name
 from common.tls_files import TlsFiles
 from proto import trainerd_pb2 as pb
@@ -51,7 +52,7 @@ class PeerClient:
         """A client with the same credentials and channels of its own: closing it ends only its calls."""
         return PeerClient(self._tls)
 
-    def list_snapshots(self, holder: pb.PeerAgent, job: str, timeout_s: float) -> list[pb.MemorySnapshot]:
+    def list_snapshots(self, holder: PeerAgent, job: str, timeout_s: float) -> list[pb.MemorySnapshot]:
         """The snapshots `holder` has pinned of `job`, newest first. SnapshotAssemblyError when it cannot say."""
         try:
             reply = self._stub(holder).ListSnapshots(pb.PeerListRequest(job_name=job), timeout=timeout_s)
@@ -60,7 +61,7 @@ class PeerClient:
                                         f"{_status(exc)}") from None
         return list(reply.own)
 
-    def fetch_rank(self, holder: pb.PeerAgent, job: str, step: int, rank: int, dest_dir: Path,
+    def fetch_rank(self, holder: PeerAgent, job: str, step: int, rank: int, dest_dir: Path,
                    timeout_s: float, max_data_bytes: int | None = None) -> None:
         """Write `rank`'s data file and report of `step`, as `holder` has them, into `dest_dir`; each call
         may take `timeout_s`, and a data file larger than `max_data_bytes` is not fetched.
@@ -99,7 +100,7 @@ class PeerClient:
                 channel.close()
             self._channels.clear()
 
-    def _fetch(self, holder: pb.PeerAgent, request: pb.PeerFetchRequest, timeout_s: float,
+    def _fetch(self, holder: PeerAgent, request: pb.PeerFetchRequest, timeout_s: float,
                limit: int) -> Iterable[bytes]:
         """The file's bytes as they come, refused past `limit`."""
         received = 0
@@ -110,7 +111,7 @@ class PeerClient:
                 raise SnapshotAssemblyError(f"{what} sent more than {limit} bytes")
             yield chunk.data
 
-    def _stub(self, holder: pb.PeerAgent) -> pb_grpc.SnapshotPeerStub:
+    def _stub(self, holder: PeerAgent) -> pb_grpc.SnapshotPeerStub:
         key = (holder.address, holder.node)
         with self._lock:
             if self._closed:

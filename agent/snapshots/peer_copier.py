@@ -1,5 +1,5 @@
 """The ring copier: this agent keeps a copy of another node's newest pinned snapshot, so that a relaunch
-after that node is lost still finds its ranks on a host that survived (agent/memory_snapshots.py).
+after that node is lost still finds its ranks on a host that survived (agent/snapshots/memory_snapshots.py).
 
 A thread of its own polls the source (`PeerClient`, blocking calls) and streams each rank's files to disk
 under `copies_root(job)/<node>/step_N.partial/`, renamed `step_N` once every rank is there, so `held` and
@@ -8,7 +8,7 @@ relaunch may still name it. A source that is down is tried again at the next pol
 
 What a source lists is bounded before anything is fetched: each rank once and inside its world size, and
 no more ranks than the generation's world size (one host holds fewer). No copy takes the memory file
-system past `COPIES_FILL_AT_MOST` full (agent/memory_snapshots.py). The copier owns its client: `stop`
+system past `COPIES_FILL_AT_MOST` full (agent/snapshots/memory_snapshots.py). The copier owns its client: `stop`
 closes it, which ends a fetch under way at once rather than when its timeout runs out.
 """
 
@@ -19,7 +19,8 @@ import re
 import threading
 from pathlib import Path
 
-from agent.memory_snapshots import (
+from agent.commands import PeerAgent
+from agent.snapshots.memory_snapshots import (
     PARTIAL,
     MemorySnapshotDir,
     is_real_dir,
@@ -28,7 +29,7 @@ from agent.memory_snapshots import (
     step_dir_name,
     step_dirs,
 )
-from agent.peer_client import PeerClient
+from agent.snapshots.peer_client import PeerClient
 from agent.thread_priority import lower_this_threads_priority
 from proto import trainerd_pb2 as pb
 from proto.vocabulary import NODE_NAME_PATTERN
@@ -50,7 +51,7 @@ class PeerCopier:
     """Copies `source`'s newest snapshot of `job` into `memory`, every `interval_s` while started, through
     `client`, which it closes when it stops; `max_ranks`: the generation's world size."""
 
-    def __init__(self, memory: MemorySnapshotDir, client: PeerClient, job: str, source: pb.PeerAgent,
+    def __init__(self, memory: MemorySnapshotDir, client: PeerClient, job: str, source: PeerAgent,
                  max_ranks: int, interval_s: float = POLL_INTERVAL_S) -> None:
         if not re.fullmatch(NODE_NAME_PATTERN, source.node):
             raise ValueError(f"node name {source.node!r:.80} cannot name a directory of copies")

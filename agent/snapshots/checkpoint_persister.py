@@ -34,8 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.memory_snapshots import remove_entry, step_dirs
-from agent.snapshot_reports import read_report
+from agent.snapshots.memory_snapshots import remove_entry, step_dirs
+from agent.snapshots.snapshot_reports import read_report
 from agent.thread_priority import lower_this_threads_priority
 from agent.worker_user import WorkerUser
 from common.atomic_write import publish, temporary_name

@@ -1,5 +1,5 @@
-"""The agent's SnapshotPeer server: its pinned in-memory snapshots (agent/memory_snapshots.py), served to the
-other agents of the cluster, which copy them (agent/peer_copier.py) or fetch them for a relaunch.
+"""The agent's SnapshotPeer server: its pinned in-memory snapshots (agent/snapshots/memory_snapshots.py), served to the
+other agents of the cluster, which copy them (agent/snapshots/peer_copier.py) or fetch them for a relaunch.
 
 A synchronous gRPC server on a few threads of its own, so that streaming files never holds up the agent's
 asyncio loop; the pool's size bounds the streams served at once, and its threads run at the lowest CPU
@@ -27,7 +27,7 @@ from pathlib import Path
 import grpc
 
 from agent.job_workdir import is_plain_job_name
-from agent.memory_snapshots import MemorySnapshotDir
+from agent.snapshots.memory_snapshots import MemorySnapshotDir
 from agent.thread_priority import lower_this_threads_priority
 from common.cert_identity import CertificateError, PeerKind, peer_identity, serial_of, serves_as_node
 from common.grpc_keepalive import handshake_options
