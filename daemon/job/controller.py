@@ -43,7 +43,7 @@ from daemon.job.decide import (
     NotePlaceableSince,
     ReadyToStop,
     RequestCheckpoint,
-    RequestExit,
+    RequestGracefulExit,
     StopGeneration,
     bad_memory_steps_after,
     decide,
@@ -263,7 +263,7 @@ class JobController:
                     await self._launch(action, fence)
                 case RequestCheckpoint():
                     await self._request_checkpoint(action, fence)
-                case RequestExit():
+                case RequestGracefulExit():
                     self._request_exit(action)
                 case ReadyToStop():
                     if self._stopping is not None and not self._stopping.done():
@@ -480,7 +480,7 @@ class JobController:
                                   f"{action.step}: {action.reason}", fence, generation=generation.number,
                                   step=action.step)
 
-    def _request_exit(self, action: RequestExit) -> None:
+    def _request_exit(self, action: RequestGracefulExit) -> None:
         generation = self.inbox.generation
         assert generation is not None
         self._exit_request = ExitRequest(action.reason, self._clock.now())

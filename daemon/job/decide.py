@@ -121,7 +121,7 @@ class RequestCheckpoint:
 
 
 @dataclass(frozen=True)
-class RequestExit:
+class RequestGracefulExit:
     """Ask every rank of the current generation to leave at its next step boundary through the
     script's own graceful exit (job.graceful_exit_file), to reshape the job; the request is
     committed first (JobRecord.exit_requested_generation)."""
@@ -169,7 +169,7 @@ class EndStopPhase:
     at: float
 
 
-Action = (CommitRecord | StopGeneration | LaunchGeneration | RequestCheckpoint | RequestExit | MarkCheckpointBad
+Action = (CommitRecord | StopGeneration | LaunchGeneration | RequestCheckpoint | RequestGracefulExit | MarkCheckpointBad
           | AddSkip | NotePlaceableSince | EndStopPhase | ReadyToStop)
 
 ACTIVE_STATES = frozenset({JobState.PENDING, JobState.RUNNING, JobState.RECOVERING, JobState.WAITING})
@@ -908,7 +908,7 @@ def _ask_exit(world: JobWorld, reason: str) -> list[Action]:
     asked = world.record.moved_to(world.record.state, exit_requested_generation=generation.number)
     return [CommitRecord(asked, EventKind.EXIT_REQUESTED, f"job {spec.name}: generation {generation.number} is asked "
                                                           f"to leave through the script's graceful exit: {reason}"),
-            RequestExit(reason)]
+            RequestGracefulExit(reason)]
 
 
 def _pause(world: JobWorld) -> list[Action]:

@@ -26,7 +26,7 @@ from daemon.job.decide import (
     NotePlaceableSince,
     ReadyToStop,
     RequestCheckpoint,
-    RequestExit,
+    RequestGracefulExit,
     StopGeneration,
     bad_memory_steps_after,
     decide,
@@ -356,7 +356,7 @@ def test_a_script_job_with_graceful_exit_is_asked_to_leave_and_its_clean_exits_e
     script = {"spec": {"graceful_exit_file": "exit.json"}, "on": ("a", "b"), "from_output": True}
     reason = "world size can grow from 2 to 3"
     commit, request = decide(job_world(**script))
-    assert (commit.record.exit_requested_generation, commit.event, request) == (1, "exit_requested", RequestExit(reason))
+    assert (commit.record.exit_requested_generation, commit.event, request) == (1, "exit_requested", RequestGracefulExit(reason))
     asked = ExitRequest(reason, NOW - 29)
     assert decide(job_world(**script, exit_request=asked)) == []
     left = (exited("a", 0), exited("b", 1))
@@ -389,7 +389,7 @@ def test_trainerd_stopping_launches_nothing() -> None:
 def test_trainerd_stopping_has_a_script_leave_through_its_graceful_exit_or_stops_it_as_it_is() -> None:
     script = {"on": ("a", "b"), "from_output": True, "stopping": True}
     commit, request = decide(job_world(spec={"graceful_exit_file": "exit.json"}, **script))
-    assert (commit.event, request) == ("exit_requested", RequestExit(STOPPING))
+    assert (commit.event, request) == ("exit_requested", RequestGracefulExit(STOPPING))
     left = (exited("a", 0), exited("b", 1))
     *ended, ready = decide(job_world(spec={"graceful_exit_file": "exit.json"}, **script, reports=left,
                                      exit_request=ExitRequest(STOPPING, NOW - 1)))
