@@ -10,6 +10,7 @@ import pytest
 
 from daemon.local_agents import LocalAgents
 from tests.ports import free_port
+from tests.waiting import wait_until
 
 
 @pytest.mark.parametrize("compile_cache", [False, True])
@@ -21,7 +22,9 @@ def test_local_agents_get_the_compile_cache_only_when_the_cluster_file_asks(tmp_
         await agents.start()
         try:
             (pid,) = [process.pid for process in agents._processes]
-            return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+            # Until the child has exec'd, its cmdline is still its parent's.
+            return wait_until(lambda: "--node-name" in (argv := Path(f"/proc/{pid}/cmdline").read_bytes().decode()
+                                                        .split("\0")) and argv, 10, "the agent's own command line")
         finally:
             await agents.stop(grace_s=5)
 
