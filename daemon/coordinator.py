@@ -27,7 +27,7 @@ from daemon.job.reports import AgentReport, HeartbeatReport
 from daemon.job.skip_ledger import SkipEntry, checked
 from daemon.job.state import KEPT_GENERATION_RECORDS, GenerationRecord
 from daemon.job.view import JobView, forget_metrics
-from daemon.leader import LeaderElection, LeaderRecord, Leadership, LeadershipLost
+from daemon.leader import LeaderElection, LeaderRecord, Leadership
 from daemon.liveness import LivenessTracker
 from daemon.log_relay import LogChunk, LogRelay
 from daemon.membership import DeviceInfo, Membership, NodeRecord
@@ -37,7 +37,7 @@ from daemon.pass_guard import PassGuard
 from daemon.read_lag import ReadLag
 from daemon.store import codec, keys
 from daemon.store.fenced_cache import WriteConflict
-from daemon.store.interface import Store, StoreError
+from daemon.store.interface import LeadershipLost, Store, StoreError
 from proto.vocabulary import MAX_RETRY_AFTER_S, NODE_NAME_PATTERN, RETRY_AFTER_SPREAD, NodeState, ProcessRole
 
 log = logging.getLogger(__name__)

@@ -20,9 +20,8 @@ import logging
 from dataclasses import dataclass, field
 
 from common.clock import Clock
-from daemon.leader import ensure_fence
 from daemon.store import codec, keys
-from daemon.store.interface import Fence, Store, prefix_end
+from daemon.store.interface import Fence, Store, ensure_fence, prefix_end
 
 log = logging.getLogger(__name__)
 

@@ -23,11 +23,10 @@ from daemon.errors import PermanentError, RetryableError
 from daemon.job.controller import CommandRefused
 from daemon.job.skip_ledger import BadRange
 from daemon.job.state import IllegalTransition
-from daemon.leader import LeadershipLost
 from daemon.method_handlers import WrappingInterceptor
 from daemon.peer_auth import PermissionDenied, TooManyStreams
 from daemon.store.codec import BadValue
-from daemon.store.interface import StoreError, StoreUnavailable
+from daemon.store.interface import LeadershipLost, StoreError, StoreUnavailable
 from proto.vocabulary import LEADER_ADDRESS_METADATA, RETRY_AFTER_MS_METADATA
 
 log = logging.getLogger(__name__)

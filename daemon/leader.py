@@ -11,24 +11,10 @@ import logging
 from contextlib import aclosing
 from dataclasses import dataclass
 
-from daemon.errors import RetryableError
 from daemon.store import codec, keys
-from daemon.store.interface import EventKind, Fence, Lease, Store
+from daemon.store.interface import Fence, Lease, Store, WatchEventKind
 
 log = logging.getLogger(__name__)
-
-
-class LeadershipLost(RetryableError):
-    """A fenced write was refused because another coordinator leads now (etcd itself is fine).
-
-    The coordinator must stand down at once; a client should retry at the coordinator that leads now."""
-
-
-async def ensure_fence(store: Store, fence: Fence) -> None:
-    """Raise LeadershipLost unless the fence key is still at the fenced revision."""
-    kv = await store.get(fence.key)
-    if kv is None or kv.mod_revision != fence.mod_revision:
-        raise LeadershipLost(f"{fence.key} changed: this coordinator no longer leads")
 
 
 @dataclass(frozen=True)
@@ -87,7 +73,7 @@ class LeaderElection:
             log.info("standing by: %s leads", codec.decode(held.value, key=keys.LEADER).get("id"))
             async with aclosing(self._store.watch_prefix(keys.LEADER, held.mod_revision + 1)) as events:
                 async for event in events:
-                    if event.key == keys.LEADER and event.kind is EventKind.DELETE:
+                    if event.key == keys.LEADER and event.kind is WatchEventKind.DELETE:
                         break
 
     async def resign(self, leadership: Leadership) -> None:

@@ -28,7 +28,7 @@ from daemon.errors import PermanentError
 from daemon.join_tokens import parse_token, spend_token
 from daemon.peer_auth import PermissionDenied
 from daemon.store import codec, keys
-from daemon.store.interface import EventKind, Store, StoreError
+from daemon.store.interface import Store, StoreError, WatchEventKind
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ class NodeAuthority:
                 serials = set(self.revoked)
                 async for event in self.store.watch_prefix(keys.REVOKED, revision + 1):
                     serial = event.key.removeprefix(keys.REVOKED)
-                    if event.kind is EventKind.PUT:
+                    if event.kind is WatchEventKind.PUT:
                         serials.add(serial)
                     else:
                         serials.discard(serial)

@@ -13,8 +13,7 @@ from collections.abc import Awaitable, Callable
 
 from common.clock import Clock
 from daemon import metrics
-from daemon.leader import LeadershipLost
-from daemon.store.interface import StoreError
+from daemon.store.interface import LeadershipLost, StoreError
 
 log = logging.getLogger(__name__)
 

@@ -66,11 +66,10 @@ from daemon.job.state import (
 )
 from daemon.job.timeline import RecoveryTimeline
 from daemon.job.view import JobView, export_metrics, job_view
-from daemon.leader import LeadershipLost
 from daemon.store import codec, keys
 from daemon.store.codec import BadValue
 from daemon.store.fenced_cache import FencedCache
-from daemon.store.interface import Fence, Store
+from daemon.store.interface import Fence, LeadershipLost, Store
 from proto.vocabulary import JobState
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,6 @@ from aetcd import rpc
 
 from common.grpc_keepalive import keepalive_options
 from daemon.store.interface import (
-    EventKind,
     Fence,
     KeyValue,
     Lease,
@@ -35,6 +34,7 @@ from daemon.store.interface import (
     StoreUnavailable,
     WatchCompacted,
     WatchEvent,
+    WatchEventKind,
 )
 from daemon.store.lease_keeper import LeaseKeeper
 
@@ -101,8 +101,8 @@ def _key_value(kv: rpc.KeyValue) -> KeyValue:
 
 def _watch_event(event: rpc.Event) -> WatchEvent:
     if event.type == rpc.Event.EventType.DELETE:
-        return WatchEvent(EventKind.DELETE, event.kv.key.decode(), b"", event.kv.mod_revision)
-    return WatchEvent(EventKind.PUT, event.kv.key.decode(), event.kv.value, event.kv.mod_revision)
+        return WatchEvent(WatchEventKind.DELETE, event.kv.key.decode(), b"", event.kv.mod_revision)
+    return WatchEvent(WatchEventKind.PUT, event.kv.key.decode(), event.kv.value, event.kv.mod_revision)
 
 
 def _read_file(path: str | None, what: str) -> bytes | None:

@@ -27,9 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Generic, NoReturn, Protocol, TypeVar
 
-from daemon.leader import ensure_fence
 from daemon.store import codec
-from daemon.store.interface import Fence, Store, StoreError
+from daemon.store.interface import Fence, Store, StoreError, ensure_fence
 
 
 class WriteConflict(StoreError):

@@ -41,14 +41,14 @@ class KeyValue:
     lease_id: int = 0
 
 
-class EventKind(enum.Enum):
+class WatchEventKind(enum.Enum):
     PUT = "put"
     DELETE = "delete"
 
 
 @dataclass(frozen=True)
 class WatchEvent:
-    kind: EventKind
+    kind: WatchEventKind
     key: str
     value: bytes  # empty for DELETE
     mod_revision: int
@@ -128,3 +128,16 @@ class Store(Protocol):
         last delivered revision + 1, so no event is lost or repeated; raises WatchCompacted."""
 
     async def close(self) -> None: ...
+
+
+class LeadershipLost(RetryableError):
+    """A fenced write was refused because another coordinator leads now (etcd itself is fine).
+
+    The coordinator must stand down at once; a client should retry at the coordinator that leads now."""
+
+
+async def ensure_fence(store: Store, fence: Fence) -> None:
+    """Raise LeadershipLost unless the fence key is still at the fenced revision."""
+    kv = await store.get(fence.key)
+    if kv is None or kv.mod_revision != fence.mod_revision:
+        raise LeadershipLost(f"{fence.key} changed: this coordinator no longer leads")

@@ -19,13 +19,13 @@ from collections.abc import AsyncGenerator
 
 from common.clock import Clock
 from daemon.store.interface import (
-    EventKind,
     Fence,
     KeyValue,
     Lease,
     StoreError,
     WatchCompacted,
     WatchEvent,
+    WatchEventKind,
 )
 
 
@@ -104,7 +104,7 @@ class InMemoryStore:
         previous = self._data.get(key)
         created = previous.create_revision if previous is not None else revision
         self._data[key] = KeyValue(key, value, revision, created, lease.id if lease else 0)
-        self._commit([WatchEvent(EventKind.PUT, key, value, revision)])
+        self._commit([WatchEvent(WatchEventKind.PUT, key, value, revision)])
         return revision
 
     async def delete(self, key: str, expected_mod_revision: int | None = None, *,
@@ -212,7 +212,7 @@ class InMemoryStore:
         revision = self._revision + 1
         for key in keys:
             del self._data[key]
-        self._commit([WatchEvent(EventKind.DELETE, key, b"", revision) for key in keys])
+        self._commit([WatchEvent(WatchEventKind.DELETE, key, b"", revision) for key in keys])
 
     def _commit(self, events: list[WatchEvent]) -> None:
         self._revision += 1

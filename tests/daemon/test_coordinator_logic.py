@@ -12,11 +12,11 @@ from common.clock import FakeClock
 from daemon.coordinator import AgentHello, Coordinator, NotLeader, SessionRefused
 from daemon.events import EventKind, EventLog
 from daemon.job.reports import HeartbeatReport
-from daemon.leader import LeaderElection, LeaderRecord, LeadershipLost
+from daemon.leader import LeaderElection, LeaderRecord
 from daemon.membership import DeviceInfo
 from daemon.store import codec, keys
 from daemon.store.fenced_cache import WriteConflict
-from daemon.store.interface import StoreUnavailable
+from daemon.store.interface import LeadershipLost, StoreUnavailable
 from daemon.store.memory import InMemoryStore
 from proto.vocabulary import MAX_RETRY_AFTER_S, RETRY_AFTER_SPREAD, NodeState
 

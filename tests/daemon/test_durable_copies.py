@@ -10,9 +10,9 @@ import asyncio
 import pytest
 
 from daemon.job.skip_ledger import checked
-from daemon.leader import LeadershipLost
 from daemon.store import codec, keys
 from daemon.store.fenced_cache import WriteConflict
+from daemon.store.interface import LeadershipLost
 from daemon.store.memory import InMemoryStore
 from proto.vocabulary import JobState
 from tests.daemon.job_sim import SimCluster, running_cluster

@@ -10,9 +10,10 @@ import pytest
 from common.clock import FakeClock
 from daemon.coordinator import EVENT_COMPACTION_INTERVAL_S, AgentHello
 from daemon.events import COMPACTION_PAGES_PER_PASS, EVENTS_PAGE, NODE_EVENT_KINDS, EventKind, EventLog
-from daemon.leader import LeaderElection, LeaderRecord, LeadershipLost
+from daemon.leader import LeaderElection, LeaderRecord
 from daemon.membership import DeviceInfo
 from daemon.store import keys
+from daemon.store.interface import LeadershipLost
 from daemon.store.memory import InMemoryStore
 from tests.daemon.job_sim import SimCluster, job_settings
 

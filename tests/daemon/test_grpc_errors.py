@@ -31,10 +31,9 @@ from daemon.grpc_services import ControlService, CoordinatorService
 from daemon.job.controller import CommandRefused
 from daemon.job.skip_ledger import BadRange
 from daemon.job.state import IllegalTransition
-from daemon.leader import LeadershipLost
 from daemon.peer_auth import PermissionDenied
 from daemon.store.codec import BadValue
-from daemon.store.interface import StoreError, StoreUnavailable
+from daemon.store.interface import LeadershipLost, StoreError, StoreUnavailable
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
 from proto.vocabulary import LEADER_ADDRESS_METADATA

@@ -11,7 +11,7 @@ from contextlib import aclosing
 
 import pytest
 
-from daemon.store.interface import EventKind, Fence, Store, StoreError, WatchCompacted, WatchEvent, prefix_end
+from daemon.store.interface import Fence, Store, StoreError, WatchCompacted, WatchEvent, WatchEventKind, prefix_end
 from tests.store.backends import Backend, run
 
 PREFIX = "/trainerd/v1/test/"
@@ -206,7 +206,7 @@ def test_revoking_a_lease_deletes_its_keys_at_one_revision(backend: Backend) -> 
             assert not lease.alive
             deleted = await take(events, 2)
         assert {(ev.kind, ev.key, ev.mod_revision) for ev in deleted} == {
-            (EventKind.DELETE, k("leased1"), revision + 1), (EventKind.DELETE, k("leased2"), revision + 1)}
+            (WatchEventKind.DELETE, k("leased1"), revision + 1), (WatchEventKind.DELETE, k("leased2"), revision + 1)}
         assert [kv.key for kv in (await store.get_prefix(PREFIX))[0]] == [k("plain")]
 
         await lease.revoke()  # idempotent
@@ -254,11 +254,11 @@ def test_a_watch_replays_history_from_its_start_revision_then_follows_live_write
             c1 = await store.compare_and_swap(k("c"), b"1", 0)
             live = await take(events, 2)
         assert history + live == [
-            WatchEvent(EventKind.PUT, k("a"), b"1", a1),
-            WatchEvent(EventKind.PUT, k("b"), b"1", b1),
-            WatchEvent(EventKind.PUT, k("a"), b"2", a2),
-            WatchEvent(EventKind.DELETE, k("b"), b"", c1 - 1),
-            WatchEvent(EventKind.PUT, k("c"), b"1", c1),
+            WatchEvent(WatchEventKind.PUT, k("a"), b"1", a1),
+            WatchEvent(WatchEventKind.PUT, k("b"), b"1", b1),
+            WatchEvent(WatchEventKind.PUT, k("a"), b"2", a2),
+            WatchEvent(WatchEventKind.DELETE, k("b"), b"", c1 - 1),
+            WatchEvent(WatchEventKind.PUT, k("c"), b"1", c1),
         ]
 
         async with aclosing(store.watch_prefix(PREFIX, a2)) as events:  # starts mid-history

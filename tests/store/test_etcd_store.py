@@ -17,7 +17,7 @@ from aetcd import rpc
 from daemon.etcd_process import EmbeddedEtcd
 from daemon.leader import LeaderElection, LeaderRecord
 from daemon.store.etcd import EtcdStore
-from daemon.store.interface import EventKind, StoreError, StoreUnavailable, WatchEvent
+from daemon.store.interface import StoreError, StoreUnavailable, WatchEvent, WatchEventKind
 from tests.cluster_box.etcd_cluster import EtcdCluster, EtcdMember
 from tests.harness import Processes
 from tests.ports import free_port
@@ -74,7 +74,7 @@ def test_etcd_down_fails_reads_fast_loses_leases_after_their_ttl_and_watches_res
                 await etcd_server.start()
                 after = await _retry_while_unavailable(
                     lambda: store.compare_and_swap(k("after"), b"1", 0))
-                assert await take(events, 1) == [WatchEvent(EventKind.PUT, k("after"), b"1", after)]
+                assert await take(events, 1) == [WatchEvent(WatchEventKind.PUT, k("after"), b"1", after)]
                 assert after > before
         finally:
             await store.close()

@@ -11,10 +11,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from daemon.leader import LeadershipLost
 from daemon.store import codec
 from daemon.store.fenced_cache import FencedCache, WriteConflict
-from daemon.store.interface import Fence, Store
+from daemon.store.interface import Fence, LeadershipLost, Store
 from tests.store.backends import Backend, run
 
 ROOT = "/trainerd/v1/test/"
