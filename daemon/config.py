@@ -339,8 +339,15 @@ class JobSettings(StrictModel):
     start_wait_s: float = Field(default=10.0, ge=0)
     # SIGTERM, then SIGKILL after this long, when a generation is stopped.
     stop_grace_s: float = Field(default=5.0, gt=0, le=300)
-    # No rank reporting a new step for this long (from launch, so it covers start-up) is a hang.
+    # No rank reporting a new step for this long (from launch, so it covers start-up) is a hang. It is the
+    # allowance while the generation compiles and warms up (its first 20 new steps), before a step that saves
+    # a checkpoint or snapshot (or while a requested save is pending), during an evaluation, as a new epoch
+    # begins, and always for steps read from a script's output; otherwise it caps the adaptive allowance below.
     hang_timeout_s: float = Field(default=300.0, gt=0)
+    # Once the generation's step time is measured, a hang is judged after 10 x the slowest of its last 100
+    # intervals between new steps, but never sooner than this: a fast job's hang is seen in seconds, and a
+    # step that jitters (a collective's retry, a slow batch) has this much room (docs/concepts/recovery.md).
+    hang_floor_s: float = Field(default=10.0, gt=0)
     checkpoint: CheckpointSettings = CheckpointSettings()
     restart: RestartSettings = RestartSettings()
     data_skip: DataSkipSettings = DataSkipSettings()

@@ -11,8 +11,8 @@ A job's life, in the terms of the durable record (daemon/job/state.py):
 - a live generation (`record.generation > record.stopped_generation`): watch it. It is RUNNING once
   every rank reported a step, or every process ran for RUNNING_WITHOUT_PROGRESS_S (a script that
   prints nothing trainerd reads). It completes, or fails (a process exits, a node is lost, no new
-  step for hang_timeout_s once a rank showed progress). A failure is the job's own error only when it
-  cannot be the cluster's, and is proven, not guessed: the ranks failing the same way end two
+  step for its hang allowance once a rank showed progress: hang_allowance.py). A failure is the job's
+  own error only when it cannot be the cluster's, and is proven, not guessed: the ranks failing the same way end two
   generations in a row (the first is relaunched without spending the restart budget), unless the error
   is one no relaunch can pass (a SyntaxError or an ImportError in the job's code). A collective or a
   connection that failed never is: the ranks that waited in it are not blamed, and the ranks that never
@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from daemon.config import JobSettings
 from daemon.events import EventKind
 from daemon.job.catalog import CheckpointEntry
+from daemon.job.hang_allowance import hang_allowance
 from daemon.job.observation import DEVICE_SUSPICION_WINDOW_S, GenerationObservation, MemorySnapshot, ProcessReport
 from daemon.job.placement import NodeOffer, Placement, place
 from daemon.job.state import Failure, FailureCause, GenerationRecord, JobRecord, SnapshotHolder
@@ -649,19 +650,24 @@ def _collective_failure(world: JobWorld, failed: ProcessReport) -> Failure:
 
 
 def _hang(world: JobWorld) -> Failure | None:
-    """No rank reported a new step for hang_timeout_s, once a rank showed progress at all: a script
-    that prints nothing trainerd reads is never judged (its exits and its nodes still are)."""
+    """No rank reported a new step for the generation's hang allowance (hang_allowance.py: hang_timeout_s, or
+    less once its step time is measured), once a rank showed progress at all: a script that prints nothing
+    trainerd reads is never judged (its exits and its nodes still are)."""
     generation, observation, spec = world.generation, world.observation, world.spec
     assert generation is not None and observation is not None
     if observation.training_finished >= set(range(generation.placement.world_size)):
         return None  # every rank ended its training: what they do before they exit awaits no step
     silent_since, behind = observation.silent_since(), observation.behind()
-    if silent_since is None or behind is None or world.now - silent_since <= spec.hang_timeout_s:
+    if silent_since is None or behind is None:
+        return None
+    allowance = hang_allowance(spec, observation, world.checkpoint_request is not None or world.pause_asked_at
+                               is not None)
+    if world.now - silent_since <= allowance.seconds:
         return None
     node = next(slot.node for slot in generation.placement.ranks if slot.rank == behind.rank)
     frozen = " (its process is stopped or stuck in the kernel)" if behind.rank in observation.frozen_ranks() else ""
     return Failure(FailureCause.HANG, f"no rank of generation {generation.number} reported a new step for "
-                                      f"{world.now - silent_since:.0f}s (hang_timeout_s {spec.hang_timeout_s:g}); "
+                                      f"{world.now - silent_since:.0f}s ({allowance.why}); "
                                       f"rank {behind.rank} on node {node} was behind at {behind.describe_position()}"
                                       f"{frozen}", node, behind.rank)
 

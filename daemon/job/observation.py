@@ -156,6 +156,21 @@ again from a new one. Beyond this the oldest are forgotten, so an agent that rep
 grow the leader's memory; a job commits, fails or skips far fewer steps than this in one generation."""
 
 
+STEP_TIMES_KEPT = 100
+"""Per generation, how many of the newest intervals between new steps the leader keeps to judge a hang by
+(decide.py's _hang_allowance): the window is bounded, and recent enough to follow a job that slows down."""
+
+
+@dataclass(frozen=True)
+class StepInterval:
+    """How long the generation took from one report of a new furthest step (`after_step`) to the next
+    (`to_step`): the step time the hang allowance is scaled by (reports may skip steps)."""
+
+    seconds: float
+    after_step: int
+    to_step: int
+
+
 def _told_first(told: set[int] | dict[int, SkippedBatch], step: int, report: SkippedBatch | None = None) -> bool:
     """Remember that `step` was told (in a dict, with its `report`); False when it was told already.
     Beyond REMEMBERED_STEPS the oldest is forgotten."""
@@ -233,6 +248,13 @@ class GenerationObservation:
     _progress_at: dict[int, float] = field(default_factory=dict, repr=False)
     # Ranks whose training loop has ended (the process may still evaluate or export before it exits).
     training_finished: set[int] = field(default_factory=set)
+    new_steps: int = 0  # reports that moved the furthest position on (start-up and warm-up are the first)
+    # The newest intervals between those reports, within STEP_TIMES_KEPT; an interval that held an
+    # evaluation or began a new epoch is left out (it is not a step's time).
+    step_intervals: deque[StepInterval] = field(default_factory=lambda: deque(maxlen=STEP_TIMES_KEPT))
+    epoch_began: bool = False  # the newest furthest position is in another epoch than the one before
+    _newest_at: float | None = field(default=None, repr=False)  # when the furthest position last moved on
+    _interval_unmeasured: bool = field(default=False, repr=False)  # an evaluation since then
 
     def record_progress(self, report: ProgressReport, now: float) -> None:
         """A rank's progress. Once the trainer runtime reports for this generation, progress read
@@ -241,6 +263,8 @@ class GenerationObservation:
             return
         if report.evaluating and self.last_progress_at is not None:
             self.last_progress_at = now  # evaluating between steps (Model.fit) is no hang
+        if report.evaluating:
+            self._interval_unmeasured = True
         if report.training_finished:
             self.training_finished.add(report.rank)
         known = self.progress.get(report.rank)
@@ -250,14 +274,26 @@ class GenerationObservation:
             self.last_progress_at = now
         if not report.from_output and not self.runtime_progress:
             self.newest_position = None  # the runtime's global steps replace the steps read from output
+            self._newest_at = None
         if self.newest_position is None or report.position > self.newest_position:
-            self.newest_position = report.position
+            self._record_new_step(report, now)
         if known is None or switched:
             self._first_progress[report.rank] = (now, report.step)
         self.runtime_progress = self.runtime_progress or not report.from_output
         self.progress[report.rank] = report
         if advanced:  # a report of a step already known (an agent sends its newest again on reconnecting) is no news
             self._progress_at[report.rank] = now
+
+    def _record_new_step(self, report: ProgressReport, now: float) -> None:
+        """The furthest position moved on: count it, and keep the time since the one before as a step
+        time unless an evaluation or a new epoch passed in between."""
+        before = self.newest_position
+        self.epoch_began = before is not None and report.position[0] != before[0]
+        if before is not None and self._newest_at is not None and not self.epoch_began \
+                and not self._interval_unmeasured:
+            self.step_intervals.append(StepInterval(now - self._newest_at, before[1], report.step))
+        self.newest_position, self._newest_at, self._interval_unmeasured = report.position, now, False
+        self.new_steps += 1
 
     @property
     def progress_seen(self) -> bool:

@@ -134,16 +134,17 @@ class SimCluster:
 
     def step(self, step: int, samples_per_s: float = 120.0, *, epoch: int | None = None, from_output: bool = False,
              ranks: tuple[int, ...] | None = None, checkpoint_stall_s: float = 0.0, loss: float = 0.5,
-             grad_norm: float = 1.0) -> None:
+             grad_norm: float = 1.0, evaluating: bool = False) -> None:
         """Every rank (or `ranks`) reports `step`: from the trainer runtime, or read from its output;
-        `checkpoint_stall_s`: how long in all its step loop blocked on checkpoint saves."""
+        `checkpoint_stall_s`: how long in all its step loop blocked on checkpoint saves; `evaluating`: it
+        evaluates after `step`."""
         generation = self.job.inbox.generation
         for name in generation.placement.nodes:
             for rank in self._ranks_of(name):
                 if ranks is None or rank in ranks:
                     self.coordinator.report(self.agents[name].session, RankProgressed(generation.number, ProgressReport(
                         rank, step, loss, grad_norm, samples_per_s, step * GLOBAL_BATCH, epoch, from_output,
-                        checkpoint_stall_s)))
+                        checkpoint_stall_s, evaluating)))
 
     def crash(self, name: str, rank: int, exit_code: int = 1, signal: int = 0, cause: RootCause | None = None) -> None:
         self._report(self.agents[name], ProcessReport(name, ProcessRole.WORKER, rank, 200 + rank, False,
