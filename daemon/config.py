@@ -345,9 +345,11 @@ class JobSettings(StrictModel):
     # begins, and always for steps read from a script's output; otherwise it caps the adaptive allowance below.
     hang_timeout_s: float = Field(default=300.0, gt=0)
     # Once the generation's step time is measured, a hang is judged after 10 x the slowest of its last 100
-    # intervals between new steps, but never sooner than this: a fast job's hang is seen in seconds, and a
-    # step that jitters (a collective's retry, a slow batch) has this much room (docs/concepts/recovery.md).
-    hang_floor_s: float = Field(default=10.0, gt=0)
+    # intervals between new steps, but never sooner than this: a fast job's hang is seen in this many seconds,
+    # and a step that stalls (a collective's retry over a bad link, a slow batch, a busy host) has this much
+    # room before every process is restarted for it. Lower it for a job whose steps never stall
+    # (docs/concepts/recovery.md).
+    hang_floor_s: float = Field(default=30.0, gt=0)
     checkpoint: CheckpointSettings = CheckpointSettings()
     restart: RestartSettings = RestartSettings()
     data_skip: DataSkipSettings = DataSkipSettings()

@@ -16,7 +16,8 @@ from daemon.job.state import FailureCause
 from proto.vocabulary import JobState
 from tests.daemon.job_sim import SimCluster, job_settings, launched_cluster, running_cluster
 
-HANG_TIMEOUT_S = 300.0  # the floor is the default, 10 s; checkpoints every 10 steps (job_sim)
+HANG_TIMEOUT_S = 300.0  # checkpoints every 10 steps (job_sim)
+FLOOR_S = 10.0  # below the default (30 s), for the figures of the examples
 
 
 def run(coro) -> None:
@@ -45,7 +46,7 @@ def hang_message(sim: SimCluster) -> str:
 
 def test_a_steady_fast_job_that_stops_is_hung_after_the_floor_not_hang_timeout_s() -> None:
     async def scenario() -> None:
-        sim = await running_cluster(hang_timeout_s=HANG_TIMEOUT_S)
+        sim = await running_cluster(hang_timeout_s=HANG_TIMEOUT_S, hang_floor_s=FLOOR_S)
         await steady(sim, 11, 45, 0.2)
         await sim.tick(9.5)  # 9.7 s since step 45
         assert sim.state is JobState.RUNNING
@@ -58,7 +59,7 @@ def test_a_steady_fast_job_that_stops_is_hung_after_the_floor_not_hang_timeout_s
 
 def test_a_job_whose_steps_take_5s_is_hung_after_50s() -> None:
     async def scenario() -> None:
-        sim = await running_cluster(hang_timeout_s=HANG_TIMEOUT_S)
+        sim = await running_cluster(hang_timeout_s=HANG_TIMEOUT_S, hang_floor_s=FLOOR_S)
         await steady(sim, 11, 35, 5.0)  # the last tick is 5 s of its silence
         await sim.tick(44.5)
         assert sim.state is JobState.RUNNING
@@ -69,7 +70,7 @@ def test_a_job_whose_steps_take_5s_is_hung_after_50s() -> None:
 
 def test_no_hang_within_hang_timeout_s_while_the_first_steps_compile_and_warm_up() -> None:
     async def scenario() -> None:
-        sim = await running_cluster(hang_timeout_s=HANG_TIMEOUT_S)
+        sim = await running_cluster(hang_timeout_s=HANG_TIMEOUT_S, hang_floor_s=FLOOR_S)
         await steady(sim, 11, 11 + MEASURED_AFTER_STEPS - 4, 0.2)  # with steps 1 and 10: 19 new steps
         await silent(sim, HANG_TIMEOUT_S - 1)
         assert sim.state is JobState.RUNNING
@@ -80,7 +81,7 @@ def test_no_hang_within_hang_timeout_s_while_the_first_steps_compile_and_warm_up
 
 def test_no_hang_within_hang_timeout_s_before_a_checkpoint_step_and_its_save_is_no_step_time() -> None:
     async def scenario() -> None:
-        sim = await running_cluster(hang_timeout_s=HANG_TIMEOUT_S)
+        sim = await running_cluster(hang_timeout_s=HANG_TIMEOUT_S, hang_floor_s=FLOOR_S)
         await steady(sim, 11, 49, 0.2)  # step 50 saves (checkpoint.every_steps 10)
         await silent(sim, 100.0)
         assert sim.state is JobState.RUNNING
@@ -92,7 +93,7 @@ def test_no_hang_within_hang_timeout_s_before_a_checkpoint_step_and_its_save_is_
 
 def test_no_hang_within_hang_timeout_s_during_an_evaluation() -> None:
     async def scenario() -> None:
-        sim = await running_cluster(hang_timeout_s=HANG_TIMEOUT_S)
+        sim = await running_cluster(hang_timeout_s=HANG_TIMEOUT_S, hang_floor_s=FLOOR_S)
         await steady(sim, 11, 45, 0.2)
         sim.step(45, evaluating=True)
         await silent(sim, 100.0)
@@ -105,7 +106,7 @@ def test_no_hang_within_hang_timeout_s_during_an_evaluation() -> None:
 
 def test_no_hang_within_hang_timeout_s_as_a_new_epoch_begins() -> None:
     async def scenario() -> None:
-        sim = await running_cluster(hang_timeout_s=HANG_TIMEOUT_S)
+        sim = await running_cluster(hang_timeout_s=HANG_TIMEOUT_S, hang_floor_s=FLOOR_S)
         await steady(sim, 11, 45, 0.2, epoch=1)
         sim.step(46, epoch=2)
         await silent(sim, 100.0)
@@ -119,7 +120,7 @@ def test_no_hang_within_hang_timeout_s_as_a_new_epoch_begins() -> None:
 
 def test_steps_read_from_output_are_judged_after_hang_timeout_s() -> None:
     async def scenario() -> None:
-        sim = await launched_cluster(hang_timeout_s=HANG_TIMEOUT_S, global_batch=None, micro_batch=None)
+        sim = await launched_cluster(hang_timeout_s=HANG_TIMEOUT_S, hang_floor_s=FLOOR_S, global_batch=None, micro_batch=None)
         await steady(sim, 1, 45, 0.2, epoch=1, from_output=True)
         await silent(sim, HANG_TIMEOUT_S - 1)
         assert sim.state is JobState.RUNNING
@@ -138,8 +139,8 @@ def observed(step_times: list[float]) -> GenerationObservation:
 
 
 def spec(**overrides) -> JobSettings:
-    return job_settings(**{"hang_timeout_s": HANG_TIMEOUT_S, "checkpoint": {"dir": "/ckpt", "every_steps": 0},
-                           **overrides})
+    return job_settings(**{"hang_timeout_s": HANG_TIMEOUT_S, "hang_floor_s": FLOOR_S,
+                           "checkpoint": {"dir": "/ckpt", "every_steps": 0}, **overrides})
 
 
 def test_the_step_time_window_is_bounded_and_forgets_old_steps() -> None:
