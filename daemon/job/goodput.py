@@ -87,7 +87,8 @@ def phase_of(moment: JobMoment, high_water: Position | None, previous: Phase | N
 def fault_time(failure: Failure, observation: GenerationObservation | None, now: float,
                known_until: float | None = None) -> float:
     """When the fault behind `failure` most likely happened, from what the leader saw (never after `now`):
-    the first failed exit's arrival, the lost node's last heartbeat (else the last step), the last step
+    the first failed exit's arrival, the lost node's last heartbeat (else the last step; for a node that never
+    came back to a leader that took the generation over, `known_until`), the last step
     before a hang. A run of bad batches is no outage: it is detected at once (its steps are redone, lost work).
     Processes gone with a restarted agent, or stopped by their own agent when no coordinator answered it
     (fenced), died after the last step; when this leader took the generation
@@ -99,6 +100,8 @@ def fault_time(failure: Failure, observation: GenerationObservation | None, now:
     match failure.cause:
         case FailureCause.NODE_LOST:
             at = observation.heard_at.get(failure.node, observation.last_progress_at)
+            if at is None and observation.ran_before_takeover:
+                at = known_until  # a node that never came back to this leader (trainerd's own local agents too)
         case FailureCause.PROCESSES_GONE | FailureCause.FENCED:
             at = observation.last_progress_at
             if at is None and observation.ran_before_takeover:

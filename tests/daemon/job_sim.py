@@ -5,6 +5,7 @@ the reports a test tells them to. No processes, no sleeps."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
 from common.clock import FakeClock
@@ -201,10 +202,11 @@ class SimCluster:
         return [e.kind for e in await self.coordinator.events(0)]
 
 
-async def take_over(sim: SimCluster, spec: JobSettings | None = None, agents_restarted: bool = False) -> SimCluster:
+async def take_over(sim: SimCluster, spec: JobSettings | None = None, agents_restarted: bool = False,
+                    returning: Collection[str] | None = None) -> SimCluster:
     """The leader dies; a standby on the same etcd (with `spec`, default the leader's) takes over and every
-    agent reconnects to it: still running its generation, or (`agents_restarted`, as trainerd's local agents
-    when trainerd restarts) running none."""
+    agent (or those `returning`) reconnects to it: still running its generation, or (`agents_restarted`, as
+    trainerd's local agents when trainerd restarts) running none."""
     standby = SimCluster(spec or sim.spec, store=sim.store, clock=sim.clock, name="c2", peer_port=sim.peer_port)
     if sim.coordinator.leadership is not None:  # it dies leading (one that stood down resigned its lease)
         sim.store.stop_keepalive(sim.coordinator.leadership.lease)
@@ -212,6 +214,8 @@ async def take_over(sim: SimCluster, spec: JobSettings | None = None, agents_res
     sim.store.expire_leases()
     await standby.lead()
     for name, agent in sim.agents.items():
+        if returning is not None and name not in returning:
+            continue
         standby.agents[name] = SimAgent(name, generation=agent.generation, memory=agent.memory, held=agent.held)
         await standby.connect(name, restarted=agents_restarted)
     return standby

@@ -24,6 +24,7 @@ from daemon.coordinator import STAND_DOWN_SAVE_S
 from daemon.grpc_services import status_to_proto
 from daemon.job.goodput import GoodputAccountant, GoodputSnapshot, JobMoment, Phase
 from daemon.job.observation import RootCause
+from daemon.job.state import FailureCause
 from daemon.store import keys
 from proto.vocabulary import JobState
 from tests.daemon.job_sim import SESSION_GRACE_S, SimCluster, job_settings, take_over
@@ -276,6 +277,27 @@ def test_the_time_trainerd_was_down_with_its_local_agents_is_no_productive_time(
         assert goodput.wall_s == pytest.approx(sim.clock.now() - START)
         assert goodput.seconds[P.PRODUCTIVE] == pytest.approx(saved.seconds[P.PRODUCTIVE])
         assert goodput.seconds[P.DETECTION] == pytest.approx(sim.clock.wall() - saved.saved_wall)
+    run(go())
+
+
+def test_local_agents_slower_to_return_than_the_grace_were_lost_no_later_than_the_last_save() -> None:
+    """trainerd started again on a busy host: its local agents came back later than their reconnect grace, so
+    the new leader found the nodes lost before it saw their processes gone. They died with trainerd all the
+    same: the seconds from the last save of the totals on are detection, not the moment it noticed."""
+    async def go() -> None:
+        sim = await at_step_21()
+        saved = sim.job.goodput._saved.get(keys.job_goodput("job"))
+        assert saved is not None
+        standby = await take_over(sim, agents_restarted=True, returning=())
+        for _ in range(10):
+            await standby.tick(1.0)
+        assert standby.state is not JobState.RUNNING
+        assert standby.job.record.last_failure.cause is FailureCause.NODE_LOST
+        goodput = standby.job.view().goodput
+        assert goodput is not None
+        assert goodput.seconds[P.PRODUCTIVE] == pytest.approx(saved.seconds[P.PRODUCTIVE])
+        # at least the 3.5 s between the last save and the takeover (take_over), where it was ~0 s before
+        assert goodput.seconds[P.DETECTION] >= 3.5
     run(go())
 
 

@@ -94,7 +94,9 @@ def test_trainerd_started_again_goes_on_from_the_newest_checkpoint_to_the_same_w
     # Nothing trained while trainerd was down: those seconds are detection (the only fault), not productive.
     assert ended["goodput"]["phases"]["detection_s"] >= DOWN_S, ended["goodput"]
     assert ended["generation"] == 2 and ended["crash_restarts"] == 0, ended
-    assert ended["last_failure"]["cause"] == "processes_gone", ended["last_failure"]
+    # Its local agents come back with no processes (processes_gone), or, on a busy host, later than their
+    # reconnect grace (node_lost): the generation is over either way, and relaunched from the checkpoint.
+    assert ended["last_failure"]["cause"] in ("processes_gone", "node_lost"), ended["last_failure"]
     seen = events(address)
     assert [e["kind"] for e in seen].count("coordinator_leads") == 2
     [asked] = [e for e in seen if e["kind"] == "checkpoint_requested"]
