@@ -6,7 +6,7 @@ import asyncio
 from contextlib import aclosing
 
 from common.clock import FakeClock
-from daemon.store.interface import EventKind, WatchEvent
+from daemon.store.interface import WatchEvent, WatchEventKind
 from daemon.store.memory import InMemoryStore
 from tests.store.test_contract import PREFIX, k, take
 
@@ -31,7 +31,7 @@ def test_a_lease_whose_keepalive_stopped_expires_exactly_at_its_ttl() -> None:
             assert await store.get(k("leased")) is None  # any operation notices the expiry
             assert not lease.alive
             await asyncio.wait_for(lease.wait_lost(), 1)
-            assert await take(events, 1) == [WatchEvent(EventKind.DELETE, k("leased"), b"", revision + 1)]
+            assert await take(events, 1) == [WatchEvent(WatchEventKind.DELETE, k("leased"), b"", revision + 1)]
 
     asyncio.run(asyncio.wait_for(scenario(), 5))
 
