@@ -643,11 +643,14 @@ class Supervisor:
                 sample_start=message.sample_start, sample_end=message.sample_end, reason=str(message.reason),
                 loss=message.loss, grad_norm=message.grad_norm)))
             return
-        self._forward(pb.Progress(
+        progress = pb.Progress(
             generation=message.generation, rank=message.rank, step=message.step, loss=message.loss,
             grad_norm=message.grad_norm, samples_per_s=message.samples_per_s,
             consumed_samples=message.consumed_samples, checkpoint_stall_s=message.checkpoint_stall_s,
-            epoch=message.epoch))
+            epoch=message.epoch)
+        if message.startup is not None:
+            progress.startup.CopyFrom(pb.RankStartup(**message.startup.to_wire()))
+        self._forward(progress)
 
     def _between_steps(self, rank: int, event: WorkerEvent) -> None:
         """The rank evaluates between steps, or has ended its training loop: its newest step report goes
@@ -692,6 +695,9 @@ class Supervisor:
         """Send `progress` now if its rank sent nothing for PROGRESS_FORWARD_INTERVAL_S, else hold it
         back (replacing what was held) until then or the next heartbeat."""
         forwarding = self._forwarding.setdefault(progress.rank, _Forwarding())
+        held = forwarding.pending
+        if held is not None and held.HasField("startup") and not progress.HasField("startup"):
+            progress.startup.CopyFrom(held.startup)  # the rank's start-up times are told once: never dropped
         forwarding.pending = progress
         now = self._clock.now()
         if forwarding.last_sent is None or now - forwarding.last_sent >= PROGRESS_FORWARD_INTERVAL_S:

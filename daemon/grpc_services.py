@@ -73,6 +73,7 @@ from daemon.peer_auth import require_node
 from daemon.rate_limited_log import RateLimitedLog
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
+from proto.progress_datagram import MAX_STARTUP_PART_S, StartupTimes
 from proto.vocabulary import MAX_WELCOME_WAIT_S, NODE_NAME_PATTERN
 
 log = logging.getLogger(__name__)
@@ -162,6 +163,8 @@ def job_to_proto(job: JobView) -> pb.JobStatus:
         phases.resumed_from = recovery.resumed_from
         if recovery.lost_steps is not None:
             phases.lost_steps = recovery.lost_steps
+        lost_work_s = 0.0 if job.goodput is None else job.goodput.seconds.get(Phase.LOST_WORK, 0.0)
+        phases.cost.CopyFrom(pb.RecoveryCost(**recovery.cost(lost_work_s)))
         status.last_recovery.CopyFrom(phases)
     if job.goodput is not None:
         goodput = job.goodput
@@ -212,7 +215,14 @@ def progress_report(p: pb.Progress) -> ProgressReport:
         check.sample_position(p.consumed_samples, "consumed_samples"),
         epoch=check.step(p.epoch, "epoch") if p.HasField("epoch") else None, from_output=p.from_output,
         checkpoint_stall_s=check.finite(p.checkpoint_stall_s, "checkpoint_stall_s", 0.0, check.MAX_STALL_S),
-        evaluating=p.evaluating, training_finished=p.training_finished)
+        evaluating=p.evaluating, training_finished=p.training_finished,
+        startup=rank_startup(p.startup) if p.HasField("startup") else None)
+
+
+def rank_startup(startup: pb.RankStartup) -> StartupTimes:
+    """Raises MalformedMessage."""
+    return StartupTimes(*(check.finite(getattr(startup, part), f"startup {part}", 0.0, MAX_STARTUP_PART_S)
+                          for part in ("comm_setup_s", "load_s", "first_step_s")))
 
 
 def memory_snapshot(m: pb.MemorySnapshot) -> MemorySnapshot:

@@ -9,6 +9,7 @@ Wire format (strict JSON, UTF-8, at most MAX_DATAGRAM_BYTES):
     {"schema": 1, "kind": "step", "job": "mnist", "generation": 3, "rank": 0, "step": 120,
      "loss": 0.31, "grad_norm": 1.7, "samples_per_s": 5400.0, "consumed_samples": 7680,
      "checkpoint_stall_s": 0.42}
+    {"schema": 1, "kind": "step", ..., "startup": {"comm_setup_s": 1.9, "load_s": 0.3, "first_step_s": 0.7}}
     {"schema": 1, "kind": "event", "job": "mnist", "generation": 3, "rank": 0, "event": "finished", "step": 500}
     {"schema": 1, "kind": "checkpoint", "job": "mnist", "generation": 3, "rank": 0, "step": 400,
      "consumed_samples": 25600, "path": "/ckpt/mnist/step_00000400"}
@@ -25,7 +26,14 @@ Wire format (strict JSON, UTF-8, at most MAX_DATAGRAM_BYTES):
 so they travel as the strings "NaN", "Infinity" and "-Infinity". Readers ignore fields they do not
 know, so adding a field does not need a new schema number; changing one does. A field added later is
 optional, with a default, so that a reader still takes a writer that predates it
-(`checkpoint_stall_s`, default 0).
+(`checkpoint_stall_s`, default 0; `startup`, absent).
+
+`startup` rides on a rank's first step report of its process only: how long that process's start took,
+in three parts timed by the process itself (durations on its own monotonic clock, so hosts' clocks
+never need to agree): joining the cluster (`comm_setup_s`: waiting for the scheduler and MindSpore's
+`init()`), loading the checkpoint or snapshot it resumes from (`load_s`), and its first step, from
+`started` to that step's end (`first_step_s`: the graph compile, or a compile cache load, and one step).
+The coordinator splits a recovery's cost with them (daemon/job/timeline.py).
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ _MAX_INT32 = (1 << 31) - 1
 _NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 MAX_CHECKPOINT_PATH = 1024
 MAX_FAILURE_REASON = 1000
+MAX_STARTUP_PART_S = 7 * 24 * 3600.0  # a week: a start-up part longer than that is no measurement
 # Control characters (and DEL) in a path would let a hostile datagram forge lines in the agent's log.
 _CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -57,6 +66,26 @@ class WorkerEvent(StrEnum):
     STARTED = "started"    # communication is up, the first step is about to run
     FINISHED = "finished"  # training completed; the process exits 0 next
     EVALUATING = "evaluating"  # between steps, evaluating (Model.fit's validation): alive, no new step
+
+
+@dataclass(frozen=True)
+class StartupTimes:
+    """How long this rank's process took to join the cluster, load its state and run its first step (seconds,
+    each finite, from 0 to MAX_STARTUP_PART_S)."""
+
+    comm_setup_s: float
+    load_s: float
+    first_step_s: float
+
+    @classmethod
+    def measured(cls, comm_setup_s: float, load_s: float, first_step_s: float) -> StartupTimes:
+        """The times as measured, each held within what a report may carry."""
+        def bounded(seconds: float) -> float:
+            return min(max(0.0, seconds), MAX_STARTUP_PART_S) if math.isfinite(seconds) else 0.0
+        return cls(bounded(comm_setup_s), bounded(load_s), bounded(first_step_s))
+
+    def to_wire(self) -> dict[str, float]:
+        return {"comm_setup_s": self.comm_setup_s, "load_s": self.load_s, "first_step_s": self.first_step_s}
 
 
 @dataclass(frozen=True)
@@ -73,6 +102,7 @@ class StepReport:
     consumed_samples: int   # global samples consumed by the job after this step
     checkpoint_stall_s: float = 0.0  # seconds this rank's step loop blocked on checkpoint saves, in all
     epoch: int | None = None  # Model.train's epoch (from 1); None for a loop of the script's own
+    startup: StartupTimes | None = None  # on the process's first step report only
 
 
 @dataclass(frozen=True)
@@ -187,6 +217,8 @@ def encode(message: ProgressMessage) -> bytes:
         }
         if message.epoch is not None:
             body["epoch"] = message.epoch
+        if message.startup is not None:
+            body["startup"] = message.startup.to_wire()
     elif isinstance(message, EventReport):
         body |= {"kind": "event", "event": str(message.event), "step": message.step}
     elif isinstance(message, CheckpointReport):
@@ -240,6 +272,7 @@ def decode(data: bytes) -> ProgressMessage:
             consumed_samples=_int(body, "consumed_samples", _MAX_INT64),
             checkpoint_stall_s=_float(body, "checkpoint_stall_s", finite=True) if "checkpoint_stall_s" in body else 0.0,
             epoch=_int(body, "epoch", _MAX_INT64) if "epoch" in body else None,
+            startup=_startup(body) if "startup" in body else None,
         )
     if kind == "event":
         event = _field(body, "event", str)
@@ -274,6 +307,17 @@ def decode(data: bytes) -> ProgressMessage:
     if kind == "warning":
         return WarningReport(**common, text=_one_line(body, "text"))
     raise MalformedProgress(f"unknown kind {kind!r:.40}")
+
+
+def _startup(body: dict[str, Any]) -> StartupTimes:
+    parts = _field(body, "startup", dict)
+    seconds = {}
+    for key in ("comm_setup_s", "load_s", "first_step_s"):
+        value = _float(parts, key, finite=True)
+        if not 0.0 <= value <= MAX_STARTUP_PART_S:
+            raise MalformedProgress(f"field 'startup.{key}' must be from 0 to {MAX_STARTUP_PART_S:.0f} s, got {value}")
+        seconds[key] = value
+    return StartupTimes(**seconds)
 
 
 def _one_line(body: dict[str, Any], key: str) -> str:

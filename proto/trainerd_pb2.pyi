@@ -152,7 +152,7 @@ class ProcessStarted(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., role: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class Progress(_message.Message):
-    __slots__ = ("generation", "rank", "step", "loss", "grad_norm", "samples_per_s", "consumed_samples", "epoch", "from_output", "checkpoint_stall_s", "evaluating", "training_finished")
+    __slots__ = ("generation", "rank", "step", "loss", "grad_norm", "samples_per_s", "consumed_samples", "epoch", "from_output", "checkpoint_stall_s", "evaluating", "training_finished", "startup")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +165,7 @@ class Progress(_message.Message):
     CHECKPOINT_STALL_S_FIELD_NUMBER: _ClassVar[int]
     EVALUATING_FIELD_NUMBER: _ClassVar[int]
     TRAINING_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    STARTUP_FIELD_NUMBER: _ClassVar[int]
     generation: int
     rank: int
     step: int
@@ -177,7 +178,18 @@ class Progress(_message.Message):
     checkpoint_stall_s: float
     evaluating: bool
     training_finished: bool
-    def __init__(self, generation: _Optional[int] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., grad_norm: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., consumed_samples: _Optional[int] = ..., epoch: _Optional[int] = ..., from_output: _Optional[bool] = ..., checkpoint_stall_s: _Optional[float] = ..., evaluating: _Optional[bool] = ..., training_finished: _Optional[bool] = ...) -> None: ...
+    startup: RankStartup
+    def __init__(self, generation: _Optional[int] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., grad_norm: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., consumed_samples: _Optional[int] = ..., epoch: _Optional[int] = ..., from_output: _Optional[bool] = ..., checkpoint_stall_s: _Optional[float] = ..., evaluating: _Optional[bool] = ..., training_finished: _Optional[bool] = ..., startup: _Optional[_Union[RankStartup, _Mapping]] = ...) -> None: ...
+
+class RankStartup(_message.Message):
+    __slots__ = ("comm_setup_s", "load_s", "first_step_s")
+    COMM_SETUP_S_FIELD_NUMBER: _ClassVar[int]
+    LOAD_S_FIELD_NUMBER: _ClassVar[int]
+    FIRST_STEP_S_FIELD_NUMBER: _ClassVar[int]
+    comm_setup_s: float
+    load_s: float
+    first_step_s: float
+    def __init__(self, comm_setup_s: _Optional[float] = ..., load_s: _Optional[float] = ..., first_step_s: _Optional[float] = ...) -> None: ...
 
 class BadBatch(_message.Message):
     __slots__ = ("generation", "rank", "step", "sample_start", "sample_end", "reason", "loss", "grad_norm")
@@ -791,7 +803,7 @@ class Failure(_message.Message):
     def __init__(self, cause: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., message: _Optional[str] = ..., location: _Optional[str] = ...) -> None: ...
 
 class RecoveryPhases(_message.Message):
-    __slots__ = ("cause", "stop_s", "relaunch_s", "first_step_s", "total_s", "resumed_from_step", "resumed_from", "lost_steps")
+    __slots__ = ("cause", "stop_s", "relaunch_s", "first_step_s", "total_s", "resumed_from_step", "resumed_from", "lost_steps", "cost")
     CAUSE_FIELD_NUMBER: _ClassVar[int]
     STOP_S_FIELD_NUMBER: _ClassVar[int]
     RELAUNCH_S_FIELD_NUMBER: _ClassVar[int]
@@ -800,6 +812,7 @@ class RecoveryPhases(_message.Message):
     RESUMED_FROM_STEP_FIELD_NUMBER: _ClassVar[int]
     RESUMED_FROM_FIELD_NUMBER: _ClassVar[int]
     LOST_STEPS_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
     cause: str
     stop_s: float
     relaunch_s: float
@@ -808,7 +821,26 @@ class RecoveryPhases(_message.Message):
     resumed_from_step: int
     resumed_from: str
     lost_steps: int
-    def __init__(self, cause: _Optional[str] = ..., stop_s: _Optional[float] = ..., relaunch_s: _Optional[float] = ..., first_step_s: _Optional[float] = ..., total_s: _Optional[float] = ..., resumed_from_step: _Optional[int] = ..., resumed_from: _Optional[str] = ..., lost_steps: _Optional[int] = ...) -> None: ...
+    cost: RecoveryCost
+    def __init__(self, cause: _Optional[str] = ..., stop_s: _Optional[float] = ..., relaunch_s: _Optional[float] = ..., first_step_s: _Optional[float] = ..., total_s: _Optional[float] = ..., resumed_from_step: _Optional[int] = ..., resumed_from: _Optional[str] = ..., lost_steps: _Optional[int] = ..., cost: _Optional[_Union[RecoveryCost, _Mapping]] = ...) -> None: ...
+
+class RecoveryCost(_message.Message):
+    __slots__ = ("detect", "stop", "relaunch", "comm_setup", "compile", "load", "lost_work")
+    DETECT_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    RELAUNCH_FIELD_NUMBER: _ClassVar[int]
+    COMM_SETUP_FIELD_NUMBER: _ClassVar[int]
+    COMPILE_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    LOST_WORK_FIELD_NUMBER: _ClassVar[int]
+    detect: float
+    stop: float
+    relaunch: float
+    comm_setup: float
+    compile: float
+    load: float
+    lost_work: float
+    def __init__(self, detect: _Optional[float] = ..., stop: _Optional[float] = ..., relaunch: _Optional[float] = ..., comm_setup: _Optional[float] = ..., compile: _Optional[float] = ..., load: _Optional[float] = ..., lost_work: _Optional[float] = ...) -> None: ...
 
 class Goodput(_message.Message):
     __slots__ = ("ratio", "wall_s", "productive_s", "lost_work_s", "detection_s", "relaunch_s", "startup_s", "checkpoint_stall_s", "waiting_s", "paused_s")

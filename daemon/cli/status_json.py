@@ -57,12 +57,15 @@ def status_to_json(reply: pb.StatusReply) -> dict:
 
 
 RECOVERY_PHASES = ("stop", "relaunch", "first_step", "total")
+# The parts of a recovery's cost, in the order they happen (daemon/job/timeline.py).
+COST_PARTS = tuple(field.name for field in pb.RecoveryCost.DESCRIPTOR.fields)
 
 
 def _recovery_to_json(recovery: pb.RecoveryPhases) -> dict:
     return {"cause": recovery.cause, "resumed_from_step": _optional(recovery, "resumed_from_step"),
             "resumed_from": recovery.resumed_from or None, "lost_steps": _optional(recovery, "lost_steps"),
-            **{f"{phase}_s": _optional(recovery, f"{phase}_s") for phase in RECOVERY_PHASES}}
+            **{f"{phase}_s": _optional(recovery, f"{phase}_s") for phase in RECOVERY_PHASES},
+            "cost_s": {part: getattr(recovery.cost, part) for part in COST_PARTS}}
 
 
 # The phases of the job's wall time, in the order status prints them (daemon/job/goodput.py).

@@ -34,7 +34,7 @@ from common.tls_files import (
     unnamed_address_hint,
 )
 from daemon.cli.command_groups import PointingGroup
-from daemon.cli.status_json import GOODPUT_PHASES, RECOVERY_PHASES, event_to_json, status_to_json
+from daemon.cli.status_json import COST_PARTS, GOODPUT_PHASES, RECOVERY_PHASES, event_to_json, status_to_json
 from daemon.events import EVENTS_PAGE
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
@@ -528,6 +528,9 @@ def print_status(data: dict) -> None:
         else:
             start = f"from step {_or_dash(recovery['resumed_from_step'])}"
         console.print(f"last recovery ({recovery['cause']}, {start}{source}{lost}): {phases or 'in progress'}")
+        cost = recovery["cost_s"]
+        console.print(f"  cost {sum(cost.values()):.2f}s: "
+                      + "  ".join(f"{part.replace('_', ' ')} {cost[part]:.2f}s" for part in COST_PARTS))
     goodput = job["goodput"]
     if goodput is not None:
         spent = "  ".join(f"{phase.replace('_', ' ')} {goodput['phases'][phase + '_s']:.1f}s"

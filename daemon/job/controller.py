@@ -329,20 +329,23 @@ class JobController:
         now = self._clock.now()
         after = self.record
         observation = self.inbox.observation
+        detect_s = 0.0
         if after.last_failure is not None and after.last_failure is not before.last_failure:
-            self.goodput.fault_detected(after.last_failure, observation, now)
+            detect_s = self.goodput.fault_detected(after.last_failure, observation, now)
         self.goodput.account()
         if after.stopped_generation > before.stopped_generation and observation is not None:
             observation.stop_decided_at = now
             self.inbox.note_idle()
         if action.recovery is not None:
-            self.recovery = RecoveryTimeline(action.recovery, now)
+            self.recovery = RecoveryTimeline(action.recovery, now, detect_s)
             metrics.RESTARTS.labels(action.recovery).inc()
         fields: dict = {"generation": after.generation}
         if after.last_failure is not None and after.last_failure is not before.last_failure:
             fields["failure"] = after.last_failure.to_json()
         if after.state is JobState.RUNNING and before.state is not JobState.RUNNING and self.recovery is not None:
             self.recovery.running_at = now
+            if observation is not None:
+                self.recovery.startups = dict(observation.startups)
             phases = self.recovery.phases()
             for phase, seconds in phases.items():
                 metrics.RECOVERY_PHASE.labels(phase).observe(seconds)
@@ -395,6 +398,7 @@ class JobController:
             self.recovery.resumed_from = "" if resume is None else resume.source.value
             reached = None if previous is None or own_resume else previous.max_step()
             self.recovery.lost_steps = None if reached is None else max(0, reached - generation.start_step)
+            self.recovery.lost_work_at_launch_s = self.goodput.lost_work_s()
         self._orders_seen[placement.world_size] = tuple(placement.nodes)
         self.inbox.begin(generation, GenerationObservation(number, started_at=now))
         self._checkpoint_request = None

@@ -59,9 +59,14 @@ class GoodputKeeper:
         self.accountant.checkpoint_stall(generation, checkpoint_stall_s)
         self.account()
 
-    def fault_detected(self, failure: Failure, observation: GenerationObservation | None, now: float) -> None:
-        """`failure` was just committed: the seconds since its fault go to detection (goodput.fault_time)."""
-        self.accountant.fault_detected(fault_time(failure, observation, now, self.accountant.known_until))
+    def fault_detected(self, failure: Failure, observation: GenerationObservation | None, now: float) -> float:
+        """`failure` was just committed: the seconds since its fault go to detection (goodput.fault_time).
+        Returns those seconds."""
+        return self.accountant.fault_detected(fault_time(failure, observation, now, self.accountant.known_until))
+
+    def lost_work_s(self) -> float:
+        """The job's seconds of lost work so far."""
+        return self.accountant.snapshot().seconds[Phase.LOST_WORK]
 
     def snapshot(self) -> GoodputSnapshot:
         return self.accountant.snapshot()

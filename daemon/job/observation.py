@@ -16,6 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from daemon.job.state import SnapshotHolder, communication_error, error_key
+from proto.progress_datagram import StartupTimes
 from proto.vocabulary import FROZEN_OS_STATES, CauseKind, ProcessRole
 
 
@@ -109,6 +110,7 @@ class ProgressReport:
     checkpoint_stall_s: float = 0.0  # the rank's step loop blocked on checkpoint saves, in all this generation
     evaluating: bool = False  # no new step: the rank evaluates between steps (a sign of life, not of progress)
     training_finished: bool = False  # the rank's training loop has ended: no new step is awaited from it
+    startup: StartupTimes | None = None  # on the rank's first step report: how its process's start went
 
     @property
     def position(self) -> tuple[int, int]:
@@ -248,6 +250,7 @@ class GenerationObservation:
     _progress_at: dict[int, float] = field(default_factory=dict, repr=False)
     # Ranks whose training loop has ended (the process may still evaluate or export before it exits).
     training_finished: set[int] = field(default_factory=set)
+    startups: dict[int, StartupTimes] = field(default_factory=dict)  # per rank, as its first step report told
     new_steps: int = 0  # reports that moved the furthest position on (start-up and warm-up are the first)
     # The newest intervals between those reports, within STEP_TIMES_KEPT; an interval that held an
     # evaluation or began a new epoch is left out (it is not a step's time).
@@ -267,6 +270,8 @@ class GenerationObservation:
             self._interval_unmeasured = True
         if report.training_finished:
             self.training_finished.add(report.rank)
+        if report.startup is not None:
+            self.startups.setdefault(report.rank, report.startup)
         known = self.progress.get(report.rank)
         switched = known is not None and known.from_output != report.from_output
         advanced = known is None or switched or report.position > known.position

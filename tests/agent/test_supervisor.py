@@ -12,7 +12,7 @@ from pathlib import Path
 from agent.commands import CheckpointNow, Stop
 from agent.supervisor import PROGRESS_FORWARD_INTERVAL_S
 from proto import trainerd_pb2 as pb
-from proto.progress_datagram import EventReport, StepReport, WorkerEvent
+from proto.progress_datagram import EventReport, StartupTimes, StepReport, WorkerEvent
 from tests.agent.supervisor_fakes import FIRST_FAKE_PID, PYTHON, START, Host, SignalSent, launch, run
 
 
@@ -216,6 +216,26 @@ def test_a_forwarded_step_carries_every_field_the_worker_reported(tmp_path: Path
         [sent] = host.sent("progress")
         assert (sent.step, sent.loss, sent.grad_norm, sent.samples_per_s, sent.consumed_samples,
                 sent.checkpoint_stall_s) == (7, 2.5, 0.75, 96.0, 56, 1.25)
+
+    run(scenario())
+
+
+def test_a_ranks_start_up_times_reach_the_coordinator_even_when_a_newer_step_replaces_the_report_held(
+        tmp_path: Path) -> None:
+    async def scenario() -> None:
+        host = Host(tmp_path)
+        await host.supervisor.launch(launch(1))
+        host.progress(step(1, 0, 1))  # sent at once: a rank's first
+        host.progress(StepReport("job", 1, 1, 1, loss=1.0, grad_norm=0.5, samples_per_s=10.0, consumed_samples=8,
+                                 startup=StartupTimes(1.5, 0.25, 0.75)))
+        host.progress(step(1, 0, 2))
+        host.progress(StepReport("job", 1, 0, 3, loss=1.0, grad_norm=0.5, samples_per_s=10.0, consumed_samples=24,
+                                 startup=StartupTimes(2.0, 0.5, 1.0)))  # held back behind step 1
+        host.progress(step(1, 0, 4))  # replaces step 3 in the hold: its start-up times stay
+        host.supervisor.heartbeat()
+        told = {(p.rank, p.step): p.startup for p in host.sent("progress") if p.HasField("startup")}
+        assert told == {(1, 1): pb.RankStartup(comm_setup_s=1.5, load_s=0.25, first_step_s=0.75),
+                        (0, 4): pb.RankStartup(comm_setup_s=2.0, load_s=0.5, first_step_s=1.0)}
 
     run(scenario())
 

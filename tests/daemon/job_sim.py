@@ -5,7 +5,7 @@ the reports a test tells them to. No processes, no sleeps."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 
 from common.clock import FakeClock
@@ -24,6 +24,7 @@ from daemon.job.reports import (
 from daemon.leader import LeaderRecord
 from daemon.membership import DeviceInfo
 from daemon.store.memory import InMemoryStore
+from proto.progress_datagram import StartupTimes
 from proto.vocabulary import JobState, ProcessRole
 
 HEARTBEAT_TIMEOUT_S = 5.0
@@ -135,17 +136,18 @@ class SimCluster:
 
     def step(self, step: int, samples_per_s: float = 120.0, *, epoch: int | None = None, from_output: bool = False,
              ranks: tuple[int, ...] | None = None, checkpoint_stall_s: float = 0.0, loss: float = 0.5,
-             grad_norm: float = 1.0, evaluating: bool = False) -> None:
+             grad_norm: float = 1.0, evaluating: bool = False,
+             startup: Mapping[int, StartupTimes] | None = None) -> None:
         """Every rank (or `ranks`) reports `step`: from the trainer runtime, or read from its output;
         `checkpoint_stall_s`: how long in all its step loop blocked on checkpoint saves; `evaluating`: it
-        evaluates after `step`."""
+        evaluates after `step`; `startup`: the start-up times the ranks named tell with it."""
         generation = self.job.inbox.generation
         for name in generation.placement.nodes:
             for rank in self._ranks_of(name):
                 if ranks is None or rank in ranks:
                     self.coordinator.report(self.agents[name].session, RankProgressed(generation.number, ProgressReport(
                         rank, step, loss, grad_norm, samples_per_s, step * GLOBAL_BATCH, epoch, from_output,
-                        checkpoint_stall_s, evaluating)))
+                        checkpoint_stall_s, evaluating, startup=(startup or {}).get(rank))))
 
     def crash(self, name: str, rank: int, exit_code: int = 1, signal: int = 0, cause: RootCause | None = None) -> None:
         self._report(self.agents[name], ProcessReport(name, ProcessRole.WORKER, rank, 200 + rank, False,

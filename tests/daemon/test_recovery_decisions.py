@@ -14,12 +14,14 @@ from daemon.cli.trainerctl import print_status
 from daemon.grpc_services import job_to_proto, status_to_proto
 from daemon.job.controller import CommandRefused, changed_settings
 from daemon.job.decide import STOP_CONFIRM_MARGIN_S
+from daemon.job.goodput import Phase
 from daemon.job.observation import MemorySnapshot
 from daemon.job.reports import CheckpointFailed
 from daemon.job.state import ALLOWED_TRANSITIONS, FailureCause, ResumeSource
 from daemon.store import codec, keys
 from proto import trainerd_pb2 as pb
 from proto.exit_codes import EXIT_CHECKPOINT_UNREADABLE
+from proto.progress_datagram import StartupTimes
 from proto.vocabulary import JobState
 from tests.daemon.job_sim import (
     GLOBAL_BATCH,
@@ -153,6 +155,65 @@ def test_worker_crash_stops_everything_and_relaunches_from_the_newest_checkpoint
         assert await transitions(sim) == [(JobState.PENDING, JobState.RUNNING),
                                           (JobState.RUNNING, JobState.RECOVERING),
                                           (JobState.RECOVERING, JobState.RUNNING)]
+    run(scenario())
+
+
+def test_a_recoverys_cost_puts_each_second_of_it_in_one_part_from_the_fault_to_the_lost_work_redone() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster()
+        sim.step(14)
+        await sim.tick(2.0)
+        sim.crash("b", 1)
+        await sim.tick()
+        await sim.tick(0.5)
+        sim.confirm_stop()
+        await sim.tick(1.0)  # the crash backoff, then the launch
+        assert sim.job.record.generation == 2
+        sim.started()
+        await sim.tick(3.0)
+        # Rank 0 started faster than rank 1: the slowest rank's own times are the parts; the rest of the
+        # 3 s from the launch to the first step is the processes' start, in relaunch.
+        sim.step(11, startup={0: StartupTimes(1.0, 0.25, 0.5), 1: StartupTimes(1.5, 0.25, 0.75),
+                              2: StartupTimes(0.5, 0.25, 0.5)})
+        await sim.tick()
+        assert sim.state is JobState.RUNNING
+        await sim.tick(2.0)
+        sim.step(14)  # steps 12-14 were trained before the crash: lost work (step 11 is in compile)
+        await sim.tick(0.5)
+        sim.step(15)
+        await sim.tick(5.0)
+        view = sim.job.view()
+        cost = view.last_recovery.cost(view.goodput.seconds[Phase.LOST_WORK])
+        assert cost == {"detect": 0.0, "stop": 0.5, "relaunch": 1.5, "comm_setup": 1.5, "compile": 0.75,
+                        "load": 0.25, "lost_work": 2.0}
+        phases = view.last_recovery.phases()
+        assert sum(cost.values()) - cost["lost_work"] - cost["detect"] == pytest.approx(phases["total"])
+        assert cost["lost_work"] == pytest.approx(view.goodput.seconds[Phase.LOST_WORK])
+        shown = status_to_json(pb.StatusReply(job=job_to_proto(view)))["job"]["last_recovery"]["cost_s"]
+        assert shown == cost and list(shown) == ["detect", "stop", "relaunch", "comm_setup", "compile", "load",
+                                                  "lost_work"]
+    run(scenario())
+
+
+def test_a_recovery_of_ranks_that_do_not_time_their_start_counts_it_all_as_relaunch_and_a_hang_its_detection() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster()
+        sim.step(14)
+        await sim.tick(1.0)
+        await sim.tick(sim.spec.hang_timeout_s + 1.0)  # no step for longer than hang_timeout_s: a hang
+        assert sim.state is JobState.RECOVERING
+        sim.confirm_stop()
+        await sim.tick(1.0)
+        sim.started()
+        await sim.tick(2.0)
+        sim.step(11)
+        await sim.tick()
+        view = sim.job.view()
+        cost = view.last_recovery.cost(view.goodput.seconds[Phase.LOST_WORK])
+        assert cost["detect"] == pytest.approx(sim.spec.hang_timeout_s + 2.0, abs=1.0)
+        assert cost["detect"] == pytest.approx(view.goodput.seconds[Phase.DETECTION])
+        assert (cost["comm_setup"], cost["load"], cost["compile"]) == (0.0, 0.0, 0.0)
+        assert cost["relaunch"] == pytest.approx(view.last_recovery.phases()["relaunch"] + 2.0)
     run(scenario())
 
 

@@ -24,6 +24,7 @@ from daemon.job.reports import CheckpointFailed, WorkerWarned
 from daemon.node_checks import NodeCheckCommand
 from proto import trainerd_pb2 as pb
 from proto import trainerd_pb2_grpc as pb_grpc
+from proto.progress_datagram import StartupTimes
 from proto.vocabulary import RETRY_AFTER_SPREAD, JobState
 from tests.daemon.job_sim import HEARTBEAT_TIMEOUT_S, SESSION_GRACE_S, SimCluster, job_settings, running_cluster
 
@@ -193,6 +194,22 @@ def test_an_infinite_rate_is_dropped_at_the_servicer() -> None:
         await sim.tick()
         requests = sim.agents["a"].checkpoint_requests()
         assert requests and requests[-1].step < 100  # led by the rates the ranks really reported
+    run(scenario())
+
+
+def test_start_up_times_out_of_bounds_drop_their_report_and_ones_within_reach_the_observation() -> None:
+    async def scenario() -> None:
+        sim = await running_cluster(nodes=("a", "b"))
+        service = CoordinatorService(sim.coordinator)
+        for hostile in (math.nan, -1.0, math.inf, 1e12):
+            service._dispatch(sim.agents["a"].session, pb.AgentMessage(progress=pb.Progress(
+                generation=1, rank=0, step=12, samples_per_s=10.0, consumed_samples=144,
+                startup=pb.RankStartup(comm_setup_s=1.0, load_s=hostile, first_step_s=0.5))))
+        assert [r.step for r in sim.job.view().ranks] == [10, 10] and sim.job.inbox.observation.startups == {}
+        service._dispatch(sim.agents["a"].session, pb.AgentMessage(progress=pb.Progress(
+            generation=1, rank=0, step=12, samples_per_s=10.0, consumed_samples=144,
+            startup=pb.RankStartup(comm_setup_s=1.0, load_s=0.25, first_step_s=0.5))))
+        assert sim.job.inbox.observation.startups == {0: StartupTimes(1.0, 0.25, 0.5)}
     run(scenario())
 
 

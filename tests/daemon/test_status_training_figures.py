@@ -72,10 +72,14 @@ def test_status_says_where_the_last_recovery_resumed_and_what_it_lost(step, lost
     data["job"]["last_recovery"] = {"cause": "resume", "resumed_from_step": step,
                                     "resumed_from": "" if step is None else "disk",
                                     "lost_steps": lost_steps, "stop_s": 0.0, "relaunch_s": 0.0,
-                                    "first_step_s": 5.85, "total_s": 5.85}
+                                    "first_step_s": 5.85, "total_s": 5.85,
+                                    "cost_s": {"detect": 0.0, "stop": 0.0, "relaunch": 1.25, "comm_setup": 2.5,
+                                               "compile": 1.5, "load": 0.6, "lost_work": 0.0}}
     print_status(data)
     out = capsys.readouterr().out
     assert f"last recovery (resume, {shown}" in out, out
+    assert ("  cost 5.85s: detect 0.00s  stop 0.00s  relaunch 1.25s  comm setup 2.50s  compile 1.50s  load 0.60s  "
+            "lost work 0.00s") in out, out
 
 
 def test_a_narrow_terminal_never_cuts_the_node_names_that_tell_the_rows_apart(

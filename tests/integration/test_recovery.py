@@ -158,6 +158,15 @@ def test_killed_worker_resumes_from_memory_to_the_same_weights_as_a_run_without_
     assert f"from the in-memory snapshot at step {resumed}" in started["message"]
     wait_until(lambda: not memory_dir.exists(), 10, "the agent dropping the completed job's snapshots")
     assert all(recovery[f"{phase}_s"] is not None for phase in ("stop", "relaunch", "first_step", "total"))
+    # What the recovery cost, each second in one part; the relaunched ranks timed their own start.
+    cost = recovery["cost_s"]
+    assert list(cost) == ["detect", "stop", "relaunch", "comm_setup", "compile", "load", "lost_work"], cost
+    assert all(isinstance(seconds, float) and seconds >= 0 for seconds in cost.values()), cost
+    assert cost["comm_setup"] > 0 and cost["compile"] > 0, cost
+    assert sum(cost[part] for part in ("stop", "relaunch", "comm_setup", "compile", "load")) == pytest.approx(
+        recovery["total_s"], abs=0.01), (cost, recovery)
+    assert cost["lost_work"] <= phases["lost_work_s"] + 0.01 and cost["detect"] <= phases["detection_s"] + 0.01
+    assert "  cost " in text.stdout, text.stdout
     # The relaunch ran in the agent's warm workers (scheduler and both ranks), with the compile cache of
     # generation 1; neither changes a bit of the result.
     assert procs.by_name("faulty-0").log().count("warm (a pre-started interpreter)") == 3

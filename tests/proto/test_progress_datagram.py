@@ -14,12 +14,14 @@ from proto.progress_datagram import (
     MAX_CHECKPOINT_PATH,
     MAX_DATAGRAM_BYTES,
     MAX_FAILURE_REASON,
+    MAX_STARTUP_PART_S,
     BadBatchReason,
     BadBatchReport,
     CheckpointFailedReport,
     CheckpointReport,
     EventReport,
     MalformedProgress,
+    StartupTimes,
     StepReport,
     WarningReport,
     WorkerEvent,
@@ -138,6 +140,25 @@ def test_a_step_report_from_a_writer_without_the_checkpoint_stall_reads_as_none_
     del body["checkpoint_stall_s"]
     message = decode(json.dumps(body).encode())
     assert isinstance(message, StepReport) and message.checkpoint_stall_s == 0.0 and message.step == STEP.step
+
+
+def test_a_first_step_report_carries_the_start_up_times_and_hostile_ones_are_refused_by_name() -> None:
+    first = StepReport(**{**STEP.__dict__, "startup": StartupTimes(1.9, 0.3, 0.7)})
+    assert json.loads(encode(first))["startup"] == {"comm_setup_s": 1.9, "load_s": 0.3, "first_step_s": 0.7}
+    assert decode(encode(first)) == first and "startup" not in json.loads(encode(STEP))
+    for bad, reason in [([1.0], "'startup' must be of type dict"),
+                        ({"comm_setup_s": 1.0, "load_s": 0.0}, "'first_step_s' is missing"),
+                        ({"comm_setup_s": "NaN", "load_s": 0.0, "first_step_s": 0.0}, "'comm_setup_s' must be a finite"),
+                        ({"comm_setup_s": -1.0, "load_s": 0.0, "first_step_s": 0.0}, "'comm_setup_s' must be a finite"),
+                        ({"comm_setup_s": 0.0, "load_s": 1e12, "first_step_s": 0.0}, "'startup.load_s' must be from 0"),
+                        ({"comm_setup_s": 0.0, "load_s": True, "first_step_s": 0.0}, "'load_s' must be a number")]:
+        with pytest.raises(MalformedProgress, match=reason):
+            decode(json.dumps(valid_body() | {"startup": bad}).encode())
+
+
+def test_measured_start_up_times_are_held_within_what_a_report_carries() -> None:
+    assert StartupTimes.measured(-0.5, math.inf, 1e12) == StartupTimes(0.0, 0.0, MAX_STARTUP_PART_S)
+    assert StartupTimes.measured(math.nan, 0.25, 3.0) == StartupTimes(0.0, 0.25, 3.0)
 
 
 def test_number_overflow_is_refused() -> None:

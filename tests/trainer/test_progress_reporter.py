@@ -20,6 +20,7 @@ from proto.progress_datagram import (
     StepReport,
     WorkerEvent,
 )
+from trainer.runtime import startup_times
 from trainer.runtime.progress import ProgressReporter, StepPace
 
 
@@ -37,11 +38,16 @@ async def receive(path: Path, send, expected: int) -> tuple[list[ProgressMessage
         receiver.close()
 
 
-def test_reports_arrive_in_order(tmp_path: Path) -> None:
+def test_reports_arrive_in_order_and_the_first_step_tells_how_the_start_went(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "progress.sock"
+    monkeypatch.setattr(startup_times, "_seconds", {"comm_setup_s": 0.0, "load_s": 0.0})
+    startup_times.joined_cluster(1.5)
+    startup_times.loaded(0.25)
 
     def send() -> None:
         reporter.event(WorkerEvent.STARTED, step=0)
+        time.sleep(0.05)  # the first step
         for step in range(1, 4):
             reporter.step(step, loss=1.0 / step, grad_norm=0.5, samples_per_s=100.0, consumed_samples=64 * step)
             reporter.add_checkpoint_stall(0.25 if step == 1 else 0.0)  # a save after step 1 blocked 0.25 s
@@ -49,9 +55,14 @@ def test_reports_arrive_in_order(tmp_path: Path) -> None:
 
     with ProgressReporter(str(path), job="llm", generation=2, rank=1) as reporter:
         messages, receiver = asyncio.run(receive(path, send, expected=5))
+    first = messages[1]
+    assert isinstance(first, StepReport) and first.startup is not None
+    assert (first.startup.comm_setup_s, first.startup.load_s) == (1.5, 0.25)
+    assert 0.05 <= first.startup.first_step_s < 5.0
     assert messages == [
         EventReport("llm", 2, 1, WorkerEvent.STARTED, 0),
-        *(StepReport("llm", 2, 1, s, 1.0 / s, 0.5, 100.0, 64 * s, 0.0 if s == 1 else 0.25) for s in range(1, 4)),
+        *(StepReport("llm", 2, 1, s, 1.0 / s, 0.5, 100.0, 64 * s, 0.0 if s == 1 else 0.25,
+                     startup=first.startup if s == 1 else None) for s in range(1, 4)),
         EventReport("llm", 2, 1, WorkerEvent.FINISHED, 3),
     ]
     assert (reporter.sent, reporter.dropped, receiver.received, receiver.malformed) == (5, 0, 5, 0)

@@ -52,6 +52,7 @@ from trainer.checkpoint.manifest import EpochPosition, read_manifest, step_dir_n
 from trainer.checkpoint.sharding import ShardedTensor
 from trainer.checkpoint.step_dirs import check_inside_root
 from trainer.data.skip_ranges import SkipRanges
+from trainer.runtime import startup_times
 from trainer.runtime.agent_saves import AgentSaves, ShareNotSaved
 from trainer.runtime.checkpoint_schedule import CheckpointSchedule, ControlFile
 from trainer.runtime.memory_snapshots import MemorySnapshots
@@ -204,6 +205,7 @@ class TrainingCheckpoints:
         # Where it lies, a readable manifest, the seed; a snapshot chosen but not named here is refused.
         if resume_position(self._settings, self._data_seed) is None or path is None:
             return ResumePosition(0, 0)
+        started = self._clock.now()
         try:
             regions = {name: layout.regions[self._rank] for name, layout in self._sharded.items()}
             tensors, manifest = load_checkpoint(path, self._rank, self._ctx.world_size, regions=regions)
@@ -218,6 +220,7 @@ class TrainingCheckpoints:
         except CheckpointError as exc:
             raise CheckpointUnreadable(f"cannot resume from checkpoint {path}: {exc}") from exc
         self._completed = meta.step
+        startup_times.loaded(self._clock.now() - started)
         log.info("%s: resumed from %s at step %d, sample %d (saved by %d ranks with %d accumulation steps)",
                  self._where, path, meta.step, meta.consumed_samples, manifest.world_size, meta.grad_accumulation)
         return ResumePosition(meta.step, meta.consumed_samples, meta.epoch_position)

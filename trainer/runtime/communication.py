@@ -16,6 +16,7 @@ import signal
 import time
 from typing import TYPE_CHECKING
 
+from trainer.runtime import startup_times
 from trainer.runtime.rank_context import RankContext, Role
 from trainer.runtime.scheduler_wait import wait_for_scheduler
 
@@ -68,9 +69,11 @@ def initialize(ctx: RankContext, device_target: str) -> None:
             f"but RANK_ID={ctx.rank} and RANK_SIZE={ctx.world_size}"
         )
     # The wait and init() are the communication set-up: MindSpore's cluster formation and mccl
-    # address exchange. bench/recovery.py reads this line to show that part on its own.
-    log.info("Job %s generation %d: %s joined the cluster in %.3f s",
-             ctx.job, ctx.generation, _who(ctx), time.monotonic() - started)
+    # address exchange. bench/recovery.py reads this line to show that part on its own; the first step
+    # report carries it to the coordinator's recovery ledger.
+    joined_in_s = time.monotonic() - started
+    startup_times.joined_cluster(joined_in_s)
+    log.info("Job %s generation %d: %s joined the cluster in %.3f s", ctx.job, ctx.generation, _who(ctx), joined_in_s)
     ms.set_auto_parallel_context(
         parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True, device_num=ctx.world_size
     )

@@ -25,12 +25,14 @@ from proto.progress_datagram import (
     GuardNotice,
     GuardNoticeReport,
     ProgressMessage,
+    StartupTimes,
     StepReport,
     WarningReport,
     WorkerEvent,
     encode,
     one_line,
 )
+from trainer.runtime import startup_times
 from trainer.runtime.rank_context import RankContext
 
 log = logging.getLogger(__name__)
@@ -80,6 +82,9 @@ class ProgressReporter:
         # Seconds this rank's step loop was blocked on checkpoint saves: every step report carries the sum.
         self.checkpoint_stall_s = 0.0
         self._evaluating_told: float | None = None  # when the agent last heard that this rank evaluates
+        # When `started` was reported; the first step report after it carries the start-up's times, once.
+        self._started_at: float | None = None
+        self._startup_sent = False
 
     @classmethod
     def for_rank(cls, ctx: RankContext) -> ProgressReporter:
@@ -89,10 +94,15 @@ class ProgressReporter:
 
     def step(self, step: int, loss: float, grad_norm: float, samples_per_s: float, consumed_samples: int,
              epoch: int | None = None) -> None:
+        startup = None
+        if not self._startup_sent and self._started_at is not None:
+            startup = StartupTimes.measured(startup_times.comm_setup_s(), startup_times.load_s(),
+                                            time.monotonic() - self._started_at)
+            self._startup_sent = True
         self._send(StepReport(
             job=self._job, generation=self._generation, rank=self._rank, step=step, loss=loss,
             grad_norm=grad_norm, samples_per_s=samples_per_s, consumed_samples=consumed_samples,
-            checkpoint_stall_s=self.checkpoint_stall_s, epoch=epoch,
+            checkpoint_stall_s=self.checkpoint_stall_s, epoch=epoch, startup=startup,
         ))
 
     def add_checkpoint_stall(self, seconds: float) -> None:
@@ -101,6 +111,8 @@ class ProgressReporter:
 
     def event(self, event: WorkerEvent, step: int) -> None:
         """Report an event; send it outside the step loop, as it may wait up to `event_wait_s`."""
+        if event is WorkerEvent.STARTED and self._started_at is None:
+            self._started_at = time.monotonic()
         message = EventReport(job=self._job, generation=self._generation, rank=self._rank, event=event, step=step)
         self._send(message, wait_s=self._event_wait_s)
 
