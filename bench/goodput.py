@@ -10,9 +10,14 @@ Two runs of the same job (same steps, seed and world size) on 3 hosts in network
   killed (restarted later), and an etcd member killed (restarted later).
 
 It prints each run's goodput and its phases (trainerctl status -o json, `job.goodput`), every fault
-with the generations it caused (resumed step, steps lost, recovery phases), and how far the final
-weights are from the fault-free run's: bit-identical when the world size never changed; a run that
-shrank trained some steps with its micro-batches summed in another order. Needs root and iproute2.
+with the generations it caused (resumed step, steps lost) and its ledger: the seconds it cost, split as
+`last_recovery.cost_s` splits them (detect, stop, relaunch, comm_setup, compile, load, lost_work;
+docs/concepts/recovery.md). The ledgers are summed per fault kind and in all, beside the goodput
+difference they should account for (the faulted run's seconds not productive, less the fault-free
+run's); what no recovery accounts for (a leader change without a relaunch) is the gap. Then how far
+the final weights are from the fault-free run's: bit-identical when the world size never changed; a
+run that shrank trained some steps with its micro-batches summed in another order. The cluster runs
+at the product's default heartbeat settings. Needs root and iproute2.
 
     .venv/bin/python bench/goodput.py --steps 6000 --every-s 300     # the reported figure (~2 × 10 min)
     .venv/bin/python bench/goodput.py --steps 600 --every-s 40       # a quick look
@@ -35,6 +40,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from daemon.cli.status_json import COST_PARTS  # noqa: E402
+from daemon.config import HeartbeatSettings  # noqa: E402
 from tests.cluster_box.box import ClusterBox  # noqa: E402
 from tests.ports import scheduler_port  # noqa: E402
 from tests.waiting import wait_until  # noqa: E402
@@ -61,6 +68,11 @@ class Fault:
     @property
     def lost_steps(self) -> int:
         return sum(r["lost_steps"] for r in self.relaunches)
+
+    @property
+    def cost_s(self) -> dict[str, float]:
+        """The ledgers of the recoveries it caused, summed."""
+        return {part: sum((r.get("cost_s") or {}).get(part, 0.0) for r in self.relaunches) for part in COST_PARTS}
 
 
 def transformer_job(steps: int, out: Path, memory_every: int | str):
@@ -96,7 +108,9 @@ def run(steps: int, faulted: bool, args, root: Path) -> dict:
     recovery: dict[int, dict] = {}  # generation -> the recovery that started it, as status showed it
     worlds: set[int] = set()
     build = transformer_job(steps, out, args.memory_every)
-    with ClusterBox(root / ("faulted" if faulted else "clean"), hosts=HOSTS, job=build) as box:
+    defaults = HeartbeatSettings()
+    with ClusterBox(root / ("faulted" if faulted else "clean"), hosts=HOSTS, job=build,
+                    heartbeat_interval_s=defaults.interval_s, heartbeat_timeout_s=defaults.timeout_s) as box:
         started = time.monotonic()
         wait_until(lambda: (j := job_json(box)) and j["state"] == "RUNNING", 300, "RUNNING",
                    on_timeout=box.procs.logs)
@@ -144,6 +158,35 @@ def attribute(faults: list[Fault], furthest: dict[int, int], recovery: dict[int,
         cause[-1].relaunches.append({"generation": generation, "cause": phases.get("cause"), "resumed": resumed,
                                      "lost_steps": lost, **{k: v for k, v in phases.items()
                                                              if k.endswith("_s") and v is not None}})
+
+
+def unproductive_s(job: dict) -> float:
+    goodput = job.get("goodput") or {}
+    return (goodput.get("wall_s") or 0.0) - (goodput.get("phases") or {}).get("productive_s", 0.0)
+
+
+def print_ledgers(faults: list[Fault], clean: dict, faulted: dict) -> None:
+    """Each fault's ledger, the sums per kind and in all, and the goodput difference beside them."""
+    header = "".join(f"{part:>11}" for part in COST_PARTS)
+    print(f"ledger of each fault (s): {'':>13}{header}{'sum':>9}")
+    kinds: dict[str, dict[str, float]] = {}
+    for f in faults:
+        cost = f.cost_s
+        into = kinds.setdefault(f.kind, dict.fromkeys(COST_PARTS, 0.0))
+        for part in COST_PARTS:
+            into[part] += cost[part]
+        print(f"  {f.kind:>18} {f.at_s:>6.0f}s  " + "".join(f"{cost[p]:>11.2f}" for p in COST_PARTS)
+              + f"{sum(cost.values()):>9.2f}")
+    print("per kind:")
+    for kind, cost in kinds.items():
+        count = sum(1 for f in faults if f.kind == kind)
+        print(f"  {kind:>18} x{count:<5}  " + "".join(f"{cost[p]:>11.2f}" for p in COST_PARTS)
+              + f"{sum(cost.values()):>9.2f}")
+    ledger = sum(sum(cost.values()) for cost in kinds.values())
+    difference = unproductive_s(faulted["job"]) - unproductive_s(clean["job"])
+    print(f"ledgers in all {ledger:.1f}s; goodput difference (faulted's seconds not productive less the clean "
+          f"run's) {difference:.1f}s; not in a ledger {difference - ledger:.1f}s")
+
 
 
 def inject(box: ClusterBox, kind: str, job: dict, rng: random.Random, args, started: float) -> Fault:
@@ -233,6 +276,7 @@ def main() -> None:
                 + " ".join(f"{k[:-2]} {r[k]:.1f}s" for k in ("stop_s", "relaunch_s", "first_step_s") if k in r) + ")"
                 for r in f.relaunches)
             print(f"{f.kind:>18} {f.at_s:>5.0f}s {f.target:>7} {f.step_before:>6}  {caused or 'no restart'}")
+        print_ledgers(faulted["faults"], clean, faulted)
         lost = [f.lost_steps for f in faulted["faults"]]
         print(f"lost steps per fault: mean {np.mean(lost) if lost else 0:.1f}, max {max(lost, default=0)}; "
               f"world sizes seen: {sorted(faulted['worlds'])}")
