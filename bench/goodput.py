@@ -110,7 +110,8 @@ def run(steps: int, faulted: bool, args, root: Path) -> dict:
     build = transformer_job(steps, out, args.memory_every)
     defaults = HeartbeatSettings()
     with ClusterBox(root / ("faulted" if faulted else "clean"), hosts=HOSTS, job=build,
-                    heartbeat_interval_s=defaults.interval_s, heartbeat_timeout_s=defaults.timeout_s) as box:
+                    heartbeat_interval_s=defaults.interval_s, heartbeat_timeout_s=defaults.timeout_s,
+                    warm_workers=True) as box:
         started = time.monotonic()
         wait_until(lambda: (j := job_json(box)) and j["state"] == "RUNNING", 300, "RUNNING",
                    on_timeout=box.procs.logs)

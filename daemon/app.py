@@ -290,6 +290,7 @@ class TrainerdApp:
                     work_root=self._config.resolve(cluster.local_agent.work_dir),
                     cpu_devices=cluster.local_agent.cpu_devices,
                     compile_cache=cluster.local_agent.compile_cache,
+                    warm_workers=cluster.local_agent.warm_workers,
                 )
                 await self._local_agents.start()
             stopping = asyncio.create_task(stop.wait())

@@ -119,6 +119,8 @@ class LocalAgentSettings(StrictModel):
     cpu_devices: int = Field(default=1, ge=1, le=64)
     # The agents' compile cache (agent file `compile_cache`): only for a job whose step is a Cell.
     compile_cache: bool = False
+    # The agents' warm workers (agent file `warm_workers`): a relaunch starts in pre-started interpreters.
+    warm_workers: bool = True
 
 
 class JoinSettings(StrictModel):

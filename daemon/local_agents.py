@@ -20,13 +20,14 @@ log = logging.getLogger(__name__)
 
 class LocalAgents:
     def __init__(self, *, count: int, coordinator_address: str, cluster_name: str, work_root: Path,
-                 cpu_devices: int, compile_cache: bool = False) -> None:
+                 cpu_devices: int, compile_cache: bool = False, warm_workers: bool = True) -> None:
         self._count = count
         self._coordinator_address = coordinator_address
         self._cluster_name = cluster_name
         self._work_root = work_root
         self._cpu_devices = cpu_devices
         self._compile_cache = compile_cache
+        self._warm_workers = warm_workers
         self._processes: list[asyncio.subprocess.Process] = []
 
     def node_name(self, index: int) -> str:
@@ -46,6 +47,7 @@ class LocalAgents:
                     "--cpu-devices", str(self._cpu_devices),
                     "--work-dir", str(work_dir),
                     *(["--compile-cache"] if self._compile_cache else []),
+                    *([] if self._warm_workers else ["--no-warm-workers"]),
                 ]),
                 stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file,
                 start_new_session=True,

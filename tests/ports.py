@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 
@@ -18,9 +19,9 @@ def free_port() -> int:
     Not handed out before, because two servers started in one test could otherwise be given the same
     one before either binds it.
     """
-    top = _ephemeral_start()
+    low, top = _port_range()
     for _ in range(1000):
-        port = random.randrange(10_000, top)
+        port = random.randrange(low, top)
         if port not in _handed_out and _bindable(port):
             _handed_out.add(port)
             return port
@@ -29,6 +30,21 @@ def free_port() -> int:
 
 # Generation g's scheduler listens on scheduler_port + g % 16 (daemon/job/launch_plan.py).
 SCHEDULER_PORT_RUN = 16
+
+
+def _port_range() -> tuple[int, int]:
+    """The ports this process hands out: those below the kernel's ephemeral range, or under pytest-xdist
+    this worker's own slice of them. Each worker knows only the ports it handed out itself, so without the
+    slices a port one worker's server freed for a moment (an etcd killed and started again on it) could be
+    found free and handed to another worker's test: seen as test_etcd_supervisor's restarted etcd reading
+    another test's data."""
+    low, top = 10_000, _ephemeral_start()
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(count) > 1:
+        size = (top - low) // int(count)
+        low += int(worker[2:]) * size
+        return low, low + size
+    return low, top
 
 
 def _ephemeral_start() -> int:
@@ -44,8 +60,9 @@ def scheduler_port() -> int:
     and below the kernel's ephemeral range, so that no connection's local port can take one later (a
     port of the ephemeral range found free may be some outgoing connection's a moment after: MindSpore's
     scheduler then fails to listen, "Failed to init the tcp server")."""
-    top = _ephemeral_start() - SCHEDULER_PORT_RUN
-    for base in random.sample(range(10_000, top, SCHEDULER_PORT_RUN), k=min(200, (top - 10_000) // SCHEDULER_PORT_RUN)):
+    low, top = _port_range()
+    top -= SCHEDULER_PORT_RUN
+    for base in random.sample(range(low, top, SCHEDULER_PORT_RUN), k=min(200, (top - low) // SCHEDULER_PORT_RUN)):
         run = range(base, base + SCHEDULER_PORT_RUN)
         if _handed_out.intersection(run) or not all(_bindable(port) for port in run):
             continue

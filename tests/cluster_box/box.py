@@ -110,11 +110,12 @@ class BoxCoordinator:
 
 
 class ClusterBox:
-    """`job` builds the cluster file's job from the box (for its `checkpoint_dir`); None runs no job."""
+    """`job` builds the cluster file's job from the box (for its `checkpoint_dir`); None runs no job.
+    `warm_workers`: the agents' (off for tests, as tests/harness.py `Processes.agent` says why; on for a bench)."""
 
     def __init__(self, tmp_path: Path, *, hosts: int = 3, job: Callable[[ClusterBox], dict] | None = None,
                  heartbeat_interval_s: float = 0.5, heartbeat_timeout_s: float = 2.0,
-                 checkpoint_fs_mb: int = 64, join: bool = False) -> None:
+                 checkpoint_fs_mb: int = 64, join: bool = False, warm_workers: bool = False) -> None:
         self.network = Network()
         self.root = tmp_path / self.network.tag  # every process's command line names the owner's tag
         self.checkpoint_dir = self.root / "checkpoints"
@@ -124,6 +125,7 @@ class ClusterBox:
         self._job = job
         self._checkpoint_fs_mb = checkpoint_fs_mb
         self._join = join
+        self._warm_workers = warm_workers
         self.join_flags: list[str] = []  # what `trainerctl tokens create` printed, without --node-name
         self.procs = Processes(self.root)
         self.hosts: list[BoxHost] = []
@@ -250,7 +252,7 @@ class ClusterBox:
             "--host", host.address, "--cpu-devices", "1", "--work-dir", str(host.work_dir),
             "--memory-dir", str(self.memory_root / host.name), "--log-level", "DEBUG",
             "--compile-cache",  # the jobs here step a Cell (the examples' Model.train and TrainStep)
-            *join,
+            *([] if self._warm_workers else ["--no-warm-workers"]), *join,
         ], env)
         return host.agent
 

@@ -1,5 +1,6 @@
 """The agents trainerd starts itself (`cluster.local_agents`) run with the cluster file's `local_agent`
-settings: a compile cache only where the file turns it on (agent/config.py says why it is off by default)."""
+settings: a compile cache only where the file turns it on (agent/config.py says why it is off by default), warm
+workers unless it turns them off."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ from tests.ports import free_port
 from tests.waiting import wait_until
 
 
-@pytest.mark.parametrize("compile_cache", [False, True])
-def test_local_agents_get_the_compile_cache_only_when_the_cluster_file_asks(tmp_path: Path,
-                                                                          compile_cache: bool) -> None:
+@pytest.mark.parametrize("compile_cache, warm_workers", [(False, True), (True, False)])
+def test_local_agents_get_the_compile_cache_and_warm_workers_as_the_cluster_file_asks(
+        tmp_path: Path, compile_cache: bool, warm_workers: bool) -> None:
     async def argv() -> list[str]:
         agents = LocalAgents(count=1, coordinator_address=f"127.0.0.1:{free_port()}", cluster_name="c",
-                             work_root=tmp_path, cpu_devices=2, compile_cache=compile_cache)
+                             work_root=tmp_path, cpu_devices=2, compile_cache=compile_cache,
+                             warm_workers=warm_workers)
         await agents.start()
         try:
             (pid,) = [process.pid for process in agents._processes]
@@ -32,3 +34,4 @@ def test_local_agents_get_the_compile_cache_only_when_the_cluster_file_asks(tmp_
     assert command[command.index("--node-name") + 1] == "c-local-0"
     assert command[command.index("--cpu-devices") + 1] == "2"
     assert ("--compile-cache" in command) is compile_cache
+    assert ("--no-warm-workers" in command) is not warm_workers

@@ -100,7 +100,7 @@ def test_every_panel_and_rule_evaluates_against_the_series_a_live_trainerd_expor
     address, metrics_address = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     procs.trainerd("trainerd", cluster_file(tmp_path, "trainerd", listen=address, job=job,
                                             metrics_listen=metrics_address))
-    procs.agent("node-a", address, flags=("--no-warm-workers", "--no-compile-cache"))
+    procs.agent("node-a", address, flags=("--no-compile-cache",))
     prometheus = start_prometheus(tmp_path, procs, metrics_address)
 
     def at_step_5(generation: int):

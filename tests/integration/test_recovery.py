@@ -109,7 +109,7 @@ def test_killed_worker_resumes_from_memory_to_the_same_weights_as_a_run_without_
         started_at = time.monotonic()
         address = start_trainerd(run_dir, procs, job, name=f"trainerd-{run_dir.name}",
                                  metrics_listen=metrics_address if run_dir is faulty_dir else None)
-        procs.agent(f"{run_dir.name}-0", address, cpu_devices=2, flags=("--compile-cache",))
+        procs.agent(f"{run_dir.name}-0", address, cpu_devices=2, flags=("--compile-cache",), warm_workers=True)
         if run_dir is faulty_dir:
             # Well between disk checkpoints: the newest snapshot is newer than the newest checkpoint.
             before = wait_for_job(address, "a checkpoint and some steps after it", lambda j: (
