@@ -11,10 +11,12 @@ The cost (`RecoveryTimeline.cost`) puts each second the recovery took from the j
 - relaunch: -> the Launch sent, plus whatever of the processes' start their ranks did not time themselves
   (the Launch on its way, the interpreter and imports or a warm worker's hand-over, the first step reports
   on their way back);
-- comm_setup, load, compile: the slowest rank's own times (proto/progress_datagram.py StartupTimes): joining
-  the cluster, loading what it resumed from, and its first step (a graph compile, or a compile cache load, and
-  one step). A rank that does not time its start (a script trainerd reads its steps from) leaves these 0 and
-  its start in relaunch;
+- comm_setup, load, compile: the own times (proto/progress_datagram.py StartupTimes) of the rank that started
+  last: joining the cluster, loading what it resumed from, and its first step (a graph compile, or a compile
+  cache load, and one step). The ranks end their first step together (it ends in a collective), so the one
+  that spent least in these three started last, and the job waited for it: the others' longer `init()` was
+  spent waiting for it to start. A rank that does not time its start (a script trainerd reads its steps
+  from) leaves these 0 and its start in relaunch;
 - lost_work: the seconds the job trained steps again, up to the furthest it had reached (goodput's
   lost_work since the launch), growing until the relaunched generation passes that step.
 
@@ -70,16 +72,15 @@ class RecoveryTimeline:
                 cost["relaunch"] = self.launched_at - self.stopped_at
         if self.launched_at is not None and self.running_at is not None:
             start = self.running_at - self.launched_at
-            slowest = max(self.startups.values(), default=None,
-                          key=lambda s: s.comm_setup_s + s.load_s + s.first_step_s)
-            if slowest is not None:
-                timed = slowest.comm_setup_s + slowest.load_s + slowest.first_step_s
+            last = min(self.startups.values(), default=None, key=lambda s: s.comm_setup_s + s.load_s + s.first_step_s)
+            if last is not None:
+                timed = last.comm_setup_s + last.load_s + last.first_step_s
                 # A rank's times fit inside the leader's launch -> first step; more (reports that raced a
                 # clock's step) is scaled to fit, so that the parts still sum to the recovery's seconds.
                 scale = min(1.0, start / timed) if timed > 0 else 0.0
-                cost["comm_setup"] = slowest.comm_setup_s * scale
-                cost["load"] = slowest.load_s * scale
-                cost["compile"] = slowest.first_step_s * scale
+                cost["comm_setup"] = last.comm_setup_s * scale
+                cost["load"] = last.load_s * scale
+                cost["compile"] = last.first_step_s * scale
                 start -= timed * scale
             cost["relaunch"] += max(0.0, start)
         if self.lost_work_at_launch_s is not None:
