@@ -17,17 +17,19 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 # Every test, on three pytest-xdist workers: two run the integration tests' two lanes (tests/conftest.py), the
-# third the rest beside them. --basetemp: a short directory of this run's own, as an agent's unix sockets live in
-# its work directory under a test's tmp_path, and a socket's path has at most 107 bytes.
+# third the rest beside them, a file at a time (each file is a group: its module fixtures are made once).
+# --no-loadscope-reorder: the groups in collection order, lanes first (else the largest group goes first).
+# --basetemp: a short directory of this run's own, as an agent's unix sockets live in its work directory under a
+# test's tmp_path, and a socket's path has at most 107 bytes.
 TEST_TMP = /tmp/trainerd-$$$$
 test: $(STAMP)
-	$(PY) -m pytest -q -n 3 --dist loadgroup --durations=40 --basetemp=$(TEST_TMP) tests
+	$(PY) -m pytest -q -n 3 --dist loadgroup --no-loadscope-reorder --durations=40 --basetemp=$(TEST_TMP) tests
 
 # The inner loop: every test that starts no MindSpore process (not marked `mindspore`). Four workers whatever
 # the cores: much of these tests' time is waiting (timeouts, leases, backoffs), so on 2 cores four workers
 # take 2 minutes where two take 3.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n 4 -m "not mindspore" --basetemp=$(TEST_TMP) tests
+	$(PY) -m pytest -q -n 4 --dist loadgroup -m "not mindspore" --basetemp=$(TEST_TMP) tests
 
 # Opt-in, and not in CI's `make test`: MindFormers 2.0.0 cannot be resolved by pip (it requires hyper-parallel,
 # which is not on PyPI), so it goes into a venv of its own without its dependencies, after the extra that lists

@@ -15,12 +15,16 @@ from tests.ports import free_port
 # (`pytest tests/mindformers_real`, which still collects it) in a venv of its own.
 collect_ignore = ["mindformers_real"]
 
-INTEGRATION = Path(__file__).parent / "integration"
+TESTS = Path(__file__).parent
+INTEGRATION = TESTS / "integration"
 
-# `make test` runs on pytest-xdist workers, and the integration tests, each a whole cluster (trainerd, agents,
-# MindSpore workers), in two lanes: at most two clusters train at once on this 2-core machine, beside the other
-# tests. The files are split by their measured durations (the `--durations` of a `make test` log); those of the
-# cluster box (network namespaces of fixed addresses) share one lane. A file not named here runs in lane 1.
+# `make test` runs on pytest-xdist workers (`--dist loadgroup --no-loadscope-reorder`), and the integration tests,
+# each a whole cluster (trainerd, agents, MindSpore workers), in two lanes: at most two clusters train at once on
+# this 2-core machine, beside the other tests. The files are split by their measured durations (the `--durations`
+# of a `make test` log); those of the cluster box (network namespaces of fixed addresses) share one lane. A file
+# not named here runs in lane 1. Every other test file is a group of its own, run by one worker in order: its
+# module-scoped fixtures (a MindSpore job for tests/trainer/test_callback.py) are made once, not once per worker,
+# and a test that checks what the one before it left (the fuzzers' last test) finds it.
 LANE_0 = {"test_chaos.py", "test_peer_snapshots.py", "test_join_cluster_box.py", "test_recovery.py",
           "test_tls_cluster.py", "test_slow_peer.py", "test_embedded_etcd.py"}
 
@@ -29,11 +33,14 @@ LANE_0 = {"test_chaos.py", "test_peer_snapshots.py", "test_join_cluster_box.py",
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test under tests/integration is a `mindspore` test (`make test-fast` leaves them out, with the tests
     marked so in their module) and runs in its lane (an xdist group: one worker runs a group's tests one after
-    another). The lanes go first: they are the longest, and the other workers work through the rest beside them."""
+    another); every other file is a group of its own. The lanes go first: they are the longest, and the other
+    workers work through the rest beside them."""
     for item in items:
         if INTEGRATION in item.path.parents:
             item.add_marker(pytest.mark.mindspore)
             item.add_marker(pytest.mark.xdist_group(f"cluster-lane-{0 if item.path.name in LANE_0 else 1}"))
+        elif not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(f"file-{item.path.relative_to(TESTS)}"))
     items.sort(key=lambda item: INTEGRATION not in item.path.parents)
 
 
