@@ -19,9 +19,11 @@ $(STAMP): pyproject.toml
 # Every test, on three pytest-xdist workers: two run the integration tests' two lanes (tests/conftest.py), the
 # third the rest beside them, a file at a time (each file is a group: its module fixtures are made once).
 # --no-loadscope-reorder: the groups in collection order, lanes first (else the largest group goes first).
-# --basetemp: a short directory of this run's own, as an agent's unix sockets live in its work directory under a
-# test's tmp_path, and a socket's path has at most 107 bytes.
-TEST_TMP = /tmp/trainerd-$$$$
+# --basetemp: a short directory, as an agent's unix sockets live in its work directory under a test's tmp_path,
+# and a socket's path has at most 107 bytes. A fixed one, which pytest empties as each run starts: a run leaves
+# up to ~9 GB of clusters' files there (etcd preallocates 64 MB WALs), kept for a look after a failure; a
+# directory per run filled this machine's disk within a day. (Two runs of one target at once would share it.)
+TEST_TMP = /tmp/trainerd-tests
 test: $(STAMP)
 	$(PY) -m pytest -q -n 3 --dist loadgroup --no-loadscope-reorder --durations=40 --basetemp=$(TEST_TMP) tests
 
@@ -29,7 +31,7 @@ test: $(STAMP)
 # the cores: much of these tests' time is waiting (timeouts, leases, backoffs), so on 2 cores four workers
 # take 2 minutes where two take 3.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n 4 --dist loadgroup -m "not mindspore" --basetemp=$(TEST_TMP) tests
+	$(PY) -m pytest -q -n 4 --dist loadgroup -m "not mindspore" --basetemp=$(TEST_TMP)-fast tests
 
 # Opt-in, and not in CI's `make test`: MindFormers 2.0.0 cannot be resolved by pip (it requires hyper-parallel,
 # which is not on PyPI), so it goes into a venv of its own without its dependencies, after the extra that lists
