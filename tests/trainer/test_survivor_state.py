@@ -50,8 +50,8 @@ done = {"step": 0, "at": time.monotonic()}
 def weights():
     return {p.name: p.asnumpy() for p in net.trainable_params()}
 
-def hand_over():  # the main thread has ended no step for 3 s: it waits in a collective
-    while time.monotonic() - done["at"] < 3.0:
+def hand_over():  # once the peer is dead and the main thread ended no step for 2 s, it waits in a collective
+    while not (out / "rank1_killed").exists() or time.monotonic() - done["at"] < 2.0:
         time.sleep(0.1)
     step = done["step"]
     np.savez(out / f"handed_over_rank{rank}_step{step}.npz", **weights())
@@ -84,10 +84,15 @@ def test_a_survivor_of_a_peers_crash_hands_over_the_weights_of_its_last_complete
         deadline = time.monotonic() + 120
         stopped = tmp_path / "rank1_stopped"
         while not (stopped.exists() and stopped.read_text()):
-            assert time.monotonic() < deadline and processes[1].poll() is None, "rank 1 never reached step 50"
+            assert time.monotonic() < deadline and all(p.poll() is None for p in processes[1:]), \
+                "rank 1 never reached step 50"
             time.sleep(0.1)
-        os.kill(int(stopped.read_text()), signal.SIGKILL)
-        assert processes[1].wait(timeout=60) == 0, "rank 0 did not hand its weights over"
+        rank1 = next(process for process in processes if process.pid == int(stopped.read_text()))
+        os.kill(rank1.pid, signal.SIGKILL)
+        rank1.wait(timeout=10)
+        (tmp_path / "rank1_killed").touch()
+        [rank0] = [process for process in processes[1:] if process is not rank1]
+        assert rank0.wait(timeout=60) == 0, "rank 0 did not hand its weights over"
     finally:
         for process in processes:
             if process.poll() is None:
