@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import random
+from collections import deque
 from pathlib import Path
 from typing import Protocol
 
@@ -175,7 +176,12 @@ class CoordinatorLink:
         self._identity = identity
         self._clock = clock
         self._rng = rng or random.Random()
-        self._outbox: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
+        # Reports not yet written, oldest first. One leaves only once written, by whichever task holds the
+        # turn to write: a report taken out before its turn could be overtaken by a heartbeat built after it
+        # (a heartbeat showing a process exited before the exit report carrying its log and cause), and
+        # would be lost if the session broke meanwhile.
+        self._outbox: deque[pb.AgentMessage] = deque()
+        self._queued = asyncio.Event()
         self._leader_hint: str | None = None
         # Once we know the heartbeat interval, never wait longer than it between attempts: a new
         # leader gives known nodes one heartbeat timeout to come back before it declares them LOST.
@@ -197,7 +203,15 @@ class CoordinatorLink:
 
     def send(self, message: pb.AgentMessage) -> None:
         """Queue a report; it goes out on the current session, or the next one."""
-        self._outbox.put_nowait(message)
+        self._outbox.append(message)
+        self._queued.set()
+
+    async def _write_queued(self, call) -> None:
+        """Writes every queued report in order; the caller holds the turn to write. One whose write fails
+        stays queued for the next session (the coordinator takes a report told twice as told once)."""
+        while self._outbox:
+            await call.write(self._outbox[0])
+            self._outbox.popleft()
 
     def _next_address(self, attempt: int) -> str:
         if self._leader_hint:
@@ -329,8 +343,7 @@ class CoordinatorLink:
         # again for a leader that may not have them) goes out before the first heartbeat: a leader that
         # reads a heartbeat showing the generation stopped has its newest commit by then.
         try:
-            while not self._outbox.empty():
-                await call.write(self._outbox.get_nowait())
+            await self._write_queued(call)
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
             log.warning("session with %s broke before its first heartbeat: %s; reconnecting", address, exc)
             call.cancel()
@@ -372,8 +385,7 @@ class CoordinatorLink:
                 body.sequence = sequence
                 # What building it queued goes first (held-back progress): the coordinator believes no
                 # snapshot the heartbeat names beyond the steps reported.
-                while not self._outbox.empty():
-                    await call.write(self._outbox.get_nowait())
+                await self._write_queued(call)
                 await call.write(pb.AgentMessage(heartbeat=body))
             await self._clock.asleep(self.interval_s)
 
@@ -401,9 +413,10 @@ class CoordinatorLink:
 
     async def _forward_outbox(self, call, write_lock: asyncio.Lock) -> None:
         while True:
-            message = await self._outbox.get()
+            await self._queued.wait()
             async with write_lock:
-                await call.write(message)
+                await self._write_queued(call)
+                self._queued.clear()
 
     async def _read_commands(self, call, handler: SessionHandler) -> None:
         while True:

@@ -386,6 +386,90 @@ def test_a_heartbeat_written_after_a_generations_reports_names_that_generation(t
     asyncio.run(asyncio.wait_for(scenario(), 20))
 
 
+class ExitingHandler(RecordingHandler):
+    """Its heartbeats show rank 0 running until `exited`, then exited (the supervisor's process table)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.exited = False
+
+    def heartbeat_body(self) -> pb.Heartbeat:
+        state = pb.PROCESS_EXITED if self.exited else pb.PROCESS_RUNNING
+        return pb.Heartbeat(generation=7, processes=[pb.ProcessStatus(rank=0, pid=42, state=state, exit_code=1)])
+
+
+def test_a_heartbeat_never_tells_an_exit_before_the_exit_report_queued_ahead_of_it(tmp_path: Path) -> None:
+    """A worker reports its last step, then exits: the exit report (its log tail and root cause) is queued
+    while the step's write holds the turn and a heartbeat waits for it. The coordinator judges a failure by
+    the first report of it, so a heartbeat built after the exit must not be written before the exit report:
+    the job then failed as "rank 0 exited with code 1", without why (seen in CI under load)."""
+    handler = ExitingHandler()
+    call = SlowWriteCall()
+
+    async def scenario() -> None:
+        link = make_link(["127.0.0.1:1"], tmp_path)
+        link.interval_s = 0.01
+        lock = asyncio.Lock()
+        forwarder = asyncio.create_task(link._forward_outbox(call, lock))
+        link.send(pb.AgentMessage(progress=pb.Progress(generation=7, rank=0, step=2)))
+        while not lock.locked():  # the step's write has the turn and waits
+            await asyncio.sleep(0)
+        beats = asyncio.create_task(link._heartbeats(call, lock, handler))
+        await asyncio.sleep(0.05)  # the heartbeat waits for its turn
+        handler.exited = True
+        link.send(pb.AgentMessage(process_exited=pb.ProcessExited(generation=7, rank=0, pid=42, exit_code=1,
+                                                                  log_tail="crashing after step 2\n")))
+        call.release.set()
+        while not any(m.WhichOneof("body") == "heartbeat" for m in call.written):
+            await asyncio.sleep(0.01)
+        forwarder.cancel()
+        beats.cancel()
+        await asyncio.gather(forwarder, beats, return_exceptions=True)
+        kinds = [m.WhichOneof("body") for m in call.written]
+        assert kinds[:3] == ["progress", "process_exited", "heartbeat"]
+        assert call.written[2].heartbeat.processes[0].state == pb.PROCESS_EXITED
+
+    asyncio.run(asyncio.wait_for(scenario(), 20))
+
+
+class BreakingCall:
+    """A session call whose first write fails, as a write into a session that has just ended does."""
+
+    def __init__(self) -> None:
+        self.written: list[pb.AgentMessage] = []
+
+    async def write(self, message: pb.AgentMessage) -> None:
+        if not self.written:
+            self.written.append(pb.AgentMessage())  # the failed attempt
+            raise asyncio.InvalidStateError("RPC already finished")
+        self.written.append(message)
+
+
+def test_a_report_whose_write_failed_goes_out_on_the_next_session(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        link = make_link(["127.0.0.1:1"], tmp_path)
+        lock = asyncio.Lock()
+        exited = pb.AgentMessage(process_exited=pb.ProcessExited(generation=7, rank=0, pid=42, exit_code=1))
+        link.send(exited)
+        broken = BreakingCall()
+        try:
+            await link._forward_outbox(broken, lock)
+        except asyncio.InvalidStateError:
+            pass
+        else:
+            raise AssertionError("the broken write did not end the forwarder")
+        again = SlowWriteCall()
+        again.release.set()
+        forwarder = asyncio.create_task(link._forward_outbox(again, lock))
+        while not again.written:
+            await asyncio.sleep(0.01)
+        forwarder.cancel()
+        await asyncio.gather(forwarder, return_exceptions=True)
+        assert again.written == [exited]
+
+    asyncio.run(asyncio.wait_for(scenario(), 20))
+
+
 FROZEN_COORDINATOR = """
 import asyncio
 import grpc
