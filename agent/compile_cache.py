@@ -76,6 +76,9 @@ class CompileCacheLauncher:
         self._root = root
         self._user = user
 
+    async def prepare(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> None:
+        await self._inner.prepare(argv, env, cwd)  # the cache's variables are not read at import
+
     async def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> ProcessHandle:
         if not any(name in env for name in CACHE_VARIABLES):
             directory = self._root / cache_key(argv, env, cwd)

@@ -29,6 +29,10 @@ class ProcessHandle(Protocol):
 
 
 class ProcessLauncher(Protocol):
+    async def prepare(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> None:
+        """A hint, before a generation's processes are started one after another: `argv` will be started in
+        `cwd` with `env`. A launcher that can make that start quicker begins now."""
+
     async def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> ProcessHandle:
         """Starts `argv` in a new process group with stdin from /dev/null and stdout and stderr
         appended to `log_path`.
@@ -59,6 +63,9 @@ class SubprocessLauncher:
 
     def __init__(self, user: WorkerUser | None = None) -> None:
         self._user = user
+
+    async def prepare(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> None:
+        """Nothing to prepare: every start execs anew."""
 
     async def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> SubprocessHandle:
         env, options = dict(env), dict[str, Any]()

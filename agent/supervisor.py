@@ -244,6 +244,7 @@ class Supervisor:
                     memory_env, unavailable = {}, str(exc)
                 log.info("launching generation %d of job %s in %s: %d process(es)", launch.generation,
                          launch.job_name, workdir, len(launch.processes))
+            starts: list[tuple[ManagedProcess, list[str], dict[str, str]]] = []
             for spec in launch.processes:
                 managed = ManagedProcess(spec.role, spec.rank, gen_dir / f"{log_name(spec.role, spec.rank)}.log")
                 self.processes[(spec.role, spec.rank)] = managed
@@ -258,7 +259,12 @@ class Supervisor:
                        CONTROL_FILE_ENV: str(control), SKIPS_FILE_ENV: str(skips), **memory_env}
                 argv = expand_argv(spec.argv, self._python)
                 managed.epoch_shape_key = (launch.job_name, tuple(argv), env.get("RANK_SIZE", ""))
-                await self._start(managed, argv, env, workdir, pattern)
+                starts.append((managed, argv, env))
+            if workdir is not None:
+                for _, argv, env in starts:  # side by side: warm templates import at once (agent/warm_launcher.py)
+                    await self._launcher.prepare(argv, env, workdir)
+                for managed, argv, env in starts:
+                    await self._start(managed, argv, env, workdir, pattern)
 
     async def _prepare_workdir(self, launch: Launch) -> Path:
         """The generation's working directory, created, with no graceful-exit request left in it (a

@@ -1,23 +1,26 @@
-"""Starting training processes in pre-started interpreters (agent/warm_worker.py) where that is safe.
+"""Starting training processes forked from pre-started interpreters (agent/warm_worker.py) where that is safe.
 
 After a fault, most of a relaunched worker's start is the interpreter and `import mindspore` (about
-3 s on the CPU example). The agent outlives its workers, so it keeps warm workers: interpreters that
-have done that already and wait for a job. `WarmLauncher` is a `ProcessLauncher`: it hands a start to
-a warm worker when
+2 CPU-seconds, 3 s of wall time on the CPU example). The agent outlives its workers, so it keeps warm
+templates: interpreters that have done that once and fork a process for every start. `WarmLauncher` is a
+`ProcessLauncher`: it forks a start from a template when
 
 - the argv (after `{python}` is expanded) is this agent's interpreter followed by `-m MODULE ...` or
   `SCRIPT ...`, with no interpreter options: anything else (another interpreter, a shell script,
   msrun) starts cold, as before;
-- an idle warm worker was started in the same working directory with the same value of every
-  variable read at import (agent/import_env.py): whatever was read then cannot change later.
+- the template was started in the same working directory with the same value of every variable read
+  at import (agent/import_env.py): whatever was read then cannot change later. One device's processes
+  share one template (DEVICE_ID is read at import), and the scheduler has its own.
 
-Otherwise it starts the process cold through the `SubprocessLauncher` and logs why. Either way the
-process is the leader of its own session, its pid is the one the supervisor tracks and signals, and
-its exit status is the command's. After each qualifying start, a fresh warm worker with that start's
-environment and directory is prepared in the background, so the next generation (the same ranks on
-the same devices, new ports) finds one. At most `capacity` idle ones are kept (one per local device
-and one for the scheduler); the oldest goes first. Run as root, the agent prepares them at the lowest
-priority, so that they do not slow the generation starting beside them, and restores the priority
+A start with no fitting template starts one and waits for its imports (as long as a cold start takes),
+so the first generation pays one import per device and every later one none; `prepare` starts the
+templates of a generation's processes side by side before the first of them is started. Otherwise it
+starts the process cold through the `SubprocessLauncher` and logs why. Either way the process is the
+leader of its own session, its pid is the one the supervisor tracks and signals, and its exit status is
+the command's (a forked child's comes from its template, which is its parent). At most `capacity`
+templates are kept (one per local device and one for the scheduler); a retired one forks no more and
+ends once its children have. Run as root, the agent starts templates at the lowest priority, so that
+their imports do not slow the generation beside them, and gives each child the agent's priority back
 before handing over the job.
 """
 
@@ -27,14 +30,14 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agent.import_env import import_env_mismatch
-from agent.launcher import SubprocessHandle, SubprocessLauncher
+from agent.launcher import ProcessHandle, SubprocessHandle, SubprocessLauncher
 from agent.worker_user import WorkerUser
 
 log = logging.getLogger(__name__)
@@ -57,61 +60,192 @@ def warm_entrypoint(argv: Sequence[str], python: str) -> list[str] | None:
     return list(argv[1:])
 
 
-@dataclass
-class WarmWorker:
-    process: asyncio.subprocess.Process
-    channel: socket.socket
-    env: dict[str, str]
-    cwd: Path
+UNKNOWN_EXIT_CODE = 255  # a child whose template died before telling its exit status
 
-    def discard(self) -> None:
-        """Close its socket (an idle warm worker then exits by itself) and make sure it is gone."""
-        self.channel.close()
-        if self.process.returncode is None:
+
+class ForkedHandle:
+    """A process forked by a template: its exit status comes from the template (`WarmTemplate.exit_of`)."""
+
+    def __init__(self, pid: int, exited: asyncio.Future[int]) -> None:
+        self.pid = pid
+        self._exited = exited
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+    def signal_group(self, signum: int) -> None:
+        try:
+            os.killpg(self.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class WarmTemplate:
+    """A template interpreter and the agent's end of its control socket (the protocol: agent/warm_worker.py)."""
+
+    def __init__(self, process: asyncio.subprocess.Process, control: socket.socket, env: dict[str, str],
+                 cwd: Path) -> None:
+        self.process, self.control, self.env, self.cwd = process, control, env, cwd
+        self.retired = False
+        self._loop = asyncio.get_running_loop()
+        self._lock = asyncio.Lock()  # one fork at a time: its answer is the next `forked`
+        self._forked: asyncio.Future[int] | None = None
+        self._exits: dict[int, asyncio.Future[int]] = {}
+        self._gone = False
+        control.setblocking(False)
+        self._loop.add_reader(control.fileno(), self._read)
+
+    @property
+    def usable(self) -> bool:
+        return not self._gone and not self.retired and self.process.returncode is None
+
+    async def fork(self) -> tuple[int, socket.socket]:
+        """A new child of the template and the socket it waits on for its job; waits for the template's
+        imports the first time.
+
+        Raises:
+            OSError: the template is gone.
+        """
+        async with self._lock:
+            if self._gone:
+                raise OSError(f"the warm template pid {self.process.pid} is gone")
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._forked = self._loop.create_future()
             try:
-                os.killpg(self.process.pid, 9)
-            except (ProcessLookupError, PermissionError):
-                pass
+                socket.send_fds(self.control, [b"fork"], [theirs.fileno()])
+            except OSError:
+                ours.close()
+                raise
+            finally:
+                theirs.close()
+            try:
+                pid = await self._forked
+            except BaseException:
+                ours.close()
+                raise
+            return pid, ours
+
+    def exit_of(self, pid: int) -> asyncio.Future[int]:
+        return self._exits[pid]
+
+    @property
+    def children(self) -> int:
+        """How many of its children have not ended."""
+        return sum(1 for f in self._exits.values() if not f.done())
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = self.control.recv(256)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self._lost()
+                return
+            kind, *fields = data.decode(errors="replace").split()
+            if kind == "forked" and len(fields) == 1 and self._forked is not None and not self._forked.done():
+                pid = int(fields[0])
+                self._exits[pid] = self._loop.create_future()
+                self._forked.set_result(pid)
+            elif kind == "exited" and len(fields) == 2:
+                exited = self._exits.get(int(fields[0]))
+                if exited is not None and not exited.done():
+                    exited.set_result(int(fields[1]))
+                if self.retired and not self.children:
+                    self.close()
+
+    def _lost(self) -> None:
+        """The template ended (or closed its end): no more forks, and its running children's exits are
+        watched here, their status unknown."""
+        self.close()
+        if self._forked is not None and not self._forked.done():
+            self._forked.set_exception(OSError(f"the warm template pid {self.process.pid} exited"))
+        for pid, exited in self._exits.items():
+            if not exited.done():
+                log.warning("the warm template pid %d ended before its child pid %d: that child's exit status "
+                            "will be unknown (%d)", self.process.pid, pid, UNKNOWN_EXIT_CODE)
+                self._watch(pid, exited)
+
+    def _watch(self, pid: int, exited: asyncio.Future[int]) -> None:
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:  # gone already
+            exited.set_result(UNKNOWN_EXIT_CODE)
+            return
+
+        def ended() -> None:
+            self._loop.remove_reader(pidfd)
+            os.close(pidfd)
+            if not exited.done():
+                exited.set_result(UNKNOWN_EXIT_CODE)
+        self._loop.add_reader(pidfd, ended)
+
+    def retire(self) -> None:
+        """Fork no more; the template ends once its children have."""
+        self.retired = True
+        if not self.children:
+            self.close()
+
+    def close(self) -> None:
+        """Close the control socket: the template exits once its children have ended."""
+        if not self._gone:
+            self._gone = True
+            self._loop.remove_reader(self.control.fileno())
+            self.control.close()
 
 
 class WarmLauncher:
-    """A `ProcessLauncher` that starts `{python} -m MODULE` and `{python} SCRIPT` in warm workers (see
-    the module docstring) and everything else through `cold`. `enabled=False` starts everything cold."""
+    """A `ProcessLauncher` that starts `{python} -m MODULE` and `{python} SCRIPT` forked from warm templates
+    (see the module docstring) and everything else through `cold`. `enabled=False` starts everything cold."""
 
     def __init__(self, cold: SubprocessLauncher, *, python: str, log_path: Path, capacity: int,
                  user: WorkerUser | None = None, enabled: bool = True, preload: Sequence[str] | None = None) -> None:
         self._cold = cold
         self._python = python
-        self._log_path = log_path  # the warm workers' own output before they get a job
+        self._log_path = log_path  # the templates' own output
         self._capacity = capacity
         self._user = user
         self.enabled = enabled
         self._preload = preload  # None: agent/warm_worker.py's PRELOAD (MindSpore and the trainer runtime)
-        self._idle: list[WarmWorker] = []
-        self._preparing: set[asyncio.Task] = set()
+        self._templates: list[WarmTemplate] = []  # the oldest first
+        self._spawning = asyncio.Lock()
         # Only a privileged agent can give a niced process its priority back.
         self._nice = os.geteuid() == 0
 
-    async def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> SubprocessHandle:
+    async def prepare(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> None:
+        """Start the template a start of `argv` would be forked from, if there is none yet."""
+        if self.enabled and warm_entrypoint(argv, self._python) is not None:
+            await self._template_for(self._job_env(env), cwd)
+
+    async def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> ProcessHandle:
         entry = warm_entrypoint(argv, self._python) if self.enabled else None
         if entry is None:
             why = "warm workers are off" if not self.enabled else "not {python} -m MODULE or {python} SCRIPT"
             return await self._start_cold(argv, env, cwd, log_path, why)
-        env = {**env, **(self._user.environment() if self._user else {})}
-        warm, why = self._take(env, cwd)
-        try:
-            if warm is not None:
+        env = self._job_env(env)
+        template, why = await self._template_for(env, cwd)
+        if template is not None:
+            try:
+                pid, channel = await template.fork()
+            except OSError as exc:
+                why = f"the warm template could not fork: {exc}"
+                template.retire()
+            else:
                 try:
-                    handle = self._hand_over(warm, entry, env, cwd, log_path)
+                    self._hand_over(pid, channel, entry, env, cwd, log_path)
                 except OSError as exc:
-                    warm.discard()
-                    why = f"the warm worker could not take the job: {exc}"
+                    why = f"the forked worker could not take the job: {exc}"
+                    ForkedHandle(pid, template.exit_of(pid)).signal_group(signal.SIGKILL)
                 else:
-                    log.info("started pid %d warm (a pre-started interpreter): %s", handle.pid, " ".join(argv))
-                    return handle
-            return await self._start_cold(argv, env, cwd, log_path, why)
-        finally:
-            self._prepare_in_background(env, cwd)
+                    log.info("started pid %d warm (forked from the pre-started interpreter pid %d): %s", pid,
+                             template.process.pid, " ".join(argv))
+                    return ForkedHandle(pid, template.exit_of(pid))
+        return await self._start_cold(argv, env, cwd, log_path, why)
+
+    def _job_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        return {**env, **(self._user.environment() if self._user else {})}
 
     async def _start_cold(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path,
                           why: str) -> SubprocessHandle:
@@ -119,58 +253,52 @@ class WarmLauncher:
         log.info("started pid %d cold (%s): %s", handle.pid, why, " ".join(argv))
         return handle
 
-    def _take(self, env: Mapping[str, str], cwd: Path) -> tuple[WarmWorker | None, str]:
-        """An idle warm worker fit for `env` and `cwd`, removed from the pool, or None and why not."""
-        reasons = []
-        for warm in self._idle:
-            if warm.process.returncode is not None:
-                continue
-            if warm.cwd != cwd:
-                reasons.append(f"pid {warm.process.pid} is in {warm.cwd}")
-                continue
-            mismatch = import_env_mismatch(warm.env, env)
-            if mismatch:
-                reasons.append(f"pid {warm.process.pid} imported with other {', '.join(mismatch[:5])}"
-                               + (f" and {len(mismatch) - 5} more" if len(mismatch) > 5 else ""))
-                continue
-            self._idle.remove(warm)
-            return warm, ""
-        self._drop_dead()
-        if not reasons:
-            return None, "no warm worker ready" if not self._preparing else "the warm workers are still being started"
-        return None, "no warm worker fits: " + "; ".join(reasons)
+    async def _template_for(self, env: dict[str, str], cwd: Path) -> tuple[WarmTemplate | None, str]:
+        """The template fit for `env` and `cwd`, started when there is none; or None and why not."""
+        async with self._spawning:
+            reasons = []
+            for template in self._templates:
+                if not template.usable:
+                    continue
+                if template.cwd != cwd:
+                    reasons.append(f"pid {template.process.pid} is in {template.cwd}")
+                    continue
+                mismatch = import_env_mismatch(template.env, env)
+                if mismatch:
+                    reasons.append(f"pid {template.process.pid} imported with other {', '.join(mismatch[:5])}"
+                                   + (f" and {len(mismatch) - 5} more" if len(mismatch) > 5 else ""))
+                    continue
+                return template, ""
+            try:
+                template = await self._spawn(env, cwd)
+            except OSError as exc:
+                log.warning("cannot start a warm template in %s: %s", cwd, exc)
+                why = f"cannot start a warm template: {exc}"
+                return None, why + ("; none fits: " + "; ".join(reasons) if reasons else "")
+            if reasons:
+                log.info("started warm template pid %d in %s, as none fits: %s", template.process.pid, cwd,
+                         "; ".join(reasons))
+            self._templates = [t for t in self._templates if t.usable or t.children] + [template]
+            for old in [t for t in self._templates if not t.retired][:-self._capacity]:
+                old.retire()
+            return template, ""
 
-    def _hand_over(self, warm: WarmWorker, entry: list[str], env: dict[str, str], cwd: Path,
-                   log_path: Path) -> SubprocessHandle:
+    def _hand_over(self, pid: int, channel: socket.socket, entry: list[str], env: dict[str, str], cwd: Path,
+                   log_path: Path) -> None:
         message = json.dumps({"argv": entry, "env": env, "cwd": str(cwd)}).encode()
-        with open(log_path, "ab") as log_file:
-            if self._user is not None:
-                os.fchown(log_file.fileno(), self._user.uid, self._user.gid)
-            sent = socket.send_fds(warm.channel, [message], [log_file.fileno()])
-            warm.channel.sendall(message[sent:])
-        if self._nice:
-            set_priority(warm.process.pid, os.getpriority(os.PRIO_PROCESS, 0))
-        warm.channel.close()  # the end of the message: the job starts now
-        return SubprocessHandle(warm.process)
-
-    def _prepare_in_background(self, env: dict[str, str], cwd: Path) -> None:
-        task = asyncio.get_running_loop().create_task(self._prepare(env, cwd))
-        self._preparing.add(task)
-        task.add_done_callback(self._preparing.discard)
-
-    async def _prepare(self, env: dict[str, str], cwd: Path) -> None:
         try:
-            warm = await self._spawn(env, cwd)
-        except OSError as exc:
-            log.warning("cannot prepare a warm worker in %s: %s", cwd, exc)
-            return
-        self._idle.append(warm)
-        while len(self._idle) > self._capacity:
-            self._idle.pop(0).discard()
-        log.debug("prepared warm worker pid %d in %s", warm.process.pid, cwd)
+            with open(log_path, "ab") as log_file:
+                if self._user is not None:
+                    os.fchown(log_file.fileno(), self._user.uid, self._user.gid)
+                sent = socket.send_fds(channel, [message], [log_file.fileno()])
+                channel.sendall(message[sent:])
+            if self._nice:
+                set_priority(pid, os.getpriority(os.PRIO_PROCESS, 0))
+        finally:
+            channel.close()  # the end of the message: the job starts now
 
-    async def _spawn(self, env: dict[str, str], cwd: Path) -> WarmWorker:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    async def _spawn(self, env: dict[str, str], cwd: Path) -> WarmTemplate:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         argv = [self._python, "-m", "agent.warm_worker", str(theirs.fileno())]
         if self._preload is not None:
             argv += ["--preload", ",".join(self._preload)]
@@ -190,22 +318,19 @@ class WarmLauncher:
         if self._nice:
             # Still one thread (the interpreter is starting): the threads its imports start inherit this.
             set_priority(process.pid, PREPARE_NICENESS)
-        return WarmWorker(process, ours, dict(env), cwd)
-
-    def _drop_dead(self) -> None:
-        for warm in [w for w in self._idle if w.process.returncode is not None]:
-            self._idle.remove(warm)
-            warm.discard()
+        log.debug("started warm template pid %d in %s", process.pid, cwd)
+        return WarmTemplate(process, ours, dict(env), cwd)
 
     async def close(self) -> None:
-        """Stop preparing and end every idle warm worker (the agent is stopping)."""
-        for task in list(self._preparing):
-            task.cancel()
-        await asyncio.gather(*self._preparing, return_exceptions=True)
-        for warm in self._idle:
-            warm.discard()
-            await warm.process.wait()
-        self._idle.clear()
+        """End every template (the agent is stopping; its supervisor has stopped the processes)."""
+        for template in self._templates:
+            template.close()
+            try:
+                os.killpg(template.process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            await template.process.wait()
+        self._templates.clear()
 
 
 def set_priority(pid: int, niceness: int) -> None:

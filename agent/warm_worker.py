@@ -1,24 +1,38 @@
-"""A pre-started training interpreter: imports MindSpore and the trainer runtime, then waits for one job.
+"""A pre-started training interpreter, a template: imports MindSpore and the trainer runtime once, then
+forks one process per job the agent hands it.
 
     {python} -m agent.warm_worker FD [--preload MODULE,...] [--room BLANKS]
 
-The agent (agent/warm_launcher.py) starts it in a new session, like any training process, with the
-environment and working directory of the job it expects next, and keeps the other end of the Unix
-socket FD. Start-up (the interpreter, `import mindspore`: about 3 s) then happens while nothing
-waits for it (at the lowest priority when the agent can restore it: see agent/warm_launcher.py).
+The agent (agent/warm_launcher.py) starts it in a new session with the environment and working
+directory of the jobs it will run, and keeps the other end of the Unix socket FD (SOCK_SEQPACKET), the
+control socket. Start-up (the interpreter, `import mindspore`: about 2 CPU-seconds) happens once per
+template, at the lowest priority when the agent can restore it; a fork then costs milliseconds and
+memory the processes share until they write to it.
 
-The job arrives as one JSON message, `{"argv": [...], "env": {...}, "cwd": "..."}` (argv without the
+On the control socket the agent sends `fork` with one end of a new socket pair attached (SCM_RIGHTS). The
+template forks; the child starts a session of its own (its pid is its process group's id, as for a cold
+start) and waits on that socket for its job; the template answers `forked PID`, and `exited PID CODE` when
+the child ends (CODE as `os.waitstatus_to_exitcode` gives it: -N for signal N). When the agent closes the
+control socket, the template forks no more and exits once its children have ended.
+
+A child's job arrives as one JSON message, `{"argv": [...], "env": {...}, "cwd": "..."}` (argv without the
 interpreter: `["-m", MODULE, ...]` or `[SCRIPT, ...]`), with the job's log file descriptor attached
-(SCM_RIGHTS); the agent closes its end once the process may start. The worker then becomes that job:
+(SCM_RIGHTS); the agent closes its end once the process may start. The child then becomes that job:
 the log on stdout and stderr, the job's environment and directory, `sys.argv` and `sys.path[0]` as
 `python -m MODULE` or `python SCRIPT` would set them, and the module or script run as `__main__`.
 Its exit status is what the same command would give: SystemExit's code, or 1 with the traceback in
-the log. When the socket closes without a job (the agent stopped or dropped this worker), it exits 0.
+the log; it leaves through the interpreter's own exit, so atexit handlers (MindSpore's among them) run.
+When its socket closes without a job, it exits 0.
 
-Its command line (what `ps` and psutil show) is rewritten in place to the job's, in the room the
+Forked children share the template's state from its imports: Python's `random` reseeds in every child
+(CPython does so at fork), NumPy's global generator does not, so a job that draws from it unseeded draws
+the same numbers in every process of one template. Jobs seed their generators; MindSpore's are seeded by
+`set_seed`.
+
+A child's command line (what `ps` and psutil show) is rewritten in place to the job's, in the room the
 agent left for it (a blank `--room` argument; a longer command line is cut). Its /proc/PID/environ
 is not: that memory may still be pointed to by what read the environment at import, so it keeps
-showing the environment the worker was prepared with (the previous generation's on that device);
+showing the environment the template was started with (the first generation's on that device);
 the job's own environment is in `os.environ` and the C library's, as for a cold start.
 
 MindSpore notes its entry script when it is imported (`mindspore.graph.api.entry_script_path`, from
@@ -38,6 +52,8 @@ import importlib.util
 import json
 import os
 import runpy
+import select
+import signal
 import socket
 import sys
 import traceback
@@ -163,11 +179,79 @@ def rewrite_command_line(argv: Sequence[str]) -> None:
     ctypes.memmove(arg_start + len(first), data.ljust(size, b"\0"), size)
 
 
+def serve(control: socket.socket) -> int | None:
+    """Fork a child for every `fork` the agent sends, and tell it each child's pid and exit, until the agent
+    closes `control` and every child has ended (then None). In a child, returns the descriptor of the
+    socket its job arrives on."""
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_read, False)
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    children: set[int] = set()
+    serving = True
+    while serving or children:
+        watched: list = [control, wake_read] if serving else [wake_read]
+        ready, _, _ = select.select(watched, [], [], 5.0)
+        if wake_read in ready:
+            while True:
+                try:
+                    if not os.read(wake_read, 512):
+                        break
+                except BlockingIOError:
+                    break
+        if serving and control in ready:
+            try:
+                data, fds, _, _ = socket.recv_fds(control, 64, 1)
+            except OSError:
+                data, fds = b"", []
+            if data != b"fork" or len(fds) != 1:
+                for fd in fds:
+                    os.close(fd)
+                serving = False  # the agent closed its end (or broke the protocol): fork no more
+            else:
+                pid = os.fork()
+                if pid == 0:
+                    signal.set_wakeup_fd(-1)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    os.close(wake_read)
+                    os.close(wake_write)
+                    control.close()
+                    os.setsid()
+                    return fds[0]
+                os.close(fds[0])
+                children.add(pid)
+                _tell(control, f"forked {pid}")
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                children.clear()
+                break
+            if pid == 0:
+                break
+            children.discard(pid)
+            _tell(control, f"exited {pid} {os.waitstatus_to_exitcode(status)}")
+    return None
+
+
+def _tell(control: socket.socket, message: str) -> None:
+    """A report to the agent; one that has gone away is told nothing (its children go on)."""
+    try:
+        control.send(message.encode())
+    except OSError:
+        pass
+
+
 def main() -> None:
     fd = int(sys.argv[1])
     modules = option("--preload")
     failed_preload = preload(PRELOAD if modules is None else [m for m in modules.split(",") if m])
-    with socket.socket(fileno=fd) as channel:
+    with socket.socket(fileno=fd) as control:
+        job_fd = serve(control)
+    if job_fd is None:
+        return
+    with socket.socket(fileno=job_fd) as channel:
         received = receive_job(channel)
     if received is None:
         return

@@ -85,12 +85,10 @@ class Processes:
                                  "--log-level", "DEBUG"])
 
     def agent(self, node_name: str, coordinator: str, cpu_devices: int = 1,
-              env: dict[str, str] | None = None, flags: tuple[str, ...] = (), warm_workers: bool = False) -> Proc:
-        """`warm_workers`: off unless the test is about them. Each agent prepares a warm interpreter per
-        device and one for the scheduler at every launch, importing MindSpore beside the training; a test's
-        short job ends before most of them are used, and on 2 cores a test with them ran ~12% longer
-        (tests/integration/test_agent_saves.py: 34-36 s against 29-31 s). The product's default (on) is
-        tested end to end where it is the point: tests/integration/test_recovery.py's killed worker, `make demo`."""
+              env: dict[str, str] | None = None, flags: tuple[str, ...] = (), warm_workers: bool = True) -> Proc:
+        """`warm_workers`: on, as in the product: every process of a job forked from one template per device
+        (agent/warm_launcher.py), which imported MindSpore once for all generations; a process started
+        cold imports it again (about 2 CPU-seconds each, the largest part of this suite's CPU time)."""
         return self.start(node_name, [
             str(BIN / "trainerd-agent"), "--coordinator", coordinator, "--node-name", node_name,
             "--cpu-devices", str(cpu_devices), "--work-dir", str(self.root / "agents" / node_name),

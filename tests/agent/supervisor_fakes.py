@@ -87,6 +87,9 @@ class FakeLauncher:
         self.cannot_execute: set[str] = set()
         self.not_permitted: set[str] = set()
 
+    async def prepare(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> None:
+        pass
+
     async def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> FakeProcess:
         if argv[0] in self.cannot_execute:
             raise FileNotFoundError(errno.ENOENT, "No such file or directory", argv[0])

@@ -1,5 +1,5 @@
-"""The compile cache across a cold and a warm start, with real MindSpore: a generation started in a warm
-worker (which imported MindSpore before it knew its job) loads the graph the cold first generation
+"""The compile cache across a cold and a warm start, with real MindSpore: a generation forked from a warm
+template (which imported MindSpore before it knew its job) loads the graph the cold first generation
 cached, as a second cold start would. MindSpore keys the cache's validity on the entry script it
 noted at import (agent/warm_worker.py's docstring); before the warm worker corrected that, the warm
 generation found "the compilation dependency files changed", compiled again and overwrote the cache,
@@ -47,11 +47,13 @@ def test_a_warm_started_generation_loads_the_graph_the_cold_one_cached(
            "PYTHONPATH": f"{tmp_path / 'lib'}{os.pathsep}{REPO}", "TRAINERD_GENERATION": "1"}
     argv = [PY, "-m", "tiny_job"]
     warm = WarmLauncher(SubprocessLauncher(), python=PY, log_path=tmp_path / "warm_workers.log", capacity=2)
-    launcher = CompileCacheLauncher(warm, tmp_path / "cache")
+    cold = WarmLauncher(SubprocessLauncher(), python=PY, log_path=tmp_path / "warm_workers.log", capacity=2,
+                        enabled=False)
+    launchers = {1: CompileCacheLauncher(cold, tmp_path / "cache"), 2: CompileCacheLauncher(warm, tmp_path / "cache")}
 
     async def generation(number: int) -> str:
         log = tmp_path / f"generation{number}.log"
-        handle = await launcher.start(argv, {**env, "TRAINERD_GENERATION": str(number)}, tmp_path, log)
+        handle = await launchers[number].start(argv, {**env, "TRAINERD_GENERATION": str(number)}, tmp_path, log)
         assert await handle.wait() == 0, log.read_text()[-3000:]
         return log.read_text()
 
@@ -68,7 +70,7 @@ def test_a_warm_started_generation_loads_the_graph_the_cold_one_cached(
     first, before, second = asyncio.run(asyncio.wait_for(scenario(), 240))
     cached = sorted((tmp_path / "cache").glob("*/rank_0/graph_cache/*"))
     assert [path.name for path in cached] == ["compile_cache_0.mindir", "compile_dependency.hash"]
-    assert "started pid" in caplog.text and " warm (a pre-started interpreter)" in caplog.text
+    assert " cold (warm workers are off)" in caplog.text and " warm (forked from the pre-started" in caplog.text
     dependencies = f"dependencies {[str(tmp_path / 'lib' / 'tiny_job.py')]}"
     assert dependencies in first.splitlines()
     assert dependencies in second.splitlines()  # the job's script, not the warm worker's module

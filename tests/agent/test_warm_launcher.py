@@ -19,7 +19,7 @@ from agent import compile_cache
 from agent.compile_cache import CompileCacheLauncher, cache_key
 from agent.import_env import import_env_mismatch
 from agent.launcher import SubprocessLauncher
-from agent.warm_launcher import WarmLauncher, warm_entrypoint
+from agent.warm_launcher import UNKNOWN_EXIT_CODE, WarmLauncher, warm_entrypoint
 from agent.warm_worker import module_file
 from daemon.config import JobSettings
 from daemon.job.launch_plan import node_processes
@@ -69,8 +69,8 @@ def job(tmp_path: Path) -> dict:
             "env": env}
 
 
-def launcher_for(tmp_path: Path, **kwargs) -> WarmLauncher:
-    return WarmLauncher(SubprocessLauncher(), python=PY, log_path=tmp_path / "warm_workers.log", capacity=2,
+def launcher_for(tmp_path: Path, capacity: int = 2, **kwargs) -> WarmLauncher:
+    return WarmLauncher(SubprocessLauncher(), python=PY, log_path=tmp_path / "warm_workers.log", capacity=capacity,
                         preload=["warmmark"], **kwargs)
 
 
@@ -85,10 +85,13 @@ async def start_and_wait(launcher, argv: Sequence[str], env: Mapping[str, str], 
     return handle.pid, code, report
 
 
-async def prepared(launcher: WarmLauncher) -> None:
-    """Wait until the warm workers being prepared have been started."""
-    while launcher._preparing:
-        await asyncio.sleep(0.01)
+def template_pid(caplog: pytest.LogCaptureFixture, pid: int) -> int | None:
+    """The template a start of `pid` was forked from, as the launcher logged it (None: started cold)."""
+    for record in caplog.records:
+        message = record.getMessage()
+        if message.startswith(f"started pid {pid} warm"):
+            return int(message.split("interpreter pid ")[1].split(")")[0])
+    return None
 
 
 @pytest.mark.parametrize(("argv", "expected"), [
@@ -116,40 +119,45 @@ def test_only_variables_read_at_import_must_match() -> None:
 
 
 def test_a_warm_start_runs_the_script_like_a_cold_one(job: dict, caplog: pytest.LogCaptureFixture) -> None:
+    """Both generations are forked from one template, each with its own environment, log and exit status;
+    what the script sees is what a cold start of it sees."""
     caplog.set_level(logging.INFO, "agent.warm_launcher")
     root, cwd = job["root"], job["cwd"]
     argv = [PY, job["script"], "a", "b c"]
 
     async def scenario():
+        cold_launcher = launcher_for(root, enabled=False)
         launcher = launcher_for(root)
         try:
-            first = await start_and_wait(launcher, argv, {**job["env"], "EXIT_CODE": "3"}, cwd, root / "g1.log")
-            await prepared(launcher)
+            cold = await start_and_wait(cold_launcher, argv, {**job["env"], "EXIT_CODE": "3"}, cwd, root / "g0.log")
+            first = await start_and_wait(launcher, argv, {**job["env"], "EXIT_CODE": "5"}, cwd, root / "g1.log")
             second_env = {**job["env"], "TRAINERD_GENERATION": "2", "GREETING": "again", "EXIT_CODE": "7"}
             (root / "g2.log").write_text("from before\n")
             second = await start_and_wait(launcher, argv, second_env, cwd, root / "g2.log")
-            return first, second
+            return cold, first, second
         finally:
             await launcher.close()
 
-    (_, code1, cold), (pid, code2, warm) = run(scenario())
-    assert (cold["mode"], code1) == ("cold", 3)
+    (_, code0, cold), (pid1, code1, first), (pid2, code2, warm) = run(scenario())
+    assert (cold["mode"], code0) == ("cold", 3)
+    assert (first["mode"], code1) == ("warm", 5)
     assert warm["first"] == "from before"  # the log is appended to
     assert warm["mode"] == "warm" and code2 == 7
-    for report in (cold, warm):
+    for report in (cold, first, warm):
         assert report["argv"] == repr([job["script"], "a", "b c"])
         assert report["name"] == "__main__"
         assert report["cwd"] == str(cwd)
         assert report["path0"] == str(Path(job["script"]).parent)
         assert "oops" in report
-    assert (warm["greeting"], warm["generation"]) == ("again", "2")  # the job's env, not the warm worker's
-    assert warm["pid"] == f"{pid} {pid} {pid}"  # the tracked pid leads its own session and group
+    assert (warm["greeting"], warm["generation"]) == ("again", "2")  # the job's env, not the template's
+    assert warm["pid"] == f"{pid2} {pid2} {pid2}"  # the tracked pid leads its own session and group
     assert warm["cmdline"] == repr([PY, job["script"], "a", "b c"])  # what ps shows
-    # prepared at the lowest priority (when the agent may restore it: root), run at the agent's
-    assert warm["nice"] == cold["nice"] == str(os.getpriority(os.PRIO_PROCESS, 0))
-    messages = [r.getMessage() for r in caplog.records]
-    assert any("cold (no warm worker" in m for m in messages)
-    assert any(f"started pid {pid} warm" in m for m in messages)
+    # the template imports at the lowest priority (when the agent may restore it: root), its children run at the
+    # agent's
+    assert warm["nice"] == first["nice"] == cold["nice"] == str(os.getpriority(os.PRIO_PROCESS, 0))
+    template = template_pid(caplog, pid1)
+    assert template is not None and template_pid(caplog, pid2) == template  # one import for both
+    assert "cold (warm workers are off)" in caplog.text
 
 
 def test_a_module_runs_as_main_and_an_exception_exits_1_with_its_traceback(job: dict) -> None:
@@ -159,10 +167,7 @@ def test_a_module_runs_as_main_and_an_exception_exits_1_with_its_traceback(job: 
     async def scenario():
         launcher = launcher_for(root)
         try:
-            await start_and_wait(launcher, [PY, "-m", "reporter"], job["env"], cwd, root / "g1.log")
-            await prepared(launcher)
             module = await start_and_wait(launcher, [PY, "-m", "reporter", "--x"], job["env"], cwd, root / "g2.log")
-            await prepared(launcher)
             failing = await start_and_wait(launcher, [PY, "-m", "failing"], job["env"], cwd, root / "g3.log")
             return module, failing
         finally:
@@ -177,7 +182,7 @@ def test_a_module_runs_as_main_and_an_exception_exits_1_with_its_traceback(job: 
     assert "Traceback" in text and "RuntimeError: broken on purpose" in text
 
 
-def test_a_different_import_time_variable_or_directory_starts_cold_and_says_why(
+def test_a_different_import_time_variable_or_directory_has_a_template_of_its_own_and_says_why(
         job: dict, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, "agent.warm_launcher")
     root, cwd = job["root"], job["cwd"]
@@ -185,25 +190,49 @@ def test_a_different_import_time_variable_or_directory_starts_cold_and_says_why(
     (root / "elsewhere").mkdir()
 
     async def scenario():
-        launcher = launcher_for(root)
+        launcher = launcher_for(root, capacity=3)
         try:
-            await start_and_wait(launcher, argv, job["env"], cwd, root / "g1.log")
-            await prepared(launcher)
+            first = await start_and_wait(launcher, argv, job["env"], cwd, root / "g1.log")
             new_port = await start_and_wait(launcher, argv, {**job["env"], "MS_SCHED_PORT": "9"}, cwd, root / "g2.log")
-            await prepared(launcher)
             other_device = await start_and_wait(launcher, argv, {**job["env"], "DEVICE_ID": "1"}, cwd, root / "g3.log")
-            await prepared(launcher)
             other_dir = await start_and_wait(launcher, argv, job["env"], root / "elsewhere", root / "g4.log")
-            return other_device, other_dir, new_port
+            return first, new_port, other_device, other_dir
         finally:
             await launcher.close()
 
-    other_device, other_dir, new_port = run(scenario())
-    assert other_device[2]["mode"] == "cold" and other_dir[2]["mode"] == "cold"
-    assert new_port[2]["mode"] == "warm"  # read only at init(): no reason to start cold
+    starts = run(scenario())
+    assert all(report["mode"] == "warm" for _, _, report in starts)
+    first, new_port, other_device, other_dir = (template_pid(caplog, pid) for pid, _, _ in starts)
+    assert new_port == first  # read only at init(): no reason for another import
+    assert len({first, other_device, other_dir}) == 3
     messages = "\n".join(r.getMessage() for r in caplog.records)
     assert "imported with other DEVICE_ID" in messages
     assert f"is in {cwd}" in messages
+
+
+def test_beyond_its_capacity_the_oldest_template_forks_no_more_and_ends_after_its_children(job: dict) -> None:
+    root, cwd = job["root"], job["cwd"]
+    sleeper = root / "scripts" / "sleeper.py"
+    sleeper.write_text("import time\nprint('sleeping', flush=True)\ntime.sleep(60)\n")
+
+    async def scenario():
+        launcher = launcher_for(root, capacity=1)
+        try:
+            running = await launcher.start([PY, str(sleeper)], job["env"], cwd, root / "g1.log")
+            (old,) = launcher._templates
+            await start_and_wait(launcher, [PY, job["script"]], {**job["env"], "DEVICE_ID": "1"}, cwd, root / "g2.log")
+            assert old.retired and old.process.returncode is None  # its child still runs
+            third = await start_and_wait(launcher, [PY, job["script"]], job["env"], cwd, root / "g3.log")
+            running.signal_group(signal.SIGKILL)
+            code = await running.wait()
+            old_exit = await asyncio.wait_for(old.process.wait(), 10)
+            return code, old_exit, third, [t.process.pid for t in launcher._templates if t.usable], old.process.pid
+        finally:
+            await launcher.close()
+
+    code, old_exit, third, usable, old_pid = run(scenario())
+    assert code == -signal.SIGKILL and old_exit == 0
+    assert third[2]["mode"] == "warm" and old_pid not in usable and len(usable) == 1
 
 
 def test_a_signal_to_the_group_of_a_warm_started_process_reaches_its_children(job: dict) -> None:
@@ -217,8 +246,6 @@ def test_a_signal_to_the_group_of_a_warm_started_process_reaches_its_children(jo
     async def warm_scenario():
         launcher = launcher_for(root)
         try:
-            await start_and_wait(launcher, [PY, job["script"]], job["env"], cwd, root / "g1.log")
-            await prepared(launcher)
             handle = await launcher.start([PY, str(script)], job["env"], cwd, root / "g2.log")
             for _ in range(500):
                 if "child" in (root / "g2.log").read_text():
@@ -241,6 +268,37 @@ def test_a_signal_to_the_group_of_a_warm_started_process_reaches_its_children(jo
     assert not child_alive
 
 
+def test_a_child_whose_template_was_killed_is_still_seen_to_end(job: dict, caplog: pytest.LogCaptureFixture) -> None:
+    """Its exit status went with the template (its parent): the end is seen, the status is unknown."""
+    root, cwd = job["root"], job["cwd"]
+    sleeper = root / "scripts" / "sleeper.py"
+    sleeper.write_text("import time\nprint('sleeping', flush=True)\ntime.sleep(60)\n")
+
+    async def scenario():
+        launcher = launcher_for(root)
+        try:
+            handle = await launcher.start([PY, str(sleeper)], job["env"], cwd, root / "g1.log")
+            (template,) = launcher._templates
+            os.kill(template.process.pid, signal.SIGKILL)
+            await template.process.wait()
+            for _ in range(100):
+                if not template.usable:
+                    break
+                await asyncio.sleep(0.02)
+            assert alive(handle.pid)
+            handle.signal_group(signal.SIGKILL)
+            code = await asyncio.wait_for(handle.wait(), 10)
+            after = await start_and_wait(launcher, [PY, job["script"]], job["env"], cwd, root / "g2.log")
+            return code, after
+        finally:
+            await launcher.close()
+
+    code, after = run(scenario())
+    assert code == UNKNOWN_EXIT_CODE
+    assert after[2]["mode"] == "warm"  # from a new template
+    assert "exit status will be unknown" in caplog.text
+
+
 def test_with_warm_workers_off_everything_starts_cold(job: dict, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, "agent.warm_launcher")
     root, cwd = job["root"], job["cwd"]
@@ -248,31 +306,36 @@ def test_with_warm_workers_off_everything_starts_cold(job: dict, caplog: pytest.
     async def scenario():
         launcher = launcher_for(root, enabled=False)
         try:
+            await launcher.prepare([PY, job["script"]], job["env"], cwd)
             first = await start_and_wait(launcher, [PY, job["script"]], job["env"], cwd, root / "g1.log")
-            await prepared(launcher)
             second = await start_and_wait(launcher, [PY, job["script"]], job["env"], cwd, root / "g2.log")
-            return first, second, list(launcher._idle)
+            return first, second, list(launcher._templates)
         finally:
             await launcher.close()
 
-    first, second, idle = run(scenario())
+    first, second, templates = run(scenario())
     assert first[2]["mode"] == second[2]["mode"] == "cold"
-    assert idle == []
+    assert templates == []
     assert "cold (warm workers are off)" in caplog.text
 
 
-def test_an_idle_warm_worker_exits_when_the_agent_drops_it(job: dict) -> None:
+def test_a_template_exits_when_the_agent_closes_its_end_once_its_children_have_ended(job: dict) -> None:
     root, cwd = job["root"], job["cwd"]
+    sleeper = root / "scripts" / "sleeper.py"
+    sleeper.write_text("import time\nprint('sleeping', flush=True)\ntime.sleep(60)\n")
 
     async def scenario():
         launcher = launcher_for(root)
-        await start_and_wait(launcher, [PY, job["script"]], job["env"], cwd, root / "g1.log")
-        await prepared(launcher)
-        (warm,) = launcher._idle
-        warm.channel.close()  # what the agent's exit does too
-        return await asyncio.wait_for(warm.process.wait(), 10)
+        await launcher.prepare([PY, job["script"]], job["env"], cwd)
+        handle = await launcher.start([PY, str(sleeper)], job["env"], cwd, root / "g1.log")
+        (template,) = launcher._templates
+        template.control.close()  # what the agent's exit does too
+        await asyncio.sleep(0.5)
+        still_there = template.process.returncode is None
+        handle.signal_group(signal.SIGKILL)
+        return still_there, await asyncio.wait_for(template.process.wait(), 10)
 
-    assert run(scenario()) == 0
+    assert run(scenario()) == (True, 0)
 
 
 class RecordingLauncher:

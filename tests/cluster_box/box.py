@@ -57,7 +57,7 @@ class BoxHost:
 
     def processes(self) -> list[psutil.Process]:
         """What the agent started for a job (scheduler and workers, and their children), alive now: not
-        its idle warm workers (`python -m agent.warm_worker`, until one takes a job and shows its command)."""
+        its warm templates (`python -m agent.warm_worker`; the children they fork show their job's command)."""
         if self.agent is None or not self.agent.alive():
             return []
         found = []
@@ -111,11 +111,11 @@ class BoxCoordinator:
 
 class ClusterBox:
     """`job` builds the cluster file's job from the box (for its `checkpoint_dir`); None runs no job.
-    `warm_workers`: the agents' (off for tests, as tests/harness.py `Processes.agent` says why; on for a bench)."""
+    `warm_workers`: the agents' (on, as in the product: tests/harness.py `Processes.agent` says why)."""
 
     def __init__(self, tmp_path: Path, *, hosts: int = 3, job: Callable[[ClusterBox], dict] | None = None,
                  heartbeat_interval_s: float = 0.5, heartbeat_timeout_s: float = 2.0,
-                 checkpoint_fs_mb: int = 64, join: bool = False, warm_workers: bool = False) -> None:
+                 checkpoint_fs_mb: int = 64, join: bool = False, warm_workers: bool = True) -> None:
         self.network = Network()
         self.root = tmp_path / self.network.tag  # every process's command line names the owner's tag
         self.checkpoint_dir = self.root / "checkpoints"

@@ -14,10 +14,10 @@ HEARTBEAT_TIMEOUT_S = 2.0
 
 def cluster_file(tmp_path: Path, name: str, *, listen: str, etcd_endpoints: list[str] | None = None,
                  local_agents: int = 0, job: dict | None = None, security: dict | None = None,
-                 metrics_listen: str | None = None, warm_workers: bool = False) -> Path:
+                 metrics_listen: str | None = None, warm_workers: bool = True) -> Path:
     """`security`: cluster.tls and cluster.insecure, e.g. {"tls": {"ca_file": ..., ...}}; `metrics_listen`:
-    where the coordinator serves Prometheus metrics; `warm_workers`: the local agents' (off unless a test is
-    about them: see tests/harness.py `Processes.agent`)."""
+    where the coordinator serves Prometheus metrics; `warm_workers`: the local agents' (on, as in the product:
+    see tests/harness.py `Processes.agent`)."""
     etcd: dict = {"endpoints": etcd_endpoints or [], "data_dir": str(tmp_path / f"{name}-etcd")}
     if not etcd_endpoints:
         etcd["client_listen"] = f"127.0.0.1:{free_port()}"
