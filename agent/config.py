@@ -91,8 +91,8 @@ class AgentConfig(StrictModel):
     # The cluster's CA, this node's certificate (`trainerd certs node NAME`) and its key: the agent then
     # talks TLS, trusts only coordinators of that CA, and follows leader hints only to `coordinator`.
     tls: TlsSettings | None = None
-    # Start `{python} -m MODULE` and `{python} SCRIPT` entrypoints in pre-started interpreters that have
-    # imported MindSpore already (agent/warm_launcher.py); false: every process starts a new interpreter.
+    # Fork `{python} -m MODULE` and `{python} SCRIPT` entrypoints from pre-started interpreters that have
+    # imported MindSpore once (agent/warm_launcher.py); false: every process starts a new interpreter.
     warm_workers: bool = True
     # MindSpore's compile cache, in a directory per job configuration under work_dir (agent/compile_cache.py).
     # Off unless asked for: MindSpore 2.10 runs a functional training step (value_and_grad and an optimizer

@@ -323,7 +323,7 @@ def node_certificate_refusal(tls: TlsFiles, node_name: str, where: str) -> str:
 @click.option("--join-address", metavar="HOST:PORT", help="The coordinator's join listener (cluster.join.listen).")
 @click.option("--ca-hash", metavar="sha256:HEX", help="The cluster's CA, pinned: joining trusts no other.")
 @click.option("--warm-workers/--no-warm-workers", default=None,
-              help="Start Python entrypoints in pre-started interpreters (default: on).")
+              help="Fork Python entrypoints from interpreters that imported MindSpore once (default: on).")
 @click.option("--compile-cache/--no-compile-cache", default=None,
               help="MindSpore's compile cache (default: off; only for jobs whose step is a Cell, as Model.train's).")
 @click.option("--snapshot-peers/--no-snapshot-peers", default=None,
