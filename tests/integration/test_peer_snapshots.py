@@ -36,7 +36,7 @@ def node_order(job) -> list[str]:
 
 
 def test_a_dead_host_costs_a_snapshot_interval_and_two_dead_neighbours_fall_back_to_disk(cluster_box) -> None:
-    steps = 4000
+    steps = 2500
     timeline = Timeline()
 
     def job(box: ClusterBox) -> dict:
