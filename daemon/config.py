@@ -313,6 +313,10 @@ class JobSettings(StrictModel):
     min_nodes: int = Field(default=1, ge=1)
     max_nodes: int = Field(default=1, ge=1)
     world_size_multiple_of: int = Field(default=1, ge=1)
+    # READY nodes kept out of the placement to stand by: a lost node is replaced by one at the same world size
+    # (no reshard), and a node that returns refills them before the job grows. Held back only while the rest
+    # still makes a placement: a job short of nodes runs on its spares rather than wait.
+    spare_nodes: int = Field(default=0, ge=0, le=1024)
     # The batch split trainerd keeps across world sizes (gradient accumulation = global / (micro x
     # world size)). Optional: a script that does its own batching sets neither.
     global_batch: int | None = Field(default=None, ge=1)

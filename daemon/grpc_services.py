@@ -147,7 +147,7 @@ def job_to_proto(job: JobView) -> pb.JobStatus:
                                                from_output=r.from_output, grad_norm=r.grad_norm)
                                   for r in job.ranks],
                           hang_detection=job.hang_detection, waiting_for=job.waiting_for,
-                          pausing=job.pausing, warnings=job.warnings)
+                          pausing=job.pausing, warnings=job.warnings, spares=job.spares)
     status.skipped_batches = job.skipped_batches
     for field in ("step", "loss", "grad_norm", "samples_per_s", "last_checkpoint_step", "epoch"):
         value = getattr(job, field)

@@ -867,7 +867,7 @@ class Goodput(_message.Message):
     def __init__(self, ratio: _Optional[float] = ..., wall_s: _Optional[float] = ..., productive_s: _Optional[float] = ..., lost_work_s: _Optional[float] = ..., detection_s: _Optional[float] = ..., relaunch_s: _Optional[float] = ..., startup_s: _Optional[float] = ..., checkpoint_stall_s: _Optional[float] = ..., waiting_s: _Optional[float] = ..., paused_s: _Optional[float] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("name", "state", "generation", "world_size", "step", "restarts", "last_checkpoint_step", "skipped_batches", "loss", "samples_per_s", "ranks", "last_failure", "crash_restarts", "restart_budget", "last_recovery", "waiting_for", "epoch", "hang_detection", "goodput", "grad_norm", "pausing", "warnings")
+    __slots__ = ("name", "state", "generation", "world_size", "step", "restarts", "last_checkpoint_step", "skipped_batches", "loss", "samples_per_s", "ranks", "last_failure", "crash_restarts", "restart_budget", "last_recovery", "waiting_for", "epoch", "hang_detection", "goodput", "grad_norm", "pausing", "warnings", "spares")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -890,6 +890,7 @@ class JobStatus(_message.Message):
     GRAD_NORM_FIELD_NUMBER: _ClassVar[int]
     PAUSING_FIELD_NUMBER: _ClassVar[int]
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    SPARES_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: str
     generation: int
@@ -912,7 +913,8 @@ class JobStatus(_message.Message):
     grad_norm: float
     pausing: bool
     warnings: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., restarts: _Optional[int] = ..., last_checkpoint_step: _Optional[int] = ..., skipped_batches: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankStatus, _Mapping]]] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., crash_restarts: _Optional[int] = ..., restart_budget: _Optional[int] = ..., last_recovery: _Optional[_Union[RecoveryPhases, _Mapping]] = ..., waiting_for: _Optional[str] = ..., epoch: _Optional[int] = ..., hang_detection: _Optional[bool] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., grad_norm: _Optional[float] = ..., pausing: _Optional[bool] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
+    spares: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., restarts: _Optional[int] = ..., last_checkpoint_step: _Optional[int] = ..., skipped_batches: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankStatus, _Mapping]]] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., crash_restarts: _Optional[int] = ..., restart_budget: _Optional[int] = ..., last_recovery: _Optional[_Union[RecoveryPhases, _Mapping]] = ..., waiting_for: _Optional[str] = ..., epoch: _Optional[int] = ..., hang_detection: _Optional[bool] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., grad_norm: _Optional[float] = ..., pausing: _Optional[bool] = ..., warnings: _Optional[_Iterable[str]] = ..., spares: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("coordinator", "nodes", "job")

@@ -91,6 +91,7 @@ def _job_to_json(job: pb.JobStatus) -> dict:
         "waiting_for": job.waiting_for or None,
         "pausing": job.pausing,
         "warnings": list(job.warnings),
+        "spares": list(job.spares),
         "restarts": job.restarts,
         "crash_restarts": job.crash_restarts,
         "restart_budget": job.restart_budget,

@@ -492,6 +492,8 @@ def print_status(data: dict) -> None:
                   f"restarts spent)")
     if job["waiting_for"]:
         console.print(f"waiting for nodes: {job['waiting_for']}")
+    if job["spares"]:
+        console.print(f"spares: {', '.join(job['spares'])}", markup=False)
     for warning in job["warnings"]:
         console.print(f"warning: {escaped(warning)}", markup=False)
     if job["pausing"]:

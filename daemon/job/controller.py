@@ -48,6 +48,7 @@ from daemon.job.decide import (
     bad_memory_steps_after,
     decide,
     record_after_checkpoint,
+    spares,
     waiting_for,
 )
 from daemon.job.goodput_keeper import GoodputKeeper, job_moment
@@ -124,6 +125,7 @@ class JobController:
         self.recovery: RecoveryTimeline | None = None
         self._bad_memory_steps: frozenset[int] = frozenset()  # in-memory snapshots a generation could not load
         self._waiting_for = ""  # as of the last reconcile pass
+        self._spares: tuple[str, ...] = ()  # as of the last reconcile pass
         # The node order of the last generation at each world size (decide.JobWorld.orders_seen).
         self._orders_seen: dict[int, tuple[str, ...]] = {}
 
@@ -247,6 +249,7 @@ class JobController:
                          stopping=self._stopping is not None)
         actions = decide(world)
         self._waiting_for = "" if any(isinstance(a, LaunchGeneration) for a in actions) else waiting_for(world)
+        self._spares = spares(world)
         for action in actions:
             match action:
                 case NotePlaceableSince():
@@ -578,7 +581,8 @@ class JobController:
         return job_view(spec=self.spec, record=self.record, generation=self.inbox.generation,
                         observation=self.inbox.observation, checkpoints=self.catalog.entries(),
                         skipped_batches=len(self.ledger.entries()), goodput=self.goodput.snapshot(),
-                        recovery=self.recovery, waiting_for=self._waiting_for, warnings=self.inbox.warnings)
+                        recovery=self.recovery, waiting_for=self._waiting_for, warnings=self.inbox.warnings,
+                        spares=self._spares)
 
 
 def changed_settings(before: object, after: object, prefix: str = "") -> list[str]:

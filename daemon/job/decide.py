@@ -43,7 +43,7 @@ from daemon.events import EventKind
 from daemon.job.catalog import CheckpointEntry
 from daemon.job.hang_allowance import hang_allowance
 from daemon.job.observation import DEVICE_SUSPICION_WINDOW_S, GenerationObservation, MemorySnapshot, ProcessReport
-from daemon.job.placement import NodeOffer, Placement, place
+from daemon.job.placement import NodeOffer, Placement, place, place_keeping_spares, place_replacing_lost
 from daemon.job.state import Failure, FailureCause, GenerationRecord, JobRecord, SnapshotHolder
 from proto.exit_codes import EXIT_CANNOT_EXECUTE, EXIT_CHECKPOINT_UNREADABLE, EXIT_USAGE
 from proto.vocabulary import CauseKind, JobState, ProcessRole
@@ -326,7 +326,7 @@ def _usable_offers(world: JobWorld, excluded: frozenset[str] = frozenset()) -> l
 
 def _first_launch(world: JobWorld) -> list[Action]:
     offers = _usable_offers(world)
-    placement = place(world.spec, offers)
+    placement = place_keeping_spares(world.spec, offers)
     if placement is None:
         return []
     everyone_here = len(offers) >= world.spec.max_nodes
@@ -871,7 +871,8 @@ def _reshape(world: JobWorld) -> list[Action]:
     if world.exit_request is not None:
         return []  # the ranks are leaving (see _watch_generation)
     draining = [n for n in generation.placement.nodes if n in world.drained]
-    wanted = place(spec, _usable_offers(world), generation.placement.nodes, world.orders_seen)
+    # Spares held back first: a node that returns refills them before the world grows.
+    wanted = place_keeping_spares(spec, _usable_offers(world), generation.placement.nodes, world.orders_seen)
     growing = wanted is not None and wanted.world_size > generation.placement.world_size
     if not draining and not growing:
         return []
@@ -1036,7 +1037,8 @@ def _relaunch(world: JobWorld) -> list[Action]:
     if world.now < stopped_at + restart_backoff_s(spec, record.consecutive_crashes):
         return actions
     order, moved = _relaunch_order(world)
-    placement = place(spec, _usable_offers(world, frozenset(busy)), order, None if moved else world.orders_seen)
+    placement = place_replacing_lost(spec, _usable_offers(world, frozenset(busy)), generation.placement.world_size,
+                                     order, None if moved else world.orders_seen)
     if placement is None:
         if record.state is not JobState.WAITING:
             actions.append(CommitRecord(record.moved_to(JobState.WAITING), EventKind.JOB_WAITING,
@@ -1156,6 +1158,15 @@ def _memory_shortfall(world: JobWorld, checkpoint: CheckpointEntry | None) -> st
         if not missing:
             return f"the in-memory snapshot of step {step} was not usable"
     return ""
+
+
+def spares(world: JobWorld) -> tuple[str, ...]:
+    """The usable nodes standing by beside the live generation, by name: a lost node's replacements."""
+    if world.generation is None or world.record.state not in (JobState.RUNNING, JobState.RECOVERING,
+                                                              JobState.WAITING):
+        return ()
+    placed = set(world.generation.placement.nodes)
+    return tuple(sorted(o.name for o in _usable_offers(world) if o.name not in placed))
 
 
 def waiting_for(world: JobWorld) -> str:

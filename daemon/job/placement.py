@@ -2,6 +2,8 @@
 
 Pure: from the nodes on offer and the previous generation's node order, choose the world size
 (the largest allowed one that fits, docs/concepts/generations.md) and give every rank a device.
+`place_keeping_spares` holds job.spare_nodes of the offers back (the launch and growth targets);
+`place_replacing_lost` lets those spares fill in for lost nodes at the world size the job had.
 """
 
 from __future__ import annotations
@@ -97,31 +99,61 @@ def node_order(offers: list[NodeOffer], previous_order: list[str]) -> list[NodeO
     return sorted(offers, key=lambda o: (0, position[o.name]) if o.name in position else (1, o.name))
 
 
+def place_keeping_spares(spec: JobSettings, offers: list[NodeOffer], previous_order: Sequence[str] = (),
+                         orders_seen: Mapping[int, Sequence[str]] | None = None) -> Placement | None:
+    """`place` on the offers less up to `spec.spare_nodes` of them, the last in node order (newcomers, never
+    a node of the previous generation before them): as many held back as still leave a placement."""
+    ordered = node_order(offers, list(previous_order))
+    for held in range(min(spec.spare_nodes, len(ordered)), -1, -1):
+        placement = place(spec, ordered[:len(ordered) - held], previous_order, orders_seen)
+        if placement is not None:
+            return placement
+    return None
+
+
+def place_replacing_lost(spec: JobSettings, offers: list[NodeOffer], world_size: int,
+                         previous_order: Sequence[str] = (),
+                         orders_seen: Mapping[int, Sequence[str]] | None = None) -> Placement | None:
+    """The next generation after a fault in a generation of `world_size`: the spares fill in for the nodes
+    it lost, up to that world size (the same world size: no reshard, no new graph), unless the target with
+    spares held back is larger still."""
+    target = place_keeping_spares(spec, offers, previous_order, orders_seen)
+    if target is not None and target.world_size >= world_size:
+        return target
+    refilled = place(spec, offers, previous_order, orders_seen, max_world_size=world_size)
+    if refilled is None or (target is not None and target.world_size >= refilled.world_size):
+        return target
+    return refilled
+
+
 def place(spec: JobSettings, offers: list[NodeOffer], previous_order: Sequence[str] = (),
-          orders_seen: Mapping[int, Sequence[str]] | None = None) -> Placement | None:
-    """The largest valid placement on `offers`, or None when too few devices are on offer.
+          orders_seen: Mapping[int, Sequence[str]] | None = None,
+          max_world_size: int | None = None) -> Placement | None:
+    """The largest valid placement on `offers` (of at most `max_world_size` ranks when given), or None when too
+    few devices are on offer.
 
     `orders_seen`: the node order of the last generation at each world size. When the placement comes
     back to a world size on the very nodes it had then (a lost node regrown into the job), those nodes
     take their ranks of then: each process then finds the compile cache (per rank and configuration)
     and the warm worker it left, where a newcomer appended after the survivors would move ranks around
     and recompile on every host whose rank changed."""
-    placement = _place(spec, offers, previous_order)
+    placement = _place(spec, offers, previous_order, max_world_size)
     seen = (orders_seen or {}).get(placement.world_size) if placement is not None else None
     if placement is None or seen is None or placement.nodes == list(seen) or set(placement.nodes) != set(seen):
         return placement
-    restored = _place(spec, offers, seen)
+    restored = _place(spec, offers, seen, max_world_size)
     return restored if restored is not None and restored.world_size == placement.world_size else placement
 
 
-def _place(spec: JobSettings, offers: list[NodeOffer], previous_order: Sequence[str]) -> Placement | None:
+def _place(spec: JobSettings, offers: list[NodeOffer], previous_order: Sequence[str],
+           max_world_size: int | None) -> Placement | None:
     ordered = node_order(offers, list(previous_order))
     usable = [(o, sorted(o.devices, key=lambda d: d.device_id)[: spec.devices_per_node]) for o in ordered]
     available = sum(len(devices) for _, devices in usable)
     nodes_with_devices = sum(1 for _, devices in usable if devices)
     if nodes_with_devices < spec.min_nodes:
         return None
-    fitting = [w for w in spec.allowed_world_sizes() if w <= available]
+    fitting = [w for w in spec.allowed_world_sizes() if w <= available and w <= (max_world_size or w)]
     if not fitting:
         return None
     world_size = fitting[0]

@@ -54,12 +54,13 @@ class JobView:
     waiting_for: str = ""  # what a job not launched yet, or WAITING, waits for (decide.waiting_for)
     pausing: bool = False  # RUNNING, asked to pause: it saves a checkpoint (or leaves gracefully) first
     warnings: tuple[str, ...] = ()  # what the workers found risky about the job (job_warning), oldest first
+    spares: tuple[str, ...] = ()  # usable nodes standing by beside the live generation (decide.spares)
 
 
 def job_view(*, spec: JobSettings, record: JobRecord, generation: GenerationRecord | None,
              observation: GenerationObservation | None, checkpoints: tuple[CheckpointEntry, ...], skipped_batches: int,
              goodput: GoodputSnapshot, recovery: RecoveryTimeline | None, waiting_for: str,
-             warnings: tuple[str, ...]) -> JobView:
+             warnings: tuple[str, ...], spares: tuple[str, ...] = ()) -> JobView:
     """`waiting_for`: as of the last reconcile pass (shown while the job is PENDING or WAITING)."""
     ranks: tuple[RankView, ...] = ()
     step = loss = samples_per_s = epoch = grad_norm = None
@@ -90,7 +91,7 @@ def job_view(*, spec: JobSettings, record: JobRecord, generation: GenerationReco
                    recovery, record.quarantined(spec.restart.quarantine_after),
                    skipped_batches, dict(record.node_failures), epoch, hang_detection, goodput, grad_norm,
                    waiting_for if record.state in (JobState.PENDING, JobState.WAITING) else "",
-                   record.pausing, warnings)
+                   record.pausing, warnings, spares)
 
 
 def export_metrics(view: JobView, spec: JobSettings, checkpoints: tuple[CheckpointEntry, ...],
