@@ -22,6 +22,12 @@ at the product's default heartbeat settings. Needs root and iproute2.
     .venv/bin/python bench/goodput.py --steps 6000 --every-s 300     # the reported figure (~2 × 10 min)
     .venv/bin/python bench/goodput.py --steps 600 --every-s 40       # a quick look
     .venv/bin/python bench/goodput.py --memory-every 0               # without in-memory snapshots
+    .venv/bin/python bench/goodput.py --faults host_cut --spares 1   # a host cut with a spare standing by
+    .venv/bin/python bench/goodput.py --faults host_cut              # ... and without: the job shrinks
+
+`--spares K` adds K hosts and sets job.spare_nodes K: the job still runs on 3 hosts, and a cut host is replaced
+by a spare at the same world size (the healed host becomes the next spare); without, the job shrinks to 2 and
+grows back once the host is healed. `--faults` limits the rotation to the kinds named.
 """
 
 from __future__ import annotations
@@ -75,13 +81,13 @@ class Fault:
         return {part: sum((r.get("cost_s") or {}).get(part, 0.0) for r in self.relaunches) for part in COST_PARTS}
 
 
-def transformer_job(steps: int, out: Path, memory_every: int | str):
+def transformer_job(steps: int, out: Path, memory_every: int | str, spares: int):
     def build(box: ClusterBox) -> dict:
         return {
             "name": "lm",
             "entrypoint": ["{python}", "-m", "trainer.examples.transformer_lm", "--steps", str(steps),
                            "--steps-per-epoch", "100", "--log-every", "500", "--output", str(out)],
-            "min_nodes": 2, "max_nodes": HOSTS, "global_batch": 48, "micro_batch": 8,
+            "min_nodes": 2, "max_nodes": HOSTS, "spare_nodes": spares, "global_batch": 48, "micro_batch": 8,
             "scheduler_port": scheduler_port(), "stop_grace_s": 3, "start_wait_s": 60,
             "hang_timeout_s": HANG_TIMEOUT_S,
             "checkpoint": {"dir": str(box.checkpoint_dir), "every_steps": 100, "keep": 2,
@@ -107,16 +113,16 @@ def run(steps: int, faulted: bool, args, root: Path) -> dict:
     furthest: dict[int, int] = {}  # generation -> the furthest step status showed it at
     recovery: dict[int, dict] = {}  # generation -> the recovery that started it, as status showed it
     worlds: set[int] = set()
-    build = transformer_job(steps, out, args.memory_every)
+    build = transformer_job(steps, out, args.memory_every, args.spares)
     defaults = HeartbeatSettings()
-    with ClusterBox(root / ("faulted" if faulted else "clean"), hosts=HOSTS, job=build,
+    with ClusterBox(root / ("faulted" if faulted else "clean"), hosts=HOSTS + args.spares, job=build,
                     heartbeat_interval_s=defaults.interval_s, heartbeat_timeout_s=defaults.timeout_s,
                     warm_workers=True) as box:
         started = time.monotonic()
         wait_until(lambda: (j := job_json(box)) and j["state"] == "RUNNING", 300, "RUNNING",
                    on_timeout=box.procs.logs)
         next_fault = started + args.every_s * rng.uniform(0.5, 1.0)
-        kinds = list(FAULT_KINDS)
+        kinds = list(args.faults)
         rng.shuffle(kinds)
         while True:
             job = job_json(box)
@@ -203,7 +209,7 @@ def inject(box: ClusterBox, kind: str, job: dict, rng: random.Random, args, star
         box.freeze_worker(worker)  # the coordinator's hang detection stops and relaunches the generation
         return Fault(kind, at, host.name, step, generation)
     if kind == "host_cut":
-        host = rng.choice(box.hosts)
+        host = rng.choice([h for h in box.hosts if h.workers()])  # not a spare standing by
         box.cut(host)
         time.sleep(args.heal_after_s)
         box.heal(host)
@@ -256,7 +262,15 @@ def main() -> None:
     parser.add_argument("--memory-every", default="auto",
                         help="the job's checkpoint.memory_every_steps: auto (the default), a number of steps, "
                              "or 0 (no in-memory snapshots: the baseline they are measured against)")
+    parser.add_argument("--spares", type=int, default=0, help="hosts beyond the job's 3, held as job.spare_nodes")
+    parser.add_argument("--faults", default=",".join(FAULT_KINDS),
+                        help=f"the fault kinds to rotate through, comma-separated (default: {','.join(FAULT_KINDS)})")
     args = parser.parse_args()
+    args.faults = [k for k in args.faults.split(",") if k]
+    unknown = sorted(set(args.faults) - set(FAULT_KINDS))
+    if unknown or not args.faults or args.spares < 0:
+        parser.error(f"--faults takes some of {', '.join(FAULT_KINDS)} and --spares a count"
+                     + (f" (not {', '.join(unknown)})" if unknown else ""))
     if args.memory_every != "auto":
         if not args.memory_every.isdigit():
             parser.error("--memory-every takes auto or a number of steps")
@@ -265,8 +279,9 @@ def main() -> None:
         root = Path(tmp)
         clean = run(args.steps, False, args, root)
         faulted = run(args.steps, True, args, root)
-        print(f"Transformer example, {args.steps} steps on {HOSTS} hosts; a fault every {args.every_s:.0f}s "
-              f"(seed {args.seed}); in-memory snapshots every {args.memory_every or 'never'}")
+        print(f"Transformer example, {args.steps} steps on {HOSTS} hosts with {args.spares} spare(s); a fault every "
+              f"{args.every_s:.0f}s ({', '.join(args.faults)}; seed {args.seed}); in-memory snapshots every "
+              f"{args.memory_every or 'never'}")
         print_run("clean", clean)
         print_run("faulted", faulted)
         print(f"{'fault':>18} {'at':>6} {'target':>7} {'step':>6}  generations it caused: cause, resumed step, "
