@@ -329,7 +329,9 @@ def _first_launch(world: JobWorld) -> list[Action]:
     placement = place_keeping_spares(world.spec, offers)
     if placement is None:
         return []
-    everyone_here = len(offers) >= world.spec.max_nodes
+    # Every node the job can use, and its spares: nothing to wait for (else the first spare to come would be
+    # placed, and the job then stand by without one, or grow at once when one more came).
+    everyone_here = len(offers) >= world.spec.max_nodes + world.spec.spare_nodes
     since = _placeable_since(world)
     waited = since is not None and world.now - since >= world.spec.start_wait_s
     if not (everyone_here or waited):
@@ -1162,8 +1164,8 @@ def _memory_shortfall(world: JobWorld, checkpoint: CheckpointEntry | None) -> st
 
 def spares(world: JobWorld) -> tuple[str, ...]:
     """The usable nodes standing by beside the live generation, by name: a lost node's replacements."""
-    if world.generation is None or world.record.state not in (JobState.RUNNING, JobState.RECOVERING,
-                                                              JobState.WAITING):
+    if world.generation is None or world.record.state not in (JobState.PENDING, JobState.RUNNING,
+                                                              JobState.RECOVERING, JobState.WAITING):
         return ()
     placed = set(world.generation.placement.nodes)
     return tuple(sorted(o.name for o in _usable_offers(world) if o.name not in placed))

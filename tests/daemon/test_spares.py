@@ -15,7 +15,7 @@ from daemon.job.state import FailureCause
 from daemon.membership import DeviceInfo
 from proto import trainerd_pb2 as pb
 from proto.vocabulary import JobState
-from tests.daemon.job_sim import GLOBAL_BATCH, SESSION_GRACE_S, job_settings, running_cluster
+from tests.daemon.job_sim import GLOBAL_BATCH, SESSION_GRACE_S, SimCluster, job_settings, running_cluster
 
 
 def run(coro):
@@ -84,6 +84,23 @@ def test_a_lost_node_is_replaced_by_a_spare_at_the_same_world_size_and_a_returni
 
         print_status(status_to_json(status_to_proto(await sim.coordinator.view())))
         assert "spares: b" in capsys.readouterr().out
+    run(scenario())
+
+
+def test_the_first_launch_waits_start_wait_s_for_the_spares_too() -> None:
+    """With max_nodes there but not its spares, the first launch waits for them as for any node: launched at
+    once, it would run without a spare (or on fewer nodes) and grow when the spare came."""
+    async def scenario() -> None:
+        sim = SimCluster(job_settings(min_nodes=2, max_nodes=2, spare_nodes=1, start_wait_s=30))
+        await sim.lead()
+        for name in ("a", "b"):
+            await sim.connect(name)
+        await sim.tick(1)
+        assert sim.job.record.generation == 0
+        await sim.connect("c")
+        await sim.tick(0.1)
+        await sim.tick(0.1)  # status tells the spares of the pass after the launch
+        assert sim.world() == ["a", "b"] and shown(sim)["spares"] == ["c"]
     run(scenario())
 
 
