@@ -42,19 +42,25 @@ class ProcessLauncher(Protocol):
         """
 
 
-class SubprocessHandle:
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
-        self._process = process
-        self.pid = process.pid
+class GroupLeader:
+    """A started process that leads its own process group: signals go to the group, whose id is its pid."""
 
-    async def wait(self) -> int:
-        return await self._process.wait()
+    pid: int
 
     def signal_group(self, signum: int) -> None:
         try:
             os.killpg(self.pid, signum)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+class SubprocessHandle(GroupLeader):
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self._process = process
+        self.pid = process.pid
+
+    async def wait(self) -> int:
+        return await self._process.wait()
 
 
 class SubprocessLauncher:

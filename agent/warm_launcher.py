@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.import_env import import_env_mismatch
-from agent.launcher import ProcessHandle, SubprocessHandle, SubprocessLauncher
+from agent.launcher import GroupLeader, ProcessHandle, SubprocessHandle, SubprocessLauncher
 from agent.worker_user import WorkerUser
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def warm_entrypoint(argv: Sequence[str], python: str) -> list[str] | None:
 UNKNOWN_EXIT_CODE = 255  # a child whose template died before telling its exit status
 
 
-class ForkedHandle:
+class ForkedHandle(GroupLeader):
     """A process forked by a template: its exit status comes from the template (`WarmTemplate.exit_of`)."""
 
     def __init__(self, pid: int, exited: asyncio.Future[int]) -> None:
@@ -72,12 +72,6 @@ class ForkedHandle:
 
     async def wait(self) -> int:
         return await asyncio.shield(self._exited)
-
-    def signal_group(self, signum: int) -> None:
-        try:
-            os.killpg(self.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 class WarmTemplate:

@@ -355,35 +355,49 @@ class SwitchingHandler(RecordingHandler):
         return pb.Heartbeat(generation=self.generation)
 
 
+def heartbeat_behind_a_report(tmp_path: Path, handler: RecordingHandler, first: pb.AgentMessage,
+                              meanwhile) -> list[pb.AgentMessage]:
+    """`first`'s write holds the turn and waits (a stream under back-pressure) while a heartbeat waits for its
+    turn; then `meanwhile()` runs (what the agent does in that time) and the write goes through. Returns what
+    was written, up to and with the first heartbeat."""
+    call = SlowWriteCall()
+
+    async def scenario() -> list[pb.AgentMessage]:
+        link = make_link(["127.0.0.1:1"], tmp_path)
+        link.interval_s = 0.01
+        lock = asyncio.Lock()
+        forwarder = asyncio.create_task(link._forward_outbox(call, lock))
+        link.send(first)
+        while not lock.locked():  # the report's write has the turn and waits
+            await asyncio.sleep(0)
+        beats = asyncio.create_task(link._heartbeats(call, lock, handler))
+        await asyncio.sleep(0.05)  # the heartbeat waits for its turn
+        meanwhile(link)
+        call.release.set()
+        while not any(m.WhichOneof("body") == "heartbeat" for m in call.written):
+            await asyncio.sleep(0.01)
+        forwarder.cancel()
+        beats.cancel()
+        await asyncio.gather(forwarder, beats, return_exceptions=True)
+        return call.written[:[m.WhichOneof("body") for m in call.written].index("heartbeat") + 1]
+
+    return asyncio.run(asyncio.wait_for(scenario(), 20))
+
+
 def test_a_heartbeat_written_after_a_generations_reports_names_that_generation(tmp_path: Path) -> None:
     """A heartbeat waits its turn behind the reports queued before it. It must say what the agent runs
     when it is written: the coordinator ends a generation whose node names another one in its heartbeats
     after its processes reported (processes_gone), so one built before a launch and written after its
     reports would tell of a node that lost its processes."""
     handler = SwitchingHandler()
-    call = SlowWriteCall()
 
-    async def scenario() -> None:
-        link = make_link(["127.0.0.1:1"], tmp_path)
-        link.interval_s = 0.01
-        lock = asyncio.Lock()
-        forwarder = asyncio.create_task(link._forward_outbox(call, lock))
-        link.send(pb.AgentMessage(process_started=pb.ProcessStarted(generation=8, rank=0, pid=42)))
-        while not lock.locked():  # the report's write has the turn and waits
-            await asyncio.sleep(0)
-        beats = asyncio.create_task(link._heartbeats(call, lock, handler))
-        await asyncio.sleep(0.05)  # the heartbeat waits for its turn
+    def launch(link: CoordinatorLink) -> None:
         handler.generation = 8  # the launch of generation 8, whose report is being written
-        call.release.set()
-        while len(call.written) < 2:
-            await asyncio.sleep(0.01)
-        forwarder.cancel()
-        beats.cancel()
-        await asyncio.gather(forwarder, beats, return_exceptions=True)
-        assert call.written[0].WhichOneof("body") == "process_started"
-        assert call.written[1].heartbeat.generation == 8
 
-    asyncio.run(asyncio.wait_for(scenario(), 20))
+    written = heartbeat_behind_a_report(
+        tmp_path, handler, pb.AgentMessage(process_started=pb.ProcessStarted(generation=8, rank=0, pid=42)), launch)
+    assert [m.WhichOneof("body") for m in written] == ["process_started", "heartbeat"]
+    assert written[1].heartbeat.generation == 8
 
 
 class ExitingHandler(RecordingHandler):
@@ -404,32 +418,16 @@ def test_a_heartbeat_never_tells_an_exit_before_the_exit_report_queued_ahead_of_
     the first report of it, so a heartbeat built after the exit must not be written before the exit report:
     the job then failed as "rank 0 exited with code 1", without why (seen in CI under load)."""
     handler = ExitingHandler()
-    call = SlowWriteCall()
 
-    async def scenario() -> None:
-        link = make_link(["127.0.0.1:1"], tmp_path)
-        link.interval_s = 0.01
-        lock = asyncio.Lock()
-        forwarder = asyncio.create_task(link._forward_outbox(call, lock))
-        link.send(pb.AgentMessage(progress=pb.Progress(generation=7, rank=0, step=2)))
-        while not lock.locked():  # the step's write has the turn and waits
-            await asyncio.sleep(0)
-        beats = asyncio.create_task(link._heartbeats(call, lock, handler))
-        await asyncio.sleep(0.05)  # the heartbeat waits for its turn
+    def exit_(link: CoordinatorLink) -> None:
         handler.exited = True
         link.send(pb.AgentMessage(process_exited=pb.ProcessExited(generation=7, rank=0, pid=42, exit_code=1,
                                                                   log_tail="crashing after step 2\n")))
-        call.release.set()
-        while not any(m.WhichOneof("body") == "heartbeat" for m in call.written):
-            await asyncio.sleep(0.01)
-        forwarder.cancel()
-        beats.cancel()
-        await asyncio.gather(forwarder, beats, return_exceptions=True)
-        kinds = [m.WhichOneof("body") for m in call.written]
-        assert kinds[:3] == ["progress", "process_exited", "heartbeat"]
-        assert call.written[2].heartbeat.processes[0].state == pb.PROCESS_EXITED
 
-    asyncio.run(asyncio.wait_for(scenario(), 20))
+    written = heartbeat_behind_a_report(
+        tmp_path, handler, pb.AgentMessage(progress=pb.Progress(generation=7, rank=0, step=2)), exit_)
+    assert [m.WhichOneof("body") for m in written] == ["progress", "process_exited", "heartbeat"]
+    assert written[2].heartbeat.processes[0].state == pb.PROCESS_EXITED
 
 
 class BreakingCall:
