@@ -74,6 +74,24 @@ class ForkedHandle(GroupLeader):
         return await asyncio.shield(self._exited)
 
 
+MAX_PID = 1 << 22  # the kernel's pid_max can be at most this
+
+
+def template_message(data: bytes) -> tuple[str, int, int] | None:
+    """`forked PID` or `exited PID CODE` (agent/warm_worker.py) as (kind, pid, code); None when malformed."""
+    fields = data.decode("ascii", errors="replace").split()
+    try:
+        if len(fields) == 2 and fields[0] == "forked":
+            kind, pid, code = "forked", int(fields[1]), 0
+        elif len(fields) == 3 and fields[0] == "exited":
+            kind, pid, code = "exited", int(fields[1]), int(fields[2])
+        else:
+            return None
+    except ValueError:
+        return None
+    return (kind, pid, code) if 0 < pid <= MAX_PID and -255 <= code <= 255 else None
+
+
 class WarmTemplate:
     """A template interpreter and the agent's end of its control socket (the protocol: agent/warm_worker.py)."""
 
@@ -138,15 +156,22 @@ class WarmTemplate:
             if not data:
                 self._lost()
                 return
-            kind, *fields = data.decode(errors="replace").split()
-            if kind == "forked" and len(fields) == 1 and self._forked is not None and not self._forked.done():
-                pid = int(fields[0])
+            message = template_message(data)
+            if message is None:
+                # It runs as the workers' user: what it says is checked, and one that breaks the protocol
+                # is not listened to again (its children's ends are then watched here).
+                log.warning("the warm template pid %d sent %r: not listening to it any more", self.process.pid,
+                            data[:80])
+                self._lost()
+                return
+            kind, pid, code = message
+            if kind == "forked" and self._forked is not None and not self._forked.done():
                 self._exits[pid] = self._loop.create_future()
                 self._forked.set_result(pid)
-            elif kind == "exited" and len(fields) == 2:
-                exited = self._exits.get(int(fields[0]))
+            elif kind == "exited":
+                exited = self._exits.get(pid)
                 if exited is not None and not exited.done():
-                    exited.set_result(int(fields[1]))
+                    exited.set_result(code)
                 if self.retired and not self.children:
                     self.close()
 

@@ -19,7 +19,7 @@ from agent import compile_cache
 from agent.compile_cache import CompileCacheLauncher, cache_key
 from agent.import_env import import_env_mismatch
 from agent.launcher import SubprocessLauncher
-from agent.warm_launcher import UNKNOWN_EXIT_CODE, WarmLauncher, warm_entrypoint
+from agent.warm_launcher import UNKNOWN_EXIT_CODE, WarmLauncher, template_message, warm_entrypoint
 from agent.warm_worker import module_file
 from daemon.config import JobSettings
 from daemon.job.launch_plan import node_processes
@@ -297,6 +297,41 @@ def test_a_child_whose_template_was_killed_is_still_seen_to_end(job: dict, caplo
     assert code == UNKNOWN_EXIT_CODE
     assert after[2]["mode"] == "warm"  # from a new template
     assert "exit status will be unknown" in caplog.text
+
+
+@pytest.mark.parametrize(("data", "expected"), [
+    (b"forked 4242", ("forked", 4242, 0)),
+    (b"exited 4242 -9", ("exited", 4242, -9)),
+    (b"exited 4242 3", ("exited", 4242, 3)),
+    (b"", None), (b"   ", None), (b"forked", None), (b"forked x", None), (b"forked 0", None),
+    (b"forked 99999999999", None), (b"exited 4242", None), (b"exited 4242 1e9", None), (b"exited 4242 256", None),
+    (b"forked 1 2", None), (b"\xff\xfe", None), (b"spawned 12", None),
+])
+def test_a_templates_messages_are_checked_before_they_are_believed(data: bytes, expected) -> None:
+    """A template runs as the workers' user: what it tells the agent is parsed strictly and bounded."""
+    assert template_message(data) == expected
+
+
+def test_a_template_that_breaks_the_protocol_is_not_listened_to_and_the_start_goes_cold(
+        job: dict, caplog: pytest.LogCaptureFixture) -> None:
+    """Its preload (code of the workers' user) writes a false report into the control socket."""
+    caplog.set_level(logging.INFO, "agent.warm_launcher")
+    root, cwd = job["root"], job["cwd"]
+    (root / "lib" / "liar.py").write_text("import os, sys\nos.write(int(sys.argv[1]), b'exited 1 nonsense')\n")
+
+    async def scenario():
+        launcher = WarmLauncher(SubprocessLauncher(), python=PY, log_path=root / "warm_workers.log", capacity=2,
+                                preload=["liar"])
+        try:
+            pid, code, report = await start_and_wait(launcher, [PY, job["script"]], job["env"], cwd, root / "g1.log")
+            return code, report, [t.usable for t in launcher._templates]
+        finally:
+            await launcher.close()
+
+    code, report, usable = run(scenario())
+    assert code == 0 and report["mode"] == "cold" and usable == [False]
+    assert "sent b'exited 1 nonsense': not listening to it any more" in caplog.text
+    assert "cold (the warm template could not fork" in caplog.text
 
 
 def test_with_warm_workers_off_everything_starts_cold(job: dict, caplog: pytest.LogCaptureFixture) -> None:
