@@ -138,6 +138,8 @@ class WarmTemplate:
             return pid, ours
 
     def exit_of(self, pid: int) -> asyncio.Future[int]:
+        """The exit status of `pid`, a child just forked: ask before the next await (an exit told is then
+        dropped here, so that a template's life of generations keeps no record of each child)."""
         return self._exits[pid]
 
     @property
@@ -169,7 +171,7 @@ class WarmTemplate:
                 self._exits[pid] = self._loop.create_future()
                 self._forked.set_result(pid)
             elif kind == "exited":
-                exited = self._exits.get(pid)
+                exited = self._exits.pop(pid, None)  # its handle holds it: kept no longer here
                 if exited is not None and not exited.done():
                     exited.set_result(code)
                 if self.retired and not self.children:
