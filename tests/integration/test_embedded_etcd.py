@@ -94,13 +94,14 @@ def test_a_job_completes_when_its_embedded_etcd_is_killed_mid_run(tmp_path: Path
     restarts it and the job completes (the generation is not torn down: liveness lives in memory)."""
     from tests.integration.test_job_launch import mlp_job, start_cluster, wait_for_state
 
-    address = start_cluster(tmp_path, procs, mlp_job(tmp_path, steps=1500))
+    steps = 600  # the steps at least 12 ms apart: a few seconds of training after etcd's restart on an idle machine
+    address = start_cluster(tmp_path, procs, mlp_job(tmp_path, steps=steps, min_step_ms=12))
     wait_for_state(address, {"RUNNING"}, 180, procs)
     trainerd = procs.by_name("trainerd")
     etcd = etcd_of(trainerd.pid)
     assert etcd is not None
     etcd.send_signal(signal.SIGKILL)
     job = wait_for_state(address, {"COMPLETED", "FAILED"}, 240, procs)
-    assert job["state"] == "COMPLETED" and job["step"] == 1500, job
+    assert job["state"] == "COMPLETED" and job["step"] == steps, job
     assert trainerd.alive()
     assert "was killed by signal 9; restarting it with the same data" in trainerd.log()

@@ -19,11 +19,13 @@ from tests.waiting import wait_until
 STEPS = 40
 
 
-def mlp_job(tmp_path: Path, *, steps: int = STEPS, entrypoint: list[str] | None = None) -> dict:
+def mlp_job(tmp_path: Path, *, steps: int = STEPS, entrypoint: list[str] | None = None,
+            min_step_ms: float = 0) -> dict:
+    """`min_step_ms`: the example's floor on a step's time (trainer/examples/step_floor.py)."""
     return {
         "name": "mlp",
         "entrypoint": entrypoint or ["{python}", "-m", "trainer.examples.mlp", "--steps", str(steps),
-                                     "--output", str(tmp_path / "out")],
+                                     "--min-step-ms", str(min_step_ms), "--output", str(tmp_path / "out")],
         "min_nodes": 2, "max_nodes": 2, "global_batch": 64, "micro_batch": 32,
         "scheduler_port": scheduler_port(), "stop_grace_s": 3,
     }

@@ -15,7 +15,7 @@ import psutil
 from tests.harness import Processes, events, trainerctl
 from tests.integration.test_recovery import final_weights, recovery_job, start_trainerd, wait_for_job
 
-STEPS = 700
+STEPS = 450  # the steps at least 12 ms apart (the floor): the fault lands mid-run on an idle machine too
 EVERY = 100
 
 
@@ -27,14 +27,14 @@ def test_a_lost_node_is_replaced_by_the_spare_at_the_same_world_size_to_the_same
         run_dir.mkdir()
         # min_nodes 2: the job starts once two nodes are in, the third stands by whenever it comes (start_wait_s 0)
         job = recovery_job(run_dir, steps=STEPS, nodes=(2, nodes), global_batch=64, micro_batch=16, every=EVERY,
-                           spare_nodes=spare_nodes, restart={"backoff_s": 0})
+                           spare_nodes=spare_nodes, restart={"backoff_s": 0}, min_step_ms=12)
         address = start_trainerd(run_dir, procs, job, name=f"trainerd-{run}")
         for i in range(nodes):
             procs.agent(f"{run}-{i}", address)
         if run == "spared":
             running = wait_for_job(address, "a checkpoint, then steps, with a spare", lambda j: j["state"] == "RUNNING"
                                    and (j["last_checkpoint_step"] or 0) >= EVERY and j["spares"], 240, procs)
-            assert running["step"] < STEPS - 300, f"too fast to test: step {running['step']} already"
+            assert running["step"] < STEPS - 200, f"too fast to test: step {running['step']} already"
             # the two nodes in first run the job (min_nodes 2), the third stands by
             (spare,) = running["spares"]
             assert running["world_size"] == 2 and spare not in {r["node"] for r in running["ranks"]}, running

@@ -32,7 +32,8 @@ data is skipped (rank 0 reports the step's sample range and later checkpoints re
 fault keeps the replay's result, a healthy excursion of the norm is applied. For tests and demos,
 --bad-samples, --spike-samples and --crash-samples make the samples at those stream positions NaN,
 20 times too large, or fatal to the worker that reads them, and --corrupt-grad RANK:STEP corrupts one
-rank's gradients once, as a flaky device would (`trainer.examples.faults`).
+rank's gradients once, as a flaky device would (`trainer.examples.faults`). --slow-start and --min-step-ms
+shape a run's timing for tests (`trainer.examples.slow_start`, `trainer.examples.step_floor`).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from trainer.data.skip_ranges import SkipRanges
 from trainer.examples.faults import GradientCorruption, WithGradientFault
 from trainer.examples.final_weights import save_weights
 from trainer.examples.slow_start import slow_start
+from trainer.examples.step_floor import min_step_ms, pad_step
 from trainer.runtime import communication
 from trainer.runtime.checkpointing import ResumeError, TrainingCheckpoints
 from trainer.runtime.communication import CommunicationError
@@ -108,6 +110,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--device-target", default="CPU", choices=communication.DEVICE_TARGETS)
     parser.add_argument("--slow-start", type=slow_start, metavar="RANK:SECONDS",
                         help="test timing: this rank sleeps before its first step, in the first generation only")
+    parser.add_argument("--min-step-ms", type=min_step_ms, default=0.0, metavar="MS",
+                        help="test timing: every step lasts at least MS milliseconds, the rest asleep, as a "
+                             "larger model's would (default 0)")
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error("--steps must be at least 1")
@@ -313,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
                 loss, grad_norm = outcome.standing.loss, outcome.standing.norm
                 settle_outcome(reporter, checkpoints, where, rank, step, (int(positions[0]), next_consumed), outcome)
                 consumed = next_consumed
+                pad_step(began, args.min_step_ms)
                 reporter.step(step, loss, grad_norm, pace.step_ended(batch.global_batch, began), consumed)
                 checkpoints.after_step(step, consumed)
                 if step == start.step + 1 or step == args.steps:
