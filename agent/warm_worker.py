@@ -11,7 +11,8 @@ memory the processes share until they write to it.
 
 On the control socket the agent sends `fork` with one end of a new socket pair attached (SCM_RIGHTS). The
 template forks; the child starts a session of its own (its pid is its process group's id, as for a cold
-start) and waits on that socket for its job; the template answers `forked PID`, and `exited PID CODE` when
+start) and waits on that socket for its job; the template answers `forked PID` once the child has its
+session (a signal to the group PID then reaches it), and `exited PID CODE` when
 the child ends (CODE as `os.waitstatus_to_exitcode` gives it: -N for signal N). When the agent closes the
 control socket, the template forks no more and exits once its children have ended.
 
@@ -57,6 +58,7 @@ import select
 import signal
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 
@@ -211,17 +213,24 @@ def serve(control: socket.socket) -> int | None:
                     os.close(fd)
                 serving = False  # the agent closed its end (or broke the protocol): fork no more
             else:
+                led_read, led_write = os.pipe()
                 pid = os.fork()
                 if pid == 0:
+                    os.setsid()
+                    os.close(led_read)
+                    os.close(led_write)  # the template reads EOF: this child leads its own group now
                     signal.set_wakeup_fd(-1)
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                     os.close(wake_read)
                     os.close(wake_write)
                     control.close()
-                    os.setsid()
                     return fds[0]
                 os.close(fds[0])
+                os.close(led_write)
+                _wait_for_eof(led_read)
                 children.add(pid)
+                # Only now: the agent signals a child's group (its pid), which a child still in the template's
+                # group would not be in, so that a Stop sent at once would miss it.
                 _tell(control, f"forked {pid}")
         while children:
             try:
@@ -234,6 +243,17 @@ def serve(control: socket.socket) -> int | None:
             children.discard(pid)
             _tell(control, f"exited {pid} {os.waitstatus_to_exitcode(status)}")
     return None
+
+
+def _wait_for_eof(fd: int, timeout_s: float = 10.0) -> None:
+    """Read `fd` until its writers have closed it (or `timeout_s` passed), then close it."""
+    try:
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0 and select.select([fd], [], [], left)[0]:
+            if not os.read(fd, 64):
+                return
+    finally:
+        os.close(fd)
 
 
 def _tell(control: socket.socket, message: str) -> None:

@@ -268,6 +268,29 @@ def test_a_signal_to_the_group_of_a_warm_started_process_reaches_its_children(jo
     assert not child_alive
 
 
+def test_a_forked_child_leads_its_own_group_as_soon_as_its_start_returns(job: dict) -> None:
+    """The agent signals a process's group (its pid): a Stop sent the moment a start returned must reach the
+    child, so the template tells its pid only once the child has its own session."""
+    root, cwd = job["root"], job["cwd"]
+    sleeper = root / "scripts" / "sleeper.py"
+    sleeper.write_text("import time\ntime.sleep(60)\n")
+
+    async def scenario():
+        launcher = launcher_for(root)
+        try:
+            codes = []
+            for i in range(5):
+                handle = await launcher.start([PY, str(sleeper)], job["env"], cwd, root / f"g{i}.log")
+                leads = os.getpgid(handle.pid) == handle.pid
+                handle.signal_group(signal.SIGKILL)
+                codes.append((leads, await asyncio.wait_for(handle.wait(), 10)))
+            return codes
+        finally:
+            await launcher.close()
+
+    assert run(scenario()) == [(True, -signal.SIGKILL)] * 5
+
+
 def test_a_child_whose_template_was_killed_is_still_seen_to_end(job: dict, caplog: pytest.LogCaptureFixture) -> None:
     """Its exit status went with the template (its parent): the end is seen, the status is unknown."""
     root, cwd = job["root"], job["cwd"]
