@@ -22,11 +22,13 @@ INTEGRATION = TESTS / "integration"
 # each a whole cluster (trainerd, agents, MindSpore workers), in two lanes: at most two clusters train at once on
 # this 2-core machine, beside the other tests. The files are split by their measured durations (the `--durations`
 # of a `make test` log); those of the cluster box (network namespaces of fixed addresses) share one lane. A file
-# not named here runs in lane 1. Every other test file is a group of its own, run by one worker in order: its
-# module-scoped fixtures (a MindSpore job for tests/trainer/test_callback.py) are made once, not once per worker,
-# and a test that checks what the one before it left (the fuzzers' last test) finds it.
+# not named here runs in lane 1. test_job_launch.py and test_chaos.py share a lane: both compare with the
+# session's fault-free run (tests/integration/conftest.py), made once per worker. Every other test file is a
+# group of its own, run by one worker in order: its module-scoped fixtures (a MindSpore job for
+# tests/trainer/test_callback.py) are made once, not once per worker, and a test that checks what the one before
+# it left (the fuzzers' last test) finds it.
 LANE_0 = {"test_chaos.py", "test_peer_snapshots.py", "test_join_cluster_box.py", "test_recovery.py",
-          "test_tls_cluster.py", "test_slow_peer.py", "test_embedded_etcd.py"}
+          "test_tls_cluster.py", "test_slow_peer.py", "test_embedded_etcd.py", "test_job_launch.py"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the xdist_group marks
