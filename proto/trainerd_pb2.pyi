@@ -927,10 +927,14 @@ class StatusReply(_message.Message):
     def __init__(self, coordinator: _Optional[_Union[CoordinatorInfo, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., job: _Optional[_Union[JobStatus, _Mapping]] = ...) -> None: ...
 
 class PeerListRequest(_message.Message):
-    __slots__ = ("job_name",)
+    __slots__ = ("job_name", "newer_than_step", "wait_s")
     JOB_NAME_FIELD_NUMBER: _ClassVar[int]
+    NEWER_THAN_STEP_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
     job_name: str
-    def __init__(self, job_name: _Optional[str] = ...) -> None: ...
+    newer_than_step: int
+    wait_s: float
+    def __init__(self, job_name: _Optional[str] = ..., newer_than_step: _Optional[int] = ..., wait_s: _Optional[float] = ...) -> None: ...
 
 class PeerListReply(_message.Message):
     __slots__ = ("own",)

@@ -227,6 +227,21 @@ class MemorySnapshotDir:
                 self._prune_older(job, reported.step)
             return reported
 
+    def workers_changed(self, job: str) -> tuple[tuple[str, int], ...]:
+        """What the workers' writing changes, cheaply read: the modification times of `job`'s directory and of
+        its step directories (a worker creates a step directory, then renames its files and report into it).
+        Equal readings: no snapshot completed in between, so nothing new to pin (a long ListSnapshots looks
+        at this, not at every report, while it waits)."""
+        directory = self.job_dir(job)
+        try:
+            readings = [("", os.stat(directory, follow_symlinks=False).st_mtime_ns)]
+            with os.scandir(directory) as entries:
+                readings += [(e.name, e.stat(follow_symlinks=False).st_mtime_ns) for e in entries
+                             if _STEP_DIR.fullmatch(e.name)]
+        except OSError:
+            return ()
+        return tuple(sorted(readings))
+
     def own_snapshots(self, job: str) -> list[pb.MemorySnapshot]:
         """The snapshots pinned here of ranks written on this host, newest first (what peers may fetch)."""
         with self._lock:

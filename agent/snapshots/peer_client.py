@@ -52,10 +52,14 @@ class PeerClient:
         """A client with the same credentials and channels of its own: closing it ends only its calls."""
         return PeerClient(self._tls)
 
-    def list_snapshots(self, holder: PeerAgent, job: str, timeout_s: float) -> list[pb.MemorySnapshot]:
-        """The snapshots `holder` has pinned of `job`, newest first. SnapshotAssemblyError when it cannot say."""
+    def list_snapshots(self, holder: PeerAgent, job: str, timeout_s: float, newer_than_step: int = 0,
+                       wait_s: float = 0.0) -> list[pb.MemorySnapshot]:
+        """The snapshots `holder` has pinned of `job`, newest first; with `wait_s`, once one is newer than
+        `newer_than_step` or that long has passed (a holder older than the long poll answers at once).
+        SnapshotAssemblyError when it cannot say."""
+        request = pb.PeerListRequest(job_name=job, newer_than_step=newer_than_step, wait_s=wait_s)
         try:
-            reply = self._stub(holder).ListSnapshots(pb.PeerListRequest(job_name=job), timeout=timeout_s)
+            reply = self._stub(holder).ListSnapshots(request, timeout=timeout_s + wait_s)
         except grpc.RpcError as exc:
             raise SnapshotAssemblyError(f"cannot list the snapshots of node {holder.node} ({holder.address}): "
                                         f"{_status(exc)}") from None

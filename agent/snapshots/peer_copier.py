@@ -1,10 +1,12 @@
 """The ring copier: this agent keeps a copy of another node's newest pinned snapshot, so that a relaunch
 after that node is lost still finds its ranks on a host that survived (agent/snapshots/memory_snapshots.py).
 
-A thread of its own polls the source (`PeerClient`, blocking calls) and streams each rank's files to disk
+A thread of its own asks the source (`PeerClient`, blocking calls) for a snapshot newer than the last it
+copied, a long poll the source answers as soon as one is pinned there, and streams each rank's files to disk
 under `copies_root(job)/<node>/step_N.partial/`, renamed `step_N` once every rank is there, so `held` and
 `assemble` see only whole copies. Two steps are kept per source: the newest, and the one before while a
-relaunch may still name it. A source that is down is tried again at the next poll.
+relaunch may still name it. A source that is down, or that answers at once with nothing new (an agent from
+before the long poll), is asked again `interval_s` after the last call began.
 
 What a source lists is bounded before anything is fetched: each rank once and inside its world size, and
 no more ranks than the generation's world size (one host holds fewer). No copy takes the memory file
@@ -17,6 +19,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from pathlib import Path
 
 from agent.commands import PeerAgent
@@ -37,12 +40,15 @@ from proto.vocabulary import NODE_NAME_PATTERN
 log = logging.getLogger(__name__)
 
 KEPT_STEPS = 2
-# A snapshot is copied within this of being pinned at its source. Each poll is a ListSnapshots call to the
-# source's agent; at 1 s, hosts that died soon after a snapshot often left it without its peer copy (in
+# The least time between two ListSnapshots calls to a source that answers at once. With the long poll a new
+# snapshot is copied as soon as its source pins it (within the source's LIST_LOOK_INTERVAL_S); polled at
+# 1 s, hosts that died soon after a snapshot often left it without its peer copy (in
 # tests/integration/test_peer_snapshots.py, two dead neighbours took two ranks of the newest snapshot with
-# them, not one), so the coordinator fell back further.
+# them, not one), so the coordinator fell back further. Polled every 0.1 s, each agent's copier and its
+# source's server took a fifth of the agent's CPU time while the job trained.
 POLL_INTERVAL_S = 0.1
-LIST_TIMEOUT_S = 5.0
+LIST_WAIT_S = 2.0  # how long the source may hold a ListSnapshots with nothing new
+LIST_TIMEOUT_S = 5.0  # for the answer, beyond LIST_WAIT_S
 FETCH_TIMEOUT_S = 600.0  # one rank's file, gigabytes over the cluster's network
 STOP_TIMEOUT_S = 5.0
 
@@ -65,6 +71,7 @@ class PeerCopier:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing = False
+        self._newest_listed = -1  # the newest step copied: the next call waits for a newer one
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=f"copier-{self._source.node}", daemon=True)
@@ -80,7 +87,9 @@ class PeerCopier:
 
     def _run(self) -> None:
         lower_this_threads_priority()
-        while not self._stopping.wait(self._interval_s):
+        began = time.monotonic()
+        while not self._stopping.wait(max(0.0, began + self._interval_s - time.monotonic())):
+            began = time.monotonic()
             try:
                 self._copy_newest()
             except Exception as exc:  # noqa: BLE001 - the copier outlives every error: the next poll retries
@@ -94,12 +103,15 @@ class PeerCopier:
                 self._failing = False
 
     def _copy_newest(self) -> None:
-        snapshots = [s for s in self._client.list_snapshots(self._source, self._job, LIST_TIMEOUT_S) if s.step >= 0]
+        listed = self._client.list_snapshots(self._source, self._job, LIST_TIMEOUT_S,
+                                             newer_than_step=self._newest_listed, wait_s=LIST_WAIT_S)
+        snapshots = [s for s in listed if s.step >= 0]
         if not snapshots:
             return
         newest = max(snapshots, key=lambda s: s.step)
         target = self._directory / step_dir_name(newest.step)
         if is_real_dir(target):
+            self._newest_listed = newest.step
             return
         problem = _implausible(newest, self._max_ranks)
         if problem:
@@ -119,6 +131,7 @@ class PeerCopier:
             remove_entry(partial)  # what a copy holds is memory the host needs back
             raise
         partial.rename(target)
+        self._newest_listed = newest.step
         log.debug("copied the snapshot of step %d of node %s (ranks %s)", newest.step, self._source.node,
                  list(newest.ranks))
         self._prune()

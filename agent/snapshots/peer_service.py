@@ -16,9 +16,11 @@ memory root down without following any link.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import stat
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
@@ -46,6 +48,10 @@ MAX_QUEUED_RPCS = 4 * WORKERS  # calls beyond this are refused (RESOURCE_EXHAUST
 MAX_REQUEST_BYTES = 4096  # a request holds a job name and three numbers
 # A peer fetches one file at a time: its copier's and a relaunch's fetch may overlap.
 PEER_CALLS_PER_CERTIFICATE = 2
+# A waiting ListSnapshots holds one of the WORKERS threads: at most this long, looking at the workers' directory
+# (a few stat calls) this often.
+MAX_LIST_WAIT_S = 5.0
+LIST_LOOK_INTERVAL_S = 0.05
 _FILE_KINDS = (pb.PEER_FILE_DATA, pb.PEER_FILE_REPORT)
 _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -55,12 +61,13 @@ class PeerServer:
     """Serves `memory`'s pinned snapshots on `port` (0: any free one); `tls`: the agent's node certificate
     (None: loopback only)."""
 
-    def __init__(self, memory: MemorySnapshotDir, host: str, tls: TlsFiles | None, port: int = 0) -> None:
+    def __init__(self, memory: MemorySnapshotDir, host: str, tls: TlsFiles | None, port: int = 0,
+                 max_list_wait_s: float = MAX_LIST_WAIT_S) -> None:
         self._host = host
         self._tls = tls
         self._port = port
         self._server: grpc.Server | None = None
-        self._servicer = _Servicer(memory, tls is not None)
+        self._servicer = _Servicer(memory, tls is not None, max_list_wait_s)
 
     def refuse(self, serials: frozenset[str]) -> None:
         """The cluster's revoked certificates (the coordinator's Revocations): refused from the next call on."""
@@ -114,9 +121,10 @@ class PeerServer:
 
 
 class _Servicer(pb_grpc.SnapshotPeerServicer):
-    def __init__(self, memory: MemorySnapshotDir, require_node: bool) -> None:
+    def __init__(self, memory: MemorySnapshotDir, require_node: bool, max_list_wait_s: float) -> None:
         self._memory = memory
         self._require_node = require_node
+        self._max_list_wait_s = max_list_wait_s
         # Replaced whole from the agent's loop, read by the server's threads: no lock needed.
         self.revoked: frozenset[str] = frozenset()
         self._quota = StreamQuota(PEER_CALLS_PER_CERTIFICATE)
@@ -130,12 +138,30 @@ class _Servicer(pb_grpc.SnapshotPeerServicer):
                 self._generation, self._peers = generation, nodes
 
     def ListSnapshots(self, request: pb.PeerListRequest, context: grpc.ServicerContext) -> pb.PeerListReply:
+        """The pinned snapshots, once one is newer than `newer_than_step` or `wait_s` (at most the server's
+        `max_list_wait_s`) has passed: the ring copier waits here for the next snapshot rather than asking ten
+        times a second."""
         with self._admitted(context):
-            _check_job(request.job_name, context)
-            # Pin first: the workers' newest complete step is copied within a poll of being written, not a
-            # heartbeat later (the agent pins at each heartbeat otherwise).
-            self._memory.newest(request.job_name)
-            return pb.PeerListReply(own=self._memory.own_snapshots(request.job_name))
+            job = request.job_name
+            _check_job(job, context)
+            wait_s = request.wait_s if math.isfinite(request.wait_s) else 0.0
+            deadline = time.monotonic() + min(max(wait_s, 0.0), self._max_list_wait_s)
+            seen: tuple[tuple[str, int], ...] | None = None
+            own: list[pb.MemorySnapshot] = []
+            while True:
+                changed = self._memory.workers_changed(job)
+                if changed != seen:
+                    seen = changed
+                    # Pin first: the workers' newest complete step is copied within a look of being written,
+                    # not a heartbeat later (the agent pins at each heartbeat otherwise).
+                    self._memory.newest(job)
+                    own = self._memory.own_snapshots(job)
+                    if any(held.step > request.newer_than_step for held in own):
+                        break
+                if time.monotonic() >= deadline or not context.is_active():
+                    break
+                time.sleep(LIST_LOOK_INTERVAL_S)
+            return pb.PeerListReply(own=own)
 
     def FetchFile(self, request: pb.PeerFetchRequest, context: grpc.ServicerContext) -> Iterator[pb.PeerChunk]:
         with self._admitted(context):

@@ -49,7 +49,9 @@ class LiveHolder:
         self.memory = MemorySnapshotDir(root / "holder")
         host_snapshot(self.memory.prepare(JOB, None, HostScope((1,), 2, 3)), 50, (1,), world_size=2)
         self.memory.newest(JOB)
-        self.server = PeerServer(self.memory, "127.0.0.1", tls_of(ca, make_node_certificate(ca, SERVER_NODE)))
+        # A short bound on a list's wait: a fuzzed wait_s is honoured, up to it, without the fuzzing taking minutes.
+        self.server = PeerServer(self.memory, "127.0.0.1", tls_of(ca, make_node_certificate(ca, SERVER_NODE)),
+                                 max_list_wait_s=0.05)
         self.server.serve_generation(3, (FUZZ_NODE, HONEST_NODE))
         self.holder = PeerAgent(node=SERVER_NODE, address=f"127.0.0.1:{self.server.start()}")
         self.channel = grpc.secure_channel(self.holder.address,

@@ -31,7 +31,7 @@ from agent.snapshots.memory_snapshots import (
 )
 from agent.snapshots.peer_client import NotServedYet, PeerClient
 from agent.snapshots.peer_copier import PeerCopier
-from agent.snapshots.peer_service import MAX_QUEUED_RPCS, PEER_CALLS_PER_CERTIFICATE, PeerServer
+from agent.snapshots.peer_service import MAX_LIST_WAIT_S, MAX_QUEUED_RPCS, PEER_CALLS_PER_CERTIFICATE, PeerServer
 from agent.snapshots.snapshot_reports import read_report
 from agent.systemd import SystemdNotifier
 from agent.thread_priority import BACKGROUND_NICENESS
@@ -297,6 +297,80 @@ def test_hostile_requests_are_invalid_arguments(tmp_path: Path, serve) -> None:
         with pytest.raises(grpc.RpcError) as refused:
             list(stub.FetchFile(pb.PeerFetchRequest(job_name=JOB, step=50, rank=0, kind=pb.PEER_FILE_DATA), timeout=10))
         assert refused.value.code() is grpc.StatusCode.NOT_FOUND  # not this host's rank
+
+
+def test_a_list_waits_for_a_newer_snapshot_and_answers_as_soon_as_one_is_pinned(tmp_path: Path, serve) -> None:
+    """The ring copier's long poll: nothing newer, the holder answers after the wait asked for (bounded by
+    MAX_LIST_WAIT_S, whatever the request says); a snapshot written meanwhile is pinned and answered at once."""
+    memory = holder_memory(tmp_path, 1, steps=(50,))
+    port = serve(memory, None)
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pb_grpc.SnapshotPeerStub(channel)
+
+        def listed(newer_than_step: int, wait_s: float) -> tuple[list[int], float]:
+            began = time.monotonic()
+            reply = stub.ListSnapshots(pb.PeerListRequest(job_name=JOB, newer_than_step=newer_than_step,
+                                                          wait_s=wait_s), timeout=30)
+            return [held.step for held in reply.own], time.monotonic() - began
+
+        assert listed(0, 0)[0] == [50]  # the defaults: at once
+        steps, took = listed(-1, 10)  # something newer than -1 is there: at once
+        assert steps == [50] and took < 1, took
+        steps, took = listed(50, 0.6)  # nothing newer: after the wait
+        assert steps == [50] and 0.6 <= took < 3, took
+        for hostile in (float("nan"), float("-inf"), -5.0):
+            steps, took = listed(50, hostile)
+            assert steps == [50] and took < 1, (hostile, took)
+        steps, took = listed(50, 1e9)  # the holder's bound, not the asker's
+        assert steps == [50] and MAX_LIST_WAIT_S <= took < MAX_LIST_WAIT_S + 3, took
+
+        writer = threading.Timer(0.5, host_snapshot, (memory.job_dir(JOB), 60, (1,)), {"world_size": 2})
+        writer.start()
+        try:
+            steps, took = listed(50, 4)
+        finally:
+            writer.join()
+        assert steps[0] == 60 and 0.5 <= took < 3, (steps, took)  # pinned by the list, without a heartbeat
+        assert memory.newest(JOB) == Snapshot(60, 480)
+
+
+def test_an_idle_copier_asks_its_source_a_few_times_not_ten_times_a_second(tmp_path: Path, memory_fs: Path,
+                                                                           client_of) -> None:
+    """With nothing new at the source, each ListSnapshots waits there for the next snapshot."""
+    calls: list[float] = []
+
+    class Counting(pb_grpc.SnapshotPeerServicer):
+        def __init__(self, inner: pb_grpc.SnapshotPeerServicer) -> None:
+            self._inner = inner
+
+        def ListSnapshots(self, request, context):
+            calls.append(time.monotonic())
+            return self._inner.ListSnapshots(request, context)
+
+        def FetchFile(self, request, context):
+            return self._inner.FetchFile(request, context)
+
+    source = holder_memory(tmp_path, 1, steps=(10,))
+    local = holder_memory(memory_fs, 0, steps=())
+    peer_server = PeerServer(source, "127.0.0.1", None)
+    server = grpc.server(ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_SnapshotPeerServicer_to_server(Counting(peer_server._servicer), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    copier = PeerCopier(local, client_of(None), JOB, PeerAgent(node="host1", address=f"127.0.0.1:{port}"),
+                        max_ranks=2)
+    copier.start()
+    try:
+        wait_until(lambda: copies(local, "host1") == [step_dir_name(10)], 15, "the copy of step 10")
+        idle_from = time.monotonic()
+        time.sleep(3)
+        asked = sum(1 for at in calls if at >= idle_from)
+        assert asked <= 3, asked  # polled every 0.1 s, it asked 30 times
+        host_snapshot(source.job_dir(JOB), 20, (1,), world_size=2)
+        wait_until(lambda: step_dir_name(20) in copies(local, "host1"), 5, "the copy of step 20")
+    finally:
+        copier.stop()
+        server.stop(None)
 
 
 @pytest.mark.parametrize("where", ["file", "directory"])
