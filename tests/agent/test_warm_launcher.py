@@ -211,9 +211,7 @@ def test_a_different_import_time_variable_or_directory_has_a_template_of_its_own
 
 
 def test_beyond_its_capacity_the_oldest_template_forks_no_more_and_ends_after_its_children(job: dict) -> None:
-    root, cwd = job["root"], job["cwd"]
-    sleeper = root / "scripts" / "sleeper.py"
-    sleeper.write_text("import time\nprint('sleeping', flush=True)\ntime.sleep(60)\n")
+    root, cwd, sleeper = job["root"], job["cwd"], sleeper_script(job)
 
     async def scenario():
         launcher = launcher_for(root, capacity=1)
@@ -268,12 +266,17 @@ def test_a_signal_to_the_group_of_a_warm_started_process_reaches_its_children(jo
     assert not child_alive
 
 
+def sleeper_script(job: dict) -> Path:
+    """A script that prints a line and sleeps for a minute."""
+    sleeper = job["root"] / "scripts" / "sleeper.py"
+    sleeper.write_text("import time\nprint('sleeping', flush=True)\ntime.sleep(60)\n")
+    return sleeper
+
+
 def test_a_forked_child_leads_its_own_group_as_soon_as_its_start_returns(job: dict) -> None:
     """The agent signals a process's group (its pid): a Stop sent the moment a start returned must reach the
     child, so the template tells its pid only once the child has its own session."""
-    root, cwd = job["root"], job["cwd"]
-    sleeper = root / "scripts" / "sleeper.py"
-    sleeper.write_text("import time\ntime.sleep(60)\n")
+    root, cwd, sleeper = job["root"], job["cwd"], sleeper_script(job)
 
     async def scenario():
         launcher = launcher_for(root)
@@ -293,9 +296,7 @@ def test_a_forked_child_leads_its_own_group_as_soon_as_its_start_returns(job: di
 
 def test_a_child_whose_template_was_killed_is_still_seen_to_end(job: dict, caplog: pytest.LogCaptureFixture) -> None:
     """Its exit status went with the template (its parent): the end is seen, the status is unknown."""
-    root, cwd = job["root"], job["cwd"]
-    sleeper = root / "scripts" / "sleeper.py"
-    sleeper.write_text("import time\nprint('sleeping', flush=True)\ntime.sleep(60)\n")
+    root, cwd, sleeper = job["root"], job["cwd"], sleeper_script(job)
 
     async def scenario():
         launcher = launcher_for(root)
@@ -378,9 +379,7 @@ def test_with_warm_workers_off_everything_starts_cold(job: dict, caplog: pytest.
 
 
 def test_a_template_exits_when_the_agent_closes_its_end_once_its_children_have_ended(job: dict) -> None:
-    root, cwd = job["root"], job["cwd"]
-    sleeper = root / "scripts" / "sleeper.py"
-    sleeper.write_text("import time\nprint('sleeping', flush=True)\ntime.sleep(60)\n")
+    root, cwd, sleeper = job["root"], job["cwd"], sleeper_script(job)
 
     async def scenario():
         launcher = launcher_for(root)
