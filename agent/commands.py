@@ -61,6 +61,16 @@ class Launch:
 
 
 @dataclass(frozen=True)
+class Standby:
+    """This node is a spare of the job's running generation: prepare what its processes would be forked from."""
+
+    generation: int = 0
+    job_name: str = ""
+    processes: tuple[ProcessSpec, ...] = ()
+    workdir: str = ""  # empty: the agent's per-job default
+
+
+@dataclass(frozen=True)
 class Stop:
     generation: int = 0
     grace_s: float = 0.0
@@ -107,7 +117,7 @@ class NodeCertificate:
     certificate_pem: bytes = b""
 
 
-Command = Launch | Stop | RequestExit | ReadLog | CheckpointNow | NodeCheck | Revocations | NodeCertificate
+Command = Launch | Standby | Stop | RequestExit | ReadLog | CheckpointNow | NodeCheck | Revocations | NodeCertificate
 
 
 def process_spec_from(spec: pb.ProcessSpec) -> ProcessSpec:
@@ -137,6 +147,11 @@ def launch_from(launch: pb.Launch) -> Launch:
         snapshot_sources=tuple(snapshot_source_from(source) for source in launch.snapshot_sources),
         copy_from=peer_agent_from(launch.copy_from) if launch.HasField("copy_from") else None,
         peer_nodes=tuple(launch.peer_nodes))
+
+
+def standby_from(standby: pb.Standby) -> Standby:
+    return Standby(generation=standby.generation, job_name=standby.job_name,
+                   processes=tuple(process_spec_from(spec) for spec in standby.processes), workdir=standby.workdir)
 
 
 def stop_from(stop: pb.Stop) -> Stop:
@@ -172,6 +187,7 @@ def node_certificate_from(certificate: pb.NodeCertificate) -> NodeCertificate:
 # What each body of a CoordinatorMessage that is a command becomes; Welcome and HeartbeatAck are the session's own.
 _CONVERTERS: dict[str, Callable] = {
     "launch": launch_from,
+    "standby": standby_from,
     "stop": stop_from,
     "request_exit": request_exit_from,
     "read_log": read_log_from,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agent.commands import Launch
+from agent.commands import Launch, Standby
 from proto.launch_env import forbidden_job_env
 from proto.vocabulary import PYTHON_WORD, SCHEDULER_ARGV, names_a_python, starts_with_one_of
 
@@ -30,8 +30,9 @@ def entrypoint_refusal(argv: Sequence[str], allowed_entrypoints: Sequence[Sequen
             f"in the agent file{hint}")
 
 
-def launch_refusal(launch: Launch, allowed_entrypoints: Sequence[Sequence[str]]) -> str | None:
-    """Why none of `launch`'s processes may start, in one line, or None when they all may."""
+def launch_refusal(launch: Launch | Standby, allowed_entrypoints: Sequence[Sequence[str]]) -> str | None:
+    """Why none of `launch`'s processes may start (or be prepared for, a Standby's), in one line, or None when
+    they all may."""
     for spec in launch.processes:
         argv = list(spec.argv)
         refusal = None if tuple(argv) == SCHEDULER_ARGV else entrypoint_refusal(argv, allowed_entrypoints, "launch")

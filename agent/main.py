@@ -28,6 +28,7 @@ from agent.commands import (
     ReadLog,
     RequestExit,
     Revocations,
+    Standby,
     Stop,
 )
 from agent.compile_cache import CompileCacheLauncher
@@ -96,6 +97,8 @@ class Agent:
                 if self._peer_server is not None:  # before any peer of the generation asks for a snapshot
                     self._peer_server.serve_generation(command.generation, command.peer_nodes)
                 self._spawn(self.supervisor.launch(command))
+            case Standby():
+                self._spawn(self.supervisor.stand_by(command))
             case Stop():
                 self._spawn(self.supervisor.stop(command))
             case CheckpointNow():

@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.commands import CheckpointNow, Launch, ReadLog, RequestExit, Stop
+from agent.commands import CheckpointNow, Launch, ReadLog, RequestExit, Standby, Stop
 from agent.epoch_shapes import EpochShapes, ShapeKey
 from agent.generation_dirs import claim_generation_dir, generation_dir, prune_generation_dirs
 from agent.job_workdir import UnsafeJobPath, graceful_exit_path, job_workdir
@@ -266,17 +266,17 @@ class Supervisor:
                 for managed, argv, env in starts:
                     await self._start(managed, argv, env, workdir, pattern)
 
-    async def _prepare_workdir(self, launch: Launch) -> Path:
+    async def _prepare_workdir(self, launch: Launch | Standby) -> Path:
         """The generation's working directory, created, with no graceful-exit request left in it (a
         leftover would stop the new generation at its first step).
 
         Raises:
             LaunchRefused: a path in the Launch is unsafe, or the directory cannot be prepared.
         """
+        graceful_exit_file = launch.graceful_exit_file if isinstance(launch, Launch) else ""
         try:
             workdir = job_workdir(self._work_dir, launch.job_name, launch.workdir)
-            graceful_exit = (graceful_exit_path(workdir, launch.graceful_exit_file) if launch.graceful_exit_file
-                             else None)
+            graceful_exit = graceful_exit_path(workdir, graceful_exit_file) if graceful_exit_file else None
             if launch.workdir:
                 await self._workdir_files.make_dirs(workdir)
             else:
@@ -288,8 +288,35 @@ class Supervisor:
         except OSError as exc:
             where = f" {exc.filename}" if exc.filename else ""
             raise LaunchRefused(f"cannot prepare the working directory{where}: {exc.strerror or exc}") from None
-        self._workdir, self._graceful_exit_file = workdir, launch.graceful_exit_file
+        if isinstance(launch, Launch):
+            self._workdir, self._graceful_exit_file = workdir, graceful_exit_file
         return workdir
+
+    async def stand_by(self, standby: Standby) -> None:
+        """A spare of the job's running generation: start what its processes would be forked from (the warm
+        templates), so that a relaunch that puts it in a lost node's place starts them warm. Nothing starts
+        here; a node running processes of its own ignores it."""
+        async with self._lock:
+            if any(m.running for m in self.processes.values()):
+                log.info("not standing by for generation %d of job %s: this node runs generation %d",
+                         standby.generation, standby.job_name, self.generation)
+                return
+            refusal = launch_refusal(standby, self._allowed_entrypoints)
+            if refusal:
+                log.error("not standing by for generation %d of job %s: %s", standby.generation, standby.job_name,
+                          refusal)
+                return
+            try:
+                workdir = await self._prepare_workdir(standby)
+            except LaunchRefused as exc:
+                log.error("not standing by for generation %d of job %s: %s", standby.generation, standby.job_name,
+                          exc)
+                return
+            for spec in standby.processes:
+                await self._launcher.prepare(expand_argv(spec.argv, self._python),
+                                             {**FAULT_HANDLER_ENV, **os.environ, **dict(spec.env)}, workdir)
+            log.info("standing by for generation %d of job %s: ready to start %d worker(s) in %s",
+                     standby.generation, standby.job_name, len(standby.processes), workdir)
 
     def _progress_pattern(self, launch: Launch) -> re.Pattern[str] | None:
         if not launch.progress_pattern:

@@ -38,10 +38,12 @@ from daemon.job.commands import (
     LaunchCommand,
     ReadLogCommand,
     RequestExitCommand,
+    StandbyCommand,
     StopCommand,
 )
 from daemon.job.controller import CommandRefused
 from daemon.job.goodput import Phase
+from daemon.job.launch_plan import ProcessPlan
 from daemon.job.observation import (
     GUARD_NOTICES,
     MemorySnapshot,
@@ -324,6 +326,11 @@ def agent_report(node: str, kind: str, message: pb.AgentMessage) -> AgentReport 
     return None
 
 
+def process_spec(plan: ProcessPlan) -> pb.ProcessSpec:
+    return pb.ProcessSpec(role=plan.role.value, rank=plan.rank, local_rank=plan.local_rank, device_id=plan.device_id,
+                          argv=list(plan.argv), env=plan.env)
+
+
 def command_to_proto(command: object) -> pb.CoordinatorMessage:
     if isinstance(command, LaunchCommand):
         return pb.CoordinatorMessage(launch=pb.Launch(
@@ -331,15 +338,17 @@ def command_to_proto(command: object) -> pb.CoordinatorMessage:
             checkpoint_path=command.checkpoint_path, workdir=command.workdir,
             graceful_exit_file=command.graceful_exit_file, progress_pattern=command.progress_pattern,
             skips=[pb.SampleRange(start=start, end=end) for start, end in command.skips],
-            processes=[pb.ProcessSpec(role=p.role.value, rank=p.rank, local_rank=p.local_rank,
-                                      device_id=p.device_id, argv=list(p.argv), env=p.env)
-                       for p in command.processes],
+            processes=[process_spec(p) for p in command.processes],
             snapshot_sources=[pb.SnapshotSource(rank=h.rank, holder=pb.PeerAgent(node=h.node, address=h.address))
                               for h in command.snapshot_sources],
             copy_from=None if command.copy_from is None else pb.PeerAgent(node=command.copy_from[0],
                                                                           address=command.copy_from[1]),
             peer_nodes=list(command.peer_nodes),
         ))
+    if isinstance(command, StandbyCommand):
+        return pb.CoordinatorMessage(standby=pb.Standby(
+            generation=command.generation, job_name=command.job_name, workdir=command.workdir,
+            processes=[process_spec(p) for p in command.processes]))
     if isinstance(command, StopCommand):
         return pb.CoordinatorMessage(stop=pb.Stop(generation=command.generation, grace_s=command.grace_s,
                                                   reason=command.reason, dump_stacks=command.dump_stacks,

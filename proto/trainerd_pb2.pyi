@@ -430,6 +430,18 @@ class Launch(_message.Message):
     peer_nodes: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, generation: _Optional[int] = ..., job_name: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[ProcessSpec, _Mapping]]] = ..., rank_table_json: _Optional[str] = ..., checkpoint_path: _Optional[str] = ..., skips: _Optional[_Iterable[_Union[SampleRange, _Mapping]]] = ..., workdir: _Optional[str] = ..., graceful_exit_file: _Optional[str] = ..., progress_pattern: _Optional[str] = ..., snapshot_sources: _Optional[_Iterable[_Union[SnapshotSource, _Mapping]]] = ..., copy_from: _Optional[_Union[PeerAgent, _Mapping]] = ..., peer_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class Standby(_message.Message):
+    __slots__ = ("generation", "job_name", "processes", "workdir")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    JOB_NAME_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    WORKDIR_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    job_name: str
+    processes: _containers.RepeatedCompositeFieldContainer[ProcessSpec]
+    workdir: str
+    def __init__(self, generation: _Optional[int] = ..., job_name: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[ProcessSpec, _Mapping]]] = ..., workdir: _Optional[str] = ...) -> None: ...
+
 class PeerAgent(_message.Message):
     __slots__ = ("node", "address")
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -491,7 +503,7 @@ class CheckpointNow(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("welcome", "launch", "stop", "checkpoint_now", "request_exit", "read_log", "heartbeat_ack", "node_check", "revocations", "node_certificate")
+    __slots__ = ("welcome", "launch", "stop", "checkpoint_now", "request_exit", "read_log", "heartbeat_ack", "node_check", "revocations", "node_certificate", "standby")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     LAUNCH_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
@@ -502,6 +514,7 @@ class CoordinatorMessage(_message.Message):
     NODE_CHECK_FIELD_NUMBER: _ClassVar[int]
     REVOCATIONS_FIELD_NUMBER: _ClassVar[int]
     NODE_CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
+    STANDBY_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     launch: Launch
     stop: Stop
@@ -512,7 +525,8 @@ class CoordinatorMessage(_message.Message):
     node_check: NodeCheck
     revocations: Revocations
     node_certificate: NodeCertificate
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., launch: _Optional[_Union[Launch, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., checkpoint_now: _Optional[_Union[CheckpointNow, _Mapping]] = ..., request_exit: _Optional[_Union[RequestExit, _Mapping]] = ..., read_log: _Optional[_Union[ReadLog, _Mapping]] = ..., heartbeat_ack: _Optional[_Union[HeartbeatAck, _Mapping]] = ..., node_check: _Optional[_Union[NodeCheck, _Mapping]] = ..., revocations: _Optional[_Union[Revocations, _Mapping]] = ..., node_certificate: _Optional[_Union[NodeCertificate, _Mapping]] = ...) -> None: ...
+    standby: Standby
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., launch: _Optional[_Union[Launch, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., checkpoint_now: _Optional[_Union[CheckpointNow, _Mapping]] = ..., request_exit: _Optional[_Union[RequestExit, _Mapping]] = ..., read_log: _Optional[_Union[ReadLog, _Mapping]] = ..., heartbeat_ack: _Optional[_Union[HeartbeatAck, _Mapping]] = ..., node_check: _Optional[_Union[NodeCheck, _Mapping]] = ..., revocations: _Optional[_Union[Revocations, _Mapping]] = ..., node_certificate: _Optional[_Union[NodeCertificate, _Mapping]] = ..., standby: _Optional[_Union[Standby, _Mapping]] = ...) -> None: ...
 
 class Revocations(_message.Message):
     __slots__ = ("serials",)

@@ -36,6 +36,16 @@ class StopCommand:
 
 
 @dataclass(frozen=True)
+class StandbyCommand:
+    """A spare of the running generation: start what its processes would be forked from, and nothing else."""
+
+    generation: int
+    job_name: str
+    processes: tuple[ProcessPlan, ...]  # the workers it would run on its devices
+    workdir: str = ""  # empty: the agent's per-job default
+
+
+@dataclass(frozen=True)
 class CheckpointNowCommand:
     generation: int
     step: int

@@ -29,7 +29,13 @@ from daemon.config import JobSettings
 from daemon.errors import PermanentError
 from daemon.events import EventKind, EventLog
 from daemon.job.catalog import CheckpointCatalog, CheckpointEntry, inside_root
-from daemon.job.commands import CheckpointNowCommand, LaunchCommand, RequestExitCommand, StopCommand
+from daemon.job.commands import (
+    CheckpointNowCommand,
+    LaunchCommand,
+    RequestExitCommand,
+    StandbyCommand,
+    StopCommand,
+)
 from daemon.job.decide import (
     PAUSE_SAVE_WAIT_S,
     AddSkip,
@@ -53,7 +59,7 @@ from daemon.job.decide import (
 )
 from daemon.job.goodput_keeper import GoodputKeeper, job_moment
 from daemon.job.inbox import GenerationInbox
-from daemon.job.launch_plan import node_processes, ring_predecessor, scheduler_port
+from daemon.job.launch_plan import node_processes, ring_predecessor, scheduler_port, standby_processes
 from daemon.job.observation import GenerationObservation, MemorySnapshot
 from daemon.job.placement import NodeOffer
 from daemon.job.rank_table import rank_table_json
@@ -250,6 +256,7 @@ class JobController:
         actions = decide(world)
         self._waiting_for = "" if any(isinstance(a, LaunchGeneration) for a in actions) else waiting_for(world)
         self._spares = spares(world)
+        self._stand_by(world.offers)
         for action in actions:
             match action:
                 case NotePlaceableSince():
@@ -460,6 +467,28 @@ class JobController:
                                     peer_nodes=tuple(placement.nodes))
             if self._send(node, command):
                 observation.launched.add(node)
+
+    def _stand_by(self, offers: tuple[NodeOffer, ...]) -> None:
+        """Each spare of the live generation is told once to stand by for it: the processes it would run in a lost
+        node's place are then forked from warm templates, which a spare told nothing would start only then. A
+        spare that leaves and comes back is told again (its agent may have started anew)."""
+        generation, observation = self.inbox.generation, self.inbox.observation
+        if generation is None or observation is None or self.record.between_generations:
+            return
+        observation.standing_by &= set(self._spares)
+        by_name = {offer.name: offer for offer in offers}
+        for node in self._spares:
+            offer = by_name.get(node)
+            if node in observation.standing_by or offer is None:
+                continue
+            devices = sorted(d.device_id for d in offer.devices)[: self.spec.devices_per_node]
+            command = StandbyCommand(generation.number, self.spec.name,
+                                     tuple(standby_processes(self.spec, generation.placement, generation.number,
+                                                             devices)),
+                                     workdir=self.spec.workdir or "")
+            if self._send(node, command):
+                observation.standing_by.add(node)
+                log.info("job %s: node %s stands by for generation %d", self.spec.name, node, generation.number)
 
     def _stop(self, reason: str, dump_stacks: bool = False, job_completed: bool = False) -> None:
         generation, observation = self.inbox.generation, self.inbox.observation

@@ -8,6 +8,7 @@ agent adds the paths only it knows (proto.launch_env.AGENT_ENV).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from daemon.config import JobSettings
@@ -142,6 +143,18 @@ def node_processes(spec: JobSettings, placement: Placement, generation: int, nod
             LOCAL_RANK_ENV: str(slot.local_rank),
         }))
     return plans
+
+
+def standby_processes(spec: JobSettings, placement: Placement, generation: int,
+                      device_ids: Sequence[int]) -> list[ProcessPlan]:
+    """The workers a spare would run on its devices `device_ids` were it to take a node's place in the
+    generation after `generation` of `placement`: what the agent starts their warm templates for. Of their
+    environment only what the interpreter reads at start-up must match the launch's (the job's env and
+    DEVICE_ID, agent/import_env.py): the ranks, ports and generation are a launch's to give."""
+    common = _common_env(spec, placement, generation, None, False)
+    return [ProcessPlan(ProcessRole.WORKER, -1, local_rank, device_id, tuple(spec.entrypoint), {
+        **common, "MS_ROLE": "MS_WORKER", "DEVICE_ID": str(device_id), LOCAL_RANK_ENV: str(local_rank),
+    }) for local_rank, device_id in enumerate(device_ids)]
 
 
 def ring_predecessor(placement: Placement, node: str) -> str | None:

@@ -214,6 +214,8 @@ class GenerationObservation:
     processes: dict[tuple[str, ProcessRole, int], ProcessReport] = field(default_factory=dict)
     progress: dict[int, ProgressReport] = field(default_factory=dict)
     launched: set[str] = field(default_factory=set)
+    # The spares told to stand by for this generation (their warm templates started), while they stay spares.
+    standing_by: set[str] = field(default_factory=set)
     # Adopted by a new leader while the job was RUNNING: every node got its Launch and ran its processes, so
     # a node running nothing of it now lost them, and is not sent the Launch again.
     ran_before_takeover: bool = False

@@ -84,11 +84,12 @@ class FakeLauncher:
     def __init__(self, clock: FakeClock) -> None:
         self._clock = clock
         self.started: dict[str, FakeProcess] = {}
+        self.prepared: list[tuple[tuple[str, ...], dict[str, str], Path]] = []  # (argv, env, cwd) of each prepare
         self.cannot_execute: set[str] = set()
         self.not_permitted: set[str] = set()
 
     async def prepare(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> None:
-        pass
+        self.prepared.append((tuple(argv), dict(env), cwd))
 
     async def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> FakeProcess:
         if argv[0] in self.cannot_execute:

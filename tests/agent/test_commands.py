@@ -19,6 +19,7 @@ from agent.commands import (
     Revocations,
     SampleRange,
     SnapshotSource,
+    Standby,
     Stop,
     command_from,
 )
@@ -29,7 +30,7 @@ MESSAGES = [
     (pb.Launch, Launch), (pb.ProcessSpec, ProcessSpec), (pb.SampleRange, SampleRange), (pb.PeerAgent, PeerAgent),
     (pb.SnapshotSource, SnapshotSource), (pb.Stop, Stop), (pb.RequestExit, RequestExit), (pb.ReadLog, ReadLog),
     (pb.CheckpointNow, CheckpointNow), (pb.NodeCheck, NodeCheck), (pb.Revocations, Revocations),
-    (pb.NodeCertificate, NodeCertificate),
+    (pb.NodeCertificate, NodeCertificate), (pb.Standby, Standby),
 ]
 
 
@@ -65,6 +66,20 @@ def test_a_launch_converts_field_for_field() -> None:
         skips=(SampleRange(start=5, end=9),),
         snapshot_sources=(SnapshotSource(rank=0, holder=PeerAgent(node="h0", address="10.0.0.1:7000")),),
         copy_from=PeerAgent(node="h2", address="10.0.0.2:7000"), peer_nodes=("h0", "h1", "h2"))
+
+
+def test_a_standby_the_coordinator_sends_converts_field_for_field() -> None:
+    from daemon.grpc_services import command_to_proto
+    from daemon.job.commands import StandbyCommand
+    from daemon.job.launch_plan import ProcessPlan
+    from proto.vocabulary import ProcessRole
+
+    sent = StandbyCommand(3, "job", (ProcessPlan(ProcessRole.WORKER, -1, 0, 2, ("{python}", "train.py"),
+                                                 {"DEVICE_ID": "2"}),), workdir="/work")
+    assert command_from(command_to_proto(sent)) == Standby(
+        generation=3, job_name="job", workdir="/work", processes=(
+            ProcessSpec(role="worker", rank=-1, local_rank=0, device_id=2, argv=("{python}", "train.py"),
+                        env={"DEVICE_ID": "2"}),))
 
 
 def test_a_launch_naming_no_node_to_copy_from_has_none() -> None:

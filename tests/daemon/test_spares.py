@@ -10,6 +10,7 @@ import asyncio
 from daemon.cli.status_json import status_to_json
 from daemon.cli.trainerctl import print_status
 from daemon.grpc_services import job_to_proto, status_to_proto
+from daemon.job.commands import StandbyCommand
 from daemon.job.placement import NodeOffer, place_keeping_spares, place_replacing_lost
 from daemon.job.state import FailureCause
 from daemon.membership import DeviceInfo
@@ -84,6 +85,34 @@ def test_a_lost_node_is_replaced_by_a_spare_at_the_same_world_size_and_a_returni
 
         print_status(status_to_json(status_to_proto(await sim.coordinator.view())))
         assert "spares: b" in capsys.readouterr().out
+
+        # Each spare was told to stand by once per generation it stood by for, with the workers it would run:
+        # c for generation 1, b (back) for generation 2; no placed node ever was.
+        assert [(c.generation, [p.env["DEVICE_ID"] for p in c.processes]) for c in standbys(sim, "c")] == [(1, ["0"])]
+        assert [c.generation for c in standbys(sim, "b")] == [2] and standbys(sim, "a") == []
+        (told,) = standbys(sim, "b")
+        assert told.job_name == sim.job.spec.name and told.processes[0].argv == tuple(sim.job.spec.entrypoint)
+        assert told.processes[0].env["TRAINERD_GRAD_ACCUM"] == str(GLOBAL_BATCH // 2)  # the job's import-time env
+        await sim.tick(0.1)
+        assert len(standbys(sim, "b")) == 1  # not on every pass
+    run(scenario())
+
+
+def standbys(sim, node: str) -> list[StandbyCommand]:
+    return [c for c in sim.agents[node].commands if isinstance(c, StandbyCommand)]
+
+
+def test_a_spare_that_leaves_and_comes_back_is_told_to_stand_by_again() -> None:
+    """Its agent may have started anew, without the templates."""
+    async def scenario() -> None:
+        sim = await running_cluster(nodes=("a", "b", "c"), min_nodes=1, max_nodes=3, spare_nodes=1)
+        await sim.tick(0.1)
+        assert len(standbys(sim, "c")) == 1
+        sim.disconnect("c")
+        await sim.tick(0.5)
+        await sim.connect("c")
+        await sim.tick(0.1)
+        assert [c.generation for c in standbys(sim, "c")] == [1, 1] and sim.world() == ["a", "b"]
     run(scenario())
 
 

@@ -6,6 +6,7 @@ for bit: no reshard, the same batch split."""
 
 from __future__ import annotations
 
+import re
 import signal
 from pathlib import Path
 
@@ -14,7 +15,9 @@ import psutil
 
 from tests.harness import Processes, events, trainerctl
 from tests.integration.test_recovery import final_weights, recovery_job, start_trainerd, wait_for_job
+from tests.waiting import wait_until
 
+FORKED_FROM = re.compile(r"warm \(forked from the pre-started interpreter pid (\d+)\)")
 STEPS = 450  # the steps at least 12 ms apart (the floor): the fault lands mid-run on an idle machine too
 EVERY = 100
 
@@ -35,10 +38,17 @@ def test_a_lost_node_is_replaced_by_the_spare_at_the_same_world_size_to_the_same
             running = wait_for_job(address, "a checkpoint, then steps, with a spare", lambda j: j["state"] == "RUNNING"
                                    and (j["last_checkpoint_step"] or 0) >= EVERY and j["spares"], 240, procs)
             assert running["step"] < STEPS - 200, f"too fast to test: step {running['step']} already"
-            # the two nodes in first run the job (min_nodes 2), the third stands by
+            # the two nodes in first run the job (min_nodes 2), the third stands by, its warm template started
             (spare,) = running["spares"]
             assert running["world_size"] == 2 and spare not in {r["node"] for r in running["ranks"]}, running
             assert f"spares: {spare}" in trainerctl("status", coordinator=address).stdout
+            spare_log = procs.by_name(spare).log
+            standing_by = f"standing by for generation {running['generation']} of job mlp"
+            wait_until(lambda log=spare_log, line=standing_by: line in log(), 60, "the spare standing by",
+                       on_timeout=procs.logs)
+            standing_templates = {p.pid for p in psutil.Process(procs.by_name(spare).pid).children()
+                                  if "agent.warm_worker" in " ".join(p.cmdline())}
+            assert standing_templates, "the spare started no warm template while standing by"
             # The node of rank 1 dies with everything it started.
             victim_name = next(r["node"] for r in running["ranks"] if r["rank"] == 1)
             victim = procs.by_name(victim_name)
@@ -56,6 +66,10 @@ def test_a_lost_node_is_replaced_by_the_spare_at_the_same_world_size_to_the_same
             assert relaunched["world_size"] == 2 and relaunched["last_failure"]["cause"] == "node_lost"
             assert {r["node"] for r in relaunched["ranks"]} == {"spared-0", "spared-1", "spared-2"} - {victim_name}
             assert relaunched["spares"] == [] and relaunched["crash_restarts"] == 0
+            # The spare's worker was forked from the template it started while standing by: nothing cold.
+            forked_from = wait_until(lambda log=spare_log: [int(pid) for pid in FORKED_FROM.findall(log())], 60,
+                                     "the spare's worker started", on_timeout=procs.logs)
+            assert set(forked_from) <= standing_templates and " cold (" not in spare_log(), spare_log()[-3000:]
         job = wait_for_job(address, "the end", lambda j: j["state"] in ("COMPLETED", "FAILED"), 300, procs)
         assert job["state"] == "COMPLETED" and job["step"] == STEPS, job
         results[run] = (job, final_weights(run_dir / "out", 2))
