@@ -65,7 +65,7 @@ def test_a_step_that_crashes_workers_is_skipped_after_crash_repeats(tmp_path: Pa
     entrypoint = mlp_with(tmp_path, 300, "--crash-samples", "%d:%d" % crash)
     job = recovery_job(tmp_path, steps=300, nodes=(2, 2), global_batch=GLOBAL_BATCH, micro_batch=32,
                        entrypoint=entrypoint, restart={"max": 5, "backoff_s": 0.2},
-                       data_skip={"crash_repeats": 2})
+                       data_skip={"crash_repeats": 2}, memory_every=10)
     address = start_trainerd(tmp_path, procs, job)
     for i in range(2):
         procs.agent(f"n{i}", address)
