@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.commands import CheckpointNow, Launch, ReadLog, RequestExit, Standby, Stop
+from agent.commands import CheckpointNow, Launch, ProcessSpec, ReadLog, RequestExit, Standby, Stop
 from agent.epoch_shapes import EpochShapes, ShapeKey
 from agent.generation_dirs import claim_generation_dir, generation_dir, prune_generation_dirs
 from agent.job_workdir import UnsafeJobPath, graceful_exit_path, job_workdir
@@ -254,7 +254,7 @@ class Supervisor:
                 if unavailable and spec.role == "worker":
                     self._fail_to_start(managed, unavailable, EXIT_CHECKPOINT_UNREADABLE)
                     continue
-                env = {**FAULT_HANDLER_ENV, **os.environ, **dict(spec.env), "RANK_TABLE_FILE": str(rank_table),
+                env = {**self._base_env(spec), "RANK_TABLE_FILE": str(rank_table),
                        PROGRESS_SOCKET_ENV: str(self.progress_socket),
                        CONTROL_FILE_ENV: str(control), SKIPS_FILE_ENV: str(skips), **memory_env}
                 argv = expand_argv(spec.argv, self._python)
@@ -292,6 +292,12 @@ class Supervisor:
             self._workdir, self._graceful_exit_file = workdir, graceful_exit_file
         return workdir
 
+    @staticmethod
+    def _base_env(spec: ProcessSpec) -> dict[str, str]:
+        """A process's environment before the generation's own files and sockets: all a warm template's depends
+        on (agent/import_env.py), so a Standby prepares the template the Launch forks from."""
+        return {**FAULT_HANDLER_ENV, **os.environ, **dict(spec.env)}
+
     async def stand_by(self, standby: Standby) -> None:
         """A spare of the job's running generation: start what its processes would be forked from (the warm
         templates), so that a relaunch that puts it in a lost node's place starts them warm. Nothing starts
@@ -313,8 +319,7 @@ class Supervisor:
                           exc)
                 return
             for spec in standby.processes:
-                await self._launcher.prepare(expand_argv(spec.argv, self._python),
-                                             {**FAULT_HANDLER_ENV, **os.environ, **dict(spec.env)}, workdir)
+                await self._launcher.prepare(expand_argv(spec.argv, self._python), self._base_env(spec), workdir)
             log.info("standing by for generation %d of job %s: ready to start %d worker(s) in %s",
                      standby.generation, standby.job_name, len(standby.processes), workdir)
 

@@ -61,7 +61,7 @@ from daemon.job.goodput_keeper import GoodputKeeper, job_moment
 from daemon.job.inbox import GenerationInbox
 from daemon.job.launch_plan import node_processes, ring_predecessor, scheduler_port, standby_processes
 from daemon.job.observation import GenerationObservation, MemorySnapshot
-from daemon.job.placement import NodeOffer
+from daemon.job.placement import NodeOffer, usable_devices
 from daemon.job.rank_table import rank_table_json
 from daemon.job.skip_ledger import BadRange, SkipEntry, SkipLedger, checked
 from daemon.job.state import (
@@ -481,7 +481,7 @@ class JobController:
             offer = by_name.get(node)
             if node in observation.standing_by or offer is None:
                 continue
-            devices = sorted(d.device_id for d in offer.devices)[: self.spec.devices_per_node]
+            devices = [d.device_id for d in usable_devices(self.spec, offer)]
             command = StandbyCommand(generation.number, self.spec.name,
                                      tuple(standby_processes(self.spec, generation.placement, generation.number,
                                                              devices)),

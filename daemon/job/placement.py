@@ -145,10 +145,15 @@ def place(spec: JobSettings, offers: list[NodeOffer], previous_order: Sequence[s
     return restored if restored is not None and restored.world_size == placement.world_size else placement
 
 
+def usable_devices(spec: JobSettings, offer: NodeOffer) -> list[DeviceInfo]:
+    """The devices of `offer` a placement gives ranks: the first devices_per_node by device id."""
+    return sorted(offer.devices, key=lambda d: d.device_id)[: spec.devices_per_node]
+
+
 def _place(spec: JobSettings, offers: list[NodeOffer], previous_order: Sequence[str],
            max_world_size: int | None) -> Placement | None:
     ordered = node_order(offers, list(previous_order))
-    usable = [(o, sorted(o.devices, key=lambda d: d.device_id)[: spec.devices_per_node]) for o in ordered]
+    usable = [(o, usable_devices(spec, o)) for o in ordered]
     available = sum(len(devices) for _, devices in usable)
     nodes_with_devices = sum(1 for _, devices in usable if devices)
     if nodes_with_devices < spec.min_nodes:
