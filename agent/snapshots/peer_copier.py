@@ -44,8 +44,8 @@ KEPT_STEPS = 2
 # snapshot is copied as soon as its source pins it (within the source's LIST_LOOK_INTERVAL_S); polled at
 # 1 s, hosts that died soon after a snapshot often left it without its peer copy (in
 # tests/integration/test_peer_snapshots.py, two dead neighbours took two ranks of the newest snapshot with
-# them, not one), so the coordinator fell back further. Polled every 0.1 s, each agent's copier and its
-# source's server took a fifth of the agent's CPU time while the job trained.
+# them, not one), so the coordinator fell back further. Polled every 0.1 s, an idle copier made ten calls a
+# second, each reading every report at its source.
 POLL_INTERVAL_S = 0.1
 LIST_WAIT_S = 2.0  # how long the source may hold a ListSnapshots with nothing new
 LIST_TIMEOUT_S = 5.0  # for the answer, beyond LIST_WAIT_S

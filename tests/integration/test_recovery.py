@@ -33,8 +33,8 @@ def recovery_job(tmp_path: Path, *, steps: int, nodes: tuple[int, int], global_b
                  entrypoint: list[str] | None = None, min_step_ms: float = 0, **extra) -> dict:
     """The MLP example's job (or `entrypoint`'s). `min_step_ms`: the example's floor on a step's time
     (trainer/examples/step_floor.py), for a test whose fault must land before the end on an idle machine.
-    `memory_every`: the product's "auto" unless the test is about the snapshots (every 10 steps, the MLP's
-    ranks spent a fifth of their CPU time on them and their agents half of theirs copying them)."""
+    `memory_every`: the product's "auto" unless the test is about the snapshots (every 10 steps, the agents
+    spent about twice the CPU time of "auto" copying them: bench/snapshot_cost.py)."""
     return {
         "name": "mlp",
         "entrypoint": entrypoint or ["{python}", "-m", "trainer.examples.mlp", "--steps", str(steps),
